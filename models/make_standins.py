@@ -1,0 +1,64 @@
+"""Stand-in enhancers with GPEN's I/O contract, a few KB each (no weights worth the name).
+
+In: an output folder. Out: ONNX files whose input `input` and output `output` are float32
+[N,3,S,S] in [-1,1], like GPEN-BFR:
+  identity-512.onnx / identity-256.onnx  a 1x1 convolution with the identity matrix (dynamic batch)
+  negate-512.onnx / negate-256.onnx       y = -x: a known, visible change (colours inverted)
+  identity-512-batch1.onnx                identity with the batch fixed at 1 (like the official export)
+  bad-shape.onnx                          input [N,3,512,256]: not square, must be refused
+Each file's metadata says it is a stand-in, so nobody mistakes it for a restorer.
+"""
+import os
+import sys
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+
+def build(name: str, kind: str, size: int, batch="N", width=None) -> onnx.ModelProto:
+    width = width or size
+    x = helper.make_tensor_value_info("input", TensorProto.FLOAT, [batch, 3, size, width])
+    y = helper.make_tensor_value_info("output", TensorProto.FLOAT, [batch, 3, size, width])
+    inits, nodes = [], []
+    if kind == "identity":
+        w = np.eye(3, dtype=np.float32).reshape(3, 3, 1, 1)
+        inits.append(numpy_helper.from_array(w, "w"))
+        nodes.append(helper.make_node("Conv", ["input", "w"], ["output"], kernel_shape=[1, 1]))
+    elif kind == "negate":
+        nodes.append(helper.make_node("Neg", ["input"], ["output"]))
+    else:
+        raise ValueError(kind)
+    graph = helper.make_graph(nodes, name, [x], [y], initializer=inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    for k, v in {"gpen_video.weights": f"stand-in ({kind}): not a restorer",
+                 "gpen_video.size": str(size)}.items():
+        p = model.metadata_props.add()
+        p.key, p.value = k, v
+    onnx.checker.check_model(model)
+    return model
+
+
+def main(out: str) -> None:
+    os.makedirs(out, exist_ok=True)
+    specs = {
+        "identity-512.onnx": ("identity", 512, "N", None),
+        "identity-256.onnx": ("identity", 256, "N", None),
+        "negate-512.onnx": ("negate", 512, "N", None),
+        "negate-256.onnx": ("negate", 256, "N", None),
+        "identity-512-batch1.onnx": ("identity", 512, 1, None),
+        "bad-shape.onnx": ("identity", 512, "N", 256),
+    }
+    for fname, (kind, size, batch, width) in specs.items():
+        path = os.path.join(out, fname)
+        data = build(fname, kind, size, batch, width).SerializeToString()
+        if os.path.exists(path) and open(path, "rb").read() == data:
+            continue
+        with open(path + ".tmp", "wb") as f:
+            f.write(data)
+        os.replace(path + ".tmp", path)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else "models/standin")

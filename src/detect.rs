@@ -1,0 +1,252 @@
+//! Face detection with CenterFace on ONNX Runtime: in, a downscaled RGB copy of a frame; out,
+//! faces (box, score, five landmarks) in frame coordinates after a score threshold and NMS.
+
+use anyhow::{bail, Result};
+use ort::session::Session;
+use ort::value::{TensorRef, ValueType};
+
+use crate::frame::Face;
+
+/// Detection input size for a frame: the long side scaled to `long_side` (never up), each side
+/// rounded up to a multiple of 32 as CenterFace needs. Returns (width, height).
+pub fn det_size(width: usize, height: usize, long_side: usize) -> (usize, usize) {
+    let s = (long_side as f64 / width.max(height) as f64).min(1.0);
+    let round32 = |v: f64| ((v / 32.0).ceil() as usize).max(1) * 32;
+    (round32(width as f64 * s), round32(height as f64 * s))
+}
+
+/// Intersection over union of two x1,y1,x2,y2 boxes.
+pub fn iou(a: &[f32; 4], b: &[f32; 4]) -> f32 {
+    let w = (a[2].min(b[2]) - a[0].max(b[0])).max(0.0);
+    let h = (a[3].min(b[3]) - a[1].max(b[1])).max(0.0);
+    let inter = w * h;
+    let area = |r: &[f32; 4]| (r[2] - r[0]).max(0.0) * (r[3] - r[1]).max(0.0);
+    let union = area(a) + area(b) - inter;
+    if union <= 0.0 {
+        0.0
+    } else {
+        inter / union
+    }
+}
+
+/// Greedy non-maximum suppression: keeps the best-scoring face of each overlapping group
+/// (IoU >= `threshold`), best first.
+pub fn nms(mut faces: Vec<Face>, threshold: f32) -> Vec<Face> {
+    faces.sort_by(|a, b| b.score.total_cmp(&a.score));
+    let mut kept: Vec<Face> = Vec::with_capacity(faces.len());
+    for f in faces {
+        if kept.iter().all(|k| iou(&k.bbox, &f.bbox) < threshold) {
+            kept.push(f);
+        }
+    }
+    kept
+}
+
+/// Decodes CenterFace's four maps (heatmap, log-scale, offset, landmarks; each `h x w` at a
+/// quarter of the input size) into faces in input pixels, as the reference implementation does.
+pub fn decode_maps(
+    heat: &[f32],
+    scale: &[f32],
+    offset: &[f32],
+    lms: &[f32],
+    (h, w): (usize, usize),
+    (in_w, in_h): (usize, usize),
+    threshold: f32,
+) -> Vec<Face> {
+    let plane = h * w;
+    let mut faces = Vec::new();
+    for r in 0..h {
+        for c in 0..w {
+            let i = r * w + c;
+            let score = heat[i];
+            if score <= threshold {
+                continue;
+            }
+            let s0 = scale[i].exp() * 4.0;
+            let s1 = scale[plane + i].exp() * 4.0;
+            let (o0, o1) = (offset[i], offset[plane + i]);
+            let x1 = ((c as f32 + o1 + 0.5) * 4.0 - s1 / 2.0).clamp(0.0, in_w as f32);
+            let y1 = ((r as f32 + o0 + 0.5) * 4.0 - s0 / 2.0).clamp(0.0, in_h as f32);
+            let bbox = [
+                x1,
+                y1,
+                (x1 + s1).min(in_w as f32),
+                (y1 + s0).min(in_h as f32),
+            ];
+            let mut landmarks = [[0.0; 2]; 5];
+            for (j, lm) in landmarks.iter_mut().enumerate() {
+                lm[0] = lms[(2 * j + 1) * plane + i] * s1 + x1;
+                lm[1] = lms[2 * j * plane + i] * s0 + y1;
+            }
+            faces.push(Face {
+                bbox,
+                score,
+                landmarks,
+            });
+        }
+    }
+    faces
+}
+
+/// A CenterFace session with its input buffer.
+pub struct Detector {
+    session: Session,
+    input_name: String,
+    /// Detection input (width, height).
+    pub size: (usize, usize),
+    pub threshold: f32,
+    pub nms_iou: f32,
+    input: Vec<f32>,
+}
+
+impl Detector {
+    /// Checks the session looks like CenterFace (one [N,3,H,W] input, four outputs) and picks
+    /// the detection size: the model's own if its spatial dimensions are fixed, else `wanted`.
+    pub fn new(
+        session: Session,
+        wanted: (usize, usize),
+        threshold: f32,
+        nms_iou: f32,
+    ) -> Result<Self> {
+        let inputs = session.inputs();
+        if inputs.len() != 1 || session.outputs().len() != 4 {
+            bail!(
+                "expected a CenterFace model (1 input, 4 outputs: heatmap, scale, offset, landmarks), found {} inputs and {} outputs",
+                inputs.len(),
+                session.outputs().len()
+            );
+        }
+        let input_name = inputs[0].name().to_string();
+        let ValueType::Tensor { shape, .. } = inputs[0].dtype() else {
+            bail!("detector input `{input_name}` is not a tensor");
+        };
+        if shape.len() != 4 || (shape[1] != 3 && shape[1] != -1) {
+            bail!("detector input `{input_name}` must be [N,3,H,W], found {shape:?}");
+        }
+        let size = if shape[2] > 0 && shape[3] > 0 {
+            if shape[2] % 32 != 0 || shape[3] % 32 != 0 {
+                bail!("detector input has fixed size {}x{}: use scripts/prepare_detector.py to make it dynamic", shape[3], shape[2]);
+            }
+            if shape[0] > 1 {
+                bail!(
+                    "detector input is fixed at {:?}: make its dimensions dynamic with scripts/prepare_detector.py",
+                    shape
+                );
+            }
+            (shape[3] as usize, shape[2] as usize)
+        } else {
+            wanted
+        };
+        Ok(Self {
+            session,
+            input_name,
+            size,
+            threshold,
+            nms_iou,
+            input: Vec::new(),
+        })
+    }
+
+    /// Detects faces in `det` (packed RGB24 at `self.size`) and maps them to a frame of
+    /// `frame_w x frame_h`.
+    pub fn detect(&mut self, det: &[u8], frame_w: usize, frame_h: usize) -> Result<Vec<Face>> {
+        let (w, h) = self.size;
+        let plane = w * h;
+        self.input.resize(3 * plane, 0.0);
+        for (i, px) in det.chunks_exact(3).enumerate().take(plane) {
+            self.input[i] = px[0] as f32;
+            self.input[plane + i] = px[1] as f32;
+            self.input[2 * plane + i] = px[2] as f32;
+        }
+        let tensor = TensorRef::from_array_view(([1usize, 3, h, w], &self.input[..]))?;
+        let outputs = self
+            .session
+            .run(ort::inputs![self.input_name.as_str() => tensor])?;
+        let map = |k: usize| outputs[k].try_extract_tensor::<f32>().map(|(_, d)| d);
+        let (heat, scale, offset, lms) = (map(0)?, map(1)?, map(2)?, map(3)?);
+        let (mh, mw) = (h / 4, w / 4);
+        if heat.len() != mh * mw || lms.len() != 10 * mh * mw {
+            bail!("detector output maps are not {mw}x{mh}: is this a CenterFace model?");
+        }
+        let faces = decode_maps(heat, scale, offset, lms, (mh, mw), (w, h), self.threshold);
+        let (sx, sy) = (frame_w as f32 / w as f32, frame_h as f32 / h as f32);
+        Ok(nms(faces, self.nms_iou)
+            .into_iter()
+            .map(|mut f| {
+                f.bbox = [
+                    f.bbox[0] * sx,
+                    f.bbox[1] * sy,
+                    f.bbox[2] * sx,
+                    f.bbox[3] * sy,
+                ];
+                for lm in &mut f.landmarks {
+                    lm[0] *= sx;
+                    lm[1] *= sy;
+                }
+                f
+            })
+            .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn face(b: [f32; 4], score: f32) -> Face {
+        Face {
+            bbox: b,
+            score,
+            landmarks: [[0.0; 2]; 5],
+        }
+    }
+
+    #[test]
+    fn det_size_is_a_multiple_of_32_and_never_upscales() {
+        assert_eq!(det_size(1920, 1080, 640), (640, 384));
+        assert_eq!(det_size(1080, 1920, 640), (384, 640));
+        assert_eq!(det_size(640, 360, 640), (640, 384));
+        assert_eq!(det_size(320, 240, 640), (320, 256));
+        assert_eq!(det_size(3840, 2160, 1280), (1280, 736));
+    }
+
+    #[test]
+    fn iou_of_known_boxes() {
+        assert_eq!(iou(&[0.0, 0.0, 10.0, 10.0], &[0.0, 0.0, 10.0, 10.0]), 1.0);
+        assert_eq!(iou(&[0.0, 0.0, 10.0, 10.0], &[20.0, 20.0, 30.0, 30.0]), 0.0);
+        assert!((iou(&[0.0, 0.0, 10.0, 10.0], &[5.0, 0.0, 15.0, 10.0]) - 1.0 / 3.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn nms_keeps_the_best_of_each_cluster() {
+        let faces = vec![
+            face([0.0, 0.0, 10.0, 10.0], 0.6),
+            face([1.0, 1.0, 11.0, 11.0], 0.9),
+            face([50.0, 50.0, 60.0, 60.0], 0.7),
+            face([51.0, 50.0, 61.0, 60.0], 0.2),
+            face([100.0, 0.0, 110.0, 10.0], 0.5),
+        ];
+        let kept = nms(faces, 0.3);
+        let scores: Vec<f32> = kept.iter().map(|f| f.score).collect();
+        assert_eq!(scores, vec![0.9, 0.7, 0.5]);
+        assert!(nms(Vec::new(), 0.3).is_empty());
+    }
+
+    #[test]
+    fn decode_maps_places_a_peak_where_it_is() {
+        let (h, w) = (8, 8);
+        let plane = h * w;
+        let mut heat = vec![0.0; plane];
+        heat[3 * w + 5] = 0.9; // row 3, col 5
+        let scale = vec![(10.0f32 / 4.0).ln(); 2 * plane]; // 10 px boxes
+        let offset = vec![0.0; 2 * plane];
+        let lms = vec![0.5; 10 * plane];
+        let faces = decode_maps(&heat, &scale, &offset, &lms, (h, w), (32, 32), 0.5);
+        assert_eq!(faces.len(), 1);
+        let f = &faces[0];
+        // centre (5.5 * 4, 3.5 * 4) = (22, 14), 10 px box
+        assert!((f.bbox[0] - 17.0).abs() < 1e-4 && (f.bbox[1] - 9.0).abs() < 1e-4);
+        assert!((f.bbox[2] - 27.0).abs() < 1e-4 && (f.bbox[3] - 19.0).abs() < 1e-4);
+        assert!((f.landmarks[0][0] - 22.0).abs() < 1e-4 && (f.landmarks[0][1] - 14.0).abs() < 1e-4);
+    }
+}

@@ -1,0 +1,340 @@
+//! Encoding: in, restored RGB frames in order with their source timestamps; out, a finished
+//! video file with the source's resolution, frame timing, audio and subtitle packets copied
+//! unchanged, and its metadata.
+
+use std::path::Path;
+
+use anyhow::{anyhow, bail, Context, Result};
+use ffmpeg::format::Pixel;
+use ffmpeg::software::scaling::{Context as Scaler, Flags};
+use ffmpeg::util::frame::video::Video as VideoFrame;
+use ffmpeg::{codec, encoder, media, Dictionary, Packet, Rational};
+use ffmpeg_next as ffmpeg;
+
+use crate::decode::SourceInfo;
+use crate::frame::Frame;
+
+/// Encoder choices from the command line.
+#[derive(Clone, Debug)]
+pub struct EncodeSettings {
+    /// FFmpeg encoder name (libx264 by default).
+    pub codec: String,
+    pub crf: Option<u32>,
+    pub preset: Option<String>,
+}
+
+impl Default for EncodeSettings {
+    fn default() -> Self {
+        Self {
+            codec: "libx264".into(),
+            crf: Some(18),
+            preset: Some("medium".into()),
+        }
+    }
+}
+
+/// Checks the encoder exists and can be opened with these settings, before any work starts.
+pub fn check_settings(s: &EncodeSettings) -> Result<()> {
+    crate::init_ffmpeg();
+    let c = encoder::find_by_name(&s.codec).ok_or_else(|| {
+        anyhow!(
+            "video encoder `{}` is not available in this FFmpeg build",
+            s.codec
+        )
+    })?;
+    if c.medium() != media::Type::Video {
+        bail!("`{}` is not a video encoder", s.codec);
+    }
+    Ok(())
+}
+
+/// Copies a source's non-video streams (audio, subtitles) packet for packet, interleaved by
+/// time with the video the encoder writes. It reads the source through its own demuxer so the
+/// decode stage never waits on the muxer.
+struct SideStreams {
+    ictx: ffmpeg::format::context::Input,
+    /// Input stream index -> (output stream index, input time base).
+    map: Vec<Option<(usize, Rational)>>,
+    /// A packet read but not yet due.
+    next: Option<(Packet, f64)>,
+    done: bool,
+}
+
+impl SideStreams {
+    fn open(src: &SourceInfo, octx: &mut ffmpeg::format::context::Output) -> Result<Self> {
+        let ictx = ffmpeg::format::input(&src.path)
+            .with_context(|| format!("cannot reopen {}", src.path.display()))?;
+        let mut map = vec![None; ictx.nb_streams() as usize];
+        for ist in ictx.streams() {
+            let kind = ist.parameters().medium();
+            if ist.index() == src.stream_index
+                || !matches!(kind, media::Type::Audio | media::Type::Subtitle)
+            {
+                if ist.index() != src.stream_index {
+                    tracing::warn!(stream = ist.index(), kind = ?kind, "stream not copied (only audio and subtitles are)");
+                }
+                continue;
+            }
+            let id = ist.parameters().id();
+            let supported = unsafe {
+                ffmpeg::ffi::avformat_query_codec(
+                    octx.format().as_ptr(),
+                    id.into(),
+                    ffmpeg::ffi::FF_COMPLIANCE_NORMAL,
+                ) == 1
+            };
+            if !supported {
+                tracing::warn!(stream = ist.index(), codec = ?id, "this container cannot hold the stream; it is dropped (choose .mkv to keep it)");
+                continue;
+            }
+            let mut ost = octx.add_stream(encoder::find(codec::Id::None))?;
+            ost.set_parameters(ist.parameters());
+            ost.set_time_base(ist.time_base());
+            ost.set_metadata(ist.metadata().to_owned());
+            unsafe {
+                (*ost.parameters().as_mut_ptr()).codec_tag = 0;
+                (*ost.as_mut_ptr()).disposition = (*ist.as_ptr()).disposition;
+            }
+            map[ist.index()] = Some((ost.index(), ist.time_base()));
+        }
+        Ok(Self {
+            ictx,
+            map,
+            next: None,
+            done: false,
+        })
+    }
+
+    fn streams(&self) -> usize {
+        self.map.iter().flatten().count()
+    }
+
+    /// Writes every side packet due at or before `until` seconds (all of them with `None`).
+    fn write_until(
+        &mut self,
+        octx: &mut ffmpeg::format::context::Output,
+        until: Option<f64>,
+    ) -> Result<()> {
+        loop {
+            if self.next.is_none() {
+                if self.done || self.streams() == 0 {
+                    return Ok(());
+                }
+                let mut p = Packet::empty();
+                match p.read(&mut self.ictx) {
+                    Ok(()) => {}
+                    Err(ffmpeg::Error::Eof) => {
+                        self.done = true;
+                        return Ok(());
+                    }
+                    Err(ffmpeg::Error::InvalidData) => continue,
+                    Err(e) => return Err(anyhow!("reading audio/subtitle packets: {e}")),
+                }
+                let Some((_, tb)) = self.map.get(p.stream()).copied().flatten() else {
+                    continue;
+                };
+                let t = p
+                    .dts()
+                    .or(p.pts())
+                    .map_or(f64::NEG_INFINITY, |ts| ts as f64 * f64::from(tb));
+                self.next = Some((p, t));
+            }
+            let (_, t) = self.next.as_ref().expect("filled above");
+            if until.is_some_and(|u| *t > u) {
+                return Ok(());
+            }
+            let (mut p, _) = self.next.take().expect("filled above");
+            let (out, itb) = self.map[p.stream()].expect("mapped");
+            let otb = octx.stream(out).expect("added").time_base();
+            p.rescale_ts(itb, otb);
+            p.set_stream(out);
+            p.set_position(-1);
+            p.write_interleaved(octx)
+                .context("writing an audio/subtitle packet")?;
+        }
+    }
+}
+
+/// An swscale context owned by one thread at a time. ffmpeg-next marks it `!Send` because it
+/// holds a raw pointer, but libswscale keeps no thread-local state: moving it is sound as long as
+/// it is never used from two threads at once, which ownership here guarantees.
+struct SendScaler(Scaler);
+// SAFETY: see above; the context is only ever used through `&mut self` of its single owner.
+unsafe impl Send for SendScaler {}
+
+/// Encodes RGB frames into the output file.
+pub struct Encoder {
+    octx: ffmpeg::format::context::Output,
+    enc: encoder::video::Encoder,
+    scaler: Option<SendScaler>,
+    pix: Pixel,
+    rgb: VideoFrame,
+    yuv: VideoFrame,
+    side: SideStreams,
+    enc_tb: Rational,
+    ost_tb: Rational,
+    last_pts: Option<i64>,
+    pub frames: u64,
+}
+
+impl Encoder {
+    /// Creates `path` (its container chosen from its extension) for `src`'s picture size,
+    /// time base and streams.
+    pub fn create(path: &Path, src: &SourceInfo, settings: &EncodeSettings) -> Result<Self> {
+        crate::init_ffmpeg();
+        let codec = encoder::find_by_name(&settings.codec)
+            .ok_or_else(|| anyhow!("video encoder `{}` not found", settings.codec))?;
+        let mut octx = ffmpeg::format::output(path)
+            .with_context(|| format!("cannot create {}", path.display()))?;
+        let global = octx
+            .format()
+            .flags()
+            .contains(ffmpeg::format::Flags::GLOBAL_HEADER);
+        let pix = codec
+            .video()
+            .ok()
+            .and_then(|v| v.formats().map(|f| f.collect::<Vec<_>>()))
+            .map(|f| {
+                if f.is_empty() || f.contains(&Pixel::YUV420P) {
+                    Pixel::YUV420P
+                } else {
+                    f[0]
+                }
+            })
+            .unwrap_or(Pixel::YUV420P);
+        let (w, h) = (src.width as u32, src.height as u32);
+        let mut ctx = codec::context::Context::new_with_codec(codec)
+            .encoder()
+            .video()?;
+        ctx.set_width(w);
+        ctx.set_height(h);
+        ctx.set_format(pix);
+        ctx.set_time_base(src.time_base);
+        if src.avg_frame_rate.numerator() > 0 {
+            ctx.set_frame_rate(Some(src.avg_frame_rate));
+        }
+        if global {
+            ctx.set_flags(codec::Flags::GLOBAL_HEADER);
+        }
+        unsafe {
+            // Keep the source's colour description and pixel aspect ratio.
+            let (e, p) = (ctx.as_mut_ptr(), src.params.as_ptr());
+            (*e).color_primaries = (*p).color_primaries;
+            (*e).color_trc = (*p).color_trc;
+            (*e).colorspace = (*p).color_space;
+            (*e).color_range = (*p).color_range;
+            (*e).sample_aspect_ratio = (*p).sample_aspect_ratio;
+        }
+        let mut opts = Dictionary::new();
+        if let Some(crf) = settings.crf {
+            opts.set("crf", &crf.to_string());
+        }
+        if let Some(p) = &settings.preset {
+            opts.set("preset", p);
+        }
+        let enc = ctx.open_as_with(codec, opts).with_context(|| {
+            format!(
+                "cannot open encoder {} (check --crf and --preset)",
+                settings.codec
+            )
+        })?;
+        {
+            let mut ost = octx.add_stream(codec)?;
+            ost.set_parameters(&enc);
+            ost.set_time_base(src.time_base);
+            if src.avg_frame_rate.numerator() > 0 {
+                ost.set_avg_frame_rate(src.avg_frame_rate);
+            }
+            let ictx = ffmpeg::format::input(&src.path)?;
+            if let Some(ist) = ictx.stream(src.stream_index) {
+                ost.set_metadata(ist.metadata().to_owned());
+            }
+            octx.set_metadata(ictx.metadata().to_owned());
+        }
+        let side = SideStreams::open(src, &mut octx)?;
+        octx.write_header()
+            .with_context(|| format!("cannot write the header of {}", path.display()))?;
+        let ost_tb = octx.stream(0).expect("video stream added").time_base();
+        Ok(Self {
+            octx,
+            enc,
+            scaler: None,
+            pix,
+            rgb: VideoFrame::new(Pixel::RGB24, w, h),
+            yuv: VideoFrame::empty(),
+            side,
+            enc_tb: src.time_base,
+            ost_tb,
+            last_pts: None,
+            frames: 0,
+        })
+    }
+
+    /// Encodes one frame at its source timestamp.
+    pub fn write(&mut self, frame: &Frame) -> Result<()> {
+        let (w, stride) = (frame.width * 3, self.rgb.stride(0));
+        let data = self.rgb.data_mut(0);
+        for (y, row) in frame.rgb.chunks_exact(w).enumerate() {
+            data[y * stride..y * stride + w].copy_from_slice(row);
+        }
+        let (fw, fh) = (frame.width as u32, frame.height as u32);
+        let scaler = match &mut self.scaler {
+            Some(s) => s,
+            None => self.scaler.insert(SendScaler(Scaler::get(
+                Pixel::RGB24,
+                fw,
+                fh,
+                self.pix,
+                fw,
+                fh,
+                Flags::BILINEAR | Flags::ACCURATE_RND,
+            )?)),
+        };
+        scaler.0.run(&self.rgb, &mut self.yuv)?;
+        // Keep timestamps as decoded; only a non-increasing one (broken source) is nudged.
+        let pts = match (frame.pts, self.last_pts) {
+            (Some(p), Some(l)) if p <= l => {
+                tracing::warn!(
+                    frame = frame.index,
+                    pts = p,
+                    "non-increasing timestamp nudged forward"
+                );
+                l + 1
+            }
+            (Some(p), _) => p,
+            (None, l) => l.map_or(0, |l| l + 1),
+        };
+        self.last_pts = Some(pts);
+        self.yuv.set_pts(Some(pts));
+        self.enc
+            .send_frame(&self.yuv)
+            .with_context(|| format!("encoding frame {}", frame.index))?;
+        self.frames += 1;
+        self.drain()
+    }
+
+    fn drain(&mut self) -> Result<()> {
+        let mut p = Packet::empty();
+        while self.enc.receive_packet(&mut p).is_ok() {
+            p.rescale_ts(self.enc_tb, self.ost_tb);
+            let t = p
+                .dts()
+                .or(p.pts())
+                .map(|ts| ts as f64 * f64::from(self.ost_tb));
+            self.side.write_until(&mut self.octx, t)?;
+            p.set_stream(0);
+            p.write_interleaved(&mut self.octx)
+                .context("writing a video packet")?;
+        }
+        Ok(())
+    }
+
+    /// Flushes the encoder, writes the remaining audio/subtitle packets and the trailer.
+    pub fn finish(mut self) -> Result<u64> {
+        self.enc.send_eof()?;
+        self.drain()?;
+        self.side.write_until(&mut self.octx, None)?;
+        self.octx.write_trailer().context("writing the trailer")?;
+        Ok(self.frames)
+    }
+}

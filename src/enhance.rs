@@ -1,0 +1,308 @@
+//! Enhancement: in, aligned face crops gathered across frames; out, restored crops. Holds the
+//! model's I/O facts read from the file, the session wrapper, and the cross-frame batcher that
+//! fills batches and releases frames in order.
+
+use std::collections::VecDeque;
+
+use anyhow::{bail, Result};
+use ort::session::Session;
+use ort::value::{TensorElementType, TensorRef, ValueType};
+
+use crate::frame::FaceFrame;
+
+/// What the enhancer model's file says about its input and output.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ModelInfo {
+    pub input: String,
+    pub output: String,
+    /// Square crop side S of the [N,3,S,S] input.
+    pub size: usize,
+    /// `Some(n)` when the batch dimension is fixed (the official GPEN export: 1).
+    pub fixed_batch: Option<usize>,
+    /// The file's `gpen_video.weights` metadata, if any (stand-ins and random exports say so).
+    pub weights_note: Option<String>,
+}
+
+impl ModelInfo {
+    /// Reads and checks the I/O contract: one float32 [N,3,S,S] input and a same-shaped output.
+    pub fn read(session: &Session) -> Result<Self> {
+        let (ins, outs) = (session.inputs(), session.outputs());
+        if ins.len() != 1 || outs.is_empty() {
+            bail!(
+                "expected one input and at least one output, found {} inputs and {} outputs",
+                ins.len(),
+                outs.len()
+            );
+        }
+        let input = ins[0].name().to_string();
+        let ValueType::Tensor { ty, shape, .. } = ins[0].dtype() else {
+            bail!("input `{input}` is not a tensor");
+        };
+        if *ty != TensorElementType::Float32 {
+            bail!("input `{input}` is {ty:?}, expected float32");
+        }
+        let dims: Vec<i64> = shape.iter().copied().collect();
+        if dims.len() != 4 || dims[1] != 3 || dims[2] <= 0 || dims[2] != dims[3] {
+            bail!("input `{input}` has shape {dims:?}; a GPEN model takes [N,3,S,S] with a fixed square size S");
+        }
+        let output = outs[0].name().to_string();
+        if let ValueType::Tensor { shape: oshape, .. } = outs[0].dtype() {
+            let o: Vec<i64> = oshape.iter().copied().collect();
+            let fits = o.len() == 4
+                && (o[1] == 3 || o[1] < 0)
+                && (o[2] == dims[2] || o[2] < 0)
+                && (o[3] == dims[3] || o[3] < 0);
+            if !fits {
+                bail!(
+                    "output `{output}` has shape {o:?}; expected [N,3,{0},{0}]",
+                    dims[2]
+                );
+            }
+        }
+        let weights_note = session
+            .metadata()
+            .ok()
+            .and_then(|m| m.custom("gpen_video.weights"));
+        Ok(Self {
+            input,
+            output,
+            size: dims[2] as usize,
+            fixed_batch: (dims[0] > 0).then_some(dims[0] as usize),
+            weights_note,
+        })
+    }
+}
+
+/// A model session with its reusable input buffer.
+pub struct Enhancer {
+    session: Session,
+    pub info: ModelInfo,
+    input: Vec<f32>,
+}
+
+impl Enhancer {
+    pub fn new(session: Session) -> Result<Self> {
+        let info = ModelInfo::read(&session)?;
+        Ok(Self {
+            session,
+            info,
+            input: Vec::new(),
+        })
+    }
+
+    /// Largest batch a call may take, given the wanted batch size.
+    pub fn max_batch(&self, wanted: usize) -> usize {
+        self.info.fixed_batch.unwrap_or(wanted.max(1))
+    }
+
+    /// The input buffer for `n` crops, to be filled before [`Enhancer::run`].
+    pub fn input_mut(&mut self, n: usize) -> &mut [f32] {
+        let s = self.info.size;
+        self.input.resize(n * 3 * s * s, 0.0);
+        &mut self.input
+    }
+
+    /// Runs the model on the first `n` crops of the input buffer; `each` gets every output crop
+    /// (3*S*S floats, in [-1, 1]) in order.
+    pub fn run(&mut self, n: usize, mut each: impl FnMut(usize, &[f32])) -> Result<()> {
+        let s = self.info.size;
+        let item = 3 * s * s;
+        // A fixed-batch model is fed its own batch size, padded with the last crop.
+        let feed = self.info.fixed_batch.unwrap_or(n);
+        if feed < n {
+            bail!("batch of {n} crops exceeds the model's fixed batch {feed}");
+        }
+        self.input.resize(feed * item, 0.0);
+        let tensor = TensorRef::from_array_view(([feed, 3, s, s], &self.input[..]))
+            .map_err(crate::runtime::ort_err)?;
+        let outputs = self
+            .session
+            .run(ort::inputs![self.info.input.as_str() => tensor])
+            .map_err(crate::runtime::ort_err)?;
+        let (shape, data) = outputs[self.info.output.as_str()]
+            .try_extract_tensor::<f32>()
+            .map_err(crate::runtime::ort_err)?;
+        if data.len() < n * item {
+            bail!("model returned shape {shape:?}; expected [{feed},3,{s},{s}]");
+        }
+        for (i, out) in data.chunks_exact(item).take(n).enumerate() {
+            each(i, out);
+        }
+        Ok(())
+    }
+}
+
+/// Gathers face crops across consecutive frames into batches and releases frames in order once
+/// all their faces are back. A partial batch runs only when the stream ends or when too many
+/// frames are held waiting (memory stays bounded through long stretches with few faces).
+pub struct Batcher {
+    batch: usize,
+    max_hold: usize,
+    held: VecDeque<FaceFrame>,
+    /// Faces still to run: (position in `held` counted from `base`, face index).
+    pending: VecDeque<(u64, usize)>,
+    /// Sequence number of `held[0]`.
+    base: u64,
+    /// Faces not yet restored per held frame.
+    waiting: VecDeque<usize>,
+}
+
+impl Batcher {
+    pub fn new(batch: usize, max_hold: usize) -> Self {
+        Self {
+            batch: batch.max(1),
+            max_hold: max_hold.max(1),
+            held: VecDeque::new(),
+            pending: VecDeque::new(),
+            base: 0,
+            waiting: VecDeque::new(),
+        }
+    }
+
+    pub fn push(&mut self, f: FaceFrame) {
+        let seq = self.base + self.held.len() as u64;
+        for i in 0..f.faces.len() {
+            self.pending.push_back((seq, i));
+        }
+        self.waiting.push_back(f.faces.len());
+        self.held.push_back(f);
+    }
+
+    /// The next batch to run, if one is due: full, or partial when `end` or too much is held.
+    pub fn due(&mut self, end: bool) -> Option<Vec<(u64, usize)>> {
+        let due = self.pending.len() >= self.batch
+            || (!self.pending.is_empty() && (end || self.held.len() > self.max_hold));
+        due.then(|| {
+            let n = self.pending.len().min(self.batch);
+            self.pending.drain(..n).collect()
+        })
+    }
+
+    /// The held frame with sequence `seq`.
+    pub fn frame_mut(&mut self, seq: u64) -> &mut FaceFrame {
+        &mut self.held[(seq - self.base) as usize]
+    }
+
+    /// Marks one face of frame `seq` as restored.
+    pub fn done(&mut self, seq: u64) {
+        let w = &mut self.waiting[(seq - self.base) as usize];
+        *w = w.saturating_sub(1);
+    }
+
+    /// The oldest frame, if all its faces are back.
+    pub fn pop_ready(&mut self) -> Option<FaceFrame> {
+        if *self.waiting.front()? > 0 {
+            return None;
+        }
+        self.waiting.pop_front();
+        self.base += 1;
+        self.held.pop_front()
+    }
+
+    pub fn held(&self) -> usize {
+        self.held.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::align::Affine;
+    use crate::frame::{Face, FaceJob, Frame};
+
+    fn frame(index: u64, faces: usize) -> FaceFrame {
+        let job = || FaceJob {
+            face: Face {
+                bbox: [0.0; 4],
+                score: 1.0,
+                landmarks: [[0.0; 2]; 5],
+            },
+            to_crop: Affine([1.0, 0.0, 0.0, 0.0, 1.0, 0.0]),
+            crop: Vec::new(),
+            restored: None,
+        };
+        FaceFrame {
+            frame: Frame {
+                index,
+                pts: Some(index as i64),
+                width: 0,
+                height: 0,
+                rgb: Vec::new(),
+                det: Vec::new(),
+            },
+            faces: (0..faces).map(|_| job()).collect(),
+        }
+    }
+
+    /// Drives the batcher like the enhance stage does; returns the batch sizes run and the
+    /// order frames came out in.
+    fn drive(faces: &[usize], batch: usize, max_hold: usize) -> (Vec<usize>, Vec<u64>) {
+        let mut b = Batcher::new(batch, max_hold);
+        let (mut sizes, mut out) = (Vec::new(), Vec::new());
+        let mut step = |b: &mut Batcher, end: bool, sizes: &mut Vec<usize>, out: &mut Vec<u64>| {
+            while let Some(jobs) = b.due(end) {
+                sizes.push(jobs.len());
+                for (seq, face) in jobs {
+                    b.frame_mut(seq).faces[face].restored = Some(vec![1]);
+                    b.done(seq);
+                }
+                while let Some(f) = b.pop_ready() {
+                    out.push(f.frame.index);
+                }
+            }
+            while let Some(f) = b.pop_ready() {
+                out.push(f.frame.index);
+            }
+        };
+        for (i, &n) in faces.iter().enumerate() {
+            b.push(frame(i as u64, n));
+            step(&mut b, false, &mut sizes, &mut out);
+        }
+        step(&mut b, true, &mut sizes, &mut out);
+        assert_eq!(b.held(), 0);
+        (sizes, out)
+    }
+
+    #[test]
+    fn batches_fill_across_frames_and_frames_leave_in_order() {
+        let cases: &[(&[usize], usize, &[usize])] = &[
+            (&[1, 1, 1, 1, 1, 1, 1, 1], 4, &[4, 4]),
+            (&[4, 4, 4], 4, &[4, 4, 4]),
+            (&[3, 0, 2, 0, 0, 3], 4, &[4, 4]),
+            (&[1, 1, 1], 4, &[3]),
+            (&[5], 4, &[4, 1]),
+            (&[0, 0, 0], 4, &[]),
+            (&[2, 2, 2], 1, &[1, 1, 1, 1, 1, 1]),
+        ];
+        for &(faces, batch, want) in cases {
+            let (sizes, out) = drive(faces, batch, 1000);
+            assert_eq!(sizes, want, "faces {faces:?} batch {batch}");
+            assert_eq!(
+                out,
+                (0..faces.len() as u64).collect::<Vec<_>>(),
+                "order for {faces:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_long_faceless_stretch_does_not_hold_frames_forever() {
+        let mut faces = vec![1];
+        faces.extend(std::iter::repeat_n(0, 50));
+        let (sizes, out) = drive(&faces, 4, 8);
+        assert_eq!(
+            sizes,
+            vec![1],
+            "the lone face runs as a partial batch once 8 frames wait"
+        );
+        assert_eq!(out.len(), 51);
+        let mut b = Batcher::new(4, 8);
+        b.push(frame(0, 1));
+        for i in 1..=8 {
+            b.push(frame(i, 0));
+            assert!(b.due(false).is_none());
+        }
+        b.push(frame(9, 0));
+        assert_eq!(b.due(false).map(|j| j.len()), Some(1));
+    }
+}

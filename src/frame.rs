@@ -1,0 +1,45 @@
+//! The values that flow between stages: in, a decoded picture; out, the same picture with its
+//! faces, their alignment and (after enhancement) their restored crops attached.
+
+use crate::align::Affine;
+
+/// One decoded video frame in packed RGB24, with where it sits in the source.
+pub struct Frame {
+    /// Position in decode order of output frames (0-based).
+    pub index: u64,
+    /// Presentation timestamp in the source stream's time base, as decoded.
+    pub pts: Option<i64>,
+    pub width: usize,
+    pub height: usize,
+    /// Packed RGB24, `width * height * 3` bytes, no padding.
+    pub rgb: Vec<u8>,
+    /// Downscaled packed RGB24 copy for the detector (`det_width * det_height * 3`).
+    pub det: Vec<u8>,
+}
+
+/// A detected face in frame coordinates.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Face {
+    /// x1, y1, x2, y2 in frame pixels.
+    pub bbox: [f32; 4],
+    pub score: f32,
+    /// Left eye, right eye, nose, left mouth corner, right mouth corner (x, y).
+    pub landmarks: [[f32; 2]; 5],
+}
+
+/// A face ready for (or back from) the enhancer.
+pub struct FaceJob {
+    pub face: Face,
+    /// Frame -> crop transform.
+    pub to_crop: Affine,
+    /// The aligned crop as one NCHW item in [-1, 1] (`3 * size * size` floats).
+    pub crop: Vec<f32>,
+    /// The restored crop, packed RGB24 of `size * size`, once enhanced.
+    pub restored: Option<Vec<u8>>,
+}
+
+/// A frame with its faces; frames without faces carry an empty list.
+pub struct FaceFrame {
+    pub frame: Frame,
+    pub faces: Vec<FaceJob>,
+}

@@ -1,0 +1,23 @@
+//! gpen-video: restores faces in video with GPEN. In, a video file and ONNX models; out, the
+//! same video with its faces restored. The binary (`main.rs`) is a thin CLI over `pipeline`.
+
+pub mod align;
+pub mod decode;
+pub mod detect;
+pub mod encode;
+pub mod enhance;
+pub mod frame;
+pub mod paste;
+pub mod pipeline;
+pub mod plan;
+pub mod runtime;
+pub mod stats;
+
+/// Initialises FFmpeg once and keeps its own logging to errors.
+pub fn init_ffmpeg() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let _ = ffmpeg_next::init();
+        ffmpeg_next::util::log::set_level(ffmpeg_next::util::log::Level::Error);
+    });
+}

@@ -1,0 +1,147 @@
+//! Paste-back: in, a frame and its restored face crops with their frame->crop transforms; out,
+//! the frame with each face blended in through a feathered mask, over the face region only.
+
+use crate::align::{sample_rgb, Affine};
+
+/// A feathered box mask over the crop: zero on a thin border, rising smoothly to one inside, so
+/// no edge or seam of the crop shows in the frame.
+#[derive(Clone, Debug)]
+pub struct Mask {
+    size: usize,
+    /// Border (fraction of the crop) where the mask is zero.
+    border: f64,
+    /// Width (fraction of the crop) of the ramp from zero to one.
+    feather: f64,
+}
+
+impl Mask {
+    pub fn new(size: usize) -> Self {
+        Self {
+            size,
+            border: 0.03,
+            feather: 0.12,
+        }
+    }
+
+    /// Mask value at crop coordinates (u, v), 0 outside the crop.
+    #[inline]
+    pub fn at(&self, u: f64, v: f64) -> f32 {
+        let s = (self.size - 1) as f64;
+        let d = u.min(v).min(s - u).min(s - v) / self.size as f64;
+        let t = ((d - self.border) / self.feather).clamp(0.0, 1.0);
+        (t * t * (3.0 - 2.0 * t)) as f32
+    }
+}
+
+/// The axis-aligned frame region covered by a crop of `size` under `to_crop`'s inverse,
+/// clipped to the frame: (x0, y0, x1, y1), end exclusive.
+pub fn region(
+    to_crop: &Affine,
+    size: usize,
+    width: usize,
+    height: usize,
+) -> Option<(usize, usize, usize, usize)> {
+    let inv = to_crop.inverse()?;
+    let s = size as f64;
+    let corners = [(0.0, 0.0), (s, 0.0), (0.0, s), (s, s)].map(|(u, v)| inv.apply(u, v));
+    let fold = |f: fn(f64, f64) -> f64, init: f64, pick: fn(&(f64, f64)) -> f64| {
+        corners.iter().map(pick).fold(init, f)
+    };
+    let x0 = fold(f64::min, f64::INFINITY, |p| p.0).floor().max(0.0) as usize;
+    let y0 = fold(f64::min, f64::INFINITY, |p| p.1).floor().max(0.0) as usize;
+    let x1 =
+        (fold(f64::max, f64::NEG_INFINITY, |p| p.0).ceil() + 1.0).clamp(0.0, width as f64) as usize;
+    let y1 = (fold(f64::max, f64::NEG_INFINITY, |p| p.1).ceil() + 1.0).clamp(0.0, height as f64)
+        as usize;
+    (x0 < x1 && y0 < y1).then_some((x0, y0, x1, y1))
+}
+
+/// Blends a restored crop (packed RGB24, `size x size`) into the frame: each frame pixel in the
+/// face region is mapped into the crop, sampled bilinearly and mixed by `mask * blend`.
+pub fn paste(
+    frame: &mut [u8],
+    width: usize,
+    height: usize,
+    crop: &[u8],
+    size: usize,
+    to_crop: &Affine,
+    mask: &Mask,
+    blend: f32,
+) {
+    let Some((x0, y0, x1, y1)) = region(to_crop, size, width, height) else {
+        return;
+    };
+    let lim = (size - 1) as f64;
+    for y in y0..y1 {
+        let row = &mut frame[y * width * 3..(y + 1) * width * 3];
+        for x in x0..x1 {
+            let (u, v) = to_crop.apply(x as f64, y as f64);
+            if !(0.0..=lim).contains(&u) || !(0.0..=lim).contains(&v) {
+                continue;
+            }
+            let a = mask.at(u, v) * blend;
+            if a <= 0.0 {
+                continue;
+            }
+            let p = sample_rgb(crop, size, size, u, v);
+            let px = &mut row[x * 3..x * 3 + 3];
+            for c in 0..3 {
+                let old = px[c] as f32;
+                px[c] = (old + (p[c] - old) * a).round().clamp(0.0, 255.0) as u8;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mask_is_zero_at_the_border_one_in_the_middle_and_monotone() {
+        let m = Mask::new(512);
+        assert_eq!(m.at(0.0, 256.0), 0.0);
+        assert_eq!(m.at(511.0, 511.0), 0.0);
+        assert_eq!(m.at(256.0, 256.0), 1.0);
+        let mut last = 0.0;
+        for u in 0..256 {
+            let v = m.at(u as f64, 256.0);
+            assert!(v >= last, "not monotone at {u}");
+            assert!((0.0..=1.0).contains(&v));
+            last = v;
+        }
+        // Symmetric.
+        assert!((m.at(40.0, 256.0) - m.at(471.0, 256.0)).abs() < 1e-6);
+    }
+
+    #[test]
+    fn paste_changes_only_the_face_region_and_respects_blend() {
+        let (w, h, size) = (200usize, 120usize, 64usize);
+        let to_crop = Affine([1.0, 0.0, -50.0, 0.0, 1.0, -20.0]); // crop at (50, 20)
+        let crop = vec![200u8; size * size * 3];
+        let mask = Mask::new(size);
+        let mut frame = vec![10u8; w * h * 3];
+        paste(&mut frame, w, h, &crop, size, &to_crop, &mask, 1.0);
+        let px = |f: &[u8], x: usize, y: usize| f[(y * w + x) * 3];
+        assert_eq!(px(&frame, 82, 52), 200, "centre replaced");
+        assert_eq!(px(&frame, 10, 10), 10, "outside untouched");
+        assert_eq!(px(&frame, 50, 52), 10, "crop border zeroed by the mask");
+        let changed = (0..w * h).filter(|&i| frame[i * 3] != 10).count();
+        assert!(changed < size * size);
+
+        let mut half = vec![10u8; w * h * 3];
+        paste(&mut half, w, h, &crop, size, &to_crop, &mask, 0.5);
+        assert_eq!(px(&half, 82, 52), 105);
+        let mut none = vec![10u8; w * h * 3];
+        paste(&mut none, w, h, &crop, size, &to_crop, &mask, 0.0);
+        assert!(none.iter().all(|&v| v == 10));
+    }
+
+    #[test]
+    fn region_is_clipped_to_the_frame() {
+        let to_crop = Affine([1.0, 0.0, 30.0, 0.0, 1.0, 30.0]); // crop starts at (-30, -30)
+        assert_eq!(region(&to_crop, 64, 100, 100), Some((0, 0, 35, 35)));
+        let off = Affine([1.0, 0.0, -500.0, 0.0, 1.0, 0.0]);
+        assert_eq!(region(&off, 64, 100, 100), None);
+    }
+}

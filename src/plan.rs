@@ -1,0 +1,270 @@
+//! Parse, then resolve: in, the options a user gave; out, a checked `Plan` (source facts, loaded
+//! sessions, output paths) built before any thread starts, so bad input fails fast and clearly.
+
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+
+use anyhow::{anyhow, bail, Context, Result};
+
+use crate::decode::{probe, SourceInfo};
+use crate::detect::{det_size, Detector};
+use crate::encode::{check_settings, EncodeSettings};
+use crate::enhance::Enhancer;
+use crate::runtime::cpu_session;
+
+/// Where the model runs.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Device {
+    Cpu,
+    /// CUDA device ordinals; empty means every visible GPU.
+    Cuda(Vec<u32>),
+}
+
+impl FromStr for Device {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "cpu" => Ok(Device::Cpu),
+            "cuda" | "cuda:all" => Ok(Device::Cuda(Vec::new())),
+            _ => {
+                let ids = s.strip_prefix("cuda:").ok_or_else(|| {
+                    format!("unknown device `{s}`: use cpu, cuda:N, cuda:N,M or cuda:all")
+                })?;
+                ids.split(',')
+                    .map(|i| {
+                        i.trim()
+                            .parse::<u32>()
+                            .map_err(|_| format!("bad GPU number `{i}` in `{s}`"))
+                    })
+                    .collect::<Result<Vec<_>, _>>()
+                    .map(Device::Cuda)
+            }
+        }
+    }
+}
+
+/// Everything a run needs, as given (paths not yet checked).
+#[derive(Clone, Debug)]
+pub struct Options {
+    pub input: PathBuf,
+    pub output: PathBuf,
+    /// Enhancer model; `None` picks the default the set-up provides.
+    pub model: Option<PathBuf>,
+    pub detector: Option<PathBuf>,
+    pub device: Device,
+    pub batch: usize,
+    /// Long side of the detection copy.
+    pub det_size: usize,
+    pub det_threshold: f32,
+    pub nms_iou: f32,
+    pub blend: f32,
+    pub encode: EncodeSettings,
+    /// CPU threads for ONNX Runtime (default: all cores).
+    pub threads: Option<usize>,
+    /// Where to write each frame's face regions as JSON (for inspection and tests).
+    pub faces_json: Option<PathBuf>,
+}
+
+impl Options {
+    pub fn new(input: impl Into<PathBuf>, output: impl Into<PathBuf>) -> Self {
+        Self {
+            input: input.into(),
+            output: output.into(),
+            model: None,
+            detector: None,
+            device: Device::Cpu,
+            batch: 4,
+            det_size: 640,
+            det_threshold: 0.5,
+            nms_iou: 0.3,
+            blend: 1.0,
+            encode: EncodeSettings::default(),
+            threads: None,
+            faces_json: None,
+        }
+    }
+}
+
+/// A checked run: the source is readable, the models load and fit, the output can be written.
+pub struct Plan {
+    pub source: SourceInfo,
+    pub detector: Detector,
+    pub enhancer: Enhancer,
+    pub model_path: PathBuf,
+    pub batch: usize,
+    pub blend: f32,
+    pub encode: EncodeSettings,
+    pub output: PathBuf,
+    /// Where the output is written until it is complete.
+    pub partial: PathBuf,
+    pub faces_json: Option<PathBuf>,
+}
+
+/// Finds a file the set-up installs (`models/...`): relative to the working directory, then to
+/// the checkout the executable was built in.
+pub fn find_asset(rel: &str) -> Option<PathBuf> {
+    let here = PathBuf::from(rel);
+    if here.exists() {
+        return Some(here);
+    }
+    let exe = std::env::current_exe().ok()?;
+    exe.ancestors()
+        .skip(1)
+        .take(4)
+        .map(|d| d.join(rel))
+        .find(|p| p.exists())
+}
+
+/// The default enhancer: the official GPEN-BFR-512 if the user put it in models/, else the
+/// set-up's identity stand-in.
+pub const DEFAULT_MODELS: [&str; 2] = [
+    "models/GPEN-BFR-512.onnx",
+    "models/standin/identity-512.onnx",
+];
+pub const DEFAULT_DETECTOR: &str = "models/centerface.onnx";
+
+fn same_file(a: &Path, b: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (std::fs::metadata(a), std::fs::metadata(b)) {
+        (Ok(x), Ok(y)) => x.dev() == y.dev() && x.ino() == y.ino(),
+        _ => false,
+    }
+}
+
+/// Checks OUT: not the input, in an existing writable folder, with a container FFmpeg knows.
+/// Returns the path of the partial file written beside it.
+pub fn check_output(input: &Path, output: &Path) -> Result<PathBuf> {
+    if output.as_os_str().is_empty() {
+        bail!("no output file given");
+    }
+    if same_file(input, output) || input == output {
+        bail!("output {} is the input file: choose another output path (the input is never overwritten)", output.display());
+    }
+    let name = output
+        .file_name()
+        .ok_or_else(|| anyhow!("output {} is not a file path", output.display()))?;
+    let dir = match output.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let meta = std::fs::metadata(&dir).map_err(|_| {
+        anyhow!(
+            "output folder {} does not exist: create it first",
+            dir.display()
+        )
+    })?;
+    if !meta.is_dir() {
+        bail!("output folder {} is not a folder", dir.display());
+    }
+    if output.is_dir() {
+        bail!(
+            "output {} is a folder: give a file name such as out.mp4",
+            output.display()
+        );
+    }
+    let ext = output.extension().and_then(|e| e.to_str()).unwrap_or("");
+    crate::init_ffmpeg();
+    let cname =
+        std::ffi::CString::new(format!("x.{ext}")).map_err(|_| anyhow!("bad output name"))?;
+    let known = unsafe {
+        !ffmpeg_next::ffi::av_guess_format(std::ptr::null(), cname.as_ptr(), std::ptr::null())
+            .is_null()
+    };
+    if ext.is_empty() || !known {
+        bail!("output {}: cannot tell the container from the extension `.{ext}`; use .mp4, .mkv or .mov", output.display());
+    }
+    let partial = dir.join(format!(
+        ".{}.partial-{}.{ext}",
+        name.to_string_lossy(),
+        std::process::id()
+    ));
+    std::fs::File::create(&partial)
+        .map(|_| ())
+        .map_err(|e| anyhow!("output folder {} is not writable: {e}", dir.display()))?;
+    std::fs::remove_file(&partial).ok();
+    Ok(partial)
+}
+
+impl Plan {
+    pub fn resolve(o: &Options) -> Result<Plan> {
+        if let Device::Cuda(_) = o.device {
+            bail!(
+                "--device {:?}: GPU execution is not available in this build yet; use --device cpu",
+                o.device
+            );
+        }
+        if !(0.0..=1.0).contains(&o.blend) {
+            bail!("--blend must be between 0 and 1, got {}", o.blend);
+        }
+        if o.batch == 0 {
+            bail!("--batch must be at least 1");
+        }
+        let source = probe(&o.input)?;
+        let partial = check_output(&o.input, &o.output)?;
+        check_settings(&o.encode)?;
+        let threads = o
+            .threads
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()));
+
+        let model_path = match &o.model {
+            Some(p) => p.clone(),
+            None => DEFAULT_MODELS.iter().find_map(|m| find_asset(m)).ok_or_else(|| {
+                anyhow!("no model given and none installed: run scripts/setup.sh, put GPEN-BFR-512.onnx in models/, or pass --model PATH")
+            })?,
+        };
+        let session = cpu_session(&model_path, threads, "model")?;
+        let enhancer = Enhancer::new(session).with_context(|| {
+            format!(
+                "model {} does not fit GPEN's I/O contract",
+                model_path.display()
+            )
+        })?;
+        if let Some(note) = &enhancer.info.weights_note {
+            tracing::warn!(model = %model_path.display(), "{note}");
+        }
+        let batch = enhancer.max_batch(o.batch);
+        if batch != o.batch {
+            tracing::info!(
+                batch,
+                "model has a fixed batch size; running {batch} crop(s) per call"
+            );
+        }
+
+        let det_path = match &o.detector {
+            Some(p) => p.clone(),
+            None => find_asset(DEFAULT_DETECTOR).ok_or_else(|| anyhow!("detector {DEFAULT_DETECTOR} not found: run scripts/setup.sh or pass --detector PATH"))?,
+        };
+        let det_session = cpu_session(&det_path, (threads / 2).max(1), "detector")?;
+        let wanted = det_size(source.width, source.height, o.det_size);
+        let detector = Detector::new(det_session, wanted, o.det_threshold, o.nms_iou)
+            .with_context(|| format!("detector {}", det_path.display()))?;
+
+        Ok(Plan {
+            source,
+            detector,
+            enhancer,
+            model_path,
+            batch,
+            blend: o.blend,
+            encode: o.encode.clone(),
+            output: o.output.clone(),
+            partial,
+            faces_json: o.faces_json.clone(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn devices_parse() {
+        assert_eq!("cpu".parse::<Device>(), Ok(Device::Cpu));
+        assert_eq!("cuda:0".parse::<Device>(), Ok(Device::Cuda(vec![0])));
+        assert_eq!("cuda:0,2".parse::<Device>(), Ok(Device::Cuda(vec![0, 2])));
+        assert_eq!("cuda:all".parse::<Device>(), Ok(Device::Cuda(vec![])));
+        assert!("gpu".parse::<Device>().is_err());
+        assert!("cuda:x".parse::<Device>().is_err());
+    }
+}

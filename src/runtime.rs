@@ -1,0 +1,94 @@
+//! ONNX Runtime set-up: in, where the shared library may be and a model file; out, a loaded
+//! runtime and CPU sessions, with errors that say what is missing and how to get it.
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use anyhow::{anyhow, bail, Context, Result};
+use ort::environment::Environment;
+use ort::session::builder::GraphOptimizationLevel;
+use ort::session::Session;
+
+/// Where to look for libonnxruntime.so, in order: $ORT_DYLIB_PATH, next to the executable, the
+/// set-up's `.deps/lib` of the checkout the executable was built in, then the system loader.
+fn candidates() -> Vec<PathBuf> {
+    let mut c = Vec::new();
+    if let Some(p) = std::env::var_os("ORT_DYLIB_PATH") {
+        c.push(PathBuf::from(p));
+        return c;
+    }
+    if let Some(dir) = std::env::current_exe()
+        .ok()
+        .and_then(|e| e.parent().map(Path::to_path_buf))
+    {
+        c.push(dir.join("libonnxruntime.so"));
+        // target/{release,debug}[/deps]/gpen-video -> checkout root
+        for up in dir.ancestors().skip(1).take(3) {
+            c.push(up.join(".deps/lib/libonnxruntime.so"));
+        }
+    }
+    c.push(PathBuf::from("libonnxruntime.so"));
+    c
+}
+
+/// Loads ONNX Runtime once per process and returns its environment.
+pub fn init() -> Result<&'static Environment> {
+    static LOADED: OnceLock<Result<(PathBuf, Environment), String>> = OnceLock::new();
+    let r = LOADED.get_or_init(|| {
+        let mut tried = Vec::new();
+        for path in candidates() {
+            let exists = path.components().count() == 1 || path.exists();
+            if !exists {
+                tried.push(format!("{} (missing)", path.display()));
+                continue;
+            }
+            match ort::init_from(&path) {
+                Ok(builder) => match builder.with_name("gpen-video").build() {
+                    Ok(env) => return Ok((path, env)),
+                    Err(e) => tried.push(format!("{}: {e}", path.display())),
+                },
+                Err(e) => tried.push(format!("{}: {e}", path.display())),
+            }
+        }
+        Err(format!(
+            "ONNX Runtime shared library not found; tried: {}. Run scripts/setup.sh, or set ORT_DYLIB_PATH to a libonnxruntime.so (the `onnxruntime` PyPI wheel ships one under onnxruntime/capi/)",
+            tried.join("; ")
+        ))
+    });
+    match r {
+        Ok((p, env)) => {
+            tracing::debug!(path = %p.display(), "ONNX Runtime loaded");
+            Ok(env)
+        }
+        Err(e) => Err(anyhow!(e.clone())),
+    }
+}
+
+/// Turns an ort error (whose builder variants are not `Send`) into an anyhow error.
+pub fn ort_err<E: std::fmt::Display>(e: E) -> anyhow::Error {
+    anyhow!("{e}")
+}
+
+/// Opens `path` as a CPU session with `threads` intra-op threads.
+pub fn cpu_session(path: &Path, threads: usize, what: &str) -> Result<Session> {
+    let env = init()?;
+    match std::fs::metadata(path) {
+        Err(e) => bail!("cannot read {what} {}: {e}", path.display()),
+        Ok(m) if !m.is_file() => bail!("{what} {} is not a file", path.display()),
+        Ok(_) => {}
+    }
+    Session::builder(env)
+        .map_err(ort_err)?
+        .with_optimization_level(GraphOptimizationLevel::Level3)
+        .map_err(ort_err)?
+        .with_intra_threads(threads.max(1))
+        .map_err(ort_err)?
+        .commit_from_file(path)
+        .map_err(ort_err)
+        .with_context(|| {
+            format!(
+                "cannot load {what} {} (is it an ONNX model?)",
+                path.display()
+            )
+        })
+}
