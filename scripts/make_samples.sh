@@ -59,6 +59,6 @@ make test/group.mkv -loop 1 -i $src -f lavfi -i "$(aac 550 1)" -i test/.subs.srt
   -c:a aac -b:a 64k -c:s srt
 # Variable frame rate: frames at irregular times (setpts from a wobbling clock), kept as they are.
 make test/vfr.mkv -loop 1 -i $src -f lavfi -i "$(aac 660 2)" \
-  -filter_complex "$(moving 640 360 2 20 340);[v]setpts='(N+floor(N/4)*0.5)/20/TB'[w]" -map '[w]' \
+  -filter_complex "$(moving 640 360 2 20 340);[v]settb=1/1000,setpts='N*50+floor(N/4)*25'[w]" -map '[w]' \
   -map 1:a -frames:v 40 -fps_mode passthrough "${x264[@]}" -c:a aac -b:a 64k
 make test/noface.mp4 -f lavfi -i testsrc2=s=320x240:r=30:d=1 "${x264[@]}"

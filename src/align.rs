@@ -34,14 +34,7 @@ impl Affine {
             return None;
         }
         let (ia, ib, id, ie) = (e / det, -b / det, -d / det, a / det);
-        Some(Affine([
-            ia,
-            ib,
-            -(ia * c + ib * f),
-            id,
-            ie,
-            -(id * c + ie * f),
-        ]))
+        Some(Affine([ia, ib, -(ia * c + ib * f), id, ie, -(id * c + ie * f)]))
     }
 
     /// Uniform scale factor of a similarity (sqrt of the determinant).
@@ -56,9 +49,9 @@ impl Affine {
 pub fn fit_similarity(src: &[[f32; 2]], dst: &[[f32; 2]]) -> Affine {
     let n = src.len().min(dst.len()) as f64;
     let mean = |p: &[[f32; 2]]| {
-        let (sx, sy) = p.iter().fold((0.0, 0.0), |(sx, sy), q| {
-            (sx + q[0] as f64, sy + q[1] as f64)
-        });
+        let (sx, sy) = p
+            .iter()
+            .fold((0.0, 0.0), |(sx, sy), q| (sx + q[0] as f64, sy + q[1] as f64));
         (sx / n, sy / n)
     };
     let (msx, msy) = mean(src);
@@ -75,14 +68,7 @@ pub fn fit_similarity(src: &[[f32; 2]], dst: &[[f32; 2]]) -> Affine {
         return Affine([1.0, 0.0, mdx - msx, 0.0, 1.0, mdy - msy]);
     }
     let (a, b) = (num_a / den, num_b / den);
-    Affine([
-        a,
-        -b,
-        mdx - (a * msx - b * msy),
-        b,
-        a,
-        mdy - (b * msx + a * msy),
-    ])
+    Affine([a, -b, mdx - (a * msx - b * msy), b, a, mdy - (b * msx + a * msy)])
 }
 
 /// Bilinear sample of packed RGB24 at (x, y), edges replicated. Returns the three channels.
@@ -108,17 +94,8 @@ pub fn sample_rgb(rgb: &[u8], width: usize, height: usize, x: f64, y: f64) -> [f
 
 /// Warps the face into a `size x size` crop, written as planar RGB in [-1, 1] (one NCHW item,
 /// `3 * size * size` floats). `to_crop` maps frame pixels to crop pixels.
-pub fn warp_to_tensor(
-    rgb: &[u8],
-    width: usize,
-    height: usize,
-    to_crop: &Affine,
-    size: usize,
-    out: &mut [f32],
-) {
-    let inv = to_crop
-        .inverse()
-        .unwrap_or(Affine([1.0, 0.0, 0.0, 0.0, 1.0, 0.0]));
+pub fn warp_to_tensor(rgb: &[u8], width: usize, height: usize, to_crop: &Affine, size: usize, out: &mut [f32]) {
+    let inv = to_crop.inverse().unwrap_or(Affine([1.0, 0.0, 0.0, 0.0, 1.0, 0.0]));
     let plane = size * size;
     let (r, rest) = out.split_at_mut(plane);
     let (g, b) = rest.split_at_mut(plane);
@@ -174,10 +151,7 @@ mod tests {
             let fit = fit_similarity(&src, &dst);
             for (p, q) in src.iter().zip(&dst) {
                 let (u, v) = fit.apply(p[0] as f64, p[1] as f64);
-                assert!(
-                    (u - q[0] as f64).hypot(v - q[1] as f64) < 0.01,
-                    "case {angle} {scale}"
-                );
+                assert!((u - q[0] as f64).hypot(v - q[1] as f64) < 0.01, "case {angle} {scale}");
             }
             assert!((fit.scale() - scale).abs() < 1e-4);
         }
@@ -244,14 +218,7 @@ mod tests {
         let size = 4;
         let rgb: Vec<u8> = (0..size * size * 3).map(|i| (i * 5 % 256) as u8).collect();
         let mut t = vec![0.0; rgb.len()];
-        warp_to_tensor(
-            &rgb,
-            size,
-            size,
-            &Affine([1.0, 0.0, 0.0, 0.0, 1.0, 0.0]),
-            size,
-            &mut t,
-        );
+        warp_to_tensor(&rgb, size, size, &Affine([1.0, 0.0, 0.0, 0.0, 1.0, 0.0]), size, &mut t);
         assert!(t.iter().all(|v| (-1.0..=1.0).contains(v)));
         let mut back = Vec::new();
         tensor_to_rgb(&t, size, &mut back);

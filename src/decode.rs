@@ -45,9 +45,7 @@ impl SourceInfo {
     pub fn estimated_frames(&self) -> Option<u64> {
         self.declared_frames.or_else(|| {
             let fps = f64::from(self.avg_frame_rate);
-            self.duration_s
-                .filter(|_| fps > 0.0)
-                .map(|d| (d * fps).round() as u64)
+            self.duration_s.filter(|_| fps > 0.0).map(|d| (d * fps).round() as u64)
         })
     }
 }
@@ -55,13 +53,12 @@ impl SourceInfo {
 /// Opens `path`, picks the best video stream and checks a decoder exists for it.
 pub fn probe(path: &Path) -> Result<SourceInfo> {
     crate::init_ffmpeg();
-    let meta = std::fs::metadata(path)
-        .map_err(|e| anyhow!("cannot read input {}: {e}", path.display()))?;
+    let meta = std::fs::metadata(path).map_err(|e| anyhow!("cannot read input {}: {e}", path.display()))?;
     if !meta.is_file() {
         bail!("input {} is not a file", path.display());
     }
-    let ictx = ffmpeg::format::input(path)
-        .map_err(|e| anyhow!("input {} is not a readable video ({e})", path.display()))?;
+    let ictx =
+        ffmpeg::format::input(path).map_err(|e| anyhow!("input {} is not a readable video ({e})", path.display()))?;
     let stream = ictx
         .streams()
         .best(media::Type::Video)
@@ -136,25 +133,18 @@ impl Decoder {
     ) -> Result<DecodeReport> {
         let info = &self.info;
         let path = info.path.display();
-        let mut ictx =
-            ffmpeg::format::input(&info.path).with_context(|| format!("cannot open {path}"))?;
+        let mut ictx = ffmpeg::format::input(&info.path).with_context(|| format!("cannot open {path}"))?;
         let mut dec = ffmpeg::codec::context::Context::from_parameters(info.params.clone())?
             .decoder()
             .video()?;
         let (w, h) = (info.width, info.height);
         let (dw, dh) = self.det_size;
         let mut scalers: Option<(Scaler, Scaler, Pixel)> = None;
-        let (mut yuv, mut rgb, mut small) = (
-            VideoFrame::empty(),
-            VideoFrame::empty(),
-            VideoFrame::empty(),
-        );
+        let (mut yuv, mut rgb, mut small) = (VideoFrame::empty(), VideoFrame::empty(), VideoFrame::empty());
         let mut report = DecodeReport::default();
         let mut last_pts: Option<i64> = None;
 
-        let mut drain = |dec: &mut ffmpeg::decoder::Video,
-                         report: &mut DecodeReport|
-         -> Result<bool> {
+        let mut drain = |dec: &mut ffmpeg::decoder::Video, report: &mut DecodeReport| -> Result<bool> {
             while dec.receive_frame(&mut yuv).is_ok() {
                 let index = report.frames;
                 if yuv.width() as usize != w || yuv.height() as usize != h {
@@ -186,20 +176,17 @@ impl Decoder {
                     scalers = Some((full, det, yuv.format()));
                 }
                 let (full, det, _) = scalers.as_mut().expect("just set");
-                full.run(&yuv, &mut rgb).with_context(|| {
-                    format!("{path}: colour conversion failed at frame {index}")
-                })?;
+                full.run(&yuv, &mut rgb)
+                    .with_context(|| format!("{path}: colour conversion failed at frame {index}"))?;
                 det.run(&yuv, &mut small)?;
                 let mut buf = recycle.try_recv().unwrap_or_default();
                 copy_packed(&rgb, w, h, &mut buf);
                 let mut det_buf = Vec::with_capacity(dw * dh * 3);
                 copy_packed(&small, dw, dh, &mut det_buf);
-                let pts = yuv
-                    .timestamp()
-                    .or(yuv.pts())
-                    .or_else(|| last_pts.map(|p| p + 1));
+                let pts = yuv.timestamp().or(yuv.pts()).or_else(|| last_pts.map(|p| p + 1));
                 last_pts = pts;
                 report.frames += 1;
+                let source = std::mem::replace(&mut yuv, VideoFrame::empty());
                 if !emit(Frame {
                     index,
                     pts,
@@ -207,6 +194,8 @@ impl Decoder {
                     height: h,
                     rgb: buf,
                     det: det_buf,
+                    source: Some(source),
+                    dirty: Vec::new(),
                 }) {
                     return Ok(false);
                 }
@@ -256,9 +245,7 @@ impl Decoder {
         let info = &self.info;
         let path = info.path.display();
         if report.frames == 0 {
-            bail!(
-                "{path}: no video frame could be decoded; the file is empty, truncated or damaged"
-            );
+            bail!("{path}: no video frame could be decoded; the file is empty, truncated or damaged");
         }
         if let Some(declared) = info.declared_frames {
             // A few frames of slack: some muxers count frames the decoder drops by design.

@@ -67,22 +67,13 @@ pub fn decode_maps(
             let (o0, o1) = (offset[i], offset[plane + i]);
             let x1 = ((c as f32 + o1 + 0.5) * 4.0 - s1 / 2.0).clamp(0.0, in_w as f32);
             let y1 = ((r as f32 + o0 + 0.5) * 4.0 - s0 / 2.0).clamp(0.0, in_h as f32);
-            let bbox = [
-                x1,
-                y1,
-                (x1 + s1).min(in_w as f32),
-                (y1 + s0).min(in_h as f32),
-            ];
+            let bbox = [x1, y1, (x1 + s1).min(in_w as f32), (y1 + s0).min(in_h as f32)];
             let mut landmarks = [[0.0; 2]; 5];
             for (j, lm) in landmarks.iter_mut().enumerate() {
                 lm[0] = lms[(2 * j + 1) * plane + i] * s1 + x1;
                 lm[1] = lms[2 * j * plane + i] * s0 + y1;
             }
-            faces.push(Face {
-                bbox,
-                score,
-                landmarks,
-            });
+            faces.push(Face { bbox, score, landmarks });
         }
     }
     faces
@@ -102,12 +93,7 @@ pub struct Detector {
 impl Detector {
     /// Checks the session looks like CenterFace (one [N,3,H,W] input, four outputs) and picks
     /// the detection size: the model's own if its spatial dimensions are fixed, else `wanted`.
-    pub fn new(
-        session: Session,
-        wanted: (usize, usize),
-        threshold: f32,
-        nms_iou: f32,
-    ) -> Result<Self> {
+    pub fn new(session: Session, wanted: (usize, usize), threshold: f32, nms_iou: f32) -> Result<Self> {
         let inputs = session.inputs();
         if inputs.len() != 1 || session.outputs().len() != 4 {
             bail!(
@@ -125,7 +111,11 @@ impl Detector {
         }
         let size = if shape[2] > 0 && shape[3] > 0 {
             if shape[2] % 32 != 0 || shape[3] % 32 != 0 {
-                bail!("detector input has fixed size {}x{}: use scripts/prepare_detector.py to make it dynamic", shape[3], shape[2]);
+                bail!(
+                    "detector input has fixed size {}x{}: use scripts/prepare_detector.py to make it dynamic",
+                    shape[3],
+                    shape[2]
+                );
             }
             if shape[0] > 1 {
                 bail!(
@@ -159,9 +149,7 @@ impl Detector {
             self.input[2 * plane + i] = px[2] as f32;
         }
         let tensor = TensorRef::from_array_view(([1usize, 3, h, w], &self.input[..]))?;
-        let outputs = self
-            .session
-            .run(ort::inputs![self.input_name.as_str() => tensor])?;
+        let outputs = self.session.run(ort::inputs![self.input_name.as_str() => tensor])?;
         let map = |k: usize| outputs[k].try_extract_tensor::<f32>().map(|(_, d)| d);
         let (heat, scale, offset, lms) = (map(0)?, map(1)?, map(2)?, map(3)?);
         let (mh, mw) = (h / 4, w / 4);
@@ -173,12 +161,7 @@ impl Detector {
         Ok(nms(faces, self.nms_iou)
             .into_iter()
             .map(|mut f| {
-                f.bbox = [
-                    f.bbox[0] * sx,
-                    f.bbox[1] * sy,
-                    f.bbox[2] * sx,
-                    f.bbox[3] * sy,
-                ];
+                f.bbox = [f.bbox[0] * sx, f.bbox[1] * sy, f.bbox[2] * sx, f.bbox[3] * sy];
                 for lm in &mut f.landmarks {
                     lm[0] *= sx;
                     lm[1] *= sy;

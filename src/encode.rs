@@ -12,7 +12,7 @@ use ffmpeg::{codec, encoder, media, Dictionary, Packet, Rational};
 use ffmpeg_next as ffmpeg;
 
 use crate::decode::SourceInfo;
-use crate::frame::Frame;
+use crate::frame::{Frame, Region};
 
 /// Encoder choices from the command line.
 #[derive(Clone, Debug)]
@@ -36,12 +36,8 @@ impl Default for EncodeSettings {
 /// Checks the encoder exists and can be opened with these settings, before any work starts.
 pub fn check_settings(s: &EncodeSettings) -> Result<()> {
     crate::init_ffmpeg();
-    let c = encoder::find_by_name(&s.codec).ok_or_else(|| {
-        anyhow!(
-            "video encoder `{}` is not available in this FFmpeg build",
-            s.codec
-        )
-    })?;
+    let c = encoder::find_by_name(&s.codec)
+        .ok_or_else(|| anyhow!("video encoder `{}` is not available in this FFmpeg build", s.codec))?;
     if c.medium() != media::Type::Video {
         bail!("`{}` is not a video encoder", s.codec);
     }
@@ -62,14 +58,11 @@ struct SideStreams {
 
 impl SideStreams {
     fn open(src: &SourceInfo, octx: &mut ffmpeg::format::context::Output) -> Result<Self> {
-        let ictx = ffmpeg::format::input(&src.path)
-            .with_context(|| format!("cannot reopen {}", src.path.display()))?;
+        let ictx = ffmpeg::format::input(&src.path).with_context(|| format!("cannot reopen {}", src.path.display()))?;
         let mut map = vec![None; ictx.nb_streams() as usize];
         for ist in ictx.streams() {
             let kind = ist.parameters().medium();
-            if ist.index() == src.stream_index
-                || !matches!(kind, media::Type::Audio | media::Type::Subtitle)
-            {
+            if ist.index() == src.stream_index || !matches!(kind, media::Type::Audio | media::Type::Subtitle) {
                 if ist.index() != src.stream_index {
                     tracing::warn!(stream = ist.index(), kind = ?kind, "stream not copied (only audio and subtitles are)");
                 }
@@ -77,11 +70,8 @@ impl SideStreams {
             }
             let id = ist.parameters().id();
             let supported = unsafe {
-                ffmpeg::ffi::avformat_query_codec(
-                    octx.format().as_ptr(),
-                    id.into(),
-                    ffmpeg::ffi::FF_COMPLIANCE_NORMAL,
-                ) == 1
+                ffmpeg::ffi::avformat_query_codec(octx.format().as_ptr(), id.into(), ffmpeg::ffi::FF_COMPLIANCE_NORMAL)
+                    == 1
             };
             if !supported {
                 tracing::warn!(stream = ist.index(), codec = ?id, "this container cannot hold the stream; it is dropped (choose .mkv to keep it)");
@@ -110,11 +100,7 @@ impl SideStreams {
     }
 
     /// Writes every side packet due at or before `until` seconds (all of them with `None`).
-    fn write_until(
-        &mut self,
-        octx: &mut ffmpeg::format::context::Output,
-        until: Option<f64>,
-    ) -> Result<()> {
+    fn write_until(&mut self, octx: &mut ffmpeg::format::context::Output, until: Option<f64>) -> Result<()> {
         loop {
             if self.next.is_none() {
                 if self.done || self.streams() == 0 {
@@ -149,8 +135,7 @@ impl SideStreams {
             p.rescale_ts(itb, otb);
             p.set_stream(out);
             p.set_position(-1);
-            p.write_interleaved(octx)
-                .context("writing an audio/subtitle packet")?;
+            p.write_interleaved(octx).context("writing an audio/subtitle packet")?;
         }
     }
 }
@@ -184,12 +169,8 @@ impl Encoder {
         crate::init_ffmpeg();
         let codec = encoder::find_by_name(&settings.codec)
             .ok_or_else(|| anyhow!("video encoder `{}` not found", settings.codec))?;
-        let mut octx = ffmpeg::format::output(path)
-            .with_context(|| format!("cannot create {}", path.display()))?;
-        let global = octx
-            .format()
-            .flags()
-            .contains(ffmpeg::format::Flags::GLOBAL_HEADER);
+        let mut octx = ffmpeg::format::output(path).with_context(|| format!("cannot create {}", path.display()))?;
+        let global = octx.format().flags().contains(ffmpeg::format::Flags::GLOBAL_HEADER);
         let pix = codec
             .video()
             .ok()
@@ -203,9 +184,7 @@ impl Encoder {
             })
             .unwrap_or(Pixel::YUV420P);
         let (w, h) = (src.width as u32, src.height as u32);
-        let mut ctx = codec::context::Context::new_with_codec(codec)
-            .encoder()
-            .video()?;
+        let mut ctx = codec::context::Context::new_with_codec(codec).encoder().video()?;
         ctx.set_width(w);
         ctx.set_height(h);
         ctx.set_format(pix);
@@ -232,12 +211,9 @@ impl Encoder {
         if let Some(p) = &settings.preset {
             opts.set("preset", p);
         }
-        let enc = ctx.open_as_with(codec, opts).with_context(|| {
-            format!(
-                "cannot open encoder {} (check --crf and --preset)",
-                settings.codec
-            )
-        })?;
+        let enc = ctx
+            .open_as_with(codec, opts)
+            .with_context(|| format!("cannot open encoder {} (check --crf and --preset)", settings.codec))?;
         {
             let mut ost = octx.add_stream(codec)?;
             ost.set_parameters(&enc);
@@ -270,44 +246,63 @@ impl Encoder {
         })
     }
 
-    /// Encodes one frame at its source timestamp.
-    pub fn write(&mut self, frame: &Frame) -> Result<()> {
-        let (w, stride) = (frame.width * 3, self.rgb.stride(0));
-        let data = self.rgb.data_mut(0);
-        for (y, row) in frame.rgb.chunks_exact(w).enumerate() {
-            data[y * stride..y * stride + w].copy_from_slice(row);
-        }
-        let (fw, fh) = (frame.width as u32, frame.height as u32);
-        let scaler = match &mut self.scaler {
-            Some(s) => s,
-            None => self.scaler.insert(SendScaler(Scaler::get(
-                Pixel::RGB24,
-                fw,
-                fh,
-                self.pix,
-                fw,
-                fh,
-                Flags::BILINEAR | Flags::ACCURATE_RND,
-            )?)),
-        };
-        scaler.0.run(&self.rgb, &mut self.yuv)?;
+    /// Encodes one frame at its source timestamp. When the decoded picture is already in the
+    /// encoder's format (yuv420p), it is sent as it is with only the pasted regions converted
+    /// back from RGB; otherwise the whole RGB frame is converted.
+    pub fn write(&mut self, frame: &mut Frame) -> Result<()> {
         // Keep timestamps as decoded; only a non-increasing one (broken source) is nudged.
         let pts = match (frame.pts, self.last_pts) {
             (Some(p), Some(l)) if p <= l => {
-                tracing::warn!(
-                    frame = frame.index,
-                    pts = p,
-                    "non-increasing timestamp nudged forward"
-                );
+                tracing::warn!(frame = frame.index, pts = p, "non-increasing timestamp nudged forward");
                 l + 1
             }
             (Some(p), _) => p,
             (None, l) => l.map_or(0, |l| l + 1),
         };
         self.last_pts = Some(pts);
-        self.yuv.set_pts(Some(pts));
+        let direct = self.pix == Pixel::YUV420P
+            && frame.source.as_ref().is_some_and(|s| {
+                s.format() == Pixel::YUV420P && s.width() as usize == frame.width && s.height() as usize == frame.height
+            });
+        let picture = if direct {
+            let src = frame.source.as_mut().expect("checked above");
+            if !frame.dirty.is_empty() {
+                // The decoder may still reference this buffer: copy it before writing.
+                if unsafe { ffmpeg::ffi::av_frame_make_writable(src.as_mut_ptr()) } < 0 {
+                    bail!("out of memory copying frame {}", frame.index);
+                }
+                for r in &frame.dirty {
+                    rgb_to_yuv420p_region(&frame.rgb, frame.width, frame.height, src, *r);
+                }
+            }
+            // Encode as the encoder decides, not where the source had its keyframes.
+            src.set_kind(ffmpeg::picture::Type::None);
+            src
+        } else {
+            let (w, stride) = (frame.width * 3, self.rgb.stride(0));
+            let data = self.rgb.data_mut(0);
+            for (y, row) in frame.rgb.chunks_exact(w).enumerate() {
+                data[y * stride..y * stride + w].copy_from_slice(row);
+            }
+            let (fw, fh) = (frame.width as u32, frame.height as u32);
+            let scaler = match &mut self.scaler {
+                Some(s) => s,
+                None => self.scaler.insert(SendScaler(Scaler::get(
+                    Pixel::RGB24,
+                    fw,
+                    fh,
+                    self.pix,
+                    fw,
+                    fh,
+                    Flags::BILINEAR | Flags::ACCURATE_RND,
+                )?)),
+            };
+            scaler.0.run(&self.rgb, &mut self.yuv)?;
+            &mut self.yuv
+        };
+        picture.set_pts(Some(pts));
         self.enc
-            .send_frame(&self.yuv)
+            .send_frame(picture)
             .with_context(|| format!("encoding frame {}", frame.index))?;
         self.frames += 1;
         self.drain()
@@ -317,14 +312,10 @@ impl Encoder {
         let mut p = Packet::empty();
         while self.enc.receive_packet(&mut p).is_ok() {
             p.rescale_ts(self.enc_tb, self.ost_tb);
-            let t = p
-                .dts()
-                .or(p.pts())
-                .map(|ts| ts as f64 * f64::from(self.ost_tb));
+            let t = p.dts().or(p.pts()).map(|ts| ts as f64 * f64::from(self.ost_tb));
             self.side.write_until(&mut self.octx, t)?;
             p.set_stream(0);
-            p.write_interleaved(&mut self.octx)
-                .context("writing a video packet")?;
+            p.write_interleaved(&mut self.octx).context("writing a video packet")?;
         }
         Ok(())
     }
@@ -336,5 +327,50 @@ impl Encoder {
         self.side.write_until(&mut self.octx, None)?;
         self.octx.write_trailer().context("writing the trailer")?;
         Ok(self.frames)
+    }
+}
+
+/// Converts one region of packed RGB24 back into a yuv420p picture (BT.601, limited range: the
+/// inverse of the conversion the decoder applied). The region is widened to even bounds so
+/// every chroma sample it touches is recomputed from its four pixels.
+pub fn rgb_to_yuv420p_region(rgb: &[u8], width: usize, height: usize, yuv: &mut VideoFrame, r: Region) {
+    let x0 = r.0 & !1;
+    let y0 = r.1 & !1;
+    let x1 = ((r.2 + 1) & !1).min(width);
+    let y1 = ((r.3 + 1) & !1).min(height);
+    let (ys, us, vs) = (yuv.stride(0), yuv.stride(1), yuv.stride(2));
+    let px = |x: usize, y: usize| {
+        let i = (y * width + x) * 3;
+        (rgb[i] as i32, rgb[i + 1] as i32, rgb[i + 2] as i32)
+    };
+    let luma = |(r, g, b): (i32, i32, i32)| (((66 * r + 129 * g + 25 * b + 128) >> 8) + 16).clamp(0, 255) as u8;
+    {
+        let plane = yuv.data_mut(0);
+        for y in y0..y1 {
+            for x in x0..x1 {
+                plane[y * ys + x] = luma(px(x, y));
+            }
+        }
+    }
+    for cy in (y0 / 2)..y1.div_ceil(2) {
+        for cx in (x0 / 2)..x1.div_ceil(2) {
+            let (mut sr, mut sg, mut sb, mut n) = (0, 0, 0, 0);
+            for (x, y) in [
+                (2 * cx, 2 * cy),
+                (2 * cx + 1, 2 * cy),
+                (2 * cx, 2 * cy + 1),
+                (2 * cx + 1, 2 * cy + 1),
+            ] {
+                if x < width && y < height {
+                    let (r, g, b) = px(x, y);
+                    (sr, sg, sb, n) = (sr + r, sg + g, sb + b, n + 1);
+                }
+            }
+            let (r, g, b) = ((sr + n / 2) / n, (sg + n / 2) / n, (sb + n / 2) / n);
+            let u = (((-38 * r - 74 * g + 112 * b + 128) >> 8) + 128).clamp(0, 255) as u8;
+            let v = (((112 * r - 94 * g - 18 * b + 128) >> 8) + 128).clamp(0, 255) as u8;
+            yuv.data_mut(1)[cy * us + cx] = u;
+            yuv.data_mut(2)[cy * vs + cx] = v;
+        }
     }
 }

@@ -1,7 +1,12 @@
 //! The values that flow between stages: in, a decoded picture; out, the same picture with its
 //! faces, their alignment and (after enhancement) their restored crops attached.
 
+use ffmpeg_next::util::frame::video::Video as VideoFrame;
+
 use crate::align::Affine;
+
+/// A frame rectangle (x0, y0, x1, y1), end exclusive.
+pub type Region = (usize, usize, usize, usize);
 
 /// One decoded video frame in packed RGB24, with where it sits in the source.
 pub struct Frame {
@@ -15,6 +20,11 @@ pub struct Frame {
     pub rgb: Vec<u8>,
     /// Downscaled packed RGB24 copy for the detector (`det_width * det_height * 3`).
     pub det: Vec<u8>,
+    /// The decoded picture as FFmpeg gave it. The encoder starts from it, so pixels outside
+    /// the pasted face regions reach the output without a colour round trip.
+    pub source: Option<VideoFrame>,
+    /// Regions of `rgb` changed by paste-back: only these are converted back.
+    pub dirty: Vec<Region>,
 }
 
 /// A detected face in frame coordinates.

@@ -46,24 +46,14 @@ struct Cli {
     #[arg(long, value_name = "PATH", help_heading = "Detection")]
     detector: Option<PathBuf>,
     /// Long side, in pixels, of the downscaled copy the detector sees.
-    #[arg(
-        long,
-        default_value_t = 640,
-        value_name = "PX",
-        help_heading = "Detection"
-    )]
+    #[arg(long, default_value_t = 640, value_name = "PX", help_heading = "Detection")]
     det_size: usize,
     /// Minimum detector score for a face.
     #[arg(long, default_value_t = 0.5, help_heading = "Detection")]
     det_threshold: f32,
 
     /// How much of the restored face to blend in: 0 keeps the original, 1 the restored face.
-    #[arg(
-        long,
-        default_value_t = 1.0,
-        value_name = "0..1",
-        help_heading = "Output"
-    )]
+    #[arg(long, default_value_t = 1.0, value_name = "0..1", help_heading = "Output")]
     blend: f32,
     /// FFmpeg video encoder.
     #[arg(long, default_value = "libx264", help_heading = "Output")]
@@ -90,8 +80,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "gpen_video=info,warn".into()),
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "gpen_video=info,warn".into()),
         )
         .with_writer(std::io::stderr)
         .with_target(false)

@@ -35,24 +35,15 @@ impl Mask {
 
 /// The axis-aligned frame region covered by a crop of `size` under `to_crop`'s inverse,
 /// clipped to the frame: (x0, y0, x1, y1), end exclusive.
-pub fn region(
-    to_crop: &Affine,
-    size: usize,
-    width: usize,
-    height: usize,
-) -> Option<(usize, usize, usize, usize)> {
+pub fn region(to_crop: &Affine, size: usize, width: usize, height: usize) -> Option<(usize, usize, usize, usize)> {
     let inv = to_crop.inverse()?;
     let s = size as f64;
     let corners = [(0.0, 0.0), (s, 0.0), (0.0, s), (s, s)].map(|(u, v)| inv.apply(u, v));
-    let fold = |f: fn(f64, f64) -> f64, init: f64, pick: fn(&(f64, f64)) -> f64| {
-        corners.iter().map(pick).fold(init, f)
-    };
+    let fold = |f: fn(f64, f64) -> f64, init: f64, pick: fn(&(f64, f64)) -> f64| corners.iter().map(pick).fold(init, f);
     let x0 = fold(f64::min, f64::INFINITY, |p| p.0).floor().max(0.0) as usize;
     let y0 = fold(f64::min, f64::INFINITY, |p| p.1).floor().max(0.0) as usize;
-    let x1 =
-        (fold(f64::max, f64::NEG_INFINITY, |p| p.0).ceil() + 1.0).clamp(0.0, width as f64) as usize;
-    let y1 = (fold(f64::max, f64::NEG_INFINITY, |p| p.1).ceil() + 1.0).clamp(0.0, height as f64)
-        as usize;
+    let x1 = (fold(f64::max, f64::NEG_INFINITY, |p| p.0).ceil() + 1.0).clamp(0.0, width as f64) as usize;
+    let y1 = (fold(f64::max, f64::NEG_INFINITY, |p| p.1).ceil() + 1.0).clamp(0.0, height as f64) as usize;
     (x0 < x1 && y0 < y1).then_some((x0, y0, x1, y1))
 }
 

@@ -65,8 +65,7 @@ fn run_inner(plan: Plan, progress: &(dyn Fn(u64) + Sync)) -> Result<Summary> {
     let in_name = source.path.display().to_string();
     let size = enhancer.info.size;
     // Built before any thread starts: an output that cannot be created fails here.
-    let mut encoder = Encoder::create(&partial, &source, &encode)
-        .with_context(|| format!("output {out_name}"))?;
+    let mut encoder = Encoder::create(&partial, &source, &encode).with_context(|| format!("output {out_name}"))?;
     let decoder = Decoder::new(source.clone(), detector.size);
     let (w, h) = (source.width, source.height);
 
@@ -128,13 +127,7 @@ fn run_inner(plan: Plan, progress: &(dyn Fn(u64) + Sync)) -> Result<Summary> {
                         .collect::<Vec<_>>()
                 });
                 clock.count(1);
-                if align_tx
-                    .send(FaceFrame {
-                        frame: f,
-                        faces: jobs,
-                    })
-                    .is_err()
-                {
+                if align_tx.send(FaceFrame { frame: f, faces: jobs }).is_err() {
                     break;
                 }
             }
@@ -159,8 +152,7 @@ fn run_inner(plan: Plan, progress: &(dyn Fn(u64) + Sync)) -> Result<Summary> {
                             let item = 3 * size * size;
                             let input = enhancer.input_mut(jobs.len());
                             for (slot, &(seq, face)) in jobs.iter().enumerate() {
-                                let crop =
-                                    std::mem::take(&mut batcher.frame_mut(seq).faces[face].crop);
+                                let crop = std::mem::take(&mut batcher.frame_mut(seq).faces[face].crop);
                                 input[slot * item..(slot + 1) * item].copy_from_slice(&crop);
                             }
                             enhancer.run(jobs.len(), |slot, out| {
@@ -171,12 +163,7 @@ fn run_inner(plan: Plan, progress: &(dyn Fn(u64) + Sync)) -> Result<Summary> {
                                 batcher.done(seq);
                             })
                         })
-                        .with_context(|| {
-                            format!(
-                                "enhance stage, batch of {} crops from frame {first}",
-                                jobs.len()
-                            )
-                        })?;
+                        .with_context(|| format!("enhance stage, batch of {} crops from frame {first}", jobs.len()))?;
                     batches += 1;
                     clock.count(jobs.len() as u64);
                 }
@@ -208,6 +195,9 @@ fn run_inner(plan: Plan, progress: &(dyn Fn(u64) + Sync)) -> Result<Summary> {
                         }
                         if let Some(r) = region(&job.to_crop, size, w, h) {
                             info.regions.push(r);
+                            if job.restored.is_some() && blend > 0.0 {
+                                frame.dirty.push(r);
+                            }
                         }
                         info.faces.push(job.face);
                     }
@@ -226,10 +216,10 @@ fn run_inner(plan: Plan, progress: &(dyn Fn(u64) + Sync)) -> Result<Summary> {
             let mut clock = Clock::new("encode");
             let (mut faces, mut with_faces) = (0u64, 0u64);
             let mut log = Vec::new();
-            for (frame, info) in paste_rx {
-                clock.time(|| encoder.write(&frame)).with_context(|| {
-                    format!("encode stage, output {out_name}, frame {}", frame.index)
-                })?;
+            for (mut frame, info) in paste_rx {
+                clock
+                    .time(|| encoder.write(&mut frame))
+                    .with_context(|| format!("encode stage, output {out_name}, frame {}", frame.index))?;
                 clock.count(1);
                 faces += info.faces.len() as u64;
                 with_faces += u64::from(!info.faces.is_empty());

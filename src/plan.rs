@@ -27,9 +27,9 @@ impl FromStr for Device {
             "cpu" => Ok(Device::Cpu),
             "cuda" | "cuda:all" => Ok(Device::Cuda(Vec::new())),
             _ => {
-                let ids = s.strip_prefix("cuda:").ok_or_else(|| {
-                    format!("unknown device `{s}`: use cpu, cuda:N, cuda:N,M or cuda:all")
-                })?;
+                let ids = s
+                    .strip_prefix("cuda:")
+                    .ok_or_else(|| format!("unknown device `{s}`: use cpu, cuda:N, cuda:N,M or cuda:all"))?;
                 ids.split(',')
                     .map(|i| {
                         i.trim()
@@ -117,10 +117,7 @@ pub fn find_asset(rel: &str) -> Option<PathBuf> {
 
 /// The default enhancer: the official GPEN-BFR-512 if the user put it in models/, else the
 /// set-up's identity stand-in.
-pub const DEFAULT_MODELS: [&str; 2] = [
-    "models/GPEN-BFR-512.onnx",
-    "models/standin/identity-512.onnx",
-];
+pub const DEFAULT_MODELS: [&str; 2] = ["models/GPEN-BFR-512.onnx", "models/standin/identity-512.onnx"];
 pub const DEFAULT_DETECTOR: &str = "models/centerface.onnx";
 
 fn same_file(a: &Path, b: &Path) -> bool {
@@ -138,7 +135,10 @@ pub fn check_output(input: &Path, output: &Path) -> Result<PathBuf> {
         bail!("no output file given");
     }
     if same_file(input, output) || input == output {
-        bail!("output {} is the input file: choose another output path (the input is never overwritten)", output.display());
+        bail!(
+            "output {} is the input file: choose another output path (the input is never overwritten)",
+            output.display()
+        );
     }
     let name = output
         .file_name()
@@ -147,12 +147,8 @@ pub fn check_output(input: &Path, output: &Path) -> Result<PathBuf> {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => PathBuf::from("."),
     };
-    let meta = std::fs::metadata(&dir).map_err(|_| {
-        anyhow!(
-            "output folder {} does not exist: create it first",
-            dir.display()
-        )
-    })?;
+    let meta = std::fs::metadata(&dir)
+        .map_err(|_| anyhow!("output folder {} does not exist: create it first", dir.display()))?;
     if !meta.is_dir() {
         bail!("output folder {} is not a folder", dir.display());
     }
@@ -164,14 +160,14 @@ pub fn check_output(input: &Path, output: &Path) -> Result<PathBuf> {
     }
     let ext = output.extension().and_then(|e| e.to_str()).unwrap_or("");
     crate::init_ffmpeg();
-    let cname =
-        std::ffi::CString::new(format!("x.{ext}")).map_err(|_| anyhow!("bad output name"))?;
-    let known = unsafe {
-        !ffmpeg_next::ffi::av_guess_format(std::ptr::null(), cname.as_ptr(), std::ptr::null())
-            .is_null()
-    };
+    let cname = std::ffi::CString::new(format!("x.{ext}")).map_err(|_| anyhow!("bad output name"))?;
+    let known =
+        unsafe { !ffmpeg_next::ffi::av_guess_format(std::ptr::null(), cname.as_ptr(), std::ptr::null()).is_null() };
     if ext.is_empty() || !known {
-        bail!("output {}: cannot tell the container from the extension `.{ext}`; use .mp4, .mkv or .mov", output.display());
+        bail!(
+            "output {}: cannot tell the container from the extension `.{ext}`; use .mp4, .mkv or .mov",
+            output.display()
+        );
     }
     let partial = dir.join(format!(
         ".{}.partial-{}.{ext}",
@@ -213,26 +209,21 @@ impl Plan {
             })?,
         };
         let session = cpu_session(&model_path, threads, "model")?;
-        let enhancer = Enhancer::new(session).with_context(|| {
-            format!(
-                "model {} does not fit GPEN's I/O contract",
-                model_path.display()
-            )
-        })?;
+        let enhancer = Enhancer::new(session)
+            .with_context(|| format!("model {} does not fit GPEN's I/O contract", model_path.display()))?;
         if let Some(note) = &enhancer.info.weights_note {
             tracing::warn!(model = %model_path.display(), "{note}");
         }
         let batch = enhancer.max_batch(o.batch);
         if batch != o.batch {
-            tracing::info!(
-                batch,
-                "model has a fixed batch size; running {batch} crop(s) per call"
-            );
+            tracing::info!(batch, "model has a fixed batch size; running {batch} crop(s) per call");
         }
 
         let det_path = match &o.detector {
             Some(p) => p.clone(),
-            None => find_asset(DEFAULT_DETECTOR).ok_or_else(|| anyhow!("detector {DEFAULT_DETECTOR} not found: run scripts/setup.sh or pass --detector PATH"))?,
+            None => find_asset(DEFAULT_DETECTOR).ok_or_else(|| {
+                anyhow!("detector {DEFAULT_DETECTOR} not found: run scripts/setup.sh or pass --detector PATH")
+            })?,
         };
         let det_session = cpu_session(&det_path, (threads / 2).max(1), "detector")?;
         let wanted = det_size(source.width, source.height, o.det_size);

@@ -85,10 +85,5 @@ pub fn cpu_session(path: &Path, threads: usize, what: &str) -> Result<Session> {
         .map_err(ort_err)?
         .commit_from_file(path)
         .map_err(ort_err)
-        .with_context(|| {
-            format!(
-                "cannot load {what} {} (is it an ONNX model?)",
-                path.display()
-            )
-        })
+        .with_context(|| format!("cannot load {what} {} (is it an ONNX model?)", path.display()))
 }
