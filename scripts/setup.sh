@@ -64,8 +64,12 @@ with zipfile.ZipFile(sys.argv[1]) as z, open("samples/astronaut.png", "wb") as f
 PY
 fi
 
-# --- stand-in enhancers and sample clips ------------------------------------------------------
+# --- stand-in enhancers, the random-weight GPEN-256 export, and sample clips -------------------
 "$py" models/make_standins.py models/standin
+if [ ! -f models/gpen-bfr-256-random.onnx ]; then
+  log "exporting GPEN-BFR-256 with random weights (for speed tests; not a restorer)"
+  "$py" models/gpen_export.py --size 256 --out models/gpen-bfr-256-random.onnx >/dev/null
+fi
 scripts/make_samples.sh "${SAMPLES:-all}"
 
 cat > "$deps/env.sh" <<ENV
