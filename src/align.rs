@@ -3,7 +3,7 @@
 
 /// The FFHQ five-point template, normalised to the crop size (x, y): left eye, right eye, nose,
 /// left mouth corner, right mouth corner (as facexlib and facefusion use it).
-pub const FFHQ_TEMPLATE: [[f32; 2]; 5] = [
+pub const FFHQ_TEMPLATE: [[f64; 2]; 5] = [
     [0.376_916_76, 0.468_646_64],
     [0.622_856_97, 0.469_128_13],
     [0.501_238_6, 0.613_319_04],
@@ -13,7 +13,7 @@ pub const FFHQ_TEMPLATE: [[f32; 2]; 5] = [
 
 /// The template scaled to a crop of `size` pixels.
 pub fn template(size: usize) -> [[f32; 2]; 5] {
-    FFHQ_TEMPLATE.map(|[x, y]| [x * size as f32, y * size as f32])
+    FFHQ_TEMPLATE.map(|[x, y]| [(x * size as f64) as f32, (y * size as f64) as f32])
 }
 
 /// A 2x3 affine map `[a b c; d e f]`: (x, y) -> (a x + b y + c, d x + e y + f).

@@ -47,18 +47,11 @@ pub fn region(to_crop: &Affine, size: usize, width: usize, height: usize) -> Opt
     (x0 < x1 && y0 < y1).then_some((x0, y0, x1, y1))
 }
 
-/// Blends a restored crop (packed RGB24, `size x size`) into the frame: each frame pixel in the
-/// face region is mapped into the crop, sampled bilinearly and mixed by `mask * blend`.
-pub fn paste(
-    frame: &mut [u8],
-    width: usize,
-    height: usize,
-    crop: &[u8],
-    size: usize,
-    to_crop: &Affine,
-    mask: &Mask,
-    blend: f32,
-) {
+/// Blends a restored crop (packed RGB24, the mask's `size x size`) into the frame: each frame
+/// pixel in the face region is mapped into the crop, sampled bilinearly and mixed by
+/// `mask * blend`.
+pub fn paste(frame: &mut [u8], width: usize, height: usize, crop: &[u8], to_crop: &Affine, mask: &Mask, blend: f32) {
+    let size = mask.size;
     let Some((x0, y0, x1, y1)) = region(to_crop, size, width, height) else {
         return;
     };
@@ -112,7 +105,7 @@ mod tests {
         let crop = vec![200u8; size * size * 3];
         let mask = Mask::new(size);
         let mut frame = vec![10u8; w * h * 3];
-        paste(&mut frame, w, h, &crop, size, &to_crop, &mask, 1.0);
+        paste(&mut frame, w, h, &crop, &to_crop, &mask, 1.0);
         let px = |f: &[u8], x: usize, y: usize| f[(y * w + x) * 3];
         assert_eq!(px(&frame, 82, 52), 200, "centre replaced");
         assert_eq!(px(&frame, 10, 10), 10, "outside untouched");
@@ -121,10 +114,10 @@ mod tests {
         assert!(changed < size * size);
 
         let mut half = vec![10u8; w * h * 3];
-        paste(&mut half, w, h, &crop, size, &to_crop, &mask, 0.5);
+        paste(&mut half, w, h, &crop, &to_crop, &mask, 0.5);
         assert_eq!(px(&half, 82, 52), 105);
         let mut none = vec![10u8; w * h * 3];
-        paste(&mut none, w, h, &crop, size, &to_crop, &mask, 0.0);
+        paste(&mut none, w, h, &crop, &to_crop, &mask, 0.0);
         assert!(none.iter().all(|&v| v == 10));
     }
 

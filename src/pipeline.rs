@@ -191,7 +191,7 @@ fn run_inner(plan: Plan, progress: &(dyn Fn(u64) + Sync)) -> Result<Summary> {
                     };
                     for job in faces {
                         if let Some(crop) = &job.restored {
-                            paste(&mut frame.rgb, w, h, crop, size, &job.to_crop, &mask, blend);
+                            paste(&mut frame.rgb, w, h, crop, &job.to_crop, &mask, blend);
                         }
                         if let Some(r) = region(&job.to_crop, size, w, h) {
                             info.regions.push(r);

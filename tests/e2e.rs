@@ -514,3 +514,30 @@ fn mean_psnr(frames: &[f64]) -> f64 {
         / frames.len() as f64;
     10.0 * (255.0f64.powi(2) / mse).log10()
 }
+
+#[test]
+fn runs_the_exported_gpen_256_in_batches_of_four() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = asset("samples/test/astronaut.mp4");
+    let (out, json) = (dir.path().join("gpen.mp4"), dir.path().join("f.json"));
+    let model = asset("models/gpen-bfr-256-random.onnx");
+    let err = ok(&gpen(&[
+        &input,
+        &out,
+        &"--model",
+        &model,
+        &"--batch",
+        &"4",
+        &"--faces-json",
+        &json,
+    ]));
+    let frames = faces_json(&json);
+    let faces: usize = frames.iter().map(|(_, b)| b.len()).sum();
+    assert!(faces > 0);
+    assert_eq!(
+        batches(&err),
+        faces.div_ceil(4) as u64,
+        "{faces} faces in batches of 4: {err}"
+    );
+    assert_eq!(video_pts(&out), video_pts(&input));
+}
