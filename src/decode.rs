@@ -10,7 +10,7 @@ use ffmpeg::util::frame::video::Video as VideoFrame;
 use ffmpeg::{media, Rational};
 use ffmpeg_next as ffmpeg;
 
-use crate::frame::Frame;
+use crate::frame::{Frame, Pool};
 
 /// What the pipeline needs to know about a source before any frame is decoded.
 #[derive(Clone)]
@@ -107,6 +107,44 @@ pub struct DecodeReport {
 pub struct Decoder {
     info: SourceInfo,
     det_size: (usize, usize),
+    hwaccel: bool,
+}
+
+/// A CUDA device context for FFmpeg's hwaccel (NVDEC), freed on drop.
+struct HwDevice(*mut ffmpeg::ffi::AVBufferRef);
+
+impl HwDevice {
+    fn cuda() -> Result<Self> {
+        crate::init_ffmpeg();
+        let mut ctx = std::ptr::null_mut();
+        let r = unsafe {
+            ffmpeg::ffi::av_hwdevice_ctx_create(
+                &mut ctx,
+                ffmpeg::ffi::AVHWDeviceType::AV_HWDEVICE_TYPE_CUDA,
+                std::ptr::null(),
+                std::ptr::null_mut(),
+                0,
+            )
+        };
+        if r < 0 || ctx.is_null() {
+            bail!(
+                "--hwaccel cuda: FFmpeg could not open a CUDA device ({}); it needs an NVIDIA GPU and driver and an FFmpeg built with CUDA/NVDEC. Drop --hwaccel to decode on the CPU",
+                ffmpeg::Error::from(r)
+            );
+        }
+        Ok(Self(ctx))
+    }
+}
+
+impl Drop for HwDevice {
+    fn drop(&mut self) {
+        unsafe { ffmpeg::ffi::av_buffer_unref(&mut self.0) };
+    }
+}
+
+/// Checks that FFmpeg can open a CUDA device for decoding.
+pub fn check_cuda_hwaccel() -> Result<()> {
+    HwDevice::cuda().map(drop)
 }
 
 /// Copies a packed RGB24 picture out of an FFmpeg frame (which may pad its rows).
@@ -120,23 +158,33 @@ fn copy_packed(src: &VideoFrame, width: usize, height: usize, dst: &mut Vec<u8>)
 }
 
 impl Decoder {
-    pub fn new(info: SourceInfo, det_size: (usize, usize)) -> Self {
-        Self { info, det_size }
+    pub fn new(info: SourceInfo, det_size: (usize, usize), hwaccel: bool) -> Self {
+        Self {
+            info,
+            det_size,
+            hwaccel,
+        }
     }
 
     /// Decodes every frame and hands it to `emit` (which returns false to stop early). Buffers
     /// come from `recycle` when one is free. Errors name the file and the frame.
     pub fn run(
         &self,
-        recycle: &crossbeam_channel::Receiver<Vec<u8>>,
+        pools: (&Pool<Vec<u8>>, &Pool<Vec<u8>>),
+        max_frames: Option<u64>,
         mut emit: impl FnMut(Frame) -> bool,
     ) -> Result<DecodeReport> {
+        let (rgb_pool, det_pool) = pools;
         let info = &self.info;
         let path = info.path.display();
         let mut ictx = ffmpeg::format::input(&info.path).with_context(|| format!("cannot open {path}"))?;
-        let mut dec = ffmpeg::codec::context::Context::from_parameters(info.params.clone())?
-            .decoder()
-            .video()?;
+        let mut ctx = ffmpeg::codec::context::Context::from_parameters(info.params.clone())?;
+        let hw = if self.hwaccel { Some(HwDevice::cuda()?) } else { None };
+        if let Some(hw) = &hw {
+            unsafe { (*ctx.as_mut_ptr()).hw_device_ctx = ffmpeg::ffi::av_buffer_ref(hw.0) };
+        }
+        let mut dec = ctx.decoder().video()?;
+        let mut sw = VideoFrame::empty();
         let (w, h) = (info.width, info.height);
         let (dw, dh) = self.det_size;
         let mut scalers: Option<(Scaler, Scaler, Pixel)> = None;
@@ -147,6 +195,19 @@ impl Decoder {
         let mut drain = |dec: &mut ffmpeg::decoder::Video, report: &mut DecodeReport| -> Result<bool> {
             while dec.receive_frame(&mut yuv).is_ok() {
                 let index = report.frames;
+                if yuv.format() == Pixel::CUDA {
+                    // NVDEC decoded into GPU memory: bring the picture to the host.
+                    let r = unsafe { ffmpeg::ffi::av_hwframe_transfer_data(sw.as_mut_ptr(), yuv.as_ptr(), 0) };
+                    if r < 0 {
+                        bail!(
+                            "{path}: copying frame {index} from the GPU failed ({})",
+                            ffmpeg::Error::from(r)
+                        );
+                    }
+                    unsafe { ffmpeg::ffi::av_frame_copy_props(sw.as_mut_ptr(), yuv.as_ptr()) };
+                    std::mem::swap(&mut yuv, &mut sw);
+                    sw = VideoFrame::empty();
+                }
                 if yuv.width() as usize != w || yuv.height() as usize != h {
                     bail!(
                         "{path}: picture size changed from {w}x{h} to {}x{} at frame {index}; streams that change size are not supported",
@@ -162,7 +223,7 @@ impl Decoder {
                         Pixel::RGB24,
                         w as u32,
                         h as u32,
-                        Flags::BILINEAR | Flags::ACCURATE_RND | Flags::FULL_CHR_H_INT,
+                        Flags::BILINEAR,
                     )?;
                     let det = Scaler::get(
                         yuv.format(),
@@ -179,9 +240,9 @@ impl Decoder {
                 full.run(&yuv, &mut rgb)
                     .with_context(|| format!("{path}: colour conversion failed at frame {index}"))?;
                 det.run(&yuv, &mut small)?;
-                let mut buf = recycle.try_recv().unwrap_or_default();
+                let mut buf = rgb_pool.get();
                 copy_packed(&rgb, w, h, &mut buf);
-                let mut det_buf = Vec::with_capacity(dw * dh * 3);
+                let mut det_buf = det_pool.get();
                 copy_packed(&small, dw, dh, &mut det_buf);
                 let pts = yuv.timestamp().or(yuv.pts()).or_else(|| last_pts.map(|p| p + 1));
                 last_pts = pts;
@@ -196,7 +257,8 @@ impl Decoder {
                     det: det_buf,
                     source: Some(source),
                     dirty: Vec::new(),
-                }) {
+                }) || max_frames.is_some_and(|m| report.frames >= m)
+                {
                     return Ok(false);
                 }
             }

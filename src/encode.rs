@@ -159,6 +159,8 @@ pub struct Encoder {
     enc_tb: Rational,
     ost_tb: Rational,
     last_pts: Option<i64>,
+    /// End time (seconds) of the latest video packet written.
+    last_video_time: Option<f64>,
     pub frames: u64,
 }
 
@@ -242,6 +244,7 @@ impl Encoder {
             enc_tb: src.time_base,
             ost_tb,
             last_pts: None,
+            last_video_time: None,
             frames: 0,
         })
     }
@@ -314,17 +317,22 @@ impl Encoder {
             p.rescale_ts(self.enc_tb, self.ost_tb);
             let t = p.dts().or(p.pts()).map(|ts| ts as f64 * f64::from(self.ost_tb));
             self.side.write_until(&mut self.octx, t)?;
+            if let Some(end) = p.pts().map(|ts| (ts + p.duration()) as f64 * f64::from(self.ost_tb)) {
+                self.last_video_time = Some(self.last_video_time.map_or(end, |l: f64| l.max(end)));
+            }
             p.set_stream(0);
             p.write_interleaved(&mut self.octx).context("writing a video packet")?;
         }
         Ok(())
     }
 
-    /// Flushes the encoder, writes the remaining audio/subtitle packets and the trailer.
-    pub fn finish(mut self) -> Result<u64> {
+    /// Flushes the encoder, writes the remaining audio/subtitle packets (only up to the last
+    /// video frame when `cut`, i.e. the run stopped early on purpose) and the trailer.
+    pub fn finish(mut self, cut: bool) -> Result<u64> {
         self.enc.send_eof()?;
         self.drain()?;
-        self.side.write_until(&mut self.octx, None)?;
+        let until = if cut { self.last_video_time } else { None };
+        self.side.write_until(&mut self.octx, until)?;
         self.octx.write_trailer().context("writing the trailer")?;
         Ok(self.frames)
     }

@@ -5,10 +5,12 @@
 use std::collections::VecDeque;
 
 use anyhow::{bail, Result};
-use ort::session::Session;
-use ort::value::{TensorElementType, TensorRef, ValueType};
+use ort::memory::{AllocationDevice, Allocator, AllocatorType, MemoryInfo, MemoryType};
+use ort::session::{IoBinding, Session};
+use ort::value::{Tensor, TensorElementType, ValueType};
 
 use crate::frame::FaceFrame;
+use crate::runtime::{ort_err, Target};
 
 /// What the enhancer model's file says about its input and output.
 #[derive(Clone, Debug, PartialEq)]
@@ -21,6 +23,8 @@ pub struct ModelInfo {
     pub fixed_batch: Option<usize>,
     /// The file's `gpen_video.weights` metadata, if any (stand-ins and random exports say so).
     pub weights_note: Option<String>,
+    /// The file's `gpen_video.precision` metadata (`fp16` for half-precision exports).
+    pub precision: Option<String>,
 }
 
 impl ModelInfo {
@@ -56,31 +60,69 @@ impl ModelInfo {
                 bail!("output `{output}` has shape {o:?}; expected [N,3,{0},{0}]", dims[2]);
             }
         }
-        let weights_note = session.metadata().ok().and_then(|m| m.custom("gpen_video.weights"));
+        let meta = session.metadata().ok();
+        let weights_note = meta.as_ref().and_then(|m| m.custom("gpen_video.weights"));
+        let precision = meta.as_ref().and_then(|m| m.custom("gpen_video.precision"));
         Ok(Self {
             input,
             output,
             size: dims[2] as usize,
             fixed_batch: (dims[0] > 0).then_some(dims[0] as usize),
             weights_note,
+            precision,
         })
     }
 }
 
-/// A model session with its reusable input buffer.
+/// Input and output tensors of one batch size, bound to the session once (IO binding): the hot
+/// path writes crops straight into the bound input and reads the bound output, with no
+/// allocation per batch. On CUDA the tensors live in pinned host memory, so the transfers to
+/// and from the GPU are single DMA copies.
+struct Bound {
+    binding: IoBinding,
+    input: Tensor<f32>,
+    output: Tensor<f32>,
+}
+
+/// A model session with its bound buffers, one set per batch size seen.
 pub struct Enhancer {
     session: Session,
     pub info: ModelInfo,
-    input: Vec<f32>,
+    allocator: Allocator,
+    bound: Vec<Option<Bound>>,
 }
 
 impl Enhancer {
+    /// Wraps a CPU session.
     pub fn new(session: Session) -> Result<Self> {
+        Self::with_allocator(session, Allocator::default())
+    }
+
+    /// Wraps a session on `target`: host buffers come from CUDA pinned memory on a GPU.
+    pub fn for_target(session: Session, target: &Target) -> Result<Self> {
+        let allocator = match target {
+            Target::Cpu(_) => Allocator::default(),
+            Target::Cuda(id) => {
+                let info = MemoryInfo::new(
+                    AllocationDevice::CUDA_PINNED,
+                    *id as i32,
+                    AllocatorType::Device,
+                    MemoryType::CPUInput,
+                )
+                .map_err(ort_err)?;
+                Allocator::new(&session, info).map_err(ort_err)?
+            }
+        };
+        Self::with_allocator(session, allocator)
+    }
+
+    fn with_allocator(session: Session, allocator: Allocator) -> Result<Self> {
         let info = ModelInfo::read(&session)?;
         Ok(Self {
             session,
             info,
-            input: Vec::new(),
+            allocator,
+            bound: Vec::new(),
         })
     }
 
@@ -89,40 +131,90 @@ impl Enhancer {
         self.info.fixed_batch.unwrap_or(wanted.max(1))
     }
 
-    /// The input buffer for `n` crops, to be filled before [`Enhancer::run`].
-    pub fn input_mut(&mut self, n: usize) -> &mut [f32] {
-        let s = self.info.size;
-        self.input.resize(n * 3 * s * s, 0.0);
-        &mut self.input
-    }
-
-    /// Runs the model on the first `n` crops of the input buffer; `each` gets every output crop
-    /// (3*S*S floats, in [-1, 1]) in order.
-    pub fn run(&mut self, n: usize, mut each: impl FnMut(usize, &[f32])) -> Result<()> {
+    /// Runs the model on `crops` (each one NCHW item of 3*S*S floats in [-1, 1]); `each` gets
+    /// every output crop in order.
+    pub fn run(&mut self, crops: &[&[f32]], mut each: impl FnMut(usize, &[f32])) -> Result<()> {
         let s = self.info.size;
         let item = 3 * s * s;
-        // A fixed-batch model is fed its own batch size, padded with the last crop.
+        let n = crops.len();
+        // A fixed-batch model is fed its own batch size; unused slots keep old data.
         let feed = self.info.fixed_batch.unwrap_or(n);
         if feed < n {
             bail!("batch of {n} crops exceeds the model's fixed batch {feed}");
         }
-        self.input.resize(feed * item, 0.0);
-        let tensor = TensorRef::from_array_view(([feed, 3, s, s], &self.input[..])).map_err(crate::runtime::ort_err)?;
-        let outputs = self
-            .session
-            .run(ort::inputs![self.info.input.as_str() => tensor])
-            .map_err(crate::runtime::ort_err)?;
-        let (shape, data) = outputs[self.info.output.as_str()]
-            .try_extract_tensor::<f32>()
-            .map_err(crate::runtime::ort_err)?;
-        if data.len() < n * item {
-            bail!("model returned shape {shape:?}; expected [{feed},3,{s},{s}]");
+        if self.bound.len() <= feed {
+            self.bound.resize_with(feed + 1, || None);
         }
+        if self.bound[feed].is_none() {
+            let input = Tensor::<f32>::new(&self.allocator, [feed, 3, s, s]).map_err(ort_err)?;
+            let mut output = Tensor::<f32>::new(&self.allocator, [feed, 3, s, s]).map_err(ort_err)?;
+            let mut binding = self.session.create_binding().map_err(ort_err)?;
+            binding.bind_input(self.info.input.as_str(), &input).map_err(ort_err)?;
+            binding
+                .bind_output(self.info.output.as_str(), &mut output)
+                .map_err(ort_err)?;
+            self.bound[feed] = Some(Bound { binding, input, output });
+        }
+        let bound = self.bound[feed].as_mut().expect("bound above");
+        {
+            let (_, data) = bound.input.extract_tensor_mut();
+            for (slot, crop) in crops.iter().enumerate() {
+                if crop.len() != item {
+                    bail!("crop {slot} has {} values, expected {item}", crop.len());
+                }
+                data[slot * item..(slot + 1) * item].copy_from_slice(crop);
+            }
+        }
+        self.session.run_binding(&bound.binding).map_err(ort_err)?;
+        let (_, data) = bound.output.extract_tensor();
         for (i, out) in data.chunks_exact(item).take(n).enumerate() {
             each(i, out);
         }
         Ok(())
     }
+}
+
+/// Test hooks for the scheduler: a delay per batch and a failure at a given batch, for one
+/// worker. Read from `GPEN_VIDEO_FAULTS` (e.g. `slow=1:40,fail=0:3`: worker 1 sleeps 40 ms per
+/// batch, worker 0 fails its third batch). Not a user feature; the tests drive it.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Fault {
+    pub delay_ms: u64,
+    pub fail_at: Option<u64>,
+}
+
+impl Fault {
+    pub fn from_env(worker: usize) -> Fault {
+        std::env::var("GPEN_VIDEO_FAULTS")
+            .map(|v| Self::parse(&v, worker))
+            .unwrap_or_default()
+    }
+
+    pub fn parse(spec: &str, worker: usize) -> Fault {
+        let mut f = Fault::default();
+        for part in spec.split(',') {
+            let Some((kind, rest)) = part.split_once('=') else {
+                continue;
+            };
+            let Some((w, v)) = rest.split_once(':') else { continue };
+            if w.trim().parse::<usize>().ok() != Some(worker) {
+                continue;
+            }
+            match (kind.trim(), v.trim().parse::<u64>()) {
+                ("slow", Ok(ms)) => f.delay_ms = ms,
+                ("fail", Ok(n)) => f.fail_at = Some(n),
+                _ => {}
+            }
+        }
+        f
+    }
+}
+
+/// One enhancement worker: a session on one device.
+pub struct Worker {
+    pub target: Target,
+    pub enhancer: Enhancer,
+    pub fault: Fault,
 }
 
 /// Gathers face crops across consecutive frames into batches and releases frames in order once
@@ -194,6 +286,11 @@ impl Batcher {
 
     pub fn held(&self) -> usize {
         self.held.len()
+    }
+
+    /// Faces waiting for a batch.
+    pub fn pending(&self) -> usize {
+        self.pending.len()
     }
 }
 
@@ -274,6 +371,26 @@ mod tests {
             assert_eq!(sizes, want, "faces {faces:?} batch {batch}");
             assert_eq!(out, (0..faces.len() as u64).collect::<Vec<_>>(), "order for {faces:?}");
         }
+    }
+
+    #[test]
+    fn faults_parse_per_worker() {
+        assert_eq!(
+            Fault::parse("slow=1:40,fail=0:3", 0),
+            Fault {
+                delay_ms: 0,
+                fail_at: Some(3)
+            }
+        );
+        assert_eq!(
+            Fault::parse("slow=1:40,fail=0:3", 1),
+            Fault {
+                delay_ms: 40,
+                fail_at: None
+            }
+        );
+        assert_eq!(Fault::parse("", 0), Fault::default());
+        assert_eq!(Fault::parse("junk,slow=x:1", 0), Fault::default());
     }
 
     #[test]

@@ -53,3 +53,37 @@ pub struct FaceFrame {
     pub frame: Frame,
     pub faces: Vec<FaceJob>,
 }
+
+/// A free list of reusable buffers shared between stages: the hot path takes a buffer here
+/// instead of allocating, and whoever finishes with it puts it back. Bounded, so a burst never
+/// keeps more than `cap` spare buffers alive.
+pub struct Pool<T> {
+    tx: crossbeam_channel::Sender<T>,
+    rx: crossbeam_channel::Receiver<T>,
+}
+
+impl<T> Clone for Pool<T> {
+    fn clone(&self) -> Self {
+        Self {
+            tx: self.tx.clone(),
+            rx: self.rx.clone(),
+        }
+    }
+}
+
+impl<T: Default> Pool<T> {
+    pub fn new(cap: usize) -> Self {
+        let (tx, rx) = crossbeam_channel::bounded(cap.max(1));
+        Self { tx, rx }
+    }
+
+    /// A spare buffer, or a new empty one.
+    pub fn get(&self) -> T {
+        self.rx.try_recv().unwrap_or_default()
+    }
+
+    /// Returns a buffer for reuse (dropped when the pool is full).
+    pub fn put(&self, x: T) {
+        let _ = self.tx.try_send(x);
+    }
+}

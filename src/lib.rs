@@ -2,6 +2,7 @@
 //! same video with its faces restored. The binary (`main.rs`) is a thin CLI over `pipeline`.
 
 pub mod align;
+pub mod bench;
 pub mod decode;
 pub mod detect;
 pub mod encode;
@@ -10,6 +11,7 @@ pub mod frame;
 pub mod paste;
 pub mod pipeline;
 pub mod plan;
+pub mod registry;
 pub mod runtime;
 pub mod stats;
 

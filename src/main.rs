@@ -1,14 +1,18 @@
-//! The `gpen-video` command line: in, arguments and environment; out, a restored video, a
-//! summary on stderr and an exit code (0 done, 1 failed, 2 bad usage).
+//! The `gpen-video` command line: in, arguments and environment; out, a restored video (or a
+//! benchmark table, or model-registry work), a summary on stderr and an exit code (0 done,
+//! 1 failed, 2 bad usage).
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::Parser;
+use anyhow::{bail, Context};
+use clap::{Args, Parser, Subcommand};
+use gpen_video::bench::{self, BenchOptions, Stage};
 use gpen_video::encode::EncodeSettings;
 use gpen_video::pipeline;
-use gpen_video::plan::{Device, Options, Plan};
+use gpen_video::plan::{find_asset, Device, Options, Plan};
+use gpen_video::registry::{self, ModelsCmd};
 use indicatif::{ProgressBar, ProgressStyle};
 
 /// Restore every face in a video with GPEN, keeping audio, subtitles, timing and metadata.
@@ -18,20 +22,76 @@ use indicatif::{ProgressBar, ProgressStyle};
 /// back through a feathered mask and encodes OUT. OUT is written beside itself under a temporary
 /// name and appears only when complete.
 #[derive(Parser, Debug)]
-#[command(name = "gpen-video", version, about, long_about)]
+#[command(
+    name = "gpen-video",
+    version,
+    about,
+    long_about,
+    args_conflicts_with_subcommands = true,
+    subcommand_negates_reqs = true
+)]
 struct Cli {
+    #[command(subcommand)]
+    cmd: Option<Cmd>,
     /// Input video (any format FFmpeg reads).
-    #[arg(value_name = "IN")]
-    input: PathBuf,
+    #[arg(value_name = "IN", required = true)]
+    input: Option<PathBuf>,
     /// Output video; the container follows the extension (.mp4, .mkv, .mov, ...).
-    #[arg(value_name = "OUT")]
-    output: PathBuf,
+    #[arg(value_name = "OUT", required = true)]
+    output: Option<PathBuf>,
+    #[command(flatten)]
+    run: RunArgs,
+    /// Write each frame's detected faces and pasted regions as JSON to PATH.
+    #[arg(long, value_name = "PATH", help_heading = "Output")]
+    faces_json: Option<PathBuf>,
+    /// Write the run's statistics (stages, workers) as JSON to PATH.
+    #[arg(long, value_name = "PATH", help_heading = "Output")]
+    stats_json: Option<PathBuf>,
+    /// No progress bar.
+    #[arg(long, short, help_heading = "Output")]
+    quiet: bool,
+}
 
-    /// Enhancer model: an ONNX file with input [N,3,S,S] in [-1,1] (GPEN-BFR). Default:
-    /// models/GPEN-BFR-512.onnx if present, else the set-up's stand-in (which restores nothing).
-    #[arg(long, value_name = "PATH", help_heading = "Model")]
-    model: Option<PathBuf>,
-    /// Where the model runs: cpu, cuda:N, cuda:N,M or cuda:all.
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Measure frames/s and faces/s on 1080p sources: the whole pipeline (warm-up excluded,
+    /// repeated, medians) and the enhancement sessions alone (the ceiling).
+    Bench(BenchArgs),
+    /// The model registry: list known models, verify files, fetch downloads.
+    Models {
+        #[command(subcommand)]
+        cmd: ModelsCmd,
+    },
+}
+
+#[derive(Args, Debug)]
+struct BenchArgs {
+    /// Videos to run (default: the 1080p samples the set-up makes).
+    #[arg(value_name = "SOURCES")]
+    sources: Vec<PathBuf>,
+    /// Counted runs per source, after one warm-up run.
+    #[arg(long, default_value_t = 3)]
+    repeat: usize,
+    /// What to time: all (pipeline and enhance-only ceiling), pipeline, or enhance.
+    #[arg(long, value_enum, default_value = "all")]
+    stage: Stage,
+    /// Write the results as JSON to PATH.
+    #[arg(long, value_name = "PATH")]
+    json: Option<PathBuf>,
+    #[command(flatten)]
+    run: RunArgs,
+}
+
+/// Options shared by a run and a benchmark.
+#[derive(Args, Debug)]
+struct RunArgs {
+    /// Enhancer model: a registry name (see `gpen-video models list`) or an ONNX file with input
+    /// [N,3,S,S] in [-1,1] (GPEN-BFR). Default: models/GPEN-BFR-512.onnx if present, else the
+    /// set-up's stand-in (which restores nothing).
+    #[arg(long, value_name = "NAME|PATH", help_heading = "Model")]
+    model: Option<String>,
+    /// Where the model runs: cpu, cpu:N (N CPU sessions), cuda:N, cuda:N,M or cuda:all. One
+    /// enhancement worker per GPU; batches go to whichever is free.
     #[arg(long, default_value = "cpu", value_parser = parse_device, help_heading = "Model")]
     device: Device,
     /// Face crops per model call, gathered across consecutive frames (a model with a fixed
@@ -41,6 +101,18 @@ struct Cli {
     /// CPU threads for ONNX Runtime (default: all cores).
     #[arg(long, value_name = "N", help_heading = "Model")]
     threads: Option<usize>,
+    /// Use ONNX Runtime's TensorRT provider (engine cache beside the model) before CUDA.
+    #[arg(long, help_heading = "Model")]
+    trt: bool,
+    /// Half precision: TensorRT's fp16 mode with --trt, else the model must be an fp16 export.
+    #[arg(long, help_heading = "Model")]
+    fp16: bool,
+    /// Decode on the GPU with FFmpeg's hwaccel (only `cuda`).
+    #[arg(long, value_name = "KIND", value_parser = ["cuda"], help_heading = "Input")]
+    hwaccel: Option<String>,
+    /// Stop after this many frames.
+    #[arg(long, value_name = "N", help_heading = "Input")]
+    frames: Option<u64>,
 
     /// Face detector: a CenterFace ONNX file with dynamic input size (default: models/centerface.onnx).
     #[arg(long, value_name = "PATH", help_heading = "Detection")]
@@ -64,16 +136,36 @@ struct Cli {
     /// Encoder preset (x264: ultrafast ... veryslow).
     #[arg(long, default_value = "medium", help_heading = "Output")]
     preset: String,
-    /// Write each frame's detected faces and pasted regions as JSON to PATH.
-    #[arg(long, value_name = "PATH", help_heading = "Output")]
-    faces_json: Option<PathBuf>,
-    /// No progress bar.
-    #[arg(long, short, help_heading = "Output")]
-    quiet: bool,
 }
 
 fn parse_device(s: &str) -> Result<Device, String> {
     s.parse()
+}
+
+impl RunArgs {
+    fn options(self, input: PathBuf, output: PathBuf) -> anyhow::Result<Options> {
+        let mut o = Options::new(input, output);
+        o.model = self.model.as_deref().map(registry::resolve_model).transpose()?;
+        o.detector = self.detector;
+        o.device = self.device;
+        o.batch = self.batch as usize;
+        o.threads = self.threads;
+        o.trt = self.trt;
+        o.fp16 = self.fp16;
+        o.hwaccel_cuda = self.hwaccel.is_some();
+        o.max_frames = self.frames;
+        o.det_size = self.det_size;
+        o.det_threshold = self.det_threshold;
+        o.blend = self.blend;
+        // crf and preset are x264/x265 options; other encoders get FFmpeg's defaults.
+        let x26x = matches!(self.codec.as_str(), "libx264" | "libx265");
+        o.encode = EncodeSettings {
+            codec: self.codec,
+            crf: x26x.then_some(self.crf),
+            preset: x26x.then_some(self.preset),
+        };
+        Ok(o)
+    }
 }
 
 fn main() -> ExitCode {
@@ -85,7 +177,12 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .with_target(false)
         .init();
-    match run(cli) {
+    let result = match cli.cmd {
+        Some(Cmd::Models { cmd }) => registry::run(cmd),
+        Some(Cmd::Bench(b)) => run_bench(b),
+        None => run(cli),
+    };
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");
@@ -95,33 +192,25 @@ fn main() -> ExitCode {
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {
-    let mut o = Options::new(&cli.input, &cli.output);
-    o.model = cli.model;
-    o.detector = cli.detector;
-    o.device = cli.device;
-    o.batch = cli.batch as usize;
-    o.det_size = cli.det_size;
-    o.det_threshold = cli.det_threshold;
-    o.blend = cli.blend;
-    o.threads = cli.threads;
-    o.faces_json = cli.faces_json;
-    // crf and preset are x264/x265 options; other encoders get FFmpeg's defaults.
-    let x26x = matches!(cli.codec.as_str(), "libx264" | "libx265");
-    o.encode = EncodeSettings {
-        codec: cli.codec,
-        crf: x26x.then_some(cli.crf),
-        preset: x26x.then_some(cli.preset),
+    let (Some(input), Some(output)) = (cli.input, cli.output) else {
+        bail!("give IN and OUT (see --help)")
     };
-    let plan = Plan::resolve(&o)?;
+    let mut o = cli.run.options(input, output)?;
+    o.faces_json = cli.faces_json;
+    let mut plan = Plan::resolve(&o)?;
     tracing::info!(
         input = %o.input.display(),
         size = %format!("{}x{}", plan.source.width, plan.source.height),
         model = %plan.model_path.display(),
-        crop = plan.enhancer.info.size,
+        crop = plan.info.size,
         batch = plan.batch,
+        workers = plan.workers.len(),
         "starting"
     );
-    let total = plan.source.estimated_frames();
+    let total = plan
+        .source
+        .estimated_frames()
+        .map(|n| o.max_frames.map_or(n, |m| m.min(n)));
     let bar = if !cli.quiet && std::io::stderr().is_terminal() {
         let bar = ProgressBar::new(total.unwrap_or(0));
         bar.set_style(
@@ -134,8 +223,35 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     } else {
         ProgressBar::hidden()
     };
-    let summary = pipeline::run(plan, &|n| bar.set_position(n))?;
+    let summary = pipeline::run(&mut plan, &|n| bar.set_position(n))?;
     bar.finish_and_clear();
     eprintln!("{}: {summary}", o.output.display());
+    if let Some(path) = &cli.stats_json {
+        std::fs::write(path, summary.to_json() + "\n").with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}
+
+fn run_bench(b: BenchArgs) -> anyhow::Result<()> {
+    let sources = if b.sources.is_empty() {
+        ["samples/astronaut-1080p.mp4", "samples/group-1080p.mp4"]
+            .iter()
+            .filter_map(|s| find_asset(s))
+            .collect()
+    } else {
+        b.sources
+    };
+    let json = b.json;
+    let opts = BenchOptions {
+        sources,
+        repeat: b.repeat,
+        stage: b.stage,
+        base: b.run.options(PathBuf::new(), PathBuf::new())?,
+    };
+    let report = bench::run(&opts, &|line| eprintln!("{line}"))?;
+    print!("{}", report.table());
+    if let Some(path) = json {
+        std::fs::write(&path, report.to_json()).with_context(|| format!("writing {}", path.display()))?;
+    }
     Ok(())
 }

@@ -1,279 +1,407 @@
 //! The pipeline: in, a resolved `Plan`; out, the finished output file and a `Summary`.
 //!
 //! ```text
-//!  decode ──> detect ──> align ──> enhance ──> paste ──> encode ──> OUT (renamed when complete)
-//!    ^  RGB frames  faces    crops  (batches       restored   in order,       │
-//!    │                               across frames) frames    source pts      │
-//!    └──────────────────────── frame buffers recycled ────────────────────────┘
+//!  decode ─> detect ─> align ─> dispatch ═╦═> worker 0 (session on cpu / cuda:0) ═╦═> dispatch ─> paste ─> encode ─> OUT
+//!   frames    faces     crops   gathers    ╚═> worker 1 (cuda:1) ...             ═╝   frames in    blend    source pts,
+//!                               batches        whichever is free takes a batch         order                audio copied
 //! ```
 //! Each stage is a scoped thread joined to the next by a bounded channel, so memory stays
-//! bounded however long the video. End of stream is a dropped sender. A stage whose downstream
-//! has gone simply stops; the stage that failed reports the error, and the partial output is
-//! removed.
+//! bounded however long the video; buffers travel back through pools instead of being
+//! reallocated. End of stream is a dropped sender. A stage whose downstream has gone simply
+//! stops; the stage that failed reports the error, and the partial output is removed.
 
 use std::io::Write;
 use std::path::Path;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use anyhow::{anyhow, Context, Result};
-use crossbeam_channel::bounded;
+use anyhow::{anyhow, bail, Context, Result};
+use crossbeam_channel::{bounded, never, select, unbounded, Receiver, Sender};
 
 use crate::align::{fit_similarity, template, tensor_to_rgb, warp_to_tensor};
 use crate::decode::Decoder;
+use crate::detect::Detector;
 use crate::encode::Encoder;
-use crate::enhance::Batcher;
-use crate::frame::{Face, FaceFrame, FaceJob, Frame};
+use crate::enhance::{Batcher, Worker};
+use crate::frame::{Face, FaceFrame, FaceJob, Frame, Pool, Region};
 use crate::paste::{paste, region, Mask};
 use crate::plan::Plan;
-use crate::stats::{Clock, StageStat, Summary};
+use crate::stats::{peak_rss, Clock, StageStat, Summary, WorkerStat};
 
 /// Frames in flight between two stages.
 const DEPTH: usize = 4;
+/// Bounds of how long a partial batch waits for more crops while every worker is idle: a few
+/// times the usual gap between frames, so a slow upstream does not split every batch.
+const PARTIAL_WAIT: (Duration, Duration) = (Duration::from_millis(20), Duration::from_secs(1));
 
 /// Face regions of one frame, for `--faces-json`.
 struct FrameFaces {
     index: u64,
-    regions: Vec<(usize, usize, usize, usize)>,
+    regions: Vec<Region>,
     faces: Vec<Face>,
 }
 
-/// Runs the plan to completion. `progress` is called with the number of frames encoded so far.
-pub fn run(plan: Plan, progress: &(dyn Fn(u64) + Sync)) -> Result<Summary> {
-    let partial = plan.partial.clone();
-    let result = run_inner(plan, progress);
+/// A batch on its way to a worker: the crops travel by move, not copy.
+struct Job {
+    keys: Vec<(u64, usize)>,
+    crops: Vec<Vec<f32>>,
+}
+
+/// A batch back from a worker.
+struct Done {
+    keys: Vec<(u64, usize)>,
+    restored: Vec<Vec<u8>>,
+    crops: Vec<Vec<f32>>,
+}
+
+/// Runs the plan to completion, writing `plan.output`. `progress` is called with the number of
+/// frames encoded so far. The plan's sessions stay usable for another run.
+pub fn run(plan: &mut Plan, progress: &(dyn Fn(u64) + Sync)) -> Result<Summary> {
+    let partial = crate::plan::partial_path(&plan.output)?;
+    let result = run_inner(plan, &partial, progress);
     if result.is_err() {
         std::fs::remove_file(&partial).ok();
     }
     result
 }
 
-fn run_inner(plan: Plan, progress: &(dyn Fn(u64) + Sync)) -> Result<Summary> {
+fn run_inner(plan: &mut Plan, partial: &Path, progress: &(dyn Fn(u64) + Sync)) -> Result<Summary> {
     let start = Instant::now();
-    let Plan {
-        source,
-        mut detector,
-        mut enhancer,
-        batch,
-        blend,
-        encode,
-        output,
-        partial,
-        faces_json,
-        ..
-    } = plan;
-    let out_name = output.display().to_string();
-    let in_name = source.path.display().to_string();
-    let size = enhancer.info.size;
+    let out_name = plan.output.display().to_string();
+    let in_name = plan.source.path.display().to_string();
+    let size = plan.info.size;
+    let (w, h) = (plan.source.width, plan.source.height);
+    let (batch, blend, max_frames) = (plan.batch, plan.blend, plan.max_frames);
+    let keep_log = plan.faces_json.is_some();
     // Built before any thread starts: an output that cannot be created fails here.
-    let mut encoder = Encoder::create(&partial, &source, &encode).with_context(|| format!("output {out_name}"))?;
-    let decoder = Decoder::new(source.clone(), detector.size);
-    let (w, h) = (source.width, source.height);
+    let mut encoder =
+        Encoder::create(partial, &plan.source, &plan.encode).with_context(|| format!("output {out_name}"))?;
+    let decoder = Decoder::new(plan.source.clone(), plan.detector.size, plan.hwaccel_cuda);
+    let detector: &mut Detector = &mut plan.detector;
+    let workers: &mut [Worker] = &mut plan.workers;
+    let n_workers = workers.len();
 
-    let (recycle_tx, recycle_rx) = bounded::<Vec<u8>>(2 * DEPTH);
+    let (rgb_pool, det_pool) = (Pool::<Vec<u8>>::new(4 * DEPTH), Pool::<Vec<u8>>::new(4 * DEPTH));
+    let (crop_pool, restored_pool) = (Pool::<Vec<f32>>::new(4 * batch), Pool::<Vec<u8>>::new(4 * batch));
     let (dec_tx, dec_rx) = bounded::<Frame>(DEPTH);
     let (det_tx, det_rx) = bounded::<(Frame, Vec<Face>)>(DEPTH);
     let (align_tx, align_rx) = bounded::<FaceFrame>(DEPTH);
     let (enh_tx, enh_rx) = bounded::<FaceFrame>(DEPTH);
     let (paste_tx, paste_rx) = bounded::<(Frame, FrameFaces)>(DEPTH);
+    let (job_tx, job_rx) = bounded::<Job>(2 * n_workers);
+    let (done_tx, done_rx) = unbounded::<Result<Done>>();
 
-    let results = std::thread::scope(|s| {
-        let decode = s.spawn(move || -> Result<StageStat> {
-            let mut clock = Clock::new("decode");
-            let mut t = Instant::now();
-            let report = decoder.run(&recycle_rx, |f| {
-                let busy = t.elapsed();
-                let ok = dec_tx.send(f).is_ok();
-                t = Instant::now();
-                clock.add(busy);
-                clock.count(1);
-                ok
-            });
-            report.with_context(|| format!("decode stage, input {in_name}"))?;
-            Ok(clock.finish())
-        });
-
-        let detect = s.spawn(move || -> Result<StageStat> {
-            let mut clock = Clock::new("detect");
-            for f in dec_rx {
-                let faces = clock
-                    .time(|| detector.detect(&f.det, f.width, f.height))
-                    .with_context(|| format!("detect stage, frame {}", f.index))?;
-                clock.count(1);
-                if det_tx.send((f, faces)).is_err() {
-                    break;
-                }
-            }
-            Ok(clock.finish())
-        });
-
-        let align = s.spawn(move || -> Result<StageStat> {
-            let mut clock = Clock::new("align");
-            let tpl = template(size);
-            for (f, faces) in det_rx {
-                let jobs = clock.time(|| {
-                    faces
-                        .into_iter()
-                        .map(|face| {
-                            let to_crop = fit_similarity(&face.landmarks, &tpl);
-                            let mut crop = vec![0.0; 3 * size * size];
-                            warp_to_tensor(&f.rgb, f.width, f.height, &to_crop, size, &mut crop);
-                            FaceJob {
-                                face,
-                                to_crop,
-                                crop,
-                                restored: None,
-                            }
-                        })
-                        .collect::<Vec<_>>()
-                });
-                clock.count(1);
-                if align_tx.send(FaceFrame { frame: f, faces: jobs }).is_err() {
-                    break;
-                }
-            }
-            Ok(clock.finish())
-        });
-
-        let enhance = s.spawn(move || -> Result<(StageStat, u64)> {
-            let mut clock = Clock::new("enhance");
-            let mut batcher = Batcher::new(batch, 2 * batch.max(DEPTH));
-            let mut batches = 0u64;
-            let mut end = false;
-            let mut rx = align_rx.iter();
-            loop {
-                match rx.next() {
-                    Some(f) => batcher.push(f),
-                    None => end = true,
-                }
-                while let Some(jobs) = batcher.due(end) {
-                    let first = batcher.frame_mut(jobs[0].0).frame.index;
-                    clock
-                        .time(|| -> Result<()> {
-                            let item = 3 * size * size;
-                            let input = enhancer.input_mut(jobs.len());
-                            for (slot, &(seq, face)) in jobs.iter().enumerate() {
-                                let crop = std::mem::take(&mut batcher.frame_mut(seq).faces[face].crop);
-                                input[slot * item..(slot + 1) * item].copy_from_slice(&crop);
-                            }
-                            enhancer.run(jobs.len(), |slot, out| {
-                                let (seq, face) = jobs[slot];
-                                let mut rgb = Vec::new();
-                                tensor_to_rgb(out, size, &mut rgb);
-                                batcher.frame_mut(seq).faces[face].restored = Some(rgb);
-                                batcher.done(seq);
-                            })
-                        })
-                        .with_context(|| format!("enhance stage, batch of {} crops from frame {first}", jobs.len()))?;
-                    batches += 1;
-                    clock.count(jobs.len() as u64);
-                }
-                while let Some(f) = batcher.pop_ready() {
-                    if enh_tx.send(f).is_err() {
-                        return Ok((clock.finish(), batches));
-                    }
-                }
-                if end {
-                    break;
-                }
-            }
-            Ok((clock.finish(), batches))
-        });
-
-        let paste_stage = s.spawn(move || -> Result<StageStat> {
-            let mut clock = Clock::new("paste");
-            let mask = Mask::new(size);
-            for FaceFrame { mut frame, faces } in enh_rx {
-                let info = clock.time(|| {
-                    let mut info = FrameFaces {
-                        index: frame.index,
-                        regions: Vec::new(),
-                        faces: Vec::new(),
-                    };
-                    for job in faces {
-                        if let Some(crop) = &job.restored {
-                            paste(&mut frame.rgb, w, h, crop, &job.to_crop, &mask, blend);
-                        }
-                        if let Some(r) = region(&job.to_crop, size, w, h) {
-                            info.regions.push(r);
-                            if job.restored.is_some() && blend > 0.0 {
-                                frame.dirty.push(r);
-                            }
-                        }
-                        info.faces.push(job.face);
-                    }
-                    info
-                });
-                clock.count(1);
-                if paste_tx.send((frame, info)).is_err() {
-                    break;
-                }
-            }
-            Ok(clock.finish())
-        });
-
-        let (out_name, keep_log) = (&out_name, faces_json.is_some());
-        let encode_stage = s.spawn(move || -> Result<(StageStat, Vec<FrameFaces>, u64, u64)> {
-            let mut clock = Clock::new("encode");
-            let (mut faces, mut with_faces) = (0u64, 0u64);
-            let mut log = Vec::new();
-            for (mut frame, info) in paste_rx {
-                clock
-                    .time(|| encoder.write(&mut frame))
-                    .with_context(|| format!("encode stage, output {out_name}, frame {}", frame.index))?;
-                clock.count(1);
-                faces += info.faces.len() as u64;
-                with_faces += u64::from(!info.faces.is_empty());
-                progress(encoder.frames);
-                let _ = recycle_tx.try_send(frame.rgb);
-                if keep_log {
-                    log.push(info);
-                }
-            }
-            clock
-                .time(|| encoder.finish())
-                .with_context(|| format!("encode stage, finishing {out_name}"))?;
-            Ok((clock.finish(), log, faces, with_faces))
-        });
-
-        let join = |name: &str, r: std::thread::Result<Result<StageStat>>| -> Result<StageStat> {
-            r.map_err(|_| anyhow!("internal error: the {name} stage panicked"))?
+    std::thread::scope(|s| {
+        let decode = {
+            let (rgb_pool, det_pool) = (&rgb_pool, &det_pool);
+            let in_name = &in_name;
+            s.spawn(move || -> Result<StageStat> {
+                let mut clock = Clock::new("decode", 0);
+                let mut t = Instant::now();
+                decoder
+                    .run((rgb_pool, det_pool), max_frames, |f| {
+                        clock.add(t.elapsed());
+                        clock.count(1);
+                        let ok = dec_tx.send(f).is_ok();
+                        t = Instant::now();
+                        ok
+                    })
+                    .with_context(|| format!("decode stage, input {in_name}"))?;
+                Ok(clock.finish())
+            })
         };
-        (
-            join("decode", decode.join()),
-            join("detect", detect.join()),
-            join("align", align.join()),
-            enhance
-                .join()
-                .map_err(|_| anyhow!("internal error: the enhance stage panicked"))
-                .and_then(|r| r),
-            join("paste", paste_stage.join()),
-            encode_stage
-                .join()
-                .map_err(|_| anyhow!("internal error: the encode stage panicked"))
-                .and_then(|r| r),
-        )
-    });
 
-    // The first failing stage in pipeline order is the cause; later ones only saw it stop.
-    let (decode, detect, align, enhance, paste_stat, encode_r) = results;
-    let (decode, detect, align) = (decode?, detect?, align?);
-    let (enhance, batches) = enhance?;
-    let paste_stat = paste_stat?;
-    let (encode, log, faces, frames_with_faces) = encode_r?;
+        let detect = {
+            let det_pool = &det_pool;
+            s.spawn(move || -> Result<StageStat> {
+                let mut clock = Clock::new("detect", DEPTH);
+                while let Some(mut f) = recv(&dec_rx, &mut clock) {
+                    let faces = clock
+                        .time(|| detector.detect(&f.det, f.width, f.height))
+                        .with_context(|| format!("detect stage, frame {}", f.index))?;
+                    det_pool.put(std::mem::take(&mut f.det));
+                    if det_tx.send((f, faces)).is_err() {
+                        break;
+                    }
+                }
+                Ok(clock.finish())
+            })
+        };
 
-    if let Some(path) = &faces_json {
-        write_faces_json(path, &log).with_context(|| format!("writing {}", path.display()))?;
-    }
-    std::fs::rename(&partial, &output)
-        .with_context(|| format!("cannot move the finished file into place as {out_name}"))?;
-    Ok(Summary {
-        frames: encode.items,
-        faces,
-        frames_with_faces,
-        batches,
-        wall: start.elapsed(),
-        stages: vec![decode, detect, align, enhance, paste_stat, encode],
+        let align = {
+            let crop_pool = &crop_pool;
+            s.spawn(move || -> Result<StageStat> {
+                let mut clock = Clock::new("align", DEPTH);
+                let tpl = template(size);
+                while let Some((f, faces)) = recv(&det_rx, &mut clock) {
+                    let jobs = clock.time(|| {
+                        faces
+                            .into_iter()
+                            .map(|face| {
+                                let to_crop = fit_similarity(&face.landmarks, &tpl);
+                                let mut crop = crop_pool.get();
+                                crop.resize(3 * size * size, 0.0);
+                                warp_to_tensor(&f.rgb, f.width, f.height, &to_crop, size, &mut crop);
+                                FaceJob {
+                                    face,
+                                    to_crop,
+                                    crop,
+                                    restored: None,
+                                }
+                            })
+                            .collect::<Vec<_>>()
+                    });
+                    if align_tx.send(FaceFrame { frame: f, faces: jobs }).is_err() {
+                        break;
+                    }
+                }
+                Ok(clock.finish())
+            })
+        };
+
+        let mut worker_threads = Vec::new();
+        for worker in workers.iter_mut() {
+            let (job_rx, done_tx, restored_pool) = (job_rx.clone(), done_tx.clone(), &restored_pool);
+            worker_threads.push(s.spawn(move || work(worker, batch, size, &job_rx, &done_tx, restored_pool)));
+        }
+        drop((job_rx, done_tx));
+
+        let dispatch = {
+            let crop_pool = &crop_pool;
+            s.spawn(move || -> Result<(StageStat, u64)> {
+                dispatch(align_rx, &job_tx, &done_rx, &enh_tx, batch, n_workers, crop_pool)
+            })
+        };
+
+        let paste_stage = {
+            let restored_pool = &restored_pool;
+            s.spawn(move || -> Result<StageStat> {
+                let mut clock = Clock::new("paste", DEPTH);
+                let mask = Mask::new(size);
+                while let Some(FaceFrame { mut frame, faces }) = recv(&enh_rx, &mut clock) {
+                    let info = clock.time(|| {
+                        let mut info = FrameFaces {
+                            index: frame.index,
+                            regions: Vec::new(),
+                            faces: Vec::new(),
+                        };
+                        for job in faces {
+                            if let Some(crop) = job.restored {
+                                paste(&mut frame.rgb, w, h, &crop, &job.to_crop, &mask, blend);
+                                restored_pool.put(crop);
+                                if let Some(r) = region(&job.to_crop, size, w, h).filter(|_| blend > 0.0) {
+                                    frame.dirty.push(r);
+                                }
+                            }
+                            if let Some(r) = region(&job.to_crop, size, w, h) {
+                                info.regions.push(r);
+                            }
+                            info.faces.push(job.face);
+                        }
+                        info
+                    });
+                    if paste_tx.send((frame, info)).is_err() {
+                        break;
+                    }
+                }
+                Ok(clock.finish())
+            })
+        };
+
+        let encode_stage = {
+            let (out_name, rgb_pool) = (&out_name, &rgb_pool);
+            s.spawn(move || -> Result<(StageStat, Vec<FrameFaces>, u64, u64)> {
+                let mut clock = Clock::new("encode", DEPTH);
+                let (mut faces, mut with_faces) = (0u64, 0u64);
+                let mut log = Vec::new();
+                while let Some((mut frame, info)) = recv(&paste_rx, &mut clock) {
+                    clock
+                        .time(|| encoder.write(&mut frame))
+                        .with_context(|| format!("encode stage, output {out_name}, frame {}", frame.index))?;
+                    clock.count(1);
+                    faces += info.faces.len() as u64;
+                    with_faces += u64::from(!info.faces.is_empty());
+                    progress(encoder.frames);
+                    rgb_pool.put(std::mem::take(&mut frame.rgb));
+                    if keep_log {
+                        log.push(info);
+                    }
+                }
+                let cut = max_frames.is_some_and(|m| encoder.frames >= m);
+                clock
+                    .time(|| encoder.finish(cut))
+                    .with_context(|| format!("encode stage, finishing {out_name}"))?;
+                Ok((clock.finish(), log, faces, with_faces))
+            })
+        };
+
+        // The first failing stage in pipeline order is the cause; later ones only saw it stop.
+        let decode = joined("decode", decode.join())?;
+        let detect = joined("detect", detect.join())?;
+        let align = joined("align", align.join())?;
+        let (dispatch, batches) = joined("dispatch", dispatch.join())?;
+        let mut worker_stats = Vec::new();
+        for t in worker_threads {
+            worker_stats.push(joined("enhance worker", t.join())?);
+        }
+        let paste_stat = joined("paste", paste_stage.join())?;
+        let (encode, log, faces, frames_with_faces) = joined("encode", encode_stage.join())?;
+
+        if let Some(path) = &plan.faces_json {
+            write_faces_json(path, &log).with_context(|| format!("writing {}", path.display()))?;
+        }
+        std::fs::rename(partial, &plan.output)
+            .with_context(|| format!("cannot move the finished file into place as {out_name}"))?;
+        Ok(Summary {
+            frames: encode.items,
+            faces,
+            frames_with_faces,
+            batches,
+            wall: start.elapsed(),
+            stages: vec![decode, detect, align, dispatch, paste_stat, encode],
+            workers: worker_stats,
+            peak_rss: peak_rss(),
+        })
     })
+}
+
+/// Receives the next item, recording the queue length the stage found.
+fn recv<T>(rx: &Receiver<T>, clock: &mut Clock) -> Option<T> {
+    clock.queue(rx.len());
+    rx.recv().ok()
+}
+
+fn joined<T>(name: &str, r: std::thread::Result<Result<T>>) -> Result<T> {
+    r.map_err(|_| anyhow!("internal error: the {name} stage panicked"))?
+}
+
+/// Gathers crops across frames into batches, hands each to whichever worker is free, and
+/// releases frames in order once all their faces are back. A partial batch goes out at the end
+/// of the stream, when too many frames wait, or after a short wait with every worker idle.
+fn dispatch(
+    align_rx: Receiver<FaceFrame>,
+    job_tx: &Sender<Job>,
+    done_rx: &Receiver<Result<Done>>,
+    enh_tx: &Sender<FaceFrame>,
+    batch: usize,
+    n_workers: usize,
+    crop_pool: &Pool<Vec<f32>>,
+) -> Result<(StageStat, u64)> {
+    let mut clock = Clock::new("dispatch", DEPTH);
+    let mut batcher = Batcher::new(batch, 2 * batch.max(DEPTH) * n_workers);
+    let max_in_flight = 2 * n_workers;
+    let (mut in_flight, mut batches, mut end, mut stalled) = (0usize, 0u64, false, false);
+    // Mean gap between frames arriving, smoothed.
+    let (mut gap, mut last_arrival) = (PARTIAL_WAIT.0, Instant::now());
+    loop {
+        clock.time(|| -> Result<()> {
+            while in_flight < max_in_flight {
+                let Some(keys) = batcher.due(end || stalled) else { break };
+                let crops = keys
+                    .iter()
+                    .map(|&(seq, face)| std::mem::take(&mut batcher.frame_mut(seq).faces[face].crop))
+                    .collect();
+                job_tx
+                    .send(Job { keys, crops })
+                    .map_err(|_| anyhow!("every enhance worker has stopped"))?;
+                in_flight += 1;
+                batches += 1;
+                stalled = false;
+            }
+            Ok(())
+        })?;
+        while let Some(f) = batcher.pop_ready() {
+            clock.count(1);
+            if enh_tx.send(f).is_err() {
+                return Ok((clock.finish(), batches));
+            }
+        }
+        if end && in_flight == 0 && batcher.held() == 0 {
+            return Ok((clock.finish(), batches));
+        }
+        let input = if end { &never() } else { &align_rx };
+        let wait = if batcher.pending() > 0 && in_flight == 0 {
+            (gap * 3).clamp(PARTIAL_WAIT.0, PARTIAL_WAIT.1)
+        } else {
+            Duration::from_secs(3600)
+        };
+        clock.queue(align_rx.len());
+        select! {
+            recv(input) -> m => match m {
+                Ok(f) => {
+                    gap = (gap * 7 + last_arrival.elapsed()) / 8;
+                    last_arrival = Instant::now();
+                    batcher.push(f);
+                }
+                Err(_) => end = true,
+            },
+            recv(done_rx) -> d => {
+                let done = d.map_err(|_| anyhow!("enhance workers stopped unexpectedly"))??;
+                in_flight -= 1;
+                clock.time(|| {
+                    for ((seq, face), rgb) in done.keys.into_iter().zip(done.restored) {
+                        batcher.frame_mut(seq).faces[face].restored = Some(rgb);
+                        batcher.done(seq);
+                    }
+                    done.crops.into_iter().for_each(|c| crop_pool.put(c));
+                });
+            },
+            default(wait) => stalled = true,
+        }
+    }
+}
+
+/// One worker's loop: takes batches, runs its session, sends the restored crops back.
+fn work(
+    worker: &mut Worker,
+    batch: usize,
+    size: usize,
+    jobs: &Receiver<Job>,
+    done: &Sender<Result<Done>>,
+    restored_pool: &Pool<Vec<u8>>,
+) -> Result<WorkerStat> {
+    let mut stat = WorkerStat {
+        name: worker.target.to_string(),
+        batch,
+        ..Default::default()
+    };
+    for job in jobs {
+        let t = Instant::now();
+        let result = (|| -> Result<Done> {
+            if worker.fault.fail_at == Some(stat.batches + 1) {
+                bail!("injected failure (GPEN_VIDEO_FAULTS)");
+            }
+            if worker.fault.delay_ms > 0 {
+                std::thread::sleep(Duration::from_millis(worker.fault.delay_ms));
+            }
+            let mut restored: Vec<Vec<u8>> = (0..job.crops.len()).map(|_| restored_pool.get()).collect();
+            let crops: Vec<&[f32]> = job.crops.iter().map(Vec::as_slice).collect();
+            worker
+                .enhancer
+                .run(&crops, |i, out| tensor_to_rgb(out, size, &mut restored[i]))?;
+            Ok(Done {
+                keys: job.keys,
+                restored,
+                crops: job.crops,
+            })
+        })();
+        stat.busy += t.elapsed();
+        match result {
+            Ok(d) => {
+                stat.batches += 1;
+                stat.faces += d.keys.len() as u64;
+                if done.send(Ok(d)).is_err() {
+                    break;
+                }
+            }
+            Err(e) => {
+                let e = e.context(format!("enhance worker {} (batch {})", worker.target, stat.batches + 1));
+                let msg = format!("{e:#}");
+                let _ = done.send(Err(e));
+                bail!(msg);
+            }
+        }
+    }
+    Ok(stat)
 }
 
 fn write_faces_json(path: &Path, log: &[FrameFaces]) -> Result<()> {

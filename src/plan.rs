@@ -9,13 +9,14 @@ use anyhow::{anyhow, bail, Context, Result};
 use crate::decode::{probe, SourceInfo};
 use crate::detect::{det_size, Detector};
 use crate::encode::{check_settings, EncodeSettings};
-use crate::enhance::Enhancer;
-use crate::runtime::cpu_session;
+use crate::enhance::{Enhancer, Fault, ModelInfo, Worker};
+use crate::runtime::{SessionOptions, Target};
 
 /// Where the model runs.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Device {
-    Cpu,
+    /// This many CPU sessions (1 unless `cpu:N`), sharing the cores.
+    Cpu(usize),
     /// CUDA device ordinals; empty means every visible GPU.
     Cuda(Vec<u32>),
 }
@@ -24,12 +25,16 @@ impl FromStr for Device {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
         match s {
-            "cpu" => Ok(Device::Cpu),
+            "cpu" => Ok(Device::Cpu(1)),
             "cuda" | "cuda:all" => Ok(Device::Cuda(Vec::new())),
+            _ if s.starts_with("cpu:") => match s[4..].parse::<usize>() {
+                Ok(n) if (1..=64).contains(&n) => Ok(Device::Cpu(n)),
+                _ => Err(format!("bad CPU worker count in `{s}`: use cpu:N with N from 1 to 64")),
+            },
             _ => {
                 let ids = s
                     .strip_prefix("cuda:")
-                    .ok_or_else(|| format!("unknown device `{s}`: use cpu, cuda:N, cuda:N,M or cuda:all"))?;
+                    .ok_or_else(|| format!("unknown device `{s}`: use cpu, cpu:N, cuda:N, cuda:N,M or cuda:all"))?;
                 ids.split(',')
                     .map(|i| {
                         i.trim()
@@ -59,8 +64,16 @@ pub struct Options {
     pub nms_iou: f32,
     pub blend: f32,
     pub encode: EncodeSettings,
-    /// CPU threads for ONNX Runtime (default: all cores).
+    /// CPU threads for ONNX Runtime (default: all cores, shared by the CPU workers).
     pub threads: Option<usize>,
+    /// TensorRT before CUDA, with its engine cache.
+    pub trt: bool,
+    /// Half precision: TensorRT's fp16 mode, or an fp16-exported model on CUDA.
+    pub fp16: bool,
+    /// Decode with FFmpeg's CUDA hwaccel.
+    pub hwaccel_cuda: bool,
+    /// Stop after this many frames.
+    pub max_frames: Option<u64>,
     /// Where to write each frame's face regions as JSON (for inspection and tests).
     pub faces_json: Option<PathBuf>,
 }
@@ -72,7 +85,7 @@ impl Options {
             output: output.into(),
             model: None,
             detector: None,
-            device: Device::Cpu,
+            device: Device::Cpu(1),
             batch: 4,
             det_size: 640,
             det_threshold: 0.5,
@@ -80,6 +93,10 @@ impl Options {
             blend: 1.0,
             encode: EncodeSettings::default(),
             threads: None,
+            trt: false,
+            fp16: false,
+            hwaccel_cuda: false,
+            max_frames: None,
             faces_json: None,
         }
     }
@@ -89,15 +106,17 @@ impl Options {
 pub struct Plan {
     pub source: SourceInfo,
     pub detector: Detector,
-    pub enhancer: Enhancer,
+    /// One enhancement worker per device (or per CPU session).
+    pub workers: Vec<Worker>,
+    pub info: ModelInfo,
     pub model_path: PathBuf,
     pub batch: usize,
     pub blend: f32,
     pub encode: EncodeSettings,
     pub output: PathBuf,
-    /// Where the output is written until it is complete.
-    pub partial: PathBuf,
+    pub max_frames: Option<u64>,
     pub faces_json: Option<PathBuf>,
+    pub hwaccel_cuda: bool,
 }
 
 /// Finds a file the set-up installs (`models/...`): relative to the working directory, then to
@@ -128,9 +147,26 @@ fn same_file(a: &Path, b: &Path) -> bool {
     }
 }
 
+/// Where OUT is written until it is complete: beside it, hidden, with the same extension so the
+/// container is chosen the same way.
+pub fn partial_path(output: &Path) -> Result<PathBuf> {
+    let name = output
+        .file_name()
+        .ok_or_else(|| anyhow!("output {} is not a file path", output.display()))?;
+    let ext = output.extension().and_then(|e| e.to_str()).unwrap_or("");
+    let dir = match output.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    Ok(dir.join(format!(
+        ".{}.partial-{}.{ext}",
+        name.to_string_lossy(),
+        std::process::id()
+    )))
+}
+
 /// Checks OUT: not the input, in an existing writable folder, with a container FFmpeg knows.
-/// Returns the path of the partial file written beside it.
-pub fn check_output(input: &Path, output: &Path) -> Result<PathBuf> {
+pub fn check_output(input: &Path, output: &Path) -> Result<()> {
     if output.as_os_str().is_empty() {
         bail!("no output file given");
     }
@@ -140,13 +176,11 @@ pub fn check_output(input: &Path, output: &Path) -> Result<PathBuf> {
             output.display()
         );
     }
-    let name = output
-        .file_name()
-        .ok_or_else(|| anyhow!("output {} is not a file path", output.display()))?;
-    let dir = match output.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
+    let partial = partial_path(output)?;
+    let dir = partial
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("."));
     let meta = std::fs::metadata(&dir)
         .map_err(|_| anyhow!("output folder {} does not exist: create it first", dir.display()))?;
     if !meta.is_dir() {
@@ -169,26 +203,21 @@ pub fn check_output(input: &Path, output: &Path) -> Result<PathBuf> {
             output.display()
         );
     }
-    let partial = dir.join(format!(
-        ".{}.partial-{}.{ext}",
-        name.to_string_lossy(),
-        std::process::id()
-    ));
-    std::fs::File::create(&partial)
-        .map(|_| ())
-        .map_err(|e| anyhow!("output folder {} is not writable: {e}", dir.display()))?;
+    std::fs::File::create(&partial).map_err(|e| anyhow!("output folder {} is not writable: {e}", dir.display()))?;
     std::fs::remove_file(&partial).ok();
-    Ok(partial)
+    Ok(())
+}
+
+/// GPUs the NVIDIA driver exposes, for `cuda:all`.
+fn visible_gpus() -> Vec<u32> {
+    let n = std::fs::read_dir("/proc/driver/nvidia/gpus")
+        .map(|d| d.count())
+        .unwrap_or(0);
+    (0..n as u32).collect()
 }
 
 impl Plan {
     pub fn resolve(o: &Options) -> Result<Plan> {
-        if let Device::Cuda(_) = o.device {
-            bail!(
-                "--device {:?}: GPU execution is not available in this build yet; use --device cpu",
-                o.device
-            );
-        }
         if !(0.0..=1.0).contains(&o.blend) {
             bail!("--blend must be between 0 and 1, got {}", o.blend);
         }
@@ -196,11 +225,26 @@ impl Plan {
             bail!("--batch must be at least 1");
         }
         let source = probe(&o.input)?;
-        let partial = check_output(&o.input, &o.output)?;
+        check_output(&o.input, &o.output)?;
         check_settings(&o.encode)?;
-        let threads = o
+        if o.hwaccel_cuda {
+            crate::decode::check_cuda_hwaccel()?;
+        }
+        let cores = o
             .threads
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()));
+        let targets: Vec<Target> = match &o.device {
+            Device::Cpu(n) => (0..*n).map(Target::Cpu).collect(),
+            Device::Cuda(ids) if ids.is_empty() => {
+                let all = visible_gpus();
+                if all.is_empty() {
+                    bail!("--device cuda:all: no NVIDIA GPU is visible (no /proc/driver/nvidia/gpus); check the driver or use --device cpu");
+                }
+                all.into_iter().map(Target::Cuda).collect()
+            }
+            Device::Cuda(ids) => ids.iter().copied().map(Target::Cuda).collect(),
+        };
+        let cpu_workers = targets.iter().filter(|t| matches!(t, Target::Cpu(_))).count().max(1);
 
         let model_path = match &o.model {
             Some(p) => p.clone(),
@@ -208,13 +252,36 @@ impl Plan {
                 anyhow!("no model given and none installed: run scripts/setup.sh, put GPEN-BFR-512.onnx in models/, or pass --model PATH")
             })?,
         };
-        let session = cpu_session(&model_path, threads, "model")?;
-        let enhancer = Enhancer::new(session)
-            .with_context(|| format!("model {} does not fit GPEN's I/O contract", model_path.display()))?;
-        if let Some(note) = &enhancer.info.weights_note {
+        let trt_cache = o.trt.then(|| model_path.with_extension("trt-cache"));
+        let mut workers = Vec::new();
+        for (i, target) in targets.iter().enumerate() {
+            let so = SessionOptions {
+                target: target.clone(),
+                threads: (cores / cpu_workers).max(1),
+                trt: o.trt,
+                trt_cache: trt_cache.clone(),
+                fp16: o.fp16,
+            };
+            let session = crate::runtime::session(&model_path, &so, "model")?;
+            let enhancer = Enhancer::for_target(session, target)
+                .with_context(|| format!("model {} does not fit GPEN's I/O contract", model_path.display()))?;
+            workers.push(Worker {
+                target: target.clone(),
+                enhancer,
+                fault: Fault::from_env(i),
+            });
+        }
+        let info = workers[0].enhancer.info.clone();
+        if o.fp16 && !o.trt && info.precision.as_deref() != Some("fp16") {
+            bail!(
+                "--fp16: model {} is not an fp16 export; make one with `models/gpen_export.py --fp16`, or add --trt for TensorRT's fp16 mode",
+                model_path.display()
+            );
+        }
+        if let Some(note) = &info.weights_note {
             tracing::warn!(model = %model_path.display(), "{note}");
         }
-        let batch = enhancer.max_batch(o.batch);
+        let batch = workers[0].enhancer.max_batch(o.batch);
         if batch != o.batch {
             tracing::info!(batch, "model has a fixed batch size; running {batch} crop(s) per call");
         }
@@ -225,7 +292,20 @@ impl Plan {
                 anyhow!("detector {DEFAULT_DETECTOR} not found: run scripts/setup.sh or pass --detector PATH")
             })?,
         };
-        let det_session = cpu_session(&det_path, (threads / 2).max(1), "detector")?;
+        // Detection runs on the first GPU when there is one.
+        let det_target = targets
+            .iter()
+            .find(|t| matches!(t, Target::Cuda(_)))
+            .cloned()
+            .unwrap_or(Target::Cpu(0));
+        let det_opts = SessionOptions {
+            target: det_target,
+            threads: (cores / 2).max(1),
+            trt: false,
+            trt_cache: None,
+            fp16: false,
+        };
+        let det_session = crate::runtime::session(&det_path, &det_opts, "detector")?;
         let wanted = det_size(source.width, source.height, o.det_size);
         let detector = Detector::new(det_session, wanted, o.det_threshold, o.nms_iou)
             .with_context(|| format!("detector {}", det_path.display()))?;
@@ -233,14 +313,16 @@ impl Plan {
         Ok(Plan {
             source,
             detector,
-            enhancer,
+            workers,
+            info,
             model_path,
             batch,
             blend: o.blend,
             encode: o.encode.clone(),
             output: o.output.clone(),
-            partial,
+            max_frames: o.max_frames,
             faces_json: o.faces_json.clone(),
+            hwaccel_cuda: o.hwaccel_cuda,
         })
     }
 }
@@ -251,7 +333,9 @@ mod tests {
 
     #[test]
     fn devices_parse() {
-        assert_eq!("cpu".parse::<Device>(), Ok(Device::Cpu));
+        assert_eq!("cpu".parse::<Device>(), Ok(Device::Cpu(1)));
+        assert_eq!("cpu:3".parse::<Device>(), Ok(Device::Cpu(3)));
+        assert!("cpu:0".parse::<Device>().is_err());
         assert_eq!("cuda:0".parse::<Device>(), Ok(Device::Cuda(vec![0])));
         assert_eq!("cuda:0,2".parse::<Device>(), Ok(Device::Cuda(vec![0, 2])));
         assert_eq!("cuda:all".parse::<Device>(), Ok(Device::Cuda(vec![])));

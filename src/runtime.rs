@@ -6,6 +6,7 @@ use std::sync::OnceLock;
 
 use anyhow::{anyhow, bail, Context, Result};
 use ort::environment::Environment;
+use ort::ep;
 use ort::session::builder::GraphOptimizationLevel;
 use ort::session::Session;
 
@@ -69,21 +70,91 @@ pub fn ort_err<E: std::fmt::Display>(e: E) -> anyhow::Error {
     anyhow!("{e}")
 }
 
+/// Where one session runs.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Target {
+    /// CPU worker number (several CPU sessions can share a machine).
+    Cpu(usize),
+    /// CUDA device ordinal.
+    Cuda(u32),
+}
+
+impl std::fmt::Display for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Target::Cpu(i) => write!(f, "cpu{i}"),
+            Target::Cuda(i) => write!(f, "cuda:{i}"),
+        }
+    }
+}
+
+/// How a session is built.
+#[derive(Clone, Debug)]
+pub struct SessionOptions {
+    pub target: Target,
+    /// Intra-op threads (CPU execution).
+    pub threads: usize,
+    /// Use TensorRT (with an engine cache in `trt_cache`) before CUDA.
+    pub trt: bool,
+    pub trt_cache: Option<PathBuf>,
+    pub fp16: bool,
+}
+
+impl SessionOptions {
+    pub fn cpu(threads: usize) -> Self {
+        Self {
+            target: Target::Cpu(0),
+            threads,
+            trt: false,
+            trt_cache: None,
+            fp16: false,
+        }
+    }
+}
+
 /// Opens `path` as a CPU session with `threads` intra-op threads.
 pub fn cpu_session(path: &Path, threads: usize, what: &str) -> Result<Session> {
+    session(path, &SessionOptions::cpu(threads), what)
+}
+
+/// Opens `path` on the options' target. A GPU provider that fails to register is an error that
+/// says what is missing; there is never a silent fallback to the CPU.
+pub fn session(path: &Path, o: &SessionOptions, what: &str) -> Result<Session> {
     let env = init()?;
     match std::fs::metadata(path) {
         Err(e) => bail!("cannot read {what} {}: {e}", path.display()),
         Ok(m) if !m.is_file() => bail!("{what} {} is not a file", path.display()),
         Ok(_) => {}
     }
-    Session::builder(env)
+    let mut b = Session::builder(env)
         .map_err(ort_err)?
         .with_optimization_level(GraphOptimizationLevel::Level3)
         .map_err(ort_err)?
-        .with_intra_threads(threads.max(1))
-        .map_err(ort_err)?
-        .commit_from_file(path)
-        .map_err(ort_err)
-        .with_context(|| format!("cannot load {what} {} (is it an ONNX model?)", path.display()))
+        .with_intra_threads(o.threads.max(1))
+        .map_err(ort_err)?;
+    if let Target::Cuda(id) = o.target {
+        let mut eps = Vec::new();
+        if o.trt {
+            let mut trt = ep::TensorRT::default().with_device_id(id as i32).with_fp16(o.fp16);
+            if let Some(dir) = &o.trt_cache {
+                trt = trt.with_engine_cache(true).with_engine_cache_path(dir.display());
+            }
+            eps.push(trt.build().error_on_failure());
+        }
+        eps.push(ep::CUDA::default().with_device_id(id as i32).build().error_on_failure());
+        b = b.with_execution_providers(eps).map_err(|e| {
+            anyhow!(
+                "{} execution provider could not start on cuda:{id} ({e}). It needs an NVIDIA driver, the CUDA and cuDNN libraries{}, and the GPU build of ONNX Runtime (the onnxruntime-gpu wheel: point ORT_DYLIB_PATH at its libonnxruntime.so)",
+                if o.trt { "TensorRT/CUDA" } else { "CUDA" },
+                if o.trt { ", TensorRT" } else { "" }
+            )
+        })?;
+    }
+    b.commit_from_file(path).map_err(ort_err).with_context(|| {
+        format!(
+            "cannot load {what} {} on {} (is it an ONNX model?)",
+            path.display(),
+            o.target
+        )
+    })
 }

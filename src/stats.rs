@@ -1,15 +1,29 @@
-//! Run statistics: in, per-stage busy times and counts recorded by the pipeline; out, the
-//! end-of-run summary (frames, faces, wall time, fps, each stage's busy share).
+//! Run statistics: in, per-stage busy times and queue samples, per-worker batch timings recorded
+//! by the pipeline; out, the end-of-run summary as a table for people and JSON for machines.
 
 use std::fmt;
 use std::time::{Duration, Instant};
 
-/// Busy time and item count of one stage.
+/// Busy time, item count and input-queue occupancy of one stage.
 #[derive(Clone, Debug, Default)]
 pub struct StageStat {
     pub name: &'static str,
     pub busy: Duration,
     pub items: u64,
+    /// Sum of the input queue's length sampled at each receive, and the number of samples.
+    pub queue_sum: u64,
+    pub queue_samples: u64,
+    pub queue_cap: usize,
+}
+
+impl StageStat {
+    /// Mean input-queue occupancy as a share of its capacity.
+    pub fn queue_fill(&self) -> f64 {
+        if self.queue_samples == 0 || self.queue_cap == 0 {
+            return 0.0;
+        }
+        self.queue_sum as f64 / self.queue_samples as f64 / self.queue_cap as f64
+    }
 }
 
 /// Measures the time a stage spends working (not waiting on its channels).
@@ -18,10 +32,11 @@ pub struct Clock {
 }
 
 impl Clock {
-    pub fn new(name: &'static str) -> Self {
+    pub fn new(name: &'static str, queue_cap: usize) -> Self {
         Self {
             stat: StageStat {
                 name,
+                queue_cap,
                 ..Default::default()
             },
         }
@@ -44,8 +59,36 @@ impl Clock {
         self.stat.items += n;
     }
 
+    /// Records the input queue's length seen at a receive.
+    pub fn queue(&mut self, len: usize) {
+        self.stat.queue_sum += len as u64;
+        self.stat.queue_samples += 1;
+    }
+
     pub fn finish(self) -> StageStat {
         self.stat
+    }
+}
+
+/// What one enhancement worker (a CPU session or a GPU) did.
+#[derive(Clone, Debug, Default)]
+pub struct WorkerStat {
+    pub name: String,
+    pub batches: u64,
+    pub faces: u64,
+    /// Time spent in model calls (input copy, run, output conversion).
+    pub busy: Duration,
+    /// Batch size asked for, to compute the mean fill.
+    pub batch: usize,
+}
+
+impl WorkerStat {
+    pub fn ms_per_batch(&self) -> f64 {
+        1000.0 * self.busy.as_secs_f64() / self.batches.max(1) as f64
+    }
+
+    pub fn mean_fill(&self) -> f64 {
+        self.faces as f64 / (self.batches.max(1) * self.batch.max(1) as u64) as f64
     }
 }
 
@@ -59,31 +102,113 @@ pub struct Summary {
     pub batches: u64,
     pub wall: Duration,
     pub stages: Vec<StageStat>,
+    pub workers: Vec<WorkerStat>,
+    /// Peak resident memory of the process so far, in bytes (Linux).
+    pub peak_rss: Option<u64>,
 }
 
 impl Summary {
     pub fn fps(&self) -> f64 {
         self.frames as f64 / self.wall.as_secs_f64().max(1e-9)
     }
-}
 
-impl fmt::Display for Summary {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let per_frame = self.faces as f64 / self.frames.max(1) as f64;
-        writeln!(
-            f,
-            "{} frames, {} faces ({per_frame:.2} per frame, {} frames with faces), {} batches, {:.2} s, {:.1} fps",
+    pub fn faces_per_s(&self) -> f64 {
+        self.faces as f64 / self.wall.as_secs_f64().max(1e-9)
+    }
+
+    /// The summary as a JSON object.
+    pub fn to_json(&self) -> String {
+        let wall = self.wall.as_secs_f64().max(1e-9);
+        let stages: Vec<String> = self
+            .stages
+            .iter()
+            .map(|s| {
+                format!(
+                    "{{\"name\":\"{}\",\"items\":{},\"busy_s\":{:.4},\"busy_share\":{:.4},\"queue_fill\":{:.4}}}",
+                    s.name,
+                    s.items,
+                    s.busy.as_secs_f64(),
+                    s.busy.as_secs_f64() / wall,
+                    s.queue_fill()
+                )
+            })
+            .collect();
+        let workers: Vec<String> = self
+            .workers
+            .iter()
+            .map(|w| {
+                format!(
+                    "{{\"name\":\"{}\",\"batches\":{},\"faces\":{},\"faces_per_s\":{:.3},\"mean_batch_fill\":{:.4},\"ms_per_batch\":{:.3},\"busy_share\":{:.4}}}",
+                    w.name,
+                    w.batches,
+                    w.faces,
+                    w.faces as f64 / wall,
+                    w.mean_fill(),
+                    w.ms_per_batch(),
+                    w.busy.as_secs_f64() / wall
+                )
+            })
+            .collect();
+        format!(
+            "{{\"frames\":{},\"faces\":{},\"frames_with_faces\":{},\"batches\":{},\"wall_s\":{:.4},\"fps\":{:.3},\"faces_per_s\":{:.3},\"peak_rss_bytes\":{},\"stages\":[{}],\"workers\":[{}]}}",
             self.frames,
             self.faces,
             self.frames_with_faces,
             self.batches,
-            self.wall.as_secs_f64(),
-            self.fps()
+            wall,
+            self.fps(),
+            self.faces_per_s(),
+            self.peak_rss.map_or("null".to_string(), |b| b.to_string()),
+            stages.join(","),
+            workers.join(",")
+        )
+    }
+}
+
+/// Peak resident set size of this process (VmHWM), in bytes.
+pub fn peak_rss() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+impl fmt::Display for Summary {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let wall = self.wall.as_secs_f64().max(1e-9);
+        let per_frame = self.faces as f64 / self.frames.max(1) as f64;
+        writeln!(
+            f,
+            "{} frames, {} faces ({per_frame:.2} per frame, {} frames with faces), {} batches, {wall:.2} s, {:.1} fps, {:.1} faces/s{}",
+            self.frames,
+            self.faces,
+            self.frames_with_faces,
+            self.batches,
+            self.fps(),
+            self.faces_per_s(),
+            self.peak_rss.map_or(String::new(), |b| format!(", peak memory {} MiB", b >> 20))
         )?;
-        write!(f, "stage busy:")?;
+        writeln!(f, "  {:<8} {:>6} {:>8}", "stage", "busy", "queue")?;
         for s in &self.stages {
-            let share = 100.0 * s.busy.as_secs_f64() / self.wall.as_secs_f64().max(1e-9);
-            write!(f, "  {} {share:.0}%", s.name)?;
+            let busy = 100.0 * s.busy.as_secs_f64() / wall;
+            writeln!(f, "  {:<8} {busy:>5.0}% {:>7.0}%", s.name, 100.0 * s.queue_fill())?;
+        }
+        write!(
+            f,
+            "  {:<8} {:>7} {:>6} {:>8} {:>6} {:>9}",
+            "worker", "batches", "faces", "faces/s", "fill", "ms/batch"
+        )?;
+        for w in &self.workers {
+            write!(
+                f,
+                "\n  {:<8} {:>7} {:>6} {:>8.1} {:>5.0}% {:>9.1}",
+                w.name,
+                w.batches,
+                w.faces,
+                w.faces as f64 / wall,
+                100.0 * w.mean_fill(),
+                w.ms_per_batch()
+            )?;
         }
         Ok(())
     }

@@ -495,7 +495,7 @@ fn bad_inputs_fail_clearly_and_leave_nothing() {
         &good,
         &out,
         &[&"--model", &model, &"--device", &"cuda:0"],
-        "GPU execution is not available",
+        "CUDA execution provider could not start",
     );
 
     // OUT equal to IN is refused and the input is untouched.
@@ -534,10 +534,13 @@ fn runs_the_exported_gpen_256_in_batches_of_four() {
     let frames = faces_json(&json);
     let faces: usize = frames.iter().map(|(_, b)| b.len()).sum();
     assert!(faces > 0);
-    assert_eq!(
-        batches(&err),
-        faces.div_ceil(4) as u64,
-        "{faces} faces in batches of 4: {err}"
+    // One face per frame: batches fill across frames. A partial batch may leave early only when
+    // the enhancer sat idle waiting, so the mean fill stays high.
+    let b = batches(&err) as f64;
+    let fill = faces as f64 / (4.0 * b);
+    assert!(
+        b >= faces.div_ceil(4) as f64 && fill >= 0.75,
+        "{faces} faces in {b} batches of 4: {err}"
     );
     assert_eq!(video_pts(&out), video_pts(&input));
 }

@@ -1,0 +1,322 @@
+//! `gpen-video bench`: in, sources, a model and devices; out, a table (and JSON) of end-to-end
+//! throughput (warm-up excluded, repeated, medians), the enhance-only ceiling on the same crops,
+//! and the pipeline's efficiency: end-to-end faces/s over ceiling faces/s.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+
+use crate::align::{fit_similarity, template, warp_to_tensor};
+use crate::decode::Decoder;
+use crate::frame::Pool;
+use crate::pipeline;
+use crate::plan::{Options, Plan};
+use crate::stats::{peak_rss, Summary};
+
+/// What to measure.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Stage {
+    /// The whole pipeline and the enhance-only ceiling, with the efficiency.
+    All,
+    /// The whole pipeline only.
+    Pipeline,
+    /// The enhancement sessions alone on crops from the source: the ceiling.
+    Enhance,
+}
+
+#[derive(Clone, Debug)]
+pub struct BenchOptions {
+    pub sources: Vec<PathBuf>,
+    /// Counted runs per source (after one warm-up run that is not counted).
+    pub repeat: usize,
+    pub stage: Stage,
+    /// Model, devices, batch, encoder settings...; input and output are set per source.
+    pub base: Options,
+}
+
+/// Medians over the counted runs of one source.
+#[derive(Clone, Debug, Default)]
+pub struct BenchRow {
+    pub source: String,
+    pub kind: &'static str,
+    pub device: String,
+    pub batch: usize,
+    pub frames: u64,
+    pub faces: u64,
+    pub fps: Option<f64>,
+    pub faces_per_s: f64,
+    pub ms_per_batch: f64,
+    pub peak_mib: Option<u64>,
+    pub runs: usize,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct BenchReport {
+    pub rows: Vec<BenchRow>,
+    /// Per source: end-to-end faces/s over the ceiling's.
+    pub efficiency: Vec<(String, f64)>,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(f64::total_cmp);
+    let m = v.len() / 2;
+    if v.len() % 2 == 1 {
+        v[m]
+    } else {
+        (v[m - 1] + v[m]) / 2.0
+    }
+}
+
+/// Runs the benchmark; `log` gets a line per finished run.
+pub fn run(o: &BenchOptions, log: &dyn Fn(&str)) -> Result<BenchReport> {
+    if o.sources.is_empty() {
+        bail!("no sources to benchmark: give video files, or run scripts/setup.sh for the 1080p samples");
+    }
+    let tmp = std::env::temp_dir().join(format!("gpen-video-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+    let result = (|| {
+        let mut report = BenchReport::default();
+        for src in &o.sources {
+            bench_source(o, src, &tmp, &mut report, log)?;
+        }
+        Ok(report)
+    })();
+    std::fs::remove_dir_all(&tmp).ok();
+    result
+}
+
+fn bench_source(o: &BenchOptions, src: &Path, tmp: &Path, report: &mut BenchReport, log: &dyn Fn(&str)) -> Result<()> {
+    let name = src
+        .file_name()
+        .map_or_else(|| src.display().to_string(), |n| n.to_string_lossy().into_owned());
+    let mut opts = o.base.clone();
+    opts.input = src.to_path_buf();
+    opts.output = tmp.join("bench-out.mkv");
+    opts.faces_json = None;
+    let mut plan = Plan::resolve(&opts)?;
+    let device = plan
+        .workers
+        .iter()
+        .map(|w| w.target.to_string())
+        .collect::<Vec<_>>()
+        .join(",");
+    let batch = plan.batch;
+    let mut e2e_faces_per_s = None;
+
+    if o.stage != Stage::Enhance {
+        // Warm-up: sessions allocate their memory and pick kernels on the first batches.
+        plan.max_frames = Some((4 * batch * plan.workers.len()).max(8) as u64);
+        pipeline::run(&mut plan, &|_| ())?;
+        plan.max_frames = o.base.max_frames;
+        let mut runs: Vec<Summary> = Vec::new();
+        for i in 0..o.repeat.max(1) {
+            let s = pipeline::run(&mut plan, &|_| ())?;
+            log(&format!(
+                "{name}: run {}: {:.2} fps, {:.2} faces/s",
+                i + 1,
+                s.fps(),
+                s.faces_per_s()
+            ));
+            runs.push(s);
+        }
+        let last = runs.last().expect("at least one run");
+        let ms = median(
+            runs.iter()
+                .flat_map(|s| s.workers.iter().map(|w| w.ms_per_batch()))
+                .collect(),
+        );
+        let row = BenchRow {
+            source: name.clone(),
+            kind: "pipeline",
+            device: device.clone(),
+            batch,
+            frames: last.frames,
+            faces: last.faces,
+            fps: Some(median(runs.iter().map(Summary::fps).collect())),
+            faces_per_s: median(runs.iter().map(Summary::faces_per_s).collect()),
+            ms_per_batch: ms,
+            peak_mib: peak_rss().map(|b| b >> 20),
+            runs: runs.len(),
+        };
+        e2e_faces_per_s = Some(row.faces_per_s);
+        report.rows.push(row);
+    }
+
+    if o.stage != Stage::Pipeline {
+        let want = 4 * batch * plan.workers.len();
+        let crops = collect_crops(&mut plan, want)?;
+        if crops.is_empty() {
+            bail!("{name}: no face found to time the enhancer on");
+        }
+        let mut rates = Vec::new();
+        let mut ms = Vec::new();
+        for i in 0..o.repeat.max(1) + 1 {
+            let (faces_per_s, ms_per_batch) = ceiling(&mut plan, &crops, 4)?;
+            if i > 0 {
+                log(&format!("{name}: enhance-only run {i}: {faces_per_s:.2} faces/s"));
+                rates.push(faces_per_s);
+                ms.push(ms_per_batch);
+            }
+        }
+        let ceiling = median(rates);
+        report.rows.push(BenchRow {
+            source: name.clone(),
+            kind: "enhance",
+            device,
+            batch,
+            frames: 0,
+            faces: crops.len() as u64,
+            fps: None,
+            faces_per_s: ceiling,
+            ms_per_batch: median(ms),
+            peak_mib: peak_rss().map(|b| b >> 20),
+            runs: o.repeat.max(1),
+        });
+        if let Some(e2e) = e2e_faces_per_s {
+            report.efficiency.push((name, e2e / ceiling.max(1e-9)));
+        }
+    }
+    Ok(())
+}
+
+/// Decodes the source until `want` aligned crops are gathered (the same crops the pipeline
+/// feeds the model).
+fn collect_crops(plan: &mut Plan, want: usize) -> Result<Vec<Vec<f32>>> {
+    let size = plan.info.size;
+    let tpl = template(size);
+    let decoder = Decoder::new(plan.source.clone(), plan.detector.size, plan.hwaccel_cuda);
+    let (a, b) = (Pool::new(2), Pool::new(2));
+    let mut crops = Vec::new();
+    let mut err = None;
+    decoder.run((&a, &b), Some(600), |f| {
+        match plan.detector.detect(&f.det, f.width, f.height) {
+            Ok(faces) => {
+                for face in faces {
+                    let to_crop = fit_similarity(&face.landmarks, &tpl);
+                    let mut crop = vec![0.0; 3 * size * size];
+                    warp_to_tensor(&f.rgb, f.width, f.height, &to_crop, size, &mut crop);
+                    crops.push(crop);
+                }
+            }
+            Err(e) => err = Some(e),
+        }
+        err.is_none() && crops.len() < want
+    })?;
+    if let Some(e) = err {
+        return Err(e);
+    }
+    Ok(crops)
+}
+
+/// Every worker runs `per_worker` full batches of the crops at once; returns faces/s over all
+/// workers and the mean ms per batch.
+fn ceiling(plan: &mut Plan, crops: &[Vec<f32>], per_worker: usize) -> Result<(f64, f64)> {
+    let batch = plan.batch;
+    let start = Instant::now();
+    let results: Vec<Result<(usize, Duration)>> = std::thread::scope(|s| {
+        let handles: Vec<_> = plan
+            .workers
+            .iter_mut()
+            .map(|w| {
+                s.spawn(move || -> Result<(usize, Duration)> {
+                    let mut faces = 0;
+                    let t = Instant::now();
+                    for i in 0..per_worker {
+                        let slice: Vec<&[f32]> = (0..batch)
+                            .map(|k| crops[(i * batch + k) % crops.len()].as_slice())
+                            .collect();
+                        w.enhancer.run(&slice, |_, _| ())?;
+                        faces += slice.len();
+                    }
+                    Ok((faces, t.elapsed()))
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| bail!("an enhance worker panicked")))
+            .collect()
+    });
+    let wall = start.elapsed().as_secs_f64();
+    let mut faces = 0;
+    let mut ms = Vec::new();
+    for r in results {
+        let (f, d) = r?;
+        faces += f;
+        ms.push(1000.0 * d.as_secs_f64() / per_worker as f64);
+    }
+    Ok((faces as f64 / wall.max(1e-9), median(ms)))
+}
+
+impl BenchReport {
+    pub fn table(&self) -> String {
+        let mut out = format!(
+            "{:<24} {:<9} {:<12} {:>5} {:>6} {:>6} {:>8} {:>8} {:>9} {:>9}\n",
+            "source", "measure", "device", "batch", "frames", "faces", "fps", "faces/s", "ms/batch", "peak MiB"
+        );
+        for r in &self.rows {
+            out += &format!(
+                "{:<24} {:<9} {:<12} {:>5} {:>6} {:>6} {:>8} {:>8.2} {:>9.1} {:>9}\n",
+                r.source,
+                r.kind,
+                r.device,
+                r.batch,
+                if r.frames > 0 { r.frames.to_string() } else { "-".into() },
+                r.faces,
+                r.fps.map_or("-".into(), |f| format!("{f:.2}")),
+                r.faces_per_s,
+                r.ms_per_batch,
+                r.peak_mib.map_or("-".into(), |m| m.to_string())
+            );
+        }
+        for (src, e) in &self.efficiency {
+            out += &format!("pipeline efficiency ({src}): {e:.2} (end-to-end faces/s over enhance-only faces/s)\n");
+        }
+        out
+    }
+
+    pub fn to_json(&self) -> String {
+        let rows: Vec<String> = self
+            .rows
+            .iter()
+            .map(|r| {
+                format!(
+                    "{{\"source\":{:?},\"measure\":\"{}\",\"device\":\"{}\",\"batch\":{},\"frames\":{},\"faces\":{},\"fps\":{},\"faces_per_s\":{:.3},\"ms_per_batch\":{:.3},\"peak_mib\":{},\"runs\":{}}}",
+                    r.source,
+                    r.kind,
+                    r.device,
+                    r.batch,
+                    r.frames,
+                    r.faces,
+                    r.fps.map_or("null".into(), |f| format!("{f:.3}")),
+                    r.faces_per_s,
+                    r.ms_per_batch,
+                    r.peak_mib.map_or("null".into(), |m| m.to_string()),
+                    r.runs
+                )
+            })
+            .collect();
+        let eff: Vec<String> = self
+            .efficiency
+            .iter()
+            .map(|(s, e)| format!("{{\"source\":{s:?},\"efficiency\":{e:.4}}}"))
+            .collect();
+        format!("{{\"rows\":[{}],\"efficiency\":[{}]}}\n", rows.join(","), eff.join(","))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::median;
+
+    #[test]
+    fn median_of_odd_even_and_empty() {
+        assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(vec![4.0, 1.0, 2.0, 3.0]), 2.5);
+        assert_eq!(median(vec![]), 0.0);
+    }
+}

@@ -1,0 +1,282 @@
+//! Registry tests: in, a tiny HTTP/1.1 server on 127.0.0.1 (a thread serving a fixed number of
+//! canned responses), the stand-in models and the set-up's detector; out, assertions on what
+//! `fetch_url`, `fetch`, `verify_path` and `resolve_model` leave on disk and say.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use gpen_video::registry::{self, Checksum, ModelFacts};
+use sha2::{Digest, Sha256};
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// A set-up file; a missing one fails the test with the fix.
+fn asset(rel: &str) -> PathBuf {
+    let p = root().join(rel);
+    assert!(p.exists(), "{} is missing: run scripts/setup.sh first", p.display());
+    p
+}
+
+fn sha_hex(data: &[u8]) -> String {
+    Sha256::digest(data).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Deterministic test payload.
+fn payload(n: usize) -> Vec<u8> {
+    let mut x: u32 = 0x1234_5678;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            x as u8
+        })
+        .collect()
+}
+
+/// Serves `responses` in order, one per connection, then stops; gives up after 20 s without a
+/// client. Returns the base URL and a handle yielding the request lines it saw.
+fn serve(responses: Vec<Vec<u8>>) -> (String, JoinHandle<Vec<String>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    listener.set_nonblocking(true).unwrap();
+    let handle = std::thread::spawn(move || {
+        let mut seen = Vec::new();
+        for resp in responses {
+            let deadline = Instant::now() + Duration::from_secs(20);
+            let mut stream: TcpStream = loop {
+                match listener.accept() {
+                    Ok((s, _)) => break s,
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && Instant::now() < deadline => {
+                        std::thread::sleep(Duration::from_millis(10))
+                    }
+                    Err(_) => return seen,
+                }
+            };
+            stream.set_nonblocking(false).unwrap();
+            stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            let mut req = Vec::new();
+            let mut byte = [0u8; 1];
+            while !req.ends_with(b"\r\n\r\n") {
+                match stream.read(&mut byte) {
+                    Ok(1) => req.push(byte[0]),
+                    _ => break,
+                }
+            }
+            let text = String::from_utf8_lossy(&req);
+            seen.push(text.lines().next().unwrap_or("").to_string());
+            let _ = stream.write_all(&resp);
+            let _ = stream.flush();
+            let _ = stream.shutdown(std::net::Shutdown::Both);
+        }
+        seen
+    });
+    (base, handle)
+}
+
+fn ok_response(body: &[u8]) -> Vec<u8> {
+    let mut r = format!(
+        "HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    )
+    .into_bytes();
+    r.extend_from_slice(body);
+    r
+}
+
+/// Names of everything in `dir`.
+fn listing(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|d| d.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn good_download_is_verified_and_lands_under_its_name() {
+    let body = payload(300_000);
+    let (base, server) = serve(vec![ok_response(&body)]);
+    let tmp = tempfile::tempdir().unwrap();
+    let dest = tmp.path().join("m.onnx");
+    let got = registry::fetch_url(&format!("{base}/m.onnx"), &dest, Some(&sha_hex(&body)), false).unwrap();
+    assert_eq!(got, dest);
+    assert_eq!(std::fs::read(&dest).unwrap(), body);
+    assert_eq!(listing(tmp.path()), ["m.onnx"], "no partial file left behind");
+    assert_eq!(server.join().unwrap(), ["GET /m.onnx HTTP/1.1"]);
+}
+
+#[test]
+fn bad_hash_leaves_nothing() {
+    let body = payload(50_000);
+    let (base, server) = serve(vec![ok_response(&body)]);
+    let tmp = tempfile::tempdir().unwrap();
+    let dest = tmp.path().join("m.onnx");
+    let url = format!("{base}/m.onnx");
+    let wrong = "0".repeat(64);
+    let err = registry::fetch_url(&url, &dest, Some(&wrong), false)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("sha256") && err.contains(&wrong), "{err}");
+    assert!(err.contains(&sha_hex(&body)), "names the hash it got: {err}");
+    assert!(err.contains(&url), "{err}");
+    assert!(listing(tmp.path()).is_empty(), "left {:?}", listing(tmp.path()));
+    server.join().unwrap();
+}
+
+#[test]
+fn truncated_body_leaves_nothing() {
+    let body = payload(40_000);
+    let mut resp = b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\nConnection: close\r\n\r\n".to_vec();
+    resp.extend_from_slice(&body);
+    let (base, server) = serve(vec![resp]);
+    let tmp = tempfile::tempdir().unwrap();
+    let dest = tmp.path().join("m.onnx");
+    let url = format!("{base}/m.onnx");
+    let err = registry::fetch_url(&url, &dest, None, false).unwrap_err().to_string();
+    assert!(err.contains(&url), "{err}");
+    assert!(err.contains("100000") || err.contains("broke off"), "{err}");
+    assert!(listing(tmp.path()).is_empty(), "left {:?}", listing(tmp.path()));
+    server.join().unwrap();
+}
+
+#[test]
+fn http_404_is_an_error_naming_the_status() {
+    let resp = b"HTTP/1.1 404 Not Found\r\nContent-Length: 9\r\nConnection: close\r\n\r\nnot found".to_vec();
+    let (base, server) = serve(vec![resp]);
+    let tmp = tempfile::tempdir().unwrap();
+    let dest = tmp.path().join("m.onnx");
+    let url = format!("{base}/missing.onnx");
+    let err = registry::fetch_url(&url, &dest, None, false).unwrap_err().to_string();
+    assert!(err.contains("404") && err.contains(&url), "{err}");
+    assert!(listing(tmp.path()).is_empty(), "left {:?}", listing(tmp.path()));
+    server.join().unwrap();
+}
+
+#[test]
+fn refused_connection_says_the_host_cannot_be_reached() {
+    let port = {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let dest = tmp.path().join("m.onnx");
+    let url = format!("http://127.0.0.1:{port}/m.onnx");
+    let err = registry::fetch_url(&url, &dest, None, false).unwrap_err().to_string();
+    assert!(err.contains("cannot reach 127.0.0.1"), "{err}");
+    assert!(err.contains("no network"), "{err}");
+    assert!(listing(tmp.path()).is_empty(), "left {:?}", listing(tmp.path()));
+}
+
+#[test]
+fn fetch_by_name_saves_under_the_registry_file_name() {
+    let body = payload(10_000);
+    let (base, server) = serve(vec![ok_response(&body)]);
+    let tmp = tempfile::tempdir().unwrap();
+    let url = format!("{base}/anything.onnx");
+    let got = registry::fetch("gpen-bfr-256", Some(tmp.path()), Some(&url), false).unwrap();
+    assert_eq!(got, tmp.path().join("GPEN-BFR-256.onnx"));
+    assert_eq!(std::fs::read(&got).unwrap(), body);
+    assert_eq!(listing(tmp.path()), ["GPEN-BFR-256.onnx"]);
+    server.join().unwrap();
+    // Present already: no second request (the server is gone), the file stays.
+    let again = registry::fetch("GPEN-BFR-256", Some(tmp.path()), Some(&url), false).unwrap();
+    assert_eq!(again, got);
+}
+
+#[test]
+fn fetch_of_a_local_export_says_how_to_build_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let err = registry::fetch("gpen-bfr-512-random", Some(tmp.path()), None, false)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("python models/gpen_export.py --size 512"), "{err}");
+    assert!(listing(tmp.path()).is_empty());
+    let err = registry::fetch("no-such-model", Some(tmp.path()), None, false)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("GPEN-BFR-512"), "lists the known names: {err}");
+}
+
+#[test]
+fn verify_reads_a_stand_in_enhancer() {
+    let path = asset("models/standin/identity-256.onnx");
+    let r = registry::verify_path(&path).unwrap();
+    assert_eq!(r.sha256, sha_hex(&std::fs::read(&path).unwrap()));
+    assert_eq!(r.checksum, Checksum::NoEntry);
+    let ModelFacts::Enhancer { info, .. } = &r.facts else {
+        panic!("not read as an enhancer: {r}");
+    };
+    assert_eq!(info.size, 256);
+    assert_eq!(info.fixed_batch, None, "dynamic batch");
+    assert_eq!(info.input, "input");
+    assert!(info.weights_note.as_deref().unwrap_or("").contains("stand-in"), "{r}");
+    let text = r.to_string();
+    assert!(
+        text.contains("size       256") && text.contains("batch      dynamic"),
+        "{text}"
+    );
+    assert!(text.contains("stand-in (identity)"), "{text}");
+}
+
+#[test]
+fn verify_reports_a_fixed_batch() {
+    let r = registry::verify_path(&asset("models/standin/identity-512-batch1.onnx")).unwrap();
+    let ModelFacts::Enhancer { info, .. } = &r.facts else {
+        panic!("not read as an enhancer: {r}");
+    };
+    assert_eq!((info.size, info.fixed_batch), (512, Some(1)));
+    assert!(r.to_string().contains("batch      fixed 1"), "{r}");
+}
+
+#[test]
+fn verify_refuses_junk_and_wrong_shapes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let junk = tmp.path().join("junk.onnx");
+    std::fs::write(&junk, b"this is not an ONNX model at all").unwrap();
+    let err = format!("{:#}", registry::verify_path(&junk).unwrap_err());
+    assert!(err.contains("junk.onnx"), "{err}");
+    let err = format!(
+        "{:#}",
+        registry::verify_path(&asset("models/standin/bad-shape.onnx")).unwrap_err()
+    );
+    assert!(err.contains("I/O contract"), "{err}");
+    assert!(registry::verify_path(&tmp.path().join("absent.onnx")).is_err());
+}
+
+#[test]
+fn verify_matches_the_detector_to_its_entry() {
+    let r = registry::verify_path(&asset("models/centerface.onnx")).unwrap();
+    assert_eq!(r.entry.as_ref().map(|e| e.name.as_str()), Some("centerface"));
+    assert_eq!(r.checksum, Checksum::Match, "{r}");
+    assert!(matches!(r.facts, ModelFacts::Detector { outputs: 4, .. }), "{r}");
+}
+
+#[test]
+fn resolve_model_maps_names_to_files_under_models() {
+    let p = registry::resolve_model("centerface").unwrap();
+    assert!(p.ends_with("models/centerface.onnx"), "{}", p.display());
+    assert!(p.is_file());
+    // A path stays a path.
+    let standin = asset("models/standin/identity-512.onnx");
+    assert_eq!(registry::resolve_model(standin.to_str().unwrap()).unwrap(), standin);
+    // A known download that is not here says how to get it.
+    let reg = registry::registry().unwrap();
+    if let Some(e) = reg
+        .models
+        .iter()
+        .find(|e| e.source == registry::Source::Download && e.local_path().is_none())
+    {
+        let err = registry::resolve_model(&e.name).unwrap_err().to_string();
+        assert!(
+            err.contains(&format!("gpen-video models fetch {}", e.name)) && err.contains("not downloaded"),
+            "{err}"
+        );
+    }
+}
