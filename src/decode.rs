@@ -183,6 +183,12 @@ impl Decoder {
         if let Some(hw) = &hw {
             unsafe { (*ctx.as_mut_ptr()).hw_device_ctx = ffmpeg::ffi::av_buffer_ref(hw.0) };
         }
+        // Frame threads: decoding a 1080p stream on one core would cap the whole pipeline.
+        ctx.set_threading(ffmpeg::codec::threading::Config {
+            kind: ffmpeg::codec::threading::Type::Frame,
+            count: 0,
+            ..Default::default()
+        });
         let mut dec = ctx.decoder().video()?;
         let mut sw = VideoFrame::empty();
         let (w, h) = (info.width, info.height);

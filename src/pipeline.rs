@@ -12,6 +12,7 @@
 
 use std::io::Write;
 use std::path::Path;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
@@ -72,6 +73,7 @@ fn run_inner(plan: &mut Plan, partial: &Path, progress: &(dyn Fn(u64) + Sync)) -
     let (w, h) = (plan.source.width, plan.source.height);
     let (batch, blend, max_frames) = (plan.batch, plan.blend, plan.max_frames);
     let keep_log = plan.faces_json.is_some();
+    let cancel = plan.cancel.clone();
     // Built before any thread starts: an output that cannot be created fails here.
     let mut encoder =
         Encoder::create(partial, &plan.source, &plan.encode).with_context(|| format!("output {out_name}"))?;
@@ -97,15 +99,23 @@ fn run_inner(plan: &mut Plan, partial: &Path, progress: &(dyn Fn(u64) + Sync)) -
             s.spawn(move || -> Result<StageStat> {
                 let mut clock = Clock::new("decode", 0);
                 let mut t = Instant::now();
+                let mut cancelled = false;
                 decoder
                     .run((rgb_pool, det_pool), max_frames, |f| {
                         clock.add(t.elapsed());
                         clock.count(1);
-                        let ok = dec_tx.send(f).is_ok();
+                        cancelled = cancel.load(Ordering::Relaxed);
+                        let ok = !cancelled && dec_tx.send(f).is_ok();
                         t = Instant::now();
                         ok
                     })
                     .with_context(|| format!("decode stage, input {in_name}"))?;
+                if cancelled {
+                    bail!(
+                        "cancelled after {} frames of {in_name}; no output written",
+                        clock.finish().items
+                    );
+                }
                 Ok(clock.finish())
             })
         };

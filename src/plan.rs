@@ -3,6 +3,8 @@
 
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
 
 use anyhow::{anyhow, bail, Context, Result};
 
@@ -117,6 +119,9 @@ pub struct Plan {
     pub max_frames: Option<u64>,
     pub faces_json: Option<PathBuf>,
     pub hwaccel_cuda: bool,
+    /// Set from another thread (Ctrl-C) to stop the run: it then fails with "cancelled" and
+    /// leaves no output.
+    pub cancel: Arc<AtomicBool>,
 }
 
 /// Finds a file the set-up installs (`models/...`): relative to the working directory, then to
@@ -323,6 +328,7 @@ impl Plan {
             max_frames: o.max_frames,
             faces_json: o.faces_json.clone(),
             hwaccel_cuda: o.hwaccel_cuda,
+            cancel: Arc::new(AtomicBool::new(false)),
         })
     }
 }
