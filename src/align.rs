@@ -11,9 +11,28 @@ pub const FFHQ_TEMPLATE: [[f64; 2]; 5] = [
     [0.611_502_05, 0.724_904_65],
 ];
 
-/// The template scaled to a crop of `size` pixels.
+/// The tighter arcface_128 template facefusion pairs with GPEN-BFR-256.
+pub const ARCFACE_128_TEMPLATE: [[f64; 2]; 5] = [
+    [0.361_676_56, 0.403_877_34],
+    [0.636_967_19, 0.402_354_69],
+    [0.500_196_87, 0.560_442_19],
+    [0.387_103_91, 0.721_605_47],
+    [0.615_077_34, 0.720_344_53],
+];
+
+/// The FFHQ template scaled to a crop of `size` pixels.
 pub fn template(size: usize) -> [[f32; 2]; 5] {
-    FFHQ_TEMPLATE.map(|[x, y]| [(x * size as f64) as f32, (y * size as f64) as f32])
+    template_named("ffhq", size)
+}
+
+/// A template by name (`ffhq` or `arcface_128`; anything else is FFHQ) scaled to `size`.
+pub fn template_named(name: &str, size: usize) -> [[f32; 2]; 5] {
+    let t = if name == "arcface_128" {
+        ARCFACE_128_TEMPLATE
+    } else {
+        FFHQ_TEMPLATE
+    };
+    t.map(|[x, y]| [(x * size as f64) as f32, (y * size as f64) as f32])
 }
 
 /// A 2x3 affine map `[a b c; d e f]`: (x, y) -> (a x + b y + c, d x + e y + f).

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
-use crate::align::{fit_similarity, template, warp_to_tensor};
+use crate::align::{fit_similarity, template_named, warp_to_tensor};
 use crate::decode::Decoder;
 use crate::frame::Pool;
 use crate::pipeline;
@@ -187,7 +187,7 @@ fn bench_source(o: &BenchOptions, src: &Path, tmp: &Path, report: &mut BenchRepo
 /// feeds the model).
 fn collect_crops(plan: &mut Plan, want: usize) -> Result<Vec<Vec<f32>>> {
     let size = plan.info.size;
-    let tpl = template(size);
+    let tpl = template_named(&plan.info.template, size);
     let decoder = Decoder::new(plan.source.clone(), plan.detector.size, plan.hwaccel_cuda);
     let (a, b) = (Pool::new(2), Pool::new(2));
     let mut crops = Vec::new();

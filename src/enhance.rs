@@ -25,6 +25,8 @@ pub struct ModelInfo {
     pub weights_note: Option<String>,
     /// The file's `gpen_video.precision` metadata (`fp16` for half-precision exports).
     pub precision: Option<String>,
+    /// Alignment template the model was trained with (`gpen_video.template`; default ffhq).
+    pub template: String,
 }
 
 impl ModelInfo {
@@ -63,6 +65,10 @@ impl ModelInfo {
         let meta = session.metadata().ok();
         let weights_note = meta.as_ref().and_then(|m| m.custom("gpen_video.weights"));
         let precision = meta.as_ref().and_then(|m| m.custom("gpen_video.precision"));
+        let template = meta
+            .as_ref()
+            .and_then(|m| m.custom("gpen_video.template"))
+            .unwrap_or_else(|| "ffhq".into());
         Ok(Self {
             input,
             output,
@@ -70,6 +76,7 @@ impl ModelInfo {
             fixed_batch: (dims[0] > 0).then_some(dims[0] as usize),
             weights_note,
             precision,
+            template,
         })
     }
 }

@@ -47,9 +47,6 @@ struct Cli {
     /// Write the run's statistics (stages, workers) as JSON to PATH.
     #[arg(long, value_name = "PATH", help_heading = "Output")]
     stats_json: Option<PathBuf>,
-    /// No progress bar.
-    #[arg(long, short, help_heading = "Output")]
-    quiet: bool,
 }
 
 #[derive(Subcommand, Debug)]
@@ -136,6 +133,9 @@ struct RunArgs {
     /// Encoder preset (x264: ultrafast ... veryslow).
     #[arg(long, default_value = "medium", help_heading = "Output")]
     preset: String,
+    /// No progress bar.
+    #[arg(long, short, help_heading = "Output")]
+    quiet: bool,
 }
 
 fn parse_device(s: &str) -> Result<Device, String> {
@@ -195,6 +195,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     let (Some(input), Some(output)) = (cli.input, cli.output) else {
         bail!("give IN and OUT (see --help)")
     };
+    let quiet = cli.run.quiet;
     let mut o = cli.run.options(input, output)?;
     o.faces_json = cli.faces_json;
     let mut plan = Plan::resolve(&o)?;
@@ -211,7 +212,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         .source
         .estimated_frames()
         .map(|n| o.max_frames.map_or(n, |m| m.min(n)));
-    let bar = if !cli.quiet && std::io::stderr().is_terminal() {
+    let bar = if !quiet && std::io::stderr().is_terminal() {
         let bar = ProgressBar::new(total.unwrap_or(0));
         bar.set_style(
             ProgressStyle::with_template(

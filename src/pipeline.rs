@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context, Result};
 use crossbeam_channel::{bounded, never, select, unbounded, Receiver, Sender};
 
-use crate::align::{fit_similarity, template, tensor_to_rgb, warp_to_tensor};
+use crate::align::{fit_similarity, template_named, tensor_to_rgb, warp_to_tensor};
 use crate::decode::Decoder;
 use crate::detect::Detector;
 use crate::encode::Encoder;
@@ -70,6 +70,7 @@ fn run_inner(plan: &mut Plan, partial: &Path, progress: &(dyn Fn(u64) + Sync)) -
     let out_name = plan.output.display().to_string();
     let in_name = plan.source.path.display().to_string();
     let size = plan.info.size;
+    let template_name = plan.info.template.clone();
     let (w, h) = (plan.source.width, plan.source.height);
     let (batch, blend, max_frames) = (plan.batch, plan.blend, plan.max_frames);
     let keep_log = plan.faces_json.is_some();
@@ -138,10 +139,10 @@ fn run_inner(plan: &mut Plan, partial: &Path, progress: &(dyn Fn(u64) + Sync)) -
         };
 
         let align = {
-            let crop_pool = &crop_pool;
+            let (crop_pool, template_name) = (&crop_pool, &template_name);
             s.spawn(move || -> Result<StageStat> {
                 let mut clock = Clock::new("align", DEPTH);
-                let tpl = template(size);
+                let tpl = template_named(template_name, size);
                 while let Some((f, faces)) = recv(&det_rx, &mut clock) {
                     let jobs = clock.time(|| {
                         faces

@@ -1,0 +1,295 @@
+//! Helpers shared by the end-to-end test binaries: in, the set-up's clips and models; out, the
+//! real binary's results and FFmpeg's own reading of its output files.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+pub fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// A set-up file; a missing one fails the test with the fix.
+pub fn asset(rel: &str) -> PathBuf {
+    let p = root().join(rel);
+    assert!(p.exists(), "{} is missing: run scripts/setup.sh first", p.display());
+    p
+}
+
+pub fn gpen(args: &[&dyn AsRef<std::ffi::OsStr>]) -> Output {
+    gpen_env(args, &[])
+}
+
+/// Runs the binary with extra environment, killing it (and failing) if it runs past 5 minutes:
+/// a hang is a failure, not a stuck CI job.
+pub fn gpen_env(args: &[&dyn AsRef<std::ffi::OsStr>], env: &[(&str, &str)]) -> Output {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_gpen-video"));
+    c.args(args.iter().map(|a| a.as_ref()))
+        .arg("--quiet")
+        .env("RUST_LOG", "warn");
+    c.env("ORT_DYLIB_PATH", asset(".deps/lib/libonnxruntime.so"));
+    c.envs(env.iter().copied());
+    c.stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let mut child = c.spawn().expect("start gpen-video");
+    let start = std::time::Instant::now();
+    while child.try_wait().expect("wait").is_none() {
+        if start.elapsed() > std::time::Duration::from_secs(300) {
+            child.kill().ok();
+            panic!("gpen-video hung: killed after 5 minutes");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    child.wait_with_output().expect("collect output")
+}
+
+pub fn ok(out: &Output) -> String {
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(out.status.success(), "gpen-video failed: {err}");
+    err
+}
+
+pub fn tool(prog: &str, args: &[&str]) -> Vec<u8> {
+    let out = Command::new(prog)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("{prog}: {e}"));
+    assert!(
+        out.status.success(),
+        "{prog} {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out.stdout
+}
+
+/// Video frame timestamps (pts, in the stream's time base) as FFmpeg decodes them.
+pub fn video_pts(f: &Path) -> Vec<i64> {
+    let out = tool(
+        "ffprobe",
+        &[
+            "-v",
+            "error",
+            "-select_streams",
+            "v:0",
+            "-show_entries",
+            "frame=pts",
+            "-of",
+            "default=nw=1:nk=1",
+            f.to_str().unwrap(),
+        ],
+    );
+    String::from_utf8_lossy(&out)
+        .lines()
+        .filter_map(|l| l.trim().trim_end_matches(',').parse().ok())
+        .collect()
+}
+
+pub fn time_base(f: &Path) -> String {
+    let out = tool(
+        "ffprobe",
+        &[
+            "-v",
+            "error",
+            "-select_streams",
+            "v:0",
+            "-show_entries",
+            "stream=time_base",
+            "-of",
+            "default=nw=1:nk=1",
+            f.to_str().unwrap(),
+        ],
+    );
+    String::from_utf8_lossy(&out).trim().to_string()
+}
+
+/// Per-packet hashes and timing of the streams selected by `map` (e.g. "0:a"), without header.
+pub fn packet_md5(f: &Path, map: &str) -> Vec<String> {
+    let out = tool(
+        "ffmpeg",
+        &[
+            "-v",
+            "error",
+            "-i",
+            f.to_str().unwrap(),
+            "-map",
+            map,
+            "-c",
+            "copy",
+            "-f",
+            "framemd5",
+            "-",
+        ],
+    );
+    String::from_utf8_lossy(&out)
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .map(str::to_string)
+        .collect()
+}
+
+/// All frames as packed RGB24, with the picture size.
+pub fn rgb_frames(f: &Path) -> (usize, usize, Vec<Vec<u8>>) {
+    let dims = tool(
+        "ffprobe",
+        &[
+            "-v",
+            "error",
+            "-select_streams",
+            "v:0",
+            "-show_entries",
+            "stream=width,height",
+            "-of",
+            "csv=p=0",
+            f.to_str().unwrap(),
+        ],
+    );
+    let dims = String::from_utf8_lossy(&dims);
+    let mut it = dims.trim().split(',').map(|v| v.parse::<usize>().unwrap());
+    let (w, h) = (it.next().unwrap(), it.next().unwrap());
+    let raw = tool(
+        "ffmpeg",
+        &[
+            "-v",
+            "error",
+            "-i",
+            f.to_str().unwrap(),
+            "-f",
+            "rawvideo",
+            "-pix_fmt",
+            "rgb24",
+            "-",
+        ],
+    );
+    (w, h, raw.chunks_exact(w * h * 3).map(<[u8]>::to_vec).collect())
+}
+
+/// Face regions per frame from `--faces-json`: (x0, y0, x1, y1) lists, and box lists.
+pub type Rect = [f64; 4];
+pub fn faces_json(f: &Path) -> Vec<(Vec<Rect>, Vec<Rect>)> {
+    let text = std::fs::read_to_string(f).unwrap();
+    let nums = |s: &str| -> Vec<Rect> {
+        s.split('[')
+            .filter_map(|chunk| {
+                let v: Vec<f64> = chunk
+                    .split(']')
+                    .next()?
+                    .split(',')
+                    .filter_map(|x| x.trim().parse().ok())
+                    .collect();
+                (v.len() == 4).then(|| [v[0], v[1], v[2], v[3]])
+            })
+            .collect()
+    };
+    text.lines()
+        .filter(|l| l.starts_with("{\"frame\""))
+        .map(|l| {
+            let regions = l
+                .split("\"regions\":[")
+                .nth(1)
+                .unwrap()
+                .split("],\"faces\"")
+                .next()
+                .unwrap();
+            let faces = l.split("\"faces\":").nth(1).unwrap();
+            (nums(regions), nums(faces))
+        })
+        .collect()
+}
+
+pub fn inside(r: &[Rect], x: usize, y: usize, margin: f64) -> bool {
+    r.iter().any(|b| {
+        (x as f64) >= b[0] - margin
+            && (x as f64) < b[2] + margin
+            && (y as f64) >= b[1] - margin
+            && (y as f64) < b[3] + margin
+    })
+}
+
+/// PSNR between two frames over the pixels `keep` selects, and how many pixels that was.
+pub fn psnr(a: &[u8], b: &[u8], w: usize, keep: impl Fn(usize, usize) -> bool) -> (f64, usize) {
+    let (mut se, mut n) = (0.0f64, 0usize);
+    for (i, (pa, pb)) in a.chunks_exact(3).zip(b.chunks_exact(3)).enumerate() {
+        if keep(i % w, i / w) {
+            for c in 0..3 {
+                se += (pa[c] as f64 - pb[c] as f64).powi(2);
+            }
+            n += 3;
+        }
+    }
+    let mse = se / n.max(1) as f64;
+    (
+        if mse == 0.0 {
+            99.0
+        } else {
+            10.0 * (255.0f64.powi(2) / mse).log10()
+        },
+        n / 3,
+    )
+}
+
+pub fn plain_reencode(input: &Path, out: &Path) {
+    tool(
+        "ffmpeg",
+        &[
+            "-v",
+            "error",
+            "-y",
+            "-i",
+            input.to_str().unwrap(),
+            "-map",
+            "0:v:0",
+            "-c:v",
+            "libx264",
+            "-crf",
+            "18",
+            "-preset",
+            "medium",
+            "-pix_fmt",
+            "yuv420p",
+            out.to_str().unwrap(),
+        ],
+    );
+}
+
+pub fn batches(stderr: &str) -> u64 {
+    let line = stderr.lines().find(|l| l.contains(" batches, ")).expect("summary line");
+    line.split(" batches")
+        .next()
+        .unwrap()
+        .rsplit(' ')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+/// Runs a failing case: non-zero exit, a message naming the problem, no output and no partial
+/// file left behind.
+pub fn fails(input: &Path, out: &Path, extra: &[&dyn AsRef<std::ffi::OsStr>], expect: &str) {
+    let mut args: Vec<&dyn AsRef<std::ffi::OsStr>> = vec![&input, &out];
+    args.extend_from_slice(extra);
+    let r = gpen(&args);
+    let err = String::from_utf8_lossy(&r.stderr);
+    assert_eq!(r.status.code(), Some(1), "exit code for `{expect}`: {err}");
+    assert!(err.contains(expect), "expected `{expect}` in: {err}");
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(!out.exists() || out == input, "no output for `{expect}`");
+    if let Some(dir) = out.parent().filter(|d| d.is_dir()) {
+        let left: Vec<_> = std::fs::read_dir(dir)
+            .unwrap()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().contains(".partial-"))
+            .collect();
+        assert!(left.is_empty(), "partial file left for `{expect}`");
+    }
+}
+
+/// PSNR over the whole clip from per-frame PSNRs of equal pixel counts (mean of the MSEs).
+pub fn mean_psnr(frames: &[f64]) -> f64 {
+    let mse: f64 = frames
+        .iter()
+        .map(|p| 255.0f64.powi(2) / 10f64.powf(p / 10.0))
+        .sum::<f64>()
+        / frames.len() as f64;
+    10.0 * (255.0f64.powi(2) / mse).log10()
+}

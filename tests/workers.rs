@@ -1,0 +1,202 @@
+//! Scheduling across several enhancement workers, with CPU sessions standing in for GPUs: in,
+//! the test clips and stand-in models; out, assertions that batches go to whichever worker is
+//! free, frames still leave in order, a failing worker stops the run cleanly, and the GPU paths
+//! fail clearly on a machine without one.
+
+mod common;
+
+use common::*;
+
+/// Decoded pictures of a video, hashed per frame.
+fn frame_hashes(f: &std::path::Path) -> Vec<String> {
+    let out = tool(
+        "ffmpeg",
+        &[
+            "-v",
+            "error",
+            "-i",
+            f.to_str().unwrap(),
+            "-map",
+            "0:v",
+            "-f",
+            "framemd5",
+            "-",
+        ],
+    );
+    String::from_utf8_lossy(&out)
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .map(str::to_string)
+        .collect()
+}
+
+/// A worker's batch count from `--stats-json`.
+fn worker_batches(json: &str, name: &str) -> u64 {
+    let at = json
+        .find(&format!("\"name\":\"{name}\",\"batches\":"))
+        .unwrap_or_else(|| panic!("{name} in {json}"));
+    let rest = &json[at..];
+    rest.split("\"batches\":")
+        .nth(1)
+        .unwrap()
+        .split(',')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+#[test]
+fn uneven_workers_share_batches_and_frames_stay_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = asset("samples/test/group.mkv");
+    let model = asset("models/standin/identity-256.onnx");
+    let one = dir.path().join("one.mkv");
+    ok(&gpen(&[&input, &one, &"--model", &model]));
+    let (two, stats) = (dir.path().join("two.mkv"), dir.path().join("stats.json"));
+    let err = ok(&gpen_env(
+        &[
+            &input,
+            &two,
+            &"--model",
+            &model,
+            &"--device",
+            &"cpu:2",
+            &"--stats-json",
+            &stats,
+        ],
+        &[("GPEN_VIDEO_FAULTS", "slow=1:300")],
+    ));
+    let json = std::fs::read_to_string(&stats).unwrap();
+    let (fast, slow) = (worker_batches(&json, "cpu0"), worker_batches(&json, "cpu1"));
+    assert!(slow >= 1, "the slow worker took part: {json}\n{err}");
+    assert!(fast > slow, "the free worker takes more batches ({fast} vs {slow})");
+    assert_eq!(fast + slow, batches(&err));
+    // Same pictures, same order, whatever worker restored them.
+    let (a, b) = (frame_hashes(&one), frame_hashes(&two));
+    assert!(!a.is_empty());
+    assert_eq!(a, b);
+}
+
+#[test]
+fn a_worker_failing_mid_run_stops_everything_and_leaves_no_output() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = asset("samples/test/group.mkv");
+    let out = dir.path().join("out.mkv");
+    let r = gpen_env(
+        &[
+            &input,
+            &out,
+            &"--model",
+            &asset("models/standin/identity-256.onnx"),
+            &"--device",
+            &"cpu:2",
+        ],
+        &[("GPEN_VIDEO_FAULTS", "slow=0:100,fail=1:3")],
+    );
+    let err = String::from_utf8_lossy(&r.stderr);
+    assert_eq!(r.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("enhance worker cpu1") && err.contains("injected failure"),
+        "{err}"
+    );
+    assert!(!out.exists(), "no output after a failed worker");
+    let left = std::fs::read_dir(dir.path()).unwrap().count();
+    assert_eq!(left, 0, "no partial file left");
+}
+
+#[test]
+fn stats_json_has_stages_queues_and_workers() {
+    let dir = tempfile::tempdir().unwrap();
+    let (out, stats) = (dir.path().join("o.mp4"), dir.path().join("s.json"));
+    let input = asset("samples/test/astronaut.mp4");
+    ok(&gpen(&[
+        &input,
+        &out,
+        &"--model",
+        &asset("models/standin/identity-256.onnx"),
+        &"--stats-json",
+        &stats,
+    ]));
+    let json = std::fs::read_to_string(&stats).unwrap();
+    for key in [
+        "\"frames\":60",
+        "\"stages\":[",
+        "\"queue_fill\":",
+        "\"busy_share\":",
+        "\"workers\":[{\"name\":\"cpu0\"",
+        "\"mean_batch_fill\":",
+        "\"ms_per_batch\":",
+        "\"peak_rss_bytes\":",
+    ] {
+        assert!(json.contains(key), "{key} missing in {json}");
+    }
+    for stage in ["decode", "detect", "align", "dispatch", "paste", "encode"] {
+        assert!(
+            json.contains(&format!("{{\"name\":\"{stage}\"")),
+            "stage {stage} in {json}"
+        );
+    }
+}
+
+#[test]
+fn bench_reports_pipeline_ceiling_and_efficiency() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("bench.json");
+    let input = asset("samples/test/astronaut.mp4");
+    let model = asset("models/standin/identity-256.onnx");
+    let r = gpen(&[
+        &"bench",
+        &input,
+        &"--model",
+        &model,
+        &"--repeat",
+        &"1",
+        &"--frames",
+        &"20",
+        &"--json",
+        &json,
+    ]);
+    let table = String::from_utf8_lossy(&r.stdout);
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    assert!(
+        table.contains("pipeline") && table.contains("enhance") && table.contains("pipeline efficiency"),
+        "{table}"
+    );
+    let j = std::fs::read_to_string(&json).unwrap();
+    assert!(
+        j.contains("\"measure\":\"pipeline\"")
+            && j.contains("\"measure\":\"enhance\"")
+            && j.contains("\"efficiency\":"),
+        "{j}"
+    );
+    assert!(j.contains("\"frames\":20"), "--frames caps each run: {j}");
+}
+
+#[test]
+fn gpu_options_fail_clearly_without_a_gpu_and_never_fall_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = asset("samples/test/astronaut.mp4");
+    let out = dir.path().join("o.mp4");
+    let model = asset("models/standin/identity-256.onnx");
+    let visible = std::path::Path::new("/proc/driver/nvidia/gpus").exists();
+    let r = gpen(&[&input, &out, &"--model", &model, &"--device", &"cuda:0"]);
+    let err = String::from_utf8_lossy(&r.stderr);
+    // The CPU build of ONNX Runtime has no CUDA provider: an error, never a silent CPU run.
+    assert_eq!(r.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("CUDA execution provider could not start on cuda:0"),
+        "{err}"
+    );
+    if !visible {
+        let r = gpen(&[&input, &out, &"--model", &model, &"--device", &"cuda:all"]);
+        assert!(String::from_utf8_lossy(&r.stderr).contains("no NVIDIA GPU is visible"));
+        let r = gpen(&[&input, &out, &"--model", &model, &"--hwaccel", &"cuda"]);
+        let err = String::from_utf8_lossy(&r.stderr);
+        assert_eq!(r.status.code(), Some(1));
+        assert!(err.contains("could not open a CUDA device"), "{err}");
+    }
+    let r = gpen(&[&input, &out, &"--model", &model, &"--fp16"]);
+    assert!(String::from_utf8_lossy(&r.stderr).contains("not an fp16 export"));
+    assert!(!out.exists());
+}
