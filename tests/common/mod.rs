@@ -24,9 +24,11 @@ pub fn gpen(args: &[&dyn AsRef<std::ffi::OsStr>]) -> Output {
 /// a hang is a failure, not a stuck CI job.
 pub fn gpen_env(args: &[&dyn AsRef<std::ffi::OsStr>], env: &[(&str, &str)]) -> Output {
     let mut c = Command::new(env!("CARGO_BIN_EXE_gpen-video"));
-    c.args(args.iter().map(|a| a.as_ref()))
-        .arg("--quiet")
-        .env("RUST_LOG", "warn");
+    c.args(args.iter().map(|a| a.as_ref())).env("RUST_LOG", "warn");
+    // Runs and benchmarks without a progress bar (`models` has none).
+    if args.first().is_none_or(|a| a.as_ref() != "models") {
+        c.arg("--quiet");
+    }
     c.env("ORT_DYLIB_PATH", asset(".deps/lib/libonnxruntime.so"));
     c.envs(env.iter().copied());
     c.stdout(std::process::Stdio::piped())
