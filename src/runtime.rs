@@ -131,6 +131,10 @@ pub fn session(path: &Path, o: &SessionOptions, what: &str) -> Result<Session> {
         .with_optimization_level(GraphOptimizationLevel::Level3)
         .map_err(ort_err)?
         .with_intra_threads(o.threads.max(1))
+        .map_err(ort_err)?
+        // Idle ONNX Runtime threads would otherwise spin, taking cores from decoding, detection
+        // and encoding, which run beside the model in this pipeline.
+        .with_intra_op_spinning(false)
         .map_err(ort_err)?;
     if let Target::Cuda(id) = o.target {
         let mut eps = Vec::new();

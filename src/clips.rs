@@ -1,0 +1,297 @@
+//! Which clips a batch runs: in, an input folder, `--glob` patterns and a `--shard K/N` (or the
+//! scheduler's environment); out, the sorted relative paths of the videos this process owns,
+//! and the files it left out as not videos.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+
+/// Extensions (lower case) taken as videos; any other file is listed as skipped.
+pub const VIDEO_EXTENSIONS: [&str; 14] = [
+    "mp4", "mkv", "mov", "avi", "webm", "m4v", "mpg", "mpeg", "ts", "mts", "m2ts", "wmv", "flv", "3gp",
+];
+
+/// A file under the input folder.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Clip {
+    /// Relative path with `/` separators: the manifest key and the sort and shard key.
+    pub key: String,
+    /// The same relative path, as the file system spells it.
+    pub rel: PathBuf,
+}
+
+/// What a scan found.
+#[derive(Debug, Default)]
+pub struct Scan {
+    /// Videos, sorted by key.
+    pub clips: Vec<Clip>,
+    /// Files matching the patterns whose extension is not a video's, sorted.
+    pub not_video: Vec<String>,
+}
+
+pub fn is_video(path: &Path) -> bool {
+    path.extension()
+        .and_then(|e| e.to_str())
+        .is_some_and(|e| VIDEO_EXTENSIONS.contains(&e.to_ascii_lowercase().as_str()))
+}
+
+/// Lists the files under `dir` (and its subfolders with `recursive`), leaving out hidden files
+/// and folders (names starting with `.`, such as partial outputs and manifests) and the folder
+/// `exclude` (the output folder, when it lies inside the input). A pattern without `/` is
+/// matched against the file name, one with `/` against the relative path; a file matching none
+/// of `globs` (when some are given) is left out silently.
+pub fn scan(dir: &Path, recursive: bool, globs: &[String], exclude: Option<&Path>) -> Result<Scan> {
+    let exclude = exclude.and_then(|p| p.canonicalize().ok());
+    let mut scan = Scan::default();
+    let mut stack = vec![PathBuf::new()];
+    while let Some(sub) = stack.pop() {
+        let here = dir.join(&sub);
+        let entries = std::fs::read_dir(&here).with_context(|| format!("reading folder {}", here.display()))?;
+        for entry in entries {
+            let entry = entry.with_context(|| format!("reading folder {}", here.display()))?;
+            let name = entry.file_name();
+            if name.to_string_lossy().starts_with('.') {
+                continue;
+            }
+            let rel = sub.join(&name);
+            let kind = entry.file_type()?;
+            // Symbolic links count as what they point to, but linked folders are not entered.
+            let meta = if kind.is_symlink() {
+                match std::fs::metadata(entry.path()) {
+                    Ok(m) => m,
+                    Err(_) => continue,
+                }
+            } else {
+                entry.metadata()?
+            };
+            if kind.is_dir() {
+                let skip = exclude
+                    .as_ref()
+                    .is_some_and(|ex| entry.path().canonicalize().ok().as_ref() == Some(ex));
+                if recursive && !skip {
+                    stack.push(rel);
+                }
+                continue;
+            }
+            if !meta.is_file() {
+                continue;
+            }
+            let key = rel
+                .components()
+                .map(|c| c.as_os_str().to_string_lossy())
+                .collect::<Vec<_>>()
+                .join("/");
+            let file_name = name.to_string_lossy();
+            let wanted = globs.is_empty()
+                || globs.iter().any(|g| {
+                    let text = if g.contains('/') { key.as_str() } else { &*file_name };
+                    glob_match(g, text)
+                });
+            if !wanted {
+                continue;
+            }
+            if is_video(&rel) {
+                scan.clips.push(Clip { key, rel });
+            } else {
+                scan.not_video.push(key);
+            }
+        }
+    }
+    scan.clips.sort();
+    scan.not_video.sort();
+    Ok(scan)
+}
+
+/// Shell-style wildcard match: `*` any run of characters (not `/`), `?` one character,
+/// `[abc]`, `[a-z]` and `[!a]` one character of a set.
+pub fn glob_match(pattern: &str, text: &str) -> bool {
+    let p: Vec<char> = pattern.chars().collect();
+    let t: Vec<char> = text.chars().collect();
+    // Backtracking over the last `*`, as in the classic iterative matcher.
+    let (mut pi, mut ti) = (0, 0);
+    let mut star: Option<(usize, usize)> = None;
+    while ti < t.len() {
+        if pi < p.len() && p[pi] == '*' {
+            star = Some((pi, ti));
+            pi += 1;
+            continue;
+        }
+        if pi < p.len() {
+            if let Some((ok, len)) = match_one(&p[pi..], t[ti]) {
+                if ok {
+                    pi += len;
+                    ti += 1;
+                    continue;
+                }
+            }
+        }
+        match star {
+            Some((sp, st)) if t[st] != '/' => {
+                pi = sp + 1;
+                ti = st + 1;
+                star = Some((sp, st + 1));
+            }
+            _ => return false,
+        }
+    }
+    p[pi..].iter().all(|&c| c == '*')
+}
+
+/// Whether the pattern's first element matches `c`, and how many pattern characters it spans.
+fn match_one(p: &[char], c: char) -> Option<(bool, usize)> {
+    match p[0] {
+        '?' => Some((c != '/', 1)),
+        '*' => None,
+        '[' => {
+            let Some(end) = p.iter().skip(2).position(|&x| x == ']').map(|i| i + 2) else {
+                return Some((c == '[', 1));
+            };
+            let (neg, set) = match p[1] {
+                '!' | '^' => (true, &p[2..end]),
+                _ => (false, &p[1..end]),
+            };
+            let mut hit = false;
+            let mut i = 0;
+            while i < set.len() {
+                if i + 2 < set.len() && set[i + 1] == '-' {
+                    hit |= (set[i]..=set[i + 2]).contains(&c);
+                    i += 3;
+                } else {
+                    hit |= set[i] == c;
+                    i += 1;
+                }
+            }
+            Some((hit != neg, end + 1))
+        }
+        x => Some((x == c, 1)),
+    }
+}
+
+/// FNV-1a, 64 bits: a hash that is the same on every machine and every run.
+pub fn fnv1a64(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+/// This process's share of the clips: those whose key hashes to `index` modulo `count`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Shard {
+    pub index: usize,
+    pub count: usize,
+}
+
+impl std::fmt::Display for Shard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.index, self.count)
+    }
+}
+
+impl Shard {
+    pub fn owns(&self, clip: &Clip) -> bool {
+        fnv1a64(clip.key.as_bytes()) % self.count as u64 == self.index as u64
+    }
+
+    /// Parses `K/N` (0-based K), or `auto`: the index from `JOB_COMPLETION_INDEX` (Kubernetes
+    /// Indexed Jobs) or `SLURM_ARRAY_TASK_ID` (Slurm job arrays, less `SLURM_ARRAY_TASK_MIN`),
+    /// the count from `count` (`--shard-count`), else `JOB_COMPLETIONS` or
+    /// `SLURM_ARRAY_TASK_COUNT`. `env` reads a variable (`std::env::var` outside tests).
+    pub fn parse(spec: &str, count: Option<usize>, env: impl Fn(&str) -> Option<String>) -> Result<Shard> {
+        let num = |name: &str, v: &str| -> Result<usize> {
+            v.trim()
+                .parse::<usize>()
+                .with_context(|| format!("{name}=`{v}` is not a whole number"))
+        };
+        let (index, count) = if spec == "auto" {
+            if let Some(i) = env("JOB_COMPLETION_INDEX") {
+                let n = match (count, env("JOB_COMPLETIONS")) {
+                    (Some(n), _) => n,
+                    (None, Some(v)) => num("JOB_COMPLETIONS", &v)?,
+                    (None, None) => bail!(
+                        "--shard auto: JOB_COMPLETION_INDEX is set but not the number of shards: pass --shard-count N or set JOB_COMPLETIONS (the Job's .spec.completions)"
+                    ),
+                };
+                (num("JOB_COMPLETION_INDEX", &i)?, n)
+            } else if let Some(i) = env("SLURM_ARRAY_TASK_ID") {
+                let min = env("SLURM_ARRAY_TASK_MIN")
+                    .map(|v| num("SLURM_ARRAY_TASK_MIN", &v))
+                    .transpose()?
+                    .unwrap_or(0);
+                let n = match (count, env("SLURM_ARRAY_TASK_COUNT")) {
+                    (Some(n), _) => n,
+                    (None, Some(v)) => num("SLURM_ARRAY_TASK_COUNT", &v)?,
+                    (None, None) => bail!(
+                        "--shard auto: SLURM_ARRAY_TASK_ID is set but not SLURM_ARRAY_TASK_COUNT: pass --shard-count N"
+                    ),
+                };
+                let id = num("SLURM_ARRAY_TASK_ID", &i)?;
+                (id.checked_sub(min).context("SLURM_ARRAY_TASK_ID is below SLURM_ARRAY_TASK_MIN")?, n)
+            } else {
+                bail!(
+                    "--shard auto: neither JOB_COMPLETION_INDEX (a Kubernetes Indexed Job) nor SLURM_ARRAY_TASK_ID (a Slurm job array) is set; give --shard K/N instead"
+                );
+            }
+        } else {
+            let (k, n) = spec
+                .split_once('/')
+                .with_context(|| format!("--shard `{spec}`: use K/N (0-based, e.g. 0/4) or auto"))?;
+            if count.is_some() {
+                bail!("--shard-count goes with --shard auto; --shard K/N already gives the count");
+            }
+            (num("--shard K", k)?, num("--shard N", n)?)
+        };
+        if count == 0 || index >= count {
+            bail!("shard {index}/{count}: need N >= 1 and 0 <= K < N (K counts from 0)");
+        }
+        Ok(Shard { index, count })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn globs() {
+        assert!(glob_match("*.mp4", "a.mp4"));
+        assert!(!glob_match("*.mp4", "a.mkv"));
+        assert!(!glob_match("*.mp4", "d/a.mp4"));
+        assert!(glob_match("d/*.mp4", "d/a.mp4"));
+        assert!(glob_match("clip-??.m[kp][v4]", "clip-07.mp4"));
+        assert!(glob_match("[!x]*", "a"));
+        assert!(!glob_match("[!x]*", "x"));
+        assert!(glob_match("*", ""));
+        assert!(glob_match("a*b*c", "aXXbYYc"));
+        assert!(!glob_match("a*b*c", "aXXbYY"));
+    }
+
+    #[test]
+    fn shards() {
+        let none = |_: &str| None;
+        assert_eq!(Shard::parse("1/3", None, none).unwrap(), Shard { index: 1, count: 3 });
+        assert!(Shard::parse("3/3", None, none).is_err());
+        assert!(Shard::parse("0/0", None, none).is_err());
+        assert!(Shard::parse("auto", None, none).is_err());
+        let k8s = |v: &str| (v == "JOB_COMPLETION_INDEX").then(|| "2".to_string());
+        assert!(Shard::parse("auto", None, k8s).is_err());
+        assert_eq!(Shard::parse("auto", Some(4), k8s).unwrap(), Shard { index: 2, count: 4 });
+        let slurm = |v: &str| match v {
+            "SLURM_ARRAY_TASK_ID" => Some("5".to_string()),
+            "SLURM_ARRAY_TASK_COUNT" => Some("6".to_string()),
+            _ => None,
+        };
+        assert_eq!(Shard::parse("auto", None, slurm).unwrap(), Shard { index: 5, count: 6 });
+        assert_eq!(fnv1a64(b"a"), 0xaf63_dc4c_8601_ec8c);
+        // Every clip lands in exactly one shard.
+        let clips: Vec<Clip> = (0..50)
+            .map(|i| Clip {
+                key: format!("d/c{i}.mp4"),
+                rel: PathBuf::from(format!("d/c{i}.mp4")),
+            })
+            .collect();
+        for c in &clips {
+            let owners = (0..3).filter(|&k| Shard { index: k, count: 3 }.owns(c)).count();
+            assert_eq!(owners, 1);
+        }
+    }
+}

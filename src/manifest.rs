@@ -1,0 +1,196 @@
+//! The batch manifest: in, each clip a batch finished (its input's size and mtime, the settings
+//! hash, the output's size); out, a JSON file in OUT_DIR, replaced atomically after every clip,
+//! that a rerun reads to skip finished clips and to redo those whose input or settings changed.
+//!
+//! Each process writes only its own file (`.gpen-video-manifest.json`, or
+//! `.gpen-video-manifest.shard-K-of-N.json` for a shard) and reads them all, so concurrent
+//! shards never write the same file and a change of the shard count redoes nothing.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use anyhow::{anyhow, Context, Result};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::clips::Shard;
+use crate::plan::{find_asset, Options, DEFAULT_DETECTOR, DEFAULT_MODELS};
+
+const PREFIX: &str = ".gpen-video-manifest";
+const VERSION: u32 = 1;
+
+/// One finished clip.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Entry {
+    pub input_size: u64,
+    /// Input modification time, nanoseconds since the Unix epoch.
+    pub input_mtime_ns: i64,
+    /// [`settings_hash`] of the run that made the output.
+    pub settings: String,
+    pub output_size: u64,
+    /// When the output was moved into place, milliseconds since the Unix epoch.
+    pub finished_unix_ms: u64,
+}
+
+/// One process's record of finished clips, by relative path (`/`-separated).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Manifest {
+    pub version: u32,
+    /// `K/N` for a shard's manifest.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shard: Option<String>,
+    pub clips: BTreeMap<String, Entry>,
+}
+
+/// What identifies an input file's content cheaply: size and modification time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Stamp {
+    pub size: u64,
+    pub mtime_ns: i64,
+}
+
+impl Stamp {
+    pub fn of(path: &Path) -> Result<Stamp> {
+        let m = std::fs::metadata(path).with_context(|| format!("cannot read input {}", path.display()))?;
+        Ok(Stamp {
+            size: m.len(),
+            mtime_ns: m.mtime().saturating_mul(1_000_000_000).saturating_add(m.mtime_nsec()),
+        })
+    }
+}
+
+/// The manifest file this process writes in `out_dir`.
+pub fn path_for(out_dir: &Path, shard: Option<Shard>) -> PathBuf {
+    out_dir.join(match shard {
+        None => format!("{PREFIX}.json"),
+        Some(s) => format!("{PREFIX}.shard-{}-of-{}.json", s.index, s.count),
+    })
+}
+
+impl Manifest {
+    pub fn new(shard: Option<Shard>) -> Self {
+        Manifest {
+            version: VERSION,
+            shard: shard.map(|s| s.to_string()),
+            clips: BTreeMap::new(),
+        }
+    }
+
+    /// Reads a manifest; a missing file is an empty one.
+    pub fn load(path: &Path) -> Result<Option<Manifest>> {
+        match std::fs::read(path) {
+            Ok(bytes) => serde_json::from_slice(&bytes)
+                .map(Some)
+                .with_context(|| format!("manifest {} is not valid", path.display())),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(anyhow!("cannot read manifest {}: {e}", path.display())),
+        }
+    }
+
+    /// Every manifest in `out_dir` (all shards' and the unsharded one). One that cannot be read
+    /// is left out with a warning: its clips are redone rather than trusted.
+    pub fn load_all(out_dir: &Path) -> Result<Vec<(PathBuf, Manifest)>> {
+        let mut found = Vec::new();
+        let entries = match std::fs::read_dir(out_dir) {
+            Ok(e) => e,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(found),
+            Err(e) => return Err(anyhow!("cannot read {}: {e}", out_dir.display())),
+        };
+        for entry in entries {
+            let path = entry?.path();
+            let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            if !(name.starts_with(PREFIX) && name.ends_with(".json")) {
+                continue;
+            }
+            match Manifest::load(&path) {
+                Ok(Some(m)) => found.push((path, m)),
+                Ok(None) => {}
+                Err(e) => tracing::warn!("{e:#}; its clips will be redone"),
+            }
+        }
+        found.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(found)
+    }
+
+    /// Writes the manifest to `path` atomically: a temporary file beside it, flushed to disk,
+    /// renamed over the old one, and the folder flushed, so a crash leaves the old or the new.
+    pub fn save(&self, path: &Path) -> Result<()> {
+        let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        let name = path.file_name().context("manifest path has no file name")?.to_string_lossy();
+        let tmp = dir.join(format!("{name}.tmp-{}", std::process::id()));
+        let write = || -> std::io::Result<()> {
+            let mut f = std::fs::File::create(&tmp)?;
+            f.write_all(&serde_json::to_vec_pretty(self).map_err(std::io::Error::other)?)?;
+            f.write_all(b"\n")?;
+            f.sync_all()?;
+            std::fs::rename(&tmp, path)?;
+            std::fs::File::open(dir)?.sync_all()
+        };
+        write().map_err(|e| {
+            std::fs::remove_file(&tmp).ok();
+            anyhow!("cannot write manifest {}: {e}", path.display())
+        })
+    }
+}
+
+/// Whether some manifest vouches for `output` as the finished result of `key`: an entry with
+/// the same input stamp and settings, and the output file there with the recorded size.
+pub fn vouched(manifests: &[(PathBuf, Manifest)], key: &str, input: Stamp, settings: &str, output: &Path) -> bool {
+    let out_size = match std::fs::metadata(output) {
+        Ok(m) if m.is_file() => m.len(),
+        _ => return false,
+    };
+    manifests.iter().filter_map(|(_, m)| m.clips.get(key)).any(|e| {
+        e.input_size == input.size
+            && e.input_mtime_ns == input.mtime_ns
+            && e.settings == settings
+            && e.output_size == out_size
+    })
+}
+
+/// A file's identity for the settings hash: absolute path, size, modification time.
+fn file_id(path: &Path) -> String {
+    let abs = path.canonicalize().unwrap_or_else(|_| path.to_path_buf());
+    match Stamp::of(path) {
+        Ok(s) => format!("{}|{}|{}", abs.display(), s.size, s.mtime_ns),
+        Err(_) => format!("{}|missing", abs.display()),
+    }
+}
+
+/// Hash of everything that decides a clip's output: the model and detector files (path, size,
+/// mtime), batch, blend, detection settings, encoder settings, fp16 and the frame limit. Not
+/// the device or the number of jobs, which change only how fast.
+pub fn settings_hash(o: &Options) -> String {
+    let model = o
+        .model
+        .clone()
+        .or_else(|| DEFAULT_MODELS.iter().find_map(|m| find_asset(m)));
+    let detector = o.detector.clone().or_else(|| find_asset(DEFAULT_DETECTOR));
+    let id = |p: Option<PathBuf>| p.map_or_else(|| "default".to_string(), |p| file_id(&p));
+    let text = format!(
+        "v{VERSION}\nmodel={}\ndetector={}\nbatch={}\nblend={:?}\ndet_size={}\ndet_threshold={:?}\nnms_iou={:?}\ncodec={}\ncrf={:?}\npreset={:?}\nfp16={}\nmax_frames={:?}\n",
+        id(model),
+        id(detector),
+        o.batch,
+        o.blend,
+        o.det_size,
+        o.det_threshold,
+        o.nms_iou,
+        o.encode.codec,
+        o.encode.crf,
+        o.encode.preset,
+        o.fp16,
+        o.max_frames,
+    );
+    let digest = Sha256::digest(text.as_bytes());
+    digest[..16].iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Milliseconds since the Unix epoch, now.
+pub fn now_unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
