@@ -192,10 +192,10 @@ impl Shard {
         fnv1a64(clip.key.as_bytes()) % self.count as u64 == self.index as u64
     }
 
-    /// Parses `K/N` (0-based K), or `auto`: the index from `JOB_COMPLETION_INDEX` (Kubernetes
-    /// Indexed Jobs) or `SLURM_ARRAY_TASK_ID` (Slurm job arrays, less `SLURM_ARRAY_TASK_MIN`),
-    /// the count from `count` (`--shard-count`), else `JOB_COMPLETIONS` or
-    /// `SLURM_ARRAY_TASK_COUNT`. `env` reads a variable (`std::env::var` outside tests).
+    /// Parses `K/N` (0-based K), or `auto`: K from `JOB_COMPLETION_INDEX` (Kubernetes Indexed
+    /// Jobs) or `SLURM_ARRAY_TASK_ID` (Slurm job arrays numbered from 0), N from `count`
+    /// (`--shard-count`), else `JOB_COMPLETIONS` or `SLURM_ARRAY_TASK_COUNT`. `env` reads a
+    /// variable (`std::env::var` outside tests).
     pub fn parse(spec: &str, count: Option<usize>, env: impl Fn(&str) -> Option<String>) -> Result<Shard> {
         let num = |name: &str, v: &str| -> Result<usize> {
             v.trim()
@@ -213,10 +213,6 @@ impl Shard {
                 };
                 (num("JOB_COMPLETION_INDEX", &i)?, n)
             } else if let Some(i) = env("SLURM_ARRAY_TASK_ID") {
-                let min = env("SLURM_ARRAY_TASK_MIN")
-                    .map(|v| num("SLURM_ARRAY_TASK_MIN", &v))
-                    .transpose()?
-                    .unwrap_or(0);
                 let n = match (count, env("SLURM_ARRAY_TASK_COUNT")) {
                     (Some(n), _) => n,
                     (None, Some(v)) => num("SLURM_ARRAY_TASK_COUNT", &v)?,
@@ -224,8 +220,7 @@ impl Shard {
                         "--shard auto: SLURM_ARRAY_TASK_ID is set but not SLURM_ARRAY_TASK_COUNT: pass --shard-count N"
                     ),
                 };
-                let id = num("SLURM_ARRAY_TASK_ID", &i)?;
-                (id.checked_sub(min).context("SLURM_ARRAY_TASK_ID is below SLURM_ARRAY_TASK_MIN")?, n)
+                (num("SLURM_ARRAY_TASK_ID", &i)?, n)
             } else {
                 bail!(
                     "--shard auto: neither JOB_COMPLETION_INDEX (a Kubernetes Indexed Job) nor SLURM_ARRAY_TASK_ID (a Slurm job array) is set; give --shard K/N instead"
@@ -241,7 +236,9 @@ impl Shard {
             (num("--shard K", k)?, num("--shard N", n)?)
         };
         if count == 0 || index >= count {
-            bail!("shard {index}/{count}: need N >= 1 and 0 <= K < N (K counts from 0)");
+            bail!(
+                "shard {index}/{count}: need N >= 1 and 0 <= K < N (K counts from 0; a job array must be numbered 0..N-1, and one task rerun alone needs --shard-count N)"
+            );
         }
         Ok(Shard { index, count })
     }
@@ -274,7 +271,10 @@ mod tests {
         assert!(Shard::parse("auto", None, none).is_err());
         let k8s = |v: &str| (v == "JOB_COMPLETION_INDEX").then(|| "2".to_string());
         assert!(Shard::parse("auto", None, k8s).is_err());
-        assert_eq!(Shard::parse("auto", Some(4), k8s).unwrap(), Shard { index: 2, count: 4 });
+        assert_eq!(
+            Shard::parse("auto", Some(4), k8s).unwrap(),
+            Shard { index: 2, count: 4 }
+        );
         let slurm = |v: &str| match v {
             "SLURM_ARRAY_TASK_ID" => Some("5".to_string()),
             "SLURM_ARRAY_TASK_COUNT" => Some("6".to_string()),

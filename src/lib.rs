@@ -2,12 +2,18 @@
 //! same video with its faces restored. The binary (`main.rs`) is a thin CLI over `pipeline`.
 
 pub mod align;
+pub mod batch;
+mod batch_job;
+pub mod batch_report;
 pub mod bench;
+pub mod clips;
 pub mod decode;
 pub mod detect;
 pub mod encode;
 pub mod enhance;
 pub mod frame;
+pub mod interrupt;
+pub mod manifest;
 pub mod paste;
 pub mod pipeline;
 pub mod plan;

@@ -59,6 +59,45 @@ enum Cmd {
         #[command(subcommand)]
         cmd: ModelsCmd,
     },
+    /// Restore every video in a folder into OUT_DIR (same relative paths), resuming where an
+    /// earlier run stopped; `--shard` splits one folder across machines. Exit code 0 all done,
+    /// 1 some clip failed, 130 interrupted (Ctrl-C once: finish the clips in flight; twice: stop).
+    Batch(BatchArgs),
+}
+
+#[derive(Args, Debug)]
+struct BatchArgs {
+    /// Folder of input videos (by extension: mp4 mkv mov avi webm m4v mpg mpeg ts mts m2ts wmv flv 3gp).
+    #[arg(value_name = "IN_DIR")]
+    in_dir: PathBuf,
+    /// Output folder (created if missing); each output keeps its input's relative path.
+    #[arg(value_name = "OUT_DIR")]
+    out_dir: PathBuf,
+    /// Include videos in subfolders.
+    #[arg(long, short = 'r', help_heading = "Batch")]
+    recursive: bool,
+    /// Only files matching PATTERN (`*`, `?`, `[..]`; matched against the file name, or the
+    /// relative path if it has a `/`). Repeatable.
+    #[arg(long = "glob", value_name = "PATTERN", help_heading = "Batch")]
+    globs: Vec<String>,
+    /// Clips run at once (default: 1 on CPU, one per GPU with --device cuda:..., each on one GPU).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=256), help_heading = "Batch")]
+    jobs: Option<u16>,
+    /// Redo every clip, even those the manifest records as finished.
+    #[arg(long, help_heading = "Batch")]
+    force: bool,
+    /// Write what was done, skipped and failed (and why) as JSON to PATH.
+    #[arg(long, value_name = "PATH", help_heading = "Batch")]
+    report: Option<PathBuf>,
+    /// Take only shard K of N (0-based) of the clips, for N machines on shared storage; `auto`
+    /// reads JOB_COMPLETION_INDEX (Kubernetes Indexed Job) or SLURM_ARRAY_TASK_ID (Slurm array).
+    #[arg(long, value_name = "K/N|auto", help_heading = "Batch")]
+    shard: Option<String>,
+    /// Number of shards for `--shard auto` (default: JOB_COMPLETIONS or SLURM_ARRAY_TASK_COUNT).
+    #[arg(long, value_name = "N", help_heading = "Batch")]
+    shard_count: Option<usize>,
+    #[command(flatten)]
+    run: RunArgs,
 }
 
 #[derive(Args, Debug)]
@@ -180,6 +219,7 @@ fn main() -> ExitCode {
     let result = match cli.cmd {
         Some(Cmd::Models { cmd }) => registry::run(cmd),
         Some(Cmd::Bench(b)) => run_bench(b),
+        Some(Cmd::Batch(b)) => return run_batch(b),
         None => run(cli),
     };
     match result {
@@ -199,6 +239,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     let mut o = cli.run.options(input, output)?;
     o.faces_json = cli.faces_json;
     let mut plan = Plan::resolve(&o)?;
+    // Ctrl-C stops the run; the partial output is removed and the exit code is 130.
+    let interrupts = gpen_video::interrupt::install()?;
+    plan.cancel = interrupts.soft.clone();
     tracing::info!(
         input = %o.input.display(),
         size = %format!("{}x{}", plan.source.width, plan.source.height),
@@ -224,7 +267,13 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     } else {
         ProgressBar::hidden()
     };
-    let summary = pipeline::run(&mut plan, &|n| bar.set_position(n))?;
+    let summary = pipeline::run(&mut plan, &|n| bar.set_position(n));
+    if interrupts.requested() {
+        bar.abandon();
+        eprintln!("interrupted: {} not written", o.output.display());
+        std::process::exit(i32::from(gpen_video::interrupt::EXIT_INTERRUPTED));
+    }
+    let summary = summary?;
     bar.finish_and_clear();
     eprintln!("{}: {summary}", o.output.display());
     if let Some(path) = &cli.stats_json {
@@ -255,4 +304,31 @@ fn run_bench(b: BenchArgs) -> anyhow::Result<()> {
         std::fs::write(&path, report.to_json()).with_context(|| format!("writing {}", path.display()))?;
     }
     Ok(())
+}
+
+fn run_batch(b: BatchArgs) -> ExitCode {
+    let result = (|| -> anyhow::Result<u8> {
+        let interrupts = gpen_video::interrupt::install()?;
+        let opts = gpen_video::batch::BatchOptions {
+            in_dir: b.in_dir,
+            out_dir: b.out_dir,
+            recursive: b.recursive,
+            globs: b.globs,
+            jobs: b.jobs.map(usize::from),
+            force: b.force,
+            report: b.report,
+            shard: b.shard,
+            shard_count: b.shard_count,
+            quiet: b.run.quiet,
+            base: b.run.options(PathBuf::new(), PathBuf::new())?,
+        };
+        Ok(gpen_video::batch::run(&opts, &interrupts)?.exit_code())
+    })();
+    match result {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
 }

@@ -100,7 +100,10 @@ impl Manifest {
         };
         for entry in entries {
             let path = entry?.path();
-            let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            let name = path
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
             if !(name.starts_with(PREFIX) && name.ends_with(".json")) {
                 continue;
             }
@@ -117,8 +120,14 @@ impl Manifest {
     /// Writes the manifest to `path` atomically: a temporary file beside it, flushed to disk,
     /// renamed over the old one, and the folder flushed, so a crash leaves the old or the new.
     pub fn save(&self, path: &Path) -> Result<()> {
-        let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-        let name = path.file_name().context("manifest path has no file name")?.to_string_lossy();
+        let dir = path
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
+        let name = path
+            .file_name()
+            .context("manifest path has no file name")?
+            .to_string_lossy();
         let tmp = dir.join(format!("{name}.tmp-{}", std::process::id()));
         let write = || -> std::io::Result<()> {
             let mut f = std::fs::File::create(&tmp)?;

@@ -74,7 +74,7 @@ fn run_inner(plan: &mut Plan, partial: &Path, progress: &(dyn Fn(u64) + Sync)) -
     let (w, h) = (plan.source.width, plan.source.height);
     let (batch, blend, max_frames) = (plan.batch, plan.blend, plan.max_frames);
     let keep_log = plan.faces_json.is_some();
-    let cancel = plan.cancel.clone();
+    let (cancel, cancel_encode) = (plan.cancel.clone(), plan.cancel.clone());
     // Built before any thread starts: an output that cannot be created fails here.
     let mut encoder =
         Encoder::create(partial, &plan.source, &plan.encode).with_context(|| format!("output {out_name}"))?;
@@ -225,6 +225,9 @@ fn run_inner(plan: &mut Plan, partial: &Path, progress: &(dyn Fn(u64) + Sync)) -
                 let (mut faces, mut with_faces) = (0u64, 0u64);
                 let mut log = Vec::new();
                 while let Some((mut frame, info)) = recv(&paste_rx, &mut clock) {
+                    if cancel_encode.load(Ordering::Relaxed) {
+                        bail!("cancelled at frame {}; no output written", frame.index);
+                    }
                     clock
                         .time(|| encoder.write(&mut frame))
                         .with_context(|| format!("encode stage, output {out_name}, frame {}", frame.index))?;

@@ -63,24 +63,7 @@ fn finds_the_astronaut_in_at_least_95_percent_of_frames() {
 fn identity_leaves_everything_outside_faces_as_a_plain_reencode_would() {
     let dir = tempfile::tempdir().unwrap();
     let input = asset("samples/test/astronaut.mp4");
-    let (out, json, plain) = (
-        dir.path().join("id.mp4"),
-        dir.path().join("f.json"),
-        dir.path().join("plain.mp4"),
-    );
-    ok(&gpen(&[
-        &input,
-        &out,
-        &"--model",
-        &asset("models/standin/identity-512.onnx"),
-        &"--faces-json",
-        &json,
-    ]));
-    plain_reencode(&input, &plain);
-    let faces = faces_json(&json);
-    let (w, _, got) = rgb_frames(&out);
-    let (_, _, want) = rgb_frames(&plain);
-    assert_eq!(got.len(), want.len());
+    let (faces, w, got, want) = run_against_plain(dir.path(), &input, &asset("models/standin/identity-512.onnx"));
     let mut all = Vec::new();
     for (i, (g, p)) in got.iter().zip(&want).enumerate() {
         let regions = &faces[i].0;
@@ -101,23 +84,7 @@ fn identity_leaves_everything_outside_faces_as_a_plain_reencode_would() {
 fn a_visible_change_lands_on_faces_and_nowhere_else() {
     let dir = tempfile::tempdir().unwrap();
     let input = asset("samples/test/astronaut.mp4");
-    let (out, json, plain) = (
-        dir.path().join("neg.mp4"),
-        dir.path().join("f.json"),
-        dir.path().join("plain.mp4"),
-    );
-    ok(&gpen(&[
-        &input,
-        &out,
-        &"--model",
-        &asset("models/standin/negate-512.onnx"),
-        &"--faces-json",
-        &json,
-    ]));
-    plain_reencode(&input, &plain);
-    let faces = faces_json(&json);
-    let (w, _, got) = rgb_frames(&out);
-    let (_, _, want) = rgb_frames(&plain);
+    let (faces, w, got, want) = run_against_plain(dir.path(), &input, &asset("models/standin/negate-512.onnx"));
     let mut all = Vec::new();
     for (i, (g, p)) in got.iter().zip(&want).enumerate() {
         let (regions, boxes) = &faces[i];
@@ -303,5 +270,36 @@ fn model_names_resolve_through_the_registry() {
         &missing,
         &[&"--model", &"GPEN-BFR-2048"],
         "models fetch GPEN-BFR-2048",
+    );
+}
+
+#[test]
+fn ctrl_c_stops_a_run_and_leaves_no_output() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("o.mp4");
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_gpen-video"))
+        .args([asset("samples/test/astronaut.mp4").as_os_str(), out.as_os_str()])
+        .args(["--quiet", "--model"])
+        .arg(asset("models/standin/identity-256.onnx"))
+        .env("ORT_DYLIB_PATH", asset(".deps/lib/libonnxruntime.so"))
+        // Slow batches keep the run going long enough to be interrupted.
+        .env("GPEN_VIDEO_FAULTS", "slow=0:400")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let kill = std::process::Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+    let r = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&r.stderr);
+    assert_eq!(r.status.code(), Some(130), "{err}");
+    assert!(err.contains("interrupted"), "{err}");
+    assert_eq!(
+        std::fs::read_dir(dir.path()).unwrap().count(),
+        0,
+        "no output and no partial file"
     );
 }

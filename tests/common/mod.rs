@@ -64,64 +64,43 @@ pub fn tool(prog: &str, args: &[&str]) -> Vec<u8> {
     out.stdout
 }
 
+/// One ffprobe field of the first video stream (`section=entry`), a value per line.
+pub fn probe_video(f: &Path, entry: &str) -> String {
+    let args = [
+        "-v",
+        "error",
+        "-select_streams",
+        "v:0",
+        "-show_entries",
+        entry,
+        "-of",
+        "default=nw=1:nk=1",
+    ];
+    let out = tool("ffprobe", &[&args[..], &[f.to_str().unwrap()]].concat());
+    String::from_utf8_lossy(&out).into_owned()
+}
+
 /// Video frame timestamps (pts, in the stream's time base) as FFmpeg decodes them.
 pub fn video_pts(f: &Path) -> Vec<i64> {
-    let out = tool(
-        "ffprobe",
-        &[
-            "-v",
-            "error",
-            "-select_streams",
-            "v:0",
-            "-show_entries",
-            "frame=pts",
-            "-of",
-            "default=nw=1:nk=1",
-            f.to_str().unwrap(),
-        ],
-    );
-    String::from_utf8_lossy(&out)
+    probe_video(f, "frame=pts")
         .lines()
         .filter_map(|l| l.trim().trim_end_matches(',').parse().ok())
         .collect()
 }
 
 pub fn time_base(f: &Path) -> String {
-    let out = tool(
-        "ffprobe",
-        &[
-            "-v",
-            "error",
-            "-select_streams",
-            "v:0",
-            "-show_entries",
-            "stream=time_base",
-            "-of",
-            "default=nw=1:nk=1",
-            f.to_str().unwrap(),
-        ],
-    );
-    String::from_utf8_lossy(&out).trim().to_string()
+    probe_video(f, "stream=time_base").trim().to_string()
 }
 
-/// Per-packet hashes and timing of the streams selected by `map` (e.g. "0:a"), without header.
-pub fn packet_md5(f: &Path, map: &str) -> Vec<String> {
-    let out = tool(
-        "ffmpeg",
-        &[
-            "-v",
-            "error",
-            "-i",
-            f.to_str().unwrap(),
-            "-map",
-            map,
-            "-c",
-            "copy",
-            "-f",
-            "framemd5",
-            "-",
-        ],
-    );
+/// Per-packet (`copy`) or per-decoded-frame hashes and timing of the streams `map` selects
+/// (e.g. "0:a"), without the header.
+pub fn framemd5(f: &Path, map: &str, copy: bool) -> Vec<String> {
+    let mut args = vec!["-v", "error", "-i", f.to_str().unwrap(), "-map", map];
+    if copy {
+        args.extend(["-c", "copy"]);
+    }
+    args.extend(["-f", "framemd5", "-"]);
+    let out = tool("ffmpeg", &args);
     String::from_utf8_lossy(&out)
         .lines()
         .filter(|l| !l.starts_with('#'))
@@ -129,25 +108,15 @@ pub fn packet_md5(f: &Path, map: &str) -> Vec<String> {
         .collect()
 }
 
+/// Per-packet hashes and timing of the streams selected by `map` (e.g. "0:a"), without header.
+pub fn packet_md5(f: &Path, map: &str) -> Vec<String> {
+    framemd5(f, map, true)
+}
+
 /// All frames as packed RGB24, with the picture size.
 pub fn rgb_frames(f: &Path) -> (usize, usize, Vec<Vec<u8>>) {
-    let dims = tool(
-        "ffprobe",
-        &[
-            "-v",
-            "error",
-            "-select_streams",
-            "v:0",
-            "-show_entries",
-            "stream=width,height",
-            "-of",
-            "csv=p=0",
-            f.to_str().unwrap(),
-        ],
-    );
-    let dims = String::from_utf8_lossy(&dims);
-    let mut it = dims.trim().split(',').map(|v| v.parse::<usize>().unwrap());
-    let (w, h) = (it.next().unwrap(), it.next().unwrap());
+    let w: usize = probe_video(f, "stream=width").trim().parse().unwrap();
+    let h: usize = probe_video(f, "stream=height").trim().parse().unwrap();
     let raw = tool(
         "ffmpeg",
         &[
@@ -295,3 +264,17 @@ pub fn mean_psnr(frames: &[f64]) -> f64 {
         / frames.len() as f64;
     10.0 * (255.0f64.powi(2) / mse).log10()
 }
+
+/// Runs `model` on `input` with `--faces-json`, and a plain re-encode with the same settings:
+/// the faces per frame, the picture width, and both outputs' decoded frames.
+pub fn run_against_plain(dir: &Path, input: &Path, model: &Path) -> FacesAndFrames {
+    let (out, json, plain) = (dir.join("run.mp4"), dir.join("faces.json"), dir.join("plain.mp4"));
+    ok(&gpen(&[&input, &out, &"--model", &model, &"--faces-json", &json]));
+    plain_reencode(input, &plain);
+    let (w, _, got) = rgb_frames(&out);
+    let (_, _, want) = rgb_frames(&plain);
+    assert_eq!(got.len(), want.len());
+    (faces_json(&json), w, got, want)
+}
+
+pub type FacesAndFrames = (Vec<(Vec<Rect>, Vec<Rect>)>, usize, Vec<Vec<u8>>, Vec<Vec<u8>>);

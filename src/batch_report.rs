@@ -1,0 +1,110 @@
+//! The outcome of a batch run: in, what happened to each clip; out, the summary on stderr, the
+//! JSON `--report` and the exit code.
+
+use std::path::PathBuf;
+
+use serde::Serialize;
+
+use crate::interrupt::EXIT_INTERRUPTED;
+
+/// A clip this run restored.
+#[derive(Clone, Debug, Serialize)]
+pub struct ClipDone {
+    pub clip: String,
+    pub frames: u64,
+    pub faces: u64,
+    pub seconds: f64,
+}
+
+/// A clip this run skipped or failed, and why.
+#[derive(Clone, Debug, Serialize)]
+pub struct ClipNote {
+    pub clip: String,
+    pub reason: String,
+}
+
+/// What a batch run did; written as JSON by `--report`.
+#[derive(Debug, Default, Serialize)]
+pub struct Report {
+    pub in_dir: PathBuf,
+    pub out_dir: PathBuf,
+    pub shard: Option<String>,
+    pub manifest: PathBuf,
+    pub settings: String,
+    pub jobs: usize,
+    /// Ctrl-C or SIGTERM stopped the run early.
+    pub interrupted: bool,
+    pub done: Vec<ClipDone>,
+    pub skipped: Vec<ClipNote>,
+    pub failed: Vec<ClipNote>,
+    /// Clips stopped by a second Ctrl-C: no output written.
+    pub cancelled: Vec<String>,
+    /// Clips not started because of an interrupt.
+    pub not_started: Vec<String>,
+    pub not_video: Vec<String>,
+    /// Clips left to the other shards.
+    pub other_shards: usize,
+}
+
+impl Report {
+    pub fn exit_code(&self) -> u8 {
+        if self.interrupted {
+            EXIT_INTERRUPTED
+        } else if !self.failed.is_empty() || !self.cancelled.is_empty() {
+            1
+        } else {
+            0
+        }
+    }
+}
+
+impl ClipNote {
+    pub fn new(clip: &str, reason: String) -> ClipNote {
+        ClipNote {
+            clip: clip.to_string(),
+            reason,
+        }
+    }
+}
+
+impl Report {
+    /// Prints the counts and every clip's fate to stderr.
+    pub fn print_summary(&self) {
+        let r = self;
+        let mut line = format!(
+            "batch: {} done, {} skipped, {} failed",
+            r.done.len(),
+            r.skipped.len(),
+            r.failed.len()
+        );
+        if r.interrupted {
+            line += &format!(
+                ", {} cancelled, {} not started (interrupted)",
+                r.cancelled.len(),
+                r.not_started.len()
+            );
+        }
+        if !r.not_video.is_empty() {
+            line += &format!(", {} non-video file(s) ignored", r.not_video.len());
+        }
+        eprintln!("{line}");
+        for d in &r.done {
+            eprintln!("  done       {} ({} frames, {:.1} s)", d.clip, d.frames, d.seconds);
+        }
+        for s in &r.skipped {
+            eprintln!("  skipped    {}: {}", s.clip, s.reason);
+        }
+        for f in &r.failed {
+            eprintln!("  failed     {}: {}", f.clip, f.reason);
+        }
+        for c in &r.cancelled {
+            eprintln!("  cancelled  {c}");
+        }
+        for c in &r.not_started {
+            eprintln!("  not started {c}");
+        }
+        for n in &r.not_video {
+            eprintln!("  not video  {n}");
+        }
+    }
+}

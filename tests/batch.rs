@@ -1,0 +1,447 @@
+//! End-to-end tests of `gpen-video batch`: in, short clips cut from the set-up's samples into a
+//! temporary folder; out, assertions on what the real binary leaves in OUT_DIR (outputs read
+//! back with ffprobe, manifests, the JSON report) across reruns, failures, `kill -9`, Ctrl-C
+//! and concurrent shards.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::time::{Duration, Instant, SystemTime};
+
+use common::{asset, tool, video_pts};
+use serde_json::Value;
+
+const MANIFEST: &str = ".gpen-video-manifest.json";
+
+/// Makes `n` clips of `frames` frames at 320x180 in `dir` (names `clip-I.mp4`, each cut from a
+/// different point of the sample so their contents differ).
+fn make_clips(dir: &Path, names: &[&str], frames: u32) {
+    let src = asset("samples/test/astronaut.mp4");
+    for (i, name) in names.iter().enumerate() {
+        let out = dir.join(name);
+        std::fs::create_dir_all(out.parent().unwrap()).unwrap();
+        let (ss, frames) = (format!("{:.2}", 0.1 * i as f64), frames.to_string());
+        tool(
+            "ffmpeg",
+            &[
+                "-v",
+                "error",
+                "-y",
+                "-ss",
+                &ss,
+                "-i",
+                src.to_str().unwrap(),
+                "-frames:v",
+                &frames,
+                "-vf",
+                "scale=320:180",
+                "-c:v",
+                "libx264",
+                "-preset",
+                "ultrafast",
+                "-an",
+                out.to_str().unwrap(),
+            ],
+        );
+    }
+}
+
+/// `gpen-video batch IN OUT` with the fast stand-in model and encoder; the scheduler variables
+/// of the environment the tests run in are cleared.
+fn batch_cmd(input: &Path, output: &Path, extra: &[&str], env: &[(&str, &str)]) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_gpen-video"));
+    c.arg("batch")
+        .arg(input)
+        .arg(output)
+        .args(["--model", asset("models/standin/identity-256.onnx").to_str().unwrap()])
+        .args(["--preset", "ultrafast", "--quiet"])
+        .args(extra)
+        .env("RUST_LOG", "warn")
+        .env("ORT_DYLIB_PATH", asset(".deps/lib/libonnxruntime.so"));
+    for v in [
+        "JOB_COMPLETION_INDEX",
+        "JOB_COMPLETIONS",
+        "SLURM_ARRAY_TASK_ID",
+        "SLURM_ARRAY_TASK_COUNT",
+        "GPEN_VIDEO_FAULTS",
+    ] {
+        c.env_remove(v);
+    }
+    c.envs(env.iter().copied())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    c
+}
+
+/// Waits for `child`, killing it and failing if it runs past `limit`.
+fn finish(mut child: Child, limit: Duration) -> Output {
+    let start = Instant::now();
+    while child.try_wait().expect("wait").is_none() {
+        if start.elapsed() > limit {
+            child.kill().ok();
+            panic!("gpen-video batch did not finish within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().expect("collect output")
+}
+
+/// Runs a batch to the end with `--report`; returns the exit status, stderr and the report.
+fn run(input: &Path, output: &Path, extra: &[&str], env: &[(&str, &str)]) -> (ExitStatus, String, Value) {
+    let report = output.with_extension("report.json");
+    std::fs::remove_file(&report).ok();
+    let mut args = vec!["--report", report.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    let child = batch_cmd(input, output, &args, env).spawn().expect("start gpen-video");
+    let out = finish(child, Duration::from_secs(120));
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!err.contains("panicked"), "{err}");
+    let text = std::fs::read_to_string(&report).unwrap_or_else(|e| panic!("no report ({e}): {err}"));
+    (out.status, err, serde_json::from_str(&text).expect("report is JSON"))
+}
+
+/// The clip names of one report list (`done`, `skipped`, `failed`: objects; others: strings).
+fn names(report: &Value, list: &str) -> BTreeSet<String> {
+    report[list]
+        .as_array()
+        .unwrap_or_else(|| panic!("report has no `{list}`: {report}"))
+        .iter()
+        .map(|v| v.get("clip").unwrap_or(v).as_str().unwrap().to_string())
+        .collect()
+}
+
+fn set(items: &[&str]) -> BTreeSet<String> {
+    items.iter().map(|s| s.to_string()).collect()
+}
+
+/// Clip keys of a manifest file (which must be valid JSON).
+fn manifest_keys(path: &Path) -> BTreeSet<String> {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let v: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{} is not JSON: {e}", path.display()));
+    v["clips"].as_object().expect("clips").keys().cloned().collect()
+}
+
+/// Every file under `dir` (relative, `/`-separated), hidden ones included.
+fn files(dir: &Path) -> BTreeSet<String> {
+    let mut found = BTreeSet::new();
+    let mut stack = vec![PathBuf::new()];
+    while let Some(sub) = stack.pop() {
+        for e in std::fs::read_dir(dir.join(&sub)).unwrap().flatten() {
+            let rel = sub.join(e.file_name());
+            if e.file_type().unwrap().is_dir() {
+                stack.push(rel);
+            } else {
+                found.insert(rel.to_string_lossy().replace('\\', "/"));
+            }
+        }
+    }
+    found
+}
+
+/// The outputs under `dir`: files not hidden (no manifest, no partial file), by relative path.
+fn outputs(dir: &Path) -> BTreeSet<String> {
+    files(dir)
+        .into_iter()
+        .filter(|f| !f.rsplit('/').next().unwrap().starts_with('.') && !f.ends_with(".json"))
+        .collect()
+}
+
+fn no_partials(dir: &Path) {
+    let left: Vec<String> = files(dir).into_iter().filter(|f| f.contains(".partial-")).collect();
+    assert!(left.is_empty(), "partial files left: {left:?}");
+}
+
+/// Each output decodes to as many frames as its input.
+fn complete(input: &Path, output: &Path, clips: &BTreeSet<String>) {
+    for c in clips {
+        let (i, o) = (video_pts(&input.join(c)).len(), video_pts(&output.join(c)).len());
+        assert!(i > 0 && i == o, "{c}: input has {i} frames, output {o}");
+    }
+}
+
+fn mtimes(dir: &Path, clips: &BTreeSet<String>) -> BTreeMap<String, SystemTime> {
+    clips
+        .iter()
+        .map(|c| (c.clone(), std::fs::metadata(dir.join(c)).unwrap().modified().unwrap()))
+        .collect()
+}
+
+/// Waits until `path` (a manifest) holds at least one clip, or fails after `limit`.
+fn wait_for_entry(path: &Path, child: &mut Child, limit: Duration) {
+    let start = Instant::now();
+    loop {
+        if std::fs::read_to_string(path).is_ok_and(|t| t.contains("\"input_size\"")) {
+            return;
+        }
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!("gpen-video batch ended ({status}) before finishing a clip");
+        }
+        assert!(start.elapsed() < limit, "no clip finished within {limit:?}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn signal(child: &Child, sig: &str) {
+    let st = Command::new("kill")
+        .args([sig, &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(st.success(), "kill {sig}");
+}
+
+#[test]
+fn reruns_skip_finished_clips_and_redo_changed_ones() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (input, output) = (tmp.path().join("in"), tmp.path().join("out"));
+    make_clips(&input, &["a.mp4", "b.mkv", "sub/c.mp4"], 8);
+    std::fs::write(input.join("notes.txt"), "not a video").unwrap();
+    let all = set(&["a.mp4", "b.mkv", "sub/c.mp4"]);
+
+    let (st, err, r) = run(&input, &output, &["--recursive"], &[]);
+    assert!(st.success(), "{err}");
+    assert_eq!(names(&r, "done"), all, "{err}");
+    assert_eq!(names(&r, "not_video"), set(&["notes.txt"]));
+    assert!(err.contains("notes.txt"), "non-video files are listed: {err}");
+    assert_eq!(outputs(&output), all, "outputs mirror the inputs' relative paths");
+    assert_eq!(manifest_keys(&output.join(MANIFEST)), all);
+    complete(&input, &output, &all);
+    let before = mtimes(&output, &all);
+
+    // Nothing changed: nothing to do, no output touched.
+    let (st, err, r) = run(&input, &output, &["--recursive"], &[]);
+    assert!(st.success(), "{err}");
+    assert!(names(&r, "done").is_empty(), "second run redid work: {err}");
+    assert_eq!(names(&r, "skipped"), all);
+    assert_eq!(
+        mtimes(&output, &all),
+        before,
+        "outputs rewritten by a run with nothing to do"
+    );
+
+    // Changed input: only that clip is redone. An output the manifest does not vouch for (here
+    // a stray file for a new clip) is never trusted.
+    let later = SystemTime::now() + Duration::from_secs(5);
+    std::fs::File::options()
+        .append(true)
+        .open(input.join("b.mkv"))
+        .unwrap()
+        .set_modified(later)
+        .unwrap();
+    make_clips(&input, &["d.mp4"], 6);
+    std::fs::write(output.join("d.mp4"), "stale junk").unwrap();
+    let (st, err, r) = run(&input, &output, &["--recursive"], &[]);
+    assert!(st.success(), "{err}");
+    assert_eq!(names(&r, "done"), set(&["b.mkv", "d.mp4"]), "{err}");
+    assert_eq!(names(&r, "skipped"), set(&["a.mp4", "sub/c.mp4"]));
+    assert_eq!(before["a.mp4"], mtimes(&output, &set(&["a.mp4"]))["a.mp4"]);
+    complete(&input, &output, &set(&["b.mkv", "d.mp4"]));
+
+    // Other settings redo everything; so does --force. Without --recursive, only the top level.
+    let (st, err, r) = run(&input, &output, &["--crf", "30", "--glob", "*.mp4"], &[]);
+    assert!(st.success(), "{err}");
+    assert_eq!(names(&r, "done"), set(&["a.mp4", "d.mp4"]), "{err}");
+    let (st, err, r) = run(&input, &output, &["--crf", "30", "--glob", "*.mp4"], &[]);
+    assert!(st.success() && names(&r, "done").is_empty(), "{err}");
+    let (st, err, r) = run(&input, &output, &["--crf", "30", "--glob", "a.*", "--force"], &[]);
+    assert!(st.success(), "{err}");
+    assert_eq!(names(&r, "done"), set(&["a.mp4"]), "{err}");
+    no_partials(&output);
+
+    // OUT_DIR == IN_DIR is refused.
+    let out = batch_cmd(&input, &input, &[], &[]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("OUT_DIR is IN_DIR"));
+}
+
+#[test]
+fn a_failing_clip_does_not_stop_the_others() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (input, output) = (tmp.path().join("in"), tmp.path().join("out"));
+    make_clips(&input, &["a.mp4", "c.mp4"], 6);
+    std::fs::write(input.join("b.mp4"), vec![7u8; 4096]).unwrap();
+
+    let (st, err, r) = run(&input, &output, &[], &[]);
+    assert_eq!(st.code(), Some(1), "{err}");
+    assert_eq!(names(&r, "done"), set(&["a.mp4", "c.mp4"]), "{err}");
+    assert_eq!(names(&r, "failed"), set(&["b.mp4"]));
+    let reason = r["failed"][0]["reason"].as_str().unwrap();
+    assert!(reason.contains("b.mp4"), "reason names the clip: {reason}");
+    assert!(
+        err.contains("failed") && err.contains("b.mp4"),
+        "summary lists the failure: {err}"
+    );
+    assert_eq!(outputs(&output), set(&["a.mp4", "c.mp4"]));
+    assert_eq!(manifest_keys(&output.join(MANIFEST)), set(&["a.mp4", "c.mp4"]));
+    complete(&input, &output, &set(&["a.mp4", "c.mp4"]));
+    no_partials(&output);
+}
+
+#[test]
+fn kill_9_then_rerun_processes_every_clip_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (input, output) = (tmp.path().join("in"), tmp.path().join("out"));
+    let all = set(&["k0.mp4", "k1.mp4", "k2.mp4", "k3.mp4"]);
+    make_clips(&input, &["k0.mp4", "k1.mp4", "k2.mp4", "k3.mp4"], 12);
+    // A partial file left by some earlier dead process.
+    std::fs::create_dir_all(&output).unwrap();
+    std::fs::write(output.join(".k3.mp4.partial-999999.mp4"), "half a video").unwrap();
+
+    let mut child = batch_cmd(&input, &output, &[], &[("GPEN_VIDEO_FAULTS", "slow=0:200")])
+        .spawn()
+        .unwrap();
+    wait_for_entry(&output.join(MANIFEST), &mut child, Duration::from_secs(60));
+    std::thread::sleep(Duration::from_millis(150));
+    signal(&child, "-9");
+    let killed = finish(child, Duration::from_secs(10));
+    assert_eq!(killed.status.code(), None, "killed by a signal");
+    let recorded = manifest_keys(&output.join(MANIFEST));
+    assert!(
+        !recorded.is_empty() && recorded.len() < all.len(),
+        "killed mid-batch: {recorded:?}"
+    );
+    // Whatever is under a final name is complete.
+    complete(&input, &output, &outputs(&output));
+
+    let (st, err, r) = run(&input, &output, &[], &[]);
+    assert!(st.success(), "{err}");
+    assert_eq!(names(&r, "skipped"), recorded, "finished clips are not redone: {err}");
+    let done = names(&r, "done");
+    assert!(done.is_disjoint(&recorded));
+    assert_eq!(&done | &recorded, all, "every clip is processed exactly once");
+    assert_eq!(outputs(&output), all);
+    assert_eq!(manifest_keys(&output.join(MANIFEST)), all);
+    complete(&input, &output, &all);
+    no_partials(&output);
+}
+
+#[test]
+fn ctrl_c_finishes_clips_in_flight_and_exits_130() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (input, output) = (tmp.path().join("in"), tmp.path().join("out"));
+    let all = set(&["i0.mp4", "i1.mp4", "i2.mp4", "i3.mp4"]);
+    // Long enough that decoding cannot run ahead of a slowed model to the end of a clip: the
+    // pipeline notices a cancel while it still decodes.
+    make_clips(&input, &["i0.mp4", "i1.mp4", "i2.mp4", "i3.mp4"], 40);
+    let report = tmp.path().join("r.json");
+    let slow = [("GPEN_VIDEO_FAULTS", "slow=0:100")];
+
+    // One Ctrl-C: the clip in flight finishes, no new one starts.
+    let mut child = batch_cmd(&input, &output, &["--report", report.to_str().unwrap()], &slow)
+        .spawn()
+        .unwrap();
+    wait_for_entry(&output.join(MANIFEST), &mut child, Duration::from_secs(60));
+    signal(&child, "-INT");
+    let out = finish(child, Duration::from_secs(30));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(130), "{err}");
+    let r: Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    assert_eq!(r["interrupted"], Value::Bool(true));
+    let (done, not_started) = (names(&r, "done"), names(&r, "not_started"));
+    assert!(done.len() >= 2, "the clip in flight was finished: {err}");
+    assert!(!not_started.is_empty(), "no new clip starts after Ctrl-C: {err}");
+    assert_eq!(&done | &not_started, all);
+    assert_eq!(manifest_keys(&output.join(MANIFEST)), done);
+    assert_eq!(outputs(&output), done);
+    complete(&input, &output, &done);
+    no_partials(&output);
+
+    // Twice: the clip in flight is cancelled at once and leaves nothing.
+    let mut child = batch_cmd(&input, &output, &["--report", report.to_str().unwrap()], &slow)
+        .spawn()
+        .unwrap();
+    // A clip is in flight once its partial file exists.
+    let start = Instant::now();
+    while !files(&output).iter().any(|f| f.contains(".partial-")) {
+        assert!(child.try_wait().unwrap().is_none(), "ended before starting a clip");
+        assert!(start.elapsed() < Duration::from_secs(60), "no clip started");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    signal(&child, "-INT");
+    std::thread::sleep(Duration::from_millis(100));
+    signal(&child, "-INT");
+    let t = Instant::now();
+    let out = finish(child, Duration::from_secs(30));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(130), "{err}");
+    assert!(t.elapsed() < Duration::from_secs(5), "stopped promptly");
+    let r: Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    let cancelled = names(&r, "cancelled");
+    assert!(!cancelled.is_empty(), "the clip in flight was cancelled: {err}");
+    assert!(
+        outputs(&output).is_disjoint(&cancelled),
+        "a cancelled clip left an output"
+    );
+    assert_eq!(manifest_keys(&output.join(MANIFEST)), &done | &names(&r, "done"));
+    assert_eq!(outputs(&output), manifest_keys(&output.join(MANIFEST)));
+    no_partials(&output);
+
+    // A rerun finishes the rest.
+    let (st, err, r) = run(&input, &output, &[], &[]);
+    assert!(st.success(), "{err}");
+    assert_eq!(&names(&r, "done") | &names(&r, "skipped"), all);
+    assert!(names(&r, "skipped").is_superset(&done));
+    assert_eq!(outputs(&output), all);
+    complete(&input, &output, &all);
+}
+
+#[test]
+fn three_shards_process_every_clip_exactly_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (input, output) = (tmp.path().join("in"), tmp.path().join("out"));
+    let list: Vec<String> = (0..7).map(|i| format!("s{i}.mp4")).collect();
+    let list: Vec<&str> = list.iter().map(String::as_str).collect();
+    let all = set(&list);
+    make_clips(&input, &list, 6);
+
+    // Three processes at once: an explicit K/N, a Slurm array task and a Kubernetes index.
+    let spawn = |extra: &[&str], env: &[(&str, &str)], k: usize| {
+        let report = tmp.path().join(format!("r{k}.json"));
+        let mut args = vec!["--report".to_string(), report.to_str().unwrap().to_string()];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        (batch_cmd(&input, &output, &args, env).spawn().unwrap(), report)
+    };
+    let shards = [
+        spawn(&["--shard", "0/3"], &[], 0),
+        spawn(
+            &["--shard", "auto"],
+            &[("SLURM_ARRAY_TASK_ID", "1"), ("SLURM_ARRAY_TASK_COUNT", "3")],
+            1,
+        ),
+        spawn(
+            &["--shard", "auto", "--shard-count", "3"],
+            &[("JOB_COMPLETION_INDEX", "2")],
+            2,
+        ),
+    ];
+    let mut union = BTreeSet::new();
+    for (k, (child, report)) in shards.into_iter().enumerate() {
+        let out = finish(child, Duration::from_secs(120));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "shard {k}: {err}");
+        let r: Value = serde_json::from_str(&std::fs::read_to_string(report).unwrap()).unwrap();
+        let mine = manifest_keys(&output.join(format!(".gpen-video-manifest.shard-{k}-of-3.json")));
+        assert_eq!(names(&r, "done"), mine, "shard {k} records what it did");
+        assert!(
+            union.is_disjoint(&mine),
+            "a clip done by two shards: {union:?} and {mine:?}"
+        );
+        union.extend(mine);
+    }
+    assert_eq!(union, all, "the shards together cover every clip");
+    assert_eq!(outputs(&output), all);
+    complete(&input, &output, &all);
+
+    // Without sharding, every manifest is read: nothing is redone.
+    let (st, err, r) = run(&input, &output, &[], &[]);
+    assert!(st.success(), "{err}");
+    assert!(names(&r, "done").is_empty(), "{err}");
+    assert_eq!(names(&r, "skipped"), all);
+
+    // `--shard auto` outside a scheduler says what is missing.
+    let out = batch_cmd(&input, &output, &["--shard", "auto"], &[]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("JOB_COMPLETION_INDEX"));
+}
