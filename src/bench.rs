@@ -12,7 +12,7 @@ use crate::decode::Decoder;
 use crate::frame::Pool;
 use crate::pipeline;
 use crate::plan::{Options, Plan};
-use crate::stats::{peak_rss, Summary};
+use crate::stats::{gpu_memory_by_index, peak_rss, Summary};
 
 /// What to measure.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -48,6 +48,8 @@ pub struct BenchRow {
     pub faces_per_s: f64,
     pub ms_per_batch: f64,
     pub peak_mib: Option<u64>,
+    /// GPU memory held on the busiest GPU at the end, where the driver reports it.
+    pub gpu_mib: Option<u64>,
     pub runs: usize,
 }
 
@@ -140,6 +142,7 @@ fn bench_source(o: &BenchOptions, src: &Path, tmp: &Path, report: &mut BenchRepo
             faces_per_s: median(runs.iter().map(Summary::faces_per_s).collect()),
             ms_per_batch: ms,
             peak_mib: peak_rss().map(|b| b >> 20),
+            gpu_mib: last.workers.iter().filter_map(|w| w.device_mib).max(),
             runs: runs.len(),
         };
         e2e_faces_per_s = Some(row.faces_per_s);
@@ -174,6 +177,7 @@ fn bench_source(o: &BenchOptions, src: &Path, tmp: &Path, report: &mut BenchRepo
             faces_per_s: ceiling,
             ms_per_batch: median(ms),
             peak_mib: peak_rss().map(|b| b >> 20),
+            gpu_mib: gpu_memory_by_index().iter().map(|(_, m)| *m).max().filter(|m| *m > 0),
             runs: o.repeat.max(1),
         });
         if let Some(e2e) = e2e_faces_per_s {
@@ -255,12 +259,22 @@ fn ceiling(plan: &mut Plan, crops: &[Vec<f32>], per_worker: usize) -> Result<(f6
 impl BenchReport {
     pub fn table(&self) -> String {
         let mut out = format!(
-            "{:<24} {:<9} {:<12} {:>5} {:>6} {:>6} {:>8} {:>8} {:>9} {:>9}\n",
-            "source", "measure", "device", "batch", "frames", "faces", "fps", "faces/s", "ms/batch", "peak MiB"
+            "{:<24} {:<9} {:<12} {:>5} {:>6} {:>6} {:>8} {:>8} {:>9} {:>9} {:>8}\n",
+            "source",
+            "measure",
+            "device",
+            "batch",
+            "frames",
+            "faces",
+            "fps",
+            "faces/s",
+            "ms/batch",
+            "peak MiB",
+            "GPU MiB"
         );
         for r in &self.rows {
             out += &format!(
-                "{:<24} {:<9} {:<12} {:>5} {:>6} {:>6} {:>8} {:>8.2} {:>9.1} {:>9}\n",
+                "{:<24} {:<9} {:<12} {:>5} {:>6} {:>6} {:>8} {:>8.2} {:>9.1} {:>9} {:>8}\n",
                 r.source,
                 r.kind,
                 r.device,
@@ -270,7 +284,8 @@ impl BenchReport {
                 r.fps.map_or("-".into(), |f| format!("{f:.2}")),
                 r.faces_per_s,
                 r.ms_per_batch,
-                r.peak_mib.map_or("-".into(), |m| m.to_string())
+                r.peak_mib.map_or("-".into(), |m| m.to_string()),
+                r.gpu_mib.map_or("-".into(), |m| m.to_string())
             );
         }
         for (src, e) in &self.efficiency {
@@ -285,7 +300,7 @@ impl BenchReport {
             .iter()
             .map(|r| {
                 format!(
-                    "{{\"source\":{:?},\"measure\":\"{}\",\"device\":\"{}\",\"batch\":{},\"frames\":{},\"faces\":{},\"fps\":{},\"faces_per_s\":{:.3},\"ms_per_batch\":{:.3},\"peak_mib\":{},\"runs\":{}}}",
+                    "{{\"source\":{:?},\"measure\":\"{}\",\"device\":\"{}\",\"batch\":{},\"frames\":{},\"faces\":{},\"fps\":{},\"faces_per_s\":{:.3},\"ms_per_batch\":{:.3},\"peak_mib\":{},\"gpu_mib\":{},\"runs\":{}}}",
                     r.source,
                     r.kind,
                     r.device,
@@ -296,6 +311,7 @@ impl BenchReport {
                     r.faces_per_s,
                     r.ms_per_batch,
                     r.peak_mib.map_or("null".into(), |m| m.to_string()),
+                    r.gpu_mib.map_or("null".into(), |m| m.to_string()),
                     r.runs
                 )
             })

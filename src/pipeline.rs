@@ -26,7 +26,8 @@ use crate::enhance::{Batcher, Worker};
 use crate::frame::{Face, FaceFrame, FaceJob, Frame, Pool, Region};
 use crate::paste::{paste, region, Mask};
 use crate::plan::Plan;
-use crate::stats::{peak_rss, Clock, StageStat, Summary, WorkerStat};
+use crate::runtime::Target;
+use crate::stats::{gpu_memory_by_index, peak_rss, Clock, StageStat, Summary, WorkerStat};
 
 /// Frames in flight between two stages.
 const DEPTH: usize = 4;
@@ -80,6 +81,7 @@ fn run_inner(plan: &mut Plan, partial: &Path, progress: &(dyn Fn(u64) + Sync)) -
         Encoder::create(partial, &plan.source, &plan.encode).with_context(|| format!("output {out_name}"))?;
     let decoder = Decoder::new(plan.source.clone(), plan.detector.size, plan.hwaccel_cuda);
     let detector: &mut Detector = &mut plan.detector;
+    let worker_targets: Vec<Target> = plan.workers.iter().map(|w| w.target.clone()).collect();
     let workers: &mut [Worker] = &mut plan.workers;
     let n_workers = workers.len();
 
@@ -256,6 +258,14 @@ fn run_inner(plan: &mut Plan, partial: &Path, progress: &(dyn Fn(u64) + Sync)) -
         let mut worker_stats = Vec::new();
         for t in worker_threads {
             worker_stats.push(joined("enhance worker", t.join())?);
+        }
+        if worker_targets.iter().any(|t| matches!(t, Target::Cuda(_))) {
+            let used = gpu_memory_by_index();
+            for (stat, target) in worker_stats.iter_mut().zip(&worker_targets) {
+                if let Target::Cuda(id) = target {
+                    stat.device_mib = used.iter().find(|(i, _)| i == id).map(|(_, m)| *m);
+                }
+            }
         }
         let paste_stat = joined("paste", paste_stage.join())?;
         let (encode, log, faces, frames_with_faces) = joined("encode", encode_stage.join())?;

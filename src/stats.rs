@@ -80,6 +80,46 @@ pub struct WorkerStat {
     pub busy: Duration,
     /// Batch size asked for, to compute the mean fill.
     pub batch: usize,
+    /// GPU memory this process holds on the worker's GPU at the end of the run, in MiB, as the
+    /// NVIDIA driver reports it (ONNX Runtime keeps its arena, so this is its high-water mark).
+    pub device_mib: Option<u64>,
+}
+
+/// GPU memory used by this process on each GPU index, from `nvidia-smi` (empty without one).
+pub fn gpu_memory_by_index() -> Vec<(u32, u64)> {
+    let query = |args: &[&str]| {
+        std::process::Command::new("nvidia-smi")
+            .args(args)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+    };
+    let (Some(gpus), Some(apps)) = (
+        query(&["--query-gpu=index,uuid", "--format=csv,noheader,nounits"]),
+        query(&[
+            "--query-compute-apps=pid,gpu_uuid,used_memory",
+            "--format=csv,noheader,nounits",
+        ]),
+    ) else {
+        return Vec::new();
+    };
+    let me = std::process::id().to_string();
+    let mut out = Vec::new();
+    for g in gpus.lines() {
+        let mut f = g.split(',').map(str::trim);
+        let (Some(Ok(index)), Some(uuid)) = (f.next().map(str::parse::<u32>), f.next()) else {
+            continue;
+        };
+        let used: u64 = apps
+            .lines()
+            .map(|l| l.split(',').map(str::trim).collect::<Vec<_>>())
+            .filter(|c| c.len() == 3 && c[0] == me && c[1] == uuid)
+            .filter_map(|c| c[2].parse::<u64>().ok())
+            .sum();
+        out.push((index, used));
+    }
+    out
 }
 
 impl WorkerStat {
@@ -138,14 +178,15 @@ impl Summary {
             .iter()
             .map(|w| {
                 format!(
-                    "{{\"name\":\"{}\",\"batches\":{},\"faces\":{},\"faces_per_s\":{:.3},\"mean_batch_fill\":{:.4},\"ms_per_batch\":{:.3},\"busy_share\":{:.4}}}",
+                    "{{\"name\":\"{}\",\"batches\":{},\"faces\":{},\"faces_per_s\":{:.3},\"mean_batch_fill\":{:.4},\"ms_per_batch\":{:.3},\"busy_share\":{:.4},\"device_mib\":{}}}",
                     w.name,
                     w.batches,
                     w.faces,
                     w.faces as f64 / wall,
                     w.mean_fill(),
                     w.ms_per_batch(),
-                    w.busy.as_secs_f64() / wall
+                    w.busy.as_secs_f64() / wall,
+                    w.device_mib.map_or("null".to_string(), |m| m.to_string())
                 )
             })
             .collect();
@@ -195,19 +236,20 @@ impl fmt::Display for Summary {
         }
         write!(
             f,
-            "  {:<8} {:>7} {:>6} {:>8} {:>6} {:>9}",
-            "worker", "batches", "faces", "faces/s", "fill", "ms/batch"
+            "  {:<8} {:>7} {:>6} {:>8} {:>6} {:>9} {:>8}",
+            "worker", "batches", "faces", "faces/s", "fill", "ms/batch", "GPU MiB"
         )?;
         for w in &self.workers {
             write!(
                 f,
-                "\n  {:<8} {:>7} {:>6} {:>8.1} {:>5.0}% {:>9.1}",
+                "\n  {:<8} {:>7} {:>6} {:>8.1} {:>5.0}% {:>9.1} {:>8}",
                 w.name,
                 w.batches,
                 w.faces,
                 w.faces as f64 / wall,
                 100.0 * w.mean_fill(),
-                w.ms_per_batch()
+                w.ms_per_batch(),
+                w.device_mib.map_or("-".to_string(), |m| m.to_string())
             )?;
         }
         Ok(())
