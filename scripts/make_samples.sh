@@ -28,7 +28,7 @@ moving() { # W H SECONDS FPS PORTRAIT_SIZE
   echo "color=c=0x2a3440:s=${w}x${h}:r=${fps}:d=${t}[bg];
     [0:v]scale=${s}:${s},format=rgba,rotate=a='0.04*sin(2*PI*t/4)':c=none[fg];
     [bg][fg]overlay=x='(W-w)/2+W*0.08*sin(2*PI*t/5)':y='(H-h)/2+H*0.05*sin(2*PI*t/3)':shortest=1,
-    gblur=sigma=1.2,noise=alls=10:allf=t,format=yuv420p[v]"
+    gblur=sigma=1.2,noise=alls=7:allf=t,format=yuv420p[v]"
 }
 # Four portraits of different sizes side by side.
 group() { # W H SECONDS FPS
@@ -39,7 +39,7 @@ group() { # W H SECONDS FPS
     [bg][a]overlay=x=W*0.01:y=(H-h)/2+t*4:shortest=1[o1];[o1][b]overlay=x=W*0.01+$a:y=(H-h)/2[o2];
     [o2][c]overlay=x=W*0.02+$a+$b:y=H*0.1[o3];[o3][d]overlay=x=W*0.02+$a+$b:y=H*0.6-t*4,format=yuv420p[v]"
 }
-x264=(-c:v libx264 -preset veryfast -crf 20 -pix_fmt yuv420p)
+x264=(-c:v libx264 -preset veryfast -crf 21 -pix_fmt yuv420p)
 aac() { echo "sine=frequency=$1:sample_rate=48000:duration=$2"; }
 
 if [ "$what" = all ]; then
