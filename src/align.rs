@@ -93,20 +93,27 @@ pub fn fit_similarity(src: &[[f32; 2]], dst: &[[f32; 2]]) -> Affine {
 /// Bilinear sample of packed RGB24 at (x, y), edges replicated. Returns the three channels.
 #[inline]
 pub fn sample_rgb(rgb: &[u8], width: usize, height: usize, x: f64, y: f64) -> [f32; 3] {
-    let xf = x.clamp(0.0, (width - 1) as f64);
-    let yf = y.clamp(0.0, (height - 1) as f64);
-    let x0 = xf.floor() as usize;
-    let y0 = yf.floor() as usize;
-    let x1 = (x0 + 1).min(width - 1);
-    let y1 = (y0 + 1).min(height - 1);
-    let fx = (xf - x0 as f64) as f32;
-    let fy = (yf - y0 as f64) as f32;
-    let at = |xx: usize, yy: usize, c: usize| rgb[(yy * width + xx) * 3 + c] as f32;
+    sample_rgb_f32(rgb, width, height, x as f32, y as f32)
+}
+
+/// [`sample_rgb`] in f32, the form the per-pixel loops use.
+#[inline(always)]
+pub fn sample_rgb_f32(rgb: &[u8], width: usize, height: usize, x: f32, y: f32) -> [f32; 3] {
+    let xf = x.clamp(0.0, (width - 1) as f32);
+    let yf = y.clamp(0.0, (height - 1) as f32);
+    // Non-negative after the clamp, so truncation is floor.
+    let (x0, y0) = (xf as usize, yf as usize);
+    let dx = if x0 + 1 < width { 3 } else { 0 };
+    let dy = if y0 + 1 < height { width * 3 } else { 0 };
+    let (fx, fy) = (xf - x0 as f32, yf - y0 as f32);
+    let i = (y0 * width + x0) * 3;
+    let (a, b) = (&rgb[i..i + 3], &rgb[i + dx..i + dx + 3]);
+    let (c, d) = (&rgb[i + dy..i + dy + 3], &rgb[i + dy + dx..i + dy + dx + 3]);
     let mut out = [0.0; 3];
-    for (c, o) in out.iter_mut().enumerate() {
-        let top = at(x0, y0, c) + (at(x1, y0, c) - at(x0, y0, c)) * fx;
-        let bottom = at(x0, y1, c) + (at(x1, y1, c) - at(x0, y1, c)) * fx;
-        *o = top + (bottom - top) * fy;
+    for k in 0..3 {
+        let top = a[k] as f32 + (b[k] as f32 - a[k] as f32) * fx;
+        let bottom = c[k] as f32 + (d[k] as f32 - c[k] as f32) * fx;
+        out[k] = top + (bottom - top) * fy;
     }
     out
 }
@@ -115,17 +122,22 @@ pub fn sample_rgb(rgb: &[u8], width: usize, height: usize, x: f64, y: f64) -> [f
 /// `3 * size * size` floats). `to_crop` maps frame pixels to crop pixels.
 pub fn warp_to_tensor(rgb: &[u8], width: usize, height: usize, to_crop: &Affine, size: usize, out: &mut [f32]) {
     let inv = to_crop.inverse().unwrap_or(Affine([1.0, 0.0, 0.0, 0.0, 1.0, 0.0]));
+    let m = inv.0;
     let plane = size * size;
     let (r, rest) = out.split_at_mut(plane);
     let (g, b) = rest.split_at_mut(plane);
+    const K: f32 = 1.0 / 127.5;
     for y in 0..size {
+        // Step along the row: the source point moves by (m0, m3) per crop pixel.
+        let (mut sx, mut sy) = (m[1] * y as f64 + m[2], m[4] * y as f64 + m[5]);
         for x in 0..size {
-            let (sx, sy) = inv.apply(x as f64, y as f64);
-            let p = sample_rgb(rgb, width, height, sx, sy);
+            let p = sample_rgb_f32(rgb, width, height, sx as f32, sy as f32);
             let i = y * size + x;
-            r[i] = p[0] / 127.5 - 1.0;
-            g[i] = p[1] / 127.5 - 1.0;
-            b[i] = p[2] / 127.5 - 1.0;
+            r[i] = p[0] * K - 1.0;
+            g[i] = p[1] * K - 1.0;
+            b[i] = p[2] * K - 1.0;
+            sx += m[0];
+            sy += m[3];
         }
     }
 }
@@ -135,11 +147,11 @@ pub fn tensor_to_rgb(t: &[f32], size: usize, out: &mut Vec<u8>) {
     let plane = size * size;
     out.clear();
     out.reserve(plane * 3);
+    let (r, g, b) = (&t[..plane], &t[plane..2 * plane], &t[2 * plane..3 * plane]);
+    // Clamped to [0.5, 255.5) then truncated: round half up, without a libm call.
+    let px = |v: f32| ((v + 1.0) * 127.5 + 0.5).clamp(0.0, 255.0) as u8;
     for i in 0..plane {
-        for c in 0..3 {
-            let v = (t[c * plane + i] + 1.0) * 127.5;
-            out.push(v.round().clamp(0.0, 255.0) as u8);
-        }
+        out.extend_from_slice(&[px(r[i]), px(g[i]), px(b[i])]);
     }
 }
 

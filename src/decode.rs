@@ -147,14 +147,35 @@ pub fn check_cuda_hwaccel() -> Result<()> {
     HwDevice::cuda().map(drop)
 }
 
-/// Copies a packed RGB24 picture out of an FFmpeg frame (which may pad its rows).
-fn copy_packed(src: &VideoFrame, width: usize, height: usize, dst: &mut Vec<u8>) {
-    let stride = src.stride(0);
-    let data = src.data(0);
-    dst.clear();
-    for y in 0..height {
-        dst.extend_from_slice(&data[y * stride..y * stride + width * 3]);
+/// Converts `src` straight into a packed RGB24 buffer of `width x height` (no padding), so the
+/// picture is written once instead of converted into a frame and copied out.
+fn scale_packed(scaler: &mut Scaler, src: &VideoFrame, width: usize, height: usize, dst: &mut Vec<u8>) -> Result<()> {
+    dst.resize(width * height * 3, 0);
+    let dst_planes: [*mut u8; 4] = [
+        dst.as_mut_ptr(),
+        std::ptr::null_mut(),
+        std::ptr::null_mut(),
+        std::ptr::null_mut(),
+    ];
+    let dst_strides: [i32; 4] = [(width * 3) as i32, 0, 0, 0];
+    // SAFETY: the scaler was made for src's format and size and this output size; dst holds
+    // exactly height rows of width * 3 bytes, the one plane packed RGB24 has.
+    let rows = unsafe {
+        let f = src.as_ptr();
+        ffmpeg::ffi::sws_scale(
+            scaler.as_mut_ptr(),
+            (*f).data.as_ptr() as *const *const u8,
+            (*f).linesize.as_ptr(),
+            0,
+            src.height() as i32,
+            dst_planes.as_ptr(),
+            dst_strides.as_ptr(),
+        )
+    };
+    if rows != height as i32 {
+        bail!("colour conversion returned {rows} rows instead of {height}");
     }
+    Ok(())
 }
 
 impl Decoder {
@@ -194,7 +215,7 @@ impl Decoder {
         let (w, h) = (info.width, info.height);
         let (dw, dh) = self.det_size;
         let mut scalers: Option<(Scaler, Scaler, Pixel)> = None;
-        let (mut yuv, mut rgb, mut small) = (VideoFrame::empty(), VideoFrame::empty(), VideoFrame::empty());
+        let mut yuv = VideoFrame::empty();
         let mut report = DecodeReport::default();
         let mut last_pts: Option<i64> = None;
 
@@ -243,13 +264,10 @@ impl Decoder {
                     scalers = Some((full, det, yuv.format()));
                 }
                 let (full, det, _) = scalers.as_mut().expect("just set");
-                full.run(&yuv, &mut rgb)
+                let (mut buf, mut det_buf) = (rgb_pool.get(), det_pool.get());
+                scale_packed(full, &yuv, w, h, &mut buf)
                     .with_context(|| format!("{path}: colour conversion failed at frame {index}"))?;
-                det.run(&yuv, &mut small)?;
-                let mut buf = rgb_pool.get();
-                copy_packed(&rgb, w, h, &mut buf);
-                let mut det_buf = det_pool.get();
-                copy_packed(&small, dw, dh, &mut det_buf);
+                scale_packed(det, &yuv, dw, dh, &mut det_buf)?;
                 let pts = yuv.timestamp().or(yuv.pts()).or_else(|| last_pts.map(|p| p + 1));
                 last_pts = pts;
                 report.frames += 1;

@@ -155,6 +155,8 @@ pub struct Encoder {
     pix: Pixel,
     rgb: VideoFrame,
     yuv: VideoFrame,
+    /// Reusable yuv420p frame that pasted regions are written into.
+    work: Option<VideoFrame>,
     side: SideStreams,
     enc_tb: Rational,
     ost_tb: Rational,
@@ -240,6 +242,7 @@ impl Encoder {
             pix,
             rgb: VideoFrame::new(Pixel::RGB24, w, h),
             yuv: VideoFrame::empty(),
+            work: None,
             side,
             enc_tb: src.time_base,
             ost_tb,
@@ -269,18 +272,29 @@ impl Encoder {
             });
         let picture = if direct {
             let src = frame.source.as_mut().expect("checked above");
-            if !frame.dirty.is_empty() {
-                // The decoder may still reference this buffer: copy it before writing.
-                if unsafe { ffmpeg::ffi::av_frame_make_writable(src.as_mut_ptr()) } < 0 {
+            let picture = if frame.dirty.is_empty() {
+                src
+            } else {
+                // The decoder still references its buffer: write into our own reusable frame
+                // (a fresh buffer per frame would cost a page-faulted allocation each time).
+                let work = self
+                    .work
+                    .get_or_insert_with(|| VideoFrame::new(Pixel::YUV420P, frame.width as u32, frame.height as u32));
+                let ok = unsafe {
+                    ffmpeg::ffi::av_frame_make_writable(work.as_mut_ptr()) >= 0
+                        && ffmpeg::ffi::av_frame_copy(work.as_mut_ptr(), src.as_ptr()) >= 0
+                };
+                if !ok {
                     bail!("out of memory copying frame {}", frame.index);
                 }
                 for r in &frame.dirty {
-                    rgb_to_yuv420p_region(&frame.rgb, frame.width, frame.height, src, *r);
+                    rgb_to_yuv420p_region(&frame.rgb, frame.width, frame.height, work, *r);
                 }
-            }
+                work
+            };
             // Encode as the encoder decides, not where the source had its keyframes.
-            src.set_kind(ffmpeg::picture::Type::None);
-            src
+            picture.set_kind(ffmpeg::picture::Type::None);
+            picture
         } else {
             let (w, stride) = (frame.width * 3, self.rgb.stride(0));
             let data = self.rgb.data_mut(0);

@@ -1,7 +1,7 @@
 //! Paste-back: in, a frame and its restored face crops with their frame->crop transforms; out,
 //! the frame with each face blended in through a feathered mask, over the face region only.
 
-use crate::align::{sample_rgb, Affine};
+use crate::align::{sample_rgb_f32, Affine};
 
 /// A feathered box mask over the crop: zero on a thin border, rising smoothly to one inside, so
 /// no edge or seam of the crop shows in the frame.
@@ -55,23 +55,32 @@ pub fn paste(frame: &mut [u8], width: usize, height: usize, crop: &[u8], to_crop
     let Some((x0, y0, x1, y1)) = region(to_crop, size, width, height) else {
         return;
     };
+    let m = to_crop.0;
     let lim = (size - 1) as f64;
     for y in y0..y1 {
         let row = &mut frame[y * width * 3..(y + 1) * width * 3];
+        // Step along the row: the crop point moves by (m0, m3) per frame pixel.
+        let (mut u, mut v) = (
+            m[0] * x0 as f64 + m[1] * y as f64 + m[2],
+            m[3] * x0 as f64 + m[4] * y as f64 + m[5],
+        );
         for x in x0..x1 {
-            let (u, v) = to_crop.apply(x as f64, y as f64);
-            if !(0.0..=lim).contains(&u) || !(0.0..=lim).contains(&v) {
+            let (cu, cv) = (u, v);
+            u += m[0];
+            v += m[3];
+            if !(0.0..=lim).contains(&cu) || !(0.0..=lim).contains(&cv) {
                 continue;
             }
-            let a = mask.at(u, v) * blend;
+            let a = mask.at(cu, cv) * blend;
             if a <= 0.0 {
                 continue;
             }
-            let p = sample_rgb(crop, size, size, u, v);
+            let p = sample_rgb_f32(crop, size, size, cu as f32, cv as f32);
             let px = &mut row[x * 3..x * 3 + 3];
             for c in 0..3 {
                 let old = px[c] as f32;
-                px[c] = (old + (p[c] - old) * a).round().clamp(0.0, 255.0) as u8;
+                // Non-negative, so +0.5 and truncation round to nearest.
+                px[c] = (old + (p[c] - old) * a + 0.5).clamp(0.0, 255.0) as u8;
             }
         }
     }
