@@ -238,9 +238,10 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     let quiet = cli.run.quiet;
     let mut o = cli.run.options(input, output)?;
     o.faces_json = cli.faces_json;
-    let mut plan = Plan::resolve(&o)?;
-    // Ctrl-C stops the run; the partial output is removed and the exit code is 130.
+    // Ctrl-C stops the run (also while models load); the partial output is removed and the
+    // exit code is 130.
     let interrupts = gpen_video::interrupt::install()?;
+    let mut plan = Plan::resolve(&o)?;
     plan.cancel = interrupts.soft.clone();
     tracing::info!(
         input = %o.input.display(),

@@ -283,11 +283,11 @@ fn ctrl_c_stops_a_run_and_leaves_no_output() {
         .arg(asset("models/standin/identity-256.onnx"))
         .env("ORT_DYLIB_PATH", asset(".deps/lib/libonnxruntime.so"))
         // Slow batches keep the run going long enough to be interrupted.
-        .env("GPEN_VIDEO_FAULTS", "slow=0:400")
+        .env("GPEN_VIDEO_FAULTS", "slow=0:500")
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    std::thread::sleep(std::time::Duration::from_millis(1500));
+    std::thread::sleep(std::time::Duration::from_millis(2000));
     let kill = std::process::Command::new("kill")
         .args(["-INT", &child.id().to_string()])
         .status()
