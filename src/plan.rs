@@ -258,6 +258,10 @@ impl Plan {
             })?,
         };
         let trt_cache = o.trt.then(|| model_path.with_extension("trt-cache"));
+        if let Some(dir) = &trt_cache {
+            std::fs::create_dir_all(dir)
+                .with_context(|| format!("cannot create the TensorRT engine cache {}", dir.display()))?;
+        }
         let mut workers = Vec::new();
         for (i, target) in targets.iter().enumerate() {
             let so = SessionOptions {

@@ -1,0 +1,327 @@
+//! Model registry: in, the embedded models/models.toml, the files under models/ and a model name
+//! or path; out, a table of known models, checksum and I/O-contract reports, downloads that
+//! appear under their final name only when complete and verified, and `--model NAME` resolved
+//! to a file.
+//!
+//! `gpen-video models list | verify [PATH] | fetch NAME [--to DIR] [--url URL]` is [`run`] on a
+//! [`ModelsCmd`]. A download streams to `DIR/.FILE.part-PID` and is renamed to `DIR/FILE` once
+//! its sha256 (when on record) matches; any failure removes the partial file.
+//! `GPEN_VIDEO_MODEL_URL_BASE=BASE` makes `fetch NAME` get `BASE/FILE` instead of the entry's
+//! URL (a mirror; tests point it at 127.0.0.1).
+//!
+//! The registry types, their loading and `--model` resolution are here; `models list` and
+//! `models verify` are in `report`, downloads in `fetch`.
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::sync::OnceLock;
+
+use anyhow::{anyhow, bail, Context, Result};
+use serde::Deserialize;
+
+use crate::plan::find_asset;
+
+mod fetch;
+mod report;
+#[cfg(test)]
+mod tests;
+
+pub use fetch::{download_url, fetch, fetch_url};
+use report::verify_all;
+pub use report::{list_table, sha256_file, verify_path, Checksum, FileReport, ModelFacts};
+
+/// The registry as shipped: compiled into the binary so it works from any folder.
+pub const EMBEDDED: &str = include_str!("../../models/models.toml");
+
+/// Environment variable naming a mirror: `fetch NAME` downloads `BASE/FILE`.
+pub const URL_BASE_ENV: &str = "GPEN_VIDEO_MODEL_URL_BASE";
+
+/// What a model does in the pipeline.
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Kind {
+    /// GPEN-BFR: float32 [N,3,S,S] in, same out.
+    Enhancer,
+    /// CenterFace: [N,3,H,W] in, four maps out.
+    Detector,
+}
+
+/// Whether the batch dimension is fixed in the graph.
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+pub enum Batch {
+    #[serde(rename = "fixed-1")]
+    Fixed1,
+    #[serde(rename = "dynamic")]
+    Dynamic,
+}
+
+/// Where a model file comes from.
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Source {
+    /// Published at `url`.
+    Download,
+    /// Built locally by models/gpen_export.py (`make`).
+    Export,
+    /// Made by scripts/setup.sh (`make`).
+    Setup,
+}
+
+/// One `[[model]]` of models.toml; the file's header documents every field.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Entry {
+    pub name: String,
+    pub kind: Kind,
+    pub file: String,
+    pub source: Source,
+    #[serde(default)]
+    pub url: String,
+    #[serde(default)]
+    pub sha256: String,
+    /// File size in bytes; 0 when unknown.
+    #[serde(default)]
+    pub bytes: u64,
+    /// Square crop side of an enhancer; 0 for a detector.
+    #[serde(default)]
+    pub input_size: usize,
+    pub batch: Batch,
+    #[serde(default)]
+    pub template: String,
+    pub normalisation: String,
+    #[serde(default)]
+    pub make: String,
+    #[serde(default)]
+    pub notes: String,
+    #[serde(default)]
+    pub checkpoint_url: String,
+    #[serde(default)]
+    pub source_sha256: String,
+    #[serde(default)]
+    pub source_bytes: u64,
+}
+
+impl Entry {
+    /// The sha256 on record, if any.
+    pub fn sha(&self) -> Option<&str> {
+        (!self.sha256.is_empty()).then_some(self.sha256.as_str())
+    }
+
+    /// `models/FILE`, as the set-up lays it out.
+    pub fn rel_path(&self) -> String {
+        format!("models/{}", self.file)
+    }
+
+    /// The file under models/ if present (working directory first, then the checkout the
+    /// executable was built in, as [`find_asset`] searches).
+    pub fn local_path(&self) -> Option<PathBuf> {
+        find_asset(&self.rel_path()).filter(|p| p.is_file())
+    }
+
+    /// What to do to get this model onto this machine.
+    pub fn how_to_get(&self) -> String {
+        match self.source {
+            Source::Download => format!("run `gpen-video models fetch {}`", self.name),
+            Source::Export => format!("build it with `{}`", self.make),
+            Source::Setup => format!("make it with {}", self.make),
+        }
+    }
+}
+
+/// Every known model, in file order.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Registry {
+    #[serde(rename = "model")]
+    pub models: Vec<Entry>,
+}
+
+fn is_sha256(s: &str) -> bool {
+    s.len() == 64 && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+impl Registry {
+    /// Parses and checks a registry text.
+    pub fn parse(text: &str) -> Result<Self> {
+        let reg: Registry = toml::from_str(text).context("models.toml does not parse")?;
+        reg.check()?;
+        Ok(reg)
+    }
+
+    /// The rules every entry follows (names and files unique, hashes well formed, a way to get
+    /// each file, the facts an enhancer needs).
+    pub fn check(&self) -> Result<()> {
+        let mut names = std::collections::HashSet::new();
+        let mut files = std::collections::HashSet::new();
+        for e in &self.models {
+            let n = &e.name;
+            if n.is_empty() || n.chars().any(|c| c.is_whitespace() || c == '/') {
+                bail!("model name `{n}` is empty or has spaces or slashes");
+            }
+            if !names.insert(n.to_ascii_lowercase()) {
+                bail!("model name `{n}` appears twice (names are case-insensitive)");
+            }
+            if e.file.is_empty() || e.file.contains('/') || !e.file.ends_with(".onnx") {
+                bail!("{n}: file `{}` must be a plain *.onnx file name", e.file);
+            }
+            if !files.insert(e.file.to_ascii_lowercase()) {
+                bail!("{n}: file `{}` is used by another entry", e.file);
+            }
+            for (what, h) in [("sha256", &e.sha256), ("source_sha256", &e.source_sha256)] {
+                if !h.is_empty() && !is_sha256(h) {
+                    bail!("{n}: {what} `{h}` is not 64 lowercase hex digits");
+                }
+            }
+            for u in [&e.url, &e.checkpoint_url] {
+                if !(u.is_empty() || u.starts_with("https://") || u.starts_with("http://")) {
+                    bail!("{n}: `{u}` is not an http(s) URL");
+                }
+            }
+            match e.source {
+                Source::Download if e.url.is_empty() => bail!("{n}: source \"download\" needs a url"),
+                Source::Export | Source::Setup if e.make.is_empty() => {
+                    bail!("{n}: a locally made file needs `make` (the command that builds it)")
+                }
+                Source::Export | Source::Setup if !e.url.is_empty() => {
+                    bail!("{n}: a locally made file has no url")
+                }
+                _ => {}
+            }
+            if e.normalisation.is_empty() {
+                bail!("{n}: normalisation is empty");
+            }
+            match e.kind {
+                Kind::Enhancer => {
+                    if e.input_size == 0 || e.template.is_empty() {
+                        bail!("{n}: an enhancer needs input_size and template");
+                    }
+                    if !matches!(e.template.as_str(), "ffhq" | "arcface_128") {
+                        bail!("{n}: unknown template `{}` (ffhq or arcface_128)", e.template);
+                    }
+                }
+                Kind::Detector => {
+                    if e.input_size != 0 || !e.template.is_empty() {
+                        bail!("{n}: a detector has no input_size or template");
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The entry called `name` (case-insensitive).
+    pub fn find(&self, name: &str) -> Option<&Entry> {
+        self.models.iter().find(|e| e.name.eq_ignore_ascii_case(name))
+    }
+
+    /// The entry whose file has this sha256 on record.
+    pub fn by_sha(&self, sha: &str) -> Option<&Entry> {
+        self.models.iter().find(|e| e.sha() == Some(sha))
+    }
+
+    /// The entry whose file name is `file` (case-insensitive).
+    pub fn by_file(&self, file: &str) -> Option<&Entry> {
+        self.models.iter().find(|e| e.file.eq_ignore_ascii_case(file))
+    }
+
+    /// The names, for error messages.
+    pub fn names(&self) -> String {
+        self.models
+            .iter()
+            .map(|e| e.name.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+/// The embedded registry, parsed once.
+pub fn registry() -> Result<&'static Registry> {
+    static REG: OnceLock<Result<Registry, String>> = OnceLock::new();
+    REG.get_or_init(|| Registry::parse(EMBEDDED).map_err(|e| format!("{e:#}")))
+        .as_ref()
+        .map_err(|e| anyhow!("embedded model registry: {e}"))
+}
+
+/// Resolves `--model ARG`: a registry name gives its file under models/ (an error says how to
+/// get it when absent); anything else is a path.
+pub fn resolve_model(arg: &str) -> Result<PathBuf> {
+    let path = PathBuf::from(arg);
+    let looks_like_path = arg.contains(std::path::MAIN_SEPARATOR) || arg.contains('/') || arg.ends_with(".onnx");
+    if looks_like_path || path.is_file() {
+        return Ok(path);
+    }
+    let reg = registry()?;
+    match reg.find(arg) {
+        Some(e) => e.local_path().ok_or_else(|| match e.source {
+            Source::Download => anyhow!(
+                "model {} is not downloaded: run `gpen-video models fetch {}`",
+                e.name,
+                e.name
+            ),
+            _ => anyhow!("model {} is not in models/: {}", e.name, e.how_to_get()),
+        }),
+        None if path.exists() => Ok(path),
+        None => bail!(
+            "model `{arg}` is neither a file nor a known model name; known names: {} (`gpen-video models list`)",
+            reg.names()
+        ),
+    }
+}
+
+/// The `gpen-video models` subcommands.
+#[derive(clap::Subcommand, Debug, Clone)]
+pub enum ModelsCmd {
+    /// Show every known model: kind, input size, batch, template, file size, whether a
+    /// checksum is on record and whether the file is present under models/.
+    List,
+    /// Check model files. Without PATH: every registry file present under models/ against its
+    /// sha256. With PATH: its sha256, the registry entry it matches, and its I/O contract read
+    /// with ONNX Runtime (input, size, batch fixed or dynamic, weights note).
+    Verify {
+        /// An ONNX file to check.
+        path: Option<PathBuf>,
+    },
+    /// Download a model into models/ (or DIR), checking its sha256 when on record. Models
+    /// built locally (exports) say how to build them instead. GPEN_VIDEO_MODEL_URL_BASE=BASE
+    /// downloads BASE/FILE instead of the published URL.
+    Fetch {
+        /// Registry name (see `gpen-video models list`).
+        name: String,
+        /// Folder to put the file in (default: models/).
+        #[arg(long, value_name = "DIR")]
+        to: Option<PathBuf>,
+        /// Download from this URL instead of the registry's.
+        #[arg(long, value_name = "URL")]
+        url: Option<String>,
+    },
+}
+
+/// Runs a `gpen-video models` subcommand; report on stdout, progress on stderr.
+pub fn run(cmd: ModelsCmd) -> Result<()> {
+    match cmd {
+        ModelsCmd::List => {
+            print!("{}", list_table()?);
+            Ok(())
+        }
+        ModelsCmd::Verify { path: Some(p) } => {
+            let report = verify_path(&p)?;
+            print!("{report}");
+            if let Checksum::Mismatch { expected } = &report.checksum {
+                bail!(
+                    "{}: sha256 {} differs from {expected} on record for {}",
+                    p.display(),
+                    report.sha256,
+                    report.entry.as_ref().map_or("?", |e| e.name.as_str())
+                );
+            }
+            Ok(())
+        }
+        ModelsCmd::Verify { path: None } => verify_all(),
+        ModelsCmd::Fetch { name, to, url } => {
+            let progress = std::io::stderr().is_terminal();
+            let path = fetch(&name, to.as_deref(), url.as_deref(), progress)?;
+            println!("{}", path.display());
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,313 @@
+//! `models list` and `models verify`: in, the registry and model files; out, the table of known
+//! models, a file's sha256, the registry entry it matches and its I/O contract read with ONNX
+//! Runtime, or every present registry file checked against its sha256.
+
+use std::fmt::{self, Write as _};
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use sha2::{Digest, Sha256};
+
+use super::{registry, Batch, Entry, Kind};
+use crate::enhance::ModelInfo;
+
+fn human_bytes(n: u64) -> String {
+    match n {
+        0 => "?".into(),
+        n if n >= 1_000_000_000 => format!("{:.2} GB", n as f64 / 1e9),
+        n if n >= 1_000_000 => format!("{:.1} MB", n as f64 / 1e6),
+        n if n >= 1_000 => format!("{:.1} kB", n as f64 / 1e3),
+        n => format!("{n} B"),
+    }
+}
+
+/// The `models list` table.
+pub fn list_table() -> Result<String> {
+    let reg = registry()?;
+    let head = [
+        "NAME", "KIND", "INPUT", "BATCH", "TEMPLATE", "SIZE", "SHA256", "SOURCE", "PRESENT",
+    ];
+    let rows: Vec<[String; 9]> = reg
+        .models
+        .iter()
+        .map(|e| {
+            [
+                e.name.clone(),
+                format!("{:?}", e.kind).to_lowercase(),
+                match e.kind {
+                    Kind::Enhancer => format!("{0}x{0}", e.input_size),
+                    Kind::Detector => "any/32".into(),
+                },
+                match e.batch {
+                    Batch::Fixed1 => "fixed 1".into(),
+                    Batch::Dynamic => "dynamic".into(),
+                },
+                if e.template.is_empty() {
+                    "-".into()
+                } else {
+                    e.template.clone()
+                },
+                human_bytes(e.bytes),
+                if e.sha().is_some() { "on record" } else { "none" }.into(),
+                format!("{:?}", e.source).to_lowercase(),
+                match e.local_path() {
+                    Some(_) => "yes".into(),
+                    None => "no".into(),
+                },
+            ]
+        })
+        .collect();
+    let mut width = head.map(str::len);
+    for r in &rows {
+        for (w, c) in width.iter_mut().zip(r) {
+            *w = (*w).max(c.chars().count());
+        }
+    }
+    let mut out = String::new();
+    let line = |out: &mut String, cells: &[&str]| {
+        let mut l = String::new();
+        for (i, (c, w)) in cells.iter().zip(width).enumerate() {
+            if i + 1 == cells.len() {
+                l.push_str(c);
+            } else {
+                let _ = write!(l, "{c:<w$}  ");
+            }
+        }
+        out.push_str(l.trim_end());
+        out.push('\n');
+    };
+    line(&mut out, &head);
+    for r in &rows {
+        line(&mut out, &r.each_ref().map(String::as_str));
+    }
+    out.push_str(
+        "\nSIZE: published file size (? = unknown). SHA256: whether a checksum is on record. \
+         SOURCE: download = `gpen-video models fetch NAME`; export = built by models/gpen_export.py; \
+         setup = made by scripts/setup.sh.\n",
+    );
+    Ok(out)
+}
+
+/// sha256 of a file, as 64 lowercase hex digits.
+pub fn sha256_file(path: &Path) -> Result<String> {
+    let mut f = std::fs::File::open(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = f
+            .read(&mut buf)
+            .with_context(|| format!("cannot read {}", path.display()))?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+    }
+    Ok(hex(&h.finalize()))
+}
+
+pub(super) fn hex(bytes: &[u8]) -> String {
+    bytes.iter().fold(String::with_capacity(64), |mut s, b| {
+        let _ = write!(s, "{b:02x}");
+        s
+    })
+}
+
+/// How a file's hash compares with the registry.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Checksum {
+    /// It is the file on record.
+    Match,
+    /// Same file name as an entry whose recorded hash differs.
+    Mismatch { expected: String },
+    /// Matches an entry by file name; that entry has no hash on record.
+    NotOnRecord,
+    /// Not a registry file.
+    NoEntry,
+}
+
+/// What a model file's graph says.
+#[derive(Clone, Debug)]
+pub enum ModelFacts {
+    Enhancer {
+        info: ModelInfo,
+        /// Other `gpen_video.*` metadata worth showing (model, template, precision).
+        meta: Vec<(String, String)>,
+    },
+    Detector {
+        input: String,
+        shape: Vec<i64>,
+        outputs: usize,
+    },
+}
+
+/// The result of `verify PATH`.
+#[derive(Clone, Debug)]
+pub struct FileReport {
+    pub path: PathBuf,
+    pub bytes: u64,
+    pub sha256: String,
+    pub entry: Option<Entry>,
+    pub checksum: Checksum,
+    pub facts: ModelFacts,
+}
+
+/// Hashes `path`, matches it to the registry and checks its I/O contract with ONNX Runtime.
+/// Errors when the file cannot be read, is not an ONNX model or does not fit the contract of
+/// its kind; a checksum mismatch is reported in [`FileReport::checksum`].
+pub fn verify_path(path: &Path) -> Result<FileReport> {
+    let meta = std::fs::metadata(path).with_context(|| format!("cannot read {}", path.display()))?;
+    if !meta.is_file() {
+        bail!("{} is not a file", path.display());
+    }
+    let sha256 = sha256_file(path)?;
+    let reg = registry()?;
+    let by_name = path.file_name().and_then(|n| reg.by_file(&n.to_string_lossy()));
+    let (entry, checksum) = match (reg.by_sha(&sha256), by_name) {
+        (Some(e), _) => (Some(e), Checksum::Match),
+        (None, Some(e)) => match e.sha() {
+            Some(x) => (
+                Some(e),
+                Checksum::Mismatch {
+                    expected: x.to_string(),
+                },
+            ),
+            None => (Some(e), Checksum::NotOnRecord),
+        },
+        (None, None) => (None, Checksum::NoEntry),
+    };
+    let session = crate::runtime::cpu_session(path, 1, "model")?;
+    let detector = match entry {
+        Some(e) => e.kind == Kind::Detector,
+        None => {
+            let md = session.metadata().ok();
+            md.and_then(|m| m.custom("gpen_video.detector")).is_some()
+                || (session.inputs().len() == 1 && session.outputs().len() == 4)
+        }
+    };
+    let facts = if detector {
+        let inputs = session.inputs();
+        let (input, shape) = match inputs.first().map(|i| (i.name().to_string(), i.dtype())) {
+            Some((n, ort::value::ValueType::Tensor { shape, .. })) => (n, shape.iter().copied().collect()),
+            _ => (String::new(), Vec::new()),
+        };
+        let outputs = session.outputs().len();
+        crate::detect::Detector::new(session, (640, 640), 0.5, 0.3)
+            .with_context(|| format!("{} does not fit the CenterFace detector's I/O", path.display()))?;
+        ModelFacts::Detector { input, shape, outputs }
+    } else {
+        let info = ModelInfo::read(&session)
+            .with_context(|| format!("{} does not fit GPEN's I/O contract", path.display()))?;
+        let md = session.metadata().ok();
+        let meta = ["model", "template", "precision", "parameters"]
+            .iter()
+            .filter_map(|k| {
+                let v = md.as_ref()?.custom(&format!("gpen_video.{k}"))?;
+                Some((k.to_string(), v))
+            })
+            .collect();
+        ModelFacts::Enhancer { info, meta }
+    };
+    Ok(FileReport {
+        path: path.to_path_buf(),
+        bytes: meta.len(),
+        sha256,
+        entry: entry.cloned(),
+        checksum,
+        facts,
+    })
+}
+
+impl fmt::Display for FileReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "{}", self.path.display())?;
+        writeln!(f, "  bytes      {}", self.bytes)?;
+        writeln!(f, "  sha256     {}", self.sha256)?;
+        let name = self.entry.as_ref().map_or("", |e| e.name.as_str());
+        match &self.checksum {
+            Checksum::Match => writeln!(f, "  registry   {name}: sha256 matches the one on record")?,
+            Checksum::Mismatch { expected } => writeln!(
+                f,
+                "  registry   {name}: MISMATCH, {expected} on record (not the published file, or damaged)"
+            )?,
+            Checksum::NotOnRecord => writeln!(f, "  registry   {name} (by file name): no checksum on record")?,
+            Checksum::NoEntry => writeln!(f, "  registry   no entry (not a known model file)")?,
+        }
+        if let Some(e) = &self.entry {
+            if e.bytes != 0 && e.bytes != self.bytes {
+                writeln!(
+                    f,
+                    "  warning    {} bytes on record for {}: this is a different file",
+                    e.bytes, e.name
+                )?;
+            }
+        }
+        match &self.facts {
+            ModelFacts::Enhancer { info, meta } => {
+                writeln!(f, "  kind       enhancer (GPEN I/O contract: ok)")?;
+                let n = info.fixed_batch.map_or("N".to_string(), |b| b.to_string());
+                writeln!(f, "  input      `{}` float32 [{n},3,{1},{1}]", info.input, info.size)?;
+                writeln!(f, "  output     `{}`", info.output)?;
+                writeln!(f, "  size       {}", info.size)?;
+                match info.fixed_batch {
+                    Some(n) => writeln!(f, "  batch      fixed {n}")?,
+                    None => writeln!(f, "  batch      dynamic")?,
+                }
+                match &info.weights_note {
+                    Some(w) => writeln!(f, "  weights    {w}")?,
+                    None => writeln!(f, "  weights    no gpen_video.weights note")?,
+                }
+                for (k, v) in meta {
+                    writeln!(f, "  {k:<10} {v}")?;
+                }
+            }
+            ModelFacts::Detector { input, shape, outputs } => {
+                let dims: Vec<String> = shape
+                    .iter()
+                    .map(|d| if *d < 0 { "?".into() } else { d.to_string() })
+                    .collect();
+                writeln!(f, "  kind       detector (CenterFace I/O: ok, {outputs} outputs)")?;
+                writeln!(f, "  input      `{input}` [{}]", dims.join(","))?;
+                let dynamic = shape.first().is_none_or(|d| *d < 0);
+                writeln!(f, "  batch      {}", if dynamic { "dynamic" } else { "fixed" })?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `verify` without a path: every registry file present under models/.
+pub(super) fn verify_all() -> Result<()> {
+    let reg = registry()?;
+    let (mut seen, mut bad) = (0, Vec::new());
+    for e in &reg.models {
+        let Some(p) = e.local_path() else { continue };
+        seen += 1;
+        let sha = sha256_file(&p)?;
+        let bytes = std::fs::metadata(&p).map(|m| m.len()).unwrap_or(0);
+        let status = match e.sha() {
+            Some(x) if x == sha => "ok: sha256 matches".to_string(),
+            Some(x) => {
+                bad.push(e.name.clone());
+                format!("MISMATCH: sha256 {sha}, {x} on record")
+            }
+            None => format!("no checksum on record (sha256 {sha})"),
+        };
+        let size = if e.bytes != 0 && e.bytes != bytes {
+            format!("; {bytes} bytes, {} on record", e.bytes)
+        } else {
+            String::new()
+        };
+        println!("{:<26} {}  {status}{size}", e.name, p.display());
+    }
+    if seen == 0 {
+        println!("no registry model found under models/ (`gpen-video models list` shows what is known)");
+    }
+    if !bad.is_empty() {
+        bail!(
+            "{} do(es) not match the checksum on record: delete and fetch again",
+            bad.join(", ")
+        );
+    }
+    Ok(())
+}

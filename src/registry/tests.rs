@@ -1,0 +1,145 @@
+//! Unit tests of the registry: in, the embedded models.toml and small hand-written registries;
+//! out, checks of its rules, lookups, download URLs, the list table and `--model` resolution.
+
+use super::fetch::host_of;
+use super::*;
+
+#[test]
+fn embedded_registry_parses_and_passes_its_rules() {
+    let reg = registry().expect("embedded registry");
+    assert!(reg.models.len() >= 8, "only {} models", reg.models.len());
+}
+
+#[test]
+fn known_models_are_there_with_their_facts() {
+    let reg = registry().unwrap();
+    for size in [256, 512, 1024, 2048] {
+        let e = reg.find(&format!("GPEN-BFR-{size}")).expect("official entry");
+        assert_eq!(e.input_size, size);
+        assert_eq!(e.batch, Batch::Fixed1);
+        assert_eq!(e.source, Source::Download);
+        assert!(e.url.starts_with("https://"), "{}", e.url);
+        assert_eq!(e.normalisation, "[-1,1] RGB NCHW");
+    }
+    assert_eq!(reg.find("GPEN-BFR-512").unwrap().bytes, 284_244_491);
+    assert_eq!(reg.find("GPEN-BFR-256").unwrap().bytes, 75_715_262);
+    assert_eq!(reg.find("GPEN-BFR-256").unwrap().template, "arcface_128");
+    assert_eq!(reg.find("GPEN-BFR-512").unwrap().template, "ffhq");
+    let r = reg.find("gpen-bfr-512-random").unwrap();
+    assert_eq!((r.batch, r.source), (Batch::Dynamic, Source::Export));
+    assert!(r.url.is_empty() && r.make.contains("gpen_export.py"));
+    let c = reg.find("centerface").unwrap();
+    assert_eq!(c.kind, Kind::Detector);
+    assert!(is_sha256(&c.source_sha256));
+    // Lookups ignore case.
+    assert_eq!(reg.find("gpen-bfr-512").unwrap().name, "GPEN-BFR-512");
+}
+
+#[test]
+fn every_entry_has_the_required_fields() {
+    for e in &registry().unwrap().models {
+        assert!(!e.name.is_empty() && e.file.ends_with(".onnx"), "{e:?}");
+        assert!(!e.normalisation.is_empty(), "{}", e.name);
+        assert!(e.sha256.is_empty() || is_sha256(&e.sha256), "{}: {}", e.name, e.sha256);
+        match e.source {
+            Source::Download => assert!(!e.url.is_empty(), "{}", e.name),
+            _ => assert!(e.url.is_empty() && !e.make.is_empty(), "{}", e.name),
+        }
+        if e.kind == Kind::Enhancer {
+            assert!(e.input_size > 0 && !e.template.is_empty(), "{}", e.name);
+        }
+    }
+}
+
+#[test]
+fn names_and_files_are_unique() {
+    let reg = registry().unwrap();
+    let mut names: Vec<String> = reg.models.iter().map(|e| e.name.to_lowercase()).collect();
+    let mut files: Vec<String> = reg.models.iter().map(|e| e.file.to_lowercase()).collect();
+    let n = names.len();
+    names.sort();
+    names.dedup();
+    files.sort();
+    files.dedup();
+    assert_eq!((names.len(), files.len()), (n, n));
+}
+
+fn one(extra: &str) -> String {
+    format!(
+        "[[model]]\nname = \"x\"\nkind = \"enhancer\"\nfile = \"x.onnx\"\nsource = \"download\"\n\
+         url = \"https://example.invalid/x.onnx\"\nbatch = \"dynamic\"\ninput_size = 512\n\
+         template = \"ffhq\"\nnormalisation = \"[-1,1] RGB NCHW\"\n{extra}"
+    )
+}
+
+#[test]
+fn the_rules_refuse_bad_entries() {
+    assert!(Registry::parse(&one("sha256 = \"\"\n")).is_ok());
+    // Hashes: empty or 64 lowercase hex digits.
+    assert!(Registry::parse(&one("sha256 = \"abc\"\n")).is_err());
+    assert!(Registry::parse(&one(&format!("sha256 = \"{}\"\n", "A".repeat(64)))).is_err());
+    assert!(Registry::parse(&one(&format!("sha256 = \"{}\"\n", "a".repeat(64)))).is_ok());
+    // Unknown fields (typos) and duplicate names.
+    assert!(Registry::parse(&one("sha = \"\"\n")).is_err());
+    let twice = format!(
+        "{}\n{}",
+        one(""),
+        one("").replace("x.onnx", "y.onnx").replace("\"x\"", "\"X\"")
+    );
+    assert!(Registry::parse(&twice).is_err());
+    // A download needs a URL.
+    assert!(Registry::parse(&one("").replace("url = \"https://example.invalid/x.onnx\"\n", "")).is_err());
+    assert!(Registry::parse(&one("").replace("\"ffhq\"", "\"square\"")).is_err());
+}
+
+#[test]
+fn download_url_prefers_flag_then_mirror_base_then_registry() {
+    let reg = registry().unwrap();
+    let e = reg.find("GPEN-BFR-1024").unwrap();
+    assert_eq!(download_url(e, None, None).unwrap(), e.url);
+    assert_eq!(
+        download_url(e, None, Some("http://127.0.0.1:9/m/")).unwrap(),
+        "http://127.0.0.1:9/m/GPEN-BFR-1024.onnx"
+    );
+    assert_eq!(
+        download_url(e, None, Some("")).unwrap(),
+        e.url,
+        "an empty base is ignored"
+    );
+    assert_eq!(
+        download_url(e, Some("http://h/x.onnx"), Some("http://127.0.0.1:9")).unwrap(),
+        "http://h/x.onnx"
+    );
+    let x = reg.find("gpen-bfr-256-random").unwrap();
+    let err = download_url(x, None, None).unwrap_err().to_string();
+    assert!(err.contains(&x.make) && err.contains("not published"), "{err}");
+    assert_eq!(
+        download_url(x, None, Some("http://127.0.0.1:9")).unwrap(),
+        "http://127.0.0.1:9/gpen-bfr-256-random.onnx"
+    );
+}
+
+#[test]
+fn host_is_taken_from_the_url() {
+    assert_eq!(host_of("http://127.0.0.1:8080/a/b.onnx"), "127.0.0.1:8080");
+    assert_eq!(host_of("https://example.org"), "example.org");
+}
+
+#[test]
+fn list_shows_every_model() {
+    let t = list_table().unwrap();
+    for e in &registry().unwrap().models {
+        assert!(t.contains(&e.name), "{} missing from\n{t}", e.name);
+    }
+    assert!(t.lines().next().unwrap().starts_with("NAME"));
+}
+
+#[test]
+fn resolve_model_refuses_an_unknown_name_and_passes_paths() {
+    let err = resolve_model("no-such-model").unwrap_err().to_string();
+    assert!(err.contains("neither a file nor a known model name"), "{err}");
+    assert_eq!(
+        resolve_model("some/dir/m.onnx").unwrap(),
+        PathBuf::from("some/dir/m.onnx")
+    );
+}
