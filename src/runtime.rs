@@ -135,6 +135,9 @@ pub fn session(path: &Path, o: &SessionOptions, what: &str) -> Result<Session> {
         // Idle ONNX Runtime threads would otherwise spin, taking cores from decoding, detection
         // and encoding, which run beside the model in this pipeline.
         .with_intra_op_spinning(false)
+        .map_err(ort_err)?
+        // Batch sizes vary (partial batches): a memory pattern per shape only grows the arena.
+        .with_memory_pattern(false)
         .map_err(ort_err)?;
     if let Target::Cuda(id) = o.target {
         let mut eps = Vec::new();
