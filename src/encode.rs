@@ -215,6 +215,9 @@ impl Encoder {
         if let Some(p) = &settings.preset {
             opts.set("preset", p);
         }
+        // As the ffmpeg tool does: let the encoder pick its thread count (libavcodec's default
+        // of one thread would make encoding the pipeline's serial bottleneck).
+        opts.set("threads", "auto");
         let enc = ctx
             .open_as_with(codec, opts)
             .with_context(|| format!("cannot open encoder {} (check --crf and --preset)", settings.codec))?;
