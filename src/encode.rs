@@ -220,7 +220,12 @@ impl Encoder {
         opts.set("threads", "auto");
         let enc = ctx
             .open_as_with(codec, opts)
-            .with_context(|| format!("cannot open encoder {} (check --crf and --preset)", settings.codec))?;
+            .with_context(|| {
+                format!(
+                    "cannot open encoder {} for {w}x{h} {pix:?} (check --crf and --preset; x264 needs an even width and height)",
+                    settings.codec
+                )
+            })?;
         {
             let mut ost = octx.add_stream(codec)?;
             ost.set_parameters(&enc);
