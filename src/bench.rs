@@ -158,7 +158,7 @@ fn bench_source(o: &BenchOptions, src: &Path, tmp: &Path, report: &mut BenchRepo
         let mut rates = Vec::new();
         let mut ms = Vec::new();
         for i in 0..o.repeat.max(1) + 1 {
-            let (faces_per_s, ms_per_batch) = ceiling(&mut plan, &crops, 4)?;
+            let (faces_per_s, ms_per_batch) = ceiling(&mut plan, &crops, 4, Duration::from_secs(2))?;
             if i > 0 {
                 log(&format!("{name}: enhance-only run {i}: {faces_per_s:.2} faces/s"));
                 rates.push(faces_per_s);
@@ -216,27 +216,30 @@ fn collect_crops(plan: &mut Plan, want: usize) -> Result<Vec<Vec<f32>>> {
     Ok(crops)
 }
 
-/// Every worker runs `per_worker` full batches of the crops at once; returns faces/s over all
-/// workers and the mean ms per batch.
-fn ceiling(plan: &mut Plan, crops: &[Vec<f32>], per_worker: usize) -> Result<(f64, f64)> {
+/// Every worker runs full batches of the crops at once, at least `min_batches` each and for at
+/// least `min_time`, so fast models are timed long enough to be steady; returns faces/s over
+/// all workers and the median ms per batch.
+fn ceiling(plan: &mut Plan, crops: &[Vec<f32>], min_batches: usize, min_time: Duration) -> Result<(f64, f64)> {
     let batch = plan.batch;
     let start = Instant::now();
-    let results: Vec<Result<(usize, Duration)>> = std::thread::scope(|s| {
+    let results: Vec<Result<(usize, usize, Duration)>> = std::thread::scope(|s| {
         let handles: Vec<_> = plan
             .workers
             .iter_mut()
             .map(|w| {
-                s.spawn(move || -> Result<(usize, Duration)> {
+                s.spawn(move || -> Result<(usize, usize, Duration)> {
                     let mut faces = 0;
                     let t = Instant::now();
-                    for i in 0..per_worker {
+                    let mut i = 0;
+                    while i < min_batches || t.elapsed() < min_time {
                         let slice: Vec<&[f32]> = (0..batch)
                             .map(|k| crops[(i * batch + k) % crops.len()].as_slice())
                             .collect();
                         w.enhancer.run(&slice, |_, _| ())?;
                         faces += slice.len();
+                        i += 1;
                     }
-                    Ok((faces, t.elapsed()))
+                    Ok((faces, i, t.elapsed()))
                 })
             })
             .collect();
@@ -249,9 +252,9 @@ fn ceiling(plan: &mut Plan, crops: &[Vec<f32>], per_worker: usize) -> Result<(f6
     let mut faces = 0;
     let mut ms = Vec::new();
     for r in results {
-        let (f, d) = r?;
+        let (f, batches, d) = r?;
         faces += f;
-        ms.push(1000.0 * d.as_secs_f64() / per_worker as f64);
+        ms.push(1000.0 * d.as_secs_f64() / batches.max(1) as f64);
     }
     Ok((faces as f64 / wall.max(1e-9), median(ms)))
 }
