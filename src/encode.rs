@@ -236,6 +236,17 @@ impl Encoder {
             let ictx = ffmpeg::format::input(&src.path)?;
             if let Some(ist) = ictx.stream(src.stream_index) {
                 ost.set_metadata(ist.metadata().to_owned());
+                // Stream side data: the display matrix (phone videos' rotation), HDR mastering
+                // and light levels, and the like, which players need to show the picture right.
+                for sd in ist.side_data() {
+                    let bytes = sd.data();
+                    unsafe {
+                        let dst = ffmpeg::ffi::av_stream_new_side_data(ost.as_mut_ptr(), sd.kind().into(), bytes.len());
+                        if !dst.is_null() {
+                            std::ptr::copy_nonoverlapping(bytes.as_ptr(), dst, bytes.len());
+                        }
+                    }
+                }
             }
             octx.set_metadata(ictx.metadata().to_owned());
         }
