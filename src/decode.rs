@@ -147,33 +147,17 @@ pub fn check_cuda_hwaccel() -> Result<()> {
     HwDevice::cuda().map(drop)
 }
 
-/// Converts `src` straight into a packed RGB24 buffer of `width x height` (no padding), so the
-/// picture is written once instead of converted into a frame and copied out.
-fn scale_packed(scaler: &mut Scaler, src: &VideoFrame, width: usize, height: usize, dst: &mut Vec<u8>) -> Result<()> {
-    dst.resize(width * height * 3, 0);
-    let dst_planes: [*mut u8; 4] = [
-        dst.as_mut_ptr(),
-        std::ptr::null_mut(),
-        std::ptr::null_mut(),
-        std::ptr::null_mut(),
-    ];
-    let dst_strides: [i32; 4] = [(width * 3) as i32, 0, 0, 0];
-    // SAFETY: the scaler was made for src's format and size and this output size; dst holds
-    // exactly height rows of width * 3 bytes, the one plane packed RGB24 has.
-    let rows = unsafe {
-        let f = src.as_ptr();
-        ffmpeg::ffi::sws_scale(
-            scaler.as_mut_ptr(),
-            (*f).data.as_ptr() as *const *const u8,
-            (*f).linesize.as_ptr(),
-            0,
-            src.height() as i32,
-            dst_planes.as_ptr(),
-            dst_strides.as_ptr(),
-        )
-    };
-    if rows != height as i32 {
-        bail!("colour conversion returned {rows} rows instead of {height}");
+/// Converts `src` to packed RGB24 of `width x height` in `dst` (no row padding). swscale writes
+/// into `tmp`, an FFmpeg frame with the aligned and padded rows its SIMD code may write past the
+/// line end, and the rows are copied out: writing straight into a tight buffer corrupts memory
+/// for widths whose rows are not a multiple of the vector size.
+fn scale_packed(scaler: &mut Scaler, src: &VideoFrame, tmp: &mut VideoFrame, size: (usize, usize), dst: &mut Vec<u8>) -> Result<()> {
+    let (width, height) = size;
+    scaler.run(src, tmp)?;
+    let (stride, data, row) = (tmp.stride(0), tmp.data(0), width * 3);
+    dst.clear();
+    for y in 0..height {
+        dst.extend_from_slice(&data[y * stride..y * stride + row]);
     }
     Ok(())
 }
@@ -215,7 +199,7 @@ impl Decoder {
         let (w, h) = (info.width, info.height);
         let (dw, dh) = self.det_size;
         let mut scalers: Option<(Scaler, Scaler, Pixel)> = None;
-        let mut yuv = VideoFrame::empty();
+        let (mut yuv, mut rgb, mut small) = (VideoFrame::empty(), VideoFrame::empty(), VideoFrame::empty());
         let mut report = DecodeReport::default();
         let mut last_pts: Option<i64> = None;
 
@@ -265,9 +249,9 @@ impl Decoder {
                 }
                 let (full, det, _) = scalers.as_mut().expect("just set");
                 let (mut buf, mut det_buf) = (rgb_pool.get(), det_pool.get());
-                scale_packed(full, &yuv, w, h, &mut buf)
+                scale_packed(full, &yuv, &mut rgb, (w, h), &mut buf)
                     .with_context(|| format!("{path}: colour conversion failed at frame {index}"))?;
-                scale_packed(det, &yuv, dw, dh, &mut det_buf)?;
+                scale_packed(det, &yuv, &mut small, (dw, dh), &mut det_buf)?;
                 let pts = yuv.timestamp().or(yuv.pts()).or_else(|| last_pts.map(|p| p + 1));
                 last_pts = pts;
                 report.frames += 1;
