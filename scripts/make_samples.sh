@@ -7,6 +7,7 @@
 #   test/group.mkv       640x360, 25 fps, 1 s, four faces, audio and a subtitle track
 #   test/vfr.mkv         640x360, variable frame rate, 40 frames, audio
 #   test/noface.mp4      320x240, 1 s, a plain test pattern, no face
+#   test/rotated.mp4     stored 360x640 sideways, shown upright by its display matrix
 set -euo pipefail
 cd "$(dirname "$0")/../samples"
 what=${1:-all}
@@ -62,3 +63,9 @@ make test/vfr.mkv -loop 1 -i $src -f lavfi -i "$(aac 660 2)" \
   -filter_complex "$(moving 640 360 2 20 340);[v]settb=1/1000,setpts='N*50+floor(N/4)*25'[w]" -map '[w]' \
   -map 1:a -frames:v 40 -fps_mode passthrough "${x264[@]}" -c:a aac -b:a 64k
 make test/noface.mp4 -f lavfi -i testsrc2=s=320x240:r=30:d=1 "${x264[@]}"
+# A phone-style clip: stored sideways (360x640), with a display matrix that turns it upright.
+if [ ! -f test/rotated.mp4 ]; then
+  make test/.sideways.mp4 -i test/astronaut.mp4 -vf transpose=1 -frames:v 30 "${x264[@]}" -c:a copy
+  make test/rotated.mp4 -i test/.sideways.mp4 -c copy -metadata:s:v rotate=90
+  rm -f test/.sideways.mp4
+fi

@@ -27,6 +27,9 @@ pub struct SourceInfo {
     pub duration_s: Option<f64>,
     pub codec: String,
     pub params: ffmpeg::codec::Parameters,
+    /// Display rotation from the stream's display matrix, degrees counterclockwise: 0, 90,
+    /// 180 or 270 (phone videos are often stored sideways).
+    pub rotation: u32,
 }
 
 impl std::fmt::Debug for SourceInfo {
@@ -81,6 +84,19 @@ pub fn probe(path: &Path) -> Result<SourceInfo> {
     let codec = ffmpeg::codec::decoder::find(params.id())
         .map(|c| c.name().to_string())
         .unwrap_or_default();
+    let rotation = stream
+        .side_data()
+        .find(|sd| sd.kind() == ffmpeg::codec::packet::side_data::Type::DisplayMatrix && sd.data().len() >= 36)
+        .map(|sd| {
+            // SAFETY: a display matrix is nine 32-bit integers; the length was checked.
+            let angle = unsafe { ffmpeg::ffi::av_display_rotation_get(sd.data().as_ptr() as *const i32) };
+            if angle.is_nan() {
+                0
+            } else {
+                (((angle / 90.0).round() as i64 * 90).rem_euclid(360)) as u32
+            }
+        })
+        .unwrap_or(0);
     Ok(SourceInfo {
         path: path.to_path_buf(),
         stream_index: stream.index(),
@@ -92,6 +108,7 @@ pub fn probe(path: &Path) -> Result<SourceInfo> {
         duration_s,
         codec,
         params,
+        rotation,
     })
 }
 
@@ -151,7 +168,13 @@ pub fn check_cuda_hwaccel() -> Result<()> {
 /// into `tmp`, an FFmpeg frame with the aligned and padded rows its SIMD code may write past the
 /// line end, and the rows are copied out: writing straight into a tight buffer corrupts memory
 /// for widths whose rows are not a multiple of the vector size.
-fn scale_packed(scaler: &mut Scaler, src: &VideoFrame, tmp: &mut VideoFrame, size: (usize, usize), dst: &mut Vec<u8>) -> Result<()> {
+fn scale_packed(
+    scaler: &mut Scaler,
+    src: &VideoFrame,
+    tmp: &mut VideoFrame,
+    size: (usize, usize),
+    dst: &mut Vec<u8>,
+) -> Result<()> {
     let (width, height) = size;
     scaler.run(src, tmp)?;
     let (stride, data, row) = (tmp.stride(0), tmp.data(0), width * 3);

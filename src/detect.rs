@@ -80,12 +80,29 @@ pub fn decode_maps(
     faces
 }
 
+/// Maps a point of a picture shown rotated by `rotation` degrees counterclockwise (a multiple
+/// of 90, as a display matrix says) back to the stored picture of `w x h` pixels.
+pub fn display_to_storage(x: f32, y: f32, rotation: u32, (w, h): (usize, usize)) -> (f32, f32) {
+    let (wl, hl) = (w as f32 - 1.0, h as f32 - 1.0);
+    match rotation {
+        90 => (wl - y, x),
+        180 => (wl - x, hl - y),
+        270 => (y, hl - x),
+        _ => (x, y),
+    }
+}
+
 /// A CenterFace session with its input buffer.
 pub struct Detector {
     session: Session,
     input_name: String,
-    /// Detection input (width, height).
+    /// Size (width, height) of the downscaled copy the decoder makes, in stored orientation.
     pub size: (usize, usize),
+    /// The model's input size: `size` turned upright for display.
+    input_size: (usize, usize),
+    /// Counterclockwise display rotation of the video (0, 90, 180 or 270): faces are found on
+    /// the upright picture, and their points mapped back to the stored one.
+    rotation: u32,
     pub threshold: f32,
     pub nms_iou: f32,
     input: Vec<f32>,
@@ -93,8 +110,11 @@ pub struct Detector {
 
 impl Detector {
     /// Checks the session looks like CenterFace (one [N,3,H,W] input, four outputs) and picks
-    /// the detection size: the model's own if its spatial dimensions are fixed, else `wanted`.
-    pub fn new(session: Session, wanted: (usize, usize), threshold: f32, nms_iou: f32) -> Result<Self> {
+    /// the detection size: the model's own if its spatial dimensions are fixed, else `wanted`
+    /// (given in stored orientation). `rotation` is the video's display rotation.
+    pub fn new(session: Session, wanted: (usize, usize), threshold: f32, nms_iou: f32, rotation: u32) -> Result<Self> {
+        let turned = rotation == 90 || rotation == 270;
+        let swap = |(a, b): (usize, usize)| if turned { (b, a) } else { (a, b) };
         let inputs = session.inputs();
         if inputs.len() != 1 || session.outputs().len() != 4 {
             bail!(
@@ -126,12 +146,14 @@ impl Detector {
             }
             (shape[3] as usize, shape[2] as usize)
         } else {
-            wanted
+            swap(wanted)
         };
         Ok(Self {
             session,
             input_name,
-            size,
+            size: swap(size),
+            input_size: size,
+            rotation: if turned || rotation == 180 { rotation } else { 0 },
             threshold,
             nms_iou,
             input: Vec::new(),
@@ -139,15 +161,30 @@ impl Detector {
     }
 
     /// Detects faces in `det` (packed RGB24 at `self.size`) and maps them to a frame of
-    /// `frame_w x frame_h`.
+    /// `frame_w x frame_h` (stored orientation).
     pub fn detect(&mut self, det: &[u8], frame_w: usize, frame_h: usize) -> Result<Vec<Face>> {
-        let (w, h) = self.size;
+        let (w, h) = self.input_size;
         let plane = w * h;
         self.input.resize(3 * plane, 0.0);
-        for (i, px) in det.chunks_exact(3).enumerate().take(plane) {
-            self.input[i] = px[0] as f32;
-            self.input[plane + i] = px[1] as f32;
-            self.input[2 * plane + i] = px[2] as f32;
+        if self.rotation == 0 {
+            for (i, px) in det.chunks_exact(3).enumerate().take(plane) {
+                self.input[i] = px[0] as f32;
+                self.input[plane + i] = px[1] as f32;
+                self.input[2 * plane + i] = px[2] as f32;
+            }
+        } else {
+            // Turn the stored copy upright while filling the input.
+            let (sw, _) = self.size;
+            for yd in 0..h {
+                for xd in 0..w {
+                    let (xs, ys) = display_to_storage(xd as f32, yd as f32, self.rotation, self.size);
+                    let k = (ys as usize * sw + xs as usize) * 3;
+                    let i = yd * w + xd;
+                    self.input[i] = det[k] as f32;
+                    self.input[plane + i] = det[k + 1] as f32;
+                    self.input[2 * plane + i] = det[k + 2] as f32;
+                }
+            }
         }
         let tensor = TensorRef::from_array_view(([1usize, 3, h, w], &self.input[..]))?;
         let outputs = self.session.run(ort::inputs![self.input_name.as_str() => tensor])?;
@@ -158,14 +195,19 @@ impl Detector {
             bail!("detector output maps are not {mw}x{mh}: is this a CenterFace model?");
         }
         let faces = decode_maps(heat, scale, offset, lms, (mh, mw), (w, h), self.threshold);
-        let (sx, sy) = (frame_w as f32 / w as f32, frame_h as f32 / h as f32);
+        let turned = self.rotation == 90 || self.rotation == 270;
+        let (dw, dh) = if turned { (frame_h, frame_w) } else { (frame_w, frame_h) };
+        let (sx, sy) = (dw as f32 / w as f32, dh as f32 / h as f32);
+        let back = |x: f32, y: f32| display_to_storage(x * sx, y * sy, self.rotation, (frame_w, frame_h));
         Ok(nms(faces, self.nms_iou)
             .into_iter()
             .map(|mut f| {
-                f.bbox = [f.bbox[0] * sx, f.bbox[1] * sy, f.bbox[2] * sx, f.bbox[3] * sy];
+                let (ax, ay) = back(f.bbox[0], f.bbox[1]);
+                let (bx, by) = back(f.bbox[2], f.bbox[3]);
+                f.bbox = [ax.min(bx), ay.min(by), ax.max(bx), ay.max(by)];
                 for lm in &mut f.landmarks {
-                    lm[0] *= sx;
-                    lm[1] *= sy;
+                    let (x, y) = back(lm[0], lm[1]);
+                    *lm = [x, y];
                 }
                 f
             })
@@ -194,6 +236,20 @@ mod tests {
         assert_eq!(det_size(3840, 2160, 1280), (1280, 736));
         assert_eq!(det_size(100, 40, 640), (96, 32));
         assert_eq!(det_size(20, 10, 640), (32, 32));
+    }
+
+    #[test]
+    fn display_points_map_back_to_the_stored_picture() {
+        // A 4x2 stored picture; its corners under each display rotation.
+        let size = (4, 2);
+        // Rotated 90 degrees counterclockwise the picture is 2x4: its top-left shows the stored
+        // top-right pixel.
+        assert_eq!(display_to_storage(0.0, 0.0, 90, size), (3.0, 0.0));
+        assert_eq!(display_to_storage(1.0, 3.0, 90, size), (0.0, 1.0));
+        assert_eq!(display_to_storage(0.0, 0.0, 180, size), (3.0, 1.0));
+        assert_eq!(display_to_storage(0.0, 0.0, 270, size), (0.0, 1.0));
+        assert_eq!(display_to_storage(1.0, 3.0, 270, size), (3.0, 0.0));
+        assert_eq!(display_to_storage(2.5, 1.5, 0, size), (2.5, 1.5));
     }
 
     #[test]

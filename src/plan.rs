@@ -316,7 +316,7 @@ impl Plan {
         };
         let det_session = crate::runtime::session(&det_path, &det_opts, "detector")?;
         let wanted = det_size(source.width, source.height, o.det_size);
-        let detector = Detector::new(det_session, wanted, o.det_threshold, o.nms_iou)
+        let detector = Detector::new(det_session, wanted, o.det_threshold, o.nms_iou, source.rotation)
             .with_context(|| format!("detector {}", det_path.display()))?;
 
         Ok(Plan {

@@ -303,3 +303,30 @@ fn ctrl_c_stops_a_run_and_leaves_no_output() {
         "no output and no partial file"
     );
 }
+
+#[test]
+fn sideways_phone_video_keeps_its_rotation_and_its_faces_are_found() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = asset("samples/test/rotated.mp4");
+    let (out, json) = (dir.path().join("r.mp4"), dir.path().join("f.json"));
+    ok(&gpen(&[
+        &input,
+        &out,
+        &"--model",
+        &asset("models/standin/negate-256.onnx"),
+        &"--faces-json",
+        &json,
+    ]));
+    let rotation = |f: &std::path::Path| probe_video(f, "stream_side_data=rotation").trim().to_string();
+    assert_eq!(rotation(&input), "90");
+    assert_eq!(rotation(&out), "90", "display matrix copied");
+    let frames = faces_json(&json);
+    let found = frames.iter().filter(|(r, _)| !r.is_empty()).count();
+    // The faces lie on their side in the stored picture: found only if detection turns it upright.
+    assert!(
+        found * 100 >= frames.len() * 95,
+        "faces in {found} of {} frames",
+        frames.len()
+    );
+    assert_eq!(video_pts(&out), video_pts(&input));
+}

@@ -192,7 +192,7 @@ pub fn verify_path(path: &Path) -> Result<FileReport> {
             _ => (String::new(), Vec::new()),
         };
         let outputs = session.outputs().len();
-        crate::detect::Detector::new(session, (640, 640), 0.5, 0.3)
+        crate::detect::Detector::new(session, (640, 640), 0.5, 0.3, 0)
             .with_context(|| format!("{} does not fit the CenterFace detector's I/O", path.display()))?;
         ModelFacts::Detector { input, shape, outputs }
     } else {
