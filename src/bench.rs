@@ -196,11 +196,14 @@ fn collect_crops(plan: &mut Plan, want: usize) -> Result<Vec<Vec<f32>>> {
     let (a, b) = (Pool::new(2), Pool::new(2));
     let mut crops = Vec::new();
     let mut err = None;
-    decoder.run((&a, &b), Some(600), |f| {
+    decoder.run((&a, &b), Some(600), |mut f| {
         match plan.detector.detect(&f.det, f.width, f.height) {
             Ok(faces) => {
                 for face in faces {
                     let to_crop = fit_similarity(&face.landmarks, &tpl);
+                    if let Some(r) = crate::paste::region(&to_crop, size, f.width, f.height) {
+                        f.ensure_rgb(r);
+                    }
                     let mut crop = vec![0.0; 3 * size * size];
                     warp_to_tensor(&f.rgb, f.width, f.height, &to_crop, size, &mut crop);
                     crops.push(crop);

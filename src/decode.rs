@@ -272,8 +272,15 @@ impl Decoder {
                 }
                 let (full, det, _) = scalers.as_mut().expect("just set");
                 let (mut buf, mut det_buf) = (rgb_pool.get(), det_pool.get());
-                scale_packed(full, &yuv, &mut rgb, (w, h), &mut buf)
-                    .with_context(|| format!("{path}: colour conversion failed at frame {index}"))?;
+                // A yuv420p picture is converted to RGB only where faces are, later; other formats
+                // are converted whole here.
+                let rgb_partial = yuv.format() == Pixel::YUV420P;
+                if rgb_partial {
+                    buf.resize(w * h * 3, 0);
+                } else {
+                    scale_packed(full, &yuv, &mut rgb, (w, h), &mut buf)
+                        .with_context(|| format!("{path}: colour conversion failed at frame {index}"))?;
+                }
                 scale_packed(det, &yuv, &mut small, (dw, dh), &mut det_buf)?;
                 let pts = yuv.timestamp().or(yuv.pts()).or_else(|| last_pts.map(|p| p + 1));
                 last_pts = pts;
@@ -285,6 +292,7 @@ impl Decoder {
                     width: w,
                     height: h,
                     rgb: buf,
+                    rgb_partial,
                     det: det_buf,
                     source: Some(source),
                     dirty: Vec::new(),

@@ -151,7 +151,10 @@ unsafe impl Send for SendScaler {}
 pub struct Encoder {
     octx: ffmpeg::format::context::Output,
     enc: encoder::video::Encoder,
+    /// yuv420p -> the encoder's format, when it is not yuv420p.
     scaler: Option<SendScaler>,
+    /// RGB24 -> the encoder's format, for sources that are not yuv420p.
+    rgb_scaler: Option<SendScaler>,
     pix: Pixel,
     rgb: VideoFrame,
     yuv: VideoFrame,
@@ -258,6 +261,7 @@ impl Encoder {
             octx,
             enc,
             scaler: None,
+            rgb_scaler: None,
             pix,
             rgb: VideoFrame::new(Pixel::RGB24, w, h),
             yuv: VideoFrame::empty(),
@@ -285,11 +289,10 @@ impl Encoder {
             (None, l) => l.map_or(0, |l| l + 1),
         };
         self.last_pts = Some(pts);
-        let direct = self.pix == Pixel::YUV420P
-            && frame.source.as_ref().is_some_and(|s| {
-                s.format() == Pixel::YUV420P && s.width() as usize == frame.width && s.height() as usize == frame.height
-            });
-        let picture = if direct {
+        let yuv420 = frame.source.as_ref().is_some_and(|s| {
+            s.format() == Pixel::YUV420P && s.width() as usize == frame.width && s.height() as usize == frame.height
+        });
+        let picture = if yuv420 {
             let src = frame.source.as_mut().expect("checked above");
             let picture = if frame.dirty.is_empty() {
                 src
@@ -311,19 +314,37 @@ impl Encoder {
                 }
                 work
             };
-            // Encode as the encoder decides, not where the source had its keyframes.
-            picture.set_kind(ffmpeg::picture::Type::None);
-            picture
+            if self.pix == Pixel::YUV420P {
+                picture
+            } else {
+                // An encoder that wants another format: convert the finished yuv420p picture.
+                let (fw, fh) = (frame.width as u32, frame.height as u32);
+                let scaler = match &mut self.scaler {
+                    Some(s) => s,
+                    None => self.scaler.insert(SendScaler(Scaler::get(
+                        Pixel::YUV420P,
+                        fw,
+                        fh,
+                        self.pix,
+                        fw,
+                        fh,
+                        Flags::BILINEAR | Flags::ACCURATE_RND,
+                    )?)),
+                };
+                scaler.0.run(picture, &mut self.yuv)?;
+                &mut self.yuv
+            }
         } else {
+            // Other source formats were converted to RGB whole by the decoder.
             let (w, stride) = (frame.width * 3, self.rgb.stride(0));
             let data = self.rgb.data_mut(0);
             for (y, row) in frame.rgb.chunks_exact(w).enumerate() {
                 data[y * stride..y * stride + w].copy_from_slice(row);
             }
             let (fw, fh) = (frame.width as u32, frame.height as u32);
-            let scaler = match &mut self.scaler {
+            let scaler = match &mut self.rgb_scaler {
                 Some(s) => s,
-                None => self.scaler.insert(SendScaler(Scaler::get(
+                None => self.rgb_scaler.insert(SendScaler(Scaler::get(
                     Pixel::RGB24,
                     fw,
                     fh,
@@ -336,6 +357,8 @@ impl Encoder {
             scaler.0.run(&self.rgb, &mut self.yuv)?;
             &mut self.yuv
         };
+        // Encode as the encoder decides, not where the source had its keyframes.
+        picture.set_kind(ffmpeg::picture::Type::None);
         picture.set_pts(Some(pts));
         self.enc
             .send_frame(picture)
@@ -412,6 +435,41 @@ pub fn rgb_to_yuv420p_region(rgb: &[u8], width: usize, height: usize, yuv: &mut 
             let v = (((112 * r - 94 * g - 18 * b + 128) >> 8) + 128).clamp(0, 255) as u8;
             yuv.data_mut(1)[cy * us + cx] = u;
             yuv.data_mut(2)[cy * vs + cx] = v;
+        }
+    }
+}
+
+/// Converts one region of a yuv420p picture to packed RGB24 (BT.601, limited range, chroma
+/// interpolated bilinearly with MPEG-2 siting): the inverse of [`rgb_to_yuv420p_region`], used
+/// so only face regions are ever converted.
+pub fn yuv420p_to_rgb_region(yuv: &VideoFrame, rgb: &mut [u8], width: usize, height: usize, r: Region) {
+    let (x0, y0, x1, y1) = (r.0.min(width), r.1.min(height), r.2.min(width), r.3.min(height));
+    let (ys, us, vs) = (yuv.stride(0), yuv.stride(1), yuv.stride(2));
+    let (yp, up, vp) = (yuv.data(0), yuv.data(1), yuv.data(2));
+    let (cw, ch) = (width.div_ceil(2), height.div_ceil(2));
+    for y in y0..y1 {
+        // Chroma rows sit between luma rows: luma row y is at chroma row (y - 0.5) / 2.
+        let cy = (y as f32 - 0.5) * 0.5;
+        let cy0 = cy.floor().max(0.0) as usize;
+        let cy1 = (cy0 + 1).min(ch - 1);
+        let fy = (cy - cy0 as f32).clamp(0.0, 1.0);
+        for x in x0..x1 {
+            // Chroma columns sit on even luma columns.
+            let cx = x as f32 * 0.5;
+            let cx0 = cx as usize;
+            let cx1 = (cx0 + 1).min(cw - 1);
+            let fx = cx - cx0 as f32;
+            let bil = |p: &[u8], s: usize| {
+                let a = p[cy0 * s + cx0] as f32 + (p[cy0 * s + cx1] as f32 - p[cy0 * s + cx0] as f32) * fx;
+                let b = p[cy1 * s + cx0] as f32 + (p[cy1 * s + cx1] as f32 - p[cy1 * s + cx0] as f32) * fx;
+                a + (b - a) * fy - 128.0
+            };
+            let (d, e) = (bil(up, us), bil(vp, vs));
+            let c = 1.164_383_6 * (yp[y * ys + x] as f32 - 16.0);
+            let px = &mut rgb[(y * width + x) * 3..(y * width + x) * 3 + 3];
+            px[0] = (c + 1.596_026_8 * e + 0.5).clamp(0.0, 255.0) as u8;
+            px[1] = (c - 0.391_762_3 * d - 0.812_967_6 * e + 0.5).clamp(0.0, 255.0) as u8;
+            px[2] = (c + 2.017_232_2 * d + 0.5).clamp(0.0, 255.0) as u8;
         }
     }
 }

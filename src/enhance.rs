@@ -325,6 +325,7 @@ mod tests {
                 width: 0,
                 height: 0,
                 rgb: Vec::new(),
+                rgb_partial: false,
                 det: Vec::new(),
                 source: None,
                 dirty: Vec::new(),

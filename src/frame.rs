@@ -16,8 +16,11 @@ pub struct Frame {
     pub pts: Option<i64>,
     pub width: usize,
     pub height: usize,
-    /// Packed RGB24, `width * height * 3` bytes, no padding.
+    /// Packed RGB24, `width * height * 3` bytes, no padding. When `rgb_partial` is set only
+    /// the face regions hold the picture: see [`Frame::ensure_rgb`].
     pub rgb: Vec<u8>,
+    /// `rgb` is filled region by region from `source` (yuv420p sources) instead of whole.
+    pub rgb_partial: bool,
     /// Downscaled packed RGB24 copy for the detector (`det_width * det_height * 3`).
     pub det: Vec<u8>,
     /// The decoded picture as FFmpeg gave it. The encoder starts from it, so pixels outside
@@ -25,6 +28,25 @@ pub struct Frame {
     pub source: Option<VideoFrame>,
     /// Regions of `rgb` changed by paste-back: only these are converted back.
     pub dirty: Vec<Region>,
+}
+
+impl Frame {
+    /// Makes sure `rgb` holds the picture over `region` (plus a margin covering the even
+    /// widening the encoder applies when it converts the region back).
+    pub fn ensure_rgb(&mut self, region: Region) {
+        if !self.rgb_partial {
+            return;
+        }
+        if let Some(src) = &self.source {
+            let r = (
+                region.0.saturating_sub(2) & !1,
+                region.1.saturating_sub(2) & !1,
+                (region.2 + 2).min(self.width),
+                (region.3 + 2).min(self.height),
+            );
+            crate::encode::yuv420p_to_rgb_region(src, &mut self.rgb, self.width, self.height, r);
+        }
+    }
 }
 
 /// A detected face in frame coordinates.

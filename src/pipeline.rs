@@ -145,12 +145,15 @@ fn run_inner(plan: &mut Plan, partial: &Path, progress: &(dyn Fn(u64) + Sync)) -
             s.spawn(move || -> Result<StageStat> {
                 let mut clock = Clock::new("align", DEPTH);
                 let tpl = template_named(template_name, size);
-                while let Some((f, faces)) = recv(&det_rx, &mut clock) {
+                while let Some((mut f, faces)) = recv(&det_rx, &mut clock) {
                     let jobs = clock.time(|| {
                         faces
                             .into_iter()
                             .map(|face| {
                                 let to_crop = fit_similarity(&face.landmarks, &tpl);
+                                if let Some(r) = region(&to_crop, size, f.width, f.height) {
+                                    f.ensure_rgb(r);
+                                }
                                 let mut crop = crop_pool.get();
                                 crop.resize(3 * size * size, 0.0);
                                 warp_to_tensor(&f.rgb, f.width, f.height, &to_crop, size, &mut crop);

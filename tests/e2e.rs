@@ -330,3 +330,62 @@ fn sideways_phone_video_keeps_its_rotation_and_its_faces_are_found() {
     );
     assert_eq!(video_pts(&out), video_pts(&input));
 }
+
+#[test]
+fn other_pixel_formats_in_and_out_keep_faces_changed_and_the_rest_intact() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = asset("samples/test/astronaut.mp4");
+    // A yuv444p source (converted to RGB whole) and an RGB encoder (libx264rgb), besides the
+    // yuv420p-to-yuv420p path the other tests take.
+    let yuv444 = dir.path().join("in444.mkv");
+    tool(
+        "ffmpeg",
+        &[
+            "-v",
+            "error",
+            "-i",
+            src.to_str().unwrap(),
+            "-frames:v",
+            "12",
+            "-pix_fmt",
+            "yuv444p",
+            "-c:v",
+            "libx264",
+            "-crf",
+            "12",
+            yuv444.to_str().unwrap(),
+        ],
+    );
+    for (input, codec) in [(&yuv444, "libx264"), (&src, "libx264rgb")] {
+        let (out, json) = (
+            dir.path().join(format!("o-{codec}.mkv")),
+            dir.path().join(format!("f-{codec}.json")),
+        );
+        ok(&gpen(&[
+            input,
+            &out,
+            &"--model",
+            &asset("models/standin/negate-256.onnx"),
+            &"--codec",
+            &codec,
+            &"--frames",
+            &"12",
+            &"--faces-json",
+            &json,
+        ]));
+        let faces = faces_json(&json);
+        let (w, _, got) = rgb_frames(&out);
+        let (_, _, orig) = rgb_frames(input);
+        assert_eq!(got.len(), 12, "{codec}");
+        for (i, (g, o)) in got.iter().zip(&orig).enumerate() {
+            let (regions, boxes) = &faces[i];
+            let (outside, _) = psnr(g, o, w, |x, y| !inside(regions, x, y, 2.0));
+            assert!(outside > 30.0, "{codec} frame {i}: outside faces {outside:.1} dB");
+            let (face, n) = psnr(g, o, w, |x, y| inside(boxes, x, y, -10.0));
+            assert!(
+                n > 0 && face < 15.0,
+                "{codec} frame {i}: face not changed ({face:.1} dB)"
+            );
+        }
+    }
+}

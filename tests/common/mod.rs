@@ -124,6 +124,9 @@ pub fn rgb_frames(f: &Path) -> (usize, usize, Vec<Vec<u8>>) {
             "error",
             "-i",
             f.to_str().unwrap(),
+            // Every decoded frame once: no duplicates to fill gaps in the timeline.
+            "-fps_mode",
+            "passthrough",
             "-f",
             "rawvideo",
             "-pix_fmt",
