@@ -221,7 +221,7 @@ impl Decoder {
         let mut sw = VideoFrame::empty();
         let (w, h) = (info.width, info.height);
         let (dw, dh) = self.det_size;
-        let mut scalers: Option<(Scaler, Scaler, Pixel)> = None;
+        let mut scalers: Option<(Option<Scaler>, Scaler, Pixel)> = None;
         let (mut yuv, mut rgb, mut small) = (VideoFrame::empty(), VideoFrame::empty(), VideoFrame::empty());
         let mut report = DecodeReport::default();
         let mut last_pts: Option<i64> = None;
@@ -249,18 +249,25 @@ impl Decoder {
                         yuv.height()
                     );
                 }
-                if scalers.as_ref().is_none_or(|s| s.2 != yuv.format()) {
-                    let full = Scaler::get(
-                        yuv.format(),
-                        w as u32,
-                        h as u32,
-                        Pixel::RGB24,
-                        w as u32,
-                        h as u32,
-                        Flags::BILINEAR,
-                    )?;
+                let fmt = yuv.format();
+                if scalers.as_ref().is_none_or(|s| s.2 != fmt) {
+                    // The full-size RGB conversion is only needed for sources that are not
+                    // yuv420p (those are converted region by region where faces are).
+                    let full = (fmt != Pixel::YUV420P)
+                        .then(|| {
+                            Scaler::get(
+                                fmt,
+                                w as u32,
+                                h as u32,
+                                Pixel::RGB24,
+                                w as u32,
+                                h as u32,
+                                Flags::BILINEAR,
+                            )
+                        })
+                        .transpose()?;
                     let det = Scaler::get(
-                        yuv.format(),
+                        fmt,
                         w as u32,
                         h as u32,
                         Pixel::RGB24,
@@ -268,18 +275,15 @@ impl Decoder {
                         dh as u32,
                         Flags::FAST_BILINEAR,
                     )?;
-                    scalers = Some((full, det, yuv.format()));
+                    scalers = Some((full, det, fmt));
                 }
                 let (full, det, _) = scalers.as_mut().expect("just set");
                 let (mut buf, mut det_buf) = (rgb_pool.get(), det_pool.get());
-                // A yuv420p picture is converted to RGB only where faces are, later; other formats
-                // are converted whole here.
-                let rgb_partial = yuv.format() == Pixel::YUV420P;
-                if rgb_partial {
-                    buf.resize(w * h * 3, 0);
-                } else {
-                    scale_packed(full, &yuv, &mut rgb, (w, h), &mut buf)
-                        .with_context(|| format!("{path}: colour conversion failed at frame {index}"))?;
+                let rgb_partial = full.is_none();
+                match full {
+                    None => buf.resize(w * h * 3, 0),
+                    Some(full) => scale_packed(full, &yuv, &mut rgb, (w, h), &mut buf)
+                        .with_context(|| format!("{path}: colour conversion failed at frame {index}"))?,
                 }
                 scale_packed(det, &yuv, &mut small, (dw, dh), &mut det_buf)?;
                 let pts = yuv.timestamp().or(yuv.pts()).or_else(|| last_pts.map(|p| p + 1));

@@ -147,6 +147,31 @@ struct SendScaler(Scaler);
 // SAFETY: see above; the context is only ever used through `&mut self` of its single owner.
 unsafe impl Send for SendScaler {}
 
+/// Converts `input` into `output` (same size) with the scaler in `slot`, made on first use.
+fn convert(
+    slot: &mut Option<SendScaler>,
+    from: Pixel,
+    to: Pixel,
+    input: &VideoFrame,
+    output: &mut VideoFrame,
+) -> Result<()> {
+    let (w, h) = (input.width(), input.height());
+    let scaler = match slot {
+        Some(s) => s,
+        None => slot.insert(SendScaler(Scaler::get(
+            from,
+            w,
+            h,
+            to,
+            w,
+            h,
+            Flags::BILINEAR | Flags::ACCURATE_RND,
+        )?)),
+    };
+    scaler.0.run(input, output)?;
+    Ok(())
+}
+
 /// Encodes RGB frames into the output file.
 pub struct Encoder {
     octx: ffmpeg::format::context::Output,
@@ -156,7 +181,8 @@ pub struct Encoder {
     /// RGB24 -> the encoder's format, for sources that are not yuv420p.
     rgb_scaler: Option<SendScaler>,
     pix: Pixel,
-    rgb: VideoFrame,
+    /// RGB staging frame for sources that are not yuv420p, made on first use.
+    rgb: Option<VideoFrame>,
     yuv: VideoFrame,
     /// Reusable yuv420p frame that pasted regions are written into.
     work: Option<VideoFrame>,
@@ -263,7 +289,7 @@ impl Encoder {
             scaler: None,
             rgb_scaler: None,
             pix,
-            rgb: VideoFrame::new(Pixel::RGB24, w, h),
+            rgb: None,
             yuv: VideoFrame::empty(),
             work: None,
             side,
@@ -318,43 +344,20 @@ impl Encoder {
                 picture
             } else {
                 // An encoder that wants another format: convert the finished yuv420p picture.
-                let (fw, fh) = (frame.width as u32, frame.height as u32);
-                let scaler = match &mut self.scaler {
-                    Some(s) => s,
-                    None => self.scaler.insert(SendScaler(Scaler::get(
-                        Pixel::YUV420P,
-                        fw,
-                        fh,
-                        self.pix,
-                        fw,
-                        fh,
-                        Flags::BILINEAR | Flags::ACCURATE_RND,
-                    )?)),
-                };
-                scaler.0.run(picture, &mut self.yuv)?;
+                convert(&mut self.scaler, Pixel::YUV420P, self.pix, picture, &mut self.yuv)?;
                 &mut self.yuv
             }
         } else {
             // Other source formats were converted to RGB whole by the decoder.
-            let (w, stride) = (frame.width * 3, self.rgb.stride(0));
-            let data = self.rgb.data_mut(0);
+            let rgb = self
+                .rgb
+                .get_or_insert_with(|| VideoFrame::new(Pixel::RGB24, frame.width as u32, frame.height as u32));
+            let (w, stride) = (frame.width * 3, rgb.stride(0));
+            let data = rgb.data_mut(0);
             for (y, row) in frame.rgb.chunks_exact(w).enumerate() {
                 data[y * stride..y * stride + w].copy_from_slice(row);
             }
-            let (fw, fh) = (frame.width as u32, frame.height as u32);
-            let scaler = match &mut self.rgb_scaler {
-                Some(s) => s,
-                None => self.rgb_scaler.insert(SendScaler(Scaler::get(
-                    Pixel::RGB24,
-                    fw,
-                    fh,
-                    self.pix,
-                    fw,
-                    fh,
-                    Flags::BILINEAR | Flags::ACCURATE_RND,
-                )?)),
-            };
-            scaler.0.run(&self.rgb, &mut self.yuv)?;
+            convert(&mut self.rgb_scaler, Pixel::RGB24, self.pix, rgb, &mut self.yuv)?;
             &mut self.yuv
         };
         // Encode as the encoder decides, not where the source had its keyframes.

@@ -100,11 +100,6 @@ pub struct Enhancer {
 }
 
 impl Enhancer {
-    /// Wraps a CPU session.
-    pub fn new(session: Session) -> Result<Self> {
-        Self::with_allocator(session, Allocator::default())
-    }
-
     /// Wraps a session on `target`: host buffers come from CUDA pinned memory on a GPU.
     pub fn for_target(session: Session, target: &Target) -> Result<Self> {
         let allocator = match target {
