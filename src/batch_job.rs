@@ -14,6 +14,9 @@ use indicatif::{MultiProgress, ProgressBar};
 use crate::batch_report::{ClipDone, ClipNote};
 use crate::clips::Clip;
 use crate::detect::det_size;
+
+/// What a cached plan was built for: its detection size and the display rotation.
+type PlanKey = ((usize, usize), u32);
 use crate::interrupt::Interrupts;
 use crate::manifest::{self, Entry, Manifest, Stamp};
 use crate::plan::{check_output, Device, Options, Plan};
@@ -75,7 +78,7 @@ pub(crate) fn remove_matching(dir: &Path, prefix: &str, suffix: &str) {
 
 /// One job: takes clips until none is left or a stop is asked for.
 pub(crate) fn worker(sh: &Shared, device: Device, bar: ProgressBar, _alive: Sender<()>) {
-    let mut cached: Option<(Plan, (usize, usize))> = None;
+    let mut cached: Option<(Plan, PlanKey)> = None;
     loop {
         // Checked under the queue's lock, so a stop seen here leaves the rest queued.
         let clip = {
@@ -120,7 +123,7 @@ fn run_clip(
     sh: &Shared,
     clip: &Clip,
     device: &Device,
-    cached: &mut Option<(Plan, (usize, usize))>,
+    cached: &mut Option<(Plan, PlanKey)>,
     bar: &ProgressBar,
     counted: &AtomicU64,
 ) -> Result<ClipDone> {
@@ -139,7 +142,8 @@ fn run_clip(
         remove_matching(dir, &format!(".{}.partial-", file_name(&o.output)), &ext);
     }
     let source = crate::decode::probe(&o.input)?;
-    let key = det_size(source.width, source.height, o.det_size);
+    // The detector is built for one detection size and one display rotation.
+    let key = (det_size(source.width, source.height, o.det_size), source.rotation);
     match cached {
         // Same detection size: the sessions carry over, only the source and output change.
         Some((plan, k)) if *k == key => {

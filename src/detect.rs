@@ -1,5 +1,10 @@
 //! Face detection with CenterFace on ONNX Runtime: in, a downscaled RGB copy of a frame; out,
 //! faces (box, score, five landmarks) in frame coordinates after a score threshold and NMS.
+//!
+//! Faces are tracked between full detections: on most frames the detector only looks at a small
+//! window around each face of the previous frame, which costs a fraction of a full pass. A full
+//! pass runs every `every` frames, when no face is tracked, when a tracked face is lost, and on
+//! a scene change, so a face that appears next to a tracked one is found within `every` frames.
 
 use anyhow::{bail, Result};
 use ort::session::Session;
@@ -106,6 +111,44 @@ pub struct Detector {
     pub threshold: f32,
     pub nms_iou: f32,
     input: Vec<f32>,
+    /// The model takes any input size, so windows around tracked faces can be run.
+    dynamic: bool,
+    track: Tracking,
+}
+
+/// Side, in model pixels, of the window a tracked face is looked for in: the face then spans
+/// about half of it, a size CenterFace finds reliably.
+const TRACK_INPUT: f32 = 192.0;
+/// The window around a tracked face, as a multiple of the face box's longer side.
+const TRACK_CONTEXT: f32 = 2.0;
+/// Mean change (0-255) of the block averages of the detection copy that counts as a new scene.
+const SCENE_CHANGE: u32 = 24;
+/// Blocks per side of the picture summary used to spot scene changes.
+const SCENE_BLOCKS: usize = 16;
+
+/// What the detector remembers between frames.
+#[derive(Default)]
+struct Tracking {
+    /// Full detection at least every this many frames; 1 runs it on every frame.
+    every: u32,
+    /// Frames since the last full detection.
+    since_full: u32,
+    /// Boxes of the previous frame's faces, in upright detection-copy pixels.
+    boxes: Vec<[f32; 4]>,
+    /// Block averages of the previous detection copy.
+    summary: Vec<u32>,
+    /// Full and windowed passes so far.
+    full_runs: u64,
+    window_runs: u64,
+}
+
+/// Counts of detector passes in a run.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DetectCounts {
+    /// Passes over the whole detection copy.
+    pub full: u64,
+    /// Passes over a window around a tracked face.
+    pub windows: u64,
 }
 
 impl Detector {
@@ -130,6 +173,7 @@ impl Detector {
         if shape.len() != 4 || (shape[1] != 3 && shape[1] != -1) {
             bail!("detector input `{input_name}` must be [N,3,H,W], found {shape:?}");
         }
+        let dynamic = shape[2] <= 0 && shape[3] <= 0;
         let size = if shape[2] > 0 && shape[3] > 0 {
             if shape[2] % 32 != 0 || shape[3] % 32 != 0 {
                 bail!(
@@ -157,12 +201,123 @@ impl Detector {
             threshold,
             nms_iou,
             input: Vec::new(),
+            dynamic,
+            track: Tracking {
+                every: 1,
+                ..Default::default()
+            },
         })
     }
 
+    /// Full detection every `every` frames (at least 1) and tracking in between. A model with
+    /// a fixed input size cannot look at windows, so it runs a full pass on every frame.
+    pub fn with_tracking(mut self, every: u32) -> Self {
+        self.track.every = if self.dynamic { every.max(1) } else { 1 };
+        self
+    }
+
+    /// Forgets the faces of the previous frame (a new video starts) and zeroes the counts.
+    pub fn reset(&mut self) {
+        let every = self.track.every;
+        self.track = Tracking {
+            every,
+            ..Default::default()
+        };
+    }
+
+    /// Passes run since the last reset.
+    pub fn counts(&self) -> DetectCounts {
+        DetectCounts {
+            full: self.track.full_runs,
+            windows: self.track.window_runs,
+        }
+    }
+
     /// Detects faces in `det` (packed RGB24 at `self.size`) and maps them to a frame of
-    /// `frame_w x frame_h` (stored orientation).
+    /// `frame_w x frame_h` (stored orientation). Consecutive calls are consecutive frames.
     pub fn detect(&mut self, det: &[u8], frame_w: usize, frame_h: usize) -> Result<Vec<Face>> {
+        let scene_cut = self.scene_changed(det);
+        let boxes = std::mem::take(&mut self.track.boxes);
+        let t = &self.track;
+        let mut full = t.every <= 1 || boxes.is_empty() || t.since_full + 1 >= t.every || scene_cut;
+        // Faces in upright detection-copy pixels. A tracked face is always located through its
+        // window, even on frames with a full pass, so its points come from one estimator and do
+        // not jump each time the full pass runs.
+        let mut found = Vec::new();
+        if self.track.every > 1 && !scene_cut {
+            for b in &boxes {
+                let side = TRACK_CONTEXT * (b[2] - b[0]).max(b[3] - b[1]).max(8.0);
+                let (cx, cy) = ((b[0] + b[2]) / 2.0, (b[1] + b[3]) / 2.0);
+                let n = (((side.min(TRACK_INPUT)) / 32.0).ceil() as usize).max(1) * 32;
+                let (x0, y0, k) = (cx - side / 2.0, cy - side / 2.0, side / n as f32);
+                self.fill_window(det, (x0, y0, k), n);
+                self.track.window_runs += 1;
+                let faces = self.infer((n, n))?;
+                if faces.is_empty() {
+                    // Lost (it moved fast, turned away or left): look everywhere.
+                    full = true;
+                }
+                found.extend(faces.into_iter().map(|f| map_face(f, |x, y| (x0 + x * k, y0 + y * k))));
+            }
+        }
+        if full {
+            self.fill_full(det);
+            self.track.full_runs += 1;
+            self.track.since_full = 0;
+            // New faces only: the tracked ones were found in their windows.
+            let tracked = found.len();
+            for f in self.infer(self.input_size)? {
+                if found[..tracked].iter().all(|g| iou(&g.bbox, &f.bbox) < self.nms_iou) {
+                    found.push(f);
+                }
+            }
+        } else {
+            self.track.since_full += 1;
+        }
+        let found = nms(found, self.nms_iou);
+        self.track.boxes = found.iter().map(|f| f.bbox).collect();
+
+        let (w, h) = self.input_size;
+        let turned = self.rotation == 90 || self.rotation == 270;
+        let (dw, dh) = if turned { (frame_h, frame_w) } else { (frame_w, frame_h) };
+        let (sx, sy) = (dw as f32 / w as f32, dh as f32 / h as f32);
+        let rotation = self.rotation;
+        Ok(found
+            .into_iter()
+            .map(|f| {
+                map_face(f, |x, y| {
+                    display_to_storage(x * sx, y * sy, rotation, (frame_w, frame_h))
+                })
+            })
+            .collect())
+    }
+
+    /// Whether `det` looks like a new scene next to the previous frame's copy.
+    fn scene_changed(&mut self, det: &[u8]) -> bool {
+        let (w, h) = self.size;
+        let mut sums = vec![0u32; SCENE_BLOCKS * SCENE_BLOCKS];
+        let mut counts = vec![0u32; SCENE_BLOCKS * SCENE_BLOCKS];
+        for (y, row) in det.chunks_exact(3 * w).take(h).enumerate() {
+            let by = y * SCENE_BLOCKS / h;
+            for (x, px) in row.chunks_exact(3).enumerate() {
+                let i = by * SCENE_BLOCKS + x * SCENE_BLOCKS / w;
+                sums[i] += (px[0] as u32 + 2 * px[1] as u32 + px[2] as u32) / 4;
+                counts[i] += 1;
+            }
+        }
+        for (s, c) in sums.iter_mut().zip(&counts) {
+            *s /= (*c).max(1);
+        }
+        let prev = std::mem::replace(&mut self.track.summary, sums);
+        if prev.len() != self.track.summary.len() {
+            return true;
+        }
+        let diff: u32 = prev.iter().zip(&self.track.summary).map(|(a, b)| a.abs_diff(*b)).sum();
+        diff / prev.len() as u32 >= SCENE_CHANGE
+    }
+
+    /// Fills the model input with the whole copy, turned upright.
+    fn fill_full(&mut self, det: &[u8]) {
         let (w, h) = self.input_size;
         let plane = w * h;
         self.input.resize(3 * plane, 0.0);
@@ -186,7 +341,41 @@ impl Detector {
                 }
             }
         }
-        let tensor = TensorRef::from_array_view(([1usize, 3, h, w], &self.input[..]))?;
+    }
+
+    /// Fills an `n x n` model input with the square window of the upright copy whose top-left
+    /// corner is (x0, y0) and whose pixels are `k` copy pixels wide: bilinear, black outside.
+    fn fill_window(&mut self, det: &[u8], (x0, y0, k): (f32, f32, f32), n: usize) {
+        let plane = n * n;
+        self.input.clear();
+        self.input.resize(3 * plane, 0.0);
+        let (sw, sh) = self.size;
+        for yi in 0..n {
+            for xi in 0..n {
+                let xd = x0 + (xi as f32 + 0.5) * k - 0.5;
+                let yd = y0 + (yi as f32 + 0.5) * k - 0.5;
+                let (xs, ys) = display_to_storage(xd, yd, self.rotation, self.size);
+                if xs < -0.5 || ys < -0.5 || xs > sw as f32 - 0.5 || ys > sh as f32 - 0.5 {
+                    continue;
+                }
+                let (xs, ys) = (xs.clamp(0.0, (sw - 1) as f32), ys.clamp(0.0, (sh - 1) as f32));
+                let (xa, ya) = (xs as usize, ys as usize);
+                let (xb, yb) = ((xa + 1).min(sw - 1), (ya + 1).min(sh - 1));
+                let (fx, fy) = (xs - xa as f32, ys - ya as f32);
+                let i = yi * n + xi;
+                for c in 0..3 {
+                    let p = |x: usize, y: usize| det[(y * sw + x) * 3 + c] as f32;
+                    let top = p(xa, ya) + (p(xb, ya) - p(xa, ya)) * fx;
+                    let bottom = p(xa, yb) + (p(xb, yb) - p(xa, yb)) * fx;
+                    self.input[c * plane + i] = top + (bottom - top) * fy;
+                }
+            }
+        }
+    }
+
+    /// Runs the model on `self.input` of `w x h` pixels; faces in input pixels, before NMS.
+    fn infer(&mut self, (w, h): (usize, usize)) -> Result<Vec<Face>> {
+        let tensor = TensorRef::from_array_view(([1usize, 3, h, w], &self.input[..3 * w * h]))?;
         let outputs = self.session.run(ort::inputs![self.input_name.as_str() => tensor])?;
         let map = |k: usize| outputs[k].try_extract_tensor::<f32>().map(|(_, d)| d);
         let (heat, scale, offset, lms) = (map(0)?, map(1)?, map(2)?, map(3)?);
@@ -194,25 +383,20 @@ impl Detector {
         if heat.len() != mh * mw || lms.len() != 10 * mh * mw {
             bail!("detector output maps are not {mw}x{mh}: is this a CenterFace model?");
         }
-        let faces = decode_maps(heat, scale, offset, lms, (mh, mw), (w, h), self.threshold);
-        let turned = self.rotation == 90 || self.rotation == 270;
-        let (dw, dh) = if turned { (frame_h, frame_w) } else { (frame_w, frame_h) };
-        let (sx, sy) = (dw as f32 / w as f32, dh as f32 / h as f32);
-        let back = |x: f32, y: f32| display_to_storage(x * sx, y * sy, self.rotation, (frame_w, frame_h));
-        Ok(nms(faces, self.nms_iou)
-            .into_iter()
-            .map(|mut f| {
-                let (ax, ay) = back(f.bbox[0], f.bbox[1]);
-                let (bx, by) = back(f.bbox[2], f.bbox[3]);
-                f.bbox = [ax.min(bx), ay.min(by), ax.max(bx), ay.max(by)];
-                for lm in &mut f.landmarks {
-                    let (x, y) = back(lm[0], lm[1]);
-                    *lm = [x, y];
-                }
-                f
-            })
-            .collect())
+        Ok(decode_maps(heat, scale, offset, lms, (mh, mw), (w, h), self.threshold))
     }
+}
+
+/// Moves a face's box and landmarks through `f` (a map that may turn the picture).
+fn map_face(mut face: Face, f: impl Fn(f32, f32) -> (f32, f32)) -> Face {
+    let (ax, ay) = f(face.bbox[0], face.bbox[1]);
+    let (bx, by) = f(face.bbox[2], face.bbox[3]);
+    face.bbox = [ax.min(bx), ay.min(by), ax.max(bx), ay.max(by)];
+    for lm in &mut face.landmarks {
+        let (x, y) = f(lm[0], lm[1]);
+        *lm = [x, y];
+    }
+    face
 }
 
 #[cfg(test)]

@@ -159,6 +159,12 @@ struct RunArgs {
     /// Minimum detector score for a face.
     #[arg(long, default_value_t = 0.5, help_heading = "Detection")]
     det_threshold: f32,
+    /// Look for faces in the whole frame every N frames; in between, only around the faces of
+    /// the previous frame (much cheaper). A whole-frame pass also runs on a scene change, when no
+    /// face is tracked and when a tracked face is lost. 1 searches every frame.
+    #[arg(long, value_name = "N", default_value_t = gpen_video::plan::DEFAULT_DETECT_EVERY,
+          value_parser = clap::value_parser!(u32).range(1..=1000), help_heading = "Detection")]
+    detect_every: u32,
 
     /// How much of the restored face to blend in: 0 keeps the original, 1 the restored face.
     #[arg(long, default_value_t = 1.0, value_name = "0..1", help_heading = "Output")]
@@ -195,6 +201,7 @@ impl RunArgs {
         o.max_frames = self.frames;
         o.det_size = self.det_size;
         o.det_threshold = self.det_threshold;
+        o.detect_every = self.detect_every;
         o.blend = self.blend;
         // crf and preset are x264/x265 options; other encoders get FFmpeg's defaults.
         let x26x = matches!(self.codec.as_str(), "libx264" | "libx265");

@@ -81,6 +81,7 @@ fn run_inner(plan: &mut Plan, partial: &Path, progress: &(dyn Fn(u64) + Sync)) -
         Encoder::create(partial, &plan.source, &plan.encode).with_context(|| format!("output {out_name}"))?;
     let decoder = Decoder::new(plan.source.clone(), plan.detector.size, plan.hwaccel_cuda);
     let detector: &mut Detector = &mut plan.detector;
+    detector.reset();
     let worker_targets: Vec<Target> = plan.workers.iter().map(|w| w.target.clone()).collect();
     let workers: &mut [Worker] = &mut plan.workers;
     let n_workers = workers.len();
@@ -125,7 +126,7 @@ fn run_inner(plan: &mut Plan, partial: &Path, progress: &(dyn Fn(u64) + Sync)) -
 
         let detect = {
             let det_pool = &det_pool;
-            s.spawn(move || -> Result<StageStat> {
+            s.spawn(move || -> Result<(StageStat, crate::detect::DetectCounts)> {
                 let mut clock = Clock::new("detect", DEPTH);
                 while let Some(mut f) = recv(&dec_rx, &mut clock) {
                     let faces = clock
@@ -136,7 +137,7 @@ fn run_inner(plan: &mut Plan, partial: &Path, progress: &(dyn Fn(u64) + Sync)) -
                         break;
                     }
                 }
-                Ok(clock.finish())
+                Ok((clock.finish(), detector.counts()))
             })
         };
 
@@ -255,7 +256,7 @@ fn run_inner(plan: &mut Plan, partial: &Path, progress: &(dyn Fn(u64) + Sync)) -
 
         // The first failing stage in pipeline order is the cause; later ones only saw it stop.
         let decode = joined("decode", decode.join())?;
-        let detect = joined("detect", detect.join())?;
+        let (detect, detect_counts) = joined("detect", detect.join())?;
         let align = joined("align", align.join())?;
         let (dispatch, batches) = joined("dispatch", dispatch.join())?;
         let mut worker_stats = Vec::new();
@@ -283,6 +284,7 @@ fn run_inner(plan: &mut Plan, partial: &Path, progress: &(dyn Fn(u64) + Sync)) -
             faces,
             frames_with_faces,
             batches,
+            detect: detect_counts,
             wall: start.elapsed(),
             stages: vec![decode, detect, align, dispatch, paste_stat, encode],
             workers: worker_stats,
@@ -444,9 +446,19 @@ fn write_faces_json(path: &Path, log: &[FrameFaces]) -> Result<()> {
             .faces
             .iter()
             .map(|x| {
+                let lms: Vec<String> = x
+                    .landmarks
+                    .iter()
+                    .map(|p| format!("[{:.1},{:.1}]", p[0], p[1]))
+                    .collect();
                 format!(
-                    "{{\"bbox\":[{:.1},{:.1},{:.1},{:.1}],\"score\":{:.3}}}",
-                    x.bbox[0], x.bbox[1], x.bbox[2], x.bbox[3], x.score
+                    "{{\"bbox\":[{:.1},{:.1},{:.1},{:.1}],\"score\":{:.3},\"landmarks\":[{}]}}",
+                    x.bbox[0],
+                    x.bbox[1],
+                    x.bbox[2],
+                    x.bbox[3],
+                    x.score,
+                    lms.join(",")
                 )
             })
             .collect();

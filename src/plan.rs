@@ -64,6 +64,8 @@ pub struct Options {
     pub det_size: usize,
     pub det_threshold: f32,
     pub nms_iou: f32,
+    /// Full detection every this many frames; faces are tracked in between (1: every frame).
+    pub detect_every: u32,
     pub blend: f32,
     pub encode: EncodeSettings,
     /// CPU threads for ONNX Runtime (default: all cores, shared by the CPU workers).
@@ -92,6 +94,7 @@ impl Options {
             det_size: 640,
             det_threshold: 0.5,
             nms_iou: 0.3,
+            detect_every: DEFAULT_DETECT_EVERY,
             blend: 1.0,
             encode: EncodeSettings::default(),
             threads: None,
@@ -143,6 +146,8 @@ pub fn find_asset(rel: &str) -> Option<PathBuf> {
 /// set-up's identity stand-in.
 pub const DEFAULT_MODELS: [&str; 2] = ["models/GPEN-BFR-512.onnx", "models/standin/identity-512.onnx"];
 pub const DEFAULT_DETECTOR: &str = "models/centerface.onnx";
+/// Full detection every this many frames by default (tracking in between).
+pub const DEFAULT_DETECT_EVERY: u32 = 5;
 
 fn same_file(a: &Path, b: &Path) -> bool {
     use std::os::unix::fs::MetadataExt;
@@ -317,7 +322,8 @@ impl Plan {
         let det_session = crate::runtime::session(&det_path, &det_opts, "detector")?;
         let wanted = det_size(source.width, source.height, o.det_size);
         let detector = Detector::new(det_session, wanted, o.det_threshold, o.nms_iou, source.rotation)
-            .with_context(|| format!("detector {}", det_path.display()))?;
+            .with_context(|| format!("detector {}", det_path.display()))?
+            .with_tracking(o.detect_every);
 
         Ok(Plan {
             source,

@@ -140,6 +140,8 @@ pub struct Summary {
     /// Frames with at least one face.
     pub frames_with_faces: u64,
     pub batches: u64,
+    /// Detector passes: over whole frames, and over windows around tracked faces.
+    pub detect: crate::detect::DetectCounts,
     pub wall: Duration,
     pub stages: Vec<StageStat>,
     pub workers: Vec<WorkerStat>,
@@ -191,11 +193,13 @@ impl Summary {
             })
             .collect();
         format!(
-            "{{\"frames\":{},\"faces\":{},\"frames_with_faces\":{},\"batches\":{},\"wall_s\":{:.4},\"fps\":{:.3},\"faces_per_s\":{:.3},\"peak_rss_bytes\":{},\"stages\":[{}],\"workers\":[{}]}}",
+            "{{\"frames\":{},\"faces\":{},\"frames_with_faces\":{},\"batches\":{},\"detect_full\":{},\"detect_windows\":{},\"wall_s\":{:.4},\"fps\":{:.3},\"faces_per_s\":{:.3},\"peak_rss_bytes\":{},\"stages\":[{}],\"workers\":[{}]}}",
             self.frames,
             self.faces,
             self.frames_with_faces,
             self.batches,
+            self.detect.full,
+            self.detect.windows,
             wall,
             self.fps(),
             self.faces_per_s(),
@@ -232,7 +236,15 @@ impl fmt::Display for Summary {
         writeln!(f, "  {:<8} {:>6} {:>8}", "stage", "busy", "queue")?;
         for s in &self.stages {
             let busy = 100.0 * s.busy.as_secs_f64() / wall;
-            writeln!(f, "  {:<8} {busy:>5.0}% {:>7.0}%", s.name, 100.0 * s.queue_fill())?;
+            write!(f, "  {:<8} {busy:>5.0}% {:>7.0}%", s.name, 100.0 * s.queue_fill())?;
+            if s.name == "detect" {
+                write!(
+                    f,
+                    "   {} full passes, {} windows around tracked faces",
+                    self.detect.full, self.detect.windows
+                )?;
+            }
+            writeln!(f)?;
         }
         write!(
             f,

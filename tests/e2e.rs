@@ -389,3 +389,116 @@ fn other_pixel_formats_in_and_out_keep_faces_changed_and_the_rest_intact() {
         }
     }
 }
+
+/// Makes a 640x360, 10 fps, 40-frame clip from the portrait: face A from the start; a smaller
+/// face B from frame 13 (a local change, not a new scene); at frame 27 a cut (new background)
+/// where face C appears while A and B stay.
+fn appearing_faces_clip(out: &std::path::Path) {
+    let png = asset("samples/astronaut.png");
+    let graph = "[1:v]drawbox=x=0:y=0:w=iw:h=ih:color=0xd0c8a0:t=fill:enable='gte(t,2.65)'[bg];\
+        [0:v]split=3[a0][b0][c0];[a0]scale=200:200[a];[b0]scale=150:150[b];[c0]scale=130:130[c];\
+        [bg][a]overlay=x=20:y=80:shortest=1[o1];\
+        [o1][b]overlay=x=470:y=20:enable='gte(t,1.25)'[o2];\
+        [o2][c]overlay=x=290:y=215:enable='gte(t,2.65)',format=yuv420p[v]";
+    tool(
+        "ffmpeg",
+        &[
+            "-v",
+            "error",
+            "-y",
+            "-loop",
+            "1",
+            "-i",
+            png.to_str().unwrap(),
+            "-f",
+            "lavfi",
+            "-i",
+            "color=c=0x2a3440:s=640x360:r=10:d=4",
+            "-filter_complex",
+            graph,
+            "-map",
+            "[v]",
+            "-frames:v",
+            "40",
+            "-c:v",
+            "libx264",
+            "-preset",
+            "ultrafast",
+            "-crf",
+            "16",
+            out.to_str().unwrap(),
+        ],
+    );
+}
+
+#[test]
+fn tracked_faces_match_full_detection_and_new_faces_are_picked_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("appear.mp4");
+    appearing_faces_clip(&input);
+    let model = asset("models/standin/identity-256.onnx");
+    let run = |every: &str| {
+        let (out, json, stats) = (
+            dir.path().join(format!("o{every}.mp4")),
+            dir.path().join(format!("f{every}.json")),
+            dir.path().join(format!("s{every}.json")),
+        );
+        ok(&gpen(&[
+            &input,
+            &out,
+            &"--model",
+            &model,
+            &"--detect-every",
+            &every,
+            &"--faces-json",
+            &json,
+            &"--stats-json",
+            &stats,
+        ]));
+        let stats = std::fs::read_to_string(stats).unwrap();
+        let field = |k: &str| -> u64 {
+            let s = stats.split(&format!("\"{k}\":")).nth(1).unwrap();
+            s[..s.find(|c: char| !c.is_ascii_digit()).unwrap()].parse().unwrap()
+        };
+        (faces_json(&json), field("detect_full"), field("detect_windows"))
+    };
+    let (every_frame, full_1, windows_1) = run("1");
+    let (tracked, full_5, windows_5) = run("5");
+    let counts = |f: &[(Vec<Rect>, Vec<Rect>)]| f.iter().map(|(_, b)| b.len()).collect::<Vec<_>>();
+
+    // The clip is what it claims: whole-frame detection on every frame sees 1, then 2, then 3.
+    let expect: Vec<usize> = (0..40)
+        .map(|n| 1 + usize::from(n >= 13) + usize::from(n >= 27))
+        .collect();
+    assert_eq!(counts(&every_frame), expect);
+    assert_eq!((full_1, windows_1), (40, 0));
+
+    // Tracking: B (a local change) is found within 5 frames of appearing; C, which comes with
+    // a cut, on the cut itself; no face is ever dropped.
+    let got = counts(&tracked);
+    for (n, (&g, &e)) in got.iter().zip(&expect).enumerate() {
+        let late_b = (13..18).contains(&n) && g == e - 1;
+        assert!(g == e || late_b, "frame {n}: {g} faces, expected {e} (all: {got:?})");
+    }
+    assert!(got[17..].iter().zip(&expect[17..]).all(|(g, e)| g == e));
+    assert!(full_5 <= 40 / 5 + 3, "{full_5} full passes over 40 frames");
+    assert!(windows_5 > 40, "{windows_5} windows: tracking not used");
+
+    // Tracked faces sit where whole-frame detection puts them.
+    for (n, ((_, a), (_, b))) in every_frame.iter().zip(&tracked).enumerate() {
+        for fa in a {
+            let best = b.iter().map(|fb| iou(fa, fb)).fold(0.0, f64::max);
+            assert!(
+                best > 0.7 || (13..18).contains(&n),
+                "frame {n}: IoU {best:.2} with full detection"
+            );
+        }
+    }
+}
+
+fn iou(a: &Rect, b: &Rect) -> f64 {
+    let w = (a[2].min(b[2]) - a[0].max(b[0])).max(0.0);
+    let h = (a[3].min(b[3]) - a[1].max(b[1])).max(0.0);
+    let area = |r: &Rect| (r[2] - r[0]) * (r[3] - r[1]);
+    w * h / (area(a) + area(b) - w * h)
+}
