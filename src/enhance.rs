@@ -220,8 +220,10 @@ pub struct Worker {
 }
 
 /// Gathers face crops across consecutive frames into batches and releases frames in order once
-/// all their faces are back. A partial batch runs only when the stream ends or when too many
-/// frames are held waiting (memory stays bounded through long stretches with few faces).
+/// all their faces are back. It holds at most `max_hold` frames: the dispatcher stops taking
+/// frames when it is full, so a model slower than decoding holds the decoder back instead of
+/// piling frames up in memory. A partial batch runs only when the stream ends or when the
+/// batcher is full (long stretches with few faces).
 pub struct Batcher {
     batch: usize,
     max_hold: usize,
@@ -257,8 +259,7 @@ impl Batcher {
 
     /// The next batch to run, if one is due: full, or partial when `end` or too much is held.
     pub fn due(&mut self, end: bool) -> Option<Vec<(u64, usize)>> {
-        let due =
-            self.pending.len() >= self.batch || (!self.pending.is_empty() && (end || self.held.len() > self.max_hold));
+        let due = self.pending.len() >= self.batch || (!self.pending.is_empty() && (end || self.is_full()));
         due.then(|| {
             let n = self.pending.len().min(self.batch);
             self.pending.drain(..n).collect()
@@ -288,6 +289,11 @@ impl Batcher {
 
     pub fn held(&self) -> usize {
         self.held.len()
+    }
+
+    /// Holds as many frames as it may: take no more until some leave.
+    pub fn is_full(&self) -> bool {
+        self.held.len() >= self.max_hold
     }
 
     /// Faces waiting for a batch.
@@ -409,11 +415,13 @@ mod tests {
         assert_eq!(out.len(), 51);
         let mut b = Batcher::new(4, 8);
         b.push(frame(0, 1));
-        for i in 1..8 {
+        for i in 1..7 {
             b.push(frame(i, 0));
-            assert!(b.due(false).is_none(), "8 frames held is still fine");
+            assert!(b.due(false).is_none(), "7 frames held is still fine");
+            assert!(!b.is_full());
         }
-        b.push(frame(8, 0));
+        b.push(frame(7, 0));
+        assert!(b.is_full(), "8 held: the dispatcher takes no more");
         assert_eq!(b.due(false).map(|j| j.len()), Some(1));
     }
 }

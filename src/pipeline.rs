@@ -86,7 +86,11 @@ fn run_inner(plan: &mut Plan, partial: &Path, progress: &(dyn Fn(u64) + Sync)) -
     let workers: &mut [Worker] = &mut plan.workers;
     let n_workers = workers.len();
 
-    let (rgb_pool, det_pool) = (Pool::<Vec<u8>>::new(4 * DEPTH), Pool::<Vec<u8>>::new(4 * DEPTH));
+    // Room for every frame that can be in flight (five queues, one in each stage, and what the
+    // dispatcher holds), so a frame buffer is never dropped and reallocated: a fresh 1080p RGB
+    // buffer costs page faults on every first touch.
+    let in_flight = 5 * DEPTH + 8 + held_frames(batch, n_workers);
+    let (rgb_pool, det_pool) = (Pool::<Vec<u8>>::new(in_flight), Pool::<Vec<u8>>::new(in_flight));
     let (crop_pool, restored_pool) = (Pool::<Vec<f32>>::new(4 * batch), Pool::<Vec<u8>>::new(4 * batch));
     let (dec_tx, dec_rx) = bounded::<Frame>(DEPTH);
     let (det_tx, det_rx) = bounded::<(Frame, Vec<Face>)>(DEPTH);
@@ -184,7 +188,7 @@ fn run_inner(plan: &mut Plan, partial: &Path, progress: &(dyn Fn(u64) + Sync)) -
 
         let dispatch = {
             let crop_pool = &crop_pool;
-            s.spawn(move || -> Result<(StageStat, u64)> {
+            s.spawn(move || -> Result<(StageStat, u64, usize)> {
                 dispatch(align_rx, &job_tx, &done_rx, &enh_tx, batch, n_workers, crop_pool)
             })
         };
@@ -258,7 +262,7 @@ fn run_inner(plan: &mut Plan, partial: &Path, progress: &(dyn Fn(u64) + Sync)) -
         let decode = joined("decode", decode.join())?;
         let (detect, detect_counts) = joined("detect", detect.join())?;
         let align = joined("align", align.join())?;
-        let (dispatch, batches) = joined("dispatch", dispatch.join())?;
+        let (dispatch, batches, held_max) = joined("dispatch", dispatch.join())?;
         let mut worker_stats = Vec::new();
         for t in worker_threads {
             worker_stats.push(joined("enhance worker", t.join())?);
@@ -284,6 +288,7 @@ fn run_inner(plan: &mut Plan, partial: &Path, progress: &(dyn Fn(u64) + Sync)) -
             faces,
             frames_with_faces,
             batches,
+            held_max,
             detect: detect_counts,
             wall: start.elapsed(),
             stages: vec![decode, detect, align, dispatch, paste_stat, encode],
@@ -291,6 +296,11 @@ fn run_inner(plan: &mut Plan, partial: &Path, progress: &(dyn Fn(u64) + Sync)) -
             peak_rss: peak_rss(),
         })
     })
+}
+
+/// Frames the dispatcher may hold while their faces are being enhanced.
+fn held_frames(batch: usize, n_workers: usize) -> usize {
+    2 * batch.max(DEPTH) * n_workers
 }
 
 /// Receives the next item, recording the queue length the stage found.
@@ -314,11 +324,12 @@ fn dispatch(
     batch: usize,
     n_workers: usize,
     crop_pool: &Pool<Vec<f32>>,
-) -> Result<(StageStat, u64)> {
+) -> Result<(StageStat, u64, usize)> {
     let mut clock = Clock::new("dispatch", DEPTH);
-    let mut batcher = Batcher::new(batch, 2 * batch.max(DEPTH) * n_workers);
+    let mut batcher = Batcher::new(batch, held_frames(batch, n_workers));
     let max_in_flight = 2 * n_workers;
     let (mut in_flight, mut batches, mut end, mut stalled) = (0usize, 0u64, false, false);
+    let mut held_max = 0usize;
     // Mean gap between frames arriving, smoothed.
     let (mut gap, mut last_arrival) = (PARTIAL_WAIT.0, Instant::now());
     loop {
@@ -341,13 +352,15 @@ fn dispatch(
         while let Some(f) = batcher.pop_ready() {
             clock.count(1);
             if enh_tx.send(f).is_err() {
-                return Ok((clock.finish(), batches));
+                return Ok((clock.finish(), batches, held_max));
             }
         }
         if end && in_flight == 0 && batcher.held() == 0 {
-            return Ok((clock.finish(), batches));
+            return Ok((clock.finish(), batches, held_max));
         }
-        let input = if end { &never() } else { &align_rx };
+        // Full: leave frames upstream, so the bounded queues hold the decoder back.
+        held_max = held_max.max(batcher.held());
+        let input = if end || batcher.is_full() { &never() } else { &align_rx };
         let wait = if batcher.pending() > 0 && in_flight == 0 {
             (gap * 3).clamp(PARTIAL_WAIT.0, PARTIAL_WAIT.1)
         } else {

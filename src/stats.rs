@@ -140,6 +140,8 @@ pub struct Summary {
     /// Frames with at least one face.
     pub frames_with_faces: u64,
     pub batches: u64,
+    /// Most frames the dispatcher held at once, waiting for their faces.
+    pub held_max: usize,
     /// Detector passes: over whole frames, and over windows around tracked faces.
     pub detect: crate::detect::DetectCounts,
     pub wall: Duration,
@@ -193,11 +195,12 @@ impl Summary {
             })
             .collect();
         format!(
-            "{{\"frames\":{},\"faces\":{},\"frames_with_faces\":{},\"batches\":{},\"detect_full\":{},\"detect_windows\":{},\"wall_s\":{:.4},\"fps\":{:.3},\"faces_per_s\":{:.3},\"peak_rss_bytes\":{},\"stages\":[{}],\"workers\":[{}]}}",
+            "{{\"frames\":{},\"faces\":{},\"frames_with_faces\":{},\"batches\":{},\"frames_held_max\":{},\"detect_full\":{},\"detect_windows\":{},\"wall_s\":{:.4},\"fps\":{:.3},\"faces_per_s\":{:.3},\"peak_rss_bytes\":{},\"stages\":[{}],\"workers\":[{}]}}",
             self.frames,
             self.faces,
             self.frames_with_faces,
             self.batches,
+            self.held_max,
             self.detect.full,
             self.detect.windows,
             wall,

@@ -177,3 +177,35 @@ fn gpu_options_fail_clearly_without_a_gpu_and_never_fall_back() {
     assert!(String::from_utf8_lossy(&r.stderr).contains("not an fp16 export"));
     assert!(!out.exists());
 }
+
+#[test]
+fn a_model_slower_than_decoding_holds_the_decoder_back_instead_of_piling_up_frames() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = asset("samples/test/astronaut.mp4");
+    let frames = video_pts(&input).len();
+    let (out, stats) = (dir.path().join("o.mp4"), dir.path().join("stats.json"));
+    // 60 ms per batch of four: decoding and detection run far ahead of the model.
+    ok(&gpen_env(
+        &[
+            &input,
+            &out,
+            &"--model",
+            &asset("models/standin/identity-256.onnx"),
+            &"--stats-json",
+            &stats,
+        ],
+        &[("GPEN_VIDEO_FAULTS", "slow=0:60")],
+    ));
+    let json = std::fs::read_to_string(&stats).unwrap();
+    let held: usize = json
+        .split("\"frames_held_max\":")
+        .nth(1)
+        .and_then(|s| s.split(',').next())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("frames_held_max in {json}"));
+    assert!(frames >= 40, "clip too short to show it: {frames} frames");
+    // The dispatcher holds at most two batches' worth of frames per worker (8 here).
+    assert!(held <= 8, "dispatcher held {held} frames of {frames}");
+    assert!(held >= 4, "held {held}: a batch of four needs four frames");
+    assert_eq!(video_pts(&out).len(), frames);
+}
