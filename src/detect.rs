@@ -135,8 +135,10 @@ struct Tracking {
     since_full: u32,
     /// Boxes of the previous frame's faces, in upright detection-copy pixels.
     boxes: Vec<[f32; 4]>,
-    /// Block averages of the previous detection copy.
+    /// Block averages of the previous detection copy, and the current one's being built.
     summary: Vec<u32>,
+    next: Vec<u32>,
+    counts: Vec<u32>,
     /// Full and windowed passes so far.
     full_runs: u64,
     window_runs: u64,
@@ -295,8 +297,12 @@ impl Detector {
     /// Whether `det` looks like a new scene next to the previous frame's copy.
     fn scene_changed(&mut self, det: &[u8]) -> bool {
         let (w, h) = self.size;
-        let mut sums = vec![0u32; SCENE_BLOCKS * SCENE_BLOCKS];
-        let mut counts = vec![0u32; SCENE_BLOCKS * SCENE_BLOCKS];
+        let t = &mut self.track;
+        let (sums, counts) = (&mut t.next, &mut t.counts);
+        sums.clear();
+        sums.resize(SCENE_BLOCKS * SCENE_BLOCKS, 0);
+        counts.clear();
+        counts.resize(SCENE_BLOCKS * SCENE_BLOCKS, 0);
         for (y, row) in det.chunks_exact(3 * w).take(h).enumerate() {
             let by = y * SCENE_BLOCKS / h;
             for (x, px) in row.chunks_exact(3).enumerate() {
@@ -305,14 +311,15 @@ impl Detector {
                 counts[i] += 1;
             }
         }
-        for (s, c) in sums.iter_mut().zip(&counts) {
+        for (s, c) in sums.iter_mut().zip(counts.iter()) {
             *s /= (*c).max(1);
         }
-        let prev = std::mem::replace(&mut self.track.summary, sums);
-        if prev.len() != self.track.summary.len() {
+        std::mem::swap(&mut t.summary, &mut t.next);
+        let (now, prev) = (&t.summary, &t.next);
+        if prev.len() != now.len() {
             return true;
         }
-        let diff: u32 = prev.iter().zip(&self.track.summary).map(|(a, b)| a.abs_diff(*b)).sum();
+        let diff: u32 = prev.iter().zip(now).map(|(a, b)| a.abs_diff(*b)).sum();
         diff / prev.len() as u32 >= SCENE_CHANGE
     }
 

@@ -179,7 +179,7 @@ pub fn settings_hash(o: &Options) -> String {
     let detector = o.detector.clone().or_else(|| find_asset(DEFAULT_DETECTOR));
     let id = |p: Option<PathBuf>| p.map_or_else(|| "default".to_string(), |p| file_id(&p));
     let text = format!(
-        "v{VERSION}\nmodel={}\ndetector={}\nbatch={}\nblend={:?}\ndet_size={}\ndet_threshold={:?}\nnms_iou={:?}\ncodec={}\ncrf={:?}\npreset={:?}\nfp16={}\nmax_frames={:?}\n",
+        "v{VERSION}\nmodel={}\ndetector={}\nbatch={}\nblend={:?}\ndet_size={}\ndet_threshold={:?}\nnms_iou={:?}\ndetect_every={}\ncodec={}\ncrf={:?}\npreset={:?}\nfp16={}\nmax_frames={:?}\n",
         id(model),
         id(detector),
         o.batch,
@@ -187,6 +187,7 @@ pub fn settings_hash(o: &Options) -> String {
         o.det_size,
         o.det_threshold,
         o.nms_iou,
+        o.detect_every,
         o.encode.codec,
         o.encode.crf,
         o.encode.preset,
