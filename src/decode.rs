@@ -179,6 +179,7 @@ fn scale_packed(
     scaler.run(src, tmp)?;
     let (stride, data, row) = (tmp.stride(0), tmp.data(0), width * 3);
     dst.clear();
+    dst.reserve(height * row);
     for y in 0..height {
         dst.extend_from_slice(&data[y * stride..y * stride + row]);
     }

@@ -91,7 +91,13 @@ fn run_inner(plan: &mut Plan, partial: &Path, progress: &(dyn Fn(u64) + Sync)) -
     // buffer costs page faults on every first touch.
     let in_flight = 5 * DEPTH + 8 + held_frames(batch, n_workers);
     let (rgb_pool, det_pool) = (Pool::<Vec<u8>>::new(in_flight), Pool::<Vec<u8>>::new(in_flight));
-    let (crop_pool, restored_pool) = (Pool::<Vec<f32>>::new(4 * batch), Pool::<Vec<u8>>::new(4 * batch));
+    // Crops (and restored crops) in flight: one per face of the frames in flight, plus the
+    // batches at the workers.
+    let crops_in_flight = in_flight + 2 * batch * n_workers;
+    let (crop_pool, restored_pool) = (
+        Pool::<Vec<f32>>::new(crops_in_flight),
+        Pool::<Vec<u8>>::new(crops_in_flight),
+    );
     let (dec_tx, dec_rx) = bounded::<Frame>(DEPTH);
     let (det_tx, det_rx) = bounded::<(Frame, Vec<Face>)>(DEPTH);
     let (align_tx, align_rx) = bounded::<FaceFrame>(DEPTH);

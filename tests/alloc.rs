@@ -1,0 +1,82 @@
+//! Buffer reuse on the hot path: in, the one-face test clip run in this process through the
+//! library; out, the Rust heap bytes allocated per frame once the pipeline is warm (frames,
+//! detection copies, crops and restored crops all come from pools, so only small bookkeeping
+//! is left).
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use gpen_video::pipeline;
+use gpen_video::plan::{Options, Plan};
+
+struct Counting;
+
+/// Bytes in allocations below `LARGE_BYTES`.
+static BYTES: AtomicU64 = AtomicU64::new(0);
+static LARGE: AtomicU64 = AtomicU64::new(0);
+
+/// An allocation this big is a picture or a tensor, not bookkeeping.
+const LARGE_BYTES: usize = 64 << 10;
+
+fn count(size: usize) {
+    if size >= LARGE_BYTES {
+        LARGE.fetch_add(1, Ordering::Relaxed);
+    } else {
+        BYTES.fetch_add(size as u64, Ordering::Relaxed);
+    }
+}
+
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+        count(l.size());
+        System.alloc(l)
+    }
+    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+        System.dealloc(p, l)
+    }
+    unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
+        count(n);
+        System.realloc(p, l, n)
+    }
+}
+
+#[global_allocator]
+static A: Counting = Counting;
+
+#[test]
+fn the_warm_pipeline_reuses_its_picture_and_tensor_buffers() {
+    let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    std::env::set_var("ORT_DYLIB_PATH", root.join(".deps/lib/libonnxruntime.so"));
+    let dir = tempfile::tempdir().unwrap();
+    let mut o = Options::new(root.join("samples/test/astronaut.mp4"), dir.path().join("o.mp4"));
+    o.model = Some(root.join("models/standin/identity-256.onnx"));
+    o.detector = Some(root.join("models/centerface.onnx"));
+    let mut plan = Plan::resolve(&o).unwrap();
+    let mut run = |frames: u64| {
+        plan.max_frames = Some(frames);
+        let (bytes, large) = (BYTES.load(Ordering::Relaxed), LARGE.load(Ordering::Relaxed));
+        let s = pipeline::run(&mut plan, &|_| ()).unwrap();
+        assert_eq!(s.frames, frames);
+        (
+            BYTES.load(Ordering::Relaxed) - bytes,
+            LARGE.load(Ordering::Relaxed) - large,
+        )
+    };
+    run(20);
+    // Each run fills its pools during its first frames (a few more as the pipeline deepens);
+    // without pools every frame would allocate a picture, a detection copy, a crop and a
+    // restored crop: 160 large buffers more for the 40 frames more.
+    let ((short_bytes, short_large), (long_bytes, long_large)) = (run(20), run(60));
+    let per_frame = (long_bytes as f64 - short_bytes as f64) / 40.0;
+    eprintln!(
+        "20 frames: {short_large} large buffers, {short_bytes} bytes in small ones; 60 frames: {long_large}, {long_bytes}; {per_frame:.0} small bytes per frame"
+    );
+    assert!(
+        long_large <= short_large + 8,
+        "large buffers allocated past warm-up: {short_large} in 20 frames, {long_large} in 60"
+    );
+    assert!(
+        per_frame < 16.0 * 1024.0,
+        "{per_frame:.0} bytes of bookkeeping per frame"
+    );
+}
