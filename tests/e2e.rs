@@ -456,11 +456,11 @@ fn tracked_faces_match_full_detection_and_new_faces_are_picked_up() {
             &stats,
         ]));
         let stats = std::fs::read_to_string(stats).unwrap();
-        let field = |k: &str| -> u64 {
-            let s = stats.split(&format!("\"{k}\":")).nth(1).unwrap();
-            s[..s.find(|c: char| !c.is_ascii_digit()).unwrap()].parse().unwrap()
-        };
-        (faces_json(&json), field("detect_full"), field("detect_windows"))
+        (
+            faces_json(&json),
+            json_number(&stats, "detect_full"),
+            json_number(&stats, "detect_windows"),
+        )
     };
     let (every_frame, full_1, windows_1) = run("1");
     let (tracked, full_5, windows_5) = run("5");

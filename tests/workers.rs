@@ -85,17 +85,7 @@ fn a_worker_failing_mid_run_stops_everything_and_leaves_no_output() {
 #[test]
 fn stats_json_has_stages_queues_and_workers() {
     let dir = tempfile::tempdir().unwrap();
-    let (out, stats) = (dir.path().join("o.mp4"), dir.path().join("s.json"));
-    let input = asset("samples/test/astronaut.mp4");
-    ok(&gpen(&[
-        &input,
-        &out,
-        &"--model",
-        &asset("models/standin/identity-256.onnx"),
-        &"--stats-json",
-        &stats,
-    ]));
-    let json = std::fs::read_to_string(&stats).unwrap();
+    let json = identity_run_stats(dir.path(), &asset("samples/test/astronaut.mp4"), &[]);
     for key in [
         "\"frames\":60",
         "\"stages\":[",
@@ -183,29 +173,12 @@ fn a_model_slower_than_decoding_holds_the_decoder_back_instead_of_piling_up_fram
     let dir = tempfile::tempdir().unwrap();
     let input = asset("samples/test/astronaut.mp4");
     let frames = video_pts(&input).len();
-    let (out, stats) = (dir.path().join("o.mp4"), dir.path().join("stats.json"));
     // 60 ms per batch of four: decoding and detection run far ahead of the model.
-    ok(&gpen_env(
-        &[
-            &input,
-            &out,
-            &"--model",
-            &asset("models/standin/identity-256.onnx"),
-            &"--stats-json",
-            &stats,
-        ],
-        &[("GPEN_VIDEO_FAULTS", "slow=0:60")],
-    ));
-    let json = std::fs::read_to_string(&stats).unwrap();
-    let held: usize = json
-        .split("\"frames_held_max\":")
-        .nth(1)
-        .and_then(|s| s.split(',').next())
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| panic!("frames_held_max in {json}"));
+    let json = identity_run_stats(dir.path(), &input, &[("GPEN_VIDEO_FAULTS", "slow=0:60")]);
+    let held = json_number(&json, "frames_held_max") as usize;
     assert!(frames >= 40, "clip too short to show it: {frames} frames");
     // The dispatcher holds at most two batches' worth of frames per worker (8 here).
     assert!(held <= 8, "dispatcher held {held} frames of {frames}");
     assert!(held >= 4, "held {held}: a batch of four needs four frames");
-    assert_eq!(video_pts(&out).len(), frames);
+    assert_eq!(json_number(&json, "frames"), frames as u64);
 }

@@ -281,3 +281,33 @@ pub fn run_against_plain(dir: &Path, input: &Path, model: &Path) -> FacesAndFram
 }
 
 pub type FacesAndFrames = (Vec<(Vec<Rect>, Vec<Rect>)>, usize, Vec<Vec<u8>>, Vec<Vec<u8>>);
+
+/// Runs the binary on `input` with the identity-256 stand-in, `--stats-json` and `env`; returns
+/// the stats JSON.
+pub fn identity_run_stats(dir: &Path, input: &Path, env: &[(&str, &str)]) -> String {
+    let (out, stats) = (dir.join("stats-run.mp4"), dir.join("stats-run.json"));
+    ok(&gpen_env(
+        &[
+            &input,
+            &out,
+            &"--model",
+            &asset("models/standin/identity-256.onnx"),
+            &"--stats-json",
+            &stats,
+        ],
+        env,
+    ));
+    std::fs::read_to_string(&stats).unwrap()
+}
+
+/// The whole number after `"key":` in a JSON text.
+pub fn json_number(json: &str, key: &str) -> u64 {
+    let at = json
+        .split(&format!("\"{key}\":"))
+        .nth(1)
+        .unwrap_or_else(|| panic!("{key} missing in {json}"));
+    let end = at.find(|c: char| !c.is_ascii_digit()).unwrap_or(at.len());
+    at[..end]
+        .parse()
+        .unwrap_or_else(|_| panic!("{key} is not a number in {json}"))
+}
