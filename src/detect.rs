@@ -238,7 +238,7 @@ impl Detector {
     /// Detects faces in `det` (packed RGB24 at `self.size`) and maps them to a frame of
     /// `frame_w x frame_h` (stored orientation). Consecutive calls are consecutive frames.
     pub fn detect(&mut self, det: &[u8], frame_w: usize, frame_h: usize) -> Result<Vec<Face>> {
-        let scene_cut = self.scene_changed(det);
+        let scene_cut = self.track.every > 1 && self.scene_changed(det);
         let boxes = std::mem::take(&mut self.track.boxes);
         let t = &self.track;
         let mut full = t.every <= 1 || boxes.is_empty() || t.since_full + 1 >= t.every || scene_cut;
