@@ -65,7 +65,8 @@ pub fn decode_maps(
         for c in 0..w {
             let i = r * w + c;
             let score = heat[i];
-            if score <= threshold {
+            // A NaN score is skipped too.
+            if score.is_nan() || score <= threshold {
                 continue;
             }
             let s0 = scale[i].exp() * 4.0;
@@ -259,7 +260,18 @@ impl Detector {
                     // Lost (it moved fast, turned away or left): look everywhere.
                     full = true;
                 }
-                found.extend(faces.into_iter().map(|f| map_face(f, |x, y| (x0 + x * k, y0 + y * k))));
+                // Back to the copy, kept inside the picture as a whole-frame pass keeps it.
+                let (cw, ch) = (self.input_size.0 as f32, self.input_size.1 as f32);
+                found.extend(faces.into_iter().map(|f| {
+                    let mut f = map_face(f, |x, y| (x0 + x * k, y0 + y * k));
+                    f.bbox = [
+                        f.bbox[0].clamp(0.0, cw),
+                        f.bbox[1].clamp(0.0, ch),
+                        f.bbox[2].clamp(0.0, cw),
+                        f.bbox[3].clamp(0.0, ch),
+                    ];
+                    f
+                }));
             }
         }
         if full {

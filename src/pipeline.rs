@@ -339,6 +339,14 @@ fn dispatch(
     // Mean gap between frames arriving, smoothed.
     let (mut gap, mut last_arrival) = (PARTIAL_WAIT.0, Instant::now());
     loop {
+        // Finished frames leave first, so a batcher full only of them is not taken for one
+        // stuck with a partial batch.
+        while let Some(f) = batcher.pop_ready() {
+            clock.count(1);
+            if enh_tx.send(f).is_err() {
+                return Ok((clock.finish(), batches, held_max));
+            }
+        }
         clock.time(|| -> Result<()> {
             while in_flight < max_in_flight {
                 let Some(keys) = batcher.due(end || stalled) else { break };
@@ -355,12 +363,6 @@ fn dispatch(
             }
             Ok(())
         })?;
-        while let Some(f) = batcher.pop_ready() {
-            clock.count(1);
-            if enh_tx.send(f).is_err() {
-                return Ok((clock.finish(), batches, held_max));
-            }
-        }
         if end && in_flight == 0 && batcher.held() == 0 {
             return Ok((clock.finish(), batches, held_max));
         }
@@ -414,7 +416,9 @@ fn work(
     };
     for job in jobs {
         let t = Instant::now();
-        let result = (|| -> Result<Done> {
+        // A panic in the run is reported like an error: its batch would otherwise never come
+        // back and the dispatcher would wait for it forever.
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| -> Result<Done> {
             if worker.fault.fail_at == Some(stat.batches + 1) {
                 bail!("injected failure (GPEN_VIDEO_FAULTS)");
             }
@@ -431,7 +435,8 @@ fn work(
                 restored,
                 crops: job.crops,
             })
-        })();
+        }))
+        .unwrap_or_else(|_| Err(anyhow!("the model run panicked")));
         stat.busy += t.elapsed();
         match result {
             Ok(d) => {

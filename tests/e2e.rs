@@ -502,3 +502,51 @@ fn iou(a: &Rect, b: &Rect) -> f64 {
     let area = |r: &Rect| (r[2] - r[0]) * (r[3] - r[1]);
     w * h / (area(a) + area(b) - w * h)
 }
+
+#[test]
+fn tracking_works_on_a_sideways_video() {
+    // Windows are cut from the upright picture: a wrong mapping would lose the face on every
+    // frame and fall back to whole-frame passes, or put it elsewhere.
+    let dir = tempfile::tempdir().unwrap();
+    let input = asset("samples/test/rotated.mp4");
+    let run = |every: &str| {
+        let (out, json, stats) = (
+            dir.path().join(format!("r{every}.mp4")),
+            dir.path().join(format!("r{every}.json")),
+            dir.path().join(format!("r{every}-stats.json")),
+        );
+        ok(&gpen(&[
+            &input,
+            &out,
+            &"--model",
+            &asset("models/standin/identity-256.onnx"),
+            &"--detect-every",
+            &every,
+            &"--faces-json",
+            &json,
+            &"--stats-json",
+            &stats,
+        ]));
+        let stats = std::fs::read_to_string(stats).unwrap();
+        (
+            faces_json(&json),
+            json_number(&stats, "detect_full"),
+            json_number(&stats, "detect_windows"),
+        )
+    };
+    let ((every_frame, _, _), (tracked, full, windows)) = (run("1"), run("5"));
+    assert!(windows > 3 * full, "{windows} windows, {full} whole-frame passes");
+    let mut matched = 0;
+    for ((_, a), (_, b)) in every_frame.iter().zip(&tracked) {
+        for fa in a {
+            let best = b.iter().map(|fb| iou(fa, fb)).fold(0.0, f64::max);
+            matched += usize::from(best > 0.7);
+        }
+    }
+    let total: usize = every_frame.iter().map(|(_, b)| b.len()).sum();
+    assert!(total > 0);
+    assert!(
+        matched * 100 >= total * 95,
+        "{matched} of {total} faces tracked where whole-frame detection puts them"
+    );
+}
