@@ -1,6 +1,6 @@
 //! `gpen-video bench`: in, sources, a model and devices; out, a table (and JSON) of end-to-end
 //! throughput (warm-up excluded, repeated, medians), the enhance-only ceiling on the same crops,
-//! and the pipeline's efficiency: end-to-end faces/s over ceiling faces/s.
+//! and the pipeline's efficiency: end-to-end faces/s over ceiling faces/s, run in pairs.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -35,6 +35,9 @@ pub struct BenchOptions {
     pub base: Options,
 }
 
+/// How long each enhance-only run lasts at least.
+const CEILING_TIME: Duration = Duration::from_secs(3);
+
 /// Medians over the counted runs of one source.
 #[derive(Clone, Debug, Default)]
 pub struct BenchRow {
@@ -56,7 +59,8 @@ pub struct BenchRow {
 #[derive(Clone, Debug, Default)]
 pub struct BenchReport {
     pub rows: Vec<BenchRow>,
-    /// Per source: end-to-end faces/s over the ceiling's.
+    /// Per source: the median over the counted pairs of end-to-end faces/s over the ceiling's,
+    /// each pair run one after the other.
     pub efficiency: Vec<(String, f64)>,
 }
 
@@ -107,31 +111,54 @@ fn bench_source(o: &BenchOptions, src: &Path, tmp: &Path, report: &mut BenchRepo
         .collect::<Vec<_>>()
         .join(",");
     let batch = plan.batch;
-    let mut e2e_faces_per_s = None;
+    let (with_pipeline, with_ceiling) = (o.stage != Stage::Enhance, o.stage != Stage::Pipeline);
+    let crops = if with_ceiling {
+        let want = 4 * batch * plan.workers.len();
+        let crops = collect_crops(&mut plan, want)?;
+        if crops.is_empty() {
+            bail!("{name}: no face found to time the enhancer on");
+        }
+        crops
+    } else {
+        Vec::new()
+    };
 
-    if o.stage != Stage::Enhance {
-        // Warm-up: sessions allocate their memory and pick kernels on the first batches.
+    // Warm-up, not counted: sessions allocate their memory and pick kernels on the first
+    // batches.
+    if with_pipeline {
         plan.max_frames = Some((4 * batch * plan.workers.len()).max(8) as u64);
         pipeline::run(&mut plan, &|_| ())?;
         plan.max_frames = o.base.max_frames;
-        let mut runs: Vec<Summary> = Vec::new();
-        for i in 0..o.repeat.max(1) {
+    }
+    if with_ceiling {
+        ceiling(&mut plan, &crops, 4, CEILING_TIME)?;
+    }
+    // Counted runs, pipeline and ceiling in turn: the efficiency of each pair is measured
+    // minutes apart at most, so a machine whose speed drifts skews both sides alike.
+    let (mut runs, mut rates, mut ms, mut ratios) = (Vec::<Summary>::new(), Vec::new(), Vec::new(), Vec::new());
+    for i in 1..=o.repeat.max(1) {
+        if with_pipeline {
             let s = pipeline::run(&mut plan, &|_| ())?;
             log(&format!(
-                "{name}: run {}: {:.2} fps, {:.2} faces/s",
-                i + 1,
+                "{name}: run {i}: {:.2} fps, {:.2} faces/s",
                 s.fps(),
                 s.faces_per_s()
             ));
             runs.push(s);
         }
-        let last = runs.last().expect("at least one run");
-        let ms = median(
-            runs.iter()
-                .flat_map(|s| s.workers.iter().map(|w| w.ms_per_batch()))
-                .collect(),
-        );
-        let row = BenchRow {
+        if with_ceiling {
+            let (faces_per_s, ms_per_batch) = ceiling(&mut plan, &crops, 4, CEILING_TIME)?;
+            log(&format!("{name}: enhance-only run {i}: {faces_per_s:.2} faces/s"));
+            if let Some(s) = runs.last().filter(|_| with_pipeline) {
+                ratios.push(s.faces_per_s() / faces_per_s.max(1e-9));
+            }
+            rates.push(faces_per_s);
+            ms.push(ms_per_batch);
+        }
+    }
+
+    if let Some(last) = runs.last() {
+        report.rows.push(BenchRow {
             source: name.clone(),
             kind: "pipeline",
             device: device.clone(),
@@ -140,32 +167,17 @@ fn bench_source(o: &BenchOptions, src: &Path, tmp: &Path, report: &mut BenchRepo
             faces: last.faces,
             fps: Some(median(runs.iter().map(Summary::fps).collect())),
             faces_per_s: median(runs.iter().map(Summary::faces_per_s).collect()),
-            ms_per_batch: ms,
+            ms_per_batch: median(
+                runs.iter()
+                    .flat_map(|s| s.workers.iter().map(|w| w.ms_per_batch()))
+                    .collect(),
+            ),
             peak_mib: peak_rss().map(|b| b >> 20),
             gpu_mib: last.workers.iter().filter_map(|w| w.device_mib).max(),
             runs: runs.len(),
-        };
-        e2e_faces_per_s = Some(row.faces_per_s);
-        report.rows.push(row);
+        });
     }
-
-    if o.stage != Stage::Pipeline {
-        let want = 4 * batch * plan.workers.len();
-        let crops = collect_crops(&mut plan, want)?;
-        if crops.is_empty() {
-            bail!("{name}: no face found to time the enhancer on");
-        }
-        let mut rates = Vec::new();
-        let mut ms = Vec::new();
-        for i in 0..o.repeat.max(1) + 1 {
-            let (faces_per_s, ms_per_batch) = ceiling(&mut plan, &crops, 4, Duration::from_secs(2))?;
-            if i > 0 {
-                log(&format!("{name}: enhance-only run {i}: {faces_per_s:.2} faces/s"));
-                rates.push(faces_per_s);
-                ms.push(ms_per_batch);
-            }
-        }
-        let ceiling = median(rates);
+    if with_ceiling {
         report.rows.push(BenchRow {
             source: name.clone(),
             kind: "enhance",
@@ -174,15 +186,15 @@ fn bench_source(o: &BenchOptions, src: &Path, tmp: &Path, report: &mut BenchRepo
             frames: 0,
             faces: crops.len() as u64,
             fps: None,
-            faces_per_s: ceiling,
+            faces_per_s: median(rates),
             ms_per_batch: median(ms),
             peak_mib: peak_rss().map(|b| b >> 20),
             gpu_mib: gpu_memory_by_index().iter().map(|(_, m)| *m).max().filter(|m| *m > 0),
             runs: o.repeat.max(1),
         });
-        if let Some(e2e) = e2e_faces_per_s {
-            report.efficiency.push((name, e2e / ceiling.max(1e-9)));
-        }
+    }
+    if !ratios.is_empty() {
+        report.efficiency.push((name, median(ratios)));
     }
     Ok(())
 }
