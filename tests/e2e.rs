@@ -431,37 +431,42 @@ fn appearing_faces_clip(out: &std::path::Path) {
     );
 }
 
+/// Each frame's (regions, boxes), then the whole-frame and window pass counts.
+type DetectionRun = (Vec<(Vec<Rect>, Vec<Rect>)>, u64, u64);
+
+/// Runs the identity stand-in on `input` with `--detect-every every`.
+fn detection_run(dir: &Path, input: &Path, every: &str) -> DetectionRun {
+    let (out, json, stats) = (
+        dir.join(format!("o{every}.mp4")),
+        dir.join(format!("f{every}.json")),
+        dir.join(format!("s{every}.json")),
+    );
+    ok(&gpen(&[
+        &input,
+        &out,
+        &"--model",
+        &asset("models/standin/identity-256.onnx"),
+        &"--detect-every",
+        &every,
+        &"--faces-json",
+        &json,
+        &"--stats-json",
+        &stats,
+    ]));
+    let stats = std::fs::read_to_string(stats).unwrap();
+    (
+        faces_json(&json),
+        json_number(&stats, "detect_full"),
+        json_number(&stats, "detect_windows"),
+    )
+}
+
 #[test]
 fn tracked_faces_match_full_detection_and_new_faces_are_picked_up() {
     let dir = tempfile::tempdir().unwrap();
     let input = dir.path().join("appear.mp4");
     appearing_faces_clip(&input);
-    let model = asset("models/standin/identity-256.onnx");
-    let run = |every: &str| {
-        let (out, json, stats) = (
-            dir.path().join(format!("o{every}.mp4")),
-            dir.path().join(format!("f{every}.json")),
-            dir.path().join(format!("s{every}.json")),
-        );
-        ok(&gpen(&[
-            &input,
-            &out,
-            &"--model",
-            &model,
-            &"--detect-every",
-            &every,
-            &"--faces-json",
-            &json,
-            &"--stats-json",
-            &stats,
-        ]));
-        let stats = std::fs::read_to_string(stats).unwrap();
-        (
-            faces_json(&json),
-            json_number(&stats, "detect_full"),
-            json_number(&stats, "detect_windows"),
-        )
-    };
+    let run = |every: &str| detection_run(dir.path(), &input, every);
     let (every_frame, full_1, windows_1) = run("1");
     let (tracked, full_5, windows_5) = run("5");
     let counts = |f: &[(Vec<Rect>, Vec<Rect>)]| f.iter().map(|(_, b)| b.len()).collect::<Vec<_>>();
@@ -509,31 +514,7 @@ fn tracking_works_on_a_sideways_video() {
     // frame and fall back to whole-frame passes, or put it elsewhere.
     let dir = tempfile::tempdir().unwrap();
     let input = asset("samples/test/rotated.mp4");
-    let run = |every: &str| {
-        let (out, json, stats) = (
-            dir.path().join(format!("r{every}.mp4")),
-            dir.path().join(format!("r{every}.json")),
-            dir.path().join(format!("r{every}-stats.json")),
-        );
-        ok(&gpen(&[
-            &input,
-            &out,
-            &"--model",
-            &asset("models/standin/identity-256.onnx"),
-            &"--detect-every",
-            &every,
-            &"--faces-json",
-            &json,
-            &"--stats-json",
-            &stats,
-        ]));
-        let stats = std::fs::read_to_string(stats).unwrap();
-        (
-            faces_json(&json),
-            json_number(&stats, "detect_full"),
-            json_number(&stats, "detect_windows"),
-        )
-    };
+    let run = |every: &str| detection_run(dir.path(), &input, every);
     let ((every_frame, _, _), (tracked, full, windows)) = (run("1"), run("5"));
     assert!(windows > 3 * full, "{windows} windows, {full} whole-frame passes");
     let mut matched = 0;
