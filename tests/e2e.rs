@@ -40,16 +40,8 @@ fn keeps_frames_timestamps_audio_and_subtitles() {
 fn finds_the_astronaut_in_at_least_95_percent_of_frames() {
     let dir = tempfile::tempdir().unwrap();
     let input = asset("samples/test/astronaut.mp4");
-    let (out, json) = (dir.path().join("o.mp4"), dir.path().join("faces.json"));
-    ok(&gpen(&[
-        &input,
-        &out,
-        &"--model",
-        &asset("models/standin/identity-256.onnx"),
-        &"--faces-json",
-        &json,
-    ]));
-    let frames = faces_json(&json);
+    let model = asset("models/standin/identity-256.onnx");
+    let (_, frames, _) = run_with_faces(dir.path(), &input, "o.mp4", &model, &[]);
     assert_eq!(frames.len(), video_pts(&input).len());
     let found = frames.iter().filter(|(r, _)| !r.is_empty()).count();
     assert!(
@@ -119,16 +111,8 @@ fn a_visible_change_lands_on_faces_and_nowhere_else() {
 fn multi_face_clip_fills_batches_of_four_and_fixed_batch_models_run_one_by_one() {
     let dir = tempfile::tempdir().unwrap();
     let input = asset("samples/test/group.mkv");
-    let (out, json) = (dir.path().join("g.mkv"), dir.path().join("g.json"));
-    let err = ok(&gpen(&[
-        &input,
-        &out,
-        &"--model",
-        &asset("models/standin/identity-256.onnx"),
-        &"--faces-json",
-        &json,
-    ]));
-    let frames = faces_json(&json);
+    let model = asset("models/standin/identity-256.onnx");
+    let (_, frames, err) = run_with_faces(dir.path(), &input, "g.mkv", &model, &[]);
     let faces: usize = frames.iter().map(|(_, b)| b.len()).sum();
     assert!(
         frames.iter().all(|(_, b)| b.len() >= 4),
@@ -218,19 +202,8 @@ fn bad_inputs_fail_clearly_and_leave_nothing() {
 fn runs_the_exported_gpen_256_in_batches_of_four() {
     let dir = tempfile::tempdir().unwrap();
     let input = asset("samples/test/astronaut.mp4");
-    let (out, json) = (dir.path().join("gpen.mp4"), dir.path().join("f.json"));
     let model = asset("models/gpen-bfr-256-random.onnx");
-    let err = ok(&gpen(&[
-        &input,
-        &out,
-        &"--model",
-        &model,
-        &"--batch",
-        &"4",
-        &"--faces-json",
-        &json,
-    ]));
-    let frames = faces_json(&json);
+    let (out, frames, err) = run_with_faces(dir.path(), &input, "gpen.mp4", &model, &[&"--batch", &"4"]);
     let faces: usize = frames.iter().map(|(_, b)| b.len()).sum();
     assert!(faces > 0);
     // One face per frame: batches fill across frames. A partial batch may leave early only when
@@ -308,19 +281,11 @@ fn ctrl_c_stops_a_run_and_leaves_no_output() {
 fn sideways_phone_video_keeps_its_rotation_and_its_faces_are_found() {
     let dir = tempfile::tempdir().unwrap();
     let input = asset("samples/test/rotated.mp4");
-    let (out, json) = (dir.path().join("r.mp4"), dir.path().join("f.json"));
-    ok(&gpen(&[
-        &input,
-        &out,
-        &"--model",
-        &asset("models/standin/negate-256.onnx"),
-        &"--faces-json",
-        &json,
-    ]));
+    let model = asset("models/standin/negate-256.onnx");
+    let (out, frames, _) = run_with_faces(dir.path(), &input, "r.mp4", &model, &[]);
     let rotation = |f: &std::path::Path| probe_video(f, "stream_side_data=rotation").trim().to_string();
     assert_eq!(rotation(&input), "90");
     assert_eq!(rotation(&out), "90", "display matrix copied");
-    let frames = faces_json(&json);
     let found = frames.iter().filter(|(r, _)| !r.is_empty()).count();
     // The faces lie on their side in the stored picture: found only if detection turns it upright.
     assert!(
@@ -357,23 +322,13 @@ fn other_pixel_formats_in_and_out_keep_faces_changed_and_the_rest_intact() {
         ],
     );
     for (input, codec) in [(&yuv444, "libx264"), (&src, "libx264rgb")] {
-        let (out, json) = (
-            dir.path().join(format!("o-{codec}.mkv")),
-            dir.path().join(format!("f-{codec}.json")),
-        );
-        ok(&gpen(&[
+        let (out, faces, _) = run_with_faces(
+            dir.path(),
             input,
-            &out,
-            &"--model",
+            &format!("o-{codec}.mkv"),
             &asset("models/standin/negate-256.onnx"),
-            &"--codec",
-            &codec,
-            &"--frames",
-            &"12",
-            &"--faces-json",
-            &json,
-        ]));
-        let faces = faces_json(&json);
+            &[&"--codec", &codec, &"--frames", &"12"],
+        );
         let (w, _, got) = rgb_frames(&out);
         let (_, _, orig) = rgb_frames(input);
         assert_eq!(got.len(), 12, "{codec}");
@@ -431,31 +386,16 @@ fn appearing_faces_clip(out: &std::path::Path) {
     );
 }
 
-/// Each frame's (regions, boxes), then the whole-frame and window pass counts.
-type DetectionRun = (Vec<(Vec<Rect>, Vec<Rect>)>, u64, u64);
-
-/// Runs the identity stand-in on `input` with `--detect-every every`.
-fn detection_run(dir: &Path, input: &Path, every: &str) -> DetectionRun {
-    let (out, json, stats) = (
-        dir.join(format!("o{every}.mp4")),
-        dir.join(format!("f{every}.json")),
-        dir.join(format!("s{every}.json")),
-    );
-    ok(&gpen(&[
-        &input,
-        &out,
-        &"--model",
-        &asset("models/standin/identity-256.onnx"),
-        &"--detect-every",
-        &every,
-        &"--faces-json",
-        &json,
-        &"--stats-json",
-        &stats,
-    ]));
+/// Runs the identity stand-in on `input` with `--detect-every every`; returns the faces and
+/// the whole-frame and window pass counts.
+fn detection_run(dir: &Path, input: &Path, every: &str) -> (Faces, u64, u64) {
+    let stats = dir.join(format!("s{every}.json"));
+    let model = asset("models/standin/identity-256.onnx");
+    let extra: [&dyn AsRef<std::ffi::OsStr>; 4] = [&"--detect-every", &every, &"--stats-json", &stats];
+    let (_, faces, _) = run_with_faces(dir, input, &format!("o{every}.mp4"), &model, &extra);
     let stats = std::fs::read_to_string(stats).unwrap();
     (
-        faces_json(&json),
+        faces,
         json_number(&stats, "detect_full"),
         json_number(&stats, "detect_windows"),
     )
@@ -469,7 +409,7 @@ fn tracked_faces_match_full_detection_and_new_faces_are_picked_up() {
     let run = |every: &str| detection_run(dir.path(), &input, every);
     let (every_frame, full_1, windows_1) = run("1");
     let (tracked, full_5, windows_5) = run("5");
-    let counts = |f: &[(Vec<Rect>, Vec<Rect>)]| f.iter().map(|(_, b)| b.len()).collect::<Vec<_>>();
+    let counts = |f: &Faces| f.iter().map(|(_, b)| b.len()).collect::<Vec<_>>();
 
     // The clip is what it claims: whole-frame detection on every frame sees 1, then 2, then 3.
     let expect: Vec<usize> = (0..40)

@@ -139,7 +139,7 @@ pub fn rgb_frames(f: &Path) -> (usize, usize, Vec<Vec<u8>>) {
 
 /// Face regions per frame from `--faces-json`: (x0, y0, x1, y1) lists, and box lists.
 pub type Rect = [f64; 4];
-pub fn faces_json(f: &Path) -> Vec<(Vec<Rect>, Vec<Rect>)> {
+pub fn faces_json(f: &Path) -> Faces {
     let text = std::fs::read_to_string(f).unwrap();
     let nums = |s: &str| -> Vec<Rect> {
         s.split('[')
@@ -271,16 +271,35 @@ pub fn mean_psnr(frames: &[f64]) -> f64 {
 /// Runs `model` on `input` with `--faces-json`, and a plain re-encode with the same settings:
 /// the faces per frame, the picture width, and both outputs' decoded frames.
 pub fn run_against_plain(dir: &Path, input: &Path, model: &Path) -> FacesAndFrames {
-    let (out, json, plain) = (dir.join("run.mp4"), dir.join("faces.json"), dir.join("plain.mp4"));
-    ok(&gpen(&[&input, &out, &"--model", &model, &"--faces-json", &json]));
+    let plain = dir.join("plain.mp4");
+    let (out, faces, _) = run_with_faces(dir, input, "run.mp4", model, &[]);
     plain_reencode(input, &plain);
     let (w, _, got) = rgb_frames(&out);
     let (_, _, want) = rgb_frames(&plain);
     assert_eq!(got.len(), want.len());
-    (faces_json(&json), w, got, want)
+    (faces, w, got, want)
 }
 
-pub type FacesAndFrames = (Vec<(Vec<Rect>, Vec<Rect>)>, usize, Vec<Vec<u8>>, Vec<Vec<u8>>);
+/// Each frame's face regions and boxes, from `--faces-json`.
+pub type Faces = Vec<(Vec<Rect>, Vec<Rect>)>;
+
+/// Runs the binary on `input` with `model` and `extra` flags, writing `dir/name` and its
+/// `--faces-json` beside it; returns the output path, the faces and what it printed.
+pub fn run_with_faces(
+    dir: &Path,
+    input: &Path,
+    name: &str,
+    model: &Path,
+    extra: &[&dyn AsRef<std::ffi::OsStr>],
+) -> (PathBuf, Faces, String) {
+    let (out, json) = (dir.join(name), dir.join(format!("{name}.faces.json")));
+    let mut args: Vec<&dyn AsRef<std::ffi::OsStr>> = vec![&input, &out, &"--model", &model, &"--faces-json", &json];
+    args.extend_from_slice(extra);
+    let err = ok(&gpen(&args));
+    (out, faces_json(&json), err)
+}
+
+pub type FacesAndFrames = (Faces, usize, Vec<Vec<u8>>, Vec<Vec<u8>>);
 
 /// Runs the binary on `input` with the identity-256 stand-in, `--stats-json` and `env`; returns
 /// the stats JSON.
