@@ -202,30 +202,32 @@ impl Shard {
                 .parse::<usize>()
                 .with_context(|| format!("{name}=`{v}` is not a whole number"))
         };
+        // Per scheduler: the task's index variable, its count variable, and where that comes from.
+        const SCHEDULERS: [(&str, &str, &str); 2] = [
+            ("JOB_COMPLETION_INDEX", "JOB_COMPLETIONS", "the Job's .spec.completions"),
+            (
+                "SLURM_ARRAY_TASK_ID",
+                "SLURM_ARRAY_TASK_COUNT",
+                "set by Slurm for job arrays",
+            ),
+        ];
         let (index, count) = if spec == "auto" {
-            if let Some(i) = env("JOB_COMPLETION_INDEX") {
-                let n = match (count, env("JOB_COMPLETIONS")) {
-                    (Some(n), _) => n,
-                    (None, Some(v)) => num("JOB_COMPLETIONS", &v)?,
-                    (None, None) => bail!(
-                        "--shard auto: JOB_COMPLETION_INDEX is set but not the number of shards: pass --shard-count N or set JOB_COMPLETIONS (the Job's .spec.completions)"
-                    ),
-                };
-                (num("JOB_COMPLETION_INDEX", &i)?, n)
-            } else if let Some(i) = env("SLURM_ARRAY_TASK_ID") {
-                let n = match (count, env("SLURM_ARRAY_TASK_COUNT")) {
-                    (Some(n), _) => n,
-                    (None, Some(v)) => num("SLURM_ARRAY_TASK_COUNT", &v)?,
-                    (None, None) => bail!(
-                        "--shard auto: SLURM_ARRAY_TASK_ID is set but not SLURM_ARRAY_TASK_COUNT: pass --shard-count N"
-                    ),
-                };
-                (num("SLURM_ARRAY_TASK_ID", &i)?, n)
-            } else {
+            let Some((var, i, count_var, hint)) = SCHEDULERS
+                .iter()
+                .find_map(|&(var, count_var, hint)| env(var).map(|i| (var, i, count_var, hint)))
+            else {
                 bail!(
                     "--shard auto: neither JOB_COMPLETION_INDEX (a Kubernetes Indexed Job) nor SLURM_ARRAY_TASK_ID (a Slurm job array) is set; give --shard K/N instead"
                 );
-            }
+            };
+            let n = match (count, env(count_var)) {
+                (Some(n), _) => n,
+                (None, Some(v)) => num(count_var, &v)?,
+                (None, None) => bail!(
+                    "--shard auto: {var} is set but not the number of shards: pass --shard-count N or set {count_var} ({hint})"
+                ),
+            };
+            (num(var, &i)?, n)
         } else {
             let (k, n) = spec
                 .split_once('/')
