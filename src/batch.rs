@@ -22,7 +22,7 @@ use anyhow::{bail, Context, Result};
 use crossbeam_channel::{unbounded, RecvTimeoutError};
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 
-use crate::batch_job::{file_name, lock, remove_matching, worker, Shared};
+use crate::batch_job::{file_name, lock, worker, Shared};
 pub use crate::batch_report::{ClipDone, ClipNote, Report};
 use crate::clips::{self, Shard};
 use crate::interrupt::Interrupts;
@@ -74,7 +74,7 @@ pub fn run(o: &BatchOptions, ints: &Interrupts) -> Result<Report> {
     let scan = clips::scan(&o.in_dir, o.recursive, &o.globs, Some(&o.out_dir))?;
     let settings = manifest::settings_hash(&o.base);
     let own_path = manifest::path_for(&o.out_dir, shard);
-    remove_matching(&o.out_dir, &format!("{}.tmp-", file_name(&own_path)), "");
+    crate::plan::remove_stale(&o.out_dir, &format!("{}.tmp-", file_name(&own_path)), "");
     let own = match Manifest::load(&own_path) {
         Ok(m) => m.unwrap_or_else(|| Manifest::new(shard)),
         Err(e) => {
@@ -253,8 +253,7 @@ fn job_devices(device: &Device, jobs: Option<usize>, clips: usize) -> Result<Vec
         Device::Cpu(n) => vec![Device::Cpu(*n); jobs.unwrap_or(1)],
         Device::Cuda(ids) => {
             let gpus = if ids.is_empty() {
-                let n = std::fs::read_dir("/proc/driver/nvidia/gpus").map_or(0, |d| d.count());
-                (0..n as u32).collect()
+                crate::plan::visible_gpus()
             } else {
                 ids.clone()
             };

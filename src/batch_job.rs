@@ -62,20 +62,6 @@ pub(crate) fn file_name(p: &Path) -> String {
         .unwrap_or_default()
 }
 
-/// Removes the files in `dir` whose names start with `prefix` and end with `suffix`.
-pub(crate) fn remove_matching(dir: &Path, prefix: &str, suffix: &str) {
-    let Ok(entries) = std::fs::read_dir(dir) else { return };
-    for path in entries.filter_map(|e| e.ok()).map(|e| e.path()) {
-        let name = file_name(&path);
-        if name.starts_with(prefix) && name.ends_with(suffix) && path.is_file() {
-            match std::fs::remove_file(&path) {
-                Ok(()) => tracing::info!(file = %path.display(), "removed a stale partial file"),
-                Err(e) => tracing::warn!(file = %path.display(), "cannot remove a stale partial file: {e}"),
-            }
-        }
-    }
-}
-
 /// One job: takes clips until none is left or a stop is asked for.
 pub(crate) fn worker(sh: &Shared, device: Device, bar: ProgressBar, _alive: Sender<()>) {
     let mut cached: Option<(Plan, PlanKey)> = None;
@@ -139,7 +125,7 @@ fn run_clip(
             .output
             .extension()
             .map_or(String::new(), |e| format!(".{}", e.to_string_lossy()));
-        remove_matching(dir, &format!(".{}.partial-", file_name(&o.output)), &ext);
+        crate::plan::remove_stale(dir, &format!(".{}.partial-", file_name(&o.output)), &ext);
     }
     let source = crate::decode::probe(&o.input)?;
     // The detector is built for one detection size and one display rotation.

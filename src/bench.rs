@@ -319,7 +319,7 @@ impl BenchReport {
             .map(|r| {
                 format!(
                     "{{\"source\":{:?},\"measure\":\"{}\",\"device\":\"{}\",\"batch\":{},\"frames\":{},\"faces\":{},\"fps\":{},\"faces_per_s\":{:.3},\"ms_per_batch\":{:.3},\"peak_mib\":{},\"gpu_mib\":{},\"runs\":{}}}",
-                    r.source,
+                    serde_json::to_string(&r.source).expect("a string serialises"),
                     r.kind,
                     r.device,
                     r.batch,
@@ -337,7 +337,10 @@ impl BenchReport {
         let eff: Vec<String> = self
             .efficiency
             .iter()
-            .map(|(s, e)| format!("{{\"source\":{s:?},\"efficiency\":{e:.4}}}"))
+            .map(|(s, e)| {
+                let s = serde_json::to_string(s).expect("a string serialises");
+                format!("{{\"source\":{s},\"efficiency\":{e:.4}}}")
+            })
             .collect();
         format!("{{\"rows\":[{}],\"efficiency\":[{}]}}\n", rows.join(","), eff.join(","))
     }

@@ -322,9 +322,16 @@ impl Encoder {
             let src = frame.source.as_mut().expect("checked above");
             let picture = if frame.dirty.is_empty() {
                 src
+            } else if unsafe { ffmpeg::ffi::av_frame_is_writable(src.as_mut_ptr()) } > 0 {
+                // No one else holds the picture (the decoder no longer needs it as a
+                // reference): paste the regions straight in, without a whole-frame copy.
+                for r in &frame.dirty {
+                    rgb_to_yuv420p_region(&frame.rgb, frame.width, frame.height, src, *r);
+                }
+                src
             } else {
-                // The decoder still references its buffer: write into our own reusable frame
-                // (a fresh buffer per frame would cost a page-faulted allocation each time).
+                // The decoder still references its buffer (a reference picture): write into our
+                // own reusable frame (a fresh buffer per frame would cost page faults each time).
                 let work = self
                     .work
                     .get_or_insert_with(|| VideoFrame::new(Pixel::YUV420P, frame.width as u32, frame.height as u32));

@@ -147,7 +147,7 @@ struct RunArgs {
     #[arg(long, value_name = "KIND", value_parser = ["cuda"], help_heading = "Input")]
     hwaccel: Option<String>,
     /// Stop after this many frames.
-    #[arg(long, value_name = "N", help_heading = "Input")]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..), help_heading = "Input")]
     frames: Option<u64>,
 
     /// Face detector: a CenterFace ONNX file with dynamic input size (default: models/centerface.onnx).

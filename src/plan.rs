@@ -175,6 +175,29 @@ pub fn partial_path(output: &Path) -> Result<PathBuf> {
     )))
 }
 
+/// Removes the files in `dir` named `PREFIX<pid>SUFFIX` whose process is gone: what a crashed
+/// run left half-written. A live process's file (another run on the same folder) is kept.
+pub fn remove_stale(dir: &Path, prefix: &str, suffix: &str) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name
+            .strip_prefix(prefix)
+            .and_then(|rest| rest.strip_suffix(suffix))
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if pid == std::process::id() || Path::new(&format!("/proc/{pid}")).exists() {
+            continue;
+        }
+        match std::fs::remove_file(e.path()) {
+            Ok(()) => tracing::info!(file = %e.path().display(), "removed a stale partial file"),
+            Err(err) => tracing::warn!(file = %e.path().display(), "cannot remove a stale partial file: {err}"),
+        }
+    }
+}
+
 /// Checks OUT: not the input, in an existing writable folder, with a container FFmpeg knows.
 pub fn check_output(input: &Path, output: &Path) -> Result<()> {
     if output.as_os_str().is_empty() {
@@ -219,7 +242,7 @@ pub fn check_output(input: &Path, output: &Path) -> Result<()> {
 }
 
 /// GPUs the NVIDIA driver exposes, for `cuda:all`.
-fn visible_gpus() -> Vec<u32> {
+pub(crate) fn visible_gpus() -> Vec<u32> {
     let n = std::fs::read_dir("/proc/driver/nvidia/gpus")
         .map(|d| d.count())
         .unwrap_or(0);

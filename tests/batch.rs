@@ -287,6 +287,9 @@ fn kill_9_then_rerun_processes_every_clip_once() {
     // A partial file left by some earlier dead process.
     std::fs::create_dir_all(&output).unwrap();
     std::fs::write(output.join(".k3.mp4.partial-999999.mp4"), "half a video").unwrap();
+    // One of a process still running (this test): another run on the same folder; kept.
+    let live = output.join(format!(".k2.mp4.partial-{}.mp4", std::process::id()));
+    std::fs::write(&live, "another run's video").unwrap();
 
     let mut child = batch_cmd(&input, &output, &[], &[("GPEN_VIDEO_FAULTS", "slow=0:200")])
         .spawn()
@@ -313,6 +316,8 @@ fn kill_9_then_rerun_processes_every_clip_once() {
     assert_eq!(outputs(&output), all);
     assert_eq!(manifest_keys(&output.join(MANIFEST)), all);
     complete(&input, &output, &all);
+    assert!(live.exists(), "a running process's partial file was removed");
+    std::fs::remove_file(&live).unwrap();
     no_partials(&output);
 }
 

@@ -196,6 +196,12 @@ fn bad_inputs_fail_clearly_and_leave_nothing() {
     std::fs::copy(&good, &copy).unwrap();
     fails(&copy, &copy, &m, "is the input file");
     assert_eq!(std::fs::read(&copy).unwrap(), bytes);
+    // A usage error (clap's exit code 2), not a one-frame video.
+    let r = gpen(&[&good, &out, &"--frames", &"0"]);
+    let err = String::from_utf8_lossy(&r.stderr);
+    assert_eq!(r.status.code(), Some(2), "{err}");
+    assert!(err.contains("--frames"), "{err}");
+    assert!(!out.exists());
 }
 
 #[test]

@@ -106,21 +106,6 @@ impl Drop for PartFile {
     }
 }
 
-/// Removes `.FILE.part-PID` files in `dir` left by processes that are gone.
-fn remove_stale_parts(dir: &Path, file: &str) {
-    let prefix = format!(".{file}.part-");
-    let Ok(rd) = std::fs::read_dir(dir) else { return };
-    for d in rd.flatten() {
-        let name = d.file_name().to_string_lossy().into_owned();
-        let Some(pid) = name.strip_prefix(&prefix).and_then(|p| p.parse::<u32>().ok()) else {
-            continue;
-        };
-        if pid != std::process::id() && !Path::new(&format!("/proc/{pid}")).exists() {
-            let _ = std::fs::remove_file(d.path());
-        }
-    }
-}
-
 fn is_unreachable(kind: std::io::ErrorKind) -> bool {
     use std::io::ErrorKind as K;
     matches!(
@@ -166,7 +151,7 @@ pub fn fetch_url(url: &str, dest: &Path, sha256: Option<&str>, progress: bool) -
     if !dir.is_dir() {
         bail!("folder {} does not exist", dir.display());
     }
-    remove_stale_parts(&dir, &file);
+    crate::plan::remove_stale(&dir, &format!(".{file}.part-"), "");
     let host = host_of(url);
     let mirror_hint =
         format!("or put the file there by hand, or point --url / {URL_BASE_ENV} at a mirror you can reach");
