@@ -268,10 +268,11 @@ fn resolve_model_maps_names_to_files_under_models() {
     assert_eq!(registry::resolve_model(standin.to_str().unwrap()).unwrap(), standin);
     // A known download that is not here says how to get it.
     let reg = registry::registry().unwrap();
-    if let Some(e) = reg
+    let e = reg
         .models
         .iter()
         .find(|e| e.source == registry::Source::Download && e.local_path().is_none())
+        .expect("the registry lists downloads that the set-up does not install");
     {
         let err = registry::resolve_model(&e.name).unwrap_err().to_string();
         assert!(

@@ -157,6 +157,7 @@ fn gpu_options_fail_clearly_without_a_gpu_and_never_fall_back() {
     );
     if !visible {
         let r = gpen(&[&input, &out, &"--model", &model, &"--device", &"cuda:all"]);
+        assert_eq!(r.status.code(), Some(1));
         assert!(String::from_utf8_lossy(&r.stderr).contains("no NVIDIA GPU is visible"));
         let r = gpen(&[&input, &out, &"--model", &model, &"--hwaccel", &"cuda"]);
         let err = String::from_utf8_lossy(&r.stderr);
@@ -164,6 +165,7 @@ fn gpu_options_fail_clearly_without_a_gpu_and_never_fall_back() {
         assert!(err.contains("could not open a CUDA device"), "{err}");
     }
     let r = gpen(&[&input, &out, &"--model", &model, &"--fp16"]);
+    assert_eq!(r.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&r.stderr).contains("not an fp16 export"));
     assert!(!out.exists());
 }

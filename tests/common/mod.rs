@@ -122,6 +122,8 @@ pub fn rgb_frames(f: &Path) -> (usize, usize, Vec<Vec<u8>>) {
         &[
             "-v",
             "error",
+            // The stored picture, as --faces-json's coordinates are.
+            "-noautorotate",
             "-i",
             f.to_str().unwrap(),
             // Every decoded frame once: no duplicates to fill gaps in the timeline.
@@ -208,6 +210,8 @@ pub fn plain_reencode(input: &Path, out: &Path) {
             "-v",
             "error",
             "-y",
+            // Stored as the input is stored, as gpen-video keeps it (with its display matrix).
+            "-noautorotate",
             "-i",
             input.to_str().unwrap(),
             "-map",
@@ -329,4 +333,49 @@ pub fn json_number(json: &str, key: &str) -> u64 {
     at[..end]
         .parse()
         .unwrap_or_else(|_| panic!("{key} is not a number in {json}"))
+}
+
+/// At least `percent` % of the frames have a face.
+pub fn assert_faces_found(frames: &Faces, percent: usize) {
+    let found = frames.iter().filter(|(_, b)| !b.is_empty()).count();
+    assert!(
+        !frames.is_empty() && found * 100 >= frames.len() * percent,
+        "faces in {found} of {} frames",
+        frames.len()
+    );
+}
+
+/// A model that inverts colours changed the middle of every face box (PSNR under 15 dB) and
+/// nothing outside the pasted regions (over 36 dB per frame, 40 over the clip), `got` against
+/// a plain re-encode `want`.
+pub fn assert_change_only_on_faces(faces: &Faces, w: usize, got: &[Vec<u8>], want: &[Vec<u8>]) {
+    assert_eq!(got.len(), want.len());
+    let mut all = Vec::new();
+    for (i, (g, p)) in got.iter().zip(want).enumerate() {
+        let (regions, boxes) = &faces[i];
+        let (outside, _) = psnr(g, p, w, |x, y| !inside(regions, x, y, 2.0));
+        assert!(outside > 36.0, "frame {i}: PSNR outside faces {outside:.1} dB");
+        all.push(outside);
+        let core: Vec<Rect> = boxes
+            .iter()
+            .map(|b| {
+                let (cx, cy, hw, hh) = (
+                    (b[0] + b[2]) / 2.0,
+                    (b[1] + b[3]) / 2.0,
+                    (b[2] - b[0]) / 4.0,
+                    (b[3] - b[1]) / 4.0,
+                );
+                [cx - hw, cy - hh, cx + hw, cy + hh]
+            })
+            .collect();
+        if !core.is_empty() {
+            let (face, n) = psnr(g, p, w, |x, y| inside(&core, x, y, 0.0));
+            assert!(
+                n > 0 && face < 15.0,
+                "frame {i}: face not changed (PSNR {face:.1} dB over {n} px)"
+            );
+        }
+    }
+    let mean = mean_psnr(&all);
+    assert!(mean > 40.0, "PSNR outside faces over the clip {mean:.1} dB");
 }
