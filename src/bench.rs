@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
-use crate::align::{fit_similarity, template_named, warp_to_tensor};
+use crate::align::template_named;
 use crate::decode::Decoder;
 use crate::frame::Pool;
 use crate::pipeline;
@@ -149,7 +149,7 @@ fn bench_source(o: &BenchOptions, src: &Path, tmp: &Path, report: &mut BenchRepo
         if with_ceiling {
             let (faces_per_s, ms_per_batch) = ceiling(&mut plan, &crops, 4, CEILING_TIME)?;
             log(&format!("{name}: enhance-only run {i}: {faces_per_s:.2} faces/s"));
-            if let Some(s) = runs.last().filter(|_| with_pipeline) {
+            if let Some(s) = runs.last() {
                 ratios.push(s.faces_per_s() / faces_per_s.max(1e-9));
             }
             rates.push(faces_per_s);
@@ -212,12 +212,8 @@ fn collect_crops(plan: &mut Plan, want: usize) -> Result<Vec<Vec<f32>>> {
         match plan.detector.detect(&f.det, f.width, f.height) {
             Ok(faces) => {
                 for face in faces {
-                    let to_crop = fit_similarity(&face.landmarks, &tpl);
-                    if let Some(r) = crate::paste::region(&to_crop, size, f.width, f.height) {
-                        f.ensure_rgb(r);
-                    }
-                    let mut crop = vec![0.0; 3 * size * size];
-                    warp_to_tensor(&f.rgb, f.width, f.height, &to_crop, size, &mut crop);
+                    let mut crop = Vec::new();
+                    pipeline::align_face(&mut f, &face, &tpl, size, &mut crop);
                     crops.push(crop);
                 }
             }

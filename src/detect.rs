@@ -377,16 +377,9 @@ impl Detector {
                 if xs < -0.5 || ys < -0.5 || xs > sw as f32 - 0.5 || ys > sh as f32 - 0.5 {
                     continue;
                 }
-                let (xs, ys) = (xs.clamp(0.0, (sw - 1) as f32), ys.clamp(0.0, (sh - 1) as f32));
-                let (xa, ya) = (xs as usize, ys as usize);
-                let (xb, yb) = ((xa + 1).min(sw - 1), (ya + 1).min(sh - 1));
-                let (fx, fy) = (xs - xa as f32, ys - ya as f32);
-                let i = yi * n + xi;
-                for c in 0..3 {
-                    let p = |x: usize, y: usize| det[(y * sw + x) * 3 + c] as f32;
-                    let top = p(xa, ya) + (p(xb, ya) - p(xa, ya)) * fx;
-                    let bottom = p(xa, yb) + (p(xb, yb) - p(xa, yb)) * fx;
-                    self.input[c * plane + i] = top + (bottom - top) * fy;
+                let px = crate::align::sample_rgb_f32(det, sw, sh, xs, ys);
+                for (c, v) in px.into_iter().enumerate() {
+                    self.input[c * plane + yi * n + xi] = v;
                 }
             }
         }
@@ -399,7 +392,8 @@ impl Detector {
         let map = |k: usize| outputs[k].try_extract_tensor::<f32>().map(|(_, d)| d);
         let (heat, scale, offset, lms) = (map(0)?, map(1)?, map(2)?, map(3)?);
         let (mh, mw) = (h / 4, w / 4);
-        if heat.len() != mh * mw || lms.len() != 10 * mh * mw {
+        let plane = mh * mw;
+        if heat.len() != plane || scale.len() != 2 * plane || offset.len() != 2 * plane || lms.len() != 10 * plane {
             bail!("detector output maps are not {mw}x{mh}: is this a CenterFace model?");
         }
         Ok(decode_maps(heat, scale, offset, lms, (mh, mw), (w, h), self.threshold))

@@ -315,9 +315,8 @@ impl Encoder {
             (None, l) => l.map_or(0, |l| l + 1),
         };
         self.last_pts = Some(pts);
-        let yuv420 = frame.source.as_ref().is_some_and(|s| {
-            s.format() == Pixel::YUV420P && s.width() as usize == frame.width && s.height() as usize == frame.height
-        });
+        // The decoder converted only face regions to RGB exactly when the source is yuv420p.
+        let yuv420 = frame.rgb_partial && frame.source.is_some();
         let picture = if yuv420 {
             let src = frame.source.as_mut().expect("checked above");
             let picture = if frame.dirty.is_empty() {

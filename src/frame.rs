@@ -84,15 +84,6 @@ pub struct Pool<T> {
     rx: crossbeam_channel::Receiver<T>,
 }
 
-impl<T> Clone for Pool<T> {
-    fn clone(&self) -> Self {
-        Self {
-            tx: self.tx.clone(),
-            rx: self.rx.clone(),
-        }
-    }
-}
-
 impl<T: Default> Pool<T> {
     pub fn new(cap: usize) -> Self {
         let (tx, rx) = crossbeam_channel::bounded(cap.max(1));

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context, Result};
 use crossbeam_channel::{bounded, never, select, unbounded, Receiver, Sender};
 
-use crate::align::{fit_similarity, template_named, tensor_to_rgb, warp_to_tensor};
+use crate::align::{fit_similarity, template_named, tensor_to_rgb, warp_to_tensor, Affine};
 use crate::decode::Decoder;
 use crate::detect::Detector;
 use crate::encode::Encoder;
@@ -161,13 +161,8 @@ fn run_inner(plan: &mut Plan, partial: &Path, progress: &(dyn Fn(u64) + Sync)) -
                         faces
                             .into_iter()
                             .map(|face| {
-                                let to_crop = fit_similarity(&face.landmarks, &tpl);
-                                if let Some(r) = region(&to_crop, size, f.width, f.height) {
-                                    f.ensure_rgb(r);
-                                }
                                 let mut crop = crop_pool.get();
-                                crop.resize(3 * size * size, 0.0);
-                                warp_to_tensor(&f.rgb, f.width, f.height, &to_crop, size, &mut crop);
+                                let to_crop = align_face(&mut f, &face, &tpl, size, &mut crop);
                                 FaceJob {
                                     face,
                                     to_crop,
@@ -213,11 +208,12 @@ fn run_inner(plan: &mut Plan, partial: &Path, progress: &(dyn Fn(u64) + Sync)) -
                         };
                         for job in faces {
                             if let Some(crop) = job.restored {
-                                paste(&mut frame.rgb, w, h, &crop, &job.to_crop, &mask, blend);
-                                restored_pool.put(crop);
-                                if let Some(r) = region(&job.to_crop, size, w, h).filter(|_| blend > 0.0) {
-                                    frame.dirty.push(r);
+                                // Nothing to blend in at 0: the frame stays as decoded.
+                                if blend > 0.0 {
+                                    paste(&mut frame.rgb, w, h, &crop, &job.to_crop, &mask, blend);
+                                    frame.dirty.extend(region(&job.to_crop, size, w, h));
                                 }
+                                restored_pool.put(crop);
                             }
                             if let Some(r) = region(&job.to_crop, size, w, h) {
                                 info.regions.push(r);
@@ -302,6 +298,18 @@ fn run_inner(plan: &mut Plan, partial: &Path, progress: &(dyn Fn(u64) + Sync)) -
             peak_rss: peak_rss(),
         })
     })
+}
+
+/// Aligns one face of `f` to the template: makes sure the frame's RGB covers the face, warps
+/// it into `crop` (an NCHW item of `size`) and returns the frame-to-crop transform.
+pub fn align_face(f: &mut Frame, face: &Face, tpl: &[[f32; 2]; 5], size: usize, crop: &mut Vec<f32>) -> Affine {
+    let to_crop = fit_similarity(&face.landmarks, tpl);
+    if let Some(r) = region(&to_crop, size, f.width, f.height) {
+        f.ensure_rgb(r);
+    }
+    crop.resize(3 * size * size, 0.0);
+    warp_to_tensor(&f.rgb, f.width, f.height, &to_crop, size, crop);
+    to_crop
 }
 
 /// Frames the dispatcher may hold while their faces are being enhanced.

@@ -277,6 +277,9 @@ impl Plan {
             }
             Device::Cuda(ids) => ids.iter().copied().map(Target::Cuda).collect(),
         };
+        if targets.is_empty() {
+            bail!("no device to run the model on: use --device cpu, cpu:N or cuda:N");
+        }
         let cpu_workers = targets.iter().filter(|t| matches!(t, Target::Cpu(_))).count().max(1);
 
         let model_path = match &o.model {
