@@ -91,12 +91,16 @@ struct Bound {
     output: Tensor<f32>,
 }
 
-/// A model session with its bound buffers, one set per batch size seen.
+/// A model session with its bound buffers, one set per batch size it runs.
 pub struct Enhancer {
     session: Session,
     pub info: ModelInfo,
     allocator: Allocator,
     bound: Vec<Option<Bound>>,
+    /// The full batch size: a partial batch runs padded to the next power of two (at most
+    /// this), so buffers exist for at most log2(batch) + 1 sizes, under twice a full batch in
+    /// all, however batches split.
+    batch: usize,
 }
 
 impl Enhancer {
@@ -125,7 +129,18 @@ impl Enhancer {
             info,
             allocator,
             bound: Vec::new(),
+            batch: 1,
         })
+    }
+
+    /// Batch sizes that have buffers bound so far.
+    pub fn bound_sizes(&self) -> Vec<usize> {
+        (0..self.bound.len()).filter(|&i| self.bound[i].is_some()).collect()
+    }
+
+    /// Sets the full batch size the pipeline gathers (see [`Enhancer::run`]).
+    pub fn set_batch(&mut self, batch: usize) {
+        self.batch = batch.max(1);
     }
 
     /// Largest batch a call may take, given the wanted batch size.
@@ -139,8 +154,14 @@ impl Enhancer {
         let s = self.info.size;
         let item = 3 * s * s;
         let n = crops.len();
-        // A fixed-batch model is fed its own batch size; unused slots keep old data.
-        let feed = self.info.fixed_batch.unwrap_or(n);
+        // A fixed-batch model is fed its own batch size; a partial batch is padded to the next
+        // power of two (or the full batch). Unused slots keep old data; their outputs are not
+        // read.
+        let feed = self.info.fixed_batch.unwrap_or(if n >= self.batch {
+            n
+        } else {
+            n.next_power_of_two().min(self.batch)
+        });
         if feed < n {
             bail!("batch of {n} crops exceeds the model's fixed batch {feed}");
         }

@@ -322,6 +322,9 @@ impl Plan {
             tracing::warn!(model = %model_path.display(), "{note}");
         }
         let batch = workers[0].enhancer.max_batch(o.batch);
+        for w in &mut workers {
+            w.enhancer.set_batch(batch);
+        }
         if batch != o.batch {
             tracing::info!(batch, "model has a fixed batch size; running {batch} crop(s) per call");
         }

@@ -184,3 +184,31 @@ fn a_model_slower_than_decoding_holds_the_decoder_back_instead_of_piling_up_fram
     assert!(held >= 4, "held {held}: a batch of four needs four frames");
     assert_eq!(json_number(&json, "frames"), frames as u64);
 }
+
+#[test]
+fn partial_batches_reuse_a_few_buffer_sizes_and_keep_their_crops_apart() {
+    use gpen_video::enhance::Enhancer;
+    use gpen_video::runtime::{cpu_session, Target};
+    std::env::set_var("ORT_DYLIB_PATH", asset(".deps/lib/libonnxruntime.so"));
+    let session = cpu_session(&asset("models/standin/identity-256.onnx"), 1, "model").unwrap();
+    let mut e = Enhancer::for_target(session, &Target::Cpu(0)).unwrap();
+    e.set_batch(16);
+    let item = 3 * 256 * 256;
+    // Every size from 16 down to 1: each crop a different constant, so a mix-up shows.
+    for n in (1..=16).rev() {
+        let crops: Vec<Vec<f32>> = (0..n).map(|k| vec![k as f32 / 16.0 - 0.5; item]).collect();
+        let refs: Vec<&[f32]> = crops.iter().map(Vec::as_slice).collect();
+        let mut seen = 0;
+        e.run(&refs, |i, out| {
+            assert!(
+                out.iter().all(|&v| (v - crops[i][0]).abs() < 1e-6),
+                "batch of {n}: crop {i} mixed up"
+            );
+            seen += 1;
+        })
+        .unwrap();
+        assert_eq!(seen, n);
+    }
+    // Not one buffer set per size (136 crops' worth): padded to powers of two, 31 at most.
+    assert_eq!(e.bound_sizes(), vec![1, 2, 4, 8, 16]);
+}
