@@ -271,6 +271,6 @@ fn job_devices(device: &Device, jobs: Option<usize>, clips: usize) -> Result<Vec
 fn estimate(input: &Path, o: &Options) -> u64 {
     crate::decode::probe(input)
         .ok()
-        .and_then(|s| s.estimated_frames())
-        .map_or(0, |n| o.max_frames.map_or(n, |m| m.min(n)))
+        .and_then(|s| s.frames_to_run(o.max_frames))
+        .unwrap_or(0)
 }

@@ -144,10 +144,7 @@ fn run_clip(
     }
     let plan = &mut cached.as_mut().expect("plan just set").0;
     plan.cancel = sh.ints.hard.clone();
-    let total = plan
-        .source
-        .estimated_frames()
-        .map(|n| o.max_frames.map_or(n, |m| m.min(n)));
+    let total = plan.source.frames_to_run(o.max_frames);
     bar.reset();
     bar.set_length(total.unwrap_or(0));
     bar.set_message(clip.key.clone());

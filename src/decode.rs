@@ -51,6 +51,11 @@ impl SourceInfo {
             self.duration_s.filter(|_| fps > 0.0).map(|d| (d * fps).round() as u64)
         })
     }
+
+    /// Frames a run will encode, for progress: the estimate, cut at `--frames`.
+    pub fn frames_to_run(&self, max_frames: Option<u64>) -> Option<u64> {
+        self.estimated_frames().map(|n| max_frames.map_or(n, |m| m.min(n)))
+    }
 }
 
 /// Opens `path`, picks the best video stream and checks a decoder exists for it.

@@ -337,6 +337,7 @@ mod tests {
                 landmarks: [[0.0; 2]; 5],
             },
             to_crop: Affine([1.0, 0.0, 0.0, 0.0, 1.0, 0.0]),
+            region: None,
             crop: Vec::new(),
             restored: None,
         };

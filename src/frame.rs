@@ -64,6 +64,8 @@ pub struct FaceJob {
     pub face: Face,
     /// Frame -> crop transform.
     pub to_crop: Affine,
+    /// The frame region the crop covers (clipped to the frame), if any.
+    pub region: Option<Region>,
     /// The aligned crop as one NCHW item in [-1, 1] (`3 * size * size` floats).
     pub crop: Vec<f32>,
     /// The restored crop, packed RGB24 of `size * size`, once enhanced.

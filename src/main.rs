@@ -259,10 +259,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         workers = plan.workers.len(),
         "starting"
     );
-    let total = plan
-        .source
-        .estimated_frames()
-        .map(|n| o.max_frames.map_or(n, |m| m.min(n)));
+    let total = plan.source.frames_to_run(o.max_frames);
     let bar = if !quiet && std::io::stderr().is_terminal() {
         let bar = ProgressBar::new(total.unwrap_or(0));
         bar.set_style(

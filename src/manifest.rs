@@ -195,7 +195,7 @@ pub fn settings_hash(o: &Options) -> String {
         o.max_frames,
     );
     let digest = Sha256::digest(text.as_bytes());
-    digest[..16].iter().map(|b| format!("{b:02x}")).collect()
+    crate::registry::report::hex(&digest[..16])
 }
 
 /// Milliseconds since the Unix epoch, now.

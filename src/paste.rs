@@ -48,13 +48,18 @@ pub fn region(to_crop: &Affine, size: usize, width: usize, height: usize) -> Opt
 }
 
 /// Blends a restored crop (packed RGB24, the mask's `size x size`) into the frame: each frame
-/// pixel in the face region is mapped into the crop, sampled bilinearly and mixed by
-/// `mask * blend`.
-pub fn paste(frame: &mut [u8], width: usize, height: usize, crop: &[u8], to_crop: &Affine, mask: &Mask, blend: f32) {
+/// pixel in the face region (`region` of `to_crop`) is mapped into the crop, sampled
+/// bilinearly and mixed by `mask * blend`.
+pub fn paste(
+    frame: &mut [u8],
+    width: usize,
+    crop: &[u8],
+    to_crop: &Affine,
+    (x0, y0, x1, y1): (usize, usize, usize, usize),
+    mask: &Mask,
+    blend: f32,
+) {
     let size = mask.size;
-    let Some((x0, y0, x1, y1)) = region(to_crop, size, width, height) else {
-        return;
-    };
     let m = to_crop.0;
     let lim = (size - 1) as f64;
     for y in y0..y1 {
@@ -114,7 +119,8 @@ mod tests {
         let crop = vec![200u8; size * size * 3];
         let mask = Mask::new(size);
         let mut frame = vec![10u8; w * h * 3];
-        paste(&mut frame, w, h, &crop, &to_crop, &mask, 1.0);
+        let r = region(&to_crop, size, w, h).unwrap();
+        paste(&mut frame, w, &crop, &to_crop, r, &mask, 1.0);
         let px = |f: &[u8], x: usize, y: usize| f[(y * w + x) * 3];
         assert_eq!(px(&frame, 82, 52), 200, "centre replaced");
         assert_eq!(px(&frame, 10, 10), 10, "outside untouched");
@@ -123,10 +129,10 @@ mod tests {
         assert!(changed < size * size);
 
         let mut half = vec![10u8; w * h * 3];
-        paste(&mut half, w, h, &crop, &to_crop, &mask, 0.5);
+        paste(&mut half, w, &crop, &to_crop, r, &mask, 0.5);
         assert_eq!(px(&half, 82, 52), 105);
         let mut none = vec![10u8; w * h * 3];
-        paste(&mut none, w, h, &crop, &to_crop, &mask, 0.0);
+        paste(&mut none, w, &crop, &to_crop, r, &mask, 0.0);
         assert!(none.iter().all(|&v| v == 10));
     }
 

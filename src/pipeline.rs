@@ -72,7 +72,7 @@ fn run_inner(plan: &mut Plan, partial: &Path, progress: &(dyn Fn(u64) + Sync)) -
     let in_name = plan.source.path.display().to_string();
     let size = plan.info.size;
     let template_name = plan.info.template.clone();
-    let (w, h) = (plan.source.width, plan.source.height);
+    let w = plan.source.width;
     let (batch, blend, max_frames) = (plan.batch, plan.blend, plan.max_frames);
     let keep_log = plan.faces_json.is_some();
     let (cancel, cancel_encode) = (plan.cancel.clone(), plan.cancel.clone());
@@ -162,10 +162,11 @@ fn run_inner(plan: &mut Plan, partial: &Path, progress: &(dyn Fn(u64) + Sync)) -
                             .into_iter()
                             .map(|face| {
                                 let mut crop = crop_pool.get();
-                                let to_crop = align_face(&mut f, &face, &tpl, size, &mut crop);
+                                let (to_crop, region) = align_face(&mut f, &face, &tpl, size, &mut crop);
                                 FaceJob {
                                     face,
                                     to_crop,
+                                    region,
                                     crop,
                                     restored: None,
                                 }
@@ -208,16 +209,15 @@ fn run_inner(plan: &mut Plan, partial: &Path, progress: &(dyn Fn(u64) + Sync)) -
                         };
                         for job in faces {
                             if let Some(crop) = job.restored {
-                                // Nothing to blend in at 0: the frame stays as decoded.
-                                if blend > 0.0 {
-                                    paste(&mut frame.rgb, w, h, &crop, &job.to_crop, &mask, blend);
-                                    frame.dirty.extend(region(&job.to_crop, size, w, h));
+                                // Nothing to blend in at 0 (or off the frame): the frame stays
+                                // as decoded.
+                                if let Some(r) = job.region.filter(|_| blend > 0.0) {
+                                    paste(&mut frame.rgb, w, &crop, &job.to_crop, r, &mask, blend);
+                                    frame.dirty.push(r);
                                 }
                                 restored_pool.put(crop);
                             }
-                            if let Some(r) = region(&job.to_crop, size, w, h) {
-                                info.regions.push(r);
-                            }
+                            info.regions.extend(job.region);
                             info.faces.push(job.face);
                         }
                         info
@@ -301,15 +301,23 @@ fn run_inner(plan: &mut Plan, partial: &Path, progress: &(dyn Fn(u64) + Sync)) -
 }
 
 /// Aligns one face of `f` to the template: makes sure the frame's RGB covers the face, warps
-/// it into `crop` (an NCHW item of `size`) and returns the frame-to-crop transform.
-pub fn align_face(f: &mut Frame, face: &Face, tpl: &[[f32; 2]; 5], size: usize, crop: &mut Vec<f32>) -> Affine {
+/// it into `crop` (an NCHW item of `size`) and returns the frame-to-crop transform with the
+/// frame region the crop covers.
+pub fn align_face(
+    f: &mut Frame,
+    face: &Face,
+    tpl: &[[f32; 2]; 5],
+    size: usize,
+    crop: &mut Vec<f32>,
+) -> (Affine, Option<Region>) {
     let to_crop = fit_similarity(&face.landmarks, tpl);
-    if let Some(r) = region(&to_crop, size, f.width, f.height) {
+    let r = region(&to_crop, size, f.width, f.height);
+    if let Some(r) = r {
         f.ensure_rgb(r);
     }
     crop.resize(3 * size * size, 0.0);
     warp_to_tensor(&f.rgb, f.width, f.height, &to_crop, size, crop);
-    to_crop
+    (to_crop, r)
 }
 
 /// Frames the dispatcher may hold while their faces are being enhanced.

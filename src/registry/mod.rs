@@ -22,7 +22,7 @@ use serde::Deserialize;
 use crate::plan::find_asset;
 
 mod fetch;
-mod report;
+pub(crate) mod report;
 #[cfg(test)]
 mod tests;
 
