@@ -1,6 +1,8 @@
 //! Face alignment: in, five landmarks and a frame; out, the similarity transform to the FFHQ
 //! template and the warped crop as a normalised NCHW tensor slice.
 
+use crate::geom::Affine;
+
 /// The FFHQ five-point template, normalised to the crop size (x, y): left eye, right eye, nose,
 /// left mouth corner, right mouth corner (as facexlib and facefusion use it).
 pub const FFHQ_TEMPLATE: [[f64; 2]; 5] = [
@@ -35,61 +37,6 @@ pub fn template_named(name: &str, size: usize) -> [[f32; 2]; 5] {
     t.map(|[x, y]| [(x * size as f64) as f32, (y * size as f64) as f32])
 }
 
-/// A 2x3 affine map `[a b c; d e f]`: (x, y) -> (a x + b y + c, d x + e y + f).
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Affine(pub [f64; 6]);
-
-impl Affine {
-    pub fn apply(&self, x: f64, y: f64) -> (f64, f64) {
-        let m = &self.0;
-        (m[0] * x + m[1] * y + m[2], m[3] * x + m[4] * y + m[5])
-    }
-
-    /// The inverse map, or `None` when the matrix is singular.
-    pub fn inverse(&self) -> Option<Affine> {
-        let [a, b, c, d, e, f] = self.0;
-        let det = a * e - b * d;
-        if det.abs() < 1e-12 {
-            return None;
-        }
-        let (ia, ib, id, ie) = (e / det, -b / det, -d / det, a / det);
-        Some(Affine([ia, ib, -(ia * c + ib * f), id, ie, -(id * c + ie * f)]))
-    }
-
-    /// Uniform scale factor of a similarity (sqrt of the determinant).
-    pub fn scale(&self) -> f64 {
-        let m = &self.0;
-        (m[0] * m[4] - m[1] * m[3]).abs().sqrt()
-    }
-}
-
-/// Least-squares 4-degree-of-freedom similarity (rotation, uniform scale, translation) that
-/// maps `src` onto `dst` (Umeyama without reflection, closed form in 2-D).
-pub fn fit_similarity(src: &[[f32; 2]], dst: &[[f32; 2]]) -> Affine {
-    let n = src.len().min(dst.len()) as f64;
-    let mean = |p: &[[f32; 2]]| {
-        let (sx, sy) = p
-            .iter()
-            .fold((0.0, 0.0), |(sx, sy), q| (sx + q[0] as f64, sy + q[1] as f64));
-        (sx / n, sy / n)
-    };
-    let (msx, msy) = mean(src);
-    let (mdx, mdy) = mean(dst);
-    let (mut num_a, mut num_b, mut den) = (0.0, 0.0, 0.0);
-    for (s, d) in src.iter().zip(dst) {
-        let (px, py) = (s[0] as f64 - msx, s[1] as f64 - msy);
-        let (qx, qy) = (d[0] as f64 - mdx, d[1] as f64 - mdy);
-        num_a += px * qx + py * qy;
-        num_b += px * qy - py * qx;
-        den += px * px + py * py;
-    }
-    if den < 1e-12 {
-        return Affine([1.0, 0.0, mdx - msx, 0.0, 1.0, mdy - msy]);
-    }
-    let (a, b) = (num_a / den, num_b / den);
-    Affine([a, -b, mdx - (a * msx - b * msy), b, a, mdy - (b * msx + a * msy)])
-}
-
 /// Bilinear sample of packed RGB24 at (x, y), edges replicated. Returns the three channels.
 #[inline]
 pub fn sample_rgb(rgb: &[u8], width: usize, height: usize, x: f64, y: f64) -> [f32; 3] {
@@ -121,7 +68,7 @@ pub fn sample_rgb_f32(rgb: &[u8], width: usize, height: usize, x: f32, y: f32) -
 /// Warps the face into a `size x size` crop, written as planar RGB in [-1, 1] (one NCHW item,
 /// `3 * size * size` floats). `to_crop` maps frame pixels to crop pixels.
 pub fn warp_to_tensor(rgb: &[u8], width: usize, height: usize, to_crop: &Affine, size: usize, out: &mut [f32]) {
-    let inv = to_crop.inverse().unwrap_or(Affine([1.0, 0.0, 0.0, 0.0, 1.0, 0.0]));
+    let inv = to_crop.inverse().unwrap_or(Affine::IDENTITY);
     let m = inv.0;
     let plane = size * size;
     let (r, rest) = out.split_at_mut(plane);
@@ -159,45 +106,11 @@ pub fn tensor_to_rgb(t: &[f32], size: usize, out: &mut Vec<u8>) {
 mod tests {
     use super::*;
 
+    use crate::geom::fit_similarity;
+
     fn similarity(angle: f64, scale: f64, tx: f64, ty: f64) -> Affine {
         let (s, c) = angle.sin_cos();
         Affine([scale * c, -scale * s, tx, scale * s, scale * c, ty])
-    }
-
-    #[test]
-    fn fit_recovers_known_similarities() {
-        let cases = [
-            (0.0, 1.0, 0.0, 0.0),
-            (0.3, 2.5, -40.0, 17.0),
-            (-1.2, 0.4, 300.0, -90.0),
-            (3.0, 1.7, 5.0, 5.0),
-        ];
-        let src = template(112);
-        for (angle, scale, tx, ty) in cases {
-            let truth = similarity(angle, scale, tx, ty);
-            let dst = src.map(|[x, y]| {
-                let (u, v) = truth.apply(x as f64, y as f64);
-                [u as f32, v as f32]
-            });
-            let fit = fit_similarity(&src, &dst);
-            for (p, q) in src.iter().zip(&dst) {
-                let (u, v) = fit.apply(p[0] as f64, p[1] as f64);
-                assert!((u - q[0] as f64).hypot(v - q[1] as f64) < 0.01, "case {angle} {scale}");
-            }
-            assert!((fit.scale() - scale).abs() < 1e-4);
-        }
-    }
-
-    #[test]
-    fn inverse_round_trips_points_under_half_a_pixel() {
-        let m = similarity(0.7, 3.1, 812.0, -33.0);
-        let inv = m.inverse().expect("invertible");
-        for (x, y) in [(0.0, 0.0), (1919.0, 1079.0), (640.5, 333.25)] {
-            let (u, v) = m.apply(x, y);
-            let (bx, by) = inv.apply(u, v);
-            assert!((bx - x).hypot(by - y) < 0.5);
-        }
-        assert!(Affine([1.0, 2.0, 0.0, 2.0, 4.0, 0.0]).inverse().is_none());
     }
 
     /// Renders a soft blob, warps it into the crop with the fitted transform and back with the
@@ -249,7 +162,7 @@ mod tests {
         let size = 4;
         let rgb: Vec<u8> = (0..size * size * 3).map(|i| (i * 5 % 256) as u8).collect();
         let mut t = vec![0.0; rgb.len()];
-        warp_to_tensor(&rgb, size, size, &Affine([1.0, 0.0, 0.0, 0.0, 1.0, 0.0]), size, &mut t);
+        warp_to_tensor(&rgb, size, size, &Affine::IDENTITY, size, &mut t);
         assert!(t.iter().all(|v| (-1.0..=1.0).contains(v)));
         let mut back = Vec::new();
         tensor_to_rgb(&t, size, &mut back);

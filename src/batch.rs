@@ -3,31 +3,32 @@
 //! a summary on stderr, an optional JSON report and an exit code (0 all done, 1 some failed,
 //! 130 interrupted).
 //!
-//! Clips are run by `jobs` worker threads (one per GPU on CUDA), each with its own `Plan`
-//! (sessions), reused from clip to clip while the detection size stays the same. A clip's output
-//! appears under its final name only when complete (the pipeline renames its partial file), and
-//! the manifest is replaced atomically after each clip, so a crash at any moment leaves every
-//! output either complete and vouched for, or redone by the next run. Ctrl-C once: the clips in
-//! flight finish and no new one starts; twice: they are cancelled. See `clips` for which files
-//! are clips and how shards split them, `manifest` for what "finished" means.
+//! Clips are run by `jobs` job threads (one per GPU on CUDA; `batch_job`), each with its own
+//! `Engine`, reused from clip to clip while it fits. The jobs only send events (started,
+//! progress, done, failed, cancelled); this module's coordinator alone owns the report, the
+//! manifest and the progress bars. A clip's output appears under its final name only when
+//! complete (the pipeline renames its partial file), and the manifest is replaced atomically
+//! after each clip, so a crash at any moment leaves every output either complete and vouched
+//! for, or redone by the next run. Ctrl-C once: the clips in flight finish and no new one
+//! starts; twice: they are cancelled. See `clips` for which files are clips and how shards
+//! split them, `manifest` for what "finished" means.
 
-use std::collections::VecDeque;
+use std::collections::BTreeMap;
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::AtomicUsize;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use crossbeam_channel::{unbounded, RecvTimeoutError};
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 
-use crate::batch_job::{file_name, lock, worker, Shared};
+use crate::batch_job::{file_name, job_loop, Event, JobContext};
 pub use crate::batch_report::{ClipDone, ClipNote, Report};
-use crate::clips::{self, Shard};
+use crate::clips::{self, Clip, Shard};
+use crate::config::{Options, Settings};
 use crate::interrupt::Interrupts;
 use crate::manifest::{self, Manifest, Stamp};
-use crate::plan::{Device, Options};
+use crate::runtime::Target;
 
 /// After a hard stop, how long to wait for cancelled clips to wind down before leaving them.
 const HARD_STOP_GRACE: Duration = Duration::from_secs(10);
@@ -55,6 +56,13 @@ pub struct BatchOptions {
     pub base: Options,
 }
 
+/// One job's progress bar and the clip it runs.
+struct JobBar {
+    bar: ProgressBar,
+    clip: Option<String>,
+    frames: u64,
+}
+
 /// Runs the batch. Fails only for problems with the batch as a whole (folders, options); a clip
 /// that fails is listed in the report and the others go on.
 pub fn run(o: &BatchOptions, ints: &Interrupts) -> Result<Report> {
@@ -71,11 +79,18 @@ pub fn run(o: &BatchOptions, ints: &Interrupts) -> Result<Report> {
         None if o.shard_count.is_some() => bail!("--shard-count goes with --shard auto"),
         None => None,
     };
+    let base = Settings::resolve(&o.base)?;
     let scan = clips::scan(&o.in_dir, o.recursive, &o.globs, Some(&o.out_dir))?;
-    let settings = manifest::settings_hash(&o.base);
+    let settings_hash = manifest::settings_hash(&base);
     let own_path = manifest::path_for(&o.out_dir, shard);
-    crate::plan::remove_stale(&o.out_dir, &format!("{}.tmp-", file_name(&own_path)), "");
-    let own = match Manifest::load(&own_path) {
+    if own_path.is_dir() {
+        bail!(
+            "the manifest path {} is a folder: remove or rename it (batch keeps its record of finished clips there)",
+            own_path.display()
+        );
+    }
+    crate::output::remove_stale(&o.out_dir, &format!("{}.tmp-", file_name(&own_path)), "");
+    let mut own = match Manifest::load(&own_path) {
         Ok(m) => m.unwrap_or_else(|| Manifest::new(shard)),
         Err(e) => {
             tracing::warn!("{e:#}; starting a new one");
@@ -83,17 +98,28 @@ pub fn run(o: &BatchOptions, ints: &Interrupts) -> Result<Report> {
         }
     };
     let all = Manifest::load_all(&o.out_dir)?;
+    if let Some(path) = &o.report {
+        // Never a clip, an output, a manifest or a model.
+        let mut taken: Vec<PathBuf> = vec![own_path.clone(), base.model.clone(), base.detector.clone()];
+        taken.extend(all.iter().map(|(p, _)| p.clone()));
+        for c in &scan.clips {
+            taken.push(o.in_dir.join(&c.rel));
+            taken.push(o.out_dir.join(&c.rel));
+        }
+        let taken: Vec<&Path> = taken.iter().map(PathBuf::as_path).collect();
+        crate::output::check_side_output(path, &taken)?;
+    }
 
     let mut report = Report {
         in_dir: o.in_dir.clone(),
         out_dir: o.out_dir.clone(),
         shard: shard.map(|s| s.to_string()),
         manifest: own_path.clone(),
-        settings: settings.clone(),
+        settings: settings_hash.clone(),
         not_video: scan.not_video,
         ..Default::default()
     };
-    let mut todo = VecDeque::new();
+    let mut todo = Vec::new();
     for clip in scan.clips {
         if shard.is_some_and(|s| !s.owns(&clip)) {
             report.other_shards += 1;
@@ -106,21 +132,16 @@ pub fn run(o: &BatchOptions, ints: &Interrupts) -> Result<Report> {
                 continue;
             }
         };
-        if !o.force && manifest::vouched(&all, &clip.key, stamp, &settings, &o.out_dir.join(&clip.rel)) {
+        if !o.force && manifest::vouched(&all, &clip.key, stamp, &settings_hash, &o.out_dir.join(&clip.rel)) {
             report
                 .skipped
                 .push(ClipNote::new(&clip.key, "finished earlier (manifest)".into()));
         } else {
-            todo.push_back(clip);
+            todo.push(clip);
         }
     }
-    let devices = job_devices(&o.base.device, o.jobs, todo.len())?;
-    report.jobs = devices.len();
-    let mut base = o.base.clone();
-    if matches!(base.device, Device::Cpu(_)) && base.threads.is_none() && devices.len() > 1 {
-        let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
-        base.threads = Some((cores / devices.len()).max(1));
-    }
+    let per_job = base.per_job(o.jobs, todo.len(), o.base.threads.is_some());
+    report.jobs = per_job.len();
     if !report.not_video.is_empty() {
         eprintln!(
             "skipping {} file(s) that are not videos by extension: {}",
@@ -138,139 +159,231 @@ pub fn run(o: &BatchOptions, ints: &Interrupts) -> Result<Report> {
         } else {
             String::new()
         },
-        devices.len()
+        per_job.len()
     );
 
     let visible = !o.quiet && std::io::stderr().is_terminal();
-    let mp = MultiProgress::with_draw_target(if visible {
-        ProgressDrawTarget::stderr()
-    } else {
-        ProgressDrawTarget::hidden()
-    });
-    let frames: u64 = if visible {
-        todo.iter().map(|c| estimate(&o.in_dir.join(&c.rel), &base)).sum()
-    } else {
-        0
-    };
-    let overall = mp.add(ProgressBar::new(frames));
-    overall.set_style(
-        ProgressStyle::with_template(
-            "{prefix:>8} [{elapsed_precise}] {wide_bar} {pos}/{len} frames {per_sec} ETA {eta} {msg}",
-        )
-        .expect("valid template"),
-    );
-    overall.set_prefix("all");
-    overall.set_message(format!("0/{} clips", todo.len()));
-
-    let shared = Arc::new(Shared {
+    let mut view = View::new(visible, &todo, o, &base);
+    let n_todo = todo.len();
+    let (clip_tx, clip_rx) = unbounded::<Clip>();
+    for clip in todo {
+        clip_tx.send(clip).expect("receiver held here");
+    }
+    drop(clip_tx);
+    let (event_tx, event_rx) = unbounded::<Event>();
+    let ctx = JobContext {
         in_dir: o.in_dir.clone(),
         out_dir: o.out_dir.clone(),
-        base,
-        settings,
         ints: ints.clone(),
-        todo: todo.len(),
-        queue: Mutex::new(todo),
-        own: Mutex::new(own),
-        own_path,
-        in_flight: Mutex::default(),
-        done: Mutex::default(),
-        failed: Mutex::default(),
-        cancelled: Mutex::default(),
-        finished: AtomicUsize::new(0),
-        overall,
-        mp,
-        visible,
-    });
-    let (alive_tx, alive_rx) = unbounded::<()>();
-    for (i, device) in devices.into_iter().enumerate() {
-        let bar = shared.mp.add(ProgressBar::new(0));
-        bar.set_style(ProgressStyle::with_template("{prefix:>8} {bar:40} {pos}/{len} {msg}").expect("valid template"));
-        bar.set_prefix(match &device {
-            Device::Cuda(ids) => format!("cuda:{}", ids[0]),
-            Device::Cpu(_) => format!("job {i}"),
-        });
-        let (shared, alive) = (shared.clone(), alive_tx.clone());
+        settings_hash: settings_hash.clone(),
+    };
+    for (i, settings) in per_job.into_iter().enumerate() {
+        let name = match settings.targets.first() {
+            Some(t @ Target::Cuda(_)) => t.to_string(),
+            _ => format!("job {i}"),
+        };
+        view.add_job(&name);
+        let (ctx, clips, events) = (ctx.clone(), clip_rx.clone(), event_tx.clone());
         std::thread::Builder::new()
             .name(format!("batch-job-{i}"))
-            .spawn(move || worker(&shared, device, bar, alive))
+            .spawn(move || job_loop(i, &ctx, settings, &clips, &events))
             .context("starting a batch job thread")?;
     }
-    drop(alive_tx);
+    drop(event_tx);
 
-    // Wait for the jobs, telling the user what an interrupt does.
+    // The coordinator: the only owner of the report, the manifest and the bars.
     let (mut soft_seen, mut hard_at) = (false, None::<Instant>);
+    let mut in_flight: BTreeMap<usize, String> = BTreeMap::new();
+    let mut finished = 0usize;
     loop {
-        if let Err(RecvTimeoutError::Disconnected) = alive_rx.recv_timeout(Duration::from_millis(100)) {
-            break;
+        match event_rx.recv_timeout(Duration::from_millis(100)) {
+            Ok(Event::Started { job, clip, frames }) => {
+                view.started(job, &clip, frames);
+                in_flight.insert(job, clip);
+            }
+            Ok(Event::Progress { job, frames }) => view.progress(job, frames),
+            Ok(Event::Done { job, done, entry }) => {
+                in_flight.remove(&job);
+                own.clips.insert(done.clip.clone(), entry);
+                match own.save(&own_path) {
+                    Ok(()) => {
+                        view.log(format!(
+                            "done     {} ({} frames, {} faces, {:.1} s)",
+                            done.clip, done.frames, done.faces, done.seconds
+                        ));
+                        view.finished(job, true);
+                        report.done.push(done);
+                    }
+                    Err(e) => {
+                        view.log(format!("failed   {}: {e:#}", done.clip));
+                        view.finished(job, false);
+                        report.failed.push(ClipNote::new(&done.clip, format!("{e:#}")));
+                    }
+                }
+                finished += 1;
+            }
+            Ok(Event::Failed { job, clip, reason }) => {
+                in_flight.remove(&job);
+                view.log(format!("failed   {clip}: {reason}"));
+                view.finished(job, false);
+                report.failed.push(ClipNote::new(&clip, reason));
+                finished += 1;
+            }
+            Ok(Event::Cancelled { job, clip }) => {
+                in_flight.remove(&job);
+                view.log(format!("stopped  {clip}"));
+                view.finished(job, false);
+                report.cancelled.push(clip);
+                finished += 1;
+            }
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => break,
         }
+        view.overall_message(finished, n_todo);
         if !soft_seen && ints.requested() {
             soft_seen = true;
-            let n = lock(&shared.in_flight).len();
-            shared.log(format!(
-                "interrupted: finishing {n} clip(s) in flight and starting no new one; press Ctrl-C again to stop at once"
+            view.log(format!(
+                "interrupted: finishing {} clip(s) in flight and starting no new one; press Ctrl-C again to stop at once",
+                in_flight.len()
             ));
         }
         if hard_at.is_none() && ints.hard_requested() {
             hard_at = Some(Instant::now());
-            shared.log("stopping now: cancelling the clips in flight".into());
+            view.log("stopping now: cancelling the clips in flight".into());
         }
         if hard_at.is_some_and(|t| t.elapsed() > HARD_STOP_GRACE) {
-            shared.log("clips still stopping; leaving them (their partial files are removed by the next run)".into());
+            view.log("clips still stopping; leaving them (their partial files are removed by the next run)".into());
             break;
         }
     }
-    shared.overall.finish_and_clear();
+    view.clear();
 
     report.interrupted = ints.requested();
-    report.done = std::mem::take(&mut *lock(&shared.done));
-    report.failed.append(&mut lock(&shared.failed));
-    report.cancelled = std::mem::take(&mut *lock(&shared.cancelled));
-    for key in std::mem::take(&mut *lock(&shared.in_flight)) {
+    for (_, clip) in std::mem::take(&mut in_flight) {
         if ints.hard_requested() {
-            report.cancelled.push(key);
+            report.cancelled.push(clip);
         } else {
             report
                 .failed
-                .push(ClipNote::new(&key, "its job stopped unexpectedly".into()));
+                .push(ClipNote::new(&clip, "its job stopped unexpectedly".into()));
         }
     }
-    report.not_started = lock(&shared.queue).drain(..).map(|c| c.key).collect();
+    report.not_started = clip_rx.try_iter().map(|c| c.key).collect();
     report.print_summary();
     if let Some(path) = &o.report {
         let json = serde_json::to_string_pretty(&report)? + "\n";
-        std::fs::write(path, json).with_context(|| format!("writing report {}", path.display()))?;
+        crate::output::write_atomic(path, json.as_bytes())
+            .with_context(|| format!("writing report {}", path.display()))?;
     }
     Ok(report)
 }
 
-/// One job per CPU run unless asked; on CUDA one per GPU, each job on one GPU (round robin when
-/// there are more jobs than GPUs). Never more jobs than clips (none when there is nothing to do).
-fn job_devices(device: &Device, jobs: Option<usize>, clips: usize) -> Result<Vec<Device>> {
-    if clips == 0 {
-        return Ok(Vec::new());
-    }
-    let list = match device {
-        Device::Cpu(n) => vec![Device::Cpu(*n); jobs.unwrap_or(1)],
-        Device::Cuda(ids) => {
-            let gpus = if ids.is_empty() {
-                crate::plan::visible_gpus()
-            } else {
-                ids.clone()
-            };
-            if gpus.is_empty() {
-                bail!("--device cuda:all: no NVIDIA GPU is visible; check the driver or use --device cpu");
-            }
-            let n = jobs.unwrap_or(gpus.len());
-            (0..n).map(|i| Device::Cuda(vec![gpus[i % gpus.len()]])).collect()
+/// The progress bars: one for the whole batch, one per job.
+struct View {
+    mp: MultiProgress,
+    overall: ProgressBar,
+    jobs: Vec<JobBar>,
+    visible: bool,
+    /// Frames of the clips finished so far (done ones count, failed ones do not).
+    done_frames: u64,
+}
+
+impl View {
+    fn new(visible: bool, todo: &[Clip], o: &BatchOptions, base: &Settings) -> Self {
+        let mp = MultiProgress::with_draw_target(if visible {
+            ProgressDrawTarget::stderr()
+        } else {
+            ProgressDrawTarget::hidden()
+        });
+        let frames: u64 = if visible {
+            todo.iter().map(|c| estimate(&o.in_dir.join(&c.rel), base)).sum()
+        } else {
+            0
+        };
+        let overall = mp.add(ProgressBar::new(frames));
+        overall.set_style(
+            ProgressStyle::with_template(
+                "{prefix:>8} [{elapsed_precise}] {wide_bar} {pos}/{len} frames {per_sec} ETA {eta} {msg}",
+            )
+            .expect("valid template"),
+        );
+        overall.set_prefix("all");
+        overall.set_message(format!("0/{} clips", todo.len()));
+        Self {
+            mp,
+            overall,
+            jobs: Vec::new(),
+            visible,
+            done_frames: 0,
         }
-    };
-    Ok(list.into_iter().take(clips).collect())
+    }
+
+    fn add_job(&mut self, name: &str) {
+        let bar = self.mp.add(ProgressBar::new(0));
+        bar.set_style(ProgressStyle::with_template("{prefix:>8} {bar:40} {pos}/{len} {msg}").expect("valid template"));
+        bar.set_prefix(name.to_string());
+        self.jobs.push(JobBar {
+            bar,
+            clip: None,
+            frames: 0,
+        });
+    }
+
+    fn log(&self, line: String) {
+        if self.visible {
+            let _ = self.mp.println(line);
+        } else {
+            crate::console::eprint_line(&line);
+        }
+    }
+
+    fn started(&mut self, job: usize, clip: &str, frames: Option<u64>) {
+        let j = &mut self.jobs[job];
+        j.bar.reset();
+        j.bar.set_length(frames.unwrap_or(0));
+        j.bar.set_message(clip.to_string());
+        j.clip = Some(clip.to_string());
+        j.frames = 0;
+    }
+
+    fn progress(&mut self, job: usize, frames: u64) {
+        self.jobs[job].frames = frames;
+        self.jobs[job].bar.set_position(frames);
+        self.redraw_overall();
+    }
+
+    /// The job's clip ended; its frames count towards the whole only if it was done.
+    fn finished(&mut self, job: usize, done: bool) {
+        let j = &mut self.jobs[job];
+        if done {
+            self.done_frames += j.frames;
+        }
+        j.frames = 0;
+        j.clip = None;
+        self.redraw_overall();
+    }
+
+    fn redraw_overall(&self) {
+        let running: u64 = self.jobs.iter().map(|j| j.frames).sum();
+        self.overall.set_position(self.done_frames + running);
+    }
+
+    fn overall_message(&self, finished: usize, todo: usize) {
+        self.overall.set_message(format!("{finished}/{todo} clips"));
+    }
+
+    fn clear(&self) {
+        for j in &self.jobs {
+            j.bar.finish_and_clear();
+        }
+        self.overall.finish_and_clear();
+    }
 }
 
 /// Frames a clip will have, for the overall progress bar (0 when unknown).
-fn estimate(input: &Path, o: &Options) -> u64 {
+fn estimate(input: &Path, s: &Settings) -> u64 {
     crate::decode::probe(input)
         .ok()
-        .and_then(|s| s.frames_to_run(o.max_frames))
+        .and_then(|src| src.frames_to_run(s.max_frames))
         .unwrap_or(0)
 }

@@ -7,11 +7,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
-use crate::align::template_named;
-use crate::decode::Decoder;
-use crate::frame::Pool;
+use serde::Serialize;
+
+use crate::config::Settings;
+use crate::engine::{CancelToken, Engine, Job};
 use crate::pipeline;
-use crate::plan::{Options, Plan};
 use crate::stats::{gpu_memory_by_index, peak_rss, Summary};
 
 /// What to measure.
@@ -31,17 +31,20 @@ pub struct BenchOptions {
     /// Counted runs per source (after one warm-up run that is not counted).
     pub repeat: usize,
     pub stage: Stage,
-    /// Model, devices, batch, encoder settings...; input and output are set per source.
-    pub base: Options,
+    /// Model, devices, batch, encoder settings...
+    pub settings: Settings,
+    /// Stops the benchmark (Ctrl-C).
+    pub cancel: CancelToken,
 }
 
 /// How long each enhance-only run lasts at least.
 const CEILING_TIME: Duration = Duration::from_secs(3);
 
 /// Medians over the counted runs of one source.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, Serialize)]
 pub struct BenchRow {
     pub source: String,
+    #[serde(rename = "measure")]
     pub kind: &'static str,
     pub device: String,
     pub batch: usize,
@@ -56,12 +59,19 @@ pub struct BenchRow {
     pub runs: usize,
 }
 
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, Serialize)]
 pub struct BenchReport {
     pub rows: Vec<BenchRow>,
     /// Per source: the median over the counted pairs of end-to-end faces/s over the ceiling's,
     /// each pair run one after the other.
-    pub efficiency: Vec<(String, f64)>,
+    pub efficiency: Vec<Efficiency>,
+}
+
+/// One source's pipeline efficiency.
+#[derive(Clone, Debug, Serialize)]
+pub struct Efficiency {
+    pub source: String,
+    pub efficiency: f64,
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -99,22 +109,17 @@ fn bench_source(o: &BenchOptions, src: &Path, tmp: &Path, report: &mut BenchRepo
     let name = src
         .file_name()
         .map_or_else(|| src.display().to_string(), |n| n.to_string_lossy().into_owned());
-    let mut opts = o.base.clone();
-    opts.input = src.to_path_buf();
-    opts.output = tmp.join("bench-out.mkv");
-    opts.faces_json = None;
-    let mut plan = Plan::resolve(&opts)?;
-    let device = plan
-        .workers
-        .iter()
-        .map(|w| w.target.to_string())
-        .collect::<Vec<_>>()
-        .join(",");
-    let batch = plan.batch;
+    let mut settings = o.settings.clone();
+    settings.faces_json = None;
+    settings.stats_json = None;
+    let job = settings.job(src, &tmp.join("bench-out.mkv"), o.cancel.clone())?;
+    let mut engine = settings.engine(&job)?;
+    let device = engine.devices();
+    let batch = engine.batch;
     let (with_pipeline, with_ceiling) = (o.stage != Stage::Enhance, o.stage != Stage::Pipeline);
     let crops = if with_ceiling {
-        let want = 4 * batch * plan.workers.len();
-        let crops = collect_crops(&mut plan, want)?;
+        let want = 4 * batch * engine.workers.len();
+        let crops = pipeline::collect_crops(&mut engine, &job, want, 600)?;
         if crops.is_empty() {
             bail!("{name}: no face found to time the enhancer on");
         }
@@ -126,19 +131,21 @@ fn bench_source(o: &BenchOptions, src: &Path, tmp: &Path, report: &mut BenchRepo
     // Warm-up, not counted: sessions allocate their memory and pick kernels on the first
     // batches.
     if with_pipeline {
-        plan.max_frames = Some((4 * batch * plan.workers.len()).max(8) as u64);
-        pipeline::run(&mut plan, &|_| ())?;
-        plan.max_frames = o.base.max_frames;
+        let warm_up = Job {
+            max_frames: Some((4 * batch * engine.workers.len()).max(8) as u64),
+            ..job.clone()
+        };
+        pipeline::run(&mut engine, &warm_up, &|_| ())?;
     }
     if with_ceiling {
-        ceiling(&mut plan, &crops, 4, CEILING_TIME)?;
+        ceiling(&mut engine, &crops, 4, CEILING_TIME)?;
     }
     // Counted runs, pipeline and ceiling in turn: the efficiency of each pair is measured
     // minutes apart at most, so a machine whose speed drifts skews both sides alike.
     let (mut runs, mut rates, mut ms, mut ratios) = (Vec::<Summary>::new(), Vec::new(), Vec::new(), Vec::new());
     for i in 1..=o.repeat.max(1) {
         if with_pipeline {
-            let s = pipeline::run(&mut plan, &|_| ())?;
+            let s = pipeline::run(&mut engine, &job, &|_| ())?;
             log(&format!(
                 "{name}: run {i}: {:.2} fps, {:.2} faces/s",
                 s.fps(),
@@ -147,7 +154,7 @@ fn bench_source(o: &BenchOptions, src: &Path, tmp: &Path, report: &mut BenchRepo
             runs.push(s);
         }
         if with_ceiling {
-            let (faces_per_s, ms_per_batch) = ceiling(&mut plan, &crops, 4, CEILING_TIME)?;
+            let (faces_per_s, ms_per_batch) = ceiling(&mut engine, &crops, 4, CEILING_TIME)?;
             log(&format!("{name}: enhance-only run {i}: {faces_per_s:.2} faces/s"));
             if let Some(s) = runs.last() {
                 ratios.push(s.faces_per_s() / faces_per_s.max(1e-9));
@@ -194,47 +201,22 @@ fn bench_source(o: &BenchOptions, src: &Path, tmp: &Path, report: &mut BenchRepo
         });
     }
     if !ratios.is_empty() {
-        report.efficiency.push((name, median(ratios)));
+        report.efficiency.push(Efficiency {
+            source: name,
+            efficiency: median(ratios),
+        });
     }
     Ok(())
-}
-
-/// Decodes the source until `want` aligned crops are gathered (the same crops the pipeline
-/// feeds the model).
-fn collect_crops(plan: &mut Plan, want: usize) -> Result<Vec<Vec<f32>>> {
-    let size = plan.info.size;
-    let tpl = template_named(&plan.info.template, size);
-    let decoder = Decoder::new(plan.source.clone(), plan.detector.size, plan.hwaccel_cuda);
-    let (a, b) = (Pool::new(2), Pool::new(2));
-    let mut crops = Vec::new();
-    let mut err = None;
-    decoder.run((&a, &b), Some(600), |mut f| {
-        match plan.detector.detect(&f.det, f.width, f.height) {
-            Ok(faces) => {
-                for face in faces {
-                    let mut crop = Vec::new();
-                    pipeline::align_face(&mut f, &face, &tpl, size, &mut crop);
-                    crops.push(crop);
-                }
-            }
-            Err(e) => err = Some(e),
-        }
-        err.is_none() && crops.len() < want
-    })?;
-    if let Some(e) = err {
-        return Err(e);
-    }
-    Ok(crops)
 }
 
 /// Every worker runs full batches of the crops at once, at least `min_batches` each and for at
 /// least `min_time`, so fast models are timed long enough to be steady; returns faces/s over
 /// all workers and the median ms per batch.
-fn ceiling(plan: &mut Plan, crops: &[Vec<f32>], min_batches: usize, min_time: Duration) -> Result<(f64, f64)> {
-    let batch = plan.batch;
+fn ceiling(engine: &mut Engine, crops: &[Vec<f32>], min_batches: usize, min_time: Duration) -> Result<(f64, f64)> {
+    let batch = engine.batch;
     let start = Instant::now();
     let results: Vec<Result<(usize, usize, Duration)>> = std::thread::scope(|s| {
-        let handles: Vec<_> = plan
+        let handles: Vec<_> = engine
             .workers
             .iter_mut()
             .map(|w| {
@@ -302,43 +284,17 @@ impl BenchReport {
                 r.gpu_mib.map_or("-".into(), |m| m.to_string())
             );
         }
-        for (src, e) in &self.efficiency {
-            out += &format!("pipeline efficiency ({src}): {e:.2} (end-to-end faces/s over enhance-only faces/s)\n");
+        for e in &self.efficiency {
+            out += &format!(
+                "pipeline efficiency ({}): {:.2} (end-to-end faces/s over enhance-only faces/s)\n",
+                e.source, e.efficiency
+            );
         }
         out
     }
 
     pub fn to_json(&self) -> String {
-        let rows: Vec<String> = self
-            .rows
-            .iter()
-            .map(|r| {
-                format!(
-                    "{{\"source\":{:?},\"measure\":\"{}\",\"device\":\"{}\",\"batch\":{},\"frames\":{},\"faces\":{},\"fps\":{},\"faces_per_s\":{:.3},\"ms_per_batch\":{:.3},\"peak_mib\":{},\"gpu_mib\":{},\"runs\":{}}}",
-                    serde_json::to_string(&r.source).expect("a string serialises"),
-                    r.kind,
-                    r.device,
-                    r.batch,
-                    r.frames,
-                    r.faces,
-                    r.fps.map_or("null".into(), |f| format!("{f:.3}")),
-                    r.faces_per_s,
-                    r.ms_per_batch,
-                    r.peak_mib.map_or("null".into(), |m| m.to_string()),
-                    r.gpu_mib.map_or("null".into(), |m| m.to_string()),
-                    r.runs
-                )
-            })
-            .collect();
-        let eff: Vec<String> = self
-            .efficiency
-            .iter()
-            .map(|(s, e)| {
-                let s = serde_json::to_string(s).expect("a string serialises");
-                format!("{{\"source\":{s},\"efficiency\":{e:.4}}}")
-            })
-            .collect();
-        format!("{{\"rows\":[{}],\"efficiency\":[{}]}}\n", rows.join(","), eff.join(","))
+        serde_json::to_string(self).expect("plain numbers and strings serialise") + "\n"
     }
 }
 

@@ -10,6 +10,7 @@ use ffmpeg::util::frame::video::Video as VideoFrame;
 use ffmpeg::{media, Rational};
 use ffmpeg_next as ffmpeg;
 
+use crate::color::scale_packed;
 use crate::frame::{Frame, Pool};
 
 /// What the pipeline needs to know about a source before any frame is decoded.
@@ -139,6 +140,7 @@ impl HwDevice {
     fn cuda() -> Result<Self> {
         crate::init_ffmpeg();
         let mut ctx = std::ptr::null_mut();
+        // SAFETY: `ctx` is an out-pointer FFmpeg fills; null device name and options are allowed.
         let r = unsafe {
             ffmpeg::ffi::av_hwdevice_ctx_create(
                 &mut ctx,
@@ -160,6 +162,7 @@ impl HwDevice {
 
 impl Drop for HwDevice {
     fn drop(&mut self) {
+        // SAFETY: `self.0` is the reference `av_hwdevice_ctx_create` gave us, released once.
         unsafe { ffmpeg::ffi::av_buffer_unref(&mut self.0) };
     }
 }
@@ -169,29 +172,12 @@ pub fn check_cuda_hwaccel() -> Result<()> {
     HwDevice::cuda().map(drop)
 }
 
-/// Converts `src` to packed RGB24 of `width x height` in `dst` (no row padding). swscale writes
-/// into `tmp`, an FFmpeg frame with the aligned and padded rows its SIMD code may write past the
-/// line end, and the rows are copied out: writing straight into a tight buffer corrupts memory
-/// for widths whose rows are not a multiple of the vector size.
-fn scale_packed(
-    scaler: &mut Scaler,
-    src: &VideoFrame,
-    tmp: &mut VideoFrame,
-    size: (usize, usize),
-    dst: &mut Vec<u8>,
-) -> Result<()> {
-    let (width, height) = size;
-    scaler.run(src, tmp)?;
-    let (stride, data, row) = (tmp.stride(0), tmp.data(0), width * 3);
-    dst.clear();
-    dst.reserve(height * row);
-    for y in 0..height {
-        dst.extend_from_slice(&data[y * stride..y * stride + row]);
-    }
-    Ok(())
-}
-
 impl Decoder {
+    /// The file decoded.
+    pub fn path(&self) -> &Path {
+        &self.info.path
+    }
+
     pub fn new(info: SourceInfo, det_size: (usize, usize), hwaccel: bool) -> Self {
         Self {
             info,
@@ -215,7 +201,14 @@ impl Decoder {
         let mut ctx = ffmpeg::codec::context::Context::from_parameters(info.params.clone())?;
         let hw = if self.hwaccel { Some(HwDevice::cuda()?) } else { None };
         if let Some(hw) = &hw {
-            unsafe { (*ctx.as_mut_ptr()).hw_device_ctx = ffmpeg::ffi::av_buffer_ref(hw.0) };
+            // SAFETY: `ctx` is a live decoder context not yet opened; `hw.0` a valid device
+            // reference, of which the context takes a new reference of its own.
+            let r = unsafe { ffmpeg::ffi::av_buffer_ref(hw.0) };
+            if r.is_null() {
+                bail!("{path}: out of memory setting up the CUDA decoder");
+            }
+            // SAFETY: as above; the context now owns `r`.
+            unsafe { (*ctx.as_mut_ptr()).hw_device_ctx = r };
         }
         // Frame threads: decoding a 1080p stream on one core would cap the whole pipeline.
         ctx.set_threading(ffmpeg::codec::threading::Config {
@@ -237,6 +230,7 @@ impl Decoder {
                 let index = report.frames;
                 if yuv.format() == Pixel::CUDA {
                     // NVDEC decoded into GPU memory: bring the picture to the host.
+                    // SAFETY: `yuv` is a valid CUDA frame and `sw` an empty frame FFmpeg fills.
                     let r = unsafe { ffmpeg::ffi::av_hwframe_transfer_data(sw.as_mut_ptr(), yuv.as_ptr(), 0) };
                     if r < 0 {
                         bail!(
@@ -244,7 +238,14 @@ impl Decoder {
                             ffmpeg::Error::from(r)
                         );
                     }
-                    unsafe { ffmpeg::ffi::av_frame_copy_props(sw.as_mut_ptr(), yuv.as_ptr()) };
+                    // SAFETY: both frames are valid; only their properties (timestamps) are copied.
+                    let r = unsafe { ffmpeg::ffi::av_frame_copy_props(sw.as_mut_ptr(), yuv.as_ptr()) };
+                    if r < 0 {
+                        bail!(
+                            "{path}: copying the timestamps of frame {index} from the GPU failed ({})",
+                            ffmpeg::Error::from(r)
+                        );
+                    }
                     std::mem::swap(&mut yuv, &mut sw);
                     sw = VideoFrame::empty();
                 }
@@ -343,7 +344,14 @@ impl Decoder {
                 return Ok(report);
             }
         }
-        dec.send_eof().ok();
+        // Eof here means the decoder was already flushed; anything else is a real failure.
+        match dec.send_eof() {
+            Ok(()) | Err(ffmpeg::Error::Eof) => {}
+            Err(e) => bail!(
+                "{path}: flushing the decoder failed after frame {} ({e})",
+                report.frames
+            ),
+        }
         if !drain(&mut dec, &mut report)? {
             return Ok(report);
         }

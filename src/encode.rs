@@ -6,13 +6,13 @@ use std::path::Path;
 
 use anyhow::{anyhow, bail, Context, Result};
 use ffmpeg::format::Pixel;
-use ffmpeg::software::scaling::{Context as Scaler, Flags};
 use ffmpeg::util::frame::video::Video as VideoFrame;
 use ffmpeg::{codec, encoder, media, Dictionary, Packet, Rational};
 use ffmpeg_next as ffmpeg;
 
+use crate::color::{convert, rgb_to_yuv420p_region, SendScaler};
 use crate::decode::SourceInfo;
-use crate::frame::{Frame, Region};
+use crate::frame::Frame;
 
 /// Encoder choices from the command line.
 #[derive(Clone, Debug)]
@@ -31,6 +31,17 @@ impl Default for EncodeSettings {
             preset: Some("medium".into()),
         }
     }
+}
+
+/// Whether FFmpeg has a muxer for files ending in `.ext`.
+pub fn container_known(ext: &str) -> bool {
+    crate::init_ffmpeg();
+    let Ok(name) = std::ffi::CString::new(format!("x.{ext}")) else {
+        return false;
+    };
+    // SAFETY: `name` is a valid NUL-terminated string; null short name and MIME type are
+    // allowed; the returned pointer is only compared with null.
+    unsafe { !ffmpeg::ffi::av_guess_format(std::ptr::null(), name.as_ptr(), std::ptr::null()).is_null() }
 }
 
 /// Checks the encoder exists and can be opened with these settings, before any work starts.
@@ -69,6 +80,7 @@ impl SideStreams {
                 continue;
             }
             let id = ist.parameters().id();
+            // SAFETY: the output format pointer is valid for the life of `octx`.
             let supported = unsafe {
                 ffmpeg::ffi::avformat_query_codec(octx.format().as_ptr(), id.into(), ffmpeg::ffi::FF_COMPLIANCE_NORMAL)
                     == 1
@@ -81,6 +93,8 @@ impl SideStreams {
             ost.set_parameters(ist.parameters());
             ost.set_time_base(ist.time_base());
             ost.set_metadata(ist.metadata().to_owned());
+            // SAFETY: `ost` and `ist` are live streams of open contexts; these are plain fields
+            // ffmpeg-next has no setters for.
             unsafe {
                 (*ost.parameters().as_mut_ptr()).codec_tag = 0;
                 (*ost.as_mut_ptr()).disposition = (*ist.as_ptr()).disposition;
@@ -140,38 +154,6 @@ impl SideStreams {
     }
 }
 
-/// An swscale context owned by one thread at a time. ffmpeg-next marks it `!Send` because it
-/// holds a raw pointer, but libswscale keeps no thread-local state: moving it is sound as long as
-/// it is never used from two threads at once, which ownership here guarantees.
-struct SendScaler(Scaler);
-// SAFETY: see above; the context is only ever used through `&mut self` of its single owner.
-unsafe impl Send for SendScaler {}
-
-/// Converts `input` into `output` (same size) with the scaler in `slot`, made on first use.
-fn convert(
-    slot: &mut Option<SendScaler>,
-    from: Pixel,
-    to: Pixel,
-    input: &VideoFrame,
-    output: &mut VideoFrame,
-) -> Result<()> {
-    let (w, h) = (input.width(), input.height());
-    let scaler = match slot {
-        Some(s) => s,
-        None => slot.insert(SendScaler(Scaler::get(
-            from,
-            w,
-            h,
-            to,
-            w,
-            h,
-            Flags::BILINEAR | Flags::ACCURATE_RND,
-        )?)),
-    };
-    scaler.0.run(input, output)?;
-    Ok(())
-}
-
 /// Encodes RGB frames into the output file.
 pub struct Encoder {
     octx: ffmpeg::format::context::Output,
@@ -228,14 +210,18 @@ impl Encoder {
         if global {
             ctx.set_flags(codec::Flags::GLOBAL_HEADER);
         }
+        // Keep the source's colour description and pixel aspect ratio.
+        let described = codec::context::Context::from_parameters(src.params.clone())
+            .and_then(|c| c.decoder().video())
+            .with_context(|| format!("reading the colour description of {}", src.path.display()))?;
+        ctx.set_colorspace(described.color_space());
+        ctx.set_color_range(described.color_range());
+        ctx.set_aspect_ratio(described.aspect_ratio());
+        // SAFETY: `ctx` is a live, not yet opened encoder context we own; ffmpeg-next has no
+        // setter for these two plain enum fields.
         unsafe {
-            // Keep the source's colour description and pixel aspect ratio.
-            let (e, p) = (ctx.as_mut_ptr(), src.params.as_ptr());
-            (*e).color_primaries = (*p).color_primaries;
-            (*e).color_trc = (*p).color_trc;
-            (*e).colorspace = (*p).color_space;
-            (*e).color_range = (*p).color_range;
-            (*e).sample_aspect_ratio = (*p).sample_aspect_ratio;
+            (*ctx.as_mut_ptr()).color_primaries = described.color_primaries().into();
+            (*ctx.as_mut_ptr()).color_trc = described.color_transfer_characteristic().into();
         }
         let mut opts = Dictionary::new();
         if let Some(crf) = settings.crf {
@@ -269,6 +255,8 @@ impl Encoder {
                 // and light levels, and the like, which players need to show the picture right.
                 for sd in ist.side_data() {
                     let bytes = sd.data();
+                    // SAFETY: `ost` is a live stream of `octx`; FFmpeg returns a buffer of exactly
+                    // `bytes.len()` bytes (or null), which the copy fills.
                     unsafe {
                         let dst = ffmpeg::ffi::av_stream_new_side_data(ost.as_mut_ptr(), sd.kind().into(), bytes.len());
                         if !dst.is_null() {
@@ -319,9 +307,11 @@ impl Encoder {
         let yuv420 = frame.rgb_partial && frame.source.is_some();
         let picture = if yuv420 {
             let src = frame.source.as_mut().expect("checked above");
+            // SAFETY: `src` is a valid decoded frame we own.
+            let writable = unsafe { ffmpeg::ffi::av_frame_is_writable(src.as_mut_ptr()) } > 0;
             let picture = if frame.dirty.is_empty() {
                 src
-            } else if unsafe { ffmpeg::ffi::av_frame_is_writable(src.as_mut_ptr()) } > 0 {
+            } else if writable {
                 // No one else holds the picture (the decoder no longer needs it as a
                 // reference): paste the regions straight in, without a whole-frame copy.
                 for r in &frame.dirty {
@@ -334,6 +324,7 @@ impl Encoder {
                 let work = self
                     .work
                     .get_or_insert_with(|| VideoFrame::new(Pixel::YUV420P, frame.width as u32, frame.height as u32));
+                // SAFETY: both frames are valid and of the same size and format.
                 let ok = unsafe {
                     ffmpeg::ffi::av_frame_make_writable(work.as_mut_ptr()) >= 0
                         && ffmpeg::ffi::av_frame_copy(work.as_mut_ptr(), src.as_ptr()) >= 0
@@ -400,85 +391,5 @@ impl Encoder {
         self.side.write_until(&mut self.octx, until)?;
         self.octx.write_trailer().context("writing the trailer")?;
         Ok(self.frames)
-    }
-}
-
-/// Converts one region of packed RGB24 back into a yuv420p picture (BT.601, limited range: the
-/// inverse of the conversion the decoder applied). The region is widened to even bounds so
-/// every chroma sample it touches is recomputed from its four pixels.
-pub fn rgb_to_yuv420p_region(rgb: &[u8], width: usize, height: usize, yuv: &mut VideoFrame, r: Region) {
-    let x0 = r.0 & !1;
-    let y0 = r.1 & !1;
-    let x1 = ((r.2 + 1) & !1).min(width);
-    let y1 = ((r.3 + 1) & !1).min(height);
-    let (ys, us, vs) = (yuv.stride(0), yuv.stride(1), yuv.stride(2));
-    let px = |x: usize, y: usize| {
-        let i = (y * width + x) * 3;
-        (rgb[i] as i32, rgb[i + 1] as i32, rgb[i + 2] as i32)
-    };
-    let luma = |(r, g, b): (i32, i32, i32)| (((66 * r + 129 * g + 25 * b + 128) >> 8) + 16).clamp(0, 255) as u8;
-    {
-        let plane = yuv.data_mut(0);
-        for y in y0..y1 {
-            for x in x0..x1 {
-                plane[y * ys + x] = luma(px(x, y));
-            }
-        }
-    }
-    for cy in (y0 / 2)..y1.div_ceil(2) {
-        for cx in (x0 / 2)..x1.div_ceil(2) {
-            let (mut sr, mut sg, mut sb, mut n) = (0, 0, 0, 0);
-            for (x, y) in [
-                (2 * cx, 2 * cy),
-                (2 * cx + 1, 2 * cy),
-                (2 * cx, 2 * cy + 1),
-                (2 * cx + 1, 2 * cy + 1),
-            ] {
-                if x < width && y < height {
-                    let (r, g, b) = px(x, y);
-                    (sr, sg, sb, n) = (sr + r, sg + g, sb + b, n + 1);
-                }
-            }
-            let (r, g, b) = ((sr + n / 2) / n, (sg + n / 2) / n, (sb + n / 2) / n);
-            let u = (((-38 * r - 74 * g + 112 * b + 128) >> 8) + 128).clamp(0, 255) as u8;
-            let v = (((112 * r - 94 * g - 18 * b + 128) >> 8) + 128).clamp(0, 255) as u8;
-            yuv.data_mut(1)[cy * us + cx] = u;
-            yuv.data_mut(2)[cy * vs + cx] = v;
-        }
-    }
-}
-
-/// Converts one region of a yuv420p picture to packed RGB24 (BT.601, limited range, chroma
-/// interpolated bilinearly with MPEG-2 siting): the inverse of [`rgb_to_yuv420p_region`], used
-/// so only face regions are ever converted.
-pub fn yuv420p_to_rgb_region(yuv: &VideoFrame, rgb: &mut [u8], width: usize, height: usize, r: Region) {
-    let (x0, y0, x1, y1) = (r.0.min(width), r.1.min(height), r.2.min(width), r.3.min(height));
-    let (ys, us, vs) = (yuv.stride(0), yuv.stride(1), yuv.stride(2));
-    let (yp, up, vp) = (yuv.data(0), yuv.data(1), yuv.data(2));
-    let (cw, ch) = (width.div_ceil(2), height.div_ceil(2));
-    for y in y0..y1 {
-        // Chroma rows sit between luma rows: luma row y is at chroma row (y - 0.5) / 2.
-        let cy = (y as f32 - 0.5) * 0.5;
-        let cy0 = cy.floor().max(0.0) as usize;
-        let cy1 = (cy0 + 1).min(ch - 1);
-        let fy = (cy - cy0 as f32).clamp(0.0, 1.0);
-        for x in x0..x1 {
-            // Chroma columns sit on even luma columns.
-            let cx = x as f32 * 0.5;
-            let cx0 = cx as usize;
-            let cx1 = (cx0 + 1).min(cw - 1);
-            let fx = cx - cx0 as f32;
-            let bil = |p: &[u8], s: usize| {
-                let a = p[cy0 * s + cx0] as f32 + (p[cy0 * s + cx1] as f32 - p[cy0 * s + cx0] as f32) * fx;
-                let b = p[cy1 * s + cx0] as f32 + (p[cy1 * s + cx1] as f32 - p[cy1 * s + cx0] as f32) * fx;
-                a + (b - a) * fy - 128.0
-            };
-            let (d, e) = (bil(up, us), bil(vp, vs));
-            let c = 1.164_383_6 * (yp[y * ys + x] as f32 - 16.0);
-            let px = &mut rgb[(y * width + x) * 3..(y * width + x) * 3 + 3];
-            px[0] = (c + 1.596_026_8 * e + 0.5).clamp(0.0, 255.0) as u8;
-            px[1] = (c - 0.391_762_3 * d - 0.812_967_6 * e + 0.5).clamp(0.0, 255.0) as u8;
-            px[2] = (c + 2.017_232_2 * d + 0.5).clamp(0.0, 255.0) as u8;
-        }
     }
 }

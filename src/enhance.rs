@@ -1,15 +1,12 @@
-//! Enhancement: in, aligned face crops gathered across frames; out, restored crops. Holds the
-//! model's I/O facts read from the file, the session wrapper, and the cross-frame batcher that
-//! fills batches and releases frames in order.
-
-use std::collections::VecDeque;
+//! Enhancement: in, batches of aligned face crops; out, restored crops. Holds the model's I/O
+//! facts read from the file, the session wrapper with its bound buffers, and a worker (one
+//! session on one device).
 
 use anyhow::{bail, Result};
 use ort::memory::{AllocationDevice, Allocator, AllocatorType, MemoryInfo, MemoryType};
 use ort::session::{IoBinding, Session};
 use ort::value::{Tensor, TensorElementType, ValueType};
 
-use crate::frame::FaceFrame;
 use crate::runtime::{ort_err, Target};
 
 /// What the enhancer model's file says about its input and output.
@@ -240,169 +237,9 @@ pub struct Worker {
     pub fault: Fault,
 }
 
-/// Gathers face crops across consecutive frames into batches and releases frames in order once
-/// all their faces are back. It holds at most `max_hold` frames: the dispatcher stops taking
-/// frames when it is full, so a model slower than decoding holds the decoder back instead of
-/// piling frames up in memory. A partial batch runs only when the stream ends or when the
-/// batcher is full (long stretches with few faces).
-pub struct Batcher {
-    batch: usize,
-    max_hold: usize,
-    held: VecDeque<FaceFrame>,
-    /// Faces still to run: (position in `held` counted from `base`, face index).
-    pending: VecDeque<(u64, usize)>,
-    /// Sequence number of `held[0]`.
-    base: u64,
-    /// Faces not yet restored per held frame.
-    waiting: VecDeque<usize>,
-}
-
-impl Batcher {
-    pub fn new(batch: usize, max_hold: usize) -> Self {
-        Self {
-            batch: batch.max(1),
-            max_hold: max_hold.max(1),
-            held: VecDeque::new(),
-            pending: VecDeque::new(),
-            base: 0,
-            waiting: VecDeque::new(),
-        }
-    }
-
-    pub fn push(&mut self, f: FaceFrame) {
-        let seq = self.base + self.held.len() as u64;
-        for i in 0..f.faces.len() {
-            self.pending.push_back((seq, i));
-        }
-        self.waiting.push_back(f.faces.len());
-        self.held.push_back(f);
-    }
-
-    /// The next batch to run, if one is due: full, or partial when `end` or too much is held.
-    pub fn due(&mut self, end: bool) -> Option<Vec<(u64, usize)>> {
-        let due = self.pending.len() >= self.batch || (!self.pending.is_empty() && (end || self.is_full()));
-        due.then(|| {
-            let n = self.pending.len().min(self.batch);
-            self.pending.drain(..n).collect()
-        })
-    }
-
-    /// The held frame with sequence `seq`.
-    pub fn frame_mut(&mut self, seq: u64) -> &mut FaceFrame {
-        &mut self.held[(seq - self.base) as usize]
-    }
-
-    /// Marks one face of frame `seq` as restored.
-    pub fn done(&mut self, seq: u64) {
-        let w = &mut self.waiting[(seq - self.base) as usize];
-        *w = w.saturating_sub(1);
-    }
-
-    /// The oldest frame, if all its faces are back.
-    pub fn pop_ready(&mut self) -> Option<FaceFrame> {
-        if *self.waiting.front()? > 0 {
-            return None;
-        }
-        self.waiting.pop_front();
-        self.base += 1;
-        self.held.pop_front()
-    }
-
-    pub fn held(&self) -> usize {
-        self.held.len()
-    }
-
-    /// Holds as many frames as it may: take no more until some leave.
-    pub fn is_full(&self) -> bool {
-        self.held.len() >= self.max_hold
-    }
-
-    /// Faces waiting for a batch.
-    pub fn pending(&self) -> usize {
-        self.pending.len()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::align::Affine;
-    use crate::frame::{Face, FaceJob, Frame};
-
-    fn frame(index: u64, faces: usize) -> FaceFrame {
-        let job = || FaceJob {
-            face: Face {
-                bbox: [0.0; 4],
-                score: 1.0,
-                landmarks: [[0.0; 2]; 5],
-            },
-            to_crop: Affine([1.0, 0.0, 0.0, 0.0, 1.0, 0.0]),
-            region: None,
-            crop: Vec::new(),
-            restored: None,
-        };
-        FaceFrame {
-            frame: Frame {
-                index,
-                pts: Some(index as i64),
-                width: 0,
-                height: 0,
-                rgb: Vec::new(),
-                rgb_partial: false,
-                det: Vec::new(),
-                source: None,
-                dirty: Vec::new(),
-            },
-            faces: (0..faces).map(|_| job()).collect(),
-        }
-    }
-
-    /// Drives the batcher like the enhance stage does; returns the batch sizes run and the
-    /// order frames came out in.
-    fn drive(faces: &[usize], batch: usize, max_hold: usize) -> (Vec<usize>, Vec<u64>) {
-        let mut b = Batcher::new(batch, max_hold);
-        let (mut sizes, mut out) = (Vec::new(), Vec::new());
-        let step = |b: &mut Batcher, end: bool, sizes: &mut Vec<usize>, out: &mut Vec<u64>| {
-            while let Some(jobs) = b.due(end) {
-                sizes.push(jobs.len());
-                for (seq, face) in jobs {
-                    b.frame_mut(seq).faces[face].restored = Some(vec![1]);
-                    b.done(seq);
-                }
-                while let Some(f) = b.pop_ready() {
-                    out.push(f.frame.index);
-                }
-            }
-            while let Some(f) = b.pop_ready() {
-                out.push(f.frame.index);
-            }
-        };
-        for (i, &n) in faces.iter().enumerate() {
-            b.push(frame(i as u64, n));
-            step(&mut b, false, &mut sizes, &mut out);
-        }
-        step(&mut b, true, &mut sizes, &mut out);
-        assert_eq!(b.held(), 0);
-        (sizes, out)
-    }
-
-    #[test]
-    fn batches_fill_across_frames_and_frames_leave_in_order() {
-        let cases: &[(&[usize], usize, &[usize])] = &[
-            (&[1, 1, 1, 1, 1, 1, 1, 1], 4, &[4, 4]),
-            (&[4, 4, 4], 4, &[4, 4, 4]),
-            (&[3, 0, 2, 0, 0, 3], 4, &[4, 4]),
-            (&[1, 1, 1], 4, &[3]),
-            (&[5], 4, &[4, 1]),
-            (&[0, 0, 0], 4, &[]),
-            (&[2, 2, 2], 1, &[1, 1, 1, 1, 1, 1]),
-        ];
-        for &(faces, batch, want) in cases {
-            let (sizes, out) = drive(faces, batch, 1000);
-            assert_eq!(sizes, want, "faces {faces:?} batch {batch}");
-            assert_eq!(out, (0..faces.len() as u64).collect::<Vec<_>>(), "order for {faces:?}");
-        }
-    }
 
     #[test]
     fn faults_parse_per_worker() {
@@ -422,28 +259,5 @@ mod tests {
         );
         assert_eq!(Fault::parse("", 0), Fault::default());
         assert_eq!(Fault::parse("junk,slow=x:1", 0), Fault::default());
-    }
-
-    #[test]
-    fn a_long_faceless_stretch_does_not_hold_frames_forever() {
-        let mut faces = vec![1];
-        faces.extend(std::iter::repeat_n(0, 50));
-        let (sizes, out) = drive(&faces, 4, 8);
-        assert_eq!(
-            sizes,
-            vec![1],
-            "the lone face runs as a partial batch once 8 frames wait"
-        );
-        assert_eq!(out.len(), 51);
-        let mut b = Batcher::new(4, 8);
-        b.push(frame(0, 1));
-        for i in 1..7 {
-            b.push(frame(i, 0));
-            assert!(b.due(false).is_none(), "7 frames held is still fine");
-            assert!(!b.is_full());
-        }
-        b.push(frame(7, 0));
-        assert!(b.is_full(), "8 held: the dispatcher takes no more");
-        assert_eq!(b.due(false).map(|j| j.len()), Some(1));
     }
 }

@@ -3,10 +3,9 @@
 
 use ffmpeg_next::util::frame::video::Video as VideoFrame;
 
-use crate::align::Affine;
+use serde::Serialize;
 
-/// A frame rectangle (x0, y0, x1, y1), end exclusive.
-pub type Region = (usize, usize, usize, usize);
+use crate::geom::{Affine, Rect};
 
 /// One decoded video frame in packed RGB24, with where it sits in the source.
 pub struct Frame {
@@ -27,30 +26,25 @@ pub struct Frame {
     /// the pasted face regions reach the output without a colour round trip.
     pub source: Option<VideoFrame>,
     /// Regions of `rgb` changed by paste-back: only these are converted back.
-    pub dirty: Vec<Region>,
+    pub dirty: Vec<Rect>,
 }
 
 impl Frame {
     /// Makes sure `rgb` holds the picture over `region` (plus a margin covering the even
     /// widening the encoder applies when it converts the region back).
-    pub fn ensure_rgb(&mut self, region: Region) {
+    pub fn ensure_rgb(&mut self, region: Rect) {
         if !self.rgb_partial {
             return;
         }
         if let Some(src) = &self.source {
-            let r = (
-                region.0.saturating_sub(2) & !1,
-                region.1.saturating_sub(2) & !1,
-                (region.2 + 2).min(self.width),
-                (region.3 + 2).min(self.height),
-            );
-            crate::encode::yuv420p_to_rgb_region(src, &mut self.rgb, self.width, self.height, r);
+            let r = region.grown_even(2, self.width, self.height);
+            crate::color::yuv420p_to_rgb_region(src, &mut self.rgb, self.width, self.height, r);
         }
     }
 }
 
-/// A detected face in frame coordinates.
-#[derive(Clone, Debug, PartialEq)]
+/// A detected face in frame coordinates (written as is into `--faces-json`).
+#[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Face {
     /// x1, y1, x2, y2 in frame pixels.
     pub bbox: [f32; 4],
@@ -59,20 +53,35 @@ pub struct Face {
     pub landmarks: [[f32; 2]; 5],
 }
 
-/// A face ready for (or back from) the enhancer.
+/// One face on its way through the stages: found by detection, aligned (its transform, frame
+/// footprint and crop), then restored.
 pub struct FaceJob {
     pub face: Face,
-    /// Frame -> crop transform.
+    /// Frame -> crop transform (identity until aligned).
     pub to_crop: Affine,
-    /// The frame region the crop covers (clipped to the frame), if any.
-    pub region: Option<Region>,
+    /// The frame region the crop covers (clipped to the frame), if any; set at alignment.
+    pub region: Option<Rect>,
     /// The aligned crop as one NCHW item in [-1, 1] (`3 * size * size` floats).
     pub crop: Vec<f32>,
     /// The restored crop, packed RGB24 of `size * size`, once enhanced.
     pub restored: Option<Vec<u8>>,
 }
 
-/// A frame with its faces; frames without faces carry an empty list.
+impl FaceJob {
+    /// A face just found, not yet aligned.
+    pub fn detected(face: Face) -> Self {
+        Self {
+            face,
+            to_crop: Affine::IDENTITY,
+            region: None,
+            crop: Vec::new(),
+            restored: None,
+        }
+    }
+}
+
+/// The envelope every stage from detection onward passes on: a frame with its faces (an empty
+/// list for frames without faces).
 pub struct FaceFrame {
     pub frame: Frame,
     pub faces: Vec<FaceJob>,

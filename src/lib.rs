@@ -1,5 +1,6 @@
 //! gpen-video: restores faces in video with GPEN. In, a video file and ONNX models; out, the
-//! same video with its faces restored. The binary (`main.rs`) is a thin CLI over `pipeline`.
+//! same video with its faces restored. The binary (`main.rs`) is a thin CLI over `config`
+//! (resolve), `engine` (loaded sessions, one job) and `pipeline` (run); see ARCHITECTURE.md.
 
 pub mod align;
 pub mod batch;
@@ -7,16 +8,21 @@ mod batch_job;
 pub mod batch_report;
 pub mod bench;
 pub mod clips;
+pub mod color;
+pub mod config;
+pub mod console;
 pub mod decode;
 pub mod detect;
 pub mod encode;
+pub mod engine;
 pub mod enhance;
 pub mod frame;
+pub mod geom;
 pub mod interrupt;
 pub mod manifest;
+pub mod output;
 pub mod paste;
 pub mod pipeline;
-pub mod plan;
 pub mod registry;
 pub mod runtime;
 pub mod stats;

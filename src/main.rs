@@ -6,12 +6,14 @@ use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::{bail, Context};
+use anyhow::bail;
 use clap::{Args, Parser, Subcommand};
 use gpen_video::bench::{self, BenchOptions, Stage};
+use gpen_video::config::{self, find_asset, Device, Options, Settings};
+use gpen_video::console::{eprint_line, print_text};
 use gpen_video::encode::EncodeSettings;
+use gpen_video::engine::CancelToken;
 use gpen_video::pipeline;
-use gpen_video::plan::{find_asset, Device, Options, Plan};
 use gpen_video::registry::{self, ModelsCmd};
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -132,7 +134,7 @@ struct RunArgs {
     device: Device,
     /// Face crops per model call, gathered across consecutive frames (a model with a fixed
     /// batch dimension runs its own size).
-    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=256), help_heading = "Model")]
+    #[arg(long, default_value_t = config::DEFAULT_BATCH, value_parser = clap::value_parser!(u16).range(1..=256), help_heading = "Model")]
     batch: u16,
     /// CPU threads for ONNX Runtime (default: all cores).
     #[arg(long, value_name = "N", help_heading = "Model")]
@@ -154,20 +156,20 @@ struct RunArgs {
     #[arg(long, value_name = "PATH", help_heading = "Detection")]
     detector: Option<PathBuf>,
     /// Long side, in pixels, of the downscaled copy the detector sees.
-    #[arg(long, default_value_t = 640, value_name = "PX", help_heading = "Detection")]
+    #[arg(long, default_value_t = config::DEFAULT_DET_SIZE, value_name = "PX", help_heading = "Detection")]
     det_size: usize,
     /// Minimum detector score for a face.
-    #[arg(long, default_value_t = 0.5, help_heading = "Detection")]
+    #[arg(long, default_value_t = config::DEFAULT_DET_THRESHOLD, help_heading = "Detection")]
     det_threshold: f32,
     /// Look for faces in the whole frame every N frames; in between, only around the faces of
     /// the previous frame (much cheaper). A whole-frame pass also runs on a scene change, when no
     /// face is tracked and when a tracked face is lost. 1 searches every frame.
-    #[arg(long, value_name = "N", default_value_t = gpen_video::plan::DEFAULT_DETECT_EVERY,
+    #[arg(long, value_name = "N", default_value_t = config::DEFAULT_DETECT_EVERY,
           value_parser = clap::value_parser!(u32).range(1..=1000), help_heading = "Detection")]
     detect_every: u32,
 
     /// How much of the restored face to blend in: 0 keeps the original, 1 the restored face.
-    #[arg(long, default_value_t = 1.0, value_name = "0..1", help_heading = "Output")]
+    #[arg(long, default_value_t = config::DEFAULT_BLEND, value_name = "0..1", help_heading = "Output")]
     blend: f32,
     /// FFmpeg video encoder.
     #[arg(long, default_value = "libx264", help_heading = "Output")]
@@ -221,6 +223,8 @@ fn main() -> ExitCode {
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "gpen_video=info,warn".into()),
         )
         .with_writer(std::io::stderr)
+        // Colour codes only for a terminal: a log file or a pipe gets plain text.
+        .with_ansi(std::io::stderr().is_terminal())
         .with_target(false)
         .init();
     let result = match cli.cmd {
@@ -232,7 +236,7 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprint_line(&format!("error: {e:#}"));
             ExitCode::FAILURE
         }
     }
@@ -245,21 +249,21 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     let quiet = cli.run.quiet;
     let mut o = cli.run.options(input, output)?;
     o.faces_json = cli.faces_json;
+    o.stats_json = cli.stats_json;
     // Ctrl-C stops the run (also while models load); the partial output is removed and the
     // exit code is 130.
     let interrupts = gpen_video::interrupt::install()?;
-    let mut plan = Plan::resolve(&o)?;
-    plan.cancel = interrupts.soft.clone();
+    let (settings, job, mut engine) = config::resolve(&o, CancelToken::from_flag(interrupts.soft.clone()))?;
     tracing::info!(
         input = %o.input.display(),
-        size = %format!("{}x{}", plan.source.width, plan.source.height),
-        model = %plan.model_path.display(),
-        crop = plan.info.size,
-        batch = plan.batch,
-        workers = plan.workers.len(),
+        size = %format!("{}x{}", job.source.width, job.source.height),
+        model = %settings.model.display(),
+        crop = engine.info.size,
+        batch = engine.batch,
+        workers = engine.workers.len(),
         "starting"
     );
-    let total = plan.source.frames_to_run(o.max_frames);
+    let total = job.source.frames_to_run(job.max_frames);
     let bar = if !quiet && std::io::stderr().is_terminal() {
         let bar = ProgressBar::new(total.unwrap_or(0));
         bar.set_style(
@@ -272,17 +276,17 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     } else {
         ProgressBar::hidden()
     };
-    let summary = pipeline::run(&mut plan, &|n| bar.set_position(n));
+    let summary = pipeline::run(&mut engine, &job, &|n| bar.set_position(n));
     if interrupts.requested() {
         bar.abandon();
-        eprintln!("interrupted: {} not written", o.output.display());
+        eprint_line(&format!("interrupted: {} not written", o.output.display()));
         std::process::exit(i32::from(gpen_video::interrupt::EXIT_INTERRUPTED));
     }
     let summary = summary?;
     bar.finish_and_clear();
-    eprintln!("{}: {summary}", o.output.display());
-    if let Some(path) = &cli.stats_json {
-        std::fs::write(path, summary.to_json() + "\n").with_context(|| format!("writing {}", path.display()))?;
+    eprint_line(&format!("{}: {summary}", o.output.display()));
+    if let Some(path) = &settings.stats_json {
+        gpen_video::output::write_atomic(path, (summary.to_json() + "\n").as_bytes())?;
     }
     Ok(())
 }
@@ -297,16 +301,23 @@ fn run_bench(b: BenchArgs) -> anyhow::Result<()> {
         b.sources
     };
     let json = b.json;
+    let interrupts = gpen_video::interrupt::install()?;
+    let settings = Settings::resolve(&b.run.options(PathBuf::new(), PathBuf::new())?)?;
+    if let Some(path) = &json {
+        let taken: Vec<&std::path::Path> = sources.iter().map(PathBuf::as_path).collect();
+        gpen_video::output::check_side_output(path, &[taken, vec![&settings.model, &settings.detector]].concat())?;
+    }
     let opts = BenchOptions {
         sources,
         repeat: b.repeat,
         stage: b.stage,
-        base: b.run.options(PathBuf::new(), PathBuf::new())?,
+        settings,
+        cancel: CancelToken::from_flag(interrupts.soft.clone()),
     };
-    let report = bench::run(&opts, &|line| eprintln!("{line}"))?;
-    print!("{}", report.table());
+    let report = bench::run(&opts, &|line| eprint_line(line))?;
+    print_text(&report.table());
     if let Some(path) = json {
-        std::fs::write(&path, report.to_json()).with_context(|| format!("writing {}", path.display()))?;
+        gpen_video::output::write_atomic(&path, report.to_json().as_bytes())?;
     }
     Ok(())
 }
@@ -332,7 +343,7 @@ fn run_batch(b: BatchArgs) -> ExitCode {
     match result {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprint_line(&format!("error: {e:#}"));
             ExitCode::FAILURE
         }
     }

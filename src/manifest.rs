@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::clips::Shard;
-use crate::plan::{find_asset, Options, DEFAULT_DETECTOR, DEFAULT_MODELS};
+use crate::config::Settings;
 
 const PREFIX: &str = ".gpen-video-manifest";
 const VERSION: u32 = 1;
@@ -171,17 +171,12 @@ fn file_id(path: &Path) -> String {
 /// Hash of everything that decides a clip's output: the model and detector files (path, size,
 /// mtime), batch, blend, detection settings, encoder settings, fp16 and the frame limit. Not
 /// the device or the number of jobs, which change only how fast.
-pub fn settings_hash(o: &Options) -> String {
-    let model = o
-        .model
-        .clone()
-        .or_else(|| DEFAULT_MODELS.iter().find_map(|m| find_asset(m)));
-    let detector = o.detector.clone().or_else(|| find_asset(DEFAULT_DETECTOR));
-    let id = |p: Option<PathBuf>| p.map_or_else(|| "default".to_string(), |p| file_id(&p));
+pub fn settings_hash(o: &Settings) -> String {
+    let id = |p: &Path| file_id(p);
     let text = format!(
         "v{VERSION}\nmodel={}\ndetector={}\nbatch={}\nblend={:?}\ndet_size={}\ndet_threshold={:?}\nnms_iou={:?}\ndetect_every={}\ncodec={}\ncrf={:?}\npreset={:?}\nfp16={}\nmax_frames={:?}\n",
-        id(model),
-        id(detector),
+        id(&o.model),
+        id(&o.detector),
         o.batch,
         o.blend,
         o.det_size,

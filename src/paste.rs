@@ -1,7 +1,8 @@
 //! Paste-back: in, a frame and its restored face crops with their frame->crop transforms; out,
 //! the frame with each face blended in through a feathered mask, over the face region only.
 
-use crate::align::{sample_rgb_f32, Affine};
+use crate::align::sample_rgb_f32;
+use crate::geom::{Affine, Rect};
 
 /// A feathered box mask over the crop: zero on a thin border, rising smoothly to one inside, so
 /// no edge or seam of the crop shows in the frame.
@@ -33,32 +34,11 @@ impl Mask {
     }
 }
 
-/// The axis-aligned frame region covered by a crop of `size` under `to_crop`'s inverse,
-/// clipped to the frame: (x0, y0, x1, y1), end exclusive.
-pub fn region(to_crop: &Affine, size: usize, width: usize, height: usize) -> Option<(usize, usize, usize, usize)> {
-    let inv = to_crop.inverse()?;
-    let s = size as f64;
-    let corners = [(0.0, 0.0), (s, 0.0), (0.0, s), (s, s)].map(|(u, v)| inv.apply(u, v));
-    let fold = |f: fn(f64, f64) -> f64, init: f64, pick: fn(&(f64, f64)) -> f64| corners.iter().map(pick).fold(init, f);
-    let x0 = fold(f64::min, f64::INFINITY, |p| p.0).floor().max(0.0) as usize;
-    let y0 = fold(f64::min, f64::INFINITY, |p| p.1).floor().max(0.0) as usize;
-    let x1 = (fold(f64::max, f64::NEG_INFINITY, |p| p.0).ceil() + 1.0).clamp(0.0, width as f64) as usize;
-    let y1 = (fold(f64::max, f64::NEG_INFINITY, |p| p.1).ceil() + 1.0).clamp(0.0, height as f64) as usize;
-    (x0 < x1 && y0 < y1).then_some((x0, y0, x1, y1))
-}
-
 /// Blends a restored crop (packed RGB24, the mask's `size x size`) into the frame: each frame
-/// pixel in the face region (`region` of `to_crop`) is mapped into the crop, sampled
+/// pixel in `r` (the crop's footprint, [`crate::geom::crop_footprint`]) is mapped into the crop, sampled
 /// bilinearly and mixed by `mask * blend`.
-pub fn paste(
-    frame: &mut [u8],
-    width: usize,
-    crop: &[u8],
-    to_crop: &Affine,
-    (x0, y0, x1, y1): (usize, usize, usize, usize),
-    mask: &Mask,
-    blend: f32,
-) {
+pub fn paste(frame: &mut [u8], width: usize, crop: &[u8], to_crop: &Affine, r: Rect, mask: &Mask, blend: f32) {
+    let Rect { x0, y0, x1, y1 } = r;
     let size = mask.size;
     let m = to_crop.0;
     let lim = (size - 1) as f64;
@@ -119,7 +99,7 @@ mod tests {
         let crop = vec![200u8; size * size * 3];
         let mask = Mask::new(size);
         let mut frame = vec![10u8; w * h * 3];
-        let r = region(&to_crop, size, w, h).unwrap();
+        let r = crate::geom::crop_footprint(&to_crop, size, w, h).unwrap();
         paste(&mut frame, w, &crop, &to_crop, r, &mask, 1.0);
         let px = |f: &[u8], x: usize, y: usize| f[(y * w + x) * 3];
         assert_eq!(px(&frame, 82, 52), 200, "centre replaced");
@@ -134,13 +114,5 @@ mod tests {
         let mut none = vec![10u8; w * h * 3];
         paste(&mut none, w, &crop, &to_crop, r, &mask, 0.0);
         assert!(none.iter().all(|&v| v == 10));
-    }
-
-    #[test]
-    fn region_is_clipped_to_the_frame() {
-        let to_crop = Affine([1.0, 0.0, 30.0, 0.0, 1.0, 30.0]); // crop starts at (-30, -30)
-        assert_eq!(region(&to_crop, 64, 100, 100), Some((0, 0, 35, 35)));
-        let off = Affine([1.0, 0.0, -500.0, 0.0, 1.0, 0.0]);
-        assert_eq!(region(&off, 64, 100, 100), None);
     }
 }

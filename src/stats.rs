@@ -2,6 +2,8 @@
 //! by the pipeline; out, the end-of-run summary as a table for people and JSON for machines.
 
 use std::fmt;
+
+use serde::Serialize;
 use std::time::{Duration, Instant};
 
 /// Busy time, item count and input-queue occupancy of one stage.
@@ -163,54 +165,85 @@ impl Summary {
     /// The summary as a JSON object.
     pub fn to_json(&self) -> String {
         let wall = self.wall.as_secs_f64().max(1e-9);
-        let stages: Vec<String> = self
-            .stages
-            .iter()
-            .map(|s| {
-                format!(
-                    "{{\"name\":\"{}\",\"items\":{},\"busy_s\":{:.4},\"busy_share\":{:.4},\"queue_fill\":{:.4}}}",
-                    s.name,
-                    s.items,
-                    s.busy.as_secs_f64(),
-                    s.busy.as_secs_f64() / wall,
-                    s.queue_fill()
-                )
-            })
-            .collect();
-        let workers: Vec<String> = self
-            .workers
-            .iter()
-            .map(|w| {
-                format!(
-                    "{{\"name\":\"{}\",\"batches\":{},\"faces\":{},\"faces_per_s\":{:.3},\"mean_batch_fill\":{:.4},\"ms_per_batch\":{:.3},\"busy_share\":{:.4},\"device_mib\":{}}}",
-                    w.name,
-                    w.batches,
-                    w.faces,
-                    w.faces as f64 / wall,
-                    w.mean_fill(),
-                    w.ms_per_batch(),
-                    w.busy.as_secs_f64() / wall,
-                    w.device_mib.map_or("null".to_string(), |m| m.to_string())
-                )
-            })
-            .collect();
-        format!(
-            "{{\"frames\":{},\"faces\":{},\"frames_with_faces\":{},\"batches\":{},\"frames_held_max\":{},\"detect_full\":{},\"detect_windows\":{},\"wall_s\":{:.4},\"fps\":{:.3},\"faces_per_s\":{:.3},\"peak_rss_bytes\":{},\"stages\":[{}],\"workers\":[{}]}}",
-            self.frames,
-            self.faces,
-            self.frames_with_faces,
-            self.batches,
-            self.held_max,
-            self.detect.full,
-            self.detect.windows,
-            wall,
-            self.fps(),
-            self.faces_per_s(),
-            self.peak_rss.map_or("null".to_string(), |b| b.to_string()),
-            stages.join(","),
-            workers.join(",")
-        )
+        let json = SummaryJson {
+            frames: self.frames,
+            faces: self.faces,
+            frames_with_faces: self.frames_with_faces,
+            batches: self.batches,
+            frames_held_max: self.held_max,
+            detect_full: self.detect.full,
+            detect_windows: self.detect.windows,
+            wall_s: wall,
+            fps: self.fps(),
+            faces_per_s: self.faces_per_s(),
+            peak_rss_bytes: self.peak_rss,
+            stages: self
+                .stages
+                .iter()
+                .map(|s| StageJson {
+                    name: s.name,
+                    items: s.items,
+                    busy_s: s.busy.as_secs_f64(),
+                    busy_share: s.busy.as_secs_f64() / wall,
+                    queue_fill: s.queue_fill(),
+                })
+                .collect(),
+            workers: self
+                .workers
+                .iter()
+                .map(|w| WorkerJson {
+                    name: &w.name,
+                    batches: w.batches,
+                    faces: w.faces,
+                    faces_per_s: w.faces as f64 / wall,
+                    mean_batch_fill: w.mean_fill(),
+                    ms_per_batch: w.ms_per_batch(),
+                    busy_share: w.busy.as_secs_f64() / wall,
+                    device_mib: w.device_mib,
+                })
+                .collect(),
+        };
+        serde_json::to_string(&json).expect("plain numbers and strings serialise")
     }
+}
+
+/// The stats JSON's shape (`--stats-json`).
+#[derive(Serialize)]
+struct SummaryJson<'a> {
+    frames: u64,
+    faces: u64,
+    frames_with_faces: u64,
+    batches: u64,
+    frames_held_max: usize,
+    detect_full: u64,
+    detect_windows: u64,
+    wall_s: f64,
+    fps: f64,
+    faces_per_s: f64,
+    peak_rss_bytes: Option<u64>,
+    stages: Vec<StageJson>,
+    workers: Vec<WorkerJson<'a>>,
+}
+
+#[derive(Serialize)]
+struct StageJson {
+    name: &'static str,
+    items: u64,
+    busy_s: f64,
+    busy_share: f64,
+    queue_fill: f64,
+}
+
+#[derive(Serialize)]
+struct WorkerJson<'a> {
+    name: &'a str,
+    batches: u64,
+    faces: u64,
+    faces_per_s: f64,
+    mean_batch_fill: f64,
+    ms_per_batch: f64,
+    busy_share: f64,
+    device_mib: Option<u64>,
 }
 
 /// Peak resident set size of this process (VmHWM), in bytes.

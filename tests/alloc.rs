@@ -6,8 +6,9 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use gpen_video::config::{resolve, Options};
+use gpen_video::engine::{CancelToken, Job};
 use gpen_video::pipeline;
-use gpen_video::plan::{Options, Plan};
 
 struct Counting;
 
@@ -51,11 +52,14 @@ fn the_warm_pipeline_reuses_its_picture_and_tensor_buffers() {
     let mut o = Options::new(root.join("samples/test/astronaut.mp4"), dir.path().join("o.mp4"));
     o.model = Some(root.join("models/standin/identity-256.onnx"));
     o.detector = Some(root.join("models/centerface.onnx"));
-    let mut plan = Plan::resolve(&o).unwrap();
+    let (_, base, mut engine) = resolve(&o, CancelToken::new()).unwrap();
     let mut run = |frames: u64| {
-        plan.max_frames = Some(frames);
+        let job = Job {
+            max_frames: Some(frames),
+            ..base.clone()
+        };
         let (bytes, large) = (BYTES.load(Ordering::Relaxed), LARGE.load(Ordering::Relaxed));
-        let s = pipeline::run(&mut plan, &|_| ()).unwrap();
+        let s = pipeline::run(&mut engine, &job, &|_| ()).unwrap();
         assert_eq!(s.frames, frames);
         (
             BYTES.load(Ordering::Relaxed) - bytes,

@@ -11,7 +11,7 @@ use sha2::{Digest, Sha256};
 
 use super::report::hex;
 use super::{registry, sha256_file, Entry, URL_BASE_ENV};
-use crate::plan::find_asset;
+use crate::config::find_asset;
 
 /// Where `fetch` puts files by default: the checkout's models/ if found, else ./models.
 fn default_dir() -> PathBuf {
@@ -151,7 +151,7 @@ pub fn fetch_url(url: &str, dest: &Path, sha256: Option<&str>, progress: bool) -
     if !dir.is_dir() {
         bail!("folder {} does not exist", dir.display());
     }
-    crate::plan::remove_stale(&dir, &format!(".{file}.part-"), "");
+    crate::output::remove_stale(&dir, &format!(".{file}.part-"), "");
     let host = host_of(url);
     let mirror_hint =
         format!("or put the file there by hand, or point --url / {URL_BASE_ENV} at a mirror you can reach");

@@ -19,7 +19,7 @@ use std::sync::OnceLock;
 use anyhow::{anyhow, bail, Context, Result};
 use serde::Deserialize;
 
-use crate::plan::find_asset;
+use crate::config::find_asset;
 
 mod fetch;
 pub(crate) mod report;

@@ -1,0 +1,462 @@
+//! Parse, then resolve: in, the options a user typed (`Options`, with every default written
+//! here once); out, the resolved `Settings` (model and detector files found, devices expanded,
+//! threads split, output paths checked) from which `Job`s and `Engine`s are built.
+//!
+//! This is the only module (with the loaders it calls) that reads the file system, the model
+//! registry, the environment or the GPUs; the pipeline works from what it resolved. The split
+//! follows ripgrep's LowArgs -> HiArgs: what the user typed, then the resolved state.
+
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+
+use anyhow::{anyhow, bail, Context, Result};
+
+use crate::decode::probe;
+use crate::detect::det_size;
+use crate::encode::{check_settings, EncodeSettings};
+use crate::engine::{CancelToken, Engine, EngineKey, Job};
+use crate::enhance::Fault;
+use crate::output::{check_output, check_side_output};
+use crate::runtime::Target;
+
+/// Crops per model call.
+pub const DEFAULT_BATCH: u16 = 4;
+/// Long side of the detection copy.
+pub const DEFAULT_DET_SIZE: usize = 640;
+/// Minimum detector score.
+pub const DEFAULT_DET_THRESHOLD: f32 = 0.5;
+/// Overlap above which two detections are one face.
+pub const DEFAULT_NMS_IOU: f32 = 0.3;
+/// Full detection every this many frames (tracking in between).
+pub const DEFAULT_DETECT_EVERY: u32 = 5;
+/// How much of the restored face is blended in.
+pub const DEFAULT_BLEND: f32 = 1.0;
+/// The default enhancer: the official GPEN-BFR-512 if the user put it in models/, else the
+/// set-up's identity stand-in.
+pub const DEFAULT_MODELS: [&str; 2] = ["models/GPEN-BFR-512.onnx", "models/standin/identity-512.onnx"];
+pub const DEFAULT_DETECTOR: &str = "models/centerface.onnx";
+
+/// Where the model runs, as typed.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Device {
+    /// This many CPU sessions (1 unless `cpu:N`), sharing the cores.
+    Cpu(usize),
+    /// CUDA device ordinals; empty means every visible GPU.
+    Cuda(Vec<u32>),
+}
+
+impl FromStr for Device {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "cpu" => Ok(Device::Cpu(1)),
+            "cuda" | "cuda:all" => Ok(Device::Cuda(Vec::new())),
+            _ if s.starts_with("cpu:") => match s[4..].parse::<usize>() {
+                Ok(n) if (1..=64).contains(&n) => Ok(Device::Cpu(n)),
+                _ => Err(format!("bad CPU worker count in `{s}`: use cpu:N with N from 1 to 64")),
+            },
+            _ => {
+                let ids = s
+                    .strip_prefix("cuda:")
+                    .ok_or_else(|| format!("unknown device `{s}`: use cpu, cpu:N, cuda:N, cuda:N,M or cuda:all"))?;
+                ids.split(',')
+                    .map(|i| {
+                        i.trim()
+                            .parse::<u32>()
+                            .map_err(|_| format!("bad GPU number `{i}` in `{s}`"))
+                    })
+                    .collect::<Result<Vec<_>, _>>()
+                    .map(Device::Cuda)
+            }
+        }
+    }
+}
+
+impl Device {
+    /// The sessions this device stands for: `cuda:all` becomes every GPU in `visible`.
+    pub fn targets(&self, visible: &[u32]) -> Result<Vec<Target>> {
+        let targets: Vec<Target> = match self {
+            Device::Cpu(n) => (0..*n).map(Target::Cpu).collect(),
+            Device::Cuda(ids) if ids.is_empty() => {
+                if visible.is_empty() {
+                    bail!("--device cuda:all: no NVIDIA GPU is visible (no /proc/driver/nvidia/gpus); check the driver or use --device cpu");
+                }
+                visible.iter().copied().map(Target::Cuda).collect()
+            }
+            Device::Cuda(ids) => ids.iter().copied().map(Target::Cuda).collect(),
+        };
+        if targets.is_empty() {
+            bail!("no device to run the model on: use --device cpu, cpu:N or cuda:N");
+        }
+        Ok(targets)
+    }
+}
+
+/// Everything a run was asked for, as typed (paths not yet checked).
+#[derive(Clone, Debug)]
+pub struct Options {
+    pub input: PathBuf,
+    pub output: PathBuf,
+    /// Enhancer model; `None` picks the default the set-up provides.
+    pub model: Option<PathBuf>,
+    pub detector: Option<PathBuf>,
+    pub device: Device,
+    pub batch: usize,
+    /// Long side of the detection copy.
+    pub det_size: usize,
+    pub det_threshold: f32,
+    pub nms_iou: f32,
+    /// Full detection every this many frames; faces are tracked in between (1: every frame).
+    pub detect_every: u32,
+    pub blend: f32,
+    pub encode: EncodeSettings,
+    /// CPU threads for ONNX Runtime (default: all cores, shared by the CPU workers).
+    pub threads: Option<usize>,
+    /// TensorRT before CUDA, with its engine cache.
+    pub trt: bool,
+    /// Half precision: TensorRT's fp16 mode, or an fp16-exported model on CUDA.
+    pub fp16: bool,
+    /// Decode with FFmpeg's CUDA hwaccel.
+    pub hwaccel_cuda: bool,
+    /// Stop after this many frames.
+    pub max_frames: Option<u64>,
+    /// Where to write each frame's face regions as JSON (for inspection and tests).
+    pub faces_json: Option<PathBuf>,
+    /// Where to write the run's statistics as JSON.
+    pub stats_json: Option<PathBuf>,
+}
+
+impl Options {
+    pub fn new(input: impl Into<PathBuf>, output: impl Into<PathBuf>) -> Self {
+        Self {
+            input: input.into(),
+            output: output.into(),
+            model: None,
+            detector: None,
+            device: Device::Cpu(1),
+            batch: DEFAULT_BATCH as usize,
+            det_size: DEFAULT_DET_SIZE,
+            det_threshold: DEFAULT_DET_THRESHOLD,
+            nms_iou: DEFAULT_NMS_IOU,
+            detect_every: DEFAULT_DETECT_EVERY,
+            blend: DEFAULT_BLEND,
+            encode: EncodeSettings::default(),
+            threads: None,
+            trt: false,
+            fp16: false,
+            hwaccel_cuda: false,
+            max_frames: None,
+            faces_json: None,
+            stats_json: None,
+        }
+    }
+}
+
+/// The resolved state every job and engine is built from: files found, devices expanded,
+/// threads split, environment read. Cheap to clone; loads nothing.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    pub model: PathBuf,
+    pub detector: PathBuf,
+    /// One enhancement session per target.
+    pub targets: Vec<Target>,
+    /// Intra-op threads per CPU session, and for the detector.
+    pub threads_per_worker: usize,
+    pub detector_threads: usize,
+    /// Scheduler test hooks, one per target (`GPEN_VIDEO_FAULTS`).
+    pub faults: Vec<Fault>,
+    pub trt: bool,
+    pub trt_cache: Option<PathBuf>,
+    pub fp16: bool,
+    /// Crops per model call asked for (a fixed-batch model runs its own size).
+    pub batch: usize,
+    pub det_size: usize,
+    pub det_threshold: f32,
+    pub nms_iou: f32,
+    pub detect_every: u32,
+    pub blend: f32,
+    pub encode: EncodeSettings,
+    pub hwaccel_cuda: bool,
+    pub max_frames: Option<u64>,
+    pub faces_json: Option<PathBuf>,
+    pub stats_json: Option<PathBuf>,
+    /// All cores ONNX Runtime may use (the split above divides them).
+    cores: usize,
+}
+
+/// Finds a file the set-up installs (`models/...`): relative to the working directory, then to
+/// the checkout the executable was built in.
+pub fn find_asset(rel: &str) -> Option<PathBuf> {
+    let here = PathBuf::from(rel);
+    if here.exists() {
+        return Some(here);
+    }
+    let exe = std::env::current_exe().ok()?;
+    exe.ancestors()
+        .skip(1)
+        .take(4)
+        .map(|d| d.join(rel))
+        .find(|p| p.exists())
+}
+
+/// GPUs the NVIDIA driver exposes, for `cuda:all`.
+pub fn visible_gpus() -> Vec<u32> {
+    let n = std::fs::read_dir("/proc/driver/nvidia/gpus")
+        .map(|d| d.count())
+        .unwrap_or(0);
+    (0..n as u32).collect()
+}
+
+impl Settings {
+    /// Checks the options and resolves everything that does not depend on a source.
+    pub fn resolve(o: &Options) -> Result<Settings> {
+        if !(0.0..=1.0).contains(&o.blend) {
+            bail!("--blend must be between 0 and 1, got {}", o.blend);
+        }
+        if o.batch == 0 {
+            bail!("--batch must be at least 1");
+        }
+        check_settings(&o.encode)?;
+        if o.hwaccel_cuda {
+            crate::decode::check_cuda_hwaccel()?;
+        }
+        let targets = o.device.targets(&visible_gpus())?;
+        let cores = o
+            .threads
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()));
+        let model = match &o.model {
+            Some(p) => p.clone(),
+            None => DEFAULT_MODELS.iter().find_map(|m| find_asset(m)).ok_or_else(|| {
+                anyhow!("no model given and none installed: run scripts/setup.sh, put GPEN-BFR-512.onnx in models/, or pass --model PATH")
+            })?,
+        };
+        let detector = match &o.detector {
+            Some(p) => p.clone(),
+            None => find_asset(DEFAULT_DETECTOR).ok_or_else(|| {
+                anyhow!("detector {DEFAULT_DETECTOR} not found: run scripts/setup.sh or pass --detector PATH")
+            })?,
+        };
+        let trt_cache = o.trt.then(|| model.with_extension("trt-cache"));
+        if let Some(dir) = &trt_cache {
+            std::fs::create_dir_all(dir)
+                .with_context(|| format!("cannot create the TensorRT engine cache {}", dir.display()))?;
+        }
+        let mut s = Settings {
+            model,
+            detector,
+            faults: Vec::new(),
+            targets: Vec::new(),
+            threads_per_worker: 1,
+            detector_threads: (cores / 2).max(1),
+            trt: o.trt,
+            trt_cache,
+            fp16: o.fp16,
+            batch: o.batch,
+            det_size: o.det_size,
+            det_threshold: o.det_threshold,
+            nms_iou: o.nms_iou,
+            detect_every: o.detect_every,
+            blend: o.blend,
+            encode: o.encode.clone(),
+            hwaccel_cuda: o.hwaccel_cuda,
+            max_frames: o.max_frames,
+            faces_json: o.faces_json.clone(),
+            stats_json: o.stats_json.clone(),
+            cores,
+        };
+        s.set_targets(targets, cores);
+        Ok(s)
+    }
+
+    /// Runs on `targets`, sharing `cores` CPU threads among the CPU sessions.
+    fn set_targets(&mut self, targets: Vec<Target>, cores: usize) {
+        let cpu_workers = targets.iter().filter(|t| matches!(t, Target::Cpu(_))).count().max(1);
+        self.threads_per_worker = (cores / cpu_workers).max(1);
+        self.detector_threads = (cores / 2).max(1);
+        self.faults = (0..targets.len()).map(Fault::from_env).collect();
+        self.targets = targets;
+    }
+
+    /// The settings of each of `jobs` clips run at once (at most `clips`): one job on the CPU
+    /// unless asked, the cores split between CPU jobs; on CUDA one job per GPU, each on one GPU
+    /// (round robin when there are more jobs than GPUs).
+    pub fn per_job(&self, jobs: Option<usize>, clips: usize, threads_given: bool) -> Vec<Settings> {
+        let gpus: Vec<Target> = self
+            .targets
+            .iter()
+            .filter(|t| matches!(t, Target::Cuda(_)))
+            .cloned()
+            .collect();
+        let n = if gpus.is_empty() {
+            jobs.unwrap_or(1)
+        } else {
+            jobs.unwrap_or(gpus.len())
+        }
+        .min(clips);
+        (0..n)
+            .map(|i| {
+                let mut s = self.clone();
+                if gpus.is_empty() {
+                    let cores = if threads_given || n == 1 {
+                        self.cores
+                    } else {
+                        (self.cores / n).max(1)
+                    };
+                    s.cores = cores;
+                    s.set_targets(self.targets.clone(), cores);
+                } else {
+                    s.set_targets(vec![gpus[i % gpus.len()].clone()], self.cores);
+                }
+                s
+            })
+            .collect()
+    }
+
+    /// One clip's work: the source probed, OUT and the side outputs checked, nothing loaded.
+    pub fn job(&self, input: &Path, output: &Path, cancel: CancelToken) -> Result<Job> {
+        let source = probe(input)?;
+        check_output(input, output)?;
+        let mut taken: Vec<&Path> = vec![input, output, &self.model, &self.detector];
+        for side in [&self.faces_json, &self.stats_json].into_iter().flatten() {
+            check_side_output(side, &taken)?;
+            taken.push(side);
+        }
+        Ok(Job {
+            source,
+            output: output.to_path_buf(),
+            max_frames: self.max_frames,
+            blend: self.blend,
+            encode: self.encode.clone(),
+            hwaccel_cuda: self.hwaccel_cuda,
+            faces_json: self.faces_json.clone(),
+            cancel,
+        })
+    }
+
+    /// What an engine for `job` is built for.
+    pub fn engine_key(&self, job: &Job) -> EngineKey {
+        EngineKey {
+            model: self.model.clone(),
+            detector: self.detector.clone(),
+            targets: self.targets.clone(),
+            det_size: det_size(job.source.width, job.source.height, self.det_size),
+            rotation: job.source.rotation,
+        }
+    }
+
+    /// Loads the sessions `job` needs.
+    pub fn engine(&self, job: &Job) -> Result<Engine> {
+        Engine::load(self, self.engine_key(job))
+    }
+
+    /// The engine in `cache` if it was built for what `job` needs, else a new one put there.
+    pub fn engine_for<'a>(&self, cache: &'a mut Option<Engine>, job: &Job) -> Result<&'a mut Engine> {
+        let key = self.engine_key(job);
+        if cache.as_ref().is_some_and(|e| e.key == key) {
+            return Ok(cache.as_mut().expect("checked"));
+        }
+        // Free the old sessions before loading new ones.
+        *cache = None;
+        Ok(cache.insert(Engine::load(self, key)?))
+    }
+}
+
+/// Resolves a single run: its settings, its job and the engine it runs on.
+pub fn resolve(o: &Options, cancel: CancelToken) -> Result<(Settings, Job, Engine)> {
+    let settings = Settings::resolve(o)?;
+    let job = settings.job(&o.input, &o.output, cancel)?;
+    let engine = settings.engine(&job)?;
+    Ok((settings, job, engine))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn devices_parse() {
+        assert_eq!("cpu".parse::<Device>(), Ok(Device::Cpu(1)));
+        assert_eq!("cpu:3".parse::<Device>(), Ok(Device::Cpu(3)));
+        assert!("cpu:0".parse::<Device>().is_err());
+        assert_eq!("cuda:0".parse::<Device>(), Ok(Device::Cuda(vec![0])));
+        assert_eq!("cuda:0,2".parse::<Device>(), Ok(Device::Cuda(vec![0, 2])));
+        assert_eq!("cuda:all".parse::<Device>(), Ok(Device::Cuda(vec![])));
+        assert!("gpu".parse::<Device>().is_err());
+        assert!("cuda:x".parse::<Device>().is_err());
+    }
+
+    #[test]
+    fn devices_resolve_to_targets() {
+        assert_eq!(
+            Device::Cpu(2).targets(&[]).unwrap(),
+            vec![Target::Cpu(0), Target::Cpu(1)]
+        );
+        assert_eq!(
+            Device::Cuda(vec![]).targets(&[0, 1]).unwrap(),
+            vec![Target::Cuda(0), Target::Cuda(1)]
+        );
+        assert_eq!(Device::Cuda(vec![3]).targets(&[]).unwrap(), vec![Target::Cuda(3)]);
+        let err = Device::Cuda(vec![]).targets(&[]).unwrap_err().to_string();
+        assert!(err.contains("no NVIDIA GPU is visible"), "{err}");
+        assert!(Device::Cpu(0).targets(&[]).is_err());
+    }
+
+    fn settings(targets: Vec<Target>, cores: usize) -> Settings {
+        let mut s = Settings {
+            model: "m.onnx".into(),
+            detector: "d.onnx".into(),
+            targets: Vec::new(),
+            threads_per_worker: 1,
+            detector_threads: 1,
+            faults: Vec::new(),
+            trt: false,
+            trt_cache: None,
+            fp16: false,
+            batch: 4,
+            det_size: 640,
+            det_threshold: 0.5,
+            nms_iou: 0.3,
+            detect_every: 5,
+            blend: 1.0,
+            encode: EncodeSettings::default(),
+            hwaccel_cuda: false,
+            max_frames: None,
+            faces_json: None,
+            stats_json: None,
+            cores,
+        };
+        s.set_targets(targets, cores);
+        s
+    }
+
+    #[test]
+    fn cpu_threads_are_split_between_sessions_and_jobs() {
+        let s = settings(vec![Target::Cpu(0), Target::Cpu(1)], 8);
+        assert_eq!(s.threads_per_worker, 4);
+        assert_eq!(s.detector_threads, 4);
+        let jobs = s.per_job(Some(2), 10, false);
+        assert_eq!(jobs.len(), 2);
+        assert_eq!(jobs[0].threads_per_worker, 2, "two jobs of two sessions on 8 cores");
+        assert_eq!(
+            s.per_job(Some(2), 10, true)[0].threads_per_worker,
+            4,
+            "--threads is per job"
+        );
+        assert_eq!(s.per_job(None, 10, false).len(), 1);
+        assert_eq!(s.per_job(Some(4), 1, false).len(), 1, "never more jobs than clips");
+        assert!(s.per_job(None, 0, false).is_empty());
+    }
+
+    #[test]
+    fn gpu_jobs_take_one_gpu_each_round_robin() {
+        let s = settings(vec![Target::Cuda(0), Target::Cuda(2)], 8);
+        let jobs = s.per_job(None, 10, false);
+        assert_eq!(
+            jobs.iter().map(|j| j.targets.clone()).collect::<Vec<_>>(),
+            vec![vec![Target::Cuda(0)], vec![Target::Cuda(2)]]
+        );
+        let jobs = s.per_job(Some(3), 10, false);
+        assert_eq!(jobs[2].targets, vec![Target::Cuda(0)]);
+        assert_eq!(jobs[0].faults.len(), 1);
+    }
+}

@@ -1,0 +1,18 @@
+//! Console output: in, lines meant for a person (logs, summaries, tables); out, writes to
+//! stderr or stdout that never panic: a closed pipe (`| head -1`, `| true`) drops the text and
+//! the work in flight carries on.
+
+use std::io::Write;
+
+/// Writes `line` and a newline to stderr; a write error (a closed pipe) is ignored.
+pub fn eprint_line(line: &str) {
+    let mut err = std::io::stderr().lock();
+    let _ = writeln!(err, "{line}");
+}
+
+/// Writes `text` to stdout and flushes; returns false when stdout is closed (the reader has
+/// gone), so a listing can stop quietly.
+pub fn print_text(text: &str) -> bool {
+    let mut out = std::io::stdout().lock();
+    out.write_all(text.as_bytes()).and_then(|()| out.flush()).is_ok()
+}

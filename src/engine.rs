@@ -1,0 +1,166 @@
+//! Engine and job: in, resolved `Settings`; out, an `Engine` (the loaded detector and
+//! enhancement sessions, keyed by what they were built for, reusable across any number of
+//! jobs) and a `Job` (one source, one output, its limits, sinks and cancel token).
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use anyhow::{bail, Context, Result};
+
+use crate::config::Settings;
+use crate::decode::SourceInfo;
+use crate::detect::Detector;
+use crate::encode::EncodeSettings;
+use crate::enhance::{Enhancer, ModelInfo, Worker};
+use crate::runtime::{SessionOptions, Target};
+
+/// What an engine was built for: a job whose key is equal runs on it unchanged.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct EngineKey {
+    pub model: PathBuf,
+    pub detector: PathBuf,
+    pub targets: Vec<Target>,
+    /// Size of the detection copy (the detector's input).
+    pub det_size: (usize, usize),
+    /// Display rotation the detector turns pictures upright for.
+    pub rotation: u32,
+}
+
+/// The loaded sessions.
+pub struct Engine {
+    pub key: EngineKey,
+    pub detector: Detector,
+    /// One enhancement worker per device (or per CPU session).
+    pub workers: Vec<Worker>,
+    pub info: ModelInfo,
+    /// Crops per model call (the model's own size when its batch is fixed).
+    pub batch: usize,
+}
+
+/// A stop request shared with whoever may set it (Ctrl-C, a batch coordinator).
+#[derive(Clone, Debug, Default)]
+pub struct CancelToken(Arc<AtomicBool>);
+
+impl CancelToken {
+    /// A token nothing sets but [`CancelToken::cancel`].
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A token set whenever `flag` is (an interrupt flag).
+    pub fn from_flag(flag: Arc<AtomicBool>) -> Self {
+        Self(flag)
+    }
+
+    pub fn cancel(&self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+
+    pub fn is_cancelled(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// The error of a job stopped by its cancel token (not a failure of the job itself).
+#[derive(Debug, thiserror::Error)]
+#[error("cancelled after {frames} frames of {input}; no output written")]
+pub struct Cancelled {
+    pub frames: u64,
+    pub input: String,
+}
+
+/// Whether `e` (or any error it wraps) is a [`Cancelled`].
+pub fn is_cancelled(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| c.is::<Cancelled>())
+}
+
+/// One clip's work.
+#[derive(Clone)]
+pub struct Job {
+    pub source: SourceInfo,
+    pub output: PathBuf,
+    /// Stop after this many frames.
+    pub max_frames: Option<u64>,
+    pub blend: f32,
+    pub encode: EncodeSettings,
+    pub hwaccel_cuda: bool,
+    /// Where each frame's faces are streamed as JSON.
+    pub faces_json: Option<PathBuf>,
+    pub cancel: CancelToken,
+}
+
+impl Engine {
+    /// Loads the enhancement sessions (one per target) and the detector for `key`.
+    pub fn load(s: &Settings, key: EngineKey) -> Result<Engine> {
+        let mut workers = Vec::new();
+        for (i, target) in key.targets.iter().enumerate() {
+            let so = SessionOptions {
+                target: target.clone(),
+                threads: s.threads_per_worker,
+                trt: s.trt,
+                trt_cache: s.trt_cache.clone(),
+                fp16: s.fp16,
+            };
+            let session = crate::runtime::session(&key.model, &so, "model")?;
+            let enhancer = Enhancer::for_target(session, target)
+                .with_context(|| format!("model {} does not fit GPEN's I/O contract", key.model.display()))?;
+            workers.push(Worker {
+                target: target.clone(),
+                enhancer,
+                fault: s.faults.get(i).cloned().unwrap_or_default(),
+            });
+        }
+        let info = workers[0].enhancer.info.clone();
+        if s.fp16 && !s.trt && info.precision.as_deref() != Some("fp16") {
+            bail!(
+                "--fp16: model {} is not an fp16 export; make one with `models/gpen_export.py --fp16`, or add --trt for TensorRT's fp16 mode",
+                key.model.display()
+            );
+        }
+        if let Some(note) = &info.weights_note {
+            tracing::warn!(model = %key.model.display(), "{note}");
+        }
+        let batch = workers[0].enhancer.max_batch(s.batch);
+        for w in &mut workers {
+            w.enhancer.set_batch(batch);
+        }
+        if batch != s.batch {
+            tracing::info!(batch, "model has a fixed batch size; running {batch} crop(s) per call");
+        }
+        // Detection runs on the first GPU when there is one.
+        let det_target = key
+            .targets
+            .iter()
+            .find(|t| matches!(t, Target::Cuda(_)))
+            .cloned()
+            .unwrap_or(Target::Cpu(0));
+        let det_opts = SessionOptions {
+            target: det_target,
+            threads: s.detector_threads,
+            trt: false,
+            trt_cache: None,
+            fp16: false,
+        };
+        let det_session = crate::runtime::session(&key.detector, &det_opts, "detector")?;
+        let detector = Detector::new(det_session, key.det_size, s.det_threshold, s.nms_iou, key.rotation)
+            .with_context(|| format!("detector {}", key.detector.display()))?
+            .with_tracking(s.detect_every);
+        Ok(Engine {
+            key,
+            detector,
+            workers,
+            info,
+            batch,
+        })
+    }
+
+    /// The workers' devices, comma-separated (`cpu0,cpu1`, `cuda:0`).
+    pub fn devices(&self) -> String {
+        self.workers
+            .iter()
+            .map(|w| w.target.to_string())
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+}

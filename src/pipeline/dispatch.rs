@@ -1,0 +1,375 @@
+//! The dispatcher and the enhancement workers: in, aligned frames from the align stage; out,
+//! the same frames, in order, with every face's restored crop attached. The dispatcher gathers
+//! crops across frames into batches, hands each to whichever worker is free and holds at most
+//! a bounded number of frames, so a model slower than decoding holds the decoder back.
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Result};
+use crossbeam_channel::{never, select, Receiver, Sender};
+
+use super::DEPTH;
+use crate::align::tensor_to_rgb;
+use crate::enhance::Worker;
+use crate::frame::{FaceFrame, Pool};
+use crate::stats::{Clock, StageStat, WorkerStat};
+
+/// Bounds of how long a partial batch waits for more crops while every worker is idle: a few
+/// times the usual gap between frames, so a slow upstream does not split every batch.
+const PARTIAL_WAIT: (Duration, Duration) = (Duration::from_millis(20), Duration::from_secs(1));
+
+/// A batch on its way to a worker: the crops travel by move, not copy.
+pub(crate) struct Batch {
+    /// (frame sequence number, face index) of each crop.
+    keys: Vec<(u64, usize)>,
+    crops: Vec<Vec<f32>>,
+}
+
+/// A batch back from a worker.
+pub(crate) struct Restored {
+    keys: Vec<(u64, usize)>,
+    restored: Vec<Vec<u8>>,
+    crops: Vec<Vec<f32>>,
+}
+
+/// Frames the dispatcher may hold while their faces are being enhanced.
+pub(crate) fn held_frames(batch: usize, n_workers: usize) -> usize {
+    2 * batch.max(DEPTH) * n_workers
+}
+
+/// What the dispatcher did: its stage statistics, batches sent, most frames held at once.
+pub(crate) struct DispatchStat {
+    pub stage: StageStat,
+    pub batches: u64,
+    pub held_max: usize,
+}
+
+/// Gathers crops across frames into batches, hands each to whichever worker is free, and
+/// releases frames in order once all their faces are back. A partial batch goes out at the end
+/// of the stream, when too many frames wait, or after a short wait with every worker idle.
+pub(crate) fn dispatch(
+    align_rx: Receiver<FaceFrame>,
+    job_tx: &Sender<Batch>,
+    done_rx: &Receiver<Result<Restored>>,
+    enh_tx: &Sender<FaceFrame>,
+    batch: usize,
+    n_workers: usize,
+    crop_pool: &Pool<Vec<f32>>,
+) -> Result<DispatchStat> {
+    let mut clock = Clock::new("dispatch", DEPTH);
+    let mut batcher = Batcher::new(batch, held_frames(batch, n_workers));
+    let max_in_flight = 2 * n_workers;
+    let (mut in_flight, mut batches, mut end, mut stalled) = (0usize, 0u64, false, false);
+    let mut held_max = 0usize;
+    // Mean gap between frames arriving, smoothed.
+    let (mut gap, mut last_arrival) = (PARTIAL_WAIT.0, Instant::now());
+    loop {
+        // Finished frames leave first, so a batcher full only of them is not taken for one
+        // stuck with a partial batch.
+        while let Some(f) = batcher.pop_ready() {
+            clock.count(1);
+            if enh_tx.send(f).is_err() {
+                return Ok(DispatchStat {
+                    stage: clock.finish(),
+                    batches,
+                    held_max,
+                });
+            }
+        }
+        clock.time(|| -> Result<()> {
+            while in_flight < max_in_flight {
+                let Some(keys) = batcher.due(end || stalled) else { break };
+                let crops = keys
+                    .iter()
+                    .map(|&(seq, face)| std::mem::take(&mut batcher.frame_mut(seq).faces[face].crop))
+                    .collect();
+                job_tx
+                    .send(Batch { keys, crops })
+                    .map_err(|_| anyhow!("every enhance worker has stopped"))?;
+                in_flight += 1;
+                batches += 1;
+                stalled = false;
+            }
+            Ok(())
+        })?;
+        if end && in_flight == 0 && batcher.held() == 0 {
+            return Ok(DispatchStat {
+                stage: clock.finish(),
+                batches,
+                held_max,
+            });
+        }
+        // Full: leave frames upstream, so the bounded queues hold the decoder back.
+        held_max = held_max.max(batcher.held());
+        let input = if end || batcher.is_full() { &never() } else { &align_rx };
+        let wait = if batcher.pending() > 0 && in_flight == 0 {
+            (gap * 3).clamp(PARTIAL_WAIT.0, PARTIAL_WAIT.1)
+        } else {
+            Duration::from_secs(3600)
+        };
+        clock.queue(align_rx.len());
+        select! {
+            recv(input) -> m => match m {
+                Ok(f) => {
+                    gap = (gap * 7 + last_arrival.elapsed()) / 8;
+                    last_arrival = Instant::now();
+                    batcher.push(f);
+                }
+                Err(_) => end = true,
+            },
+            recv(done_rx) -> d => {
+                let done = d.map_err(|_| anyhow!("enhance workers stopped unexpectedly"))??;
+                in_flight -= 1;
+                clock.time(|| {
+                    for ((seq, face), rgb) in done.keys.into_iter().zip(done.restored) {
+                        batcher.frame_mut(seq).faces[face].restored = Some(rgb);
+                        batcher.done(seq);
+                    }
+                    done.crops.into_iter().for_each(|c| crop_pool.put(c));
+                });
+            },
+            default(wait) => stalled = true,
+        }
+    }
+}
+
+/// One worker's loop: takes batches, runs its session, sends the restored crops back.
+pub(crate) fn work(
+    worker: &mut Worker,
+    batch: usize,
+    size: usize,
+    jobs: &Receiver<Batch>,
+    done: &Sender<Result<Restored>>,
+    restored_pool: &Pool<Vec<u8>>,
+) -> Result<WorkerStat> {
+    let mut stat = WorkerStat {
+        name: worker.target.to_string(),
+        batch,
+        ..Default::default()
+    };
+    for job in jobs {
+        let t = Instant::now();
+        // A panic in the run is reported like an error: its batch would otherwise never come
+        // back and the dispatcher would wait for it forever.
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| -> Result<Restored> {
+            if worker.fault.fail_at == Some(stat.batches + 1) {
+                bail!("injected failure (GPEN_VIDEO_FAULTS)");
+            }
+            if worker.fault.delay_ms > 0 {
+                std::thread::sleep(Duration::from_millis(worker.fault.delay_ms));
+            }
+            let mut restored: Vec<Vec<u8>> = (0..job.crops.len()).map(|_| restored_pool.get()).collect();
+            let crops: Vec<&[f32]> = job.crops.iter().map(Vec::as_slice).collect();
+            worker
+                .enhancer
+                .run(&crops, |i, out| tensor_to_rgb(out, size, &mut restored[i]))?;
+            Ok(Restored {
+                keys: job.keys,
+                restored,
+                crops: job.crops,
+            })
+        }))
+        .unwrap_or_else(|_| Err(anyhow!("the model run panicked")));
+        stat.busy += t.elapsed();
+        match result {
+            Ok(d) => {
+                stat.batches += 1;
+                stat.faces += d.keys.len() as u64;
+                if done.send(Ok(d)).is_err() {
+                    break;
+                }
+            }
+            Err(e) => {
+                let e = e.context(format!("enhance worker {} (batch {})", worker.target, stat.batches + 1));
+                let msg = format!("{e:#}");
+                let _ = done.send(Err(e));
+                bail!(msg);
+            }
+        }
+    }
+    Ok(stat)
+}
+
+/// Gathers face crops across consecutive frames into batches and releases frames in order once
+/// all their faces are back. It holds at most `max_hold` frames: the dispatcher stops taking
+/// frames when it is full, so a model slower than decoding holds the decoder back instead of
+/// piling frames up in memory. A partial batch runs only when the stream ends or when the
+/// batcher is full (long stretches with few faces).
+pub(crate) struct Batcher {
+    batch: usize,
+    max_hold: usize,
+    held: VecDeque<FaceFrame>,
+    /// Faces still to run: (position in `held` counted from `base`, face index).
+    pending: VecDeque<(u64, usize)>,
+    /// Sequence number of `held[0]`.
+    base: u64,
+    /// Faces not yet restored per held frame.
+    waiting: VecDeque<usize>,
+}
+
+impl Batcher {
+    pub fn new(batch: usize, max_hold: usize) -> Self {
+        Self {
+            batch: batch.max(1),
+            max_hold: max_hold.max(1),
+            held: VecDeque::new(),
+            pending: VecDeque::new(),
+            base: 0,
+            waiting: VecDeque::new(),
+        }
+    }
+
+    pub fn push(&mut self, f: FaceFrame) {
+        let seq = self.base + self.held.len() as u64;
+        for i in 0..f.faces.len() {
+            self.pending.push_back((seq, i));
+        }
+        self.waiting.push_back(f.faces.len());
+        self.held.push_back(f);
+    }
+
+    /// The next batch to run, if one is due: full, or partial when `end` or too much is held.
+    pub fn due(&mut self, end: bool) -> Option<Vec<(u64, usize)>> {
+        let due = self.pending.len() >= self.batch || (!self.pending.is_empty() && (end || self.is_full()));
+        due.then(|| {
+            let n = self.pending.len().min(self.batch);
+            self.pending.drain(..n).collect()
+        })
+    }
+
+    /// The held frame with sequence `seq`.
+    pub fn frame_mut(&mut self, seq: u64) -> &mut FaceFrame {
+        &mut self.held[(seq - self.base) as usize]
+    }
+
+    /// Marks one face of frame `seq` as restored.
+    pub fn done(&mut self, seq: u64) {
+        let w = &mut self.waiting[(seq - self.base) as usize];
+        *w = w.saturating_sub(1);
+    }
+
+    /// The oldest frame, if all its faces are back.
+    pub fn pop_ready(&mut self) -> Option<FaceFrame> {
+        if *self.waiting.front()? > 0 {
+            return None;
+        }
+        self.waiting.pop_front();
+        self.base += 1;
+        self.held.pop_front()
+    }
+
+    pub fn held(&self) -> usize {
+        self.held.len()
+    }
+
+    /// Holds as many frames as it may: take no more until some leave.
+    pub fn is_full(&self) -> bool {
+        self.held.len() >= self.max_hold
+    }
+
+    /// Faces waiting for a batch.
+    pub fn pending(&self) -> usize {
+        self.pending.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::frame::{Face, FaceJob, Frame};
+
+    fn frame(index: u64, faces: usize) -> FaceFrame {
+        let job = || {
+            FaceJob::detected(Face {
+                bbox: [0.0; 4],
+                score: 1.0,
+                landmarks: [[0.0; 2]; 5],
+            })
+        };
+        FaceFrame {
+            frame: Frame {
+                index,
+                pts: Some(index as i64),
+                width: 0,
+                height: 0,
+                rgb: Vec::new(),
+                rgb_partial: false,
+                det: Vec::new(),
+                source: None,
+                dirty: Vec::new(),
+            },
+            faces: (0..faces).map(|_| job()).collect(),
+        }
+    }
+
+    /// Drives the batcher like the enhance stage does; returns the batch sizes run and the
+    /// order frames came out in.
+    fn drive(faces: &[usize], batch: usize, max_hold: usize) -> (Vec<usize>, Vec<u64>) {
+        let mut b = Batcher::new(batch, max_hold);
+        let (mut sizes, mut out) = (Vec::new(), Vec::new());
+        let step = |b: &mut Batcher, end: bool, sizes: &mut Vec<usize>, out: &mut Vec<u64>| {
+            while let Some(jobs) = b.due(end) {
+                sizes.push(jobs.len());
+                for (seq, face) in jobs {
+                    b.frame_mut(seq).faces[face].restored = Some(vec![1]);
+                    b.done(seq);
+                }
+                while let Some(f) = b.pop_ready() {
+                    out.push(f.frame.index);
+                }
+            }
+            while let Some(f) = b.pop_ready() {
+                out.push(f.frame.index);
+            }
+        };
+        for (i, &n) in faces.iter().enumerate() {
+            b.push(frame(i as u64, n));
+            step(&mut b, false, &mut sizes, &mut out);
+        }
+        step(&mut b, true, &mut sizes, &mut out);
+        assert_eq!(b.held(), 0);
+        (sizes, out)
+    }
+
+    #[test]
+    fn batches_fill_across_frames_and_frames_leave_in_order() {
+        let cases: &[(&[usize], usize, &[usize])] = &[
+            (&[1, 1, 1, 1, 1, 1, 1, 1], 4, &[4, 4]),
+            (&[4, 4, 4], 4, &[4, 4, 4]),
+            (&[3, 0, 2, 0, 0, 3], 4, &[4, 4]),
+            (&[1, 1, 1], 4, &[3]),
+            (&[5], 4, &[4, 1]),
+            (&[0, 0, 0], 4, &[]),
+            (&[2, 2, 2], 1, &[1, 1, 1, 1, 1, 1]),
+        ];
+        for &(faces, batch, want) in cases {
+            let (sizes, out) = drive(faces, batch, 1000);
+            assert_eq!(sizes, want, "faces {faces:?} batch {batch}");
+            assert_eq!(out, (0..faces.len() as u64).collect::<Vec<_>>(), "order for {faces:?}");
+        }
+    }
+
+    #[test]
+    fn a_long_faceless_stretch_does_not_hold_frames_forever() {
+        let mut faces = vec![1];
+        faces.extend(std::iter::repeat_n(0, 50));
+        let (sizes, out) = drive(&faces, 4, 8);
+        assert_eq!(
+            sizes,
+            vec![1],
+            "the lone face runs as a partial batch once 8 frames wait"
+        );
+        assert_eq!(out.len(), 51);
+        let mut b = Batcher::new(4, 8);
+        b.push(frame(0, 1));
+        for i in 1..7 {
+            b.push(frame(i, 0));
+            assert!(b.due(false).is_none(), "7 frames held is still fine");
+            assert!(!b.is_full());
+        }
+        b.push(frame(7, 0));
+        assert!(b.is_full(), "8 held: the dispatcher takes no more");
+        assert_eq!(b.due(false).map(|j| j.len()), Some(1));
+    }
+}

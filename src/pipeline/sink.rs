@@ -1,0 +1,94 @@
+//! The `--faces-json` record: in, each encoded frame's faces; out, a JSON array streamed to a
+//! temporary file frame by frame (memory stays flat however long the video) and moved into
+//! place only when the run succeeds.
+
+use std::io::Write;
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use serde::Serialize;
+
+use crate::frame::{Face, FaceJob};
+use crate::geom::Rect;
+use crate::output::PendingFile;
+
+/// One frame's entry: the frame regions pasted into and the faces found.
+#[derive(Serialize)]
+struct FrameRecord<'a> {
+    frame: u64,
+    regions: Vec<Rect>,
+    faces: Vec<&'a Face>,
+}
+
+/// Streams frame records into a pending file.
+pub struct FacesSink {
+    file: PendingFile,
+    frames: u64,
+    path: String,
+}
+
+impl FacesSink {
+    pub fn create(path: &Path) -> Result<Self> {
+        let mut file = PendingFile::create(path)?;
+        file.write_all(b"[")
+            .with_context(|| format!("writing {}", path.display()))?;
+        Ok(Self {
+            file,
+            frames: 0,
+            path: path.display().to_string(),
+        })
+    }
+
+    /// Appends one frame (one line).
+    pub fn frame(&mut self, index: u64, faces: &[FaceJob]) -> Result<()> {
+        let record = FrameRecord {
+            frame: index,
+            regions: faces.iter().filter_map(|f| f.region).collect(),
+            faces: faces.iter().map(|f| &f.face).collect(),
+        };
+        let sep: &[u8] = if self.frames == 0 { b"\n" } else { b",\n" };
+        self.file
+            .write_all(sep)
+            .and_then(|()| serde_json::to_writer(&mut self.file, &record).map_err(std::io::Error::other))
+            .with_context(|| format!("writing {}", self.path))?;
+        self.frames += 1;
+        Ok(())
+    }
+
+    /// Closes the array and moves the file into place.
+    pub fn commit(mut self) -> Result<()> {
+        self.file
+            .write_all(b"\n]\n")
+            .with_context(|| format!("writing {}", self.path))?;
+        self.file.commit()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_stream_as_one_json_array_with_a_line_per_frame() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("faces.json");
+        let mut sink = FacesSink::create(&path).unwrap();
+        let mut job = FaceJob::detected(Face {
+            bbox: [1.0, 2.0, 30.5, 40.0],
+            score: 0.9,
+            landmarks: [[f32::NAN, 1.0]; 5],
+        });
+        job.region = Some(Rect::new(0, 1, 20, 30));
+        sink.frame(0, &[job]).unwrap();
+        sink.frame(1, &[]).unwrap();
+        assert!(!path.exists(), "only complete records appear");
+        sink.commit().unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&text).expect("valid JSON, NaN written as null");
+        assert_eq!(v.as_array().unwrap().len(), 2);
+        assert_eq!(v[0]["regions"][0], serde_json::json!([0, 1, 20, 30]));
+        assert_eq!(v[0]["faces"][0]["bbox"][2], 30.5);
+        assert!(v[0]["faces"][0]["landmarks"][0][0].is_null());
+        assert_eq!(text.lines().filter(|l| l.starts_with("{\"frame\"")).count(), 2);
+    }
+}

@@ -1,0 +1,215 @@
+//! The stages, one function each: in, the channel from the stage before (and what the stage
+//! owns: decoder, detector, encoder, pools); out, the channel to the next and the stage's
+//! statistics. Each returns when its input ends or its output's receiver is gone.
+
+use std::path::Path;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use crossbeam_channel::{Receiver, Sender};
+
+use super::sink::FacesSink;
+use super::DEPTH;
+use crate::align::{template_named, warp_to_tensor};
+use crate::decode::Decoder;
+use crate::detect::{DetectCounts, Detector};
+use crate::encode::Encoder;
+use crate::engine::{CancelToken, Cancelled};
+use crate::frame::{Face, FaceFrame, FaceJob, Frame, Pool};
+use crate::geom::{crop_footprint, fit_similarity, Affine, Rect};
+use crate::paste::{paste, Mask};
+use crate::stats::{Clock, StageStat};
+
+/// Receives the next item, recording the queue length the stage found.
+fn recv<T>(rx: &Receiver<T>, clock: &mut Clock) -> Option<T> {
+    clock.queue(rx.len());
+    rx.recv().ok()
+}
+
+/// Decodes frames into `tx` until the source ends, `max_frames` are out, the receiver is gone
+/// or `cancel` is set (then it fails with [`Cancelled`]).
+pub fn decode(
+    decoder: Decoder,
+    pools: (&Pool<Vec<u8>>, &Pool<Vec<u8>>),
+    max_frames: Option<u64>,
+    cancel: &CancelToken,
+    tx: Sender<Frame>,
+) -> Result<StageStat> {
+    let mut clock = Clock::new("decode", 0);
+    let mut t = Instant::now();
+    let mut cancelled = false;
+    let input = decoder.path().display().to_string();
+    decoder
+        .run(pools, max_frames, |f| {
+            clock.add(t.elapsed());
+            clock.count(1);
+            cancelled = cancel.is_cancelled();
+            let ok = !cancelled && tx.send(f).is_ok();
+            t = Instant::now();
+            ok
+        })
+        .with_context(|| format!("decode stage, input {input}"))?;
+    let stat = clock.finish();
+    if cancelled {
+        return Err(Cancelled {
+            frames: stat.items,
+            input,
+        }
+        .into());
+    }
+    Ok(stat)
+}
+
+/// Finds the faces of each frame; the detection copy goes back to `det_pool`.
+pub fn detect(
+    detector: &mut Detector,
+    det_pool: &Pool<Vec<u8>>,
+    rx: Receiver<Frame>,
+    tx: Sender<FaceFrame>,
+) -> Result<(StageStat, DetectCounts)> {
+    let mut clock = Clock::new("detect", DEPTH);
+    while let Some(mut frame) = recv(&rx, &mut clock) {
+        let faces = clock
+            .time(|| detector.detect(&frame.det, frame.width, frame.height))
+            .with_context(|| format!("detect stage, frame {}", frame.index))?;
+        det_pool.put(std::mem::take(&mut frame.det));
+        let faces = faces.into_iter().map(FaceJob::detected).collect();
+        if tx.send(FaceFrame { frame, faces }).is_err() {
+            break;
+        }
+    }
+    Ok((clock.finish(), detector.counts()))
+}
+
+/// Aligns every face to the model's template and warps its crop (buffers from `crop_pool`).
+pub fn align(
+    template: &str,
+    size: usize,
+    crop_pool: &Pool<Vec<f32>>,
+    rx: Receiver<FaceFrame>,
+    tx: Sender<FaceFrame>,
+) -> Result<StageStat> {
+    let mut clock = Clock::new("align", DEPTH);
+    let tpl = template_named(template, size);
+    while let Some(mut ff) = recv(&rx, &mut clock) {
+        clock.time(|| {
+            for job in &mut ff.faces {
+                let mut crop = crop_pool.get();
+                let (to_crop, region) = align_face(&mut ff.frame, &job.face, &tpl, size, &mut crop);
+                (job.to_crop, job.region, job.crop) = (to_crop, region, crop);
+            }
+        });
+        if tx.send(ff).is_err() {
+            break;
+        }
+    }
+    Ok(clock.finish())
+}
+
+/// Aligns one face of `f` to the template: makes sure the frame's RGB covers the face, warps
+/// it into `crop` (an NCHW item of `size`) and returns the frame-to-crop transform with the
+/// frame region the crop covers.
+pub fn align_face(
+    f: &mut Frame,
+    face: &Face,
+    tpl: &[[f32; 2]; 5],
+    size: usize,
+    crop: &mut Vec<f32>,
+) -> (Affine, Option<Rect>) {
+    let to_crop = fit_similarity(&face.landmarks, tpl);
+    let r = crop_footprint(&to_crop, size, f.width, f.height);
+    if let Some(r) = r {
+        f.ensure_rgb(r);
+    }
+    crop.resize(3 * size * size, 0.0);
+    warp_to_tensor(&f.rgb, f.width, f.height, &to_crop, size, crop);
+    (to_crop, r)
+}
+
+/// Blends each restored crop into its frame (nothing at `blend` 0); restored crops go back to
+/// `restored_pool`, the faces travel on for the record.
+pub fn paste_back(
+    size: usize,
+    blend: f32,
+    restored_pool: &Pool<Vec<u8>>,
+    rx: Receiver<FaceFrame>,
+    tx: Sender<FaceFrame>,
+) -> Result<StageStat> {
+    let mut clock = Clock::new("paste", DEPTH);
+    let mask = Mask::new(size);
+    while let Some(mut ff) = recv(&rx, &mut clock) {
+        clock.time(|| {
+            let frame = &mut ff.frame;
+            for job in &mut ff.faces {
+                let Some(crop) = job.restored.take() else { continue };
+                // Nothing to blend in at 0 (or off the frame): the frame stays as decoded.
+                if let Some(r) = job.region.filter(|_| blend > 0.0) {
+                    paste(&mut frame.rgb, frame.width, &crop, &job.to_crop, r, &mask, blend);
+                    frame.dirty.push(r);
+                }
+                restored_pool.put(crop);
+            }
+        });
+        if tx.send(ff).is_err() {
+            break;
+        }
+    }
+    Ok(clock.finish())
+}
+
+/// What the encode stage counted.
+pub struct EncodeStat {
+    pub stage: StageStat,
+    pub faces: u64,
+    pub frames_with_faces: u64,
+    /// The faces record, complete but not yet moved into place.
+    pub sink: Option<FacesSink>,
+}
+
+/// Encodes frames in order into `encoder`'s file and records their faces in `faces`; frame
+/// buffers go back to `rgb_pool`. `progress` gets the number of frames written so far.
+#[allow(clippy::too_many_arguments)]
+pub fn encode(
+    mut encoder: Encoder,
+    output: &Path,
+    mut faces: Option<FacesSink>,
+    rgb_pool: &Pool<Vec<u8>>,
+    max_frames: Option<u64>,
+    cancel: &CancelToken,
+    progress: &(dyn Fn(u64) + Sync),
+    rx: Receiver<FaceFrame>,
+) -> Result<EncodeStat> {
+    let mut clock = Clock::new("encode", DEPTH);
+    let (mut n_faces, mut with_faces) = (0u64, 0u64);
+    let out = output.display();
+    while let Some(FaceFrame { mut frame, faces: jobs }) = recv(&rx, &mut clock) {
+        if cancel.is_cancelled() {
+            return Err(Cancelled {
+                frames: frame.index,
+                input: out.to_string(),
+            })
+            .with_context(|| format!("encode stage, output {out}"));
+        }
+        clock
+            .time(|| encoder.write(&mut frame))
+            .with_context(|| format!("encode stage, output {out}, frame {}", frame.index))?;
+        clock.count(1);
+        n_faces += jobs.len() as u64;
+        with_faces += u64::from(!jobs.is_empty());
+        if let Some(sink) = &mut faces {
+            sink.frame(frame.index, &jobs)?;
+        }
+        progress(encoder.frames);
+        rgb_pool.put(std::mem::take(&mut frame.rgb));
+    }
+    let cut = max_frames.is_some_and(|m| encoder.frames >= m);
+    clock
+        .time(|| encoder.finish(cut))
+        .with_context(|| format!("encode stage, finishing {out}"))?;
+    Ok(EncodeStat {
+        stage: clock.finish(),
+        faces: n_faces,
+        frames_with_faces: with_faces,
+        sink: faces,
+    })
+}
