@@ -29,6 +29,10 @@ pub const DEFAULT_DET_THRESHOLD: f32 = 0.5;
 pub const DEFAULT_NMS_IOU: f32 = 0.3;
 /// Full detection every this many frames (tracking in between).
 pub const DEFAULT_DETECT_EVERY: u32 = 5;
+/// The video encoder and its x264/x265 settings.
+pub const DEFAULT_CODEC: &str = "libx264";
+pub const DEFAULT_CRF: u32 = 18;
+pub const DEFAULT_PRESET: &str = "medium";
 /// How much of the restored face is blended in.
 pub const DEFAULT_BLEND: f32 = 1.0;
 /// The default enhancer: the official GPEN-BFR-512 if the user put it in models/, else the

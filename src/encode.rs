@@ -26,9 +26,9 @@ pub struct EncodeSettings {
 impl Default for EncodeSettings {
     fn default() -> Self {
         Self {
-            codec: "libx264".into(),
-            crf: Some(18),
-            preset: Some("medium".into()),
+            codec: crate::config::DEFAULT_CODEC.into(),
+            crf: Some(crate::config::DEFAULT_CRF),
+            preset: Some(crate::config::DEFAULT_PRESET.into()),
         }
     }
 }
@@ -68,8 +68,12 @@ struct SideStreams {
 }
 
 impl SideStreams {
-    fn open(src: &SourceInfo, octx: &mut ffmpeg::format::context::Output) -> Result<Self> {
-        let ictx = ffmpeg::format::input(&src.path).with_context(|| format!("cannot reopen {}", src.path.display()))?;
+    /// Maps `ictx`'s (a fresh demuxer of the source) audio and subtitle streams into `octx`.
+    fn open(
+        ictx: ffmpeg::format::context::Input,
+        src: &SourceInfo,
+        octx: &mut ffmpeg::format::context::Output,
+    ) -> Result<Self> {
         let mut map = vec![None; ictx.nb_streams() as usize];
         for ist in ictx.streams() {
             let kind = ist.parameters().medium();
@@ -241,6 +245,8 @@ impl Encoder {
                     settings.codec
                 )
             })?;
+        // One demuxer of the source for its metadata and for copying its other streams.
+        let ictx = ffmpeg::format::input(&src.path).with_context(|| format!("cannot reopen {}", src.path.display()))?;
         {
             let mut ost = octx.add_stream(codec)?;
             ost.set_parameters(&enc);
@@ -248,7 +254,6 @@ impl Encoder {
             if src.avg_frame_rate.numerator() > 0 {
                 ost.set_avg_frame_rate(src.avg_frame_rate);
             }
-            let ictx = ffmpeg::format::input(&src.path)?;
             if let Some(ist) = ictx.stream(src.stream_index) {
                 ost.set_metadata(ist.metadata().to_owned());
                 // Stream side data: the display matrix (phone videos' rotation), HDR mastering
@@ -267,7 +272,7 @@ impl Encoder {
             }
             octx.set_metadata(ictx.metadata().to_owned());
         }
-        let side = SideStreams::open(src, &mut octx)?;
+        let side = SideStreams::open(ictx, src, &mut octx)?;
         octx.write_header()
             .with_context(|| format!("cannot write the header of {}", path.display()))?;
         let ost_tb = octx.stream(0).expect("video stream added").time_base();

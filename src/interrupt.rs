@@ -3,7 +3,7 @@
 //!
 //! The first signal sets [`Interrupts::soft`]: finish the work in flight, start nothing new.
 //! The second sets [`Interrupts::hard`]: stop now. Hand `hard` to a run as its cancel flag
-//! (`plan.cancel = interrupts.hard.clone()`), and the pipeline fails with "cancelled" and removes
+//! (`CancelToken::from_flag(interrupts.hard.clone())`), and the pipeline fails with "cancelled" and removes
 //! its partial output. A third signal, should stopping hang, ends the process at once with
 //! 128 + the signal number (130 for SIGINT, 143 for SIGTERM), as the shell's default would.
 //!
@@ -23,7 +23,7 @@ pub const EXIT_INTERRUPTED: u8 = 130;
 pub struct Interrupts {
     /// Set by the first SIGINT/SIGTERM: finish what is in flight, start nothing new.
     pub soft: Arc<AtomicBool>,
-    /// Set by the second: stop at once (use it as a `Plan::cancel` flag).
+    /// Set by the second: stop at once (hand it to a job's `CancelToken`).
     pub hard: Arc<AtomicBool>,
 }
 

@@ -172,13 +172,13 @@ struct RunArgs {
     #[arg(long, default_value_t = config::DEFAULT_BLEND, value_name = "0..1", help_heading = "Output")]
     blend: f32,
     /// FFmpeg video encoder.
-    #[arg(long, default_value = "libx264", help_heading = "Output")]
+    #[arg(long, default_value = config::DEFAULT_CODEC, help_heading = "Output")]
     codec: String,
     /// Constant rate factor for x264/x265 (lower is better quality, larger files).
-    #[arg(long, default_value_t = 18, help_heading = "Output")]
+    #[arg(long, default_value_t = config::DEFAULT_CRF, help_heading = "Output")]
     crf: u32,
     /// Encoder preset (x264: ultrafast ... veryslow).
-    #[arg(long, default_value = "medium", help_heading = "Output")]
+    #[arg(long, default_value = config::DEFAULT_PRESET, help_heading = "Output")]
     preset: String,
     /// No progress bar.
     #[arg(long, short, help_heading = "Output")]

@@ -199,3 +199,79 @@ pub fn now_unix_ms() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(stamp: Stamp, settings: &str, output_size: u64) -> Entry {
+        Entry {
+            input_size: stamp.size,
+            input_mtime_ns: stamp.mtime_ns,
+            settings: settings.into(),
+            output_size,
+            finished_unix_ms: 1,
+        }
+    }
+
+    #[test]
+    fn a_saved_manifest_loads_back_and_leaves_no_temporary_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = path_for(dir.path(), None);
+        assert!(Manifest::load(&path).unwrap().is_none(), "missing is empty");
+        let mut m = Manifest::new(None);
+        let stamp = Stamp { size: 10, mtime_ns: 20 };
+        m.clips.insert("a/b.mp4".into(), entry(stamp, "s", 5));
+        m.save(&path).unwrap();
+        let back = Manifest::load(&path).unwrap().unwrap();
+        assert_eq!(back.clips, m.clips);
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+        std::fs::write(&path, b"{not json").unwrap();
+        let e = Manifest::load(&path).unwrap_err().to_string();
+        assert!(e.contains("is not valid"), "{e}");
+    }
+
+    #[test]
+    fn shards_write_their_own_files_and_every_one_is_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let shard = Shard { index: 1, count: 3 };
+        let own = path_for(dir.path(), Some(shard));
+        assert!(own
+            .to_string_lossy()
+            .ends_with(".gpen-video-manifest.shard-1-of-3.json"));
+        Manifest::new(Some(shard)).save(&own).unwrap();
+        Manifest::new(None).save(&path_for(dir.path(), None)).unwrap();
+        std::fs::write(dir.path().join(".gpen-video-manifest.broken.json"), b"[").unwrap();
+        std::fs::write(dir.path().join("other.json"), b"{}").unwrap();
+        let all = Manifest::load_all(dir.path()).unwrap();
+        assert_eq!(all.len(), 2, "the broken one is left out, other files ignored");
+    }
+
+    #[test]
+    fn a_clip_is_vouched_for_only_with_the_same_input_settings_and_output() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("out.mp4");
+        std::fs::write(&out, b"12345").unwrap();
+        let stamp = Stamp { size: 10, mtime_ns: 20 };
+        let mut m = Manifest::new(None);
+        m.clips.insert("c.mp4".into(), entry(stamp, "s", 5));
+        let all = vec![(PathBuf::from("m"), m)];
+        assert!(vouched(&all, "c.mp4", stamp, "s", &out));
+        assert!(!vouched(&all, "other.mp4", stamp, "s", &out));
+        assert!(
+            !vouched(&all, "c.mp4", Stamp { size: 11, ..stamp }, "s", &out),
+            "input changed"
+        );
+        assert!(
+            !vouched(&all, "c.mp4", Stamp { mtime_ns: 21, ..stamp }, "s", &out),
+            "input touched"
+        );
+        assert!(!vouched(&all, "c.mp4", stamp, "t", &out), "settings changed");
+        std::fs::write(&out, b"1234").unwrap();
+        assert!(!vouched(&all, "c.mp4", stamp, "s", &out), "output changed");
+        assert!(
+            !vouched(&all, "c.mp4", stamp, "s", &dir.path().join("gone.mp4")),
+            "output gone"
+        );
+    }
+}
