@@ -3,6 +3,7 @@
 # scikit-image wheel). In: `all` (default) or `test`. Out, under samples/ (skipped when present):
 #   astronaut-1080p.mp4  1920x1080, 30 fps, 10 s, one face, camera motion, blur, noise, AAC audio
 #   group-1080p.mp4      1920x1080, 30 fps, 4 s, four faces of different sizes, AAC audio
+#   twofaces-720p.mp4    1280x720, 25 fps, 8 s, one large and one small face, slow drift, AAC audio
 #   test/astronaut.mp4   640x360, 30 fps, 2 s, motion, AAC audio (fast end-to-end tests)
 #   test/group.mkv       640x360, 25 fps, 1 s, four faces, audio and a subtitle track
 #   test/vfr.mkv         640x360, variable frame rate, 40 frames, audio
@@ -40,6 +41,15 @@ group() { # W H SECONDS FPS
     [bg][a]overlay=x=W*0.01:y=(H-h)/2+t*4:shortest=1[o1];[o1][b]overlay=x=W*0.01+$a:y=(H-h)/2[o2];
     [o2][c]overlay=x=W*0.02+$a+$b:y=H*0.1[o3];[o3][d]overlay=x=W*0.02+$a+$b:y=H*0.6-t*4,format=yuv420p[v]"
 }
+# Two portraits, one large and one small, drifting slowly.
+twofaces() { # W H SECONDS FPS
+  local w=$1 h=$2 t=$3 fps=$4
+  local a=$((h * 8 / 10)) b=$((h * 25 / 100))
+  echo "color=c=0x36403a:s=${w}x${h}:r=${fps}:d=${t}[bg];
+    [0:v]split=2[a0][b0];[a0]scale=$a:$a[a];[b0]scale=$b:$b[b];
+    [bg][a]overlay=x=W*0.05+t*6:y=(H-h)/2:shortest=1[o1];
+    [o1][b]overlay=x=W*0.72:y=H*0.2+t*5,noise=alls=5:allf=t,format=yuv420p[v]"
+}
 x264=(-c:v libx264 -preset veryfast -crf 21 -pix_fmt yuv420p)
 aac() { echo "sine=frequency=$1:sample_rate=48000:duration=$2"; }
 
@@ -49,6 +59,9 @@ if [ "$what" = all ]; then
     -c:a aac -b:a 96k -movflags +faststart
   make group-1080p.mp4 -loop 1 -i $src -f lavfi -i "$(aac 330 4)" \
     -filter_complex "$(group 1920 1080 4 30)" -map '[v]' -map 1:a -t 4 "${x264[@]}" \
+    -c:a aac -b:a 96k -movflags +faststart
+  make twofaces-720p.mp4 -loop 1 -i $src -f lavfi -i "$(aac 500 8)" \
+    -filter_complex "$(twofaces 1280 720 8 25)" -map '[v]' -map 1:a -t 8 "${x264[@]}" \
     -c:a aac -b:a 96k -movflags +faststart
 fi
 make test/astronaut.mp4 -loop 1 -i $src -f lavfi -i "$(aac 440 2)" \

@@ -143,13 +143,13 @@ pub fn run(o: &BatchOptions, ints: &Interrupts) -> Result<Report> {
     let per_job = base.per_job(o.jobs, todo.len(), o.base.threads.is_some());
     report.jobs = per_job.len();
     if !report.not_video.is_empty() {
-        eprintln!(
+        crate::console::eprint!(
             "skipping {} file(s) that are not videos by extension: {}",
             report.not_video.len(),
             report.not_video.join(", ")
         );
     }
-    eprintln!(
+    crate::console::eprint!(
         "batch{}: {} clip(s) to do, {} finished earlier{}; {} job(s)",
         shard.map_or(String::new(), |s| format!(" shard {s}")),
         todo.len(),

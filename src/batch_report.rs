@@ -87,24 +87,24 @@ impl Report {
         if !r.not_video.is_empty() {
             line += &format!(", {} non-video file(s) ignored", r.not_video.len());
         }
-        eprintln!("{line}");
+        crate::console::eprint!("{line}");
         for d in &r.done {
-            eprintln!("  done       {} ({} frames, {:.1} s)", d.clip, d.frames, d.seconds);
+            crate::console::eprint!("  done       {} ({} frames, {:.1} s)", d.clip, d.frames, d.seconds);
         }
         for s in &r.skipped {
-            eprintln!("  skipped    {}: {}", s.clip, s.reason);
+            crate::console::eprint!("  skipped    {}: {}", s.clip, s.reason);
         }
         for f in &r.failed {
-            eprintln!("  failed     {}: {}", f.clip, f.reason);
+            crate::console::eprint!("  failed     {}: {}", f.clip, f.reason);
         }
         for c in &r.cancelled {
-            eprintln!("  cancelled  {c}");
+            crate::console::eprint!("  cancelled  {c}");
         }
         for c in &r.not_started {
-            eprintln!("  not started {c}");
+            crate::console::eprint!("  not started {c}");
         }
         for n in &r.not_video {
-            eprintln!("  not video  {n}");
+            crate::console::eprint!("  not video  {n}");
         }
     }
 }

@@ -14,7 +14,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use crate::decode::probe;
 use crate::detect::det_size;
 use crate::encode::{check_settings, EncodeSettings};
-use crate::engine::{CancelToken, Engine, EngineKey, Job};
+use crate::engine::{CancelToken, Engine, EngineKey, EngineSpec, Job};
 use crate::enhance::Fault;
 use crate::output::{check_output, check_side_output};
 use crate::runtime::Target;
@@ -29,10 +29,8 @@ pub const DEFAULT_DET_THRESHOLD: f32 = 0.5;
 pub const DEFAULT_NMS_IOU: f32 = 0.3;
 /// Full detection every this many frames (tracking in between).
 pub const DEFAULT_DETECT_EVERY: u32 = 5;
-/// The video encoder and its x264/x265 settings.
-pub const DEFAULT_CODEC: &str = "libx264";
-pub const DEFAULT_CRF: u32 = 18;
-pub const DEFAULT_PRESET: &str = "medium";
+/// The video encoder and its x264/x265 settings (kept beside the encoder).
+pub use crate::encode::{DEFAULT_CODEC, DEFAULT_CRF, DEFAULT_PRESET};
 /// How much of the restored face is blended in.
 pub const DEFAULT_BLEND: f32 = 1.0;
 /// The default enhancer: the official GPEN-BFR-512 if the user put it in models/, else the
@@ -348,9 +346,26 @@ impl Settings {
         }
     }
 
+    /// What to load for an engine with `key`.
+    fn engine_spec(&self, key: EngineKey) -> EngineSpec {
+        EngineSpec {
+            key,
+            threads_per_worker: self.threads_per_worker,
+            detector_threads: self.detector_threads,
+            faults: self.faults.clone(),
+            trt: self.trt,
+            trt_cache: self.trt_cache.clone(),
+            fp16: self.fp16,
+            batch: self.batch,
+            det_threshold: self.det_threshold,
+            nms_iou: self.nms_iou,
+            detect_every: self.detect_every,
+        }
+    }
+
     /// Loads the sessions `job` needs.
     pub fn engine(&self, job: &Job) -> Result<Engine> {
-        Engine::load(self, self.engine_key(job))
+        Engine::load(self.engine_spec(self.engine_key(job)))
     }
 
     /// The engine in `cache` if it was built for what `job` needs, else a new one put there.
@@ -361,7 +376,7 @@ impl Settings {
         }
         // Free the old sessions before loading new ones.
         *cache = None;
-        Ok(cache.insert(Engine::load(self, key)?))
+        Ok(cache.insert(Engine::load(self.engine_spec(key))?))
     }
 }
 

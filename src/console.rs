@@ -16,3 +16,12 @@ pub fn print_text(text: &str) -> bool {
     let mut out = std::io::stdout().lock();
     out.write_all(text.as_bytes()).and_then(|()| out.flush()).is_ok()
 }
+
+/// `eprintln!` that ignores a closed stderr: `console::eprint!("{x} done")`.
+#[macro_export]
+macro_rules! __console_eprint {
+    ($($arg:tt)*) => {
+        $crate::console::eprint_line(&format!($($arg)*))
+    };
+}
+pub use crate::__console_eprint as eprint;

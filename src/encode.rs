@@ -14,6 +14,11 @@ use crate::color::{convert, rgb_to_yuv420p_region, SendScaler};
 use crate::decode::SourceInfo;
 use crate::frame::Frame;
 
+/// The default video encoder and its x264/x265 settings.
+pub const DEFAULT_CODEC: &str = "libx264";
+pub const DEFAULT_CRF: u32 = 18;
+pub const DEFAULT_PRESET: &str = "medium";
+
 /// Encoder choices from the command line.
 #[derive(Clone, Debug)]
 pub struct EncodeSettings {
@@ -26,9 +31,9 @@ pub struct EncodeSettings {
 impl Default for EncodeSettings {
     fn default() -> Self {
         Self {
-            codec: crate::config::DEFAULT_CODEC.into(),
-            crf: Some(crate::config::DEFAULT_CRF),
-            preset: Some(crate::config::DEFAULT_PRESET.into()),
+            codec: DEFAULT_CODEC.into(),
+            crf: Some(DEFAULT_CRF),
+            preset: Some(DEFAULT_PRESET.into()),
         }
     }
 }

@@ -1,6 +1,7 @@
-//! Engine and job: in, resolved `Settings`; out, an `Engine` (the loaded detector and
-//! enhancement sessions, keyed by what they were built for, reusable across any number of
-//! jobs) and a `Job` (one source, one output, its limits, sinks and cancel token).
+//! Engine and job: in, an `EngineSpec` (what to load, resolved by `config`); out, an `Engine`
+//! (the loaded detector and enhancement sessions, keyed by what they were built for, reusable
+//! across any number of jobs). Also the `Job` (one source, one output, its limits, sinks and
+//! cancel token) and the typed `Cancelled` error.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -8,11 +9,10 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 
-use crate::config::Settings;
 use crate::decode::SourceInfo;
 use crate::detect::Detector;
 use crate::encode::EncodeSettings;
-use crate::enhance::{Enhancer, ModelInfo, Worker};
+use crate::enhance::{Enhancer, Fault, ModelInfo, Worker};
 use crate::runtime::{SessionOptions, Target};
 
 /// What an engine was built for: a job whose key is equal runs on it unchanged.
@@ -25,6 +25,25 @@ pub struct EngineKey {
     pub det_size: (usize, usize),
     /// Display rotation the detector turns pictures upright for.
     pub rotation: u32,
+}
+
+/// Everything an engine is loaded from: its key and how to build the sessions.
+#[derive(Clone, Debug)]
+pub struct EngineSpec {
+    pub key: EngineKey,
+    /// Intra-op threads per CPU session, and for the detector.
+    pub threads_per_worker: usize,
+    pub detector_threads: usize,
+    /// Scheduler test hooks, one per target.
+    pub faults: Vec<Fault>,
+    pub trt: bool,
+    pub trt_cache: Option<PathBuf>,
+    pub fp16: bool,
+    /// Crops per model call asked for.
+    pub batch: usize,
+    pub det_threshold: f32,
+    pub nms_iou: f32,
+    pub detect_every: u32,
 }
 
 /// The loaded sessions.
@@ -92,7 +111,8 @@ pub struct Job {
 
 impl Engine {
     /// Loads the enhancement sessions (one per target) and the detector for `key`.
-    pub fn load(s: &Settings, key: EngineKey) -> Result<Engine> {
+    pub fn load(s: EngineSpec) -> Result<Engine> {
+        let key = s.key;
         let mut workers = Vec::new();
         for (i, target) in key.targets.iter().enumerate() {
             let so = SessionOptions {

@@ -509,3 +509,115 @@ fn tracking_works_on_a_sideways_video() {
         "{matched} of {total} faces tracked where whole-frame detection puts them"
     );
 }
+
+/// Side outputs never overwrite an input, the model, the detector or OUT, and a bad path is
+/// refused before any frame is decoded (so nothing is lost at the end of a long run).
+#[test]
+fn side_outputs_never_overwrite_inputs_and_bad_paths_fail_before_decoding() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let input = d.join("in.mp4");
+    std::fs::copy(asset("samples/test/astronaut.mp4"), &input).unwrap();
+    let model = d.join("model.onnx");
+    std::fs::copy(asset("models/standin/identity-256.onnx"), &model).unwrap();
+    let out = d.join("out.mp4");
+    let (input_bytes, model_bytes) = (std::fs::read(&input).unwrap(), std::fs::read(&model).unwrap());
+    let m: [&dyn AsRef<std::ffi::OsStr>; 2] = [&"--model", &model];
+    for (flag, target) in [
+        ("--faces-json", &input),
+        ("--stats-json", &input),
+        ("--faces-json", &model),
+        ("--stats-json", &out),
+    ] {
+        fails(&input, &out, &[m[0], m[1], &flag, target], "is also");
+    }
+    let stats = d.join("s.json");
+    fails(
+        &input,
+        &out,
+        &[m[0], m[1], &"--faces-json", &stats, &"--stats-json", &stats],
+        "is also",
+    );
+    fails(&input, &out, &[m[0], m[1], &"--faces-json", &d], "is a folder");
+    let t = std::time::Instant::now();
+    fails(
+        &input,
+        &out,
+        &[m[0], m[1], &"--faces-json", &d.join("no/such/faces.json")],
+        "does not exist",
+    );
+    assert!(
+        t.elapsed() < std::time::Duration::from_secs(20),
+        "refused up front, not after the run"
+    );
+    assert_eq!(std::fs::read(&input).unwrap(), input_bytes, "input untouched");
+    assert_eq!(std::fs::read(&model).unwrap(), model_bytes, "model untouched");
+    // A good run writes both side outputs, complete, and leaves no temporary file.
+    let faces = d.join("f.json");
+    ok(&gpen(&[
+        &input,
+        &out,
+        m[0],
+        m[1],
+        &"--faces-json",
+        &faces,
+        &"--stats-json",
+        &stats,
+        &"--frames",
+        &"6",
+    ]));
+    let f: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&faces).unwrap()).unwrap();
+    assert_eq!(f.as_array().unwrap().len(), 6);
+    let s: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&stats).unwrap()).unwrap();
+    assert_eq!(s["frames"], 6);
+    let left: Vec<_> = std::fs::read_dir(d)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with('.'))
+        .collect();
+    assert!(left.is_empty(), "temporary files left: {left:?}");
+}
+
+/// A closed stderr or stdout (a reader that went away) does not panic the tool: the run
+/// finishes and writes its output.
+#[test]
+fn a_closed_stdout_or_stderr_does_not_stop_or_panic_a_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out.mp4");
+    let input = asset("samples/test/astronaut.mp4");
+    let model = asset("models/standin/identity-256.onnx");
+    let script = format!(
+        "'{bin}' '{i}' '{o}' --model '{m}' --frames 8 2>&1 >/dev/null | true; echo \"${{PIPESTATUS[0]}}\"",
+        bin = env!("CARGO_BIN_EXE_gpen-video"),
+        i = input.display(),
+        o = out.display(),
+        m = model.display()
+    );
+    let r = std::process::Command::new("bash")
+        .args(["-c", &script])
+        .env("ORT_DYLIB_PATH", asset(".deps/lib/libonnxruntime.so"))
+        .output()
+        .unwrap();
+    let code = String::from_utf8_lossy(&r.stdout).trim().to_string();
+    assert_eq!(
+        code,
+        "0",
+        "exit code with stderr closed: {}",
+        String::from_utf8_lossy(&r.stderr)
+    );
+    assert!(out.exists(), "the run finished");
+    let script = format!(
+        "'{bin}' models list | true; echo \"${{PIPESTATUS[0]}}\"",
+        bin = env!("CARGO_BIN_EXE_gpen-video")
+    );
+    let r = std::process::Command::new("bash")
+        .args(["-c", &script])
+        .output()
+        .unwrap();
+    let code = String::from_utf8_lossy(&r.stdout).trim().to_string();
+    assert!(
+        code == "0",
+        "models list into a closed pipe exited {code}: {}",
+        String::from_utf8_lossy(&r.stderr)
+    );
+}

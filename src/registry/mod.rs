@@ -300,12 +300,12 @@ pub enum ModelsCmd {
 pub fn run(cmd: ModelsCmd) -> Result<()> {
     match cmd {
         ModelsCmd::List => {
-            print!("{}", list_table()?);
+            crate::console::print_text(&list_table()?);
             Ok(())
         }
         ModelsCmd::Verify { path: Some(p) } => {
             let report = verify_path(&p)?;
-            print!("{report}");
+            crate::console::print_text(&report.to_string());
             if let Checksum::Mismatch { expected } = &report.checksum {
                 bail!(
                     "{}: sha256 {} differs from {expected} on record for {}",
@@ -320,7 +320,7 @@ pub fn run(cmd: ModelsCmd) -> Result<()> {
         ModelsCmd::Fetch { name, to, url } => {
             let progress = std::io::stderr().is_terminal();
             let path = fetch(&name, to.as_deref(), url.as_deref(), progress)?;
-            println!("{}", path.display());
+            crate::console::print_text(&format!("{}\n", path.display()));
             Ok(())
         }
     }

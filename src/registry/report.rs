@@ -298,10 +298,12 @@ pub(super) fn verify_all() -> Result<()> {
         } else {
             String::new()
         };
-        println!("{:<26} {}  {status}{size}", e.name, p.display());
+        crate::console::print_text(&format!("{:<26} {}  {status}{size}\n", e.name, p.display()));
     }
     if seen == 0 {
-        println!("no registry model found under models/ (`gpen-video models list` shows what is known)");
+        crate::console::print_text(
+            "no registry model found under models/ (`gpen-video models list` shows what is known)\n",
+        );
     }
     if !bad.is_empty() {
         bail!(
