@@ -463,3 +463,22 @@ fn resolve_model_maps_names_to_files_under_models() {
         );
     }
 }
+
+#[test]
+fn a_download_that_needs_the_contract_check_fails_before_fetching_without_onnx_runtime() {
+    let tmp = tempfile::tempdir().unwrap();
+    let missing = tmp.path().join("no-libonnxruntime.so");
+    let (ok, err, _) = cli_fetch(
+        "GPEN-BFR-512",
+        tmp.path(),
+        "http://127.0.0.1:9/x.onnx",
+        &[("ORT_DYLIB_PATH", missing.to_str().unwrap())],
+    );
+    assert!(!ok, "{err}");
+    assert!(
+        err.contains("ONNX Runtime") && err.contains("no checksum on record"),
+        "{err}"
+    );
+    assert!(!err.contains("cannot reach"), "tried the download first: {err}");
+    assert!(listing(tmp.path()).is_empty(), "left {:?}", listing(tmp.path()));
+}

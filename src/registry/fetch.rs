@@ -96,6 +96,15 @@ pub fn fetch_entry(e: &Entry, to: Option<&Path>, url: Option<&str>, progress: bo
         }
         return Ok(dest);
     }
+    if e.sha().is_none() {
+        // The contract check needs ONNX Runtime: find out before a long download, not after.
+        crate::runtime::init().with_context(|| {
+            format!(
+                "{} has no checksum on record, so its download is checked with ONNX Runtime, which does not load",
+                e.name
+            )
+        })?;
+    }
     eprintln!("fetching {} from {url}", e.name);
     let dl = download(&url, &dest, progress)?;
     check_entry_file(e, &dl.part.path, &dl.sha).map_err(|err| {
