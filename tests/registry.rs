@@ -1,6 +1,10 @@
 //! Registry tests: in, a tiny HTTP/1.1 server on 127.0.0.1 (a thread serving a fixed number of
-//! canned responses), the stand-in models and the set-up's detector; out, assertions on what
-//! `fetch_url`, `fetch`, `verify_path` and `resolve_model` leave on disk and say.
+//! canned responses, optionally holding the connection open without sending: a stalled server),
+//! the stand-in models and the set-up's detector; out, assertions on what `fetch_url`, `fetch`,
+//! `fetch_entry`, `gpen-video models fetch`, `verify_path` and `resolve_model` leave on disk,
+//! say and exit with.
+
+mod common;
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -42,12 +46,18 @@ fn payload(n: usize) -> Vec<u8> {
 /// Serves `responses` in order, one per connection, then stops; gives up after 20 s without a
 /// client. Returns the base URL and a handle yielding the request lines it saw.
 fn serve(responses: Vec<Vec<u8>>) -> (String, JoinHandle<Vec<String>>) {
+    serve_holding(responses.into_iter().map(|r| (r, Duration::ZERO)).collect())
+}
+
+/// [`serve`], each response followed by holding the connection open, silent, for its duration
+/// before closing it.
+fn serve_holding(responses: Vec<(Vec<u8>, Duration)>) -> (String, JoinHandle<Vec<String>>) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     listener.set_nonblocking(true).unwrap();
     let handle = std::thread::spawn(move || {
         let mut seen = Vec::new();
-        for resp in responses {
+        for (resp, hold) in responses {
             let deadline = Instant::now() + Duration::from_secs(20);
             let mut stream: TcpStream = loop {
                 match listener.accept() {
@@ -72,6 +82,7 @@ fn serve(responses: Vec<Vec<u8>>) -> (String, JoinHandle<Vec<String>>) {
             seen.push(text.lines().next().unwrap_or("").to_string());
             let _ = stream.write_all(&resp);
             let _ = stream.flush();
+            std::thread::sleep(hold);
             let _ = stream.shutdown(std::net::Shutdown::Both);
         }
         seen
@@ -176,18 +187,189 @@ fn refused_connection_says_the_host_cannot_be_reached() {
 
 #[test]
 fn fetch_by_name_saves_under_the_registry_file_name() {
-    let body = payload(10_000);
+    // The detector has a sha256 on record: served from anywhere, it verifies by checksum.
+    let body = std::fs::read(asset("models/centerface.onnx")).unwrap();
     let (base, server) = serve(vec![ok_response(&body)]);
     let tmp = tempfile::tempdir().unwrap();
     let url = format!("{base}/anything.onnx");
-    let got = registry::fetch("gpen-bfr-256", Some(tmp.path()), Some(&url), false).unwrap();
-    assert_eq!(got, tmp.path().join("GPEN-BFR-256.onnx"));
+    let got = registry::fetch("CenterFace", Some(tmp.path()), Some(&url), false).unwrap();
+    assert_eq!(got, tmp.path().join("centerface.onnx"));
     assert_eq!(std::fs::read(&got).unwrap(), body);
-    assert_eq!(listing(tmp.path()), ["GPEN-BFR-256.onnx"]);
+    assert_eq!(listing(tmp.path()), ["centerface.onnx"]);
     server.join().unwrap();
     // Present already: no second request (the server is gone), the file stays.
-    let again = registry::fetch("GPEN-BFR-256", Some(tmp.path()), Some(&url), false).unwrap();
+    let again = registry::fetch("centerface", Some(tmp.path()), Some(&url), false).unwrap();
     assert_eq!(again, got);
+}
+
+/// A one-entry registry for an enhancer with no checksum on record (like every GPEN-BFR entry),
+/// `bytes` and `input_size` as given.
+fn entry_without_checksum(bytes: u64, input_size: usize) -> registry::Entry {
+    let toml = format!(
+        "[[model]]\nname = \"test-model\"\nkind = \"enhancer\"\nfile = \"test-model.onnx\"\n\
+         source = \"download\"\nurl = \"http://127.0.0.1:9/test-model.onnx\"\nsha256 = \"\"\n\
+         bytes = {bytes}\ninput_size = {input_size}\nbatch = \"dynamic\"\ntemplate = \"ffhq\"\n\
+         normalisation = \"[-1,1] RGB NCHW\"\n"
+    );
+    registry::Registry::parse(&toml).unwrap().models.remove(0)
+}
+
+#[test]
+fn download_without_checksum_lands_only_if_size_and_contract_verify() {
+    let model = std::fs::read(asset("models/standin/identity-256.onnx")).unwrap();
+    let n = model.len() as u64;
+    // Right size, GPEN's I/O contract, the crop size on record: kept.
+    let (base, server) = serve(vec![ok_response(&model)]);
+    let tmp = tempfile::tempdir().unwrap();
+    let url = format!("{base}/m.onnx");
+    let got = registry::fetch_entry(&entry_without_checksum(n, 256), Some(tmp.path()), Some(&url), false).unwrap();
+    assert_eq!(std::fs::read(&got).unwrap(), model);
+    assert_eq!(listing(tmp.path()), ["test-model.onnx"]);
+    server.join().unwrap();
+    // Size unknown (0): the contract alone decides; a model for another crop size is refused.
+    for (bytes, size, why) in [(0, 512, "takes 512x512"), (n + 1, 256, "bytes")] {
+        let (base, server) = serve(vec![ok_response(&model)]);
+        let tmp = tempfile::tempdir().unwrap();
+        let url = format!("{base}/m.onnx");
+        let err = registry::fetch_entry(
+            &entry_without_checksum(bytes, size),
+            Some(tmp.path()),
+            Some(&url),
+            false,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains(why) && err.contains(&url) && err.contains("nothing was kept"),
+            "{err}"
+        );
+        assert!(listing(tmp.path()).is_empty(), "left {:?}", listing(tmp.path()));
+        server.join().unwrap();
+    }
+    // A model file with the wrong contract (not [N,3,S,S]) is refused, size unknown.
+    let bad = std::fs::read(asset("models/standin/bad-shape.onnx")).unwrap();
+    let (base, server) = serve(vec![ok_response(&bad)]);
+    let tmp = tempfile::tempdir().unwrap();
+    let err = registry::fetch_entry(
+        &entry_without_checksum(0, 256),
+        Some(tmp.path()),
+        Some(&format!("{base}/m.onnx")),
+        false,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("not a usable enhancer model"), "{err}");
+    assert!(!err.contains(".part-"), "names the partial file: {err}");
+    assert!(listing(tmp.path()).is_empty(), "left {:?}", listing(tmp.path()));
+    server.join().unwrap();
+}
+
+/// `gpen-video models fetch NAME --to DIR --url URL` with extra environment.
+fn cli_fetch(name: &str, dir: &Path, url: &str, env: &[(&str, &str)]) -> (bool, String, Duration) {
+    let start = Instant::now();
+    let out = common::gpen_env(&[&"models", &"fetch", &name, &"--to", &dir, &"--url", &url], env);
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(
+        out.status.code().is_some_and(|c| c == 0 || c == 1),
+        "exit {:?} (a panic?): {err}",
+        out.status
+    );
+    (out.status.success(), err, start.elapsed())
+}
+
+#[test]
+fn an_html_page_is_not_kept_as_a_model_without_checksum() {
+    let page = b"<html><body>Not Found</body></html>\r\n\r\n";
+    assert_eq!(page.len(), 39);
+    let (base, server) = serve(vec![ok_response(page)]);
+    let tmp = tempfile::tempdir().unwrap();
+    let url = format!("{base}/GPEN-BFR-512.onnx");
+    let (ok, err, _) = cli_fetch("GPEN-BFR-512", tmp.path(), &url, &[]);
+    assert!(!ok, "kept a 39-byte page: {err}");
+    assert!(
+        err.contains("not the model on record for GPEN-BFR-512") && err.contains("39 bytes"),
+        "{err}"
+    );
+    assert!(err.contains("web page"), "{err}");
+    assert!(listing(tmp.path()).is_empty(), "left {:?}", listing(tmp.path()));
+    server.join().unwrap();
+    // The same page already under the final name (from an older version) is not vouched for.
+    std::fs::write(tmp.path().join("GPEN-BFR-512.onnx"), page).unwrap();
+    let (ok, err, _) = cli_fetch("GPEN-BFR-512", tmp.path(), &url, &[]);
+    assert!(
+        !ok && err.contains("already there") && err.contains("delete it"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_truncated_body_without_length_is_not_kept() {
+    let model = std::fs::read(asset("models/standin/identity-256.onnx")).unwrap();
+    let cut = &model[..model.len() * 2 / 3];
+    let mut resp = b"HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nConnection: close\r\n\r\n".to_vec();
+    resp.extend_from_slice(cut);
+    // GPEN-BFR-512 has its size on record; GPEN-BFR-1024 does not: the ONNX check catches it.
+    for (name, why) in [
+        ("GPEN-BFR-512", "284244491 bytes"),
+        ("GPEN-BFR-1024", "not a usable enhancer model"),
+    ] {
+        let (base, server) = serve(vec![resp.clone()]);
+        let tmp = tempfile::tempdir().unwrap();
+        let url = format!("{base}/{name}.onnx");
+        let (ok, err, _) = cli_fetch(name, tmp.path(), &url, &[]);
+        assert!(!ok, "{name}: kept a truncated body: {err}");
+        assert!(err.contains(why) && err.contains("nothing was kept"), "{name}: {err}");
+        assert!(listing(tmp.path()).is_empty(), "{name}: left {:?}", listing(tmp.path()));
+        server.join().unwrap();
+    }
+}
+
+#[test]
+fn a_server_that_stalls_mid_body_is_given_up_after_the_stall_timeout() {
+    let body = payload(40_000);
+    let mut resp = b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\nConnection: close\r\n\r\n".to_vec();
+    resp.extend_from_slice(&body);
+    let (base, server) = serve_holding(vec![(resp, Duration::from_secs(6))]);
+    let tmp = tempfile::tempdir().unwrap();
+    let url = format!("{base}/GPEN-BFR-512.onnx");
+    let (ok, err, took) = cli_fetch("GPEN-BFR-512", tmp.path(), &url, &[(registry::STALL_ENV, "1")]);
+    assert!(!ok, "{err}");
+    assert!(
+        took < Duration::from_secs(4),
+        "gave up after {took:?}, not about 1 s: {err}"
+    );
+    assert!(
+        err.contains("stalled") && err.contains("40000 of 100000 bytes"),
+        "{err}"
+    );
+    assert!(err.contains("answered") && !err.contains("no network"), "{err}");
+    assert!(listing(tmp.path()).is_empty(), "left {:?}", listing(tmp.path()));
+    server.join().unwrap();
+}
+
+#[test]
+fn a_host_that_accepts_but_never_answers_is_not_blamed_on_the_network() {
+    let (base, server) = serve_holding(vec![(Vec::new(), Duration::from_secs(6))]);
+    let tmp = tempfile::tempdir().unwrap();
+    let url = format!("{base}/GPEN-BFR-512.onnx");
+    let (ok, err, took) = cli_fetch("GPEN-BFR-512", tmp.path(), &url, &[(registry::STALL_ENV, "1")]);
+    assert!(!ok && took < Duration::from_secs(4), "{took:?}: {err}");
+    assert!(err.contains("accepted the connection"), "{err}");
+    assert!(!err.contains("no network") && !err.contains("network is down"), "{err}");
+    assert!(listing(tmp.path()).is_empty(), "left {:?}", listing(tmp.path()));
+    server.join().unwrap();
+}
+
+#[test]
+fn a_bad_stall_timeout_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (ok, err, _) = cli_fetch(
+        "GPEN-BFR-512",
+        tmp.path(),
+        "http://127.0.0.1:9/x.onnx",
+        &[(registry::STALL_ENV, "0")],
+    );
+    assert!(!ok && err.contains(registry::STALL_ENV), "{err}");
 }
 
 #[test]
@@ -280,4 +462,23 @@ fn resolve_model_maps_names_to_files_under_models() {
             "{err}"
         );
     }
+}
+
+#[test]
+fn a_download_that_needs_the_contract_check_fails_before_fetching_without_onnx_runtime() {
+    let tmp = tempfile::tempdir().unwrap();
+    let missing = tmp.path().join("no-libonnxruntime.so");
+    let (ok, err, _) = cli_fetch(
+        "GPEN-BFR-512",
+        tmp.path(),
+        "http://127.0.0.1:9/x.onnx",
+        &[("ORT_DYLIB_PATH", missing.to_str().unwrap())],
+    );
+    assert!(!ok, "{err}");
+    assert!(
+        err.contains("ONNX Runtime") && err.contains("no checksum on record"),
+        "{err}"
+    );
+    assert!(!err.contains("cannot reach"), "tried the download first: {err}");
+    assert!(listing(tmp.path()).is_empty(), "left {:?}", listing(tmp.path()));
 }

@@ -1,6 +1,9 @@
-//! Downloads: in, a registry name or URL, a destination folder and an optional sha256; out, the
+//! Downloads: in, a registry name or URL, a destination folder and what the file must be (its
+//! sha256 when on record, else the recorded size and the I/O contract of its kind); out, the
 //! file under its final name, only once complete and verified (streamed to `.FILE.part-PID`
-//! beside it, renamed into place), or an error saying what to do with nothing left behind.
+//! beside it, renamed into place), or an error saying what to do with nothing left behind. A
+//! server that stops sending for the stall timeout ($GPEN_VIDEO_FETCH_STALL_S, default 60 s)
+//! ends the download.
 
 use std::io::{IsTerminal, Read, Write};
 use std::path::{Path, PathBuf};
@@ -9,9 +12,29 @@ use std::time::Duration;
 use anyhow::{anyhow, bail, Context, Result};
 use sha2::{Digest, Sha256};
 
-use super::report::hex;
-use super::{registry, sha256_file, Entry, URL_BASE_ENV};
+use super::report::{hex, read_facts};
+use super::{registry, sha256_file, Entry, ModelFacts, URL_BASE_ENV};
 use crate::config::find_asset;
+
+/// Environment variable: seconds a download may go without receiving a byte before it is given
+/// up (default [`DEFAULT_STALL_S`]).
+pub const STALL_ENV: &str = "GPEN_VIDEO_FETCH_STALL_S";
+
+/// Default stall timeout, seconds.
+pub const DEFAULT_STALL_S: f64 = 60.0;
+
+/// The stall timeout: $GPEN_VIDEO_FETCH_STALL_S (seconds, > 0) or [`DEFAULT_STALL_S`].
+fn stall_timeout() -> Result<Duration> {
+    let Ok(v) = std::env::var(STALL_ENV) else {
+        return Ok(Duration::from_secs_f64(DEFAULT_STALL_S));
+    };
+    match v.trim().parse::<f64>() {
+        Ok(s) if s.is_finite() && s > 0.0 && s <= 86_400.0 => Ok(Duration::from_secs_f64(s)),
+        _ => {
+            bail!("{STALL_ENV}=`{v}` is not a number of seconds between 0 and 86400 (unset it for {DEFAULT_STALL_S} s)")
+        }
+    }
+}
 
 /// Where `fetch` puts files by default: the checkout's models/ if found, else ./models.
 fn default_dir() -> PathBuf {
@@ -44,6 +67,12 @@ pub fn fetch(name: &str, to: Option<&Path>, url: Option<&str>, progress: bool) -
     let e = reg
         .find(name)
         .ok_or_else(|| anyhow!("no model called `{name}`; known: {}", reg.names()))?;
+    fetch_entry(e, to, url, progress)
+}
+
+/// [`fetch`] for a given entry: the file lands as `to/FILE` (default models/) only if it
+/// verifies ([`check_entry_file`]); a file already there is checked the same way.
+pub fn fetch_entry(e: &Entry, to: Option<&Path>, url: Option<&str>, progress: bool) -> Result<PathBuf> {
     let base = std::env::var(URL_BASE_ENV).ok();
     let url = download_url(e, url, base.as_deref())?;
     let dir = to.map(Path::to_path_buf).unwrap_or_else(default_dir);
@@ -51,39 +80,110 @@ pub fn fetch(name: &str, to: Option<&Path>, url: Option<&str>, progress: bool) -
     let dest = dir.join(&e.file);
     if dest.exists() {
         let sha = sha256_file(&dest)?;
-        return match e.sha() {
-            Some(x) if x == sha => {
-                eprintln!("{} is already present and its sha256 matches", dest.display());
-                Ok(dest)
-            }
-            Some(x) => bail!(
-                "{} exists but its sha256 is {sha}, not {x} as on record: delete it and fetch again",
+        check_entry_file(e, &dest, &sha).with_context(|| {
+            format!(
+                "{} is already there but is not the model on record for {}: delete it and fetch again",
+                dest.display(),
+                e.name
+            )
+        })?;
+        match e.sha() {
+            Some(_) => crate::console::eprint!("{} is already present and its sha256 matches", dest.display()),
+            None => crate::console::eprint!(
+                "{} is already present (no checksum on record; size and I/O contract check out; sha256 {sha}): delete it to download again",
                 dest.display()
             ),
-            None => {
-                eprintln!(
-                    "{} is already present (no checksum on record; sha256 {sha}): delete it to download again",
-                    dest.display()
-                );
-                Ok(dest)
-            }
-        };
+        }
+        return Ok(dest);
     }
-    eprintln!("fetching {} from {url}", e.name);
-    let path = fetch_url(&url, &dest, e.sha(), progress)?;
-    let bytes = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
     if e.sha().is_none() {
-        let sha = sha256_file(&path)?;
-        eprintln!("no checksum on record for {}; sha256 of the download: {sha}", e.name);
+        // The contract check needs ONNX Runtime: find out before a long download, not after.
+        crate::runtime::init().with_context(|| {
+            format!(
+                "{} has no checksum on record, so its download is checked with ONNX Runtime, which does not load",
+                e.name
+            )
+        })?;
     }
-    if e.bytes != 0 && e.bytes != bytes {
-        eprintln!(
-            "warning: {} is {bytes} bytes; the published file on record is {} bytes (a different export?)",
-            path.display(),
-            e.bytes
+    crate::console::eprint!("fetching {} from {url}", e.name);
+    let dl = download(&url, &dest, progress)?;
+    check_entry_file(e, &dl.part.path, &dl.sha).map_err(|err| {
+        anyhow!(
+            "download of {url} is not the model on record for {}: {err:#}; nothing was kept. Check the URL (a mirror may serve an error page), or download the file by hand and check it with `gpen-video models verify PATH`",
+            e.name
+        )
+    })?;
+    if e.sha().is_none() {
+        crate::console::eprint!(
+            "no checksum on record for {}; size and I/O contract check out; sha256 of the download: {}",
+            e.name,
+            dl.sha
         );
     }
-    Ok(path)
+    dl.keep(&dest)
+}
+
+/// Whether the file at `path` (sha256 `sha`) is `e`'s model: its sha256 when one is on record;
+/// otherwise its size when recorded and the I/O contract of its kind, read with ONNX Runtime
+/// exactly as `--model` / `--detector` check it, with the enhancer's crop size on record.
+pub fn check_entry_file(e: &Entry, path: &Path, sha: &str) -> Result<()> {
+    if let Some(want) = e.sha() {
+        if !want.eq_ignore_ascii_case(sha) {
+            bail!("its sha256 is {sha}, but {want} is on record (changed upstream, or damaged in transit)");
+        }
+        return Ok(());
+    }
+    let bytes = std::fs::metadata(path)
+        .with_context(|| format!("cannot read {}", path.display()))?
+        .len();
+    if e.bytes != 0 && bytes != e.bytes {
+        bail!(
+            "it is {bytes} bytes, but the published file is {} bytes{}",
+            e.bytes,
+            text_hint(path)
+        );
+    }
+    let facts = read_facts(path, Some(e.kind)).map_err(|err| {
+        // The partial file's name means nothing to the user (the caller names the URL).
+        let why = format!("{err:#}").replace(&path.display().to_string(), "the file");
+        anyhow!(
+            "it is not a usable {} model ({why}){}",
+            format!("{:?}", e.kind).to_lowercase(),
+            text_hint(path)
+        )
+    })?;
+    if let ModelFacts::Enhancer { info, .. } = &facts {
+        if info.size != e.input_size {
+            bail!(
+                "its input is {0}x{0}, but {1} takes {2}x{2} crops",
+                info.size,
+                e.name,
+                e.input_size
+            );
+        }
+    }
+    Ok(())
+}
+
+/// "; it begins `...`: a web page or text, not a model" when the file starts like text.
+fn text_hint(path: &Path) -> String {
+    let mut head = [0u8; 64];
+    let n = std::fs::File::open(path)
+        .and_then(|mut f| f.read(&mut head))
+        .unwrap_or(0);
+    let head = &head[..n];
+    let texty = n > 0 && head.iter().all(|b| b.is_ascii_graphic() || b.is_ascii_whitespace());
+    if !texty {
+        return String::new();
+    }
+    let first: String = String::from_utf8_lossy(head)
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
+        .chars()
+        .take(40)
+        .collect();
+    format!("; it begins `{first}`: a web page or text, not a model")
 }
 
 /// `scheme://host[:port]` of a URL, for messages.
@@ -122,6 +222,14 @@ fn is_unreachable(kind: std::io::ErrorKind) -> bool {
     )
 }
 
+/// A read that ended on ureq's timeout (it wraps its error in the I/O error) or the socket's.
+fn is_timeout(e: &std::io::Error) -> bool {
+    e.kind() == std::io::ErrorKind::TimedOut
+        || e.get_ref()
+            .and_then(|x| x.downcast_ref::<ureq::Error>())
+            .is_some_and(|x| matches!(x, ureq::Error::Timeout(_)))
+}
+
 /// A failed name lookup (std reports it as an uncategorised I/O error).
 fn is_dns_failure(e: &std::io::Error) -> bool {
     let m = e.to_string().to_ascii_lowercase();
@@ -139,6 +247,38 @@ fn is_dns_failure(e: &std::io::Error) -> bool {
 /// terminal when `progress`), checks the length against Content-Length and the sha256 when
 /// given, then renames into place. On any failure nothing is left under either name.
 pub fn fetch_url(url: &str, dest: &Path, sha256: Option<&str>, progress: bool) -> Result<PathBuf> {
+    let dl = download(url, dest, progress)?;
+    if let Some(want) = sha256 {
+        if !want.eq_ignore_ascii_case(&dl.sha) {
+            bail!(
+                "download of {url} has sha256 {}, but {want} is on record: it is not the expected file (changed upstream, or damaged in transit); nothing was kept. Check the URL, or download it by hand and compare with `gpen-video models verify PATH`",
+                dl.sha
+            );
+        }
+    }
+    dl.keep(dest)
+}
+
+/// A complete download, still under its partial name (removed on drop unless kept).
+struct Download {
+    part: PartFile,
+    sha: String,
+}
+
+impl Download {
+    /// Renames the partial file to `dest`.
+    fn keep(mut self, dest: &Path) -> Result<PathBuf> {
+        std::fs::rename(&self.part.path, dest)
+            .with_context(|| format!("cannot move the download into place as {}", dest.display()))?;
+        self.part.keep = true;
+        Ok(dest.to_path_buf())
+    }
+}
+
+/// Streams `url` into `.FILE.part-PID` beside `dest`, checking the length against
+/// Content-Length; a server that sends nothing for the stall timeout is an error. Nothing is
+/// left behind on failure.
+fn download(url: &str, dest: &Path, progress: bool) -> Result<Download> {
     let file = dest
         .file_name()
         .ok_or_else(|| anyhow!("{} is not a file path", dest.display()))?
@@ -152,6 +292,8 @@ pub fn fetch_url(url: &str, dest: &Path, sha256: Option<&str>, progress: bool) -
         bail!("folder {} does not exist", dir.display());
     }
     crate::output::remove_stale(&dir, &format!(".{file}.part-"), "");
+    let stall = stall_timeout()?;
+    let stall_s = stall.as_secs_f64();
     let host = host_of(url);
     let mirror_hint =
         format!("or put the file there by hand, or point --url / {URL_BASE_ENV} at a mirror you can reach");
@@ -160,6 +302,8 @@ pub fn fetch_url(url: &str, dest: &Path, sha256: Option<&str>, progress: bool) -
         .http_status_as_error(false)
         .timeout_connect(Some(Duration::from_secs(30)))
         .timeout_recv_response(Some(Duration::from_secs(120)))
+        // Restarts with every read: a server that stops sending mid-body ends the download.
+        .timeout_per_read(Some(stall))
         .user_agent(concat!("gpen-video/", env!("CARGO_PKG_VERSION")))
         .build();
     let agent = ureq::Agent::new_with_config(config);
@@ -176,8 +320,15 @@ pub fn fetch_url(url: &str, dest: &Path, sha256: Option<&str>, progress: bool) -
         ureq::Error::ConnectionFailed => anyhow!(
             "cannot reach {host} to download {url}: the connection failed (no network, or the host is unreachable): connect and try again, {mirror_hint}"
         ),
-        ureq::Error::Timeout(t) => anyhow!(
+        ureq::Error::Timeout(t @ (ureq::Timeout::Resolve | ureq::Timeout::Connect)) => anyhow!(
             "cannot reach {host} to download {url}: timed out ({t}); the network is down or too slow: try again, {mirror_hint}"
+        ),
+        // The host took the connection: the network is fine, the server is not answering.
+        ureq::Error::Timeout(ureq::Timeout::PerRead) => anyhow!(
+            "{host} accepted the connection for {url} but sent nothing for {stall_s} s ({STALL_ENV} sets how long to wait): the server is stalled or overloaded; try again later, {mirror_hint}"
+        ),
+        ureq::Error::Timeout(t) => anyhow!(
+            "{host} accepted the connection for {url} but did not answer in time ({t} timeout): the server is stalled or overloaded; try again later, {mirror_hint}"
         ),
         ureq::Error::BadUri(u) => anyhow!("bad download URL `{u}`: give a full http(s)://host/path URL"),
         other => anyhow!("download of {url} failed: {other}; try again, {mirror_hint}"),
@@ -200,7 +351,7 @@ pub fn fetch_url(url: &str, dest: &Path, sha256: Option<&str>, progress: bool) -
     let mut reader = body.into_reader();
 
     let part_path = dir.join(format!(".{file}.part-{}", std::process::id()));
-    let mut part = PartFile {
+    let part = PartFile {
         path: part_path.clone(),
         keep: false,
     };
@@ -232,6 +383,11 @@ pub fn fetch_url(url: &str, dest: &Path, sha256: Option<&str>, progress: bool) -
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
             Err(e) => {
                 bar.abandon();
+                if is_timeout(&e) {
+                    bail!(
+                        "download of {url} stalled: {host} answered, then sent nothing for {stall_s} s after {got} of {total} bytes ({STALL_ENV} sets how long to wait); nothing was kept: try again later, {mirror_hint}"
+                    );
+                }
                 bail!(
                     "download of {url} broke off after {got} of {total} bytes ({e}): nothing was kept; run the command again"
                 );
@@ -254,16 +410,8 @@ pub fn fetch_url(url: &str, dest: &Path, sha256: Option<&str>, progress: bool) -
     out.sync_all()
         .with_context(|| format!("cannot write {}", part_path.display()))?;
     drop(out);
-    let sha = hex(&hasher.finalize());
-    if let Some(want) = sha256 {
-        if !want.eq_ignore_ascii_case(&sha) {
-            bail!(
-                "download of {url} has sha256 {sha}, but {want} is on record: it is not the expected file (changed upstream, or damaged in transit); nothing was kept. Check the URL, or download it by hand and compare with `gpen-video models verify PATH`"
-            );
-        }
-    }
-    std::fs::rename(&part_path, dest)
-        .with_context(|| format!("cannot move the download into place as {}", dest.display()))?;
-    part.keep = true;
-    Ok(dest.to_path_buf())
+    Ok(Download {
+        part,
+        sha: hex(&hasher.finalize()),
+    })
 }

@@ -4,8 +4,10 @@
 //! to a file.
 //!
 //! `gpen-video models list | verify [PATH] | fetch NAME [--to DIR] [--url URL]` is [`run`] on a
-//! [`ModelsCmd`]. A download streams to `DIR/.FILE.part-PID` and is renamed to `DIR/FILE` once
-//! its sha256 (when on record) matches; any failure removes the partial file.
+//! [`ModelsCmd`]. A download streams to `DIR/.FILE.part-PID` and is renamed to `DIR/FILE` only
+//! once it verifies: its sha256 where one is on record, otherwise its recorded size and the I/O
+//! contract `--model` checks; any failure (a stall of $GPEN_VIDEO_FETCH_STALL_S included)
+//! removes the partial file.
 //! `GPEN_VIDEO_MODEL_URL_BASE=BASE` makes `fetch NAME` get `BASE/FILE` instead of the entry's
 //! URL (a mirror; tests point it at 127.0.0.1).
 //!
@@ -26,7 +28,7 @@ pub(crate) mod report;
 #[cfg(test)]
 mod tests;
 
-pub use fetch::{download_url, fetch, fetch_url};
+pub use fetch::{check_entry_file, download_url, fetch, fetch_entry, fetch_url, DEFAULT_STALL_S, STALL_ENV};
 use report::verify_all;
 pub use report::{list_table, sha256_file, verify_path, Checksum, FileReport, ModelFacts};
 
@@ -281,9 +283,11 @@ pub enum ModelsCmd {
         /// An ONNX file to check.
         path: Option<PathBuf>,
     },
-    /// Download a model into models/ (or DIR), checking its sha256 when on record. Models
-    /// built locally (exports) say how to build them instead. GPEN_VIDEO_MODEL_URL_BASE=BASE
-    /// downloads BASE/FILE instead of the published URL.
+    /// Download a model into models/ (or DIR). It is kept only if it verifies: its sha256 when
+    /// on record, otherwise its recorded size and its I/O contract (as `--model` checks it).
+    /// Models built locally (exports) say how to build them instead.
+    /// GPEN_VIDEO_MODEL_URL_BASE=BASE downloads BASE/FILE instead of the published URL;
+    /// GPEN_VIDEO_FETCH_STALL_S=SECS gives up when nothing arrives for SECS (default 60).
     Fetch {
         /// Registry name (see `gpen-video models list`).
         name: String,

@@ -176,16 +176,31 @@ pub fn verify_path(path: &Path) -> Result<FileReport> {
         },
         (None, None) => (None, Checksum::NoEntry),
     };
+    let facts = read_facts(path, entry.map(|e| e.kind))?;
+    Ok(FileReport {
+        path: path.to_path_buf(),
+        bytes: meta.len(),
+        sha256,
+        entry: entry.cloned(),
+        checksum,
+        facts,
+    })
+}
+
+/// Opens `path` with ONNX Runtime on the CPU and checks the I/O contract of its kind (`kind`,
+/// else guessed from the graph): GPEN's through [`ModelInfo::read`], as `--model` does, or
+/// CenterFace's through the detector's own check, as `--detector` does. Errors name the file.
+pub(crate) fn read_facts(path: &Path, kind: Option<Kind>) -> Result<ModelFacts> {
     let session = crate::runtime::cpu_session(path, 1, "model")?;
-    let detector = match entry {
-        Some(e) => e.kind == Kind::Detector,
+    let detector = match kind {
+        Some(k) => k == Kind::Detector,
         None => {
             let md = session.metadata().ok();
             md.and_then(|m| m.custom("gpen_video.detector")).is_some()
                 || (session.inputs().len() == 1 && session.outputs().len() == 4)
         }
     };
-    let facts = if detector {
+    Ok(if detector {
         let inputs = session.inputs();
         let (input, shape) = match inputs.first().map(|i| (i.name().to_string(), i.dtype())) {
             Some((n, ort::value::ValueType::Tensor { shape, .. })) => (n, shape.iter().copied().collect()),
@@ -207,14 +222,6 @@ pub fn verify_path(path: &Path) -> Result<FileReport> {
             })
             .collect();
         ModelFacts::Enhancer { info, meta }
-    };
-    Ok(FileReport {
-        path: path.to_path_buf(),
-        bytes: meta.len(),
-        sha256,
-        entry: entry.cloned(),
-        checksum,
-        facts,
     })
 }
 
