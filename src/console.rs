@@ -25,3 +25,20 @@ macro_rules! __console_eprint {
     };
 }
 pub use crate::__console_eprint as eprint;
+
+/// A stderr writer for the log that swallows write errors, so a closed stderr neither panics
+/// the process nor makes the logger report (on that same closed stderr) that it could not
+/// write.
+pub struct LogWriter;
+
+impl Write for LogWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let _ = std::io::stderr().write_all(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        let _ = std::io::stderr().flush();
+        Ok(())
+    }
+}

@@ -222,7 +222,7 @@ fn main() -> ExitCode {
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "gpen_video=info,warn".into()),
         )
-        .with_writer(std::io::stderr)
+        .with_writer(|| gpen_video::console::LogWriter)
         // Colour codes only for a terminal: a log file or a pipe gets plain text.
         .with_ansi(std::io::stderr().is_terminal())
         .with_target(false)
