@@ -68,8 +68,9 @@ for prec in fp32 fp16; do
   m=models/gpen-bfr-$size-compressible-$prec.onnx
   if [ ! -f "$m" ] || [ models/gpen_export.py -nt "$m" ] || [ models/gpen_arch.py -nt "$m" ]; then
     log "exporting $m"
-    "$py" models/gpen_export.py --size $size --compressible 2 $([ $prec = fp16 ] && echo --fp16) \
-      --no-check --out "$m" >/dev/null
+    half=()
+    [ $prec = fp16 ] && half=(--fp16)
+    "$py" models/gpen_export.py --size $size --compressible 2 "${half[@]}" --no-check --out "$m" >/dev/null
   fi
   models+=("$m")
 done
@@ -94,8 +95,9 @@ with zipfile.ZipFile(whl) as z:
                 f.write(z.read(n))
 PY
 ortlib=$(cd "$stage/ort" && ls libonnxruntime.so.* | head -1)
-[ -n "$ortlib" ] && [ -f "$stage/ort/libonnxruntime_providers_cuda.so" ] ||
+if [ -z "$ortlib" ] || [ ! -f "$stage/ort/libonnxruntime_providers_cuda.so" ]; then
   die "$whl lacks libonnxruntime.so or the CUDA provider"
+fi
 ln -s "$ortlib" "$stage/ort/libonnxruntime.so"
 
 # glibc's own libraries come from the target; libstdc++/libgcc_s go to lib-fallback (the runner

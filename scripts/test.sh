@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # The whole test suite on a fresh Debian 12 machine: set-up (idempotent), formatting and lint,
-# Rust unit and end-to-end tests, and the Python exporter's tests.
+# Rust unit and end-to-end tests, and the Python exporter's tests; with GPEN_VIDEO_BUNDLE_CHECK=1
+# (set by .ci/run) also the GPU bundle's proof without a GPU: the small bundle built and run with
+# --device cpu in a clean root (scripts/gpu-bundle.sh --small --check-cpu; about 1-3 minutes and
+# a 250 MB onnxruntime-gpu wheel download, cached in .deps/wheels).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SAMPLES=test scripts/setup.sh
@@ -10,4 +13,7 @@ cargo fmt --all -- --check
 cargo clippy --release --locked --all-targets -- -D warnings
 cargo test --release --locked
 .deps/venv/bin/python -m unittest discover -s models -p 'test_*.py'
+if [ "${GPEN_VIDEO_BUNDLE_CHECK:-0}" = 1 ]; then
+  scripts/gpu-bundle.sh --small --check-cpu
+fi
 echo "all tests passed"
