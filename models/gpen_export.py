@@ -2,6 +2,7 @@
 
     python models/gpen_export.py --size 512 --out models/gpen-bfr-512-random.onnx [--seed 0]
     python models/gpen_export.py --checkpoint GPEN-BFR-512.pth --out models/gpen-bfr-512.onnx
+    python models/gpen_export.py --size 512 --compressible 2 --out models/gpen-bfr-512-tiled.onnx
     ... [--fp16] [--template ffhq|arcface_128] [--no-check]
 
 The graph is written op by op with onnx.helper (numpy + onnx, no torch): input `input`, output
@@ -35,6 +36,7 @@ import math
 import os
 import sys
 import time
+from collections import OrderedDict
 
 import numpy as np
 import onnx
@@ -337,6 +339,24 @@ def infer_config(sd, size: int):
     return gpen_arch.config(size)
 
 
+def make_compressible(sd, distinct: int):
+    """Random weights that compress: every parameter repeats, along its first axis longer than
+    `distinct` (output channels, biases, linear rows), its first `distinct` rows, so the exported
+    file holds few distinct filters and zstd/zlib shrink it about a hundredfold. Values keep the
+    seeded random weights' distribution (finite, not denormal), so the model runs exactly as
+    fast as the plain random export: for speed tests that must travel small. Buffers (blur
+    kernels) are kept."""
+    spec_kinds = {n: kind for n, (_, kind) in gpen_arch.state_dict_spec(infer_size(sd)).items()}
+    out = OrderedDict()
+    for name, v in sd.items():
+        # the first axis longer than `distinct` (modulated conv weights are [1, O, C, k, k])
+        axis = next((a for a, n in enumerate(v.shape) if n > distinct), None)
+        if spec_kinds.get(name) == "param" and axis is not None:
+            v = np.ascontiguousarray(np.take(v, np.arange(v.shape[axis]) % distinct, axis=axis))
+        out[name] = v
+    return out
+
+
 # ---------------------------------------------------------------------------------------------
 # checks and CLI
 
@@ -412,10 +432,15 @@ def main(argv=None) -> int:
     ap.add_argument("--fp16", action="store_true", help="float16 weights/compute, float32 I/O")
     ap.add_argument("--template", choices=sorted(TEMPLATES), default="ffhq",
                     help="alignment template recorded in the metadata (default ffhq)")
+    ap.add_argument("--compressible", type=int, metavar="K", default=0,
+                    help="random weights only: repeat K distinct rows per tensor so the file "
+                         "compresses ~100x (same speed; for shipping speed-test models)")
     ap.add_argument("--no-check", action="store_true",
                     help="skip the onnxruntime run on a sample input")
     args = ap.parse_args(argv)
 
+    if args.compressible < 0 or (args.compressible and args.checkpoint):
+        ap.error("--compressible K (K >= 1) is for random weights only, not with --checkpoint")
     t0 = time.time()
     if args.checkpoint:
         sd = unwrap_checkpoint(pth_io.load(args.checkpoint), args.key)
@@ -431,6 +456,10 @@ def main(argv=None) -> int:
         cm, nw = gpen_arch.config(size)
         sd = gpen_arch.random_state_dict(size, seed=args.seed)
         weights = "random weights: for speed only"
+        if args.compressible:
+            sd = make_compressible(sd, args.compressible)
+            weights = (f"random weights, {args.compressible} distinct rows per tensor "
+                       "(compressible): for speed only")
     counts = gpen_arch.count_parameters(size, cm, nw)
     meta = {
         "gpen_video.weights": weights,

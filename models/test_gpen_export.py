@@ -180,5 +180,39 @@ class Fp16(unittest.TestCase):
             self.assertLess(np.abs(y - y32).max(), 2e-2)
 
 
+class Compressible(unittest.TestCase):
+    def test_same_graph_finite_and_small_when_compressed(self):
+        """--compressible: the same graph and tensor shapes as the plain random export (so the
+        same speed), finite image-like output, and weights with at most 1/20 as many distinct
+        values as values (a long-window compressor such as `zstd --long` then shrinks the file
+        about 100x; plain random weights: nearly every value distinct)."""
+        sd = gpen_arch.random_state_dict(256, seed=0)
+        plain = gpen_export.build_model(sd, 256)
+        tiled = gpen_export.build_model(gpen_export.make_compressible(sd, 2), 256)
+        onnx.checker.check_model(tiled)
+        self.assertEqual([n.op_type for n in plain.graph.node],
+                         [n.op_type for n in tiled.graph.node])
+        self.assertEqual([(i.name, list(i.dims), i.data_type) for i in plain.graph.initializer],
+                         [(i.name, list(i.dims), i.data_type) for i in tiled.graph.initializer])
+
+        def distinct_share(m):
+            arrays = [onnx.numpy_helper.to_array(i).ravel() for i in m.graph.initializer]
+            return sum(np.unique(a).size for a in arrays) / sum(a.size for a in arrays)
+        self.assertGreater(distinct_share(plain), 0.9)
+        self.assertLess(distinct_share(tiled), 0.05)
+        y = gpen_export.session(tiled).run(["output"], {"input": gpen_export.sample_input(256)})[0]
+        self.assertTrue(np.isfinite(y).all())
+        self.assertGreater(np.mean(np.abs(y) <= 1.0), 0.95)
+        self.assertGreater(y.std(), 0.05)
+        # no denormal (slow-path) or zeroed weights were introduced
+        for i in tiled.graph.initializer:
+            a = np.abs(onnx.numpy_helper.to_array(i).astype(np.float64)).ravel()
+            self.assertFalse(np.any((a > 0) & (a < np.finfo(np.float32).tiny)), i.name)
+
+    def test_refused_with_a_checkpoint(self):
+        with contextlib.redirect_stderr(io.StringIO()), self.assertRaises(SystemExit):
+            gpen_export.main(["--checkpoint", "x.pth", "--compressible", "2", "--out", "x.onnx"])
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -12,7 +12,7 @@ log() { printf '[setup] %s\n' "$*" >&2; }
 
 # --- system packages -------------------------------------------------------------------------
 apt_pkgs=(pkg-config clang libclang-dev ffmpeg libavcodec-dev libavformat-dev libavutil-dev
-  libswscale-dev libswresample-dev libavfilter-dev libavdevice-dev python3-venv curl)
+  libswscale-dev libswresample-dev libavfilter-dev libavdevice-dev python3-venv curl zstd)
 missing=()
 for p in "${apt_pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

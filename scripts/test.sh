@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # The whole test suite on a fresh Debian 12 machine: set-up (idempotent), formatting and lint,
-# Rust unit and end-to-end tests, and the Python exporter's tests; with GPEN_VIDEO_SLURM_TEST=1
-# (as .ci/run sets it) also the cluster check of deploy/slurm-array.sbatch on a single-node
-# Slurm it starts (scripts/slurm-test.sh: installs slurm-wlm and munge, about 15 s more).
+# Rust unit and end-to-end tests, and the Python exporter's tests. Two more checks, both set by
+# .ci/run: GPEN_VIDEO_SLURM_TEST=1 runs deploy/slurm-array.sbatch on a single-node Slurm it
+# starts (scripts/slurm-test.sh: installs slurm-wlm and munge, about 15 s more);
+# GPEN_VIDEO_BUNDLE_CHECK=1 builds the small GPU bundle and runs it with --device cpu in a clean
+# root (scripts/gpu-bundle.sh --small --check-cpu; about 1-3 minutes and a 250 MB onnxruntime-gpu
+# wheel download, cached in .deps/wheels).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SAMPLES=test scripts/setup.sh
@@ -14,5 +17,8 @@ cargo test --release --locked
 .deps/venv/bin/python -m unittest discover -s models -p 'test_*.py'
 if [ "${GPEN_VIDEO_SLURM_TEST:-0}" = 1 ]; then
   scripts/slurm-test.sh
+fi
+if [ "${GPEN_VIDEO_BUNDLE_CHECK:-0}" = 1 ]; then
+  scripts/gpu-bundle.sh --small --check-cpu
 fi
 echo "all tests passed"

@@ -1,0 +1,331 @@
+#!/usr/bin/env bash
+# The GPU check bundle's runner (scripts/gpu-bundle.sh copies it into the bundle as run.sh): on a
+# bare machine, joins and checks the bundle's parts, unpacks them, sets the loader path to the
+# bundle's libraries and to the CUDA/cuDNN/TensorRT libraries of the system python's nvidia-*
+# pip packages (found, not assumed), prints nvidia-smi, then runs in one go: bench at batches 1,
+# 4, 16 in fp32 and fp16 (CUDA), one NVDEC run, the whole-file run of the sample and one TensorRT
+# run (cold, then from its engine cache: engine build time apart), and prints a table. A step
+# that fails is reported with its message and the rest still runs. Exit 0 when it got to the
+# table, 2 when every GPU step failed on --device cuda:N.
+#
+#   ./run.sh [--device cuda:0|cpu] [--out DIR] [--work DIR] [--budget S] [--frames N]
+#            [--repeat R] [--whole-frames N] [--step-timeout S]
+#
+# Run it from anywhere: it finds the parts beside itself. --out (default ./gpu-check-out) gets
+# one log and JSON per step, steps.tsv, summary.json and table.txt. --device cpu runs the same
+# benches on the CPU with 2 frames, the ceiling at batch 1 only (the proof without a GPU), and
+# still tries CUDA, TensorRT and NVDEC on cuda:0, which must fail with gpen-video's message.
+# --budget (default 360 s; 1200 with --device cpu)
+# skips the steps still to come once it is spent, and no step runs past it by more than 60 s.
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+device=cuda:0
+out=$PWD/gpu-check-out
+work=$here/unpacked
+budget=""
+frames="" repeat="" whole_frames="" step_timeout=""
+usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
+while [ $# -gt 0 ]; do
+  case $1 in
+    --device) device=$2; shift 2 ;;
+    --out) out=$2; shift 2 ;;
+    --work) work=$2; shift 2 ;;
+    --budget) budget=$2; shift 2 ;;
+    --frames) frames=$2; shift 2 ;;
+    --repeat) repeat=$2; shift 2 ;;
+    --whole-frames) whole_frames=$2; shift 2 ;;
+    --step-timeout) step_timeout=$2; shift 2 ;;
+    -h | --help) usage; exit 0 ;;
+    *) echo "run.sh: unknown argument $1 (see --help)" >&2; exit 1 ;;
+  esac
+done
+die() { echo "run.sh: error: $*" >&2; exit 1; }
+say() { printf '== %s\n' "$*"; }
+t_start=$(date +%s)
+
+# --- join and check the parts ------------------------------------------------------------------
+manifest=$here/MANIFEST.sha256
+[ -f "$manifest" ] || die "$manifest missing: send the bundle's MANIFEST.sha256 with run.sh"
+mapfile -t parts < <(sed -n 's/^[0-9a-f]\{64\}  \(.*\.part-[0-9]*\)$/\1/p' "$manifest")
+[ ${#parts[@]} -gt 0 ] || die "$manifest lists no parts"
+missing=()
+for p in "${parts[@]}"; do [ -f "$here/$p" ] || missing+=("$p"); done
+[ ${#missing[@]} -eq 0 ] || die "missing in $here: ${missing[*]} (of ${#parts[@]} parts): send each, then run again"
+say "checking ${#parts[@]} parts and the runner's files against MANIFEST.sha256"
+if ! (cd "$here" && sha256sum --quiet -c MANIFEST.sha256); then
+  die "checksum mismatch above: send the named files again (a part must arrive whole, byte for byte)"
+fi
+stamp=$work/.unpacked-$(sha256sum "$manifest" | cut -c1-16)
+if [ ! -f "$stamp" ]; then
+  zstd_cmd=()
+  if [ -x "$here/tools/zstd" ] && LD_LIBRARY_PATH=$here/tools/lib "$here/tools/zstd" -V >/dev/null 2>&1; then
+    zstd_cmd=(env "LD_LIBRARY_PATH=$here/tools/lib" "$here/tools/zstd")
+  elif command -v zstd >/dev/null; then
+    zstd_cmd=(zstd)
+  else
+    die "no zstd: neither the bundle's tools/zstd (with tools/lib) runs nor is one installed"
+  fi
+  say "unpacking into $work"
+  rm -rf "$work"
+  mkdir -p "$work"
+  (cd "$here" && cat "${parts[@]}") | "${zstd_cmd[@]}" -d -q --long=27 -c | tar -x -C "$work"
+  touch "$stamp"
+fi
+B=$work/gpen-bundle
+[ -x "$B/bin/gpen-video" ] || die "$B/bin/gpen-video missing after unpacking: the bundle is incomplete"
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+sed -n '1,4p' "$B/BUNDLE.txt" 2>/dev/null || true
+
+# --- loader path: the bundle's libraries, then the python nvidia-* packages' -------------------
+cuda_dirs=${CUDA_LIB_DIRS:-}
+if command -v python3 >/dev/null; then
+  found=$(python3 - <<'PY' 2>/dev/null || true
+import glob, os, site, sys
+roots = []
+for f in (site.getsitepackages, site.getusersitepackages):
+    try:
+        r = f()
+        roots += [r] if isinstance(r, str) else list(r)
+    except Exception:
+        pass
+roots += [p for p in sys.path if p.endswith(("site-packages", "dist-packages"))]
+try:
+    import nvidia  # namespace package of the nvidia-* wheels
+    roots += [os.path.dirname(p) for p in nvidia.__path__]
+except Exception:
+    pass
+dirs = []
+for r in dict.fromkeys(roots):
+    for top in ["nvidia", "tensorrt_libs", "tensorrt"]:
+        base = os.path.join(r, top)
+        for d, subdirs, files in os.walk(base):
+            if d[len(base):].count(os.sep) > 3:
+                subdirs[:] = []
+                continue
+            if any(f.startswith("lib") and ".so" in f for f in files) and d not in dirs:
+                dirs.append(d)
+print(":".join(dirs))
+PY
+)
+  cuda_dirs=${cuda_dirs:+$cuda_dirs:}$found
+else
+  echo "warning: no python3: the nvidia-* pip libraries cannot be found (set CUDA_LIB_DIRS)" >&2
+fi
+ldpath=$B/lib:$B/ort${cuda_dirs:+:$cuda_dirs}
+# libstdc++/libgcc_s: the system's (newer on a newer distribution) unless it lacks them
+if LD_LIBRARY_PATH=$ldpath ldd "$B/bin/gpen-video" "$B"/ort/libonnxruntime.so.* 2>&1 |
+  grep -E 'libstdc\+\+|libgcc_s' | grep -q 'not found'; then
+  ldpath=$ldpath:$B/lib-fallback
+  echo "using the bundle's libstdc++/libgcc_s (the system's are missing or too old)"
+fi
+if LD_LIBRARY_PATH=$ldpath ldd "$B/bin/gpen-video" 2>&1 | grep -q 'not found'; then
+  LD_LIBRARY_PATH=$ldpath ldd "$B/bin/gpen-video" 2>&1 | grep 'not found' >&2
+  die "gpen-video's libraries above are missing from the bundle: rebuild it with scripts/gpu-bundle.sh"
+fi
+say "loader path: bundle lib, ort${cuda_dirs:+, and ${cuda_dirs//:/, }}"
+gpu_libs_ok=1
+for prov in cuda tensorrt; do
+  f=$B/ort/libonnxruntime_providers_$prov.so
+  [ -f "$f" ] || continue
+  miss=$(LD_LIBRARY_PATH=$ldpath ldd "$f" 2>&1 | sed -n 's/^[[:space:]]*\([^ ]*\) => not found.*/\1/p' | sort -u | tr '\n' ' ')
+  if [ -n "$miss" ]; then
+    echo "note: ONNX Runtime's $prov provider needs ${miss}which this machine's loader path lacks (libcuda.so.1 comes with the NVIDIA driver, the rest from the nvidia-* pip packages: this onnxruntime-gpu is built for CUDA 13, libcudart.so.13 and libcublas.so.13): $prov runs will fail"
+    [ $prov = cuda ] && gpu_libs_ok=0
+  fi
+done
+have_cudnn=0
+for d in ${cuda_dirs//:/ }; do compgen -G "$d/libcudnn.so.9*" >/dev/null && have_cudnn=1; done
+[ $have_cudnn = 1 ] || echo "note: no libcudnn.so.9 in the nvidia-* pip libraries found: CUDA convolutions will fail to start"
+
+# gpen-video with the bundle's loader path (only gpen-video: the system's tools keep their own)
+gv=(env "LD_LIBRARY_PATH=$ldpath" "ORT_DYLIB_PATH=$B/ort/libonnxruntime.so" "$B/bin/gpen-video")
+
+if command -v nvidia-smi >/dev/null; then
+  say "nvidia-smi"
+  nvidia-smi || true
+  nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv || true
+else
+  say "no nvidia-smi on this machine"
+fi
+"${gv[@]}" --version 2>/dev/null || true
+
+# --- the steps ----------------------------------------------------------------------------------
+gpu=$device
+if [ "$device" = cpu ] || [[ $device == cpu:* ]]; then
+  gpu=cuda:0
+  frames=${frames:-2} repeat=${repeat:-1} whole_frames=${whole_frames:-4} step_timeout=${step_timeout:-300}
+  budget=${budget:-1200}
+else
+  frames=${frames:-150} repeat=${repeat:-2} whole_frames=${whole_frames:-0} step_timeout=${step_timeout:-150}
+  budget=${budget:-360}
+fi
+sample=$(ls "$B"/samples/* | head -1)
+m32=$(ls "$B"/models/gpen-*-fp32.onnx | head -1)
+m16=$(ls "$B"/models/gpen-*-fp16.onnx | head -1)
+det=$B/models/centerface.onnx
+common=(--detector "$det" --preset veryfast -q)
+steps=$out/steps.tsv
+printf 'step\tdevice\tbatch\tstatus\twall_s\tgpu_peak_mib\tjson\tmessage\n' >"$steps"
+ran_gpu_ok=0
+
+# step NAME DEVICE BATCH JSON TIMEOUT -- command...: runs it with a GPU memory sampler, records a
+# line in steps.tsv; a failure is printed with the tool's message and does not stop the run.
+step() {
+  local name=$1 dev=$2 batch=$3 json=$4 tmo=$5; shift 6
+  local now; now=$(date +%s)
+  if [ $((now - t_start)) -ge "$budget" ]; then
+    printf '%s\t%s\t%s\tskipped\t-\t-\t-\tbudget of %s s spent\n' "$name" "$dev" "$batch" "$budget" >>"$steps"
+    say "$name: skipped (budget of $budget s spent)"
+    return 0
+  fi
+  # no step runs more than a minute past the budget
+  local left=$((budget - (now - t_start) + 60))
+  [ "$tmo" -gt "$left" ] && tmo=$left
+  say "$name ($dev, batch $batch; at most $tmo s)"
+  local smi="" smi_pid=""
+  if command -v nvidia-smi >/dev/null && [ "$dev" != cpu ]; then
+    smi=$out/$name.gpumem
+    nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 250 >"$smi" 2>/dev/null &
+    smi_pid=$!
+  fi
+  local t0 t1 rc=0
+  t0=$(date +%s%N)
+  timeout "$tmo" "$@" >"$out/$name.log" 2>&1 || rc=$?
+  t1=$(date +%s%N)
+  [ -n "$smi_pid" ] && { kill "$smi_pid" 2>/dev/null || true; wait "$smi_pid" 2>/dev/null || true; }
+  local peak=-
+  [ -n "$smi" ] && [ -s "$smi" ] && peak=$(sort -n "$smi" | tail -1 | tr -d ' ')
+  local ds=$(((t1 - t0) / 100000000)) wall
+  wall=$((ds / 10)).$((ds % 10))
+  local status=ok msg=""
+  if [ $rc -ne 0 ]; then
+    status=failed
+    [ $rc -eq 124 ] && status=timeout
+    msg=$(grep -m1 '^error' "$out/$name.log" || tail -1 "$out/$name.log")
+    [ $rc -eq 124 ] && msg="no result within $tmo s${msg:+; last: $msg}"
+    echo "   $status (exit $rc) after ${wall} s: $msg"
+  else
+    grep -v '^\s*$' "$out/$name.log" | tail -n 12 | sed 's/^/   /'
+    [ "$dev" != cpu ] && ran_gpu_ok=1
+  fi
+  msg=${msg//$'\t'/ }
+  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$name" "$dev" "$batch" "$status" "$wall" "$peak" "$json" "$msg" >>"$steps"
+}
+
+bench_dev=$device
+for prec in fp32 fp16; do
+  if [ $prec = fp16 ]; then model=$m16; pflag=(--fp16); else model=$m32; pflag=(); fi
+  for b in 1 4 16; do
+    j=$out/bench-$prec-b$b.json
+    # on a CPU (the proof without a GPU) only one bench times the ceiling (at least 3 s)
+    stage=all
+    [ "$gpu" != "$device" ] && [ "$prec-$b" != fp32-1 ] && stage=pipeline
+    step "bench-$prec-b$b" "$bench_dev" "$b" "$j" "$step_timeout" -- \
+      "${gv[@]}" bench "$sample" --model "$model" "${pflag[@]}" --batch "$b" --device "$bench_dev" \
+      --frames "$frames" --repeat "$repeat" --stage "$stage" --json "$j" "${common[@]}"
+  done
+done
+if [ "$gpu" != "$device" ]; then
+  # no GPU expected: CUDA must refuse with gpen-video's message, and the run goes on
+  step cuda-fp32-b4 "$gpu" 4 "$out/cuda-fp32-b4.json" 120 -- \
+    "${gv[@]}" bench "$sample" --model "$m32" --batch 4 --device "$gpu" --frames "$frames" --repeat 1 \
+    --json "$out/cuda-fp32-b4.json" "${common[@]}"
+fi
+step nvdec-fp16-b4 "$gpu" 4 "$out/nvdec-fp16-b4.json" "$step_timeout" -- \
+  "${gv[@]}" bench "$sample" --model "$m16" --fp16 --batch 4 --device "$gpu" --hwaccel cuda --stage pipeline \
+  --frames "$frames" --repeat "$repeat" --json "$out/nvdec-fp16-b4.json" "${common[@]}"
+whole=(--device "$device")
+[ "$whole_frames" != 0 ] && whole+=(--frames "$whole_frames")
+wm=$m16 wf=(--fp16)
+[ "$gpu" != "$device" ] && wm=$m32 wf=()
+step whole-file "$device" 16 "$out/whole-file.stats.json" "$step_timeout" -- \
+  "${gv[@]}" "$sample" "$out/whole-file.mp4" --model "$wm" "${wf[@]}" --batch 16 "${whole[@]}" \
+  --stats-json "$out/whole-file.stats.json" "${common[@]}"
+# TensorRT last (the slowest to start): a cold run builds the engine into the cache beside the
+# model, the warm run loads it; the difference is the build time.
+rm -rf "${m16%.onnx}.trt-cache"
+step trt-fp16-b4-cold "$gpu" 4 "$out/trt-fp16-b4-cold.json" $((step_timeout + 150)) -- \
+  "${gv[@]}" bench "$sample" --model "$m16" --trt --fp16 --batch 4 --device "$gpu" --stage enhance \
+  --repeat 1 --json "$out/trt-fp16-b4-cold.json" "${common[@]}"
+if grep -q $'^trt-fp16-b4-cold\t[^\t]*\t[^\t]*\tok' "$steps"; then
+  step trt-fp16-b4-warm "$gpu" 4 "$out/trt-fp16-b4-warm.json" "$step_timeout" -- \
+    "${gv[@]}" bench "$sample" --model "$m16" --trt --fp16 --batch 4 --device "$gpu" --stage enhance \
+    --repeat 1 --json "$out/trt-fp16-b4-warm.json" "${common[@]}"
+fi
+
+# --- the table -----------------------------------------------------------------------------------
+say "table (JSON per step in $out)"
+if command -v python3 >/dev/null; then
+  python3 - "$steps" "$out" "$(date +%s)" "$t_start" <<'PY' | tee "$out/table.txt"
+import csv, json, os, sys
+steps, out, t_end, t_start = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+rows = list(csv.DictReader(open(steps), delimiter="\t"))
+def load(p):
+    try:
+        with open(p) as f:
+            return json.load(f)
+    except Exception:
+        return None
+def num(x, fmt):
+    return "-" if x is None else format(x, fmt)
+hdr = ["step", "device", "batch", "status", "faces/s", "ceiling f/s", "ms/batch", "eff.", "fps",
+       "GPU MiB", "wall s"]
+lines, summary = [], []
+for r in rows:
+    j = load(r["json"]) if r["json"] not in ("", "-") else None
+    pipe = ceil = None
+    fps = fs = ms = eff = gmib = None
+    if isinstance(j, dict) and "rows" in j:
+        for row in j["rows"]:
+            if row.get("measure") == "pipeline":
+                pipe = row
+            else:
+                ceil = row
+        src = pipe or ceil or {}
+        fps = (pipe or {}).get("fps")
+        fs = (pipe or {}).get("faces_per_s")
+        ms = (ceil or pipe or {}).get("ms_per_batch")
+        effs = [e.get("efficiency") for e in j.get("efficiency", [])]
+        eff = effs[0] if effs else None
+        g = [x.get("gpu_mib") for x in (pipe, ceil) if x and x.get("gpu_mib") is not None]
+        gmib = max(g) if g else None
+    elif isinstance(j, dict):  # the whole-file run's --stats-json
+        fps, fs = j.get("fps"), j.get("faces_per_s")
+    peak = None if r["gpu_peak_mib"] in ("", "-") else int(float(r["gpu_peak_mib"]))
+    if peak is not None:
+        gmib = max(gmib or 0, peak)
+    cf = (ceil or {}).get("faces_per_s")
+    lines.append([r["step"], r["device"], r["batch"], r["status"], num(fs, ".1f"), num(cf, ".1f"),
+                  num(ms, ".1f"), num(eff, ".2f"), num(fps, ".1f"), num(gmib, "d"), r["wall_s"]])
+    summary.append({"step": r["step"], "device": r["device"], "batch": int(r["batch"]),
+                    "status": r["status"], "wall_s": r["wall_s"], "faces_per_s": fs,
+                    "ceiling_faces_per_s": cf, "ms_per_batch": ms, "efficiency": eff, "fps": fps,
+                    "gpu_mib": gmib, "message": r["message"], "result": j})
+w = [max(len(str(x)) for x in col) for col in zip(hdr, *lines)]
+fmt = lambda cells: "  ".join(str(c).ljust(w[i]) if i < 4 else str(c).rjust(w[i])
+                              for i, c in enumerate(cells))
+print(fmt(hdr))
+for l in lines:
+    print(fmt(l))
+by = {r["step"]: r for r in summary}
+c, wm = by.get("trt-fp16-b4-cold"), by.get("trt-fp16-b4-warm")
+if c and wm and c["status"] == wm["status"] == "ok":
+    print(f"TensorRT engine build (cold run minus warm run): {float(c['wall_s']) - float(wm['wall_s']):.1f} s")
+for r in summary:
+    if r["status"] != "ok":
+        print(f"{r['step']}: {r['status']}: {r['message']}")
+print(f"total {t_end - t_start} s; faces/s and fps: end to end; ceiling: the model alone; "
+      "eff.: their ratio; GPU MiB: peak of nvidia-smi's memory.used during the step")
+with open(os.path.join(out, "summary.json"), "w") as f:
+    json.dump({"steps": summary, "total_s": t_end - t_start}, f, indent=1)
+PY
+else
+  column -t -s $'\t' "$steps" 2>/dev/null || cat "$steps"
+fi
+if [ "$gpu" = "$device" ] && [ $ran_gpu_ok = 0 ]; then
+  echo "no GPU step succeeded on $device$([ $gpu_libs_ok = 0 ] && echo ' (CUDA libraries missing: see the note above)')" >&2
+  exit 2
+fi
+exit 0
