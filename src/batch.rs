@@ -22,7 +22,7 @@ use anyhow::{bail, Context, Result};
 use crossbeam_channel::{unbounded, RecvTimeoutError};
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 
-use crate::batch_job::{file_name, job_loop, Event, JobContext};
+use crate::batch_job::{job_loop, Event, JobContext};
 pub use crate::batch_report::{ClipDone, ClipNote, Report};
 use crate::clips::{self, Clip, Shard};
 use crate::config::{Options, Settings};
@@ -89,7 +89,8 @@ pub fn run(o: &BatchOptions, ints: &Interrupts) -> Result<Report> {
             own_path.display()
         );
     }
-    crate::output::remove_stale(&o.out_dir, &format!("{}.tmp-", file_name(&own_path)), "");
+    let (prefix, suffix) = crate::output::partial_pattern(&own_path);
+    crate::output::remove_stale(&o.out_dir, &prefix, &suffix);
     let mut own = match Manifest::load(&own_path) {
         Ok(m) => m.unwrap_or_else(|| Manifest::new(shard)),
         Err(e) => {

@@ -3,7 +3,7 @@
 //! record, failed, or cancelled), sent to the coordinator, until the queue is empty or a stop
 //! is asked for. A job owns nothing shared: the coordinator keeps the report and manifest.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use crossbeam_channel::{Receiver, Sender};
@@ -52,12 +52,6 @@ pub(crate) struct JobContext {
     pub(crate) settings_hash: String,
 }
 
-pub(crate) fn file_name(p: &Path) -> String {
-    p.file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default()
-}
-
 /// One job: takes clips until none is left or a stop is asked for.
 pub(crate) fn job_loop(
     job: usize,
@@ -100,11 +94,6 @@ fn run_clip(
     let stamp = Stamp::of(&input)?;
     if let Some(dir) = output.parent() {
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create folder {}", dir.display()))?;
-        // A partial file of this clip left by a process that died.
-        let ext = output
-            .extension()
-            .map_or(String::new(), |e| format!(".{}", e.to_string_lossy()));
-        crate::output::remove_stale(dir, &format!(".{}.partial-", file_name(&output)), &ext);
     }
     let job_spec = settings.job(&input, &output, CancelToken::from_flag(ctx.ints.hard.clone()))?;
     let _ = events.send(Event::Started {

@@ -16,7 +16,7 @@ use crate::detect::det_size;
 use crate::encode::{check_settings, EncodeSettings};
 use crate::engine::{CancelToken, Engine, EngineKey, EngineSpec, Job};
 use crate::enhance::Fault;
-use crate::output::{check_output, check_side_output};
+use crate::output::{check_output, check_side_output, partial_pattern, remove_stale};
 use crate::runtime::Target;
 
 /// Crops per model call.
@@ -318,6 +318,16 @@ impl Settings {
     pub fn job(&self, input: &Path, output: &Path, cancel: CancelToken) -> Result<Job> {
         let source = probe(input)?;
         check_output(input, output)?;
+        // What an earlier run of this output left when it was killed (a live run's is kept).
+        let (prefix, suffix) = partial_pattern(output);
+        remove_stale(
+            output
+                .parent()
+                .filter(|p| !p.as_os_str().is_empty())
+                .unwrap_or(Path::new(".")),
+            &prefix,
+            &suffix,
+        );
         let mut taken: Vec<&Path> = vec![input, output, &self.model, &self.detector];
         for side in [&self.faces_json, &self.stats_json].into_iter().flatten() {
             check_side_output(side, &taken)?;

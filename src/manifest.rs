@@ -124,23 +124,22 @@ impl Manifest {
             .parent()
             .filter(|p| !p.as_os_str().is_empty())
             .unwrap_or(Path::new("."));
-        let name = path
-            .file_name()
-            .context("manifest path has no file name")?
-            .to_string_lossy();
-        let tmp = dir.join(format!("{name}.tmp-{}", std::process::id()));
-        let write = || -> std::io::Result<()> {
-            let mut f = std::fs::File::create(&tmp)?;
+        let partial = crate::output::Partial::beside(path)
+            .with_context(|| format!("cannot write manifest {}", path.display()))?;
+        let write = |f: &std::fs::File| -> std::io::Result<()> {
+            let mut f = f;
             f.write_all(&serde_json::to_vec_pretty(self).map_err(std::io::Error::other)?)?;
             f.write_all(b"\n")?;
-            f.sync_all()?;
-            std::fs::rename(&tmp, path)?;
-            std::fs::File::open(dir)?.sync_all()
+            f.sync_all()
         };
-        write().map_err(|e| {
-            std::fs::remove_file(&tmp).ok();
-            anyhow!("cannot write manifest {}: {e}", path.display())
-        })
+        if let Err(e) = write(partial.file()) {
+            partial.discard();
+            return Err(anyhow!("cannot write manifest {}: {e}", path.display()));
+        }
+        partial.rename_to(path)?;
+        std::fs::File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(|e| anyhow!("cannot write manifest {}: {e}", path.display()))
     }
 }
 

@@ -24,39 +24,125 @@ fn folder_of(path: &Path) -> PathBuf {
     }
 }
 
-/// Where OUT is written until it is complete: beside it, hidden, with the same extension so the
-/// container is chosen the same way.
-pub fn partial_path(output: &Path) -> Result<PathBuf> {
-    let name = output
-        .file_name()
-        .ok_or_else(|| anyhow!("output {} is not a file path", output.display()))?;
-    let ext = output.extension().and_then(|e| e.to_str()).unwrap_or("");
-    Ok(folder_of(output).join(format!(
-        ".{}.partial-{}.{ext}",
-        name.to_string_lossy(),
-        std::process::id()
-    )))
+/// A partial file younger than this is never taken for stale: it may have just been created
+/// and not yet locked by its writer.
+const STALE_AFTER: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// A tag unique across processes, PID namespaces (containers are all PID 1) and machines on
+/// shared storage: 64 random bits from the kernel, with the time and PID as a fallback.
+fn unique_tag() -> String {
+    use std::io::Read;
+    let mut bytes = [0u8; 8];
+    let random = std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut bytes));
+    if random.is_err() {
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        bytes = (t ^ (u64::from(std::process::id()) << 40)).to_le_bytes();
+    }
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// Removes the files in `dir` named `PREFIX<pid>SUFFIX` whose process is gone: what a crashed
-/// run left half-written. A live process's file (another run on the same folder) is kept.
+/// A file being written under a temporary name beside its final path: created exclusively
+/// under a name no other process can pick, and locked (an advisory lock, held until this is
+/// dropped) so that [`remove_stale`] in another process, on this machine or another one on the
+/// same storage, never takes it for a dead run's leftover.
+pub struct Partial {
+    path: PathBuf,
+    /// Holds the lock.
+    file: std::fs::File,
+}
+
+impl Partial {
+    /// Creates `.NAME.partial-TAG` (plus `.EXT` of `output`'s extension, so FFmpeg picks the
+    /// same container) beside `output`.
+    pub fn beside(output: &Path) -> Result<Partial> {
+        let name = output
+            .file_name()
+            .ok_or_else(|| anyhow!("output {} is not a file path", output.display()))?
+            .to_string_lossy()
+            .into_owned();
+        let ext = output
+            .extension()
+            .map_or(String::new(), |e| format!(".{}", e.to_string_lossy()));
+        let dir = folder_of(output);
+        for _ in 0..8 {
+            let path = dir.join(format!(".{name}.partial-{}{ext}", unique_tag()));
+            match std::fs::OpenOptions::new().write(true).create_new(true).open(&path) {
+                Ok(file) => {
+                    file.try_lock()
+                        .map_err(|e| anyhow!("cannot lock {}: {e}", path.display()))?;
+                    return Ok(Partial { path, file });
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+                Err(e) => bail!(
+                    "cannot create {} ({e}): check that the folder is writable",
+                    path.display()
+                ),
+            }
+        }
+        bail!("cannot find a free temporary name beside {}", output.display())
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The locked file handle.
+    pub fn file(&self) -> &std::fs::File {
+        &self.file
+    }
+
+    /// Moves the finished file into place as `dest` (the lock is released after).
+    pub fn rename_to(self, dest: &Path) -> Result<()> {
+        std::fs::rename(&self.path, dest)
+            .with_context(|| format!("cannot move the finished file into place as {}", dest.display()))
+    }
+
+    /// Removes the unfinished file.
+    pub fn discard(self) {
+        std::fs::remove_file(&self.path).ok();
+    }
+}
+
+/// The prefix and suffix of `output`'s partial files, for [`remove_stale`].
+pub fn partial_pattern(output: &Path) -> (String, String) {
+    let name = output
+        .file_name()
+        .map_or(String::new(), |n| n.to_string_lossy().into_owned());
+    let ext = output
+        .extension()
+        .map_or(String::new(), |e| format!(".{}", e.to_string_lossy()));
+    (format!(".{name}.partial-"), ext)
+}
+
+/// Removes the files in `dir` named `PREFIX...SUFFIX` that no live writer holds: what a
+/// crashed or killed run left half-written. A file whose lock is held (a run in flight, here or
+/// on another machine sharing the folder) or that is only seconds old is kept.
 pub fn remove_stale(dir: &Path, prefix: &str, suffix: &str) {
     let Ok(entries) = std::fs::read_dir(dir) else { return };
     for e in entries.flatten() {
         let name = e.file_name().to_string_lossy().into_owned();
-        let Some(pid) = name
-            .strip_prefix(prefix)
-            .and_then(|rest| rest.strip_suffix(suffix))
-            .and_then(|p| p.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        if pid == std::process::id() || Path::new(&format!("/proc/{pid}")).exists() {
+        if !(name.starts_with(prefix) && name.ends_with(suffix) && name.len() > prefix.len() + suffix.len()) {
             continue;
         }
-        match std::fs::remove_file(e.path()) {
-            Ok(()) => tracing::info!(file = %e.path().display(), "removed a stale partial file"),
-            Err(err) => tracing::warn!(file = %e.path().display(), "cannot remove a stale partial file: {err}"),
+        let path = e.path();
+        let young = std::fs::metadata(&path)
+            .and_then(|m| m.modified())
+            .map(|t| t.elapsed().unwrap_or_default() < STALE_AFTER)
+            .unwrap_or(true);
+        if young {
+            continue;
+        }
+        let Ok(file) = std::fs::OpenOptions::new().write(true).open(&path) else {
+            continue;
+        };
+        if file.try_lock().is_err() {
+            continue;
+        }
+        match std::fs::remove_file(&path) {
+            Ok(()) => tracing::info!(file = %path.display(), "removed a stale partial file"),
+            Err(err) => tracing::warn!(file = %path.display(), "cannot remove a stale partial file: {err}"),
         }
     }
 }
@@ -85,7 +171,9 @@ pub fn check_output(input: &Path, output: &Path) -> Result<()> {
             output.display()
         );
     }
-    partial_path(output)?;
+    if output.file_name().is_none() {
+        bail!("output {} is not a file path", output.display());
+    }
     check_folder(&folder_of(output), "output")?;
     if output.is_dir() {
         bail!(
@@ -131,25 +219,24 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     f.commit()
 }
 
-/// A file being written under a temporary name beside its final path; [`PendingFile::commit`]
-/// renames it into place, and dropping it uncommitted removes it.
+/// A file being written under a temporary name beside its final path ([`Partial`]);
+/// [`PendingFile::commit`] renames it into place, and dropping it uncommitted removes it.
 pub struct PendingFile {
     path: PathBuf,
-    tmp: PathBuf,
+    partial: Option<Partial>,
     file: Option<std::io::BufWriter<std::fs::File>>,
 }
 
 impl PendingFile {
     pub fn create(path: &Path) -> Result<Self> {
-        let name = path
-            .file_name()
-            .ok_or_else(|| anyhow!("{} is not a file path", path.display()))?
-            .to_string_lossy();
-        let tmp = folder_of(path).join(format!(".{name}.partial-{}", std::process::id()));
-        let file = std::fs::File::create(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
+        let partial = Partial::beside(path)?;
+        let file = partial
+            .file()
+            .try_clone()
+            .with_context(|| format!("cannot write {}", partial.path().display()))?;
         Ok(Self {
             path: path.to_path_buf(),
-            tmp,
+            partial: Some(partial),
             file: Some(std::io::BufWriter::new(file)),
         })
     }
@@ -162,8 +249,7 @@ impl PendingFile {
             .map_err(|e| anyhow!("writing {}: {}", self.path.display(), e.error()))?;
         file.sync_all()
             .with_context(|| format!("writing {}", self.path.display()))?;
-        std::fs::rename(&self.tmp, &self.path)
-            .with_context(|| format!("cannot move the finished file into place as {}", self.path.display()))
+        self.partial.take().expect("not committed yet").rename_to(&self.path)
     }
 }
 
@@ -179,8 +265,9 @@ impl Write for PendingFile {
 
 impl Drop for PendingFile {
     fn drop(&mut self) {
-        if self.file.take().is_some() {
-            std::fs::remove_file(&self.tmp).ok();
+        self.file.take();
+        if let Some(p) = self.partial.take() {
+            p.discard();
         }
     }
 }
@@ -190,14 +277,45 @@ mod tests {
     use super::*;
 
     #[test]
-    fn partial_path_is_hidden_beside_the_output_with_its_extension() {
-        let p = partial_path(Path::new("dir/clip.mp4")).unwrap();
-        assert_eq!(p.parent(), Some(Path::new("dir")));
-        let name = p.file_name().unwrap().to_string_lossy().into_owned();
-        assert!(name.starts_with(".clip.mp4.partial-"), "{name}");
-        assert!(name.ends_with(".mp4"), "{name}");
-        assert_eq!(partial_path(Path::new("o.mkv")).unwrap().parent(), Some(Path::new(".")));
-        assert!(partial_path(Path::new("/")).is_err());
+    fn partials_are_hidden_beside_the_output_unique_and_locked() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("clip.mp4");
+        let (a, b) = (Partial::beside(&out).unwrap(), Partial::beside(&out).unwrap());
+        assert_ne!(a.path(), b.path(), "two writers never share a name");
+        let name = a.path().file_name().unwrap().to_string_lossy().into_owned();
+        assert!(
+            name.starts_with(".clip.mp4.partial-") && name.ends_with(".mp4"),
+            "{name}"
+        );
+        assert_eq!(a.path().parent(), Some(dir.path()));
+        let other = std::fs::File::open(a.path()).unwrap();
+        assert!(other.try_lock().is_err(), "held by its writer");
+        a.rename_to(&out).unwrap();
+        assert!(out.exists());
+        b.discard();
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+        assert!(Partial::beside(Path::new("/")).is_err());
+    }
+
+    #[test]
+    fn only_unlocked_old_partials_are_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("v.mkv");
+        let (prefix, suffix) = partial_pattern(&out);
+        let old = std::time::SystemTime::now() - std::time::Duration::from_secs(60);
+        let dead = dir.path().join(format!("{prefix}0123456789abcdef{suffix}"));
+        std::fs::File::create(&dead).unwrap().set_modified(old).unwrap();
+        let live = Partial::beside(&out).unwrap();
+        live.file().set_modified(old).unwrap();
+        let fresh = dir.path().join(format!("{prefix}fedcba9876543210{suffix}"));
+        std::fs::write(&fresh, b"just created").unwrap();
+        let unrelated = dir.path().join(".v.mkv.notes");
+        std::fs::File::create(&unrelated).unwrap().set_modified(old).unwrap();
+        remove_stale(dir.path(), &prefix, &suffix);
+        assert!(!dead.exists(), "a dead run's file is removed");
+        assert!(live.path().exists(), "a live run's file is kept");
+        assert!(fresh.exists(), "a file seconds old is kept");
+        assert!(unrelated.exists());
     }
 
     #[test]

@@ -284,12 +284,24 @@ fn kill_9_then_rerun_processes_every_clip_once() {
     let (input, output) = (tmp.path().join("in"), tmp.path().join("out"));
     let all = set(&["k0.mp4", "k1.mp4", "k2.mp4", "k3.mp4"]);
     make_clips(&input, &["k0.mp4", "k1.mp4", "k2.mp4", "k3.mp4"], 12);
-    // A partial file left by some earlier dead process.
+    // A partial file left by some earlier dead process (nobody holds its lock).
     std::fs::create_dir_all(&output).unwrap();
-    std::fs::write(output.join(".k3.mp4.partial-999999.mp4"), "half a video").unwrap();
-    // One of a process still running (this test): another run on the same folder; kept.
-    let live = output.join(format!(".k2.mp4.partial-{}.mp4", std::process::id()));
+    let old = SystemTime::now() - Duration::from_secs(120);
+    let dead = output.join(".k3.mp4.partial-00000000deadbeef.mp4");
+    std::fs::write(&dead, "half a video").unwrap();
+    std::fs::File::options()
+        .write(true)
+        .open(&dead)
+        .unwrap()
+        .set_modified(old)
+        .unwrap();
+    // One of a process still running (this test holds its lock, as a run on another machine
+    // sharing the folder would): kept, however old.
+    let live = output.join(".k2.mp4.partial-0123456789abcdef.mp4");
     std::fs::write(&live, "another run's video").unwrap();
+    let live_lock = std::fs::File::options().write(true).open(&live).unwrap();
+    live_lock.set_modified(old).unwrap();
+    live_lock.lock().unwrap();
 
     let mut child = batch_cmd(&input, &output, &[], &[("GPEN_VIDEO_FAULTS", "slow=0:200")])
         .spawn()
@@ -317,6 +329,8 @@ fn kill_9_then_rerun_processes_every_clip_once() {
     assert_eq!(manifest_keys(&output.join(MANIFEST)), all);
     complete(&input, &output, &all);
     assert!(live.exists(), "a running process's partial file was removed");
+    assert!(!dead.exists(), "a dead run's partial file was kept");
+    drop(live_lock);
     std::fs::remove_file(&live).unwrap();
     no_partials(&output);
 }

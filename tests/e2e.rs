@@ -621,3 +621,86 @@ fn a_closed_stdout_or_stderr_does_not_stop_or_panic_a_run() {
         String::from_utf8_lossy(&r.stderr)
     );
 }
+
+/// Two runs writing the same OUT at once, each as PID 1 of its own PID namespace (as two
+/// Kubernetes pods on shared storage are): their temporary files never collide, both finish,
+/// and OUT is one complete video, not a mix of both.
+#[test]
+fn two_runs_as_pid_1_writing_one_output_never_share_a_temporary_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("same.mp4");
+    let input = asset("samples/test/astronaut.mp4");
+    let spawn = |model: &str| {
+        std::process::Command::new("unshare")
+            .args(["--pid", "--fork", "--map-root-user"])
+            .arg(env!("CARGO_BIN_EXE_gpen-video"))
+            .arg(&input)
+            .arg(&out)
+            .args(["--model", asset(model).to_str().unwrap(), "--quiet", "--frames", "30"])
+            .env("ORT_DYLIB_PATH", asset(".deps/lib/libonnxruntime.so"))
+            .env("GPEN_VIDEO_FAULTS", "slow=0:40")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("unshare (util-linux) runs")
+    };
+    let (a, b) = (
+        spawn("models/standin/identity-256.onnx"),
+        spawn("models/standin/negate-256.onnx"),
+    );
+    for child in [a, b] {
+        let r = child.wait_with_output().unwrap();
+        assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    }
+    assert_eq!(video_pts(&out).len(), 30, "a complete video");
+    let errors = std::process::Command::new("ffmpeg")
+        .args(["-v", "error", "-i"])
+        .arg(&out)
+        .args(["-f", "null", "-"])
+        .output()
+        .unwrap();
+    assert!(
+        errors.stderr.is_empty(),
+        "decodes cleanly: {}",
+        String::from_utf8_lossy(&errors.stderr)
+    );
+    let left: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert_eq!(left.len(), 1, "only OUT is left: {left:?}");
+}
+
+/// A single run killed with kill -9 leaves its partial file; the next run of the same OUT
+/// removes it (nobody holds its lock), and keeps one whose writer is alive.
+#[test]
+fn a_rerun_removes_the_partial_file_of_a_killed_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("o.mp4");
+    let old = std::time::SystemTime::now() - std::time::Duration::from_secs(120);
+    let dead = dir.path().join(".o.mp4.partial-0000000000000001.mp4");
+    std::fs::write(&dead, b"half").unwrap();
+    std::fs::File::options()
+        .write(true)
+        .open(&dead)
+        .unwrap()
+        .set_modified(old)
+        .unwrap();
+    let live = dir.path().join(".o.mp4.partial-0000000000000002.mp4");
+    std::fs::write(&live, b"in flight").unwrap();
+    let lock = std::fs::File::options().write(true).open(&live).unwrap();
+    lock.set_modified(old).unwrap();
+    lock.lock().unwrap();
+    let model = asset("models/standin/identity-256.onnx");
+    ok(&gpen(&[
+        &asset("samples/test/astronaut.mp4"),
+        &out,
+        &"--model",
+        &model,
+        &"--frames",
+        &"4",
+    ]));
+    assert!(!dead.exists(), "the killed run's partial file is removed");
+    assert!(live.exists(), "a live run's partial file is kept");
+}

@@ -27,7 +27,7 @@ use crate::decode::Decoder;
 use crate::encode::Encoder;
 use crate::engine::{Engine, Job};
 use crate::frame::{FaceFrame, Frame, Pool};
-use crate::output::partial_path;
+use crate::output::Partial;
 use crate::runtime::Target;
 use crate::stats::{gpu_memory_by_index, peak_rss, Summary};
 use dispatch::{held_frames, Batch, Restored};
@@ -39,12 +39,20 @@ pub(crate) const DEPTH: usize = 4;
 /// is called with the number of frames encoded so far. The engine stays usable for another
 /// job; on any error nothing is left under the output names.
 pub fn run(engine: &mut Engine, job: &Job, progress: &(dyn Fn(u64) + Sync)) -> Result<Summary> {
-    let partial = partial_path(&job.output)?;
-    let result = run_inner(engine, job, &partial, progress);
-    if result.is_err() {
-        std::fs::remove_file(&partial).ok();
+    let partial = Partial::beside(&job.output)?;
+    match run_inner(engine, job, partial.path(), progress) {
+        Ok((summary, faces)) => {
+            partial.rename_to(&job.output)?;
+            if let Some(sink) = faces {
+                sink.commit()?;
+            }
+            Ok(summary)
+        }
+        Err(e) => {
+            partial.discard();
+            Err(e)
+        }
     }
-    result
 }
 
 /// Buffer pools sized to what can be in flight, so a buffer is never dropped and reallocated
@@ -76,7 +84,7 @@ fn run_inner(
     job: &Job,
     partial: &std::path::Path,
     progress: &(dyn Fn(u64) + Sync),
-) -> Result<Summary> {
+) -> Result<(Summary, Option<sink::FacesSink>)> {
     let start = Instant::now();
     let out_name = job.output.display().to_string();
     let (size, batch) = (engine.info.size, engine.batch);
@@ -143,12 +151,7 @@ fn run_inner(
         let paste = joined("paste", paste.join())?;
         let encode = joined("encode", encode.join())?;
 
-        std::fs::rename(partial, &job.output)
-            .with_context(|| format!("cannot move the finished file into place as {out_name}"))?;
-        if let Some(sink) = encode.sink {
-            sink.commit()?;
-        }
-        Ok(Summary {
+        let summary = Summary {
             frames: encode.stage.items,
             faces: encode.faces,
             frames_with_faces: encode.frames_with_faces,
@@ -159,7 +162,8 @@ fn run_inner(
             stages: vec![decode, detect, align, dispatch.stage, paste, encode.stage],
             workers: worker_stats,
             peak_rss: peak_rss(),
-        })
+        };
+        Ok((summary, encode.sink))
     })
 }
 

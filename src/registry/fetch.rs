@@ -1,6 +1,6 @@
 //! Downloads: in, a registry name or URL, a destination folder and what the file must be (its
 //! sha256 when on record, else the recorded size and the I/O contract of its kind); out, the
-//! file under its final name, only once complete and verified (streamed to `.FILE.part-PID`
+//! file under its final name, only once complete and verified (streamed to `.FILE.partial-TAG` (locked)
 //! beside it, renamed into place), or an error saying what to do with nothing left behind. A
 //! server that stops sending for the stall timeout ($GPEN_VIDEO_FETCH_STALL_S, default 60 s)
 //! ends the download.
@@ -192,10 +192,12 @@ pub(super) fn host_of(url: &str) -> &str {
     rest.split(['/', '?', '#']).next().unwrap_or(rest)
 }
 
-/// Removes the partial file unless the download completed.
+/// Removes the partial file unless the download completed; holds its lock meanwhile, so
+/// another process's clean-up leaves it alone.
 struct PartFile {
     path: PathBuf,
     keep: bool,
+    _lock: crate::output::Partial,
 }
 
 impl Drop for PartFile {
@@ -243,7 +245,7 @@ fn is_dns_failure(e: &std::io::Error) -> bool {
     .any(|k| m.contains(k))
 }
 
-/// Downloads `url` to `dest`: streams to `.FILE.part-PID` beside it (with a progress bar on a
+/// Downloads `url` to `dest`: streams to `.FILE.partial-TAG` (locked) beside it (with a progress bar on a
 /// terminal when `progress`), checks the length against Content-Length and the sha256 when
 /// given, then renames into place. On any failure nothing is left under either name.
 pub fn fetch_url(url: &str, dest: &Path, sha256: Option<&str>, progress: bool) -> Result<PathBuf> {
@@ -275,7 +277,7 @@ impl Download {
     }
 }
 
-/// Streams `url` into `.FILE.part-PID` beside `dest`, checking the length against
+/// Streams `url` into `.FILE.partial-TAG` (locked) beside `dest`, checking the length against
 /// Content-Length; a server that sends nothing for the stall timeout is an error. Nothing is
 /// left behind on failure.
 fn download(url: &str, dest: &Path, progress: bool) -> Result<Download> {
@@ -291,7 +293,8 @@ fn download(url: &str, dest: &Path, progress: bool) -> Result<Download> {
     if !dir.is_dir() {
         bail!("folder {} does not exist", dir.display());
     }
-    crate::output::remove_stale(&dir, &format!(".{file}.part-"), "");
+    let (prefix, suffix) = crate::output::partial_pattern(dest);
+    crate::output::remove_stale(&dir, &prefix, &suffix);
     let stall = stall_timeout()?;
     let stall_s = stall.as_secs_f64();
     let host = host_of(url);
@@ -350,13 +353,18 @@ fn download(url: &str, dest: &Path, progress: bool) -> Result<Download> {
     let expected = body.content_length();
     let mut reader = body.into_reader();
 
-    let part_path = dir.join(format!(".{file}.part-{}", std::process::id()));
+    let lock = crate::output::Partial::beside(dest)
+        .with_context(|| format!("cannot write into {} (is the folder writable?)", dir.display()))?;
+    let part_path = lock.path().to_path_buf();
+    let mut out = lock
+        .file()
+        .try_clone()
+        .with_context(|| format!("cannot write into {} (is the folder writable?)", dir.display()))?;
     let part = PartFile {
         path: part_path.clone(),
         keep: false,
+        _lock: lock,
     };
-    let mut out = std::fs::File::create(&part_path)
-        .with_context(|| format!("cannot write into {} (is the folder writable?)", dir.display()))?;
     let bar = if progress && std::io::stderr().is_terminal() {
         let b = match expected {
             Some(n) => indicatif::ProgressBar::new(n),

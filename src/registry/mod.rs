@@ -4,7 +4,7 @@
 //! to a file.
 //!
 //! `gpen-video models list | verify [PATH] | fetch NAME [--to DIR] [--url URL]` is [`run`] on a
-//! [`ModelsCmd`]. A download streams to `DIR/.FILE.part-PID` and is renamed to `DIR/FILE` only
+//! [`ModelsCmd`]. A download streams to `DIR/.FILE.partial-TAG.EXT` (unique and locked, see `output::Partial`) and is renamed to `DIR/FILE` only
 //! once it verifies: its sha256 where one is on record, otherwise its recorded size and the I/O
 //! contract `--model` checks; any failure (a stall of $GPEN_VIDEO_FETCH_STALL_S included)
 //! removes the partial file.
