@@ -48,7 +48,16 @@ if [ "${REBASE:-0}" = 1 ] || ! pod image exists "$BASE_IMAGE"; then
   printf 'deb %s bookworm main\ndeb %s bookworm-updates main\ndeb %s-security bookworm-security main\n' \
     "$mirror" "$mirror" "$mirror" | $sudo tee "$root/rootfs/etc/apt/sources.list" >/dev/null
   $sudo find "$root/rootfs/var/cache/apt/archives" "$root/rootfs/var/lib/apt/lists" -type f -delete
-  $sudo tar -C "$root/rootfs" -c . | pod import - "$BASE_IMAGE" >/dev/null
+  # The build downloads crates and wheels over TLS: the base trusts what this machine trusts (its
+  # CA bundle, which holds any local TLS-inspecting proxy's certificate), through the
+  # ca-certificates package the stages install and pip's PIP_CERT. The public base needs neither.
+  change=()
+  if [ -f /etc/ssl/certs/ca-certificates.crt ]; then
+    $sudo mkdir -p "$root/rootfs/usr/local/share/ca-certificates"
+    $sudo cp /etc/ssl/certs/ca-certificates.crt "$root/rootfs/usr/local/share/ca-certificates/build-host.crt"
+    change=(--change "ENV PIP_CERT=/etc/ssl/certs/ca-certificates.crt")
+  fi
+  $sudo tar -C "$root/rootfs" -c . | pod import "${change[@]}" - "$BASE_IMAGE" >/dev/null
   $sudo rm -rf "$root"
   trap - EXIT
 fi
