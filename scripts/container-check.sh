@@ -5,8 +5,9 @@
 # image is built with `podman build --isolation chroot` (no `podman run` needed, so it works where
 # containers cannot be started). The `test` stage runs, inside the image and as its user,
 # `gpen-video --version`, `gpen-video models verify` and two short runs with stand-in models; the
-# `check` stage inspects their outputs with ffprobe/ffmpeg. Takes 10-20 minutes on two cores
-# (most of it compiling gpen-video), so it is not part of scripts/test.sh.
+# `check` stage inspects their outputs with ffprobe/ffmpeg. From scratch it takes about 22 minutes
+# on two cores (15 of them compiling gpen-video), under a minute when podman's layer cache holds
+# the stages, so it is not part of scripts/test.sh.
 #
 #   scripts/container-check.sh            # as root (or with sudo rights) on Debian 12
 #   ORT=gpu scripts/container-check.sh    # the GPU variant instead (large; runs no GPU code here)
