@@ -11,6 +11,7 @@ cd "$(dirname "$0")/.."
 SAMPLES=test scripts/setup.sh
 # shellcheck disable=SC1091
 source .deps/env.sh
+scripts/container-pins.sh
 cargo fmt --all -- --check
 cargo clippy --release --locked --all-targets -- -D warnings
 cargo test --release --locked
