@@ -6,6 +6,8 @@ In: an output folder. Out: ONNX files whose input `input` and output `output` ar
   negate-512.onnx / negate-256.onnx       y = -x: a known, visible change (colours inverted)
   identity-512-batch1.onnx                identity with the batch fixed at 1 (like the official export)
   bad-shape.onnx                          input [N,3,512,256]: not square, must be refused
+  nan-256.onnx                            y = (x - x) / (x - x): NaN everywhere (a broken model)
+  half-output-256.onnx                    output float16 instead of float32: must be refused
 Each file's metadata says it is a stand-in, so nobody mistakes it for a restorer.
 """
 import os
@@ -19,7 +21,8 @@ from onnx import TensorProto, helper, numpy_helper
 def build(name: str, kind: str, size: int, batch="N", width=None) -> onnx.ModelProto:
     width = width or size
     x = helper.make_tensor_value_info("input", TensorProto.FLOAT, [batch, 3, size, width])
-    y = helper.make_tensor_value_info("output", TensorProto.FLOAT, [batch, 3, size, width])
+    out_type = TensorProto.FLOAT16 if kind == "half-output" else TensorProto.FLOAT
+    y = helper.make_tensor_value_info("output", out_type, [batch, 3, size, width])
     inits, nodes = [], []
     if kind == "identity":
         w = np.eye(3, dtype=np.float32).reshape(3, 3, 1, 1)
@@ -27,6 +30,11 @@ def build(name: str, kind: str, size: int, batch="N", width=None) -> onnx.ModelP
         nodes.append(helper.make_node("Conv", ["input", "w"], ["output"], kernel_shape=[1, 1]))
     elif kind == "negate":
         nodes.append(helper.make_node("Neg", ["input"], ["output"]))
+    elif kind == "nan":
+        nodes.append(helper.make_node("Sub", ["input", "input"], ["zero"]))
+        nodes.append(helper.make_node("Div", ["zero", "zero"], ["output"]))
+    elif kind == "half-output":
+        nodes.append(helper.make_node("Cast", ["input"], ["output"], to=TensorProto.FLOAT16))
     else:
         raise ValueError(kind)
     graph = helper.make_graph(nodes, name, [x], [y], initializer=inits)
@@ -49,6 +57,8 @@ def main(out: str) -> None:
         "negate-256.onnx": ("negate", 256, "N", None),
         "identity-512-batch1.onnx": ("identity", 512, 1, None),
         "bad-shape.onnx": ("identity", 512, "N", 256),
+        "nan-256.onnx": ("nan", 256, "N", None),
+        "half-output-256.onnx": ("half-output", 256, "N", None),
     }
     for fname, (kind, size, batch, width) in specs.items():
         path = os.path.join(out, fname)

@@ -127,6 +127,7 @@ impl Engine {
                 .with_context(|| format!("model {} does not fit GPEN's I/O contract", key.model.display()))?;
             workers.push(Worker {
                 target: target.clone(),
+                model: key.model.clone(),
                 enhancer,
                 fault: s.faults.get(i).cloned().unwrap_or_default(),
             });

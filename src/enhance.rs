@@ -49,6 +49,11 @@ impl ModelInfo {
             bail!("input `{input}` has shape {dims:?}; a GPEN model takes [N,3,S,S] with a fixed square size S");
         }
         let output = outs[0].name().to_string();
+        if let ValueType::Tensor { ty, .. } = outs[0].dtype() {
+            if *ty != TensorElementType::Float32 {
+                bail!("output `{output}` is {ty:?}, expected float32 (export the model with float32 outputs)");
+            }
+        }
         if let ValueType::Tensor { shape: oshape, .. } = outs[0].dtype() {
             let o: Vec<i64> = oshape.iter().copied().collect();
             let fits = o.len() == 4
@@ -233,6 +238,8 @@ impl Fault {
 /// One enhancement worker: a session on one device.
 pub struct Worker {
     pub target: Target,
+    /// The model file the session was loaded from, for messages.
+    pub model: std::path::PathBuf,
     pub enhancer: Enhancer,
     pub fault: Fault,
 }

@@ -85,6 +85,8 @@ pub struct WorkerStat {
     /// GPU memory this process holds on the worker's GPU at the end of the run, in MiB, as the
     /// NVIDIA driver reports it (ONNX Runtime keeps its arena, so this is its high-water mark).
     pub device_mib: Option<u64>,
+    /// Faces whose restored crop held NaN or infinity, left as they were.
+    pub nonfinite: u64,
 }
 
 /// GPU memory used by this process on each GPU index, from `nvidia-smi` (empty without one).
@@ -162,6 +164,11 @@ impl Summary {
         self.faces as f64 / self.wall.as_secs_f64().max(1e-9)
     }
 
+    /// Faces the model returned NaN or infinity for, left as they were.
+    pub fn faces_not_finite(&self) -> u64 {
+        self.workers.iter().map(|w| w.nonfinite).sum()
+    }
+
     /// The summary as a JSON object.
     pub fn to_json(&self) -> String {
         let wall = self.wall.as_secs_f64().max(1e-9);
@@ -177,6 +184,7 @@ impl Summary {
             fps: self.fps(),
             faces_per_s: self.faces_per_s(),
             peak_rss_bytes: self.peak_rss,
+            faces_not_finite: self.faces_not_finite(),
             stages: self
                 .stages
                 .iter()
@@ -200,6 +208,7 @@ impl Summary {
                     ms_per_batch: w.ms_per_batch(),
                     busy_share: w.busy.as_secs_f64() / wall,
                     device_mib: w.device_mib,
+                    faces_not_finite: w.nonfinite,
                 })
                 .collect(),
         };
@@ -221,6 +230,8 @@ struct SummaryJson<'a> {
     fps: f64,
     faces_per_s: f64,
     peak_rss_bytes: Option<u64>,
+    /// Faces left as they were because the model returned NaN or infinity for them.
+    faces_not_finite: u64,
     stages: Vec<StageJson>,
     workers: Vec<WorkerJson<'a>>,
 }
@@ -244,6 +255,7 @@ struct WorkerJson<'a> {
     ms_per_batch: f64,
     busy_share: f64,
     device_mib: Option<u64>,
+    faces_not_finite: u64,
 }
 
 /// Peak resident set size of this process (VmHWM), in bytes.
@@ -269,6 +281,13 @@ impl fmt::Display for Summary {
             self.faces_per_s(),
             self.peak_rss.map_or(String::new(), |b| format!(", peak memory {} MiB", b >> 20))
         )?;
+        if self.faces_not_finite() > 0 {
+            writeln!(
+                f,
+                "  {} faces kept as they were: the model returned NaN or infinity for them",
+                self.faces_not_finite()
+            )?;
+        }
         writeln!(f, "  {:<8} {:>6} {:>8}", "stage", "busy", "queue")?;
         for s in &self.stages {
             let busy = 100.0 * s.busy.as_secs_f64() / wall;

@@ -704,3 +704,50 @@ fn a_rerun_removes_the_partial_file_of_a_killed_run() {
     assert!(!dead.exists(), "the killed run's partial file is removed");
     assert!(live.exists(), "a live run's partial file is kept");
 }
+
+/// A model that returns NaN leaves every face as it was (not a black square), warns with a
+/// count, and the stats say how many; a model whose output is not float32 is refused at load.
+#[test]
+fn non_finite_model_outputs_keep_the_original_faces() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let input = asset("samples/test/astronaut.mp4");
+    let (nan, blend0, stats) = (d.join("nan.mp4"), d.join("blend0.mp4"), d.join("s.json"));
+    let r = gpen(&[
+        &input,
+        &nan,
+        &"--model",
+        &asset("models/standin/nan-256.onnx"),
+        &"--frames",
+        &"12",
+        &"--stats-json",
+        &stats,
+    ]);
+    let err = ok(&r);
+    assert!(err.contains("kept their original pixels"), "{err}");
+    let s: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&stats).unwrap()).unwrap();
+    assert!(s["faces"].as_u64().unwrap() >= 10, "faces found: {s}");
+    assert_eq!(s["faces_not_finite"], s["faces"], "every face counted: {s}");
+    let model = asset("models/standin/identity-256.onnx");
+    ok(&gpen(&[
+        &input,
+        &blend0,
+        &"--model",
+        &model,
+        &"--frames",
+        &"12",
+        &"--blend",
+        &"0",
+    ]));
+    assert_eq!(
+        framemd5(&nan, "0:v", false),
+        framemd5(&blend0, "0:v", false),
+        "pictures as if nothing was pasted"
+    );
+    fails(
+        &input,
+        &d.join("h.mp4"),
+        &[&"--model", &asset("models/standin/half-output-256.onnx")],
+        "expected float32",
+    );
+}

@@ -29,7 +29,8 @@ pub(crate) struct Batch {
 /// A batch back from a worker.
 pub(crate) struct Restored {
     keys: Vec<(u64, usize)>,
-    restored: Vec<Vec<u8>>,
+    /// `None` for a crop the model returned non-finite values for: that face keeps its pixels.
+    restored: Vec<Option<Vec<u8>>>,
     crops: Vec<Vec<f32>>,
 }
 
@@ -123,7 +124,7 @@ pub(crate) fn dispatch(
                 in_flight -= 1;
                 clock.time(|| {
                     for ((seq, face), rgb) in done.keys.into_iter().zip(done.restored) {
-                        batcher.frame_mut(seq).faces[face].restored = Some(rgb);
+                        batcher.frame_mut(seq).faces[face].restored = rgb;
                         batcher.done(seq);
                     }
                     done.crops.into_iter().for_each(|c| crop_pool.put(c));
@@ -159,11 +160,17 @@ pub(crate) fn work(
             if worker.fault.delay_ms > 0 {
                 std::thread::sleep(Duration::from_millis(worker.fault.delay_ms));
             }
-            let mut restored: Vec<Vec<u8>> = (0..job.crops.len()).map(|_| restored_pool.get()).collect();
+            let mut restored: Vec<Option<Vec<u8>>> = (0..job.crops.len()).map(|_| Some(restored_pool.get())).collect();
             let crops: Vec<&[f32]> = job.crops.iter().map(Vec::as_slice).collect();
-            worker
-                .enhancer
-                .run(&crops, |i, out| tensor_to_rgb(out, size, &mut restored[i]))?;
+            worker.enhancer.run(&crops, |i, out| {
+                // NaN or infinity (a broken model, an overflow in fp16): keep the face as it was
+                // rather than paste a black or white square.
+                if out.iter().all(|v| v.is_finite()) {
+                    tensor_to_rgb(out, size, restored[i].as_mut().expect("filled above"));
+                } else if let Some(buf) = restored[i].take() {
+                    restored_pool.put(buf);
+                }
+            })?;
             Ok(Restored {
                 keys: job.keys,
                 restored,
@@ -176,12 +183,18 @@ pub(crate) fn work(
             Ok(d) => {
                 stat.batches += 1;
                 stat.faces += d.keys.len() as u64;
+                stat.nonfinite += d.restored.iter().filter(|r| r.is_none()).count() as u64;
                 if done.send(Ok(d)).is_err() {
                     break;
                 }
             }
             Err(e) => {
-                let e = e.context(format!("enhance worker {} (batch {})", worker.target, stat.batches + 1));
+                let e = e.context(format!(
+                    "enhance worker {} (batch {}), model {}",
+                    worker.target,
+                    stat.batches + 1,
+                    worker.model.display()
+                ));
                 let msg = format!("{e:#}");
                 let _ = done.send(Err(e));
                 bail!(msg);

@@ -42,6 +42,13 @@ pub fn run(engine: &mut Engine, job: &Job, progress: &(dyn Fn(u64) + Sync)) -> R
     let partial = Partial::beside(&job.output)?;
     match run_inner(engine, job, partial.path(), progress) {
         Ok((summary, faces)) => {
+            if summary.faces_not_finite() > 0 {
+                tracing::warn!(
+                    "{} of {} faces kept their original pixels: the model returned NaN or infinity for them (a broken or overflowing model; an fp16 export may overflow where fp32 does not)",
+                    summary.faces_not_finite(),
+                    summary.faces
+                );
+            }
             partial.rename_to(&job.output)?;
             if let Some(sink) = faces {
                 sink.commit()?;
