@@ -27,6 +27,8 @@ pub const DEFAULT_DET_SIZE: usize = 640;
 pub const DEFAULT_DET_THRESHOLD: f32 = 0.5;
 /// Overlap above which two detections are one face.
 pub const DEFAULT_NMS_IOU: f32 = 0.3;
+/// At most this many faces per frame (the best-scoring ones).
+pub const DEFAULT_MAX_FACES: usize = 32;
 /// Full detection every this many frames (tracking in between).
 pub const DEFAULT_DETECT_EVERY: u32 = 5;
 /// The video encoder and its x264/x265 settings (kept beside the encoder).
@@ -110,6 +112,7 @@ pub struct Options {
     pub nms_iou: f32,
     /// Full detection every this many frames; faces are tracked in between (1: every frame).
     pub detect_every: u32,
+    pub max_faces: usize,
     pub blend: f32,
     pub encode: EncodeSettings,
     /// CPU threads for ONNX Runtime (default: all cores, shared by the CPU workers).
@@ -141,6 +144,7 @@ impl Options {
             det_threshold: DEFAULT_DET_THRESHOLD,
             nms_iou: DEFAULT_NMS_IOU,
             detect_every: DEFAULT_DETECT_EVERY,
+            max_faces: DEFAULT_MAX_FACES,
             blend: DEFAULT_BLEND,
             encode: EncodeSettings::default(),
             threads: None,
@@ -176,6 +180,7 @@ pub struct Settings {
     pub det_threshold: f32,
     pub nms_iou: f32,
     pub detect_every: u32,
+    pub max_faces: usize,
     pub blend: f32,
     pub encode: EncodeSettings,
     pub hwaccel_cuda: bool,
@@ -218,6 +223,25 @@ impl Settings {
         if o.batch == 0 {
             bail!("--batch must be at least 1");
         }
+        // NaN fails every comparison, so each range is written to accept only good values.
+        if !(o.det_threshold > 0.0 && o.det_threshold <= 1.0) {
+            bail!(
+                "--det-threshold must be above 0 and at most 1, got {} (0 would take every detector cell for a face)",
+                o.det_threshold
+            );
+        }
+        if o.det_size < 32 {
+            bail!("--det-size must be at least 32 pixels, got {}", o.det_size);
+        }
+        if o.max_faces == 0 {
+            bail!("--max-faces must be at least 1");
+        }
+        if let Some(crf) = o.encode.crf {
+            let max = crate::encode::max_crf(&o.encode.codec);
+            if crf > max {
+                bail!("--crf {crf} is out of range for {}: use 0 to {max}", o.encode.codec);
+            }
+        }
         check_settings(&o.encode)?;
         if o.hwaccel_cuda {
             crate::decode::check_cuda_hwaccel()?;
@@ -258,6 +282,7 @@ impl Settings {
             det_threshold: o.det_threshold,
             nms_iou: o.nms_iou,
             detect_every: o.detect_every,
+            max_faces: o.max_faces,
             blend: o.blend,
             encode: o.encode.clone(),
             hwaccel_cuda: o.hwaccel_cuda,
@@ -370,6 +395,7 @@ impl Settings {
             det_threshold: self.det_threshold,
             nms_iou: self.nms_iou,
             detect_every: self.detect_every,
+            max_faces: self.max_faces,
         }
     }
 
@@ -446,6 +472,7 @@ mod tests {
             det_threshold: 0.5,
             nms_iou: 0.3,
             detect_every: 5,
+            max_faces: 32,
             blend: 1.0,
             encode: EncodeSettings::default(),
             hwaccel_cuda: false,

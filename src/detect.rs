@@ -80,6 +80,10 @@ pub fn decode_maps(
                 lm[0] = lms[(2 * j + 1) * plane + i] * s1 + x1;
                 lm[1] = lms[2 * j * plane + i] * s0 + y1;
             }
+            // A broken or adversarial model can give infinities or NaN: never a face.
+            if !bbox.iter().chain(landmarks.iter().flatten()).all(|v| v.is_finite()) {
+                continue;
+            }
             faces.push(Face { bbox, score, landmarks });
         }
     }
@@ -111,6 +115,10 @@ pub struct Detector {
     rotation: u32,
     pub threshold: f32,
     pub nms_iou: f32,
+    /// At most this many faces per frame, the best-scoring ones.
+    pub max_faces: usize,
+    /// Frames that had more faces than `max_faces` since the last reset.
+    pub capped: u64,
     input: Vec<f32>,
     /// The model takes any input size, so windows around tracked faces can be run.
     dynamic: bool,
@@ -152,6 +160,8 @@ pub struct DetectCounts {
     pub full: u64,
     /// Passes over a window around a tracked face.
     pub windows: u64,
+    /// Frames with more faces than `--max-faces` (the rest were left out).
+    pub capped: u64,
 }
 
 impl Detector {
@@ -203,6 +213,8 @@ impl Detector {
             rotation: if turned || rotation == 180 { rotation } else { 0 },
             threshold,
             nms_iou,
+            max_faces: usize::MAX,
+            capped: 0,
             input: Vec::new(),
             dynamic,
             track: Tracking {
@@ -219,8 +231,15 @@ impl Detector {
         self
     }
 
+    /// Keeps at most `n` faces per frame (at least 1).
+    pub fn with_max_faces(mut self, n: usize) -> Self {
+        self.max_faces = n.max(1);
+        self
+    }
+
     /// Forgets the faces of the previous frame (a new video starts) and zeroes the counts.
     pub fn reset(&mut self) {
+        self.capped = 0;
         let every = self.track.every;
         self.track = Tracking {
             every,
@@ -233,6 +252,7 @@ impl Detector {
         DetectCounts {
             full: self.track.full_runs,
             windows: self.track.window_runs,
+            capped: self.capped,
         }
     }
 
@@ -288,7 +308,18 @@ impl Detector {
         } else {
             self.track.since_full += 1;
         }
-        let found = nms(found, self.nms_iou);
+        let mut found = nms(found, self.nms_iou);
+        if found.len() > self.max_faces {
+            if self.capped == 0 {
+                tracing::warn!(
+                    found = found.len(),
+                    "more than {} faces in one frame: keeping the best {0} (raise --max-faces to restore more, or raise --det-threshold if these are not faces)",
+                    self.max_faces
+                );
+            }
+            self.capped += 1;
+            found.truncate(self.max_faces);
+        }
         self.track.boxes = found.iter().map(|f| f.bbox).collect();
 
         let (w, h) = self.input_size;

@@ -38,6 +38,14 @@ impl Default for EncodeSettings {
     }
 }
 
+/// The largest constant rate factor `codec` takes (x264 and x265: 51; VP9 and AV1: 63).
+pub fn max_crf(codec: &str) -> u32 {
+    match codec {
+        "libvpx-vp9" | "libaom-av1" | "libsvtav1" => 63,
+        _ => 51,
+    }
+}
+
 /// Whether FFmpeg has a muxer for files ending in `.ext`.
 pub fn container_known(ext: &str) -> bool {
     crate::init_ffmpeg();

@@ -44,6 +44,7 @@ pub struct EngineSpec {
     pub det_threshold: f32,
     pub nms_iou: f32,
     pub detect_every: u32,
+    pub max_faces: usize,
 }
 
 /// The loaded sessions.
@@ -166,7 +167,8 @@ impl Engine {
         let det_session = crate::runtime::session(&key.detector, &det_opts, "detector")?;
         let detector = Detector::new(det_session, key.det_size, s.det_threshold, s.nms_iou, key.rotation)
             .with_context(|| format!("detector {}", key.detector.display()))?
-            .with_tracking(s.detect_every);
+            .with_tracking(s.detect_every)
+            .with_max_faces(s.max_faces);
         Ok(Engine {
             key,
             detector,

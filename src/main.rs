@@ -108,7 +108,7 @@ struct BenchArgs {
     #[arg(value_name = "SOURCES")]
     sources: Vec<PathBuf>,
     /// Counted runs per source, after one warm-up run.
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = 3, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1000))]
     repeat: usize,
     /// What to time: all (pipeline and enhance-only ceiling), pipeline, or enhance.
     #[arg(long, value_enum, default_value = "all")]
@@ -168,6 +168,12 @@ struct RunArgs {
           value_parser = clap::value_parser!(u32).range(1..=1000), help_heading = "Detection")]
     detect_every: u32,
 
+    /// Restore at most N faces per frame, the best-scoring ones (a warning says when a frame
+    /// had more).
+    #[arg(long, value_name = "N", default_value_t = config::DEFAULT_MAX_FACES,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1000), help_heading = "Detection")]
+    max_faces: usize,
+
     /// How much of the restored face to blend in: 0 keeps the original, 1 the restored face.
     #[arg(long, default_value_t = config::DEFAULT_BLEND, value_name = "0..1", help_heading = "Output")]
     blend: f32,
@@ -204,6 +210,7 @@ impl RunArgs {
         o.det_size = self.det_size;
         o.det_threshold = self.det_threshold;
         o.detect_every = self.detect_every;
+        o.max_faces = self.max_faces;
         o.blend = self.blend;
         // crf and preset are x264/x265 options; other encoders get FFmpeg's defaults.
         let x26x = matches!(self.codec.as_str(), "libx264" | "libx265");

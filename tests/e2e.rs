@@ -751,3 +751,34 @@ fn non_finite_model_outputs_keep_the_original_faces() {
         "expected float32",
     );
 }
+
+/// Detection settings that would turn every detector cell into a face are refused, and a frame
+/// never yields more than `--max-faces` faces (the best ones), with a warning.
+#[test]
+fn detection_is_bounded_by_checked_settings_and_max_faces() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let input = asset("samples/test/astronaut.mp4");
+    let out = d.join("o.mp4");
+    for (flag, value, expect) in [
+        ("--det-threshold", "0", "--det-threshold must be above 0"),
+        ("--det-threshold", "nan", "--det-threshold must be above 0"),
+        ("--det-threshold", "1.5", "--det-threshold must be above 0"),
+        ("--det-size", "16", "--det-size must be at least 32"),
+        ("--crf", "52", "out of range for libx264"),
+    ] {
+        fails(&input, &out, &[&flag, &value], expect);
+    }
+    let r = gpen(&[&input, &out, &"--max-faces", &"0"]);
+    assert_eq!(r.status.code(), Some(2), "a usage error");
+    let r = gpen(&[&"bench", &input, &"--repeat", &"0"]);
+    assert_eq!(r.status.code(), Some(2), "a usage error");
+
+    let group = asset("samples/test/group.mkv");
+    let model = asset("models/standin/identity-256.onnx");
+    let (out, faces, err) = run_with_faces(d, &group, "g.mkv", &model, &[&"--max-faces", &"2"]);
+    assert!(out.exists());
+    assert!(err.contains("keeping the best 2"), "{err}");
+    assert!(faces.iter().all(|(_, b)| b.len() <= 2), "at most 2 faces per frame");
+    assert!(faces.iter().any(|(_, b)| b.len() == 2));
+}
