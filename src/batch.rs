@@ -260,6 +260,7 @@ pub fn run(o: &BatchOptions, ints: &Interrupts) -> Result<Report> {
     view.clear();
 
     report.interrupted = ints.requested();
+    report.interrupt_code = ints.exit_code();
     for (_, clip) in std::mem::take(&mut in_flight) {
         if ints.hard_requested() {
             report.cancelled.push(clip);

@@ -5,8 +5,6 @@ use std::path::PathBuf;
 
 use serde::Serialize;
 
-use crate::interrupt::EXIT_INTERRUPTED;
-
 /// A clip this run restored.
 #[derive(Clone, Debug, Serialize)]
 pub struct ClipDone {
@@ -34,6 +32,9 @@ pub struct Report {
     pub jobs: usize,
     /// Ctrl-C or SIGTERM stopped the run early.
     pub interrupted: bool,
+    /// The exit status for that (130 Ctrl-C, 143 SIGTERM).
+    #[serde(skip)]
+    pub interrupt_code: u8,
     pub done: Vec<ClipDone>,
     pub skipped: Vec<ClipNote>,
     pub failed: Vec<ClipNote>,
@@ -49,7 +50,7 @@ pub struct Report {
 impl Report {
     pub fn exit_code(&self) -> u8 {
         if self.interrupted {
-            EXIT_INTERRUPTED
+            self.interrupt_code
         } else if !self.failed.is_empty() || !self.cancelled.is_empty() {
             1
         } else {

@@ -341,6 +341,7 @@ impl Settings {
 
     /// One clip's work: the source probed, OUT and the side outputs checked, nothing loaded.
     pub fn job(&self, input: &Path, output: &Path, cancel: CancelToken) -> Result<Job> {
+        crate::output::check_not_pattern(input, "input")?;
         let source = probe(input)?;
         check_output(input, output)?;
         // What an earlier run of this output left when it was killed (a live run's is kept).

@@ -9,7 +9,7 @@
 //!
 //! The handlers only touch atomics (async-signal-safe); callers print their own messages.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::{Arc, Mutex};
 
 use anyhow::{Context, Result};
@@ -23,6 +23,8 @@ pub const EXIT_INTERRUPTED: u8 = 130;
 pub struct Interrupts {
     /// Set by the first SIGINT/SIGTERM: finish what is in flight, start nothing new.
     pub soft: Arc<AtomicBool>,
+    /// The first signal's number (0 before any).
+    pub signal: Arc<AtomicI32>,
     /// Set by the second: stop at once (hand it to a job's `CancelToken`).
     pub hard: Arc<AtomicBool>,
 }
@@ -36,6 +38,15 @@ impl Interrupts {
     /// A stop of either kind was asked for.
     pub fn requested(&self) -> bool {
         self.soft.load(Ordering::SeqCst) || self.hard.load(Ordering::SeqCst)
+    }
+
+    /// The exit status for a run a signal stopped: 128 + the first signal's number (130 for
+    /// Ctrl-C, 143 for SIGTERM), as a shell reports it.
+    pub fn exit_code(&self) -> u8 {
+        match self.signal.load(Ordering::SeqCst) {
+            s @ 1..=127 => 128 + s as u8,
+            _ => EXIT_INTERRUPTED,
+        }
     }
 
     /// An immediate stop was asked for.
@@ -59,10 +70,11 @@ pub fn install() -> Result<Interrupts> {
         // arriving after the hard stop was asked for ends the process here.
         signal_hook::flag::register_conditional_shutdown(sig, 128 + sig, flags.hard.clone())
             .with_context(|| format!("installing the handler for signal {sig}"))?;
-        let (soft, hard) = (flags.soft.clone(), flags.hard.clone());
+        let (soft, hard, first) = (flags.soft.clone(), flags.hard.clone(), flags.signal.clone());
         // SAFETY: the action only performs atomic operations, which are async-signal-safe.
         unsafe {
             signal_hook::low_level::register(sig, move || {
+                let _ = first.compare_exchange(0, sig, Ordering::SeqCst, Ordering::SeqCst);
                 if soft.swap(true, Ordering::SeqCst) {
                     hard.store(true, Ordering::SeqCst);
                 }

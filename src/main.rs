@@ -287,7 +287,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     if interrupts.requested() {
         bar.abandon();
         eprint_line(&format!("interrupted: {} not written", o.output.display()));
-        std::process::exit(i32::from(gpen_video::interrupt::EXIT_INTERRUPTED));
+        std::process::exit(i32::from(interrupts.exit_code()));
     }
     let summary = summary?;
     bar.finish_and_clear();

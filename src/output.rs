@@ -160,11 +160,45 @@ fn check_folder(dir: &Path, what: &str) -> Result<()> {
     Ok(())
 }
 
+/// Extensions of still-image formats, which OUT may not have (a video encoder would write a
+/// stream into a file named like a picture).
+const IMAGE_EXTENSIONS: [&str; 10] = ["jpg", "jpeg", "png", "webp", "tif", "tiff", "bmp", "gif", "jxl", "avif"];
+
+/// Whether a file name holds a printf-style number pattern (`%d`, `%03d`) that FFmpeg's image
+/// muxers and demuxers would expand into a sequence of files.
+pub fn has_sequence_pattern(path: &Path) -> bool {
+    let name = path
+        .file_name()
+        .map_or(String::new(), |n| n.to_string_lossy().into_owned());
+    let mut rest = name.as_str();
+    while let Some(i) = rest.find('%') {
+        let after = &rest[i + 1..];
+        let digits = after.chars().take_while(char::is_ascii_digit).count();
+        if after[digits..].starts_with('d') {
+            return true;
+        }
+        rest = after;
+    }
+    false
+}
+
+/// Refuses a name FFmpeg would read as an image-sequence pattern (`what`: input or output).
+pub fn check_not_pattern(path: &Path, what: &str) -> Result<()> {
+    if has_sequence_pattern(path) {
+        bail!(
+            "{what} {} looks like an image-sequence pattern (`%d`): gpen-video reads and writes single video files; rename it without `%`",
+            path.display()
+        );
+    }
+    Ok(())
+}
+
 /// Checks OUT: not the input, in an existing writable folder, with a container FFmpeg knows.
 pub fn check_output(input: &Path, output: &Path) -> Result<()> {
     if output.as_os_str().is_empty() {
         bail!("no output file given");
     }
+    check_not_pattern(output, "output")?;
     if same_file(input, output) || input == output {
         bail!(
             "output {} is the input file: choose another output path (the input is never overwritten)",
@@ -182,6 +216,12 @@ pub fn check_output(input: &Path, output: &Path) -> Result<()> {
         );
     }
     let ext = output.extension().and_then(|e| e.to_str()).unwrap_or("");
+    if IMAGE_EXTENSIONS.contains(&ext.to_ascii_lowercase().as_str()) {
+        bail!(
+            "output {} is a still-image name: gpen-video writes videos; use .mp4, .mkv or .mov",
+            output.display()
+        );
+    }
     if ext.is_empty() || !crate::encode::container_known(ext) {
         bail!(
             "output {}: cannot tell the container from the extension `.{ext}`; use .mp4, .mkv or .mov",
@@ -295,6 +335,16 @@ mod tests {
         b.discard();
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
         assert!(Partial::beside(Path::new("/")).is_err());
+    }
+
+    #[test]
+    fn sequence_patterns_are_recognised() {
+        for p in ["out%d.mp4", "a%03d.jpg", "x/%5d", "50%%d.mkv"] {
+            assert!(has_sequence_pattern(Path::new(p)), "{p}");
+        }
+        for p in ["out.mp4", "100%.mp4", "a%x.mkv", "%/o.mp4"] {
+            assert!(!has_sequence_pattern(Path::new(p)), "{p}");
+        }
     }
 
     #[test]

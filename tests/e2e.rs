@@ -236,34 +236,38 @@ fn model_names_resolve_through_the_registry() {
 }
 
 #[test]
-fn ctrl_c_stops_a_run_and_leaves_no_output() {
-    let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("o.mp4");
-    let child = std::process::Command::new(env!("CARGO_BIN_EXE_gpen-video"))
-        .args([asset("samples/test/astronaut.mp4").as_os_str(), out.as_os_str()])
-        .args(["--quiet", "--model"])
-        .arg(asset("models/standin/identity-256.onnx"))
-        .env("ORT_DYLIB_PATH", asset(".deps/lib/libonnxruntime.so"))
-        // Slow batches keep the run going long enough to be interrupted.
-        .env("GPEN_VIDEO_FAULTS", "slow=0:500")
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    std::thread::sleep(std::time::Duration::from_millis(2000));
-    let kill = std::process::Command::new("kill")
-        .args(["-INT", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(kill.success());
-    let r = child.wait_with_output().unwrap();
-    let err = String::from_utf8_lossy(&r.stderr);
-    assert_eq!(r.status.code(), Some(130), "{err}");
-    assert!(err.contains("interrupted"), "{err}");
-    assert_eq!(
-        std::fs::read_dir(dir.path()).unwrap().count(),
-        0,
-        "no output and no partial file"
-    );
+fn ctrl_c_or_sigterm_stops_a_run_and_leaves_no_output() {
+    // The exit status is 128 + the signal, as a shell reports it: 130 for Ctrl-C, 143 for a
+    // SIGTERM (what Kubernetes and Slurm send).
+    for (signal, code) in [("-INT", 130), ("-TERM", 143)] {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("o.mp4");
+        let child = std::process::Command::new(env!("CARGO_BIN_EXE_gpen-video"))
+            .args([asset("samples/test/astronaut.mp4").as_os_str(), out.as_os_str()])
+            .args(["--quiet", "--model"])
+            .arg(asset("models/standin/identity-256.onnx"))
+            .env("ORT_DYLIB_PATH", asset(".deps/lib/libonnxruntime.so"))
+            // Slow batches keep the run going long enough to be interrupted.
+            .env("GPEN_VIDEO_FAULTS", "slow=0:500")
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(2000));
+        let kill = std::process::Command::new("kill")
+            .args([signal, &child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(kill.success());
+        let r = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&r.stderr);
+        assert_eq!(r.status.code(), Some(code), "{signal}: {err}");
+        assert!(err.contains("interrupted"), "{err}");
+        assert_eq!(
+            std::fs::read_dir(dir.path()).unwrap().count(),
+            0,
+            "no output and no partial file"
+        );
+    }
 }
 
 #[test]
@@ -781,4 +785,19 @@ fn detection_is_bounded_by_checked_settings_and_max_faces() {
     assert!(err.contains("keeping the best 2"), "{err}");
     assert!(faces.iter().all(|(_, b)| b.len() <= 2), "at most 2 faces per frame");
     assert!(faces.iter().any(|(_, b)| b.len() == 2));
+}
+
+/// Image-sequence patterns and still-image names are refused up front, with nothing written
+/// (FFmpeg would expand `%03d` into hidden partial files and leave an empty OUT).
+#[test]
+fn sequence_patterns_and_image_outputs_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let input = asset("samples/test/astronaut.mp4");
+    fails(&input, &d.join("out%03d.mp4"), &[], "image-sequence pattern");
+    fails(&input, &d.join("out%d.jpg"), &[], "image-sequence pattern");
+    fails(&input, &d.join("out.png"), &[], "still-image name");
+    fails(&input, &d.join("out.JPG"), &[], "still-image name");
+    fails(&d.join("in%02d.mp4"), &d.join("o.mp4"), &[], "image-sequence pattern");
+    assert_eq!(std::fs::read_dir(d).unwrap().count(), 0, "nothing written");
 }
