@@ -236,12 +236,7 @@ impl Settings {
         if o.max_faces == 0 {
             bail!("--max-faces must be at least 1");
         }
-        if let Some(crf) = o.encode.crf {
-            let max = crate::encode::max_crf(&o.encode.codec);
-            if crf > max {
-                bail!("--crf {crf} is out of range for {}: use 0 to {max}", o.encode.codec);
-            }
-        }
+
         check_settings(&o.encode)?;
         if o.hwaccel_cuda {
             crate::decode::check_cuda_hwaccel()?;
@@ -344,6 +339,7 @@ impl Settings {
         crate::output::check_not_pattern(input, "input")?;
         let source = probe(input)?;
         check_output(input, output)?;
+        crate::encode::check_fits(&self.encode, output)?;
         // What an earlier run of this output left when it was killed (a live run's is kept).
         let (prefix, suffix) = partial_pattern(output);
         remove_stale(

@@ -14,28 +14,48 @@ use crate::color::{convert, rgb_to_yuv420p_region, SendScaler};
 use crate::decode::SourceInfo;
 use crate::frame::Frame;
 
-/// The default video encoder and its x264/x265 settings.
+/// The default video encoder (for containers that take H.264) and its x264/x265 settings.
 pub const DEFAULT_CODEC: &str = "libx264";
 pub const DEFAULT_CRF: u32 = 18;
 pub const DEFAULT_PRESET: &str = "medium";
+/// Encoders tried, in order, for WebM outputs when no `--codec` is given.
+const WEBM_CODECS: [&str; 3] = ["libvpx-vp9", "libaom-av1", "libsvtav1"];
 
-/// Encoder choices from the command line.
-#[derive(Clone, Debug)]
+/// Encoder choices from the command line: `None` is the default for the container.
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct EncodeSettings {
-    /// FFmpeg encoder name (libx264 by default).
-    pub codec: String,
+    /// FFmpeg encoder name; by default libx264, or a VP9/AV1 encoder for .webm.
+    pub codec: Option<String>,
+    /// Constant rate factor (x264/x265 default 18; VP9 31; AV1 encoders their own scale).
     pub crf: Option<u32>,
+    /// x264/x265 preset (default medium).
     pub preset: Option<String>,
 }
 
-impl Default for EncodeSettings {
-    fn default() -> Self {
-        Self {
-            codec: DEFAULT_CODEC.into(),
-            crf: Some(DEFAULT_CRF),
-            preset: Some(DEFAULT_PRESET.into()),
+/// The FFmpeg options an encoder gets: crf and preset only where that encoder has them.
+fn encoder_options(codec: &str, s: &EncodeSettings) -> Dictionary<'static> {
+    let mut opts = Dictionary::new();
+    match codec {
+        "libx264" | "libx264rgb" | "libx265" => {
+            opts.set("crf", &s.crf.unwrap_or(DEFAULT_CRF).to_string());
+            opts.set("preset", s.preset.as_deref().unwrap_or(DEFAULT_PRESET));
         }
+        // Constant quality (with no bitrate cap: libvpx's default is a low fixed bitrate).
+        "libvpx-vp9" => {
+            opts.set("crf", &s.crf.unwrap_or(31).to_string());
+            opts.set("b", "0");
+        }
+        "libaom-av1" | "libsvtav1" => {
+            if let Some(crf) = s.crf {
+                opts.set("crf", &crf.to_string());
+            }
+        }
+        _ => {}
     }
+    // As the ffmpeg tool does: let the encoder pick its thread count (libavcodec's default
+    // of one thread would make encoding the pipeline's serial bottleneck).
+    opts.set("threads", "auto");
+    opts
 }
 
 /// The largest constant rate factor `codec` takes (x264 and x265: 51; VP9 and AV1: 63).
@@ -46,24 +66,100 @@ pub fn max_crf(codec: &str) -> u32 {
     }
 }
 
-/// Whether FFmpeg has a muxer for files ending in `.ext`.
-pub fn container_known(ext: &str) -> bool {
+/// The muxer FFmpeg picks for files ending in `.ext`, if any.
+fn guess_format(ext: &str) -> *const ffmpeg::ffi::AVOutputFormat {
     crate::init_ffmpeg();
     let Ok(name) = std::ffi::CString::new(format!("x.{ext}")) else {
-        return false;
+        return std::ptr::null();
     };
     // SAFETY: `name` is a valid NUL-terminated string; null short name and MIME type are
-    // allowed; the returned pointer is only compared with null.
-    unsafe { !ffmpeg::ffi::av_guess_format(std::ptr::null(), name.as_ptr(), std::ptr::null()).is_null() }
+    // allowed; FFmpeg returns a pointer to a static muxer description (or null).
+    unsafe { ffmpeg::ffi::av_guess_format(std::ptr::null(), name.as_ptr(), std::ptr::null()) }
 }
 
-/// Checks the encoder exists and can be opened with these settings, before any work starts.
+/// Whether FFmpeg has a muxer for files ending in `.ext`.
+pub fn container_known(ext: &str) -> bool {
+    !guess_format(ext).is_null()
+}
+
+/// What the muxer of `.ext` says of a stream of `id`: `Some(true)` it takes it, `Some(false)`
+/// it does not, `None` it cannot tell (then only writing the header tells).
+fn container_takes(ext: &str, id: codec::Id) -> Option<bool> {
+    let fmt = guess_format(ext);
+    if fmt.is_null() {
+        return Some(false);
+    }
+    // SAFETY: `fmt` is a static muxer description from FFmpeg.
+    match unsafe { ffmpeg::ffi::avformat_query_codec(fmt, id.into(), ffmpeg::ffi::FF_COMPLIANCE_NORMAL) } {
+        1 => Some(true),
+        0 => Some(false),
+        _ => None,
+    }
+}
+
+/// A container that surely keeps a stream of `id`, to name in a message.
+fn container_for(id: codec::Id) -> Option<&'static str> {
+    ["mkv", "mp4", "mov", "webm", "ts"]
+        .into_iter()
+        .find(|ext| container_takes(ext, id) == Some(true))
+}
+
+/// The encoder a file ending in `.ext` gets: the one asked for, else libx264, or for WebM the
+/// first VP9/AV1 encoder this FFmpeg has.
+pub fn codec_for(s: &EncodeSettings, ext: &str) -> String {
+    if let Some(c) = &s.codec {
+        return c.clone();
+    }
+    if ext.eq_ignore_ascii_case("webm") {
+        crate::init_ffmpeg();
+        if let Some(c) = WEBM_CODECS.into_iter().find(|c| encoder::find_by_name(c).is_some()) {
+            return c.to_string();
+        }
+    }
+    DEFAULT_CODEC.to_string()
+}
+
+/// Checks the encoder exists and its crf is in range, before any work starts.
 pub fn check_settings(s: &EncodeSettings) -> Result<()> {
     crate::init_ffmpeg();
-    let c = encoder::find_by_name(&s.codec)
-        .ok_or_else(|| anyhow!("video encoder `{}` is not available in this FFmpeg build", s.codec))?;
-    if c.medium() != media::Type::Video {
-        bail!("`{}` is not a video encoder", s.codec);
+    if let Some(name) = &s.codec {
+        let c = encoder::find_by_name(name)
+            .ok_or_else(|| anyhow!("video encoder `{name}` is not available in this FFmpeg build"))?;
+        if c.medium() != media::Type::Video {
+            bail!("`{name}` is not a video encoder");
+        }
+    }
+    if let Some(crf) = s.crf {
+        let name = s.codec.as_deref().unwrap_or(DEFAULT_CODEC);
+        let max = max_crf(name);
+        if crf > max {
+            bail!("--crf {crf} is out of range for {name}: use 0 to {max}");
+        }
+    }
+    Ok(())
+}
+
+/// Checks that OUT's container can hold the video `s` encodes, naming what to do if not.
+pub fn check_fits(s: &EncodeSettings, output: &Path) -> Result<()> {
+    let ext = output.extension().and_then(|e| e.to_str()).unwrap_or("");
+    let name = codec_for(s, ext);
+    let Some(c) = encoder::find_by_name(&name) else {
+        bail!("video encoder `{name}` is not available in this FFmpeg build");
+    };
+    if container_takes(ext, c.id()) == Some(false) {
+        let hint = if ext.eq_ignore_ascii_case("webm") {
+            format!("use --codec {} (WebM holds VP8, VP9 and AV1)", WEBM_CODECS[0])
+        } else {
+            format!(
+                "choose another --codec, or a .{} output",
+                container_for(c.id()).unwrap_or("mkv")
+            )
+        };
+        bail!(
+            "output {}: a .{ext} file cannot hold {name}'s video ({:?}); {hint}",
+            output.display(),
+            c.id()
+        );
     }
     Ok(())
 }
@@ -82,10 +178,15 @@ struct SideStreams {
 
 impl SideStreams {
     /// Maps `ictx`'s (a fresh demuxer of the source) audio and subtitle streams into `octx`.
+    /// Streams the muxer could not vouch for are listed in `tried`; those in `skip` (refused
+    /// by an earlier attempt) are left out.
     fn open(
         ictx: ffmpeg::format::context::Input,
         src: &SourceInfo,
         octx: &mut ffmpeg::format::context::Output,
+        ext: &str,
+        skip: &[usize],
+        tried: &mut Vec<usize>,
     ) -> Result<Self> {
         let mut map = vec![None; ictx.nb_streams() as usize];
         for ist in ictx.streams() {
@@ -97,14 +198,16 @@ impl SideStreams {
                 continue;
             }
             let id = ist.parameters().id();
-            // SAFETY: the output format pointer is valid for the life of `octx`.
-            let supported = unsafe {
-                ffmpeg::ffi::avformat_query_codec(octx.format().as_ptr(), id.into(), ffmpeg::ffi::FF_COMPLIANCE_NORMAL)
-                    == 1
-            };
-            if !supported {
-                tracing::warn!(stream = ist.index(), codec = ?id, "this container cannot hold the stream; it is dropped (choose .mkv to keep it)");
-                continue;
+            match container_takes(ext, id) {
+                Some(true) => {}
+                // The muxer cannot say (MPEG-TS, MPEG-PS for most audio): try it; only a
+                // refusal when the header is written drops it.
+                None if !skip.contains(&ist.index()) => tried.push(ist.index()),
+                _ => {
+                    let keep = container_for(id).map_or(String::new(), |c| format!(" (choose .{c} to keep it)"));
+                    tracing::warn!(stream = ist.index(), codec = ?id, "a .{ext} file cannot hold this stream; it is dropped{keep}");
+                    continue;
+                }
             }
             let mut ost = octx.add_stream(encoder::find(codec::Id::None))?;
             ost.set_parameters(ist.parameters());
@@ -198,9 +301,31 @@ impl Encoder {
     /// Creates `path` (its container chosen from its extension) for `src`'s picture size,
     /// time base and streams.
     pub fn create(path: &Path, src: &SourceInfo, settings: &EncodeSettings) -> Result<Self> {
+        let mut tried = Vec::new();
+        match Self::create_skipping(path, src, settings, &[], &mut tried) {
+            Err(e) if !tried.is_empty() => {
+                let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("");
+                // The retry warns for each stream it leaves out.
+                tracing::debug!(streams = ?tried, "the .{ext} muxer refused stream(s) it could not vouch for ({e:#})");
+                Self::create_skipping(path, src, settings, &tried, &mut Vec::new())
+            }
+            r => r,
+        }
+    }
+
+    /// [`Encoder::create`] leaving out the source streams in `skip`; the streams whose muxer
+    /// answer was "unknown" are listed in `tried`.
+    fn create_skipping(
+        path: &Path,
+        src: &SourceInfo,
+        settings: &EncodeSettings,
+        skip: &[usize],
+        tried: &mut Vec<usize>,
+    ) -> Result<Self> {
         crate::init_ffmpeg();
-        let codec = encoder::find_by_name(&settings.codec)
-            .ok_or_else(|| anyhow!("video encoder `{}` not found", settings.codec))?;
+        let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("");
+        let name = codec_for(settings, ext);
+        let codec = encoder::find_by_name(&name).ok_or_else(|| anyhow!("video encoder `{name}` not found"))?;
         let mut octx = ffmpeg::format::output(path).with_context(|| format!("cannot create {}", path.display()))?;
         let global = octx.format().flags().contains(ffmpeg::format::Flags::GLOBAL_HEADER);
         let pix = codec
@@ -240,24 +365,17 @@ impl Encoder {
             (*ctx.as_mut_ptr()).color_primaries = described.color_primaries().into();
             (*ctx.as_mut_ptr()).color_trc = described.color_transfer_characteristic().into();
         }
-        let mut opts = Dictionary::new();
-        if let Some(crf) = settings.crf {
-            opts.set("crf", &crf.to_string());
-        }
-        if let Some(p) = &settings.preset {
-            opts.set("preset", p);
-        }
-        // As the ffmpeg tool does: let the encoder pick its thread count (libavcodec's default
-        // of one thread would make encoding the pipeline's serial bottleneck).
-        opts.set("threads", "auto");
-        let enc = ctx
-            .open_as_with(codec, opts)
-            .with_context(|| {
+        let opts = encoder_options(&name, settings);
+        let odd = pix == Pixel::YUV420P && (w % 2 == 1 || h % 2 == 1);
+        let enc = ctx.open_as_with(codec, opts).with_context(|| {
+            if odd {
                 format!(
-                    "cannot open encoder {} for {w}x{h} {pix:?} (check --crf and --preset; x264 needs an even width and height)",
-                    settings.codec
+                    "cannot open encoder {name} for {w}x{h}: 4:2:0 video needs an even width and height. Use --codec libx264rgb (any size), or crop the source first (ffmpeg -vf crop=trunc(iw/2)*2:trunc(ih/2)*2)"
                 )
-            })?;
+            } else {
+                format!("cannot open encoder {name} for {w}x{h} {pix:?} (check --crf and --preset)")
+            }
+        })?;
         // One demuxer of the source for its metadata and for copying its other streams.
         let ictx = ffmpeg::format::input(&src.path).with_context(|| format!("cannot reopen {}", src.path.display()))?;
         {
@@ -285,7 +403,7 @@ impl Encoder {
             }
             octx.set_metadata(ictx.metadata().to_owned());
         }
-        let side = SideStreams::open(ictx, src, &mut octx)?;
+        let side = SideStreams::open(ictx, src, &mut octx, ext, skip, tried)?;
         octx.write_header()
             .with_context(|| format!("cannot write the header of {}", path.display()))?;
         let ost_tb = octx.stream(0).expect("video stream added").time_base();

@@ -177,15 +177,17 @@ struct RunArgs {
     /// How much of the restored face to blend in: 0 keeps the original, 1 the restored face.
     #[arg(long, default_value_t = config::DEFAULT_BLEND, value_name = "0..1", help_heading = "Output")]
     blend: f32,
-    /// FFmpeg video encoder.
-    #[arg(long, default_value = config::DEFAULT_CODEC, help_heading = "Output")]
-    codec: String,
-    /// Constant rate factor for x264/x265 (lower is better quality, larger files).
-    #[arg(long, default_value_t = config::DEFAULT_CRF, help_heading = "Output")]
-    crf: u32,
-    /// Encoder preset (x264: ultrafast ... veryslow).
-    #[arg(long, default_value = config::DEFAULT_PRESET, help_heading = "Output")]
-    preset: String,
+    /// FFmpeg video encoder [default: libx264; for .webm the first of libvpx-vp9, libaom-av1,
+    /// libsvtav1 this FFmpeg has].
+    #[arg(long, value_name = "NAME", help_heading = "Output")]
+    codec: Option<String>,
+    /// Constant rate factor: lower is better quality and larger files [default: 18 for
+    /// x264/x265, 31 for VP9; AV1 encoders their own].
+    #[arg(long, value_name = "N", help_heading = "Output")]
+    crf: Option<u32>,
+    /// x264/x265 preset, ultrafast ... veryslow [default: medium].
+    #[arg(long, value_name = "NAME", help_heading = "Output")]
+    preset: Option<String>,
     /// No progress bar.
     #[arg(long, short, help_heading = "Output")]
     quiet: bool,
@@ -212,12 +214,11 @@ impl RunArgs {
         o.detect_every = self.detect_every;
         o.max_faces = self.max_faces;
         o.blend = self.blend;
-        // crf and preset are x264/x265 options; other encoders get FFmpeg's defaults.
-        let x26x = matches!(self.codec.as_str(), "libx264" | "libx265");
+        // crf and preset reach the encoders that have them (encode.rs).
         o.encode = EncodeSettings {
             codec: self.codec,
-            crf: x26x.then_some(self.crf),
-            preset: x26x.then_some(self.preset),
+            crf: self.crf,
+            preset: self.preset,
         };
         Ok(o)
     }

@@ -173,7 +173,7 @@ fn file_id(path: &Path) -> String {
 pub fn settings_hash(o: &Settings) -> String {
     let id = |p: &Path| file_id(p);
     let text = format!(
-        "v{VERSION}\nmodel={}\ndetector={}\nbatch={}\nblend={:?}\ndet_size={}\ndet_threshold={:?}\nnms_iou={:?}\ndetect_every={}\ncodec={}\ncrf={:?}\npreset={:?}\nfp16={}\nmax_frames={:?}\n",
+        "v{VERSION}\nmodel={}\ndetector={}\nbatch={}\nblend={:?}\ndet_size={}\ndet_threshold={:?}\nnms_iou={:?}\ndetect_every={}\ncodec={:?}\ncrf={:?}\npreset={:?}\nfp16={}\nmax_frames={:?}\n",
         id(&o.model),
         id(&o.detector),
         o.batch,

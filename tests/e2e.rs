@@ -801,3 +801,121 @@ fn sequence_patterns_and_image_outputs_are_refused() {
     fails(&d.join("in%02d.mp4"), &d.join("o.mp4"), &[], "image-sequence pattern");
     assert_eq!(std::fs::read_dir(d).unwrap().count(), 0, "nothing written");
 }
+
+/// Streams are kept wherever the container can hold them (MPEG-TS answers "unknown" for AAC
+/// and carries it fine), and every refusal names what to do instead.
+#[test]
+fn containers_keep_what_they_can_and_refusals_say_what_to_do() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let input = asset("samples/test/astronaut.mp4");
+    let streams = |f: &Path, kind: &str| {
+        let out = tool(
+            "ffprobe",
+            &[
+                "-v",
+                "error",
+                "-select_streams",
+                kind,
+                "-show_entries",
+                "stream=codec_name",
+                "-of",
+                "csv=p=0",
+                f.to_str().unwrap(),
+            ],
+        );
+        // MPEG-TS lists its streams again under its program: one entry per stream.
+        let mut names: Vec<String> = String::from_utf8_lossy(&out)
+            .lines()
+            .filter(|l| !l.is_empty())
+            .map(str::to_string)
+            .collect();
+        names.dedup();
+        names
+    };
+    for ext in ["ts", "m2ts"] {
+        let out = d.join(format!("o.{ext}"));
+        ok(&gpen(&[&input, &out, &"--frames", &"10"]));
+        assert_eq!(streams(&out, "a"), ["aac"], ".{ext} keeps the audio");
+    }
+    // MPEG-PS refuses AAC only when its header is written: the video is still written, and the
+    // warning names a container that keeps the audio.
+    let mpg = d.join("o.mpg");
+    let err = ok(&gpen_env(&[&input, &mpg, &"--frames", &"10"], &[("RUST_LOG", "warn")]));
+    assert_eq!(streams(&mpg, "v"), ["h264"]);
+    assert!(
+        err.contains("cannot hold this stream") && err.contains("choose .mkv"),
+        "{err}"
+    );
+    // mov_text subtitles cannot go into Matroska: the warning names a container that keeps them.
+    std::fs::write(d.join("s.srt"), "1\n00:00:00,000 --> 00:00:01,000\nhello\n").unwrap();
+    let subbed = d.join("subbed.mp4");
+    tool(
+        "ffmpeg",
+        &[
+            "-v",
+            "error",
+            "-i",
+            input.to_str().unwrap(),
+            "-i",
+            d.join("s.srt").to_str().unwrap(),
+            "-map",
+            "0",
+            "-map",
+            "1",
+            "-c:v",
+            "copy",
+            "-c:a",
+            "copy",
+            "-c:s",
+            "mov_text",
+            subbed.to_str().unwrap(),
+        ],
+    );
+    let r = gpen_env(
+        &[&subbed, &d.join("o.mkv"), &"--frames", &"10"],
+        &[("RUST_LOG", "warn")],
+    );
+    let err = ok(&r);
+    assert!(
+        err.contains("choose .mp4 to keep it") || err.contains("choose .mov to keep it"),
+        "{err}"
+    );
+    assert!(!err.contains("choose .mkv"), "{err}");
+    // WebM gets a WebM encoder by default, and H.264 into WebM is refused with the way out.
+    let webm = d.join("o.webm");
+    ok(&gpen(&[&input, &webm, &"--frames", &"4"]));
+    assert_eq!(streams(&webm, "v"), ["vp9"]);
+    fails(
+        &input,
+        &d.join("x.webm"),
+        &[&"--codec", &"libx264"],
+        "use --codec libvpx-vp9",
+    );
+    // Odd picture sizes: the message names the encoder in use and one that takes any size.
+    let odd = d.join("odd.mp4");
+    tool(
+        "ffmpeg",
+        &[
+            "-v",
+            "error",
+            "-i",
+            input.to_str().unwrap(),
+            "-frames:v",
+            "4",
+            "-vf",
+            "scale=321:181",
+            "-c:v",
+            "libx264rgb",
+            odd.to_str().unwrap(),
+        ],
+    );
+    fails(
+        &odd,
+        &d.join("o.mp4"),
+        &[&"--codec", &"libx265"],
+        "cannot open encoder libx265 for 321x181",
+    );
+    fails(&odd, &d.join("o2.mp4"), &[&"--codec", &"libx265"], "--codec libx264rgb");
+    ok(&gpen(&[&odd, &d.join("o3.mkv"), &"--codec", &"libx264rgb"]));
+}
