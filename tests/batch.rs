@@ -464,3 +464,34 @@ fn three_shards_process_every_clip_exactly_once() {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("JOB_COMPLETION_INDEX"));
 }
+
+/// `--report` never overwrites a clip, an output or a manifest, and a manifest path that is a
+/// folder is refused before any clip runs: both fail at the start with nothing changed.
+#[test]
+fn bad_report_and_manifest_paths_fail_before_any_clip_runs() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (input, output) = (tmp.path().join("in"), tmp.path().join("out"));
+    make_clips(&input, &["r0.mp4", "r1.mp4"], 6);
+    let clip = input.join("r0.mp4");
+    let before = std::fs::read(&clip).unwrap();
+    for report in [clip.clone(), output.join("r1.mp4"), output.join(MANIFEST)] {
+        let child = batch_cmd(&input, &output, &["--report", report.to_str().unwrap()], &[])
+            .spawn()
+            .unwrap();
+        let out = finish(child, Duration::from_secs(60));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{err}");
+        assert!(err.contains("is also"), "{err}");
+    }
+    assert_eq!(std::fs::read(&clip).unwrap(), before, "the clip is untouched");
+    assert!(outputs(&output).is_empty(), "no clip ran");
+    std::fs::create_dir_all(output.join(MANIFEST)).unwrap();
+    let out = finish(
+        batch_cmd(&input, &output, &[], &[]).spawn().unwrap(),
+        Duration::from_secs(60),
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("is a folder"), "{err}");
+    assert!(outputs(&output).is_empty(), "no clip ran: {err}");
+}
