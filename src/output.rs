@@ -24,10 +24,6 @@ fn folder_of(path: &Path) -> PathBuf {
     }
 }
 
-/// A partial file younger than this is never taken for stale: it may have just been created
-/// and not yet locked by its writer.
-const STALE_AFTER: std::time::Duration = std::time::Duration::from_secs(10);
-
 /// A tag unique across processes, PID namespaces (containers are all PID 1) and machines on
 /// shared storage: 64 random bits from the kernel, with the time and PID as a fallback.
 fn unique_tag() -> String {
@@ -70,9 +66,13 @@ impl Partial {
             let path = dir.join(format!(".{name}.partial-{}{ext}", unique_tag()));
             match std::fs::OpenOptions::new().write(true).create_new(true).open(&path) {
                 Ok(file) => {
-                    file.try_lock()
-                        .map_err(|e| anyhow!("cannot lock {}: {e}", path.display()))?;
-                    return Ok(Partial { path, file });
+                    // Another process's clean-up may have taken the file for stale between its
+                    // creation and the lock (it then holds the lock, or has removed the name):
+                    // only a locked file still under its name is ours.
+                    if file.try_lock().is_ok() && same_inode(&file, &path) {
+                        return Ok(Partial { path, file });
+                    }
+                    continue;
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
                 Err(e) => bail!(
@@ -105,6 +105,15 @@ impl Partial {
     }
 }
 
+/// Whether `path` still names the file open as `file`.
+fn same_inode(file: &std::fs::File, path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (file.metadata(), std::fs::metadata(path)) {
+        (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+        _ => false,
+    }
+}
+
 /// The prefix and suffix of `output`'s partial files, for [`remove_stale`].
 pub fn partial_pattern(output: &Path) -> (String, String) {
     let name = output
@@ -118,7 +127,7 @@ pub fn partial_pattern(output: &Path) -> (String, String) {
 
 /// Removes the files in `dir` named `PREFIX...SUFFIX` that no live writer holds: what a
 /// crashed or killed run left half-written. A file whose lock is held (a run in flight, here or
-/// on another machine sharing the folder) or that is only seconds old is kept.
+/// on another machine sharing the folder) is kept.
 pub fn remove_stale(dir: &Path, prefix: &str, suffix: &str) {
     let Ok(entries) = std::fs::read_dir(dir) else { return };
     for e in entries.flatten() {
@@ -127,13 +136,6 @@ pub fn remove_stale(dir: &Path, prefix: &str, suffix: &str) {
             continue;
         }
         let path = e.path();
-        let young = std::fs::metadata(&path)
-            .and_then(|m| m.modified())
-            .map(|t| t.elapsed().unwrap_or_default() < STALE_AFTER)
-            .unwrap_or(true);
-        if young {
-            continue;
-        }
         let Ok(file) = std::fs::OpenOptions::new().write(true).open(&path) else {
             continue;
         };
@@ -357,14 +359,11 @@ mod tests {
         std::fs::File::create(&dead).unwrap().set_modified(old).unwrap();
         let live = Partial::beside(&out).unwrap();
         live.file().set_modified(old).unwrap();
-        let fresh = dir.path().join(format!("{prefix}fedcba9876543210{suffix}"));
-        std::fs::write(&fresh, b"just created").unwrap();
         let unrelated = dir.path().join(".v.mkv.notes");
         std::fs::File::create(&unrelated).unwrap().set_modified(old).unwrap();
         remove_stale(dir.path(), &prefix, &suffix);
         assert!(!dead.exists(), "a dead run's file is removed");
         assert!(live.path().exists(), "a live run's file is kept");
-        assert!(fresh.exists(), "a file seconds old is kept");
         assert!(unrelated.exists());
     }
 
