@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use crossbeam_channel::{unbounded, RecvTimeoutError};
+use crossbeam_channel::{unbounded, Receiver, RecvTimeoutError};
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use crate::batch_job::{job_loop, Event, JobContext};
@@ -117,30 +117,10 @@ pub fn run(o: &BatchOptions, ints: &Interrupts) -> Result<Report> {
         shard: shard.map(|s| s.to_string()),
         manifest: own_path.clone(),
         settings: settings_hash.clone(),
-        not_video: scan.not_video,
+        not_video: scan.not_video.clone(),
         ..Default::default()
     };
-    let mut todo = Vec::new();
-    for clip in scan.clips {
-        if shard.is_some_and(|s| !s.owns(&clip)) {
-            report.other_shards += 1;
-            continue;
-        }
-        let stamp = match Stamp::of(&o.in_dir.join(&clip.rel)) {
-            Ok(s) => s,
-            Err(e) => {
-                report.failed.push(ClipNote::new(&clip.key, format!("{e:#}")));
-                continue;
-            }
-        };
-        if !o.force && manifest::vouched(&all, &clip.key, stamp, &settings_hash, &o.out_dir.join(&clip.rel)) {
-            report
-                .skipped
-                .push(ClipNote::new(&clip.key, "finished earlier (manifest)".into()));
-        } else {
-            todo.push(clip);
-        }
-    }
+    let todo = select(o, shard, scan.clips, &all, &settings_hash, &mut report);
     let per_job = base.per_job(o.jobs, todo.len(), o.base.threads.is_some());
     report.jobs = per_job.len();
     if !report.not_video.is_empty() {
@@ -192,12 +172,81 @@ pub fn run(o: &BatchOptions, ints: &Interrupts) -> Result<Report> {
     }
     drop(event_tx);
 
-    // The coordinator: the only owner of the report, the manifest and the bars.
+    let in_flight = coordinate(&event_rx, &mut view, &mut own, &own_path, &mut report, ints, n_todo);
+    view.clear();
+
+    report.interrupted = ints.requested();
+    report.interrupt_code = ints.exit_code();
+    for (_, clip) in in_flight {
+        if ints.hard_requested() {
+            report.cancelled.push(clip);
+        } else {
+            report
+                .failed
+                .push(ClipNote::new(&clip, "its job stopped unexpectedly".into()));
+        }
+    }
+    report.not_started = clip_rx.try_iter().map(|c| c.key).collect();
+    report.print_summary();
+    if let Some(path) = &o.report {
+        let json = serde_json::to_string_pretty(&report)? + "\n";
+        crate::output::write_atomic(path, json.as_bytes())
+            .with_context(|| format!("writing report {}", path.display()))?;
+    }
+    Ok(report)
+}
+
+/// The clips this process runs: those of its shard that no manifest vouches for (all of them
+/// with `--force`); the others are counted or listed in `report`.
+fn select(
+    o: &BatchOptions,
+    shard: Option<Shard>,
+    clips: Vec<Clip>,
+    all: &[(PathBuf, Manifest)],
+    settings_hash: &str,
+    report: &mut Report,
+) -> Vec<Clip> {
+    let mut todo = Vec::new();
+    for clip in clips {
+        if shard.is_some_and(|s| !s.owns(&clip)) {
+            report.other_shards += 1;
+            continue;
+        }
+        let stamp = match Stamp::of(&o.in_dir.join(&clip.rel)) {
+            Ok(s) => s,
+            Err(e) => {
+                report.failed.push(ClipNote::new(&clip.key, format!("{e:#}")));
+                continue;
+            }
+        };
+        if !o.force && manifest::vouched(all, &clip.key, stamp, settings_hash, &o.out_dir.join(&clip.rel)) {
+            report
+                .skipped
+                .push(ClipNote::new(&clip.key, "finished earlier (manifest)".into()));
+        } else {
+            todo.push(clip);
+        }
+    }
+    todo
+}
+
+/// The coordinator: the only owner of the report, the manifest and the bars. Takes the jobs'
+/// events until every job has ended (or a hard stop has waited long enough); returns the clips
+/// still in flight then, by job.
+fn coordinate(
+    events: &Receiver<Event>,
+    view: &mut View,
+    own: &mut Manifest,
+    own_path: &Path,
+    report: &mut Report,
+    ints: &Interrupts,
+    n_todo: usize,
+) -> BTreeMap<usize, String> {
     let (mut soft_seen, mut hard_at) = (false, None::<Instant>);
     let mut in_flight: BTreeMap<usize, String> = BTreeMap::new();
     let mut finished = 0usize;
     loop {
-        match event_rx.recv_timeout(Duration::from_millis(100)) {
+        match events.recv_timeout(Duration::from_millis(100)) {
             Ok(Event::Started { job, clip, frames }) => {
                 view.started(job, &clip, frames);
                 in_flight.insert(job, clip);
@@ -206,7 +255,7 @@ pub fn run(o: &BatchOptions, ints: &Interrupts) -> Result<Report> {
             Ok(Event::Done { job, done, entry }) => {
                 in_flight.remove(&job);
                 own.clips.insert(done.clip.clone(), entry);
-                match own.save(&own_path) {
+                match own.save(own_path) {
                     Ok(()) => {
                         view.log(format!(
                             "done     {} ({} frames, {} faces, {:.1} s)",
@@ -257,27 +306,7 @@ pub fn run(o: &BatchOptions, ints: &Interrupts) -> Result<Report> {
             break;
         }
     }
-    view.clear();
-
-    report.interrupted = ints.requested();
-    report.interrupt_code = ints.exit_code();
-    for (_, clip) in std::mem::take(&mut in_flight) {
-        if ints.hard_requested() {
-            report.cancelled.push(clip);
-        } else {
-            report
-                .failed
-                .push(ClipNote::new(&clip, "its job stopped unexpectedly".into()));
-        }
-    }
-    report.not_started = clip_rx.try_iter().map(|c| c.key).collect();
-    report.print_summary();
-    if let Some(path) = &o.report {
-        let json = serde_json::to_string_pretty(&report)? + "\n";
-        crate::output::write_atomic(path, json.as_bytes())
-            .with_context(|| format!("writing report {}", path.display()))?;
-    }
-    Ok(report)
+    in_flight
 }
 
 /// The progress bars: one for the whole batch, one per job.
