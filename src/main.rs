@@ -171,6 +171,13 @@ struct RunArgs {
     /// How much of the restored face to blend in: 0 keeps the original, 1 the restored face.
     #[arg(long, default_value_t = config::DEFAULT_BLEND, value_name = "0..1", help_heading = "Output")]
     blend: f32,
+    /// Temporal smoothing of each tracked face's points before alignment: the Gaussian's sigma
+    /// in frames (the output runs 2 sigma frames behind the detector). 0 turns it off.
+    #[arg(long, default_value_t = config::DEFAULT_SMOOTH, value_name = "FRAMES", help_heading = "Output")]
+    smooth: f32,
+    /// Paste mask: `face` (the face, forehead and hairline, feathered) or `box` (the whole crop).
+    #[arg(long, default_value_t = config::DEFAULT_MASK, value_enum, help_heading = "Output")]
+    mask: gpen_video::paste::MaskKind,
     /// FFmpeg video encoder.
     #[arg(long, default_value = config::DEFAULT_CODEC, help_heading = "Output")]
     codec: String,
@@ -205,6 +212,8 @@ impl RunArgs {
         o.det_threshold = self.det_threshold;
         o.detect_every = self.detect_every;
         o.blend = self.blend;
+        o.smooth = self.smooth;
+        o.mask = self.mask;
         // crf and preset are x264/x265 options; other encoders get FFmpeg's defaults.
         let x26x = matches!(self.codec.as_str(), "libx264" | "libx265");
         o.encode = EncodeSettings {
