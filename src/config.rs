@@ -34,7 +34,7 @@ pub use crate::encode::{DEFAULT_CODEC, DEFAULT_CRF, DEFAULT_PRESET};
 /// How much of the restored face is blended in.
 pub const DEFAULT_BLEND: f32 = 1.0;
 /// Temporal smoothing of each tracked face's points: the Gaussian's sigma, in frames (0: off).
-pub const DEFAULT_SMOOTH: f32 = 5.0;
+pub const DEFAULT_SMOOTH: f32 = 6.0;
 /// The paste mask's shape.
 pub const DEFAULT_MASK: crate::paste::MaskKind = crate::paste::MaskKind::Face;
 /// The default enhancer: the official GPEN-BFR-512 if the user put it in models/, else the

@@ -22,6 +22,9 @@ use crate::frame::{Face, FaceFrame};
 pub const JUMP: f32 = 0.35;
 /// The largest `--smooth` sigma, in frames (the look-ahead holds twice as many frames).
 pub const MAX_SIGMA: f32 = 15.0;
+/// Speed (share of the eye distance per frame) at which the smoothing window has narrowed to
+/// sigma / sqrt(2).
+const SPEED: f64 = 0.01;
 /// Least box overlap between a face and its track's face of the previous frame.
 const LINK_IOU: f32 = 0.3;
 /// Blocks per side of the luma summary the scene-cut test compares.
@@ -234,8 +237,28 @@ fn jumped(a: &Points, b: &Points) -> bool {
 }
 
 /// Replaces the points of the face at frame `n` by the Gaussian-weighted local linear fit of
-/// the track's samples within `radius` frames; the box moves with the points' mean.
+/// the track's samples within `radius` frames; the box moves with the points' mean. The
+/// Gaussian narrows with the face's speed (a first fit measures it): a still face gets the whole
+/// `sigma`, a moving one less, so a start or stop of motion (a kink the line cannot follow)
+/// is not rounded off.
 fn smooth_face(face: &mut Face, samples: &VecDeque<(u64, Points)>, n: u64, sigma: f32, radius: u64) {
+    let Some((_, speed)) = fit(face.landmarks, samples, n, sigma, radius) else {
+        return;
+    };
+    let v0 = SPEED * eye_distance(&face.landmarks) as f64;
+    let narrowed = (sigma as f64 / (1.0 + (speed / v0).powi(2)).sqrt()) as f32;
+    let Some((out, _)) = fit(face.landmarks, samples, n, narrowed.max(0.5), radius) else {
+        return;
+    };
+    let shift = |c: usize| out.iter().zip(&face.landmarks).map(|(a, b)| a[c] - b[c]).sum::<f32>() / 5.0;
+    let (dx, dy) = (shift(0), shift(1));
+    face.bbox = [face.bbox[0] + dx, face.bbox[1] + dy, face.bbox[2] + dx, face.bbox[3] + dy];
+    face.landmarks = out;
+}
+
+/// The local linear fit at `n` with a Gaussian of `sigma`: the points, and the mean speed of
+/// the points (pixels per frame, after the slope's shrinkage). `None` without samples.
+fn fit(start: Points, samples: &VecDeque<(u64, Points)>, n: u64, sigma: f32, radius: u64) -> Option<(Points, f64)> {
     let near = || samples.iter().filter(|(f, _)| f.abs_diff(n) <= radius);
     let weight = |f: u64| {
         let d = f as f64 - n as f64;
@@ -248,14 +271,17 @@ fn smooth_face(face: &mut Face, samples: &VecDeque<(u64, Points)>, n: u64, sigma
         st += w * (*f as f64 - n as f64);
     }
     if sw <= 0.0 {
-        return;
+        return None;
     }
     let mt = st / sw;
     let stt: f64 = near()
         .map(|(f, _)| weight(*f) * (*f as f64 - n as f64 - mt).powi(2))
         .sum();
-    let mut out = face.landmarks;
+    let sww: f64 = near().map(|(f, _)| weight(*f).powi(2) * (*f as f64 - n as f64 - mt).powi(2)).sum();
+    let mut out = start;
+    let mut speed = 0.0;
     for (k, o) in out.iter_mut().enumerate() {
+        let mut v = [0.0f64; 2];
         for c in 0..2 {
             let (mut sx, mut stx) = (0.0f64, 0.0f64);
             for (f, p) in near() {
@@ -265,15 +291,28 @@ fn smooth_face(face: &mut Face, samples: &VecDeque<(u64, Points)>, n: u64, sigma
                 stx += w * (*f as f64 - n as f64 - mt) * x;
             }
             let mx = sx / sw;
+            let mut slope = if stt > 1e-9 { stx / stt } else { 0.0 };
+            // The slope is shrunk by how clearly it stands out of the noise (b^2 / (b^2 + var b)):
+            // a moving face keeps it (no lag), a still one near the end of its track does not
+            // extrapolate its jitter.
+            if slope != 0.0 {
+                let res: f64 = near()
+                    .map(|(f, p)| {
+                        let t = *f as f64 - n as f64 - mt;
+                        weight(*f) * (p[k][c] as f64 - mx - slope * t).powi(2)
+                    })
+                    .sum::<f64>()
+                    / sw;
+                let var = res * sww / (stt * stt);
+                slope *= slope * slope / (slope * slope + var);
+            }
+            v[c] = slope;
             // At n (t = 0 relative): the mean plus the slope times the distance from the mean time.
-            let slope = if stt > 1e-9 { stx / stt } else { 0.0 };
             o[c] = (mx + slope * (0.0 - mt)) as f32;
         }
+        speed += v[0].hypot(v[1]) / 5.0;
     }
-    let shift = |c: usize| out.iter().zip(&face.landmarks).map(|(a, b)| a[c] - b[c]).sum::<f32>() / 5.0;
-    let (dx, dy) = (shift(0), shift(1));
-    face.bbox = [face.bbox[0] + dx, face.bbox[1] + dy, face.bbox[2] + dx, face.bbox[3] + dy];
-    face.landmarks = out;
+    Some((out, speed))
 }
 
 #[cfg(test)]
