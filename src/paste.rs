@@ -271,7 +271,11 @@ fn accumulate(acc: &mut [f32], r: Rect, face: &Paste, mask: &Mask, mips: &mut Ve
         let from: &[u8] = if l == 0 { face.crop } else { &done[l - 1] };
         sw = halve_rgb(from, sw, sw, &mut rest[0]).0;
     }
-    let src: &[u8] = if level == 0 { face.crop } else { &mips[level as usize - 1] };
+    let src: &[u8] = if level == 0 {
+        face.crop
+    } else {
+        &mips[level as usize - 1]
+    };
     let k = (1usize << level) as f32;
     let lim = (size - 1) as f64;
     let rw = r.width();
@@ -339,7 +343,14 @@ mod tests {
         assert!(m.at(256.0, 150.0) > 0.5);
         assert!(m.at(256.0, 420.0) > 0.5);
         // Corners and the sides at eye level beyond the cheeks: outside.
-        for (u, v) in [(40.0, 40.0), (470.0, 40.0), (40.0, 470.0), (470.0, 470.0), (30.0, 240.0), (480.0, 240.0)] {
+        for (u, v) in [
+            (40.0, 40.0),
+            (470.0, 40.0),
+            (40.0, 470.0),
+            (470.0, 470.0),
+            (30.0, 240.0),
+            (480.0, 240.0),
+        ] {
             assert_eq!(m.at(u, v), 0.0, "({u}, {v})");
         }
         // Feathered: neighbouring crop pixels never differ by more than 4 %.
@@ -403,7 +414,11 @@ mod tests {
             let y = 32;
             let m = mask.at(x as f64, y as f64).max(mask.at(x as f64 - 40.0, y as f64));
             let want = (10.0 + 240.0 * m + 0.5).floor() as i32;
-            assert!((a[(y * w + x) * 3] as i32 - want).abs() <= 1, "x {x}: {} vs {want}", a[(y * w + x) * 3]);
+            assert!(
+                (a[(y * w + x) * 3] as i32 - want).abs() <= 1,
+                "x {x}: {} vs {want}",
+                a[(y * w + x) * 3]
+            );
         }
     }
 

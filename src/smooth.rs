@@ -232,7 +232,12 @@ fn eye_distance(p: &Points) -> f32 {
 
 /// The mean point moved more than [`JUMP`] eye distances.
 fn jumped(a: &Points, b: &Points) -> bool {
-    let moved: f32 = a.iter().zip(b).map(|(p, q)| (p[0] - q[0]).hypot(p[1] - q[1])).sum::<f32>() / 5.0;
+    let moved: f32 = a
+        .iter()
+        .zip(b)
+        .map(|(p, q)| (p[0] - q[0]).hypot(p[1] - q[1]))
+        .sum::<f32>()
+        / 5.0;
     moved > JUMP * eye_distance(a)
 }
 
@@ -252,7 +257,12 @@ fn smooth_face(face: &mut Face, samples: &VecDeque<(u64, Points)>, n: u64, sigma
     };
     let shift = |c: usize| out.iter().zip(&face.landmarks).map(|(a, b)| a[c] - b[c]).sum::<f32>() / 5.0;
     let (dx, dy) = (shift(0), shift(1));
-    face.bbox = [face.bbox[0] + dx, face.bbox[1] + dy, face.bbox[2] + dx, face.bbox[3] + dy];
+    face.bbox = [
+        face.bbox[0] + dx,
+        face.bbox[1] + dy,
+        face.bbox[2] + dx,
+        face.bbox[3] + dy,
+    ];
     face.landmarks = out;
 }
 
@@ -277,7 +287,9 @@ fn fit(start: Points, samples: &VecDeque<(u64, Points)>, n: u64, sigma: f32, rad
     let stt: f64 = near()
         .map(|(f, _)| weight(*f) * (*f as f64 - n as f64 - mt).powi(2))
         .sum();
-    let sww: f64 = near().map(|(f, _)| weight(*f).powi(2) * (*f as f64 - n as f64 - mt).powi(2)).sum();
+    let sww: f64 = near()
+        .map(|(f, _)| weight(*f).powi(2) * (*f as f64 - n as f64 - mt).powi(2))
+        .sum();
     let mut out = start;
     let mut speed = 0.0;
     for (k, o) in out.iter_mut().enumerate() {
@@ -321,7 +333,13 @@ mod tests {
     use crate::frame::{FaceJob, Frame};
 
     fn points_at(x: f32, y: f32) -> Points {
-        [[x, y], [x + 50.0, y], [x + 25.0, y + 25.0], [x + 8.0, y + 50.0], [x + 42.0, y + 50.0]]
+        [
+            [x, y],
+            [x + 50.0, y],
+            [x + 25.0, y + 25.0],
+            [x + 8.0, y + 50.0],
+            [x + 42.0, y + 50.0],
+        ]
     }
 
     fn frame(index: u64, faces: &[Points]) -> FaceFrame {
@@ -392,7 +410,11 @@ mod tests {
             let se: f32 = pts
                 .iter()
                 .flatten()
-                .flat_map(|p| p.iter().zip(&truth).map(|(a, b)| (a[0] - b[0]).powi(2) + (a[1] - b[1]).powi(2)))
+                .flat_map(|p| {
+                    p.iter()
+                        .zip(&truth)
+                        .map(|(a, b)| (a[0] - b[0]).powi(2) + (a[1] - b[1]).powi(2))
+                })
                 .sum();
             (se / (5 * pts.len()) as f32).sqrt()
         };
@@ -403,7 +425,12 @@ mod tests {
 
     fn frames_clone(f: &[FaceFrame]) -> Vec<FaceFrame> {
         f.iter()
-            .map(|ff| frame(ff.frame.index, &ff.faces.iter().map(|j| j.face.landmarks).collect::<Vec<_>>()))
+            .map(|ff| {
+                frame(
+                    ff.frame.index,
+                    &ff.faces.iter().map(|j| j.face.landmarks).collect::<Vec<_>>(),
+                )
+            })
             .collect()
     }
 
@@ -414,7 +441,12 @@ mod tests {
         let frames = (0..60).map(|i| frame(i, &[points_at(x(i), 80.0)])).collect();
         for (i, p) in run(5.0, frames).into_iter().enumerate() {
             let p = p.unwrap();
-            assert!((p[0][0] - x(i as u64)).abs() < 1e-3, "frame {i}: {} for {}", p[0][0], x(i as u64));
+            assert!(
+                (p[0][0] - x(i as u64)).abs() < 1e-3,
+                "frame {i}: {} for {}",
+                p[0][0],
+                x(i as u64)
+            );
         }
     }
 

@@ -109,9 +109,15 @@ fn still_faces_in_a_noisy_clip_hold_still() {
     for (i, want_eye) in [(0, 53.0), (1, 31.0)] {
         let track: Vec<&Points> = frames.iter().map(|f| &f[i]).collect();
         let (rms, eye) = jitter(&track);
-        eprintln!("face {i}: eye distance {eye:.1} px, jitter {rms:.3} px ({:.2} %)", 100.0 * rms / eye);
+        eprintln!(
+            "face {i}: eye distance {eye:.1} px, jitter {rms:.3} px ({:.2} %)",
+            100.0 * rms / eye
+        );
         assert!((eye - want_eye).abs() < 6.0, "face {i}: eye distance {eye:.1}");
-        assert!(rms <= 0.01 * eye, "face {i}: jitter {rms:.3} px at {eye:.1} px eye distance");
+        assert!(
+            rms <= 0.01 * eye,
+            "face {i}: jitter {rms:.3} px at {eye:.1} px eye distance"
+        );
         if i == 0 {
             assert!(rms <= 0.5, "jitter {rms:.3} px at {eye:.1} px eye distance");
         }
@@ -167,7 +173,10 @@ fn moving_faces_follow_their_path_without_lag_and_a_cut_starts_afresh() {
     let raw = points_of(dir.path(), &input, "raw.mp4", &[&"--smooth", &"0"]);
     let smoothed = points_of(dir.path(), &input, "smooth.mp4", &[]);
     assert_eq!((raw.len(), smoothed.len()), (70, 70));
-    assert!(raw.iter().chain(&smoothed).all(|f| f.len() == 1), "one face on every frame");
+    assert!(
+        raw.iter().chain(&smoothed).all(|f| f.len() == 1),
+        "one face on every frame"
+    );
     // The truth: the still picture's points (the mean over the still frames) moved as the
     // portrait was.
     let still: Vec<&Points> = raw[..20].iter().map(|f| &f[0]).collect();
@@ -192,13 +201,19 @@ fn moving_faces_follow_their_path_without_lag_and_a_cut_starts_afresh() {
     for (what, range) in [("pan", 20..40), ("jump", 40..55), ("after the cut", 55..70)] {
         let (r, s) = (rms(&raw, range.clone()), rms(&smoothed, range.clone()));
         eprintln!("{what}: error to the truth {r:.2} px unsmoothed, {s:.2} px smoothed (eye distance {eye:.1} px)");
-        assert!(s <= r, "{what}: smoothed error {s:.2} px is larger than unsmoothed {r:.2} px");
+        assert!(
+            s <= r,
+            "{what}: smoothed error {s:.2} px is larger than unsmoothed {r:.2} px"
+        );
     }
     // No overshoot or lag at the jump and no pull toward the old shot at the cut: every frame
     // there is as close to its own truth as detection noise allows.
     for n in (38..44).chain(55..60) {
         let e = error(&smoothed[n][0], n);
-        assert!(e < 0.06 * eye, "frame {n}: {e:.2} px from the truth (eye distance {eye:.1})");
+        assert!(
+            e < 0.06 * eye,
+            "frame {n}: {e:.2} px from the truth (eye distance {eye:.1})"
+        );
     }
 }
 
@@ -245,6 +260,14 @@ fn the_face_mask_leaves_the_crop_corners_alone() {
         eprintln!("--mask {mask}: crop corners at least {worst:.1} dB from a plain re-encode");
         changed_corners.push(worst);
     }
-    assert!(changed_corners[0] > 33.0, "face mask: corners changed ({:.1} dB)", changed_corners[0]);
-    assert!(changed_corners[1] < 20.0, "box mask: corners kept ({:.1} dB)", changed_corners[1]);
+    assert!(
+        changed_corners[0] > 33.0,
+        "face mask: corners changed ({:.1} dB)",
+        changed_corners[0]
+    );
+    assert!(
+        changed_corners[1] < 20.0,
+        "box mask: corners kept ({:.1} dB)",
+        changed_corners[1]
+    );
 }
