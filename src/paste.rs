@@ -240,8 +240,8 @@ fn overlapping_groups(faces: &[Paste]) -> Vec<Vec<usize>> {
     }
     let mut out: Vec<Vec<usize>> = Vec::new();
     let mut roots: Vec<usize> = Vec::new();
-    for i in 0..faces.len() {
-        if faces[i].region.is_empty() {
+    for (i, face) in faces.iter().enumerate() {
+        if face.region.is_empty() {
             continue;
         }
         let r = root(&mut group, i);
