@@ -10,6 +10,71 @@ use ffmpeg_next as ffmpeg;
 
 use crate::geom::Rect;
 
+/// The YCbCr matrix of a picture (limited range): what its stream says, else the usual
+/// default by size (BT.709 for HD and larger, BT.601 below), the same both ways.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Matrix {
+    Bt601,
+    Bt709,
+    Bt2020,
+}
+
+impl Matrix {
+    /// The matrix a stream tagged `space` (maybe unspecified) of `width x height` uses.
+    pub fn from_tag(space: ffmpeg::color::Space, width: usize, height: usize) -> Self {
+        use ffmpeg::color::Space;
+        match space {
+            Space::BT709 | Space::SMPTE240M => Matrix::Bt709,
+            Space::BT2020NCL | Space::BT2020CL => Matrix::Bt2020,
+            Space::BT470BG | Space::SMPTE170M | Space::FCC => Matrix::Bt601,
+            _ if width >= 1280 || height > 576 => Matrix::Bt709,
+            _ => Matrix::Bt601,
+        }
+    }
+
+    /// The matrix of a decoded picture (its own tag and size).
+    pub fn of(frame: &VideoFrame) -> Self {
+        Self::from_tag(frame.color_space(), frame.width() as usize, frame.height() as usize)
+    }
+
+    /// Kr and Kb, the red and blue luma weights.
+    fn weights(self) -> (f32, f32) {
+        match self {
+            Matrix::Bt601 => (0.299, 0.114),
+            Matrix::Bt709 => (0.2126, 0.0722),
+            Matrix::Bt2020 => (0.2627, 0.0593),
+        }
+    }
+
+    /// Integer RGB -> YCbCr coefficients (x256) for limited range: Y, Cb and Cr rows.
+    fn forward(self) -> [[i32; 3]; 3] {
+        let (kr, kb) = self.weights();
+        let kg = 1.0 - kr - kb;
+        let (y, c) = (219.0 / 255.0 * 256.0, 224.0 / 255.0 * 256.0);
+        let (cb, cr) = (c / (2.0 * (1.0 - kb)), c / (2.0 * (1.0 - kr)));
+        let r = |v: f32| v.round() as i32;
+        [
+            [r(y * kr), r(y * kg), r(y * kb)],
+            [r(-cb * kr), r(-cb * kg), r(cb * (1.0 - kb))],
+            [r(cr * (1.0 - kr)), r(-cr * kg), r(-cr * kb)],
+        ]
+    }
+
+    /// YCbCr -> RGB factors for limited range: luma scale, Cr->R, Cb->G, Cr->G, Cb->B.
+    fn inverse(self) -> [f32; 5] {
+        let (kr, kb) = self.weights();
+        let kg = 1.0 - kr - kb;
+        let c = 255.0 / 224.0;
+        [
+            255.0 / 219.0,
+            2.0 * (1.0 - kr) * c,
+            2.0 * kb * (1.0 - kb) / kg * c,
+            2.0 * kr * (1.0 - kr) / kg * c,
+            2.0 * (1.0 - kb) * c,
+        ]
+    }
+}
+
 /// Converts `src` to packed RGB24 of `width x height` in `dst` (no row padding). swscale writes
 /// into `tmp`, an FFmpeg frame with the aligned and padded rows its SIMD code may write past the
 /// line end, and the rows are copied out: writing straight into a tight buffer corrupts memory
@@ -64,8 +129,8 @@ pub fn convert(
     Ok(())
 }
 
-/// Converts one region of packed RGB24 back into a yuv420p picture (BT.601, limited range: the
-/// inverse of the conversion the decoder applied). The region is widened to even bounds so
+/// Converts one region of packed RGB24 back into a yuv420p picture (limited range, the picture's
+/// [`Matrix`]: the inverse of [`yuv420p_to_rgb_region`]). The region is widened to even bounds so
 /// every chroma sample it touches is recomputed from its four pixels.
 pub fn rgb_to_yuv420p_region(rgb: &[u8], width: usize, height: usize, yuv: &mut VideoFrame, r: Rect) {
     let Rect { x0, y0, x1, y1 } = r.even(width, height);
@@ -74,7 +139,8 @@ pub fn rgb_to_yuv420p_region(rgb: &[u8], width: usize, height: usize, yuv: &mut 
         let i = (y * width + x) * 3;
         (rgb[i] as i32, rgb[i + 1] as i32, rgb[i + 2] as i32)
     };
-    let luma = |(r, g, b): (i32, i32, i32)| (((66 * r + 129 * g + 25 * b + 128) >> 8) + 16).clamp(0, 255) as u8;
+    let [ly, lu, lv] = Matrix::of(yuv).forward();
+    let luma = |(r, g, b): (i32, i32, i32)| (((ly[0] * r + ly[1] * g + ly[2] * b + 128) >> 8) + 16).clamp(0, 255) as u8;
     {
         let plane = yuv.data_mut(0);
         for y in y0..y1 {
@@ -98,22 +164,23 @@ pub fn rgb_to_yuv420p_region(rgb: &[u8], width: usize, height: usize, yuv: &mut 
                 }
             }
             let (r, g, b) = ((sr + n / 2) / n, (sg + n / 2) / n, (sb + n / 2) / n);
-            let u = (((-38 * r - 74 * g + 112 * b + 128) >> 8) + 128).clamp(0, 255) as u8;
-            let v = (((112 * r - 94 * g - 18 * b + 128) >> 8) + 128).clamp(0, 255) as u8;
+            let u = (((lu[0] * r + lu[1] * g + lu[2] * b + 128) >> 8) + 128).clamp(0, 255) as u8;
+            let v = (((lv[0] * r + lv[1] * g + lv[2] * b + 128) >> 8) + 128).clamp(0, 255) as u8;
             yuv.data_mut(1)[cy * us + cx] = u;
             yuv.data_mut(2)[cy * vs + cx] = v;
         }
     }
 }
 
-/// Converts one region of a yuv420p picture to packed RGB24 (BT.601, limited range, chroma
-/// interpolated bilinearly with MPEG-2 siting): the inverse of [`rgb_to_yuv420p_region`], used
+/// Converts one region of a yuv420p picture to packed RGB24 (limited range, the picture's
+/// [`Matrix`], chroma interpolated bilinearly with MPEG-2 siting): the inverse of [`rgb_to_yuv420p_region`], used
 /// so only face regions are ever converted.
 pub fn yuv420p_to_rgb_region(yuv: &VideoFrame, rgb: &mut [u8], width: usize, height: usize, r: Rect) {
     let Rect { x0, y0, x1, y1 } = r.clip(width, height);
     let (ys, us, vs) = (yuv.stride(0), yuv.stride(1), yuv.stride(2));
     let (yp, up, vp) = (yuv.data(0), yuv.data(1), yuv.data(2));
     let (cw, ch) = (width.div_ceil(2), height.div_ceil(2));
+    let [ky, kvr, kug, kvg, kub] = Matrix::of(yuv).inverse();
     for y in y0..y1 {
         // Chroma rows sit between luma rows: luma row y is at chroma row (y - 0.5) / 2.
         let cy = (y as f32 - 0.5) * 0.5;
@@ -132,11 +199,11 @@ pub fn yuv420p_to_rgb_region(yuv: &VideoFrame, rgb: &mut [u8], width: usize, hei
                 a + (b - a) * fy - 128.0
             };
             let (d, e) = (bil(up, us), bil(vp, vs));
-            let c = 1.164_383_6 * (yp[y * ys + x] as f32 - 16.0);
+            let c = ky * (yp[y * ys + x] as f32 - 16.0);
             let px = &mut rgb[(y * width + x) * 3..(y * width + x) * 3 + 3];
-            px[0] = (c + 1.596_026_8 * e + 0.5).clamp(0.0, 255.0) as u8;
-            px[1] = (c - 0.391_762_3 * d - 0.812_967_6 * e + 0.5).clamp(0.0, 255.0) as u8;
-            px[2] = (c + 2.017_232_2 * d + 0.5).clamp(0.0, 255.0) as u8;
+            px[0] = (c + kvr * e + 0.5).clamp(0.0, 255.0) as u8;
+            px[1] = (c - kug * d - kvg * e + 0.5).clamp(0.0, 255.0) as u8;
+            px[2] = (c + kub * d + 0.5).clamp(0.0, 255.0) as u8;
         }
     }
 }
@@ -196,6 +263,22 @@ mod tests {
             }
         }
         assert!(worst <= 1, "round trip moved a sample by {worst} levels");
+    }
+
+    #[test]
+    fn matrices_follow_the_tag_then_the_size_and_bt601_keeps_its_integers() {
+        use ffmpeg::color::Space;
+        assert_eq!(
+            Matrix::Bt601.forward(),
+            [[66, 129, 25], [-38, -74, 112], [112, -94, -18]]
+        );
+        let inv = Matrix::Bt601.inverse();
+        assert!((inv[1] - 1.596_026_8).abs() < 1e-4 && (inv[4] - 2.017_232_2).abs() < 1e-4);
+        assert_eq!(Matrix::from_tag(Space::Unspecified, 1920, 1080), Matrix::Bt709);
+        assert_eq!(Matrix::from_tag(Space::Unspecified, 640, 360), Matrix::Bt601);
+        assert_eq!(Matrix::from_tag(Space::BT470BG, 1920, 1080), Matrix::Bt601);
+        assert_eq!(Matrix::from_tag(Space::BT709, 640, 360), Matrix::Bt709);
+        assert_eq!(Matrix::from_tag(Space::BT2020NCL, 3840, 2160), Matrix::Bt2020);
     }
 
     #[test]

@@ -35,6 +35,10 @@ pub const DEFAULT_DETECT_EVERY: u32 = 5;
 pub use crate::encode::{DEFAULT_CODEC, DEFAULT_CRF, DEFAULT_PRESET};
 /// How much of the restored face is blended in.
 pub const DEFAULT_BLEND: f32 = 1.0;
+/// Temporal smoothing of each tracked face's points: the Gaussian's sigma, in frames (0: off).
+pub const DEFAULT_SMOOTH: f32 = 6.0;
+/// The paste mask's shape.
+pub const DEFAULT_MASK: crate::paste::MaskKind = crate::paste::MaskKind::Face;
 /// The default enhancer: the official GPEN-BFR-512 if the user put it in models/, else the
 /// set-up's identity stand-in.
 pub const DEFAULT_MODELS: [&str; 2] = ["models/GPEN-BFR-512.onnx", "models/standin/identity-512.onnx"];
@@ -114,6 +118,10 @@ pub struct Options {
     pub detect_every: u32,
     pub max_faces: usize,
     pub blend: f32,
+    /// Landmark smoothing over time: sigma in frames, 0 for off.
+    pub smooth: f32,
+    /// The paste mask: the face's shape or the whole crop.
+    pub mask: crate::paste::MaskKind,
     pub encode: EncodeSettings,
     /// CPU threads for ONNX Runtime (default: all cores, shared by the CPU workers).
     pub threads: Option<usize>,
@@ -146,6 +154,8 @@ impl Options {
             detect_every: DEFAULT_DETECT_EVERY,
             max_faces: DEFAULT_MAX_FACES,
             blend: DEFAULT_BLEND,
+            smooth: DEFAULT_SMOOTH,
+            mask: DEFAULT_MASK,
             encode: EncodeSettings::default(),
             threads: None,
             trt: false,
@@ -182,6 +192,8 @@ pub struct Settings {
     pub detect_every: u32,
     pub max_faces: usize,
     pub blend: f32,
+    pub smooth: f32,
+    pub mask: crate::paste::MaskKind,
     pub encode: EncodeSettings,
     pub hwaccel_cuda: bool,
     pub max_frames: Option<u64>,
@@ -219,6 +231,13 @@ impl Settings {
     pub fn resolve(o: &Options) -> Result<Settings> {
         if !(0.0..=1.0).contains(&o.blend) {
             bail!("--blend must be between 0 and 1, got {}", o.blend);
+        }
+        if !(0.0..=crate::smooth::MAX_SIGMA).contains(&o.smooth) {
+            bail!(
+                "--smooth must be between 0 (off) and {} frames, got {}",
+                crate::smooth::MAX_SIGMA,
+                o.smooth
+            );
         }
         if o.batch == 0 {
             bail!("--batch must be at least 1");
@@ -279,6 +298,8 @@ impl Settings {
             detect_every: o.detect_every,
             max_faces: o.max_faces,
             blend: o.blend,
+            smooth: o.smooth,
+            mask: o.mask,
             encode: o.encode.clone(),
             hwaccel_cuda: o.hwaccel_cuda,
             max_frames: o.max_frames,
@@ -360,6 +381,8 @@ impl Settings {
             output: output.to_path_buf(),
             max_frames: self.max_frames,
             blend: self.blend,
+            smooth: self.smooth,
+            mask: self.mask,
             encode: self.encode.clone(),
             hwaccel_cuda: self.hwaccel_cuda,
             faces_json: self.faces_json.clone(),
@@ -471,6 +494,8 @@ mod tests {
             detect_every: 5,
             max_faces: 32,
             blend: 1.0,
+            smooth: DEFAULT_SMOOTH,
+            mask: DEFAULT_MASK,
             encode: EncodeSettings::default(),
             hwaccel_cuda: false,
             max_frames: None,

@@ -468,6 +468,8 @@ impl Encoder {
                 if !ok {
                     bail!("out of memory copying frame {}", frame.index);
                 }
+                // The colour matrix travels with the picture (av_frame_copy copies pixels only).
+                work.set_color_space(src.color_space());
                 for r in &frame.dirty {
                     rgb_to_yuv420p_region(&frame.rgb, frame.width, frame.height, work, *r);
                 }

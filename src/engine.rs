@@ -103,6 +103,9 @@ pub struct Job {
     /// Stop after this many frames.
     pub max_frames: Option<u64>,
     pub blend: f32,
+    /// Landmark smoothing sigma in frames (0: off).
+    pub smooth: f32,
+    pub mask: crate::paste::MaskKind,
     pub encode: EncodeSettings,
     pub hwaccel_cuda: bool,
     /// Where each frame's faces are streamed as JSON.

@@ -25,6 +25,7 @@ pub mod paste;
 pub mod pipeline;
 pub mod registry;
 pub mod runtime;
+pub mod smooth;
 pub mod stats;
 
 /// Initialises FFmpeg once and keeps its own logging to errors.

@@ -177,6 +177,13 @@ struct RunArgs {
     /// How much of the restored face to blend in: 0 keeps the original, 1 the restored face.
     #[arg(long, default_value_t = config::DEFAULT_BLEND, value_name = "0..1", help_heading = "Output")]
     blend: f32,
+    /// Temporal smoothing of each tracked face's points before alignment: the Gaussian's sigma
+    /// in frames (the output runs 2 sigma frames behind the detector). 0 turns it off.
+    #[arg(long, default_value_t = config::DEFAULT_SMOOTH, value_name = "FRAMES", help_heading = "Output")]
+    smooth: f32,
+    /// Paste mask: `face` (the face, forehead and hairline, feathered) or `box` (the whole crop).
+    #[arg(long, default_value_t = config::DEFAULT_MASK, value_enum, help_heading = "Output")]
+    mask: gpen_video::paste::MaskKind,
     /// FFmpeg video encoder [default: libx264; for .webm the first of libvpx-vp9, libaom-av1,
     /// libsvtav1 this FFmpeg has].
     #[arg(long, value_name = "NAME", help_heading = "Output")]
@@ -214,6 +221,8 @@ impl RunArgs {
         o.detect_every = self.detect_every;
         o.max_faces = self.max_faces;
         o.blend = self.blend;
+        o.smooth = self.smooth;
+        o.mask = self.mask;
         // crf and preset reach the encoders that have them (encode.rs).
         o.encode = EncodeSettings {
             codec: self.codec,

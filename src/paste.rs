@@ -1,50 +1,286 @@
 //! Paste-back: in, a frame and its restored face crops with their frame->crop transforms; out,
-//! the frame with each face blended in through a feathered mask, over the face region only.
+//! the frame with each face blended in through a feathered mask (the face's shape, or the whole
+//! crop), over the face regions only; overlapping faces combine by the larger mask value.
+//!
+//! A crop pasted onto a face smaller than itself (each frame pixel covers several crop pixels)
+//! is sampled from a box-filtered mip level of the crop instead of the crop itself, so fine
+//! detail the frame cannot hold averages out instead of aliasing (shimmering between frames).
 
 use crate::align::sample_rgb_f32;
 use crate::geom::{Affine, Rect};
 
-/// A feathered box mask over the crop: zero on a thin border, rising smoothly to one inside, so
-/// no edge or seam of the crop shows in the frame.
+/// The paste mask's shape.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, clap::ValueEnum)]
+pub enum MaskKind {
+    /// The face, forehead and hairline (an ellipse placed by the alignment template), feathered:
+    /// what the model regenerates in the crop's corners (background, a neighbour) stays out.
+    #[default]
+    Face,
+    /// The whole crop, feathered at its border.
+    Box,
+}
+
+impl std::fmt::Display for MaskKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            MaskKind::Face => "face",
+            MaskKind::Box => "box",
+        })
+    }
+}
+
+/// Border (fraction of the crop) where the box mask is zero, and the width of its ramp.
+const BOX_BORDER: f64 = 0.03;
+const BOX_FEATHER: f64 = 0.12;
+/// The face ellipse in units of the eye-to-mouth distance `d` of the template: it reaches
+/// `FACE_TOP` above the eyes (forehead and hairline), `FACE_CHIN` below the mouth, and
+/// `FACE_HALF_WIDTH` to each side of the face's axis.
+const FACE_TOP: f64 = 1.25;
+const FACE_CHIN: f64 = 0.62;
+const FACE_HALF_WIDTH: f64 = 1.2;
+/// Share of the ellipse's radius over which the face mask ramps from one to zero.
+const FACE_FEATHER: f64 = 0.3;
+
+/// A soft mask over the crop, tabulated per crop pixel (`size x size`), read bilinearly.
 #[derive(Clone, Debug)]
 pub struct Mask {
     size: usize,
-    /// Border (fraction of the crop) where the mask is zero.
-    border: f64,
-    /// Width (fraction of the crop) of the ramp from zero to one.
-    feather: f64,
+    table: Vec<f32>,
+}
+
+fn smoothstep(t: f64) -> f64 {
+    let t = t.clamp(0.0, 1.0);
+    t * t * (3.0 - 2.0 * t)
 }
 
 impl Mask {
+    /// The feathered box: zero on a thin border, rising smoothly to one inside.
     pub fn new(size: usize) -> Self {
-        Self {
-            size,
-            border: 0.03,
-            feather: 0.12,
+        Self::tabulate(size, |u, v| Self::box_at(size, u, v))
+    }
+
+    /// A mask of `kind` for crops of `size` aligned to `template` (its five points in crop pixels).
+    pub fn build(kind: MaskKind, size: usize, template: &[[f32; 2]; 5]) -> Self {
+        match kind {
+            MaskKind::Box => Self::new(size),
+            MaskKind::Face => Self::face(size, template),
         }
     }
 
-    /// Mask value at crop coordinates (u, v), 0 outside the crop.
+    /// The face mask: a feathered ellipse along the eyes-to-mouth axis, inside the box mask.
+    pub fn face(size: usize, t: &[[f32; 2]; 5]) -> Self {
+        let mid = |a: [f32; 2], b: [f32; 2]| ((a[0] + b[0]) as f64 / 2.0, (a[1] + b[1]) as f64 / 2.0);
+        let (ex, ey) = mid(t[0], t[1]);
+        let (mx, my) = mid(t[3], t[4]);
+        let d = (mx - ex).hypot(my - ey).max(1.0);
+        // Unit vectors: down the face (eyes to mouth) and across it.
+        let (dx, dy) = ((mx - ex) / d, (my - ey) / d);
+        let (semi_v, semi_u) = ((FACE_TOP + 1.0 + FACE_CHIN) / 2.0 * d, FACE_HALF_WIDTH * d);
+        let centre = (1.0 + FACE_CHIN - FACE_TOP) / 2.0 * d;
+        let (cx, cy) = (ex + dx * centre, ey + dy * centre);
+        Self::tabulate(size, |u, v| {
+            let (px, py) = (u - cx, v - cy);
+            let along = px * dx + py * dy;
+            let across = -px * dy + py * dx;
+            let r = ((along / semi_v).powi(2) + (across / semi_u).powi(2)).sqrt();
+            let face = smoothstep((1.0 - r) / FACE_FEATHER);
+            (face * Self::box_at(size, u, v) as f64) as f32
+        })
+    }
+
+    fn box_at(size: usize, u: f64, v: f64) -> f32 {
+        let s = (size - 1) as f64;
+        let d = u.min(v).min(s - u).min(s - v) / size as f64;
+        smoothstep((d - BOX_BORDER) / BOX_FEATHER) as f32
+    }
+
+    fn tabulate(size: usize, f: impl Fn(f64, f64) -> f32) -> Self {
+        let table = (0..size * size)
+            .map(|i| f((i % size) as f64, (i / size) as f64))
+            .collect();
+        Self { size, table }
+    }
+
+    /// Mask value at crop coordinates (u, v) (bilinear between crop pixels), 0 outside the crop.
     #[inline]
     pub fn at(&self, u: f64, v: f64) -> f32 {
-        let s = (self.size - 1) as f64;
-        let d = u.min(v).min(s - u).min(s - v) / self.size as f64;
-        let t = ((d - self.border) / self.feather).clamp(0.0, 1.0);
-        (t * t * (3.0 - 2.0 * t)) as f32
+        let lim = (self.size - 1) as f64;
+        if !(0.0..=lim).contains(&u) || !(0.0..=lim).contains(&v) {
+            return 0.0;
+        }
+        let (x0, y0) = (u as usize, v as usize);
+        let (x1, y1) = ((x0 + 1).min(self.size - 1), (y0 + 1).min(self.size - 1));
+        let (fx, fy) = ((u - x0 as f64) as f32, (v - y0 as f64) as f32);
+        let t = &self.table;
+        let s = self.size;
+        let top = t[y0 * s + x0] + (t[y0 * s + x1] - t[y0 * s + x0]) * fx;
+        let bottom = t[y1 * s + x0] + (t[y1 * s + x1] - t[y1 * s + x0]) * fx;
+        top + (bottom - top) * fy
+    }
+
+    pub fn size(&self) -> usize {
+        self.size
     }
 }
 
-/// Blends a restored crop (packed RGB24, the mask's `size x size`) into the frame: each frame
-/// pixel in `r` (the crop's footprint, [`crate::geom::crop_footprint`]) is mapped into the crop, sampled
-/// bilinearly and mixed by `mask * blend`.
+/// Halves packed RGB24 of `w x h` by 2x2 box averages (odd edges repeat the last pixel).
+pub fn halve_rgb(src: &[u8], w: usize, h: usize, out: &mut Vec<u8>) -> (usize, usize) {
+    let (hw, hh) = (w.div_ceil(2).max(1), h.div_ceil(2).max(1));
+    out.clear();
+    out.reserve(hw * hh * 3);
+    for y in 0..hh {
+        let (ya, yb) = ((2 * y).min(h - 1), (2 * y + 1).min(h - 1));
+        for x in 0..hw {
+            let (xa, xb) = ((2 * x).min(w - 1), (2 * x + 1).min(w - 1));
+            for c in 0..3 {
+                let s = src[(ya * w + xa) * 3 + c] as u32
+                    + src[(ya * w + xb) * 3 + c] as u32
+                    + src[(yb * w + xa) * 3 + c] as u32
+                    + src[(yb * w + xb) * 3 + c] as u32;
+                out.push(((s + 2) / 4) as u8);
+            }
+        }
+    }
+    (hw, hh)
+}
+
+/// The mip level to sample when one frame pixel covers `scale` crop pixels: the largest `k`
+/// with `2^k <= scale` (0 for faces as large as the crop or larger), at most `max`.
+pub fn mip_level(scale: f64, max: u32) -> u32 {
+    if scale < 2.0 || !scale.is_finite() {
+        0
+    } else {
+        (scale.log2().floor() as u32).min(max)
+    }
+}
+
+/// One face to paste: its restored crop (packed RGB24, the mask's size) and where it goes.
+pub struct Paste<'a> {
+    pub crop: &'a [u8],
+    pub to_crop: Affine,
+    pub region: Rect,
+}
+
+/// Reusable buffers of the paste stage: mip levels of one crop and the accumulation buffer of
+/// a group of overlapping faces.
+#[derive(Default)]
+pub struct Scratch {
+    mips: Vec<Vec<u8>>,
+    acc: Vec<f32>,
+}
+
+/// Blends restored crops into the frame (packed RGB24, `width` wide). Each frame pixel of a
+/// face's region is mapped into the crop, sampled bilinearly (from the crop's mip level for
+/// a face smaller than the crop) and mixed by `mask * blend`. Where regions overlap, the faces
+/// are averaged weighted by their mask values and mixed in by the largest: a face never paints
+/// over another one's centre, and no seam shows where their masks cross.
+pub fn paste_all(frame: &mut [u8], width: usize, faces: &[Paste], mask: &Mask, blend: f32, scratch: &mut Scratch) {
+    for group in overlapping_groups(faces) {
+        let r = group.iter().fold(faces[group[0]].region, |r, &i| {
+            let q = faces[i].region;
+            Rect::new(r.x0.min(q.x0), r.y0.min(q.y0), r.x1.max(q.x1), r.y1.max(q.y1))
+        });
+        let (rw, rh) = (r.width(), r.height());
+        // Per pixel: sum of m * colour (3), sum of m, largest m.
+        let mut acc = std::mem::take(&mut scratch.acc);
+        acc.clear();
+        acc.resize(rw * rh * 5, 0.0);
+        for &i in &group {
+            accumulate(&mut acc, r, &faces[i], mask, &mut scratch.mips);
+        }
+        for y in r.y0..r.y1 {
+            let row = &mut frame[y * width * 3..(y + 1) * width * 3];
+            for x in r.x0..r.x1 {
+                let a = &acc[((y - r.y0) * rw + x - r.x0) * 5..][..5];
+                let alpha = a[4] * blend;
+                if alpha <= 0.0 || a[3] <= 0.0 {
+                    continue;
+                }
+                let px = &mut row[x * 3..x * 3 + 3];
+                for c in 0..3 {
+                    let old = px[c] as f32;
+                    let new = a[c] / a[3];
+                    // Non-negative, so +0.5 and truncation round to nearest.
+                    px[c] = (old + (new - old) * alpha + 0.5).clamp(0.0, 255.0) as u8;
+                }
+            }
+        }
+        scratch.acc = acc;
+    }
+}
+
+/// Blends one restored crop into the frame (see [`paste_all`]).
 pub fn paste(frame: &mut [u8], width: usize, crop: &[u8], to_crop: &Affine, r: Rect, mask: &Mask, blend: f32) {
-    let Rect { x0, y0, x1, y1 } = r;
+    let face = Paste {
+        crop,
+        to_crop: *to_crop,
+        region: r,
+    };
+    paste_all(frame, width, &[face], mask, blend, &mut Scratch::default());
+}
+
+/// Indices of faces in groups whose regions overlap (directly or through another face).
+fn overlapping_groups(faces: &[Paste]) -> Vec<Vec<usize>> {
+    let overlap = |a: Rect, b: Rect| a.x0 < b.x1 && b.x0 < a.x1 && a.y0 < b.y1 && b.y0 < a.y1;
+    let mut group: Vec<usize> = (0..faces.len()).collect();
+    fn root(g: &mut [usize], mut i: usize) -> usize {
+        while g[i] != i {
+            g[i] = g[g[i]];
+            i = g[i];
+        }
+        i
+    }
+    for i in 0..faces.len() {
+        for j in i + 1..faces.len() {
+            if overlap(faces[i].region, faces[j].region) {
+                let (a, b) = (root(&mut group, i), root(&mut group, j));
+                group[a] = b;
+            }
+        }
+    }
+    let mut out: Vec<Vec<usize>> = Vec::new();
+    let mut roots: Vec<usize> = Vec::new();
+    for (i, face) in faces.iter().enumerate() {
+        if face.region.is_empty() {
+            continue;
+        }
+        let r = root(&mut group, i);
+        match roots.iter().position(|&q| q == r) {
+            Some(k) => out[k].push(i),
+            None => {
+                roots.push(r);
+                out.push(vec![i]);
+            }
+        }
+    }
+    out
+}
+
+/// Adds one face's mask-weighted colours to `acc` (5 floats per pixel of `r`).
+fn accumulate(acc: &mut [f32], r: Rect, face: &Paste, mask: &Mask, mips: &mut Vec<Vec<u8>>) {
     let size = mask.size;
-    let m = to_crop.0;
+    let m = face.to_crop.0;
+    // Frame pixels per crop pixel inverted: crop pixels one frame pixel covers.
+    let level = mip_level(face.to_crop.scale(), 5.min(size.ilog2().saturating_sub(3)));
+    while mips.len() < level as usize {
+        mips.push(Vec::new());
+    }
+    let mut sw = size;
+    for l in 0..level as usize {
+        let (done, rest) = mips.split_at_mut(l);
+        let from: &[u8] = if l == 0 { face.crop } else { &done[l - 1] };
+        sw = halve_rgb(from, sw, sw, &mut rest[0]).0;
+    }
+    let src: &[u8] = if level == 0 {
+        face.crop
+    } else {
+        &mips[level as usize - 1]
+    };
+    let k = (1usize << level) as f32;
     let lim = (size - 1) as f64;
+    let rw = r.width();
+    let Rect { x0, y0, x1, y1 } = face.region;
     for y in y0..y1 {
-        let row = &mut frame[y * width * 3..(y + 1) * width * 3];
-        // Step along the row: the crop point moves by (m0, m3) per frame pixel.
         let (mut u, mut v) = (
             m[0] * x0 as f64 + m[1] * y as f64 + m[2],
             m[3] * x0 as f64 + m[4] * y as f64 + m[5],
@@ -56,17 +292,19 @@ pub fn paste(frame: &mut [u8], width: usize, crop: &[u8], to_crop: &Affine, r: R
             if !(0.0..=lim).contains(&cu) || !(0.0..=lim).contains(&cv) {
                 continue;
             }
-            let a = mask.at(cu, cv) * blend;
+            let a = mask.at(cu, cv);
             if a <= 0.0 {
                 continue;
             }
-            let p = sample_rgb_f32(crop, size, size, cu as f32, cv as f32);
-            let px = &mut row[x * 3..x * 3 + 3];
+            // Level pixel j covers crop pixels [j k, (j + 1) k): its centre is at j k + (k - 1) / 2.
+            let (lu, lv) = ((cu as f32 - (k - 1.0) / 2.0) / k, (cv as f32 - (k - 1.0) / 2.0) / k);
+            let p = sample_rgb_f32(src, sw, sw, lu, lv);
+            let cell = &mut acc[((y - r.y0) * rw + x - r.x0) * 5..][..5];
             for c in 0..3 {
-                let old = px[c] as f32;
-                // Non-negative, so +0.5 and truncation round to nearest.
-                px[c] = (old + (p[c] - old) * a + 0.5).clamp(0.0, 255.0) as u8;
+                cell[c] += a * p[c];
             }
+            cell[3] += a;
+            cell[4] = cell[4].max(a);
         }
     }
 }
@@ -93,6 +331,41 @@ mod tests {
     }
 
     #[test]
+    fn face_mask_covers_the_face_and_forehead_not_the_corners_and_has_no_step() {
+        let size = 512;
+        let t = crate::align::template(size);
+        let m = Mask::face(size, &t);
+        // Eyes, nose, mouth corners: inside.
+        for p in t {
+            assert!(m.at(p[0] as f64, p[1] as f64) > 0.99, "{p:?}");
+        }
+        // The forehead above the eyes and the chin below the mouth.
+        assert!(m.at(256.0, 150.0) > 0.5);
+        assert!(m.at(256.0, 420.0) > 0.5);
+        // Corners and the sides at eye level beyond the cheeks: outside.
+        for (u, v) in [
+            (40.0, 40.0),
+            (470.0, 40.0),
+            (40.0, 470.0),
+            (470.0, 470.0),
+            (30.0, 240.0),
+            (480.0, 240.0),
+        ] {
+            assert_eq!(m.at(u, v), 0.0, "({u}, {v})");
+        }
+        // Feathered: neighbouring crop pixels never differ by more than 4 %.
+        let mut worst = 0.0f32;
+        for v in 0..size - 1 {
+            for u in 0..size - 1 {
+                let a = m.at(u as f64, v as f64);
+                worst = worst.max((a - m.at(u as f64 + 1.0, v as f64)).abs());
+                worst = worst.max((a - m.at(u as f64, v as f64 + 1.0)).abs());
+            }
+        }
+        assert!(worst < 0.04, "mask step {worst}");
+    }
+
+    #[test]
     fn paste_changes_only_the_face_region_and_respects_blend() {
         let (w, h, size) = (200usize, 120usize, 64usize);
         let to_crop = Affine([1.0, 0.0, -50.0, 0.0, 1.0, -20.0]); // crop at (50, 20)
@@ -114,5 +387,76 @@ mod tests {
         let mut none = vec![10u8; w * h * 3];
         paste(&mut none, w, &crop, &to_crop, r, &mask, 0.0);
         assert!(none.iter().all(|&v| v == 10));
+    }
+
+    #[test]
+    fn overlapping_faces_combine_by_the_larger_mask_in_any_order() {
+        let (w, h, size) = (160usize, 64usize, 64usize);
+        let mask = Mask::new(size);
+        let crop = vec![250u8; size * size * 3];
+        let at = |x0: f64| Affine([1.0, 0.0, -x0, 0.0, 1.0, 0.0]);
+        let faces = |order: [f64; 2]| {
+            order.map(|x0| Paste {
+                crop: &crop,
+                to_crop: at(x0),
+                region: crate::geom::crop_footprint(&at(x0), size, w, h).unwrap(),
+            })
+        };
+        let mut a = vec![10u8; w * h * 3];
+        let mut b = vec![10u8; w * h * 3];
+        let mut s = Scratch::default();
+        paste_all(&mut a, w, &faces([0.0, 40.0]), &mask, 1.0, &mut s);
+        paste_all(&mut b, w, &faces([40.0, 0.0]), &mask, 1.0, &mut s);
+        assert_eq!(a, b, "the order of the faces does not matter");
+        // In the overlap each pixel is mixed by the larger of the two mask values, not by both
+        // one after the other.
+        for x in 40..64 {
+            let y = 32;
+            let m = mask.at(x as f64, y as f64).max(mask.at(x as f64 - 40.0, y as f64));
+            let want = (10.0 + 240.0 * m + 0.5).floor() as i32;
+            assert!(
+                (a[(y * w + x) * 3] as i32 - want).abs() <= 1,
+                "x {x}: {} vs {want}",
+                a[(y * w + x) * 3]
+            );
+        }
+    }
+
+    #[test]
+    fn a_fine_checkerboard_pasted_small_averages_to_grey() {
+        let size = 256;
+        let crop: Vec<u8> = (0..size * size)
+            .flat_map(|i| {
+                let v = if (i % size + i / size) % 2 == 0 { 0 } else { 255 };
+                [v, v, v]
+            })
+            .collect();
+        // The crop shrunk 6.4 times: a 40 px face.
+        let s = 6.4;
+        let to_crop = Affine([s, 0.0, -s * 10.0, 0.0, s, -s * 10.0]);
+        let (w, h) = (80, 80);
+        let r = crate::geom::crop_footprint(&to_crop, size, w, h).unwrap();
+        let mut frame = vec![0u8; w * h * 3];
+        paste(&mut frame, w, &crop, &to_crop, r, &Mask::new(size), 1.0);
+        // Inside, where the mask is one: the mean grey, flat.
+        let vals: Vec<f64> = (20..40)
+            .flat_map(|y| (20..40).map(move |x| (x, y)))
+            .map(|(x, y)| frame[(y * w + x) * 3] as f64)
+            .collect();
+        let mean = vals.iter().sum::<f64>() / vals.len() as f64;
+        let sd = (vals.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / vals.len() as f64).sqrt();
+        assert!((mean - 127.5).abs() <= 2.0 && sd < 3.0, "mean {mean:.1}, sd {sd:.1}");
+    }
+
+    #[test]
+    fn halving_averages_blocks() {
+        let src = [0u8, 0, 0, 100, 100, 100, 200, 200, 200, 40, 40, 40];
+        let mut out = Vec::new();
+        assert_eq!(halve_rgb(&src, 2, 2, &mut out), (1, 1));
+        assert_eq!(out, vec![85, 85, 85]);
+        assert_eq!(mip_level(1.0, 5), 0);
+        assert_eq!(mip_level(2.0, 5), 1);
+        assert_eq!(mip_level(13.0, 5), 3);
+        assert_eq!(mip_level(1000.0, 2), 2);
     }
 }

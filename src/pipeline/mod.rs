@@ -2,9 +2,9 @@
 //! the finished output file, its side outputs and a `Summary`.
 //!
 //! ```text
-//!  decode ─> detect ─> align ─> dispatch ═╦═> worker 0 (session on cpu / cuda:0) ═╦═> dispatch ─> paste ─> encode ─> OUT
-//!   frames    faces     crops   gathers    ╚═> worker 1 (cuda:1) ...             ═╝   frames in    blend    source pts,
-//!                               batches        whichever is free takes a batch         order                audio copied
+//!  decode ─> detect ─> smooth ─> align ─> dispatch ═╦═> worker 0 (session on cpu / cuda:0) ═╦═> dispatch ─> paste ─> encode ─> OUT
+//!   frames    faces     points    crops   gathers    ╚═> worker 1 (cuda:1) ...             ═╝   frames in    blend    source pts,
+//!                       over time         batches        whichever is free takes a batch         order     (mask)   audio copied
 //! ```
 //! Each stage (`stages.rs`, `dispatch.rs`) is a scoped thread joined to the next by a bounded
 //! channel, so memory stays bounded however long the video; buffers travel back through pools
@@ -72,9 +72,9 @@ struct Pools {
 }
 
 impl Pools {
-    fn new(batch: usize, n_workers: usize) -> Self {
-        // Five queues, one frame in each stage, and what the dispatcher holds.
-        let frames = 5 * DEPTH + 8 + held_frames(batch, n_workers);
+    fn new(batch: usize, n_workers: usize, smooth_held: usize) -> Self {
+        // Six queues, one frame in each stage, what the smoother and the dispatcher hold.
+        let frames = 6 * DEPTH + 8 + smooth_held + held_frames(batch, n_workers);
         // One crop per face of the frames in flight, plus the batches at the workers.
         let crops = frames + 2 * batch * n_workers;
         Self {
@@ -104,12 +104,16 @@ fn run_inner(
     let worker_targets: Vec<Target> = engine.workers.iter().map(|w| w.target.clone()).collect();
     let n_workers = engine.workers.len();
     let (detector, workers) = (&mut engine.detector, &mut engine.workers);
-    let pools = Pools::new(batch, n_workers);
+    let smoother = crate::smooth::Smoother::new(job.smooth);
+    let pools = Pools::new(batch, n_workers, smoother.capacity());
+    let mask = job.mask;
+    let tpl = template.as_str();
     // What the stage threads read of the job (the source's FFmpeg parameters stay here).
     let (max_frames, cancel, blend, output) = (job.max_frames, &job.cancel, job.blend, job.output.as_path());
 
     let (dec_tx, dec_rx) = bounded::<Frame>(DEPTH);
     let (det_tx, det_rx) = bounded::<FaceFrame>(DEPTH);
+    let (smooth_tx, smooth_rx) = bounded::<FaceFrame>(DEPTH);
     let (align_tx, align_rx) = bounded::<FaceFrame>(DEPTH);
     let (enh_tx, enh_rx) = bounded::<FaceFrame>(DEPTH);
     let (paste_tx, paste_rx) = bounded::<FaceFrame>(DEPTH);
@@ -120,7 +124,8 @@ fn run_inner(
         let p = &pools;
         let decode = s.spawn(move || stages::decode(decoder, (&p.rgb, &p.det), max_frames, cancel, dec_tx));
         let detect = s.spawn(move || stages::detect(detector, &p.det, dec_rx, det_tx));
-        let align = s.spawn(|| stages::align(&template, size, &p.crop, det_rx, align_tx));
+        let smooth = s.spawn(move || stages::smooth(smoother, det_rx, smooth_tx));
+        let align = s.spawn(|| stages::align(&template, size, &p.crop, smooth_rx, align_tx));
         let worker_threads: Vec<_> = workers
             .iter_mut()
             .map(|w| {
@@ -131,7 +136,7 @@ fn run_inner(
         drop((batch_rx, done_tx));
         let dispatch =
             s.spawn(move || dispatch::dispatch(align_rx, &batch_tx, &done_rx, &enh_tx, batch, n_workers, &p.crop));
-        let paste = s.spawn(move || stages::paste_back(size, blend, &p.restored, enh_rx, paste_tx));
+        let paste = s.spawn(move || stages::paste_back((size, tpl, mask), blend, &p.restored, enh_rx, paste_tx));
         let encode = s.spawn(move || {
             stages::encode(
                 encoder, output, faces_sink, &p.rgb, max_frames, cancel, progress, paste_rx,
@@ -141,6 +146,7 @@ fn run_inner(
         // The first failing stage in pipeline order is the cause; later ones only saw it stop.
         let decode = joined("decode", decode.join())?;
         let (detect, detect_counts) = joined("detect", detect.join())?;
+        let smooth = joined("smooth", smooth.join())?;
         let align = joined("align", align.join())?;
         let dispatch = joined("dispatch", dispatch.join())?;
         let mut worker_stats = Vec::new();
@@ -166,7 +172,7 @@ fn run_inner(
             held_max: dispatch.held_max,
             detect: detect_counts,
             wall: start.elapsed(),
-            stages: vec![decode, detect, align, dispatch.stage, paste, encode.stage],
+            stages: vec![decode, detect, smooth, align, dispatch.stage, paste, encode.stage],
             workers: worker_stats,
             peak_rss: peak_rss(),
         };

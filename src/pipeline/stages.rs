@@ -17,7 +17,8 @@ use crate::encode::Encoder;
 use crate::engine::{CancelToken, Cancelled};
 use crate::frame::{Face, FaceFrame, FaceJob, Frame, Pool};
 use crate::geom::{crop_footprint, fit_similarity, Affine, Rect};
-use crate::paste::{paste, Mask};
+use crate::paste::{paste_all, Mask, MaskKind, Paste, Scratch};
+use crate::smooth::Smoother;
 use crate::stats::{Clock, StageStat};
 
 /// Receives the next item, recording the queue length the stage found.
@@ -81,6 +82,20 @@ pub fn detect(
     Ok((clock.finish(), detector.counts()))
 }
 
+/// Smooths each tracked face's points over time (see [`crate::smooth`]); frames leave in
+/// order, `smoother`'s look-ahead later. The smoother is the job's own.
+pub fn smooth(mut smoother: Smoother, rx: Receiver<FaceFrame>, tx: Sender<FaceFrame>) -> Result<StageStat> {
+    let mut clock = Clock::new("smooth", DEPTH);
+    let mut send = |ff: FaceFrame| tx.send(ff).is_ok();
+    while let Some(ff) = recv(&rx, &mut clock) {
+        if !clock.time(|| smoother.push(ff, &mut send)) {
+            return Ok(clock.finish());
+        }
+    }
+    clock.time(|| smoother.finish(&mut send));
+    Ok(clock.finish())
+}
+
 /// Aligns every face to the model's template and warps its crop (buffers from `crop_pool`).
 pub fn align(
     template: &str,
@@ -126,27 +141,43 @@ pub fn align_face(
     (to_crop, r)
 }
 
-/// Blends each restored crop into its frame (nothing at `blend` 0); restored crops go back to
-/// `restored_pool`, the faces travel on for the record.
+/// Blends each frame's restored crops into it through the `mask` shape for the model's
+/// `template` (nothing at `blend` 0; overlapping faces by the larger mask); restored crops go
+/// back to `restored_pool`, the faces travel on for the record.
 pub fn paste_back(
-    size: usize,
+    (size, template, mask): (usize, &str, MaskKind),
     blend: f32,
     restored_pool: &Pool<Vec<u8>>,
     rx: Receiver<FaceFrame>,
     tx: Sender<FaceFrame>,
 ) -> Result<StageStat> {
     let mut clock = Clock::new("paste", DEPTH);
-    let mask = Mask::new(size);
+    let mask = Mask::build(mask, size, &template_named(template, size));
+    let mut scratch = Scratch::default();
     while let Some(mut ff) = recv(&rx, &mut clock) {
         clock.time(|| {
             let frame = &mut ff.frame;
-            for job in &mut ff.faces {
-                let Some(crop) = job.restored.take() else { continue };
-                // Nothing to blend in at 0 (or off the frame): the frame stays as decoded.
-                if let Some(r) = job.region.filter(|_| blend > 0.0) {
-                    paste(&mut frame.rgb, frame.width, &crop, &job.to_crop, r, &mask, blend);
-                    frame.dirty.push(r);
-                }
+            let crops: Vec<(Vec<u8>, Affine, Option<Rect>)> = ff
+                .faces
+                .iter_mut()
+                .filter_map(|job| Some((job.restored.take()?, job.to_crop, job.region)))
+                .collect();
+            // Nothing to blend in at 0 (or off the frame): the frame stays as decoded.
+            let faces: Vec<Paste> = crops
+                .iter()
+                .filter(|_| blend > 0.0)
+                .filter_map(|(crop, to_crop, region)| {
+                    Some(Paste {
+                        crop,
+                        to_crop: *to_crop,
+                        region: (*region)?,
+                    })
+                })
+                .collect();
+            paste_all(&mut frame.rgb, frame.width, &faces, &mask, blend, &mut scratch);
+            frame.dirty.extend(faces.iter().map(|f| f.region));
+            drop(faces);
+            for (crop, _, _) in crops {
                 restored_pool.put(crop);
             }
         });
