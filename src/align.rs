@@ -106,12 +106,7 @@ pub fn tensor_to_rgb(t: &[f32], size: usize, out: &mut Vec<u8>) {
 mod tests {
     use super::*;
 
-    use crate::geom::fit_similarity;
-
-    fn similarity(angle: f64, scale: f64, tx: f64, ty: f64) -> Affine {
-        let (s, c) = angle.sin_cos();
-        Affine([scale * c, -scale * s, tx, scale * s, scale * c, ty])
-    }
+    use crate::geom::{fit_similarity, similarity};
 
     /// Renders a soft blob, warps it into the crop with the fitted transform and back with the
     /// inverse: the blob's centroid must land within half a pixel of where it started.

@@ -30,6 +30,21 @@ pub struct Frame {
 }
 
 impl Frame {
+    /// A frame with no picture: for tests of stages that look only at faces and order.
+    pub fn blank(index: u64) -> Frame {
+        Frame {
+            index,
+            pts: Some(index as i64),
+            width: 0,
+            height: 0,
+            rgb: Vec::new(),
+            rgb_partial: false,
+            det: Vec::new(),
+            source: None,
+            dirty: Vec::new(),
+        }
+    }
+
     /// Makes sure `rgb` holds the picture over `region` (plus a margin covering the even
     /// widening the encoder applies when it converts the region back).
     pub fn ensure_rgb(&mut self, region: Rect) {

@@ -141,14 +141,16 @@ pub fn crop_footprint(to_crop: &Affine, size: usize, width: usize, height: usize
     (x0 < x1 && y0 < y1).then_some(Rect::new(x0, y0, x1, y1))
 }
 
+/// The similarity turning by `angle`, scaling by `scale` and moving by (tx, ty), for tests.
+#[cfg(test)]
+pub(crate) fn similarity(angle: f64, scale: f64, tx: f64, ty: f64) -> Affine {
+    let (s, c) = angle.sin_cos();
+    Affine([scale * c, -scale * s, tx, scale * s, scale * c, ty])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn similarity(angle: f64, scale: f64, tx: f64, ty: f64) -> Affine {
-        let (s, c) = angle.sin_cos();
-        Affine([scale * c, -scale * s, tx, scale * s, scale * c, ty])
-    }
 
     #[test]
     fn fit_recovers_known_similarities() {

@@ -344,17 +344,7 @@ mod tests {
 
     fn frame(index: u64, faces: &[Points]) -> FaceFrame {
         FaceFrame {
-            frame: Frame {
-                index,
-                pts: Some(index as i64),
-                width: 0,
-                height: 0,
-                rgb: Vec::new(),
-                rgb_partial: false,
-                det: Vec::new(),
-                source: None,
-                dirty: Vec::new(),
-            },
+            frame: Frame::blank(index),
             faces: faces
                 .iter()
                 .map(|p| {

@@ -301,17 +301,7 @@ mod tests {
             })
         };
         FaceFrame {
-            frame: Frame {
-                index,
-                pts: Some(index as i64),
-                width: 0,
-                height: 0,
-                rgb: Vec::new(),
-                rgb_partial: false,
-                det: Vec::new(),
-                source: None,
-                dirty: Vec::new(),
-            },
+            frame: Frame::blank(index),
             faces: (0..faces).map(|_| job()).collect(),
         }
     }
