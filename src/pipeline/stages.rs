@@ -86,13 +86,29 @@ pub fn detect(
 /// order, `smoother`'s look-ahead later. The smoother is the job's own.
 pub fn smooth(mut smoother: Smoother, rx: Receiver<FaceFrame>, tx: Sender<FaceFrame>) -> Result<StageStat> {
     let mut clock = Clock::new("smooth", DEPTH);
-    let mut send = |ff: FaceFrame| tx.send(ff).is_ok();
-    while let Some(ff) = recv(&rx, &mut clock) {
-        if !clock.time(|| smoother.push(ff, &mut send)) {
-            return Ok(clock.finish());
+    // Frames are sent outside the clock: time blocked on a full queue is not work.
+    let mut out = Vec::new();
+    let mut input = true;
+    while input {
+        let mut collect = |ff: FaceFrame| {
+            out.push(ff);
+            true
+        };
+        match recv(&rx, &mut clock) {
+            Some(ff) => {
+                clock.time(|| smoother.push(ff, &mut collect));
+            }
+            None => {
+                clock.time(|| smoother.finish(&mut collect));
+                input = false;
+            }
+        }
+        for ff in out.drain(..) {
+            if tx.send(ff).is_err() {
+                return Ok(clock.finish());
+            }
         }
     }
-    clock.time(|| smoother.finish(&mut send));
     Ok(clock.finish())
 }
 
