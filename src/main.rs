@@ -19,10 +19,10 @@ use indicatif::{ProgressBar, ProgressStyle};
 
 /// Restore every face in a video with GPEN, keeping audio, subtitles, timing and metadata.
 ///
-/// Decodes IN with FFmpeg, finds faces with CenterFace, aligns each to the FFHQ template, runs
-/// the GPEN model on ONNX Runtime in batches gathered across frames, pastes the restored faces
-/// back through a feathered mask and encodes OUT. OUT is written beside itself under a temporary
-/// name and appears only when complete.
+/// Decodes IN with FFmpeg, finds faces with CenterFace, smooths their points over time, aligns
+/// each to the FFHQ template, runs the GPEN model on ONNX Runtime in batches gathered across
+/// frames, pastes the restored faces back through a feathered face-shaped mask and encodes OUT.
+/// OUT is written beside itself under a temporary name and appears only when complete.
 #[derive(Parser, Debug)]
 #[command(
     name = "gpen-video",
@@ -63,7 +63,8 @@ enum Cmd {
     },
     /// Restore every video in a folder into OUT_DIR (same relative paths), resuming where an
     /// earlier run stopped; `--shard` splits one folder across machines. Exit code 0 all done,
-    /// 1 some clip failed, 130 interrupted (Ctrl-C once: finish the clips in flight; twice: stop).
+    /// 1 some clip failed, 130 interrupted by Ctrl-C and 143 by SIGTERM (once: finish the clips
+    /// in flight; twice: stop).
     Batch(BatchArgs),
 }
 
