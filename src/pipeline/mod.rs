@@ -188,7 +188,7 @@ fn run_inner(
 /// The decoder for `job`'s source with the detector's input size `det` (upright), and for a
 /// still stored sideways or mirrored, its EXIF orientation with the detection copy's stored
 /// size (the decode stage turns both upright).
-fn decoder_for(job: &Job, det: (usize, usize)) -> (Decoder, Option<(u8, (usize, usize))>) {
+fn decoder_for(job: &Job, det: (usize, usize)) -> (Decoder, Option<stages::Turn>) {
     let o = job.source.orientation;
     let stored = if crate::orient::swaps(o) { (det.1, det.0) } else { det };
     let decoder = Decoder::new(job.source.clone(), stored, job.hwaccel_cuda);

@@ -28,12 +28,15 @@ fn recv<T>(rx: &Receiver<T>, clock: &mut Clock) -> Option<T> {
     rx.recv().ok()
 }
 
+/// A still's EXIF orientation and its detection copy's stored size.
+pub type Turn = (u8, (usize, usize));
+
 /// Decodes frames into `tx` (turned upright by `turn`: a still's EXIF orientation and its
 /// detection copy's stored size) until the source ends, `max_frames` are out, the receiver is gone
 /// or `cancel` is set (then it fails with [`Cancelled`]).
 pub fn decode(
     decoder: Decoder,
-    turn: Option<(u8, (usize, usize))>,
+    turn: Option<Turn>,
     pools: (&Pool<Vec<u8>>, &Pool<Vec<u8>>),
     max_frames: Option<u64>,
     cancel: &CancelToken,
