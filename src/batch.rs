@@ -125,7 +125,7 @@ pub fn run(o: &BatchOptions, ints: &Interrupts) -> Result<Report> {
     report.jobs = per_job.len();
     if !report.not_video.is_empty() {
         crate::console::eprint!(
-            "skipping {} file(s) that are not videos by extension: {}",
+            "skipping {} file(s) that are neither videos nor still images by extension: {}",
             report.not_video.len(),
             report.not_video.join(", ")
         );

@@ -1,6 +1,6 @@
 //! Which clips a batch runs: in, an input folder, `--glob` patterns and a `--shard K/N` (or the
-//! scheduler's environment); out, the sorted relative paths of the videos this process owns,
-//! and the files it left out as not videos.
+//! scheduler's environment); out, the sorted relative paths of the videos and still images
+//! this process owns, and the files it left out as neither.
 
 use std::path::{Path, PathBuf};
 
@@ -23,9 +23,9 @@ pub struct Clip {
 /// What a scan found.
 #[derive(Debug, Default)]
 pub struct Scan {
-    /// Videos, sorted by key.
+    /// Videos and stills, sorted by key.
     pub clips: Vec<Clip>,
-    /// Files matching the patterns whose extension is not a video's, sorted.
+    /// Files matching the patterns whose extension is neither a video's nor a still's, sorted.
     pub not_video: Vec<String>,
 }
 
@@ -33,6 +33,11 @@ pub fn is_video(path: &Path) -> bool {
     path.extension()
         .and_then(|e| e.to_str())
         .is_some_and(|e| VIDEO_EXTENSIONS.contains(&e.to_ascii_lowercase().as_str()))
+}
+
+/// Whether a batch runs `path`: a video, or a still image (written as the same kind of image).
+pub fn is_clip(path: &Path) -> bool {
+    is_video(path) || crate::still::is_still(path)
 }
 
 /// Lists the files under `dir` (and its subfolders with `recursive`), leaving out hidden files
@@ -90,7 +95,7 @@ pub fn scan(dir: &Path, recursive: bool, globs: &[String], exclude: Option<&Path
             if !wanted {
                 continue;
             }
-            if is_video(&rel) {
+            if is_clip(&rel) {
                 scan.clips.push(Clip { key, rel });
             } else {
                 scan.not_video.push(key);

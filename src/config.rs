@@ -122,6 +122,8 @@ pub struct Options {
     pub smooth: f32,
     /// The paste mask: the face's shape or the whole crop.
     pub mask: crate::paste::MaskKind,
+    /// A before/after view instead of the restored picture alone.
+    pub compare: Option<crate::compare::Compare>,
     pub encode: EncodeSettings,
     /// CPU threads for ONNX Runtime (default: all cores, shared by the CPU workers).
     pub threads: Option<usize>,
@@ -156,6 +158,7 @@ impl Options {
             blend: DEFAULT_BLEND,
             smooth: DEFAULT_SMOOTH,
             mask: DEFAULT_MASK,
+            compare: None,
             encode: EncodeSettings::default(),
             threads: None,
             trt: false,
@@ -194,6 +197,7 @@ pub struct Settings {
     pub blend: f32,
     pub smooth: f32,
     pub mask: crate::paste::MaskKind,
+    pub compare: Option<crate::compare::Compare>,
     pub encode: EncodeSettings,
     pub hwaccel_cuda: bool,
     pub max_frames: Option<u64>,
@@ -300,6 +304,7 @@ impl Settings {
             blend: o.blend,
             smooth: o.smooth,
             mask: o.mask,
+            compare: o.compare,
             encode: o.encode.clone(),
             hwaccel_cuda: o.hwaccel_cuda,
             max_frames: o.max_frames,
@@ -360,7 +365,11 @@ impl Settings {
         crate::output::check_not_pattern(input, "input")?;
         let source = probe(input)?;
         check_output(input, output)?;
-        crate::encode::check_fits(&self.encode, output)?;
+        if crate::still::is_still(output) {
+            crate::still::check_still_output(output, &self.encode)?;
+        } else {
+            crate::encode::check_fits(&self.encode, output)?;
+        }
         // What an earlier run of this output left when it was killed (a live run's is kept).
         let (prefix, suffix) = partial_pattern(output);
         remove_stale(
@@ -383,6 +392,7 @@ impl Settings {
             blend: self.blend,
             smooth: self.smooth,
             mask: self.mask,
+            compare: self.compare,
             encode: self.encode.clone(),
             hwaccel_cuda: self.hwaccel_cuda,
             faces_json: self.faces_json.clone(),
@@ -396,7 +406,10 @@ impl Settings {
             model: self.model.clone(),
             detector: self.detector.clone(),
             targets: self.targets.clone(),
-            det_size: det_size(job.source.width, job.source.height, self.det_size),
+            det_size: {
+                let (w, h) = job.source.upright_size();
+                det_size(w, h, self.det_size)
+            },
             rotation: job.source.rotation,
         }
     }
@@ -496,6 +509,7 @@ mod tests {
             blend: 1.0,
             smooth: DEFAULT_SMOOTH,
             mask: DEFAULT_MASK,
+            compare: None,
             encode: EncodeSettings::default(),
             hwaccel_cuda: false,
             max_frames: None,

@@ -31,6 +31,9 @@ pub struct SourceInfo {
     /// Display rotation from the stream's display matrix, degrees counterclockwise: 0, 90,
     /// 180 or 270 (phone videos are often stored sideways).
     pub rotation: u32,
+    /// EXIF orientation of a still (1 to 8, 1 upright): the decode stage turns its frames
+    /// upright, and `width` and `height` are the stored picture's.
+    pub orientation: u8,
 }
 
 impl std::fmt::Debug for SourceInfo {
@@ -56,6 +59,11 @@ impl SourceInfo {
     /// Frames a run will encode, for progress: the estimate, cut at `--frames`.
     pub fn frames_to_run(&self, max_frames: Option<u64>) -> Option<u64> {
         self.estimated_frames().map(|n| max_frames.map_or(n, |m| m.min(n)))
+    }
+
+    /// The picture's size as shown (after its EXIF orientation).
+    pub fn upright_size(&self) -> (usize, usize) {
+        crate::orient::upright_size(self.orientation, self.width, self.height)
     }
 }
 
@@ -115,6 +123,11 @@ pub fn probe(path: &Path) -> Result<SourceInfo> {
         codec,
         params,
         rotation,
+        orientation: if crate::still::is_still(path) {
+            crate::orient::exif_orientation(path)
+        } else {
+            1
+        },
     })
 }
 

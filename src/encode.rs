@@ -30,6 +30,8 @@ pub struct EncodeSettings {
     pub crf: Option<u32>,
     /// x264/x265 preset (default medium).
     pub preset: Option<String>,
+    /// JPEG and WebP still outputs: 1 to 100 (default `still::DEFAULT_QUALITY`).
+    pub quality: Option<u32>,
 }
 
 /// The FFmpeg options an encoder gets: crf and preset only where that encoder has them.
@@ -122,6 +124,7 @@ pub fn codec_for(s: &EncodeSettings, ext: &str) -> String {
 /// Checks the encoder exists and its crf is in range, before any work starts.
 pub fn check_settings(s: &EncodeSettings) -> Result<()> {
     crate::init_ffmpeg();
+    crate::still::check_quality(s.quality)?;
     if let Some(name) = &s.codec {
         let c = encoder::find_by_name(name)
             .ok_or_else(|| anyhow!("video encoder `{name}` is not available in this FFmpeg build"))?;

@@ -106,6 +106,8 @@ pub struct Job {
     /// Landmark smoothing sigma in frames (0: off).
     pub smooth: f32,
     pub mask: crate::paste::MaskKind,
+    /// A before/after view instead of the restored picture alone.
+    pub compare: Option<crate::compare::Compare>,
     pub encode: EncodeSettings,
     pub hwaccel_cuda: bool,
     /// Where each frame's faces are streamed as JSON.

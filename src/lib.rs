@@ -9,6 +9,7 @@ pub mod batch_report;
 pub mod bench;
 pub mod clips;
 pub mod color;
+pub mod compare;
 pub mod config;
 pub mod console;
 pub mod decode;
@@ -20,6 +21,7 @@ pub mod frame;
 pub mod geom;
 pub mod interrupt;
 pub mod manifest;
+pub mod orient;
 pub mod output;
 pub mod paste;
 pub mod pipeline;
@@ -27,6 +29,7 @@ pub mod registry;
 pub mod runtime;
 pub mod smooth;
 pub mod stats;
+pub mod still;
 
 /// Initialises FFmpeg once and keeps its own logging to errors.
 pub fn init_ffmpeg() {

@@ -17,12 +17,13 @@ use gpen_video::pipeline;
 use gpen_video::registry::{self, ModelsCmd};
 use indicatif::{ProgressBar, ProgressStyle};
 
-/// Restore every face in a video with GPEN, keeping audio, subtitles, timing and metadata.
+/// Restore every face in a video or photo with GPEN, keeping audio, subtitles, timing and metadata.
 ///
-/// Decodes IN with FFmpeg, finds faces with CenterFace, smooths their points over time, aligns
-/// each to the FFHQ template, runs the GPEN model on ONNX Runtime in batches gathered across
-/// frames, pastes the restored faces back through a feathered face-shaped mask and encodes OUT.
-/// OUT is written beside itself under a temporary name and appears only when complete.
+/// Decodes IN (a video, or a still image: .png, .jpg, .webp, .tiff, .bmp) with FFmpeg, finds
+/// faces with CenterFace, smooths their points over time, aligns each to the FFHQ template, runs
+/// the GPEN model on ONNX Runtime in batches gathered across frames, pastes the restored faces
+/// back through a feathered face-shaped mask and encodes OUT. OUT is written beside itself under
+/// a temporary name and appears only when complete.
 #[derive(Parser, Debug)]
 #[command(
     name = "gpen-video",
@@ -35,10 +36,11 @@ use indicatif::{ProgressBar, ProgressStyle};
 struct Cli {
     #[command(subcommand)]
     cmd: Option<Cmd>,
-    /// Input video (any format FFmpeg reads).
+    /// Input video (any format FFmpeg reads), or a still image (.png, .jpg, .webp, .tiff, .bmp).
     #[arg(value_name = "IN", required = true)]
     input: Option<PathBuf>,
-    /// Output video; the container follows the extension (.mp4, .mkv, .mov, ...).
+    /// Output video; the container follows the extension (.mp4, .mkv, .mov, ...). For a still
+    /// IN, an image: .png (lossless), .jpg or .webp (--quality), .tiff or .bmp.
     #[arg(value_name = "OUT", required = true)]
     output: Option<PathBuf>,
     #[command(flatten)]
@@ -185,6 +187,10 @@ struct RunArgs {
     /// Paste mask: `face` (the face, forehead and hairline, feathered) or `box` (the whole crop).
     #[arg(long, default_value_t = config::DEFAULT_MASK, value_enum, help_heading = "Output")]
     mask: gpen_video::paste::MaskKind,
+    /// Write a before/after view instead of the restored picture alone: `side` (original left,
+    /// restored right, twice the width) or `split` (left half original, right half restored).
+    #[arg(long, value_enum, value_name = "VIEW", help_heading = "Output")]
+    compare: Option<gpen_video::compare::Compare>,
     /// FFmpeg video encoder [default: libx264; for .webm the first of libvpx-vp9, libaom-av1,
     /// libsvtav1 this FFmpeg has].
     #[arg(long, value_name = "NAME", help_heading = "Output")]
@@ -196,6 +202,10 @@ struct RunArgs {
     /// x264/x265 preset, ultrafast ... veryslow [default: medium].
     #[arg(long, value_name = "NAME", help_heading = "Output")]
     preset: Option<String>,
+    /// JPEG and WebP image outputs: quality 1 (smallest file) to 100 (best picture) [default:
+    /// 92]. PNG, TIFF and BMP outputs are lossless.
+    #[arg(long, value_name = "N", help_heading = "Output")]
+    quality: Option<u32>,
     /// No progress bar.
     #[arg(long, short, help_heading = "Output")]
     quiet: bool,
@@ -224,11 +234,13 @@ impl RunArgs {
         o.blend = self.blend;
         o.smooth = self.smooth;
         o.mask = self.mask;
+        o.compare = self.compare;
         // crf and preset reach the encoders that have them (encode.rs).
         o.encode = EncodeSettings {
             codec: self.codec,
             crf: self.crf,
             preset: self.preset,
+            quality: self.quality,
         };
         Ok(o)
     }

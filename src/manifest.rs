@@ -168,13 +168,13 @@ fn file_id(path: &Path) -> String {
 }
 
 /// Hash of everything that decides a clip's output: the model and detector files (path, size,
-/// mtime), batch, blend, detection settings, encoder settings, fp16, the frame limit,
+/// mtime), batch, blend, detection settings, encoder settings (still quality included), fp16, the frame limit,
 /// smoothing and mask. Not
 /// the device or the number of jobs, which change only how fast.
 pub fn settings_hash(o: &Settings) -> String {
     let id = |p: &Path| file_id(p);
     let text = format!(
-        "v{VERSION}\nmodel={}\ndetector={}\nbatch={}\nblend={:?}\ndet_size={}\ndet_threshold={:?}\nnms_iou={:?}\ndetect_every={}\ncodec={:?}\ncrf={:?}\npreset={:?}\nfp16={}\nmax_frames={:?}\nsmooth={:?}\nmask={:?}\n",
+        "v{VERSION}\nmodel={}\ndetector={}\nbatch={}\nblend={:?}\ndet_size={}\ndet_threshold={:?}\nnms_iou={:?}\ndetect_every={}\ncodec={:?}\ncrf={:?}\npreset={:?}\nfp16={}\nmax_frames={:?}\nsmooth={:?}\nmask={:?}\n{}{}",
         id(&o.model),
         id(&o.detector),
         o.batch,
@@ -190,6 +190,9 @@ pub fn settings_hash(o: &Settings) -> String {
         o.max_frames,
         o.smooth,
         o.mask,
+        // Only when given, so manifests written before `--quality` existed stay valid.
+        o.encode.quality.map_or(String::new(), |q| format!("quality={q}\n")),
+        o.compare.map_or(String::new(), |c| format!("compare={c}\n")),
     );
     let digest = Sha256::digest(text.as_bytes());
     crate::registry::report::hex(&digest[..16])

@@ -162,10 +162,6 @@ fn check_folder(dir: &Path, what: &str) -> Result<()> {
     Ok(())
 }
 
-/// Extensions of still-image formats, which OUT may not have (a video encoder would write a
-/// stream into a file named like a picture).
-const IMAGE_EXTENSIONS: [&str; 10] = ["jpg", "jpeg", "png", "webp", "tif", "tiff", "bmp", "gif", "jxl", "avif"];
-
 /// Whether a file name holds a printf-style number pattern (`%d`, `%03d`) that FFmpeg's image
 /// muxers and demuxers would expand into a sequence of files.
 pub fn has_sequence_pattern(path: &Path) -> bool {
@@ -195,7 +191,8 @@ pub fn check_not_pattern(path: &Path, what: &str) -> Result<()> {
     Ok(())
 }
 
-/// Checks OUT: not the input, in an existing writable folder, with a container FFmpeg knows.
+/// Checks OUT: not the input, in an existing writable folder, with a container FFmpeg knows;
+/// a still image for a still input and a video for a video input.
 pub fn check_output(input: &Path, output: &Path) -> Result<()> {
     if output.as_os_str().is_empty() {
         bail!("no output file given");
@@ -218,11 +215,27 @@ pub fn check_output(input: &Path, output: &Path) -> Result<()> {
         );
     }
     let ext = output.extension().and_then(|e| e.to_str()).unwrap_or("");
-    if IMAGE_EXTENSIONS.contains(&ext.to_ascii_lowercase().as_str()) {
+    use crate::still::{is_other_image, is_still};
+    if is_other_image(output) {
         bail!(
-            "output {} is a still-image name: gpen-video writes videos; use .mp4, .mkv or .mov",
+            "output {}: gpen-video does not write .{ext} images; use .png, .jpg, .webp, .tiff or .bmp",
             output.display()
         );
+    }
+    match (is_still(input), is_still(output)) {
+        (false, true) => bail!(
+            "input {} is a video and output {} a still image: give a video output such as out.mp4 (to restore one frame, extract it first: ffmpeg -i {} -frames:v 1 frame.png)",
+            input.display(),
+            output.display(),
+            input.display()
+        ),
+        (true, false) => bail!(
+            "input {} is a still image and output {} is not: give an image output such as out.png or out.jpg",
+            input.display(),
+            output.display()
+        ),
+        (true, true) => return Ok(()),
+        (false, false) => {}
     }
     if ext.is_empty() || !crate::encode::container_known(ext) {
         bail!(

@@ -495,3 +495,62 @@ fn bad_report_and_manifest_paths_fail_before_any_clip_runs() {
     assert!(err.contains("is a folder"), "{err}");
     assert!(outputs(&output).is_empty(), "no clip ran: {err}");
 }
+
+/// A folder of videos and still images: each image comes out as the same kind of image at the
+/// mirrored path, in the same manifest; a broken image fails alone; a rerun redoes nothing but
+/// the failure, and `--shard` splits stills like videos.
+#[test]
+fn mixed_folders_of_videos_and_images() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (input, output) = (tmp.path().join("in"), tmp.path().join("out"));
+    make_clips(&input, &["a.mp4"], 4);
+    std::fs::create_dir_all(input.join("photos")).unwrap();
+    let src = asset("samples/astronaut.png");
+    for name in ["photos/p.png", "photos/q.jpg", "r.webp"] {
+        tool(
+            "ffmpeg",
+            &[
+                "-v",
+                "error",
+                "-y",
+                "-i",
+                src.to_str().unwrap(),
+                input.join(name).to_str().unwrap(),
+            ],
+        );
+    }
+    std::fs::write(input.join("broken.png"), vec![7u8; 2048]).unwrap();
+    let good = set(&["a.mp4", "photos/p.png", "photos/q.jpg", "r.webp"]);
+
+    let (st, err, r) = run(&input, &output, &["--recursive"], &[]);
+    assert_eq!(st.code(), Some(1), "{err}");
+    assert_eq!(names(&r, "done"), good, "{err}");
+    assert_eq!(names(&r, "failed"), set(&["broken.png"]));
+    assert_eq!(outputs(&output), good, "outputs mirror the inputs");
+    assert_eq!(manifest_keys(&output.join(MANIFEST)), good);
+    for (name, magic) in [
+        ("photos/p.png", &b"\x89PNG"[..]),
+        ("photos/q.jpg", b"\xff\xd8\xff"),
+        ("r.webp", b"RIFF"),
+    ] {
+        let bytes = std::fs::read(output.join(name)).unwrap();
+        assert!(bytes.starts_with(magic), "{name} is written as its own kind of image");
+    }
+    complete(&input, &output, &set(&["a.mp4"]));
+    no_partials(&output);
+
+    // Resume: only the failure is tried again.
+    let (st, err, r) = run(&input, &output, &["--recursive"], &[]);
+    assert_eq!(st.code(), Some(1), "{err}");
+    assert!(names(&r, "done").is_empty(), "nothing redone: {err}");
+    assert_eq!(names(&r, "failed"), set(&["broken.png"]));
+
+    // Shards split the stills too: together they cover the folder once.
+    let (a, b) = (tmp.path().join("s1"), tmp.path().join("s2"));
+    let (_, _, r1) = run(&input, &a, &["--recursive", "--shard", "0/2"], &[]);
+    let (_, _, r2) = run(&input, &b, &["--recursive", "--shard", "1/2"], &[]);
+    let (d1, d2) = (names(&r1, "done"), names(&r2, "done"));
+    assert!(d1.is_disjoint(&d2));
+    let all: BTreeSet<String> = d1.union(&d2).cloned().collect();
+    assert_eq!(all, good);
+}

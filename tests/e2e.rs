@@ -787,17 +787,17 @@ fn detection_is_bounded_by_checked_settings_and_max_faces() {
     assert!(faces.iter().any(|(_, b)| b.len() == 2));
 }
 
-/// Image-sequence patterns and still-image names are refused up front, with nothing written
-/// (FFmpeg would expand `%03d` into hidden partial files and leave an empty OUT).
+/// Image-sequence patterns, and still-image names for a video IN, are refused up front, with
+/// nothing written (FFmpeg would expand `%03d` into hidden partial files and leave an empty OUT).
 #[test]
-fn sequence_patterns_and_image_outputs_are_refused() {
+fn sequence_patterns_and_image_outputs_of_videos_are_refused() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let input = asset("samples/test/astronaut.mp4");
     fails(&input, &d.join("out%03d.mp4"), &[], "image-sequence pattern");
     fails(&input, &d.join("out%d.jpg"), &[], "image-sequence pattern");
-    fails(&input, &d.join("out.png"), &[], "still-image name");
-    fails(&input, &d.join("out.JPG"), &[], "still-image name");
+    fails(&input, &d.join("out.png"), &[], "is a video and output");
+    fails(&input, &d.join("out.JPG"), &[], "give a video output such as out.mp4");
     fails(&d.join("in%02d.mp4"), &d.join("o.mp4"), &[], "image-sequence pattern");
     assert_eq!(std::fs::read_dir(d).unwrap().count(), 0, "nothing written");
 }

@@ -24,12 +24,12 @@ use crossbeam_channel::{bounded, unbounded};
 pub use stages::align_face;
 
 use crate::decode::Decoder;
-use crate::encode::Encoder;
 use crate::engine::{Engine, Job};
 use crate::frame::{FaceFrame, Frame, Pool};
 use crate::output::Partial;
 use crate::runtime::Target;
 use crate::stats::{gpu_memory_by_index, peak_rss, Summary};
+use crate::still::Writer;
 use dispatch::{held_frames, Batch, Restored};
 
 /// Frames in flight between two stages.
@@ -96,9 +96,13 @@ fn run_inner(
     let out_name = job.output.display().to_string();
     let (size, batch) = (engine.info.size, engine.batch);
     // Built before any thread starts: an output that cannot be created fails here.
-    let encoder = Encoder::create(partial, &job.source, &job.encode).with_context(|| format!("output {out_name}"))?;
+    // A side-by-side view is twice the source's width.
+    let mut out_src = job.source.clone();
+    let (w, h) = job.source.upright_size();
+    (out_src.width, out_src.height) = crate::compare::Compare::output_size(job.compare, w, h);
+    let encoder = Writer::create(partial, &out_src, &job.encode).with_context(|| format!("output {out_name}"))?;
     let faces_sink = job.faces_json.as_deref().map(sink::FacesSink::create).transpose()?;
-    let decoder = Decoder::new(job.source.clone(), engine.detector.size, job.hwaccel_cuda);
+    let (decoder, turn) = decoder_for(job, engine.detector.size);
     engine.detector.reset();
     let template = engine.info.template.clone();
     let worker_targets: Vec<Target> = engine.workers.iter().map(|w| w.target.clone()).collect();
@@ -106,7 +110,7 @@ fn run_inner(
     let (detector, workers) = (&mut engine.detector, &mut engine.workers);
     let smoother = crate::smooth::Smoother::new(job.smooth);
     let pools = Pools::new(batch, n_workers, smoother.capacity());
-    let mask = job.mask;
+    let (mask, compare) = (job.mask, job.compare);
     let tpl = template.as_str();
     // What the stage threads read of the job (the source's FFmpeg parameters stay here).
     let (max_frames, cancel, blend, output) = (job.max_frames, &job.cancel, job.blend, job.output.as_path());
@@ -122,7 +126,7 @@ fn run_inner(
 
     std::thread::scope(|s| {
         let p = &pools;
-        let decode = s.spawn(move || stages::decode(decoder, (&p.rgb, &p.det), max_frames, cancel, dec_tx));
+        let decode = s.spawn(move || stages::decode(decoder, turn, (&p.rgb, &p.det), max_frames, cancel, dec_tx));
         let detect = s.spawn(move || stages::detect(detector, &p.det, dec_rx, det_tx));
         let smooth = s.spawn(move || stages::smooth(smoother, det_rx, smooth_tx));
         let align = s.spawn(|| stages::align(&template, size, &p.crop, smooth_rx, align_tx));
@@ -136,7 +140,8 @@ fn run_inner(
         drop((batch_rx, done_tx));
         let dispatch =
             s.spawn(move || dispatch::dispatch(align_rx, &batch_tx, &done_rx, &enh_tx, batch, n_workers, &p.crop));
-        let paste = s.spawn(move || stages::paste_back((size, tpl, mask), blend, &p.restored, enh_rx, paste_tx));
+        let paste =
+            s.spawn(move || stages::paste_back((size, tpl, mask), blend, compare, &p.restored, enh_rx, paste_tx));
         let encode = s.spawn(move || {
             stages::encode(
                 encoder, output, faces_sink, &p.rgb, max_frames, cancel, progress, paste_rx,
@@ -180,6 +185,16 @@ fn run_inner(
     })
 }
 
+/// The decoder for `job`'s source with the detector's input size `det` (upright), and for a
+/// still stored sideways or mirrored, its EXIF orientation with the detection copy's stored
+/// size (the decode stage turns both upright).
+fn decoder_for(job: &Job, det: (usize, usize)) -> (Decoder, Option<stages::Turn>) {
+    let o = job.source.orientation;
+    let stored = if crate::orient::swaps(o) { (det.1, det.0) } else { det };
+    let decoder = Decoder::new(job.source.clone(), stored, job.hwaccel_cuda);
+    (decoder, (o > 1).then_some((o, stored)))
+}
+
 fn joined<T>(name: &str, r: std::thread::Result<Result<T>>) -> Result<T> {
     r.map_err(|_| anyhow!("internal error: the {name} stage panicked"))?
 }
@@ -190,7 +205,7 @@ fn joined<T>(name: &str, r: std::thread::Result<Result<T>>) -> Result<T> {
 pub fn collect_crops(engine: &mut Engine, job: &Job, want: usize, max_frames: u64) -> Result<Vec<Vec<f32>>> {
     let size = engine.info.size;
     let template = engine.info.template.clone();
-    let decoder = Decoder::new(job.source.clone(), engine.detector.size, job.hwaccel_cuda);
+    let (decoder, turn) = decoder_for(job, engine.detector.size);
     engine.detector.reset();
     let detector = &mut engine.detector;
     let (rgb, det, crop) = (Pool::new(DEPTH), Pool::new(DEPTH), Pool::new(0));
@@ -199,7 +214,7 @@ pub fn collect_crops(engine: &mut Engine, job: &Job, want: usize, max_frames: u6
     let (align_tx, align_rx) = bounded::<FaceFrame>(DEPTH);
     let cancel = &job.cancel;
     std::thread::scope(|s| {
-        let decode = s.spawn(|| stages::decode(decoder, (&rgb, &det), Some(max_frames), cancel, dec_tx));
+        let decode = s.spawn(|| stages::decode(decoder, turn, (&rgb, &det), Some(max_frames), cancel, dec_tx));
         let detect = s.spawn(|| stages::detect(detector, &det, dec_rx, det_tx));
         let align = s.spawn(|| stages::align(&template, size, &crop, det_rx, align_tx));
         let mut crops = Vec::new();

@@ -11,15 +11,16 @@ use crossbeam_channel::{Receiver, Sender};
 use super::sink::FacesSink;
 use super::DEPTH;
 use crate::align::{template_named, warp_to_tensor};
+use crate::compare::Compare;
 use crate::decode::Decoder;
 use crate::detect::{DetectCounts, Detector};
-use crate::encode::Encoder;
 use crate::engine::{CancelToken, Cancelled};
 use crate::frame::{Face, FaceFrame, FaceJob, Frame, Pool};
 use crate::geom::{crop_footprint, fit_similarity, Affine, Rect};
 use crate::paste::{paste_all, Mask, MaskKind, Paste, Scratch};
 use crate::smooth::Smoother;
 use crate::stats::{Clock, StageStat};
+use crate::still::Writer;
 
 /// Receives the next item, recording the queue length the stage found.
 fn recv<T>(rx: &Receiver<T>, clock: &mut Clock) -> Option<T> {
@@ -27,10 +28,15 @@ fn recv<T>(rx: &Receiver<T>, clock: &mut Clock) -> Option<T> {
     rx.recv().ok()
 }
 
-/// Decodes frames into `tx` until the source ends, `max_frames` are out, the receiver is gone
+/// A still's EXIF orientation and its detection copy's stored size.
+pub type Turn = (u8, (usize, usize));
+
+/// Decodes frames into `tx` (turned upright by `turn`: a still's EXIF orientation and its
+/// detection copy's stored size) until the source ends, `max_frames` are out, the receiver is gone
 /// or `cancel` is set (then it fails with [`Cancelled`]).
 pub fn decode(
     decoder: Decoder,
+    turn: Option<Turn>,
     pools: (&Pool<Vec<u8>>, &Pool<Vec<u8>>),
     max_frames: Option<u64>,
     cancel: &CancelToken,
@@ -41,7 +47,10 @@ pub fn decode(
     let mut cancelled = false;
     let input = decoder.path().display().to_string();
     decoder
-        .run(pools, max_frames, |f| {
+        .run(pools, max_frames, |mut f| {
+            if let Some((o, det)) = turn {
+                crate::orient::turn_frame(o, &mut f, det, pools);
+            }
             clock.add(t.elapsed());
             clock.count(1);
             cancelled = cancel.is_cancelled();
@@ -158,11 +167,12 @@ pub fn align_face(
 }
 
 /// Blends each frame's restored crops into it through the `mask` shape for the model's
-/// `template` (nothing at `blend` 0; overlapping faces by the larger mask); restored crops go
-/// back to `restored_pool`, the faces travel on for the record.
+/// `template` (nothing at `blend` 0; overlapping faces by the larger mask), made the `compare`
+/// view if asked; restored crops go back to `restored_pool`, the faces travel on for the record.
 pub fn paste_back(
     (size, template, mask): (usize, &str, MaskKind),
     blend: f32,
+    compare: Option<Compare>,
     restored_pool: &Pool<Vec<u8>>,
     rx: Receiver<FaceFrame>,
     tx: Sender<FaceFrame>,
@@ -190,9 +200,14 @@ pub fn paste_back(
                     })
                 })
                 .collect();
+            let regions: Vec<Rect> = faces.iter().map(|f| f.region).collect();
+            let kept = compare.map(|c| crate::compare::before_paste(c, frame, &regions));
             paste_all(&mut frame.rgb, frame.width, &faces, &mask, blend, &mut scratch);
-            frame.dirty.extend(faces.iter().map(|f| f.region));
+            frame.dirty.extend(regions);
             drop(faces);
+            if let Some(kept) = kept {
+                crate::compare::after_paste(frame, kept);
+            }
             for (crop, _, _) in crops {
                 restored_pool.put(crop);
             }
@@ -217,7 +232,7 @@ pub struct EncodeStat {
 /// buffers go back to `rgb_pool`. `progress` gets the number of frames written so far.
 #[allow(clippy::too_many_arguments)]
 pub fn encode(
-    mut encoder: Encoder,
+    mut encoder: Writer,
     output: &Path,
     mut faces: Option<FacesSink>,
     rgb_pool: &Pool<Vec<u8>>,
@@ -246,10 +261,10 @@ pub fn encode(
         if let Some(sink) = &mut faces {
             sink.frame(frame.index, &jobs)?;
         }
-        progress(encoder.frames);
+        progress(encoder.frames());
         rgb_pool.put(std::mem::take(&mut frame.rgb));
     }
-    let cut = max_frames.is_some_and(|m| encoder.frames >= m);
+    let cut = max_frames.is_some_and(|m| encoder.frames() >= m);
     clock
         .time(|| encoder.finish(cut))
         .with_context(|| format!("encode stage, finishing {out}"))?;

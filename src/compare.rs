@@ -1,0 +1,151 @@
+//! Before/after views (`--compare`): in, a frame just before and just after its restored faces
+//! are pasted; out, the frame the output gets instead of the restored picture alone: the
+//! original and the restored side by side (twice the width), or split down the middle (left
+//! half original, right half restored, the source's size).
+
+use crate::color::yuv420p_to_rgb_region;
+use crate::frame::Frame;
+use crate::geom::Rect;
+
+/// The before/after view written instead of the restored picture.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, clap::ValueEnum)]
+pub enum Compare {
+    /// Original on the left, restored on the right: twice the source's width.
+    Side,
+    /// Left half of the picture original, right half restored: the source's size.
+    Split,
+}
+
+impl std::fmt::Display for Compare {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Compare::Side => "side",
+            Compare::Split => "split",
+        })
+    }
+}
+
+impl Compare {
+    /// The output's picture size for a source of `width` x `height`.
+    pub fn output_size(view: Option<Compare>, width: usize, height: usize) -> (usize, usize) {
+        match view {
+            Some(Compare::Side) => (2 * width, height),
+            _ => (width, height),
+        }
+    }
+}
+
+/// What [`before_paste`] kept of the original picture.
+pub enum Kept {
+    /// The whole original picture (side by side).
+    Whole(Vec<u8>),
+    /// The left-half parts of the regions about to be pasted (split).
+    Parts(Vec<(Rect, Vec<u8>)>),
+}
+
+fn copy_out(rgb: &[u8], width: usize, r: Rect) -> Vec<u8> {
+    let mut out = Vec::with_capacity(r.width() * r.height() * 3);
+    for y in r.y0..r.y1 {
+        out.extend_from_slice(&rgb[(y * width + r.x0) * 3..(y * width + r.x1) * 3]);
+    }
+    out
+}
+
+fn copy_in(rgb: &mut [u8], width: usize, r: Rect, part: &[u8]) {
+    let row = r.width() * 3;
+    for (i, y) in (r.y0..r.y1).enumerate() {
+        rgb[(y * width + r.x0) * 3..(y * width + r.x1) * 3].copy_from_slice(&part[i * row..(i + 1) * row]);
+    }
+}
+
+/// Keeps what `view` needs of `frame`'s original picture before `regions` are pasted. For
+/// side by side the whole picture is made RGB first (the encoder then takes it whole).
+pub fn before_paste(view: Compare, frame: &mut Frame, regions: &[Rect]) -> Kept {
+    let (w, h) = (frame.width, frame.height);
+    match view {
+        Compare::Side => {
+            if frame.rgb_partial {
+                if let Some(src) = &frame.source {
+                    yuv420p_to_rgb_region(src, &mut frame.rgb, w, h, Rect::new(0, 0, w, h));
+                }
+                frame.rgb_partial = false;
+            }
+            Kept::Whole(frame.rgb.clone())
+        }
+        Compare::Split => Kept::Parts(
+            regions
+                .iter()
+                .map(|r| r.clip(w, h))
+                .map(|r| Rect::new(r.x0, r.y0, r.x1.min(w / 2).max(r.x0), r.y1))
+                .filter(|r| r.width() > 0 && r.height() > 0)
+                .map(|r| (r, copy_out(&frame.rgb, w, r)))
+                .collect(),
+        ),
+    }
+}
+
+/// Makes the pasted `frame` the before/after view from what [`before_paste`] kept.
+pub fn after_paste(frame: &mut Frame, kept: Kept) {
+    let (w, h) = (frame.width, frame.height);
+    match kept {
+        Kept::Parts(parts) => {
+            for (r, part) in parts {
+                copy_in(&mut frame.rgb, w, r, &part);
+            }
+        }
+        Kept::Whole(original) => {
+            let mut both = vec![0u8; 2 * w * h * 3];
+            for y in 0..h {
+                let row = &mut both[y * 6 * w..(y + 1) * 6 * w];
+                row[..3 * w].copy_from_slice(&original[y * 3 * w..(y + 1) * 3 * w]);
+                row[3 * w..].copy_from_slice(&frame.rgb[y * 3 * w..(y + 1) * 3 * w]);
+            }
+            frame.rgb = both;
+            frame.width = 2 * w;
+            frame.rgb_partial = false;
+            frame.source = None;
+            frame.dirty.clear();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frame(w: usize, h: usize, v: u8) -> Frame {
+        let mut f = Frame::blank(0);
+        (f.width, f.height, f.rgb) = (w, h, vec![v; w * h * 3]);
+        f
+    }
+
+    #[test]
+    fn split_keeps_the_left_half_and_side_doubles_the_width() {
+        let region = Rect::new(2, 1, 8, 3);
+        let mut f = frame(8, 4, 10);
+        let kept = before_paste(Compare::Split, &mut f, &[region]);
+        f.rgb.iter_mut().for_each(|p| *p = 200);
+        after_paste(&mut f, kept);
+        for y in 0..4 {
+            for x in 0..8 {
+                let want = if x < 4 && (2..8).contains(&x) && (1..3).contains(&y) {
+                    10
+                } else {
+                    200
+                };
+                assert_eq!(f.rgb[(y * 8 + x) * 3], want, "({x}, {y})");
+            }
+        }
+        let mut f = frame(8, 4, 10);
+        let kept = before_paste(Compare::Side, &mut f, &[region]);
+        f.rgb.iter_mut().for_each(|p| *p = 200);
+        after_paste(&mut f, kept);
+        assert_eq!((f.width, f.height, f.rgb.len()), (16, 4, 16 * 4 * 3));
+        for y in 0..4 {
+            assert!(f.rgb[y * 48..y * 48 + 24].iter().all(|&p| p == 10));
+            assert!(f.rgb[y * 48 + 24..(y + 1) * 48].iter().all(|&p| p == 200));
+        }
+        assert_eq!(Compare::output_size(Some(Compare::Side), 8, 4), (16, 4));
+        assert_eq!(Compare::output_size(Some(Compare::Split), 8, 4), (8, 4));
+    }
+}

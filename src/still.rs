@@ -1,0 +1,383 @@
+//! Still-image outputs: in, the restored frame of a still source (full-resolution RGB) and
+//! OUT's extension; out, exactly one PNG, JPEG, WebP, TIFF or BMP file (the encoded picture
+//! written as it is, no muxer, no sequence pattern), with the source's EXIF and ICC blocks where
+//! both formats hold them. Also [`Writer`], the one interface the encode stage calls for videos
+//! and stills alike.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use anyhow::{anyhow, bail, Context, Result};
+use ffmpeg::format::Pixel;
+use ffmpeg::util::frame::video::Video as VideoFrame;
+use ffmpeg::{codec, encoder, Dictionary, Packet, Rational};
+use ffmpeg_next as ffmpeg;
+
+use crate::color::{convert, yuv420p_to_rgb_region, SendScaler};
+use crate::decode::SourceInfo;
+use crate::encode::{EncodeSettings, Encoder};
+use crate::frame::Frame;
+use crate::geom::Rect;
+
+/// `--quality` for JPEG and WebP outputs when none is given (1 to 100, higher is better).
+pub const DEFAULT_QUALITY: u32 = 92;
+
+/// Extensions of the still images gpen-video reads and writes.
+pub const STILL_EXTENSIONS: [&str; 7] = ["png", "jpg", "jpeg", "webp", "tif", "tiff", "bmp"];
+
+/// Extensions of still-image formats it neither reads nor writes as stills.
+pub const OTHER_IMAGE_EXTENSIONS: [&str; 3] = ["gif", "jxl", "avif"];
+
+fn ext_of(path: &Path) -> String {
+    path.extension()
+        .and_then(|e| e.to_str())
+        .unwrap_or("")
+        .to_ascii_lowercase()
+}
+
+/// Whether `path` names a still image gpen-video handles (by its extension).
+pub fn is_still(path: &Path) -> bool {
+    STILL_EXTENSIONS.contains(&ext_of(path).as_str())
+}
+
+/// Whether `path` names another still-image format (GIF, JPEG XL, AVIF).
+pub fn is_other_image(path: &Path) -> bool {
+    OTHER_IMAGE_EXTENSIONS.contains(&ext_of(path).as_str())
+}
+
+/// The FFmpeg image encoder for a still output named `path`.
+pub fn encoder_for(path: &Path) -> Option<&'static str> {
+    match ext_of(path).as_str() {
+        "png" => Some("png"),
+        "jpg" | "jpeg" => Some("mjpeg"),
+        "webp" => Some("libwebp"),
+        "tif" | "tiff" => Some("tiff"),
+        "bmp" => Some("bmp"),
+        _ => None,
+    }
+}
+
+/// Checks that this FFmpeg has the encoder a still output named `path` needs and that
+/// `--quality` is in range.
+pub fn check_still_output(path: &Path, s: &EncodeSettings) -> Result<()> {
+    crate::init_ffmpeg();
+    let Some(name) = encoder_for(path) else {
+        bail!("output {} is not a still image gpen-video writes", path.display());
+    };
+    if encoder::find_by_name(name).is_none() {
+        bail!(
+            "output {}: this FFmpeg build has no {name} encoder; choose a .png or .jpg output",
+            path.display()
+        );
+    }
+    check_quality(s.quality)
+}
+
+/// `--quality` must be 1 to 100.
+pub fn check_quality(q: Option<u32>) -> Result<()> {
+    if let Some(q) = q.filter(|q| !(1..=100).contains(q)) {
+        bail!("--quality {q} is out of range: use 1 (smallest file) to 100 (best picture)");
+    }
+    Ok(())
+}
+
+/// The picture format `name` is fed: RGB where the encoder takes it (PNG, TIFF: lossless),
+/// full-chroma YUV for JPEG (no 4:2:0 subsampling), else what it takes first.
+fn pixel_for(name: &str, formats: &[Pixel]) -> Pixel {
+    let prefer = [Pixel::RGB24, Pixel::BGR24, Pixel::YUVJ444P, Pixel::BGRA, Pixel::RGBA];
+    prefer
+        .into_iter()
+        .find(|p| formats.contains(p))
+        .or_else(|| formats.first().copied())
+        .unwrap_or_else(|| if name == "mjpeg" { Pixel::YUVJ444P } else { Pixel::RGB24 })
+}
+
+/// Writes one still image: the first frame it is given, encoded whole.
+pub struct StillWriter {
+    path: PathBuf,
+    name: &'static str,
+    enc: Option<encoder::video::Encoder>,
+    pix: Pixel,
+    /// JPEG's fixed quantiser (in lambda units), if any.
+    qscale_lambda: Option<i32>,
+    scaler: Option<SendScaler>,
+    /// The full RGB picture (for sources the decoder converted only in face regions).
+    full: Vec<u8>,
+    /// The source file, whose EXIF and ICC blocks are carried over.
+    source: PathBuf,
+    pub frames: u64,
+}
+
+impl StillWriter {
+    /// Opens the image encoder OUT's extension picks for `src`'s picture size; `path` is the
+    /// (temporary) file the picture is written to.
+    pub fn create(path: &Path, src: &SourceInfo, settings: &EncodeSettings) -> Result<Self> {
+        crate::init_ffmpeg();
+        let name = encoder_for(path).ok_or_else(|| anyhow!("{} is not a still-image name", path.display()))?;
+        let codec = encoder::find_by_name(name)
+            .ok_or_else(|| anyhow!("this FFmpeg build has no {name} encoder; choose a .png or .jpg output"))?;
+        let formats: Vec<Pixel> = codec
+            .video()
+            .ok()
+            .and_then(|v| v.formats().map(|f| f.collect()))
+            .unwrap_or_default();
+        let pix = pixel_for(name, &formats);
+        let quality = settings.quality.unwrap_or(DEFAULT_QUALITY);
+        let (w, h) = (src.width as u32, src.height as u32);
+        let mut ctx = codec::context::Context::new_with_codec(codec).encoder().video()?;
+        ctx.set_width(w);
+        ctx.set_height(h);
+        ctx.set_format(pix);
+        ctx.set_time_base(Rational(1, 25));
+        let mut opts = Dictionary::new();
+        let mut qscale_lambda = None;
+        match name {
+            "mjpeg" => {
+                // Quality 100 -> quantiser 1 (best), 1 -> 31 (worst).
+                let q = 1 + (100u32.saturating_sub(quality) * 30).div_ceil(99) as i32;
+                let lambda = q * ffmpeg::ffi::FF_QP2LAMBDA;
+                ctx.set_flags(codec::Flags::QSCALE);
+                ctx.set_global_quality(lambda);
+                ctx.set_qmin(1);
+                ctx.set_color_range(ffmpeg::util::color::Range::JPEG);
+                ctx.set_colorspace(ffmpeg::util::color::Space::BT470BG);
+                opts.set("huffman", "optimal");
+                qscale_lambda = Some(lambda);
+            }
+            "libwebp" => {
+                opts.set("quality", &quality.to_string());
+            }
+            _ => {}
+        }
+        let enc = ctx
+            .open_as_with(codec, opts)
+            .with_context(|| format!("cannot open the {name} encoder for a {w}x{h} picture"))?;
+        Ok(Self {
+            path: path.to_path_buf(),
+            name,
+            enc: Some(enc),
+            pix,
+            qscale_lambda,
+            scaler: None,
+            full: Vec::new(),
+            source: src.path.clone(),
+            frames: 0,
+        })
+    }
+
+    /// Encodes `frame` into the file; only the first frame of a source is written (a still
+    /// has one).
+    pub fn write(&mut self, frame: &mut Frame) -> Result<()> {
+        self.frames += 1;
+        if self.frames > 1 {
+            if self.frames == 2 {
+                tracing::warn!(file = %self.path.display(), "the source has more than one frame: only the first is written");
+            }
+            return Ok(());
+        }
+        let (w, h) = (frame.width, frame.height);
+        let rgb: &[u8] = match (&frame.source, frame.rgb_partial) {
+            (Some(src), true) => {
+                // The decoder converted only the face regions: convert the rest the same way,
+                // then lay the pasted regions over it.
+                self.full.resize(w * h * 3, 0);
+                yuv420p_to_rgb_region(src, &mut self.full, w, h, Rect::new(0, 0, w, h));
+                for r in &frame.dirty {
+                    let r = r.clip(w, h);
+                    for y in r.y0..r.y1 {
+                        let (a, b) = ((y * w + r.x0) * 3, (y * w + r.x1) * 3);
+                        self.full[a..b].copy_from_slice(&frame.rgb[a..b]);
+                    }
+                }
+                &self.full
+            }
+            _ => &frame.rgb,
+        };
+        let mut staged = VideoFrame::new(Pixel::RGB24, w as u32, h as u32);
+        let stride = staged.stride(0);
+        let data = staged.data_mut(0);
+        for (y, row) in rgb.chunks_exact(w * 3).enumerate() {
+            data[y * stride..y * stride + w * 3].copy_from_slice(row);
+        }
+        let mut picture = if self.pix == Pixel::RGB24 {
+            staged
+        } else {
+            let mut out = VideoFrame::empty();
+            convert(&mut self.scaler, Pixel::RGB24, self.pix, &staged, &mut out)?;
+            out
+        };
+        if self.pix == Pixel::YUVJ444P {
+            picture.set_color_range(ffmpeg::util::color::Range::JPEG);
+        }
+        picture.set_pts(Some(0));
+        if let Some(lambda) = self.qscale_lambda {
+            // SAFETY: `picture` is a valid frame we own; `quality` is a plain field (the fixed
+            // quantiser the MJPEG encoder reads per picture) ffmpeg-next has no setter for.
+            unsafe { (*picture.as_mut_ptr()).quality = lambda };
+        }
+        let name = self.name;
+        let enc = self.enc.as_mut().expect("open until finished");
+        enc.send_frame(&picture)
+            .with_context(|| format!("{name} encoder refused the picture"))?;
+        enc.send_eof()?;
+        let mut bytes = Vec::new();
+        let mut p = Packet::empty();
+        while enc.receive_packet(&mut p).is_ok() {
+            bytes.extend_from_slice(p.data().unwrap_or_default());
+        }
+        if bytes.is_empty() {
+            bail!("the {name} encoder gave no picture");
+        }
+        let bytes = with_metadata(&self.source, bytes);
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .truncate(true)
+            .open(&self.path)
+            .with_context(|| format!("cannot write {}", self.path.display()))?;
+        f.write_all(&bytes)
+            .and_then(|()| f.sync_all())
+            .with_context(|| format!("writing {}", self.path.display()))?;
+        Ok(())
+    }
+
+    /// Checks a picture was written.
+    pub fn finish(self) -> Result<u64> {
+        if self.frames == 0 {
+            bail!("no picture was decoded, so none was written");
+        }
+        Ok(self.frames.min(1))
+    }
+}
+
+/// `encoded` with the EXIF and ICC blocks of the `source` file, where both formats hold them
+/// (JPEG, PNG and WebP; TIFF and BMP carry none). The EXIF orientation is reset to upright: the
+/// picture was turned upright before it was encoded.
+fn with_metadata(source: &Path, encoded: Vec<u8>) -> Vec<u8> {
+    use img_parts::{Bytes, DynImage, ImageEXIF, ImageICC};
+    let Ok(Some(src)) = std::fs::read(source).map(|b| DynImage::from_bytes(b.into()).ok().flatten()) else {
+        return encoded;
+    };
+    let (icc, exif) = (src.icc_profile(), src.exif());
+    if icc.is_none() && exif.is_none() {
+        return encoded;
+    }
+    let exif = exif.map(|e| {
+        let mut tiff = e.to_vec();
+        set_orientation_upright(&mut tiff);
+        Bytes::from(tiff)
+    });
+    match DynImage::from_bytes(Bytes::from(encoded.clone())) {
+        Ok(Some(mut out)) => {
+            out.set_icc_profile(icc);
+            out.set_exif(exif);
+            out.encoder().bytes().to_vec()
+        }
+        _ => encoded,
+    }
+}
+
+/// Sets the Orientation entry (0x0112) of an EXIF block's first IFD, if it has one, to 1.
+fn set_orientation_upright(tiff: &mut [u8]) {
+    let le = match tiff.get(..2) {
+        Some(b"II") => true,
+        Some(b"MM") => false,
+        _ => return,
+    };
+    let u16_at = |b: &[u8], i: usize| -> Option<u16> {
+        let v: [u8; 2] = b.get(i..i + 2)?.try_into().ok()?;
+        Some(if le {
+            u16::from_le_bytes(v)
+        } else {
+            u16::from_be_bytes(v)
+        })
+    };
+    let Some(ifd) = tiff.get(4..8).and_then(|v| <[u8; 4]>::try_from(v).ok()) else {
+        return;
+    };
+    let ifd = (if le {
+        u32::from_le_bytes(ifd)
+    } else {
+        u32::from_be_bytes(ifd)
+    }) as usize;
+    let Some(count) = u16_at(tiff, ifd) else { return };
+    for k in 0..count as usize {
+        let at = ifd + 2 + 12 * k;
+        if u16_at(tiff, at) == Some(0x0112) && u16_at(tiff, at + 2) == Some(3) {
+            if let Some(v) = tiff.get_mut(at + 8..at + 10) {
+                v.copy_from_slice(&if le { 1u16.to_le_bytes() } else { 1u16.to_be_bytes() });
+            }
+            return;
+        }
+    }
+}
+
+/// What the encode stage writes into: a video file or one still image.
+pub enum Writer {
+    Video(Box<Encoder>),
+    Still(Box<StillWriter>),
+}
+
+impl Writer {
+    /// A still writer when `path` (the temporary output, OUT's extension) names a still image,
+    /// else the video encoder.
+    pub fn create(path: &Path, src: &SourceInfo, settings: &EncodeSettings) -> Result<Self> {
+        if is_still(path) {
+            StillWriter::create(path, src, settings).map(|w| Writer::Still(Box::new(w)))
+        } else {
+            Encoder::create(path, src, settings).map(|e| Writer::Video(Box::new(e)))
+        }
+    }
+
+    pub fn write(&mut self, frame: &mut Frame) -> Result<()> {
+        match self {
+            Writer::Video(e) => e.write(frame),
+            Writer::Still(s) => s.write(frame),
+        }
+    }
+
+    /// Frames written so far.
+    pub fn frames(&self) -> u64 {
+        match self {
+            Writer::Video(e) => e.frames,
+            Writer::Still(s) => s.frames.min(1),
+        }
+    }
+
+    /// Finishes the file (`cut`: the run stopped early on purpose, for videos).
+    pub fn finish(self, cut: bool) -> Result<u64> {
+        match self {
+            Writer::Video(e) => e.finish(cut),
+            Writer::Still(s) => s.finish(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_orientation_entry_is_reset_in_either_byte_order() {
+        let mut le = b"II\x2a\x00\x08\x00\x00\x00\x02\x00\x0f\x01\x02\x00\x01\x00\x00\x00\x00\x00\x00\x00\x12\x01\x03\x00\x01\x00\x00\x00\x06\x00\x00\x00\x00\x00\x00\x00".to_vec();
+        set_orientation_upright(&mut le);
+        assert_eq!(&le[30..32], [1, 0]);
+        let mut be =
+            b"MM\x00\x2a\x00\x00\x00\x08\x00\x01\x01\x12\x00\x03\x00\x00\x00\x01\x00\x08\x00\x00\x00\x00\x00\x00"
+                .to_vec();
+        set_orientation_upright(&mut be);
+        assert_eq!(&be[18..20], [0, 1]);
+        let mut short = b"II\x2a\x00\xff\x00\x00\x00".to_vec();
+        set_orientation_upright(&mut short);
+        assert_eq!(short, b"II\x2a\x00\xff\x00\x00\x00", "a broken block is left alone");
+    }
+
+    #[test]
+    fn stills_are_told_by_extension() {
+        assert!(is_still(Path::new("a/b.JPG")) && is_still(Path::new("x.tiff")));
+        assert!(!is_still(Path::new("x.mp4")) && !is_still(Path::new("x")));
+        assert!(is_other_image(Path::new("x.gif")));
+        assert_eq!(encoder_for(Path::new("x.jpeg")), Some("mjpeg"));
+        assert!(check_quality(Some(0)).is_err() && check_quality(Some(101)).is_err());
+        check_quality(Some(100)).unwrap();
+    }
+}
