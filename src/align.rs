@@ -1,7 +1,16 @@
 //! Face alignment: in, five landmarks and a frame; out, the similarity transform to the FFHQ
 //! template and the warped crop as a normalised NCHW tensor slice.
+//!
+//! A face larger than the crop (each crop pixel covers several frame pixels) is sampled from a
+//! box-filtered level of the frame region with four taps over each crop pixel's footprint, so
+//! fine frame detail averages out instead of aliasing into the crop.
 
-use crate::geom::Affine;
+use crate::geom::{Affine, Rect};
+use crate::paste::{halve_rgb, mip_level};
+
+/// Frame pixels per crop pixel from which the warp filters first (below it, one bilinear
+/// sample per crop pixel reads every frame pixel at least once).
+pub const PREFILTER_RATIO: f64 = 1.5;
 
 /// The FFHQ five-point template, normalised to the crop size (x, y): left eye, right eye, nose,
 /// left mouth corner, right mouth corner (as facexlib and facefusion use it).
@@ -65,8 +74,61 @@ pub fn sample_rgb_f32(rgb: &[u8], width: usize, height: usize, x: f32, y: f32) -
     out
 }
 
+/// Catmull-Rom weights of the four samples around a point `t` past the second one (0 <= t < 1).
+#[inline(always)]
+fn cubic_weights(t: f32) -> [f32; 4] {
+    let (t2, t3) = (t * t, t * t * t);
+    [
+        0.5 * (-t3 + 2.0 * t2 - t),
+        0.5 * (3.0 * t3 - 5.0 * t2 + 2.0),
+        0.5 * (-3.0 * t3 + 4.0 * t2 + t),
+        0.5 * (t3 - t2),
+    ]
+}
+
+/// Bicubic (Catmull-Rom) sample of packed RGB24 at (x, y), edges replicated, clamped to
+/// [0, 255]. It passes a picture's detail through a resampling nearly untouched where bilinear
+/// sampling halves it between pixels, so a warp into the crop and back keeps what the model
+/// did not change; exact at pixel centres.
+#[inline(always)]
+pub fn sample_rgb_cubic_f32(rgb: &[u8], width: usize, height: usize, x: f32, y: f32) -> [f32; 3] {
+    let xf = x.clamp(0.0, (width - 1) as f32);
+    let yf = y.clamp(0.0, (height - 1) as f32);
+    // Non-negative after the clamp, so truncation is floor.
+    let (x0, y0) = (xf as usize, yf as usize);
+    let (wx, wy) = (cubic_weights(xf - x0 as f32), cubic_weights(yf - y0 as f32));
+    let xs = [
+        x0.saturating_sub(1),
+        x0,
+        (x0 + 1).min(width - 1),
+        (x0 + 2).min(width - 1),
+    ]
+    .map(|x| x * 3);
+    let ys = [
+        y0.saturating_sub(1),
+        y0,
+        (y0 + 1).min(height - 1),
+        (y0 + 2).min(height - 1),
+    ];
+    let mut out = [0.0f32; 3];
+    for (&yy, &wj) in ys.iter().zip(&wy) {
+        let row = &rgb[yy * width * 3..(yy + 1) * width * 3];
+        let mut acc = [0.0f32; 3];
+        for (&xx, &wi) in xs.iter().zip(&wx) {
+            let p = &row[xx..xx + 3];
+            for c in 0..3 {
+                acc[c] += wi * p[c] as f32;
+            }
+        }
+        for c in 0..3 {
+            out[c] += wj * acc[c];
+        }
+    }
+    out.map(|v| v.clamp(0.0, 255.0))
+}
+
 /// Warps the face into a `size x size` crop, written as planar RGB in [-1, 1] (one NCHW item,
-/// `3 * size * size` floats). `to_crop` maps frame pixels to crop pixels.
+/// `3 * size * size` floats), sampled bicubically. `to_crop` maps frame pixels to crop pixels.
 pub fn warp_to_tensor(rgb: &[u8], width: usize, height: usize, to_crop: &Affine, size: usize, out: &mut [f32]) {
     let inv = to_crop.inverse().unwrap_or(Affine::IDENTITY);
     let m = inv.0;
@@ -78,11 +140,120 @@ pub fn warp_to_tensor(rgb: &[u8], width: usize, height: usize, to_crop: &Affine,
         // Step along the row: the source point moves by (m0, m3) per crop pixel.
         let (mut sx, mut sy) = (m[1] * y as f64 + m[2], m[4] * y as f64 + m[5]);
         for x in 0..size {
-            let p = sample_rgb_f32(rgb, width, height, sx as f32, sy as f32);
+            let p = sample_rgb_cubic_f32(rgb, width, height, sx as f32, sy as f32);
             let i = y * size + x;
             r[i] = p[0] * K - 1.0;
             g[i] = p[1] * K - 1.0;
             b[i] = p[2] * K - 1.0;
+            sx += m[0];
+            sy += m[3];
+        }
+    }
+}
+
+/// Reusable buffers of the warp: box-filtered levels of the frame region under a large face.
+#[derive(Default)]
+pub struct WarpScratch {
+    levels: Vec<Vec<u8>>,
+}
+
+/// Halves the `r` region of packed RGB24 `width` wide by 2x2 box averages (odd edges repeat
+/// the region's last pixel), as [`halve_rgb`] does for a whole picture.
+fn halve_region(src: &[u8], width: usize, r: Rect, out: &mut Vec<u8>) -> (usize, usize) {
+    let (w, h) = (r.width(), r.height());
+    let (hw, hh) = (w.div_ceil(2).max(1), h.div_ceil(2).max(1));
+    out.clear();
+    out.reserve(hw * hh * 3);
+    for y in 0..hh {
+        let (ya, yb) = (r.y0 + (2 * y).min(h - 1), r.y0 + (2 * y + 1).min(h - 1));
+        for x in 0..hw {
+            let (xa, xb) = (r.x0 + (2 * x).min(w - 1), r.x0 + (2 * x + 1).min(w - 1));
+            for c in 0..3 {
+                let s = src[(ya * width + xa) * 3 + c] as u32
+                    + src[(ya * width + xb) * 3 + c] as u32
+                    + src[(yb * width + xa) * 3 + c] as u32
+                    + src[(yb * width + xb) * 3 + c] as u32;
+                out.push(((s + 2) / 4) as u8);
+            }
+        }
+    }
+    (hw, hh)
+}
+
+/// Warps the face into the crop as [`warp_to_tensor`] does; a face larger than the crop by
+/// [`PREFILTER_RATIO`] or more is read from the mip level of the frame `region` (the crop's
+/// footprint, where `rgb` holds the picture) that one crop pixel spans, by four bilinear taps
+/// spread over the crop pixel's footprint (an area average, not a point sample).
+pub fn warp_face(
+    rgb: &[u8],
+    (width, height): (usize, usize),
+    to_crop: &Affine,
+    region: Option<Rect>,
+    size: usize,
+    out: &mut [f32],
+    scratch: &mut WarpScratch,
+) {
+    let ratio = 1.0 / to_crop.scale();
+    let (Some(r), true) = (region, ratio >= PREFILTER_RATIO) else {
+        return warp_to_tensor(rgb, width, height, to_crop, size, out);
+    };
+    if r.is_empty() {
+        return warp_to_tensor(rgb, width, height, to_crop, size, out);
+    }
+    let level = mip_level(ratio, 6) as usize;
+    let levels = &mut scratch.levels;
+    while levels.len() < level {
+        levels.push(Vec::new());
+    }
+    let (mut lw, mut lh) = (width, height);
+    for l in 0..level {
+        let (done, rest) = levels.split_at_mut(l);
+        (lw, lh) = if l == 0 {
+            halve_region(rgb, width, r, &mut rest[0])
+        } else {
+            halve_rgb(&done[l - 1], lw, lh, &mut rest[0])
+        };
+    }
+    let src: &[u8] = if level == 0 { rgb } else { &levels[level - 1] };
+    // Level pixel j covers frame pixels [o + j k, o + (j + 1) k): its centre is o + j k + (k - 1) / 2.
+    let k = (1usize << level) as f64;
+    let (ox, oy) = if level == 0 {
+        (0.0, 0.0)
+    } else {
+        (r.x0 as f64 + (k - 1.0) / 2.0, r.y0 as f64 + (k - 1.0) / 2.0)
+    };
+    let inv = to_crop.inverse().unwrap_or(Affine::IDENTITY);
+    // Crop -> level coordinates.
+    let m = Affine([
+        inv.0[0] / k,
+        inv.0[1] / k,
+        (inv.0[2] - ox) / k,
+        inv.0[3] / k,
+        inv.0[4] / k,
+        (inv.0[5] - oy) / k,
+    ])
+    .0;
+    // The four taps sit a quarter of a crop pixel from its centre along each crop axis.
+    let taps = [(-0.25, -0.25), (0.25, -0.25), (-0.25, 0.25), (0.25, 0.25)]
+        .map(|(du, dv)| ((m[0] * du + m[1] * dv) as f32, (m[3] * du + m[4] * dv) as f32));
+    let plane = size * size;
+    let (rp, rest) = out.split_at_mut(plane);
+    let (gp, bp) = rest.split_at_mut(plane);
+    const K: f32 = 1.0 / (127.5 * 4.0);
+    for y in 0..size {
+        let (mut sx, mut sy) = (m[1] * y as f64 + m[2], m[4] * y as f64 + m[5]);
+        for x in 0..size {
+            let mut acc = [0.0f32; 3];
+            for (dx, dy) in taps {
+                let p = sample_rgb_f32(src, lw, lh, sx as f32 + dx, sy as f32 + dy);
+                for c in 0..3 {
+                    acc[c] += p[c];
+                }
+            }
+            let i = y * size + x;
+            rp[i] = acc[0] * K - 1.0;
+            gp[i] = acc[1] * K - 1.0;
+            bp[i] = acc[2] * K - 1.0;
             sx += m[0];
             sy += m[3];
         }
@@ -150,6 +321,85 @@ mod tests {
         }
         let (ex, ey) = (sx / sw - cx, sy / sw - cy);
         assert!(ex.hypot(ey) < 0.5, "centroid moved by ({ex:.3}, {ey:.3})");
+    }
+
+    /// A one-pixel frame checkerboard under a face `ratio` times larger than the crop, turned a
+    /// little: the crop's inner pixels (mean, standard deviation) as the warp reads them.
+    fn checkerboard_crop(ratio: f64, filtered: bool) -> (f64, f64) {
+        let size = 256;
+        let (w, h) = (1600usize, 1500usize);
+        let img: Vec<u8> = (0..w * h)
+            .flat_map(|i| {
+                let v = if (i % w + i / w) % 2 == 0 { 0 } else { 255 };
+                [v, v, v]
+            })
+            .collect();
+        let truth = similarity(0.15, ratio, 300.0, 40.0);
+        let lm = template(size).map(|[x, y]| {
+            let (u, v) = truth.apply(x as f64, y as f64);
+            [u as f32, v as f32]
+        });
+        let to_crop = fit_similarity(&lm, &template(size));
+        let region = crate::geom::crop_footprint(&to_crop, size, w, h);
+        let mut t = vec![0.0; 3 * size * size];
+        if filtered {
+            warp_face(
+                &img,
+                (w, h),
+                &to_crop,
+                region,
+                size,
+                &mut t,
+                &mut WarpScratch::default(),
+            );
+        } else {
+            warp_to_tensor(&img, w, h, &to_crop, size, &mut t);
+        }
+        let mut crop = Vec::new();
+        tensor_to_rgb(&t, size, &mut crop);
+        let vals: Vec<f64> = (16..size - 16)
+            .flat_map(|y| (16..size - 16).map(move |x| (x, y)))
+            .map(|(x, y)| crop[(y * size + x) * 3] as f64)
+            .collect();
+        let mean = vals.iter().sum::<f64>() / vals.len() as f64;
+        let var = vals.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / vals.len() as f64;
+        (mean, var.sqrt())
+    }
+
+    #[test]
+    fn a_fine_checkerboard_under_a_large_face_reaches_the_crop_as_grey() {
+        // A 1080p close-up into a 256 crop (about five frame pixels per crop pixel), and faces
+        // just past the threshold and between mip levels.
+        for ratio in [4.8, 1.6, 2.9, 3.7] {
+            let (mean, sd) = checkerboard_crop(ratio, true);
+            assert!(
+                (mean - 127.5).abs() <= 2.0 && sd < 8.0,
+                "ratio {ratio}: mean {mean:.1}, sd {sd:.1}"
+            );
+        }
+        // One bilinear sample per crop pixel aliases: the checkerboard shows as a pattern.
+        let (_, sd) = checkerboard_crop(4.8, false);
+        assert!(sd > 20.0, "unfiltered sd {sd:.1}");
+    }
+
+    #[test]
+    fn faces_near_the_crop_size_are_warped_as_before() {
+        let (w, h, size) = (300usize, 300usize, 128usize);
+        let img: Vec<u8> = (0..w * h * 3).map(|i| (i * 37 % 251) as u8).collect();
+        let to_crop = crate::geom::similarity(0.1, 1.0 / 1.3, -20.0, -10.0);
+        let region = crate::geom::crop_footprint(&to_crop, size, w, h);
+        let (mut a, mut b) = (vec![0.0; 3 * size * size], vec![0.0; 3 * size * size]);
+        warp_face(
+            &img,
+            (w, h),
+            &to_crop,
+            region,
+            size,
+            &mut a,
+            &mut WarpScratch::default(),
+        );
+        warp_to_tensor(&img, w, h, &to_crop, size, &mut b);
+        assert_eq!(a, b);
     }
 
     #[test]

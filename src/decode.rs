@@ -286,15 +286,9 @@ impl Decoder {
                             )
                         })
                         .transpose()?;
-                    let det = Scaler::get(
-                        fmt,
-                        w as u32,
-                        h as u32,
-                        Pixel::RGB24,
-                        dw as u32,
-                        dh as u32,
-                        Flags::FAST_BILINEAR,
-                    )?;
+                    // The detection copy is area-averaged: a fast bilinear shrink by 2-3 times
+                    // skips pixels and aliases, which moves the points the detector finds.
+                    let det = Scaler::get(fmt, w as u32, h as u32, Pixel::RGB24, dw as u32, dh as u32, Flags::AREA)?;
                     scalers = Some((full, det, fmt));
                 }
                 let (full, det, _) = scalers.as_mut().expect("just set");

@@ -128,6 +128,12 @@ pub struct Detector {
 /// Side, in model pixels, of the window a tracked face is looked for in: the face then spans
 /// about half of it, a size CenterFace finds reliably.
 const TRACK_INPUT: f32 = 192.0;
+/// Windows up to this side (copy pixels) are cut from the copy at its own scale, on the grid a
+/// whole-frame pass sees (see `Detector::window`); snapped to that grid such a window is at most
+/// 224 x 224, under a quarter of a 640 x 352 pass.
+const TRACK_NATIVE: f32 = 192.0;
+/// The least side (copy pixels) of a window at the copy's own scale.
+const TRACK_NATIVE_MIN: f32 = 192.0;
 /// The window around a tracked face, as a multiple of the face box's longer side.
 const TRACK_CONTEXT: f32 = 2.0;
 /// Mean change (0-255) of the block averages of the detection copy that counts as a new scene.
@@ -269,13 +275,10 @@ impl Detector {
         let mut found = Vec::new();
         if self.track.every > 1 && !scene_cut {
             for b in &boxes {
-                let side = TRACK_CONTEXT * (b[2] - b[0]).max(b[3] - b[1]).max(8.0);
-                let (cx, cy) = ((b[0] + b[2]) / 2.0, (b[1] + b[3]) / 2.0);
-                let n = (((side.min(TRACK_INPUT)) / 32.0).ceil() as usize).max(1) * 32;
-                let (x0, y0, k) = (cx - side / 2.0, cy - side / 2.0, side / n as f32);
-                self.fill_window(det, (x0, y0, k), n);
+                let ((x0, y0, k), (nw, nh)) = self.window(b);
+                self.fill_window(det, (x0, y0, k), (nw, nh));
                 self.track.window_runs += 1;
-                let faces = self.infer((n, n))?;
+                let faces = self.infer((nw, nh))?;
                 if faces.is_empty() {
                     // Lost (it moved fast, turned away or left): look everywhere.
                     full = true;
@@ -393,15 +396,42 @@ impl Detector {
         }
     }
 
-    /// Fills an `n x n` model input with the square window of the upright copy whose top-left
+    /// The window a face tracked at box `b` (upright copy pixels) is looked for in: its
+    /// top-left corner, its pixel size `k` in copy pixels, and its size in model pixels. Up to
+    /// [`TRACK_NATIVE`] copy pixels a side the window is a tile of the copy itself on the
+    /// model's 32-pixel grid (k = 1): the model sees the very pixels, at the same phase, that a
+    /// whole-frame pass sees, and finds the same points. Larger faces are looked for in a
+    /// window shrunk to [`TRACK_INPUT`].
+    fn window(&self, b: &[f32; 4]) -> ((f32, f32, f32), (usize, usize)) {
+        let side = TRACK_CONTEXT * (b[2] - b[0]).max(b[3] - b[1]).max(8.0);
+        let (cx, cy) = ((b[0] + b[2]) / 2.0, (b[1] + b[3]) / 2.0);
+        if side <= TRACK_NATIVE {
+            let (cw, ch) = (self.input_size.0 as f32, self.input_size.1 as f32);
+            let snap = |lo: f32, hi: f32, limit: f32| {
+                let a = ((lo / 32.0).floor() * 32.0).max(0.0);
+                let b = ((hi / 32.0).ceil() * 32.0).min((limit / 32.0).ceil() * 32.0);
+                (a, ((b - a) as usize).max(32))
+            };
+            // A small face gets the context a whole-frame pass gives it around, not just its
+            // own width: the model's outputs near a window's edge differ from a full pass's.
+            let half = side.max(TRACK_NATIVE_MIN) / 2.0;
+            let (x0, nw) = snap(cx - half, cx + half, cw);
+            let (y0, nh) = snap(cy - half, cy + half, ch);
+            return ((x0, y0, 1.0), (nw, nh));
+        }
+        let n = (((side.min(TRACK_INPUT)) / 32.0).ceil() as usize).max(1) * 32;
+        ((cx - side / 2.0, cy - side / 2.0, side / n as f32), (n, n))
+    }
+
+    /// Fills an `nw x nh` model input with the window of the upright copy whose top-left
     /// corner is (x0, y0) and whose pixels are `k` copy pixels wide: bilinear, black outside.
-    fn fill_window(&mut self, det: &[u8], (x0, y0, k): (f32, f32, f32), n: usize) {
-        let plane = n * n;
+    fn fill_window(&mut self, det: &[u8], (x0, y0, k): (f32, f32, f32), (nw, nh): (usize, usize)) {
+        let plane = nw * nh;
         self.input.clear();
         self.input.resize(3 * plane, 0.0);
         let (sw, sh) = self.size;
-        for yi in 0..n {
-            for xi in 0..n {
+        for yi in 0..nh {
+            for xi in 0..nw {
                 let xd = x0 + (xi as f32 + 0.5) * k - 0.5;
                 let yd = y0 + (yi as f32 + 0.5) * k - 0.5;
                 let (xs, ys) = display_to_storage(xd, yd, self.rotation, self.size);
@@ -410,7 +440,7 @@ impl Detector {
                 }
                 let px = crate::align::sample_rgb_f32(det, sw, sh, xs, ys);
                 for (c, v) in px.into_iter().enumerate() {
-                    self.input[c * plane + yi * n + xi] = v;
+                    self.input[c * plane + yi * nw + xi] = v;
                 }
             }
         }

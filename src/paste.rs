@@ -2,11 +2,14 @@
 //! the frame with each face blended in through a feathered mask (the face's shape, or the whole
 //! crop), over the face regions only; overlapping faces combine by the larger mask value.
 //!
-//! A crop pasted onto a face smaller than itself (each frame pixel covers several crop pixels)
-//! is sampled from a box-filtered mip level of the crop instead of the crop itself, so fine
-//! detail the frame cannot hold averages out instead of aliasing (shimmering between frames).
+//! Crops are sampled bicubically (a bilinear sample blurs between pixels, and the warp into
+//! the crop and back would blur the face twice). A crop pasted onto a face much smaller than
+//! itself (each frame pixel covers [`MIP_FROM`] crop pixels or more) is sampled from a
+//! box-filtered mip level of the crop instead of the crop itself, so fine detail the frame
+//! cannot hold averages out instead of aliasing (shimmering between frames); the level keeps
+//! at least 1.5 of its pixels per frame pixel, so it does not blur what the frame can hold.
 
-use crate::align::sample_rgb_f32;
+use crate::align::sample_rgb_cubic_f32;
 use crate::geom::{Affine, Rect};
 
 /// The paste mask's shape.
@@ -154,6 +157,10 @@ pub fn mip_level(scale: f64, max: u32) -> u32 {
     }
 }
 
+/// Crop pixels per frame pixel from which the paste reads a mip level (level k from
+/// `MIP_FROM * 2^(k-1)` crop pixels per frame pixel).
+pub const MIP_FROM: f64 = 3.0;
+
 /// One face to paste: its restored crop (packed RGB24, the mask's size) and where it goes.
 pub struct Paste<'a> {
     pub crop: &'a [u8],
@@ -170,8 +177,8 @@ pub struct Scratch {
 }
 
 /// Blends restored crops into the frame (packed RGB24, `width` wide). Each frame pixel of a
-/// face's region is mapped into the crop, sampled bilinearly (from the crop's mip level for
-/// a face smaller than the crop) and mixed by `mask * blend`. Where regions overlap, the faces
+/// face's region is mapped into the crop, sampled bicubically (from the crop's mip level for
+/// a face much smaller than the crop) and mixed by `mask * blend`. Where regions overlap, the faces
 /// are averaged weighted by their mask values and mixed in by the largest: a face never paints
 /// over another one's centre, and no seam shows where their masks cross.
 pub fn paste_all(frame: &mut [u8], width: usize, faces: &[Paste], mask: &Mask, blend: f32, scratch: &mut Scratch) {
@@ -261,7 +268,10 @@ fn accumulate(acc: &mut [f32], r: Rect, face: &Paste, mask: &Mask, mips: &mut Ve
     let size = mask.size;
     let m = face.to_crop.0;
     // Frame pixels per crop pixel inverted: crop pixels one frame pixel covers.
-    let level = mip_level(face.to_crop.scale(), 5.min(size.ilog2().saturating_sub(3)));
+    let level = mip_level(
+        face.to_crop.scale() * 2.0 / MIP_FROM,
+        5.min(size.ilog2().saturating_sub(3)),
+    );
     while mips.len() < level as usize {
         mips.push(Vec::new());
     }
@@ -298,7 +308,7 @@ fn accumulate(acc: &mut [f32], r: Rect, face: &Paste, mask: &Mask, mips: &mut Ve
             }
             // Level pixel j covers crop pixels [j k, (j + 1) k): its centre is at j k + (k - 1) / 2.
             let (lu, lv) = ((cu as f32 - (k - 1.0) / 2.0) / k, (cv as f32 - (k - 1.0) / 2.0) / k);
-            let p = sample_rgb_f32(src, sw, sw, lu, lv);
+            let p = sample_rgb_cubic_f32(src, sw, sw, lu, lv);
             let cell = &mut acc[((y - r.y0) * rw + x - r.x0) * 5..][..5];
             for c in 0..3 {
                 cell[c] += a * p[c];
@@ -446,6 +456,59 @@ mod tests {
         let mean = vals.iter().sum::<f64>() / vals.len() as f64;
         let sd = (vals.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / vals.len() as f64).sqrt();
         assert!((mean - 127.5).abs() <= 2.0 && sd < 3.0, "mean {mean:.1}, sd {sd:.1}");
+    }
+
+    /// A noisy, textured frame warped into the crop and pasted straight back (what the identity
+    /// model does) at the scales of a 53 px eye distance face into 256 and 512 crops and of a
+    /// 31 px one into 256: inside the face it comes back within 40 dB PSNR (bilinear both ways
+    /// gives about 37, and a mip level read at 2 crop pixels per frame pixel about 35).
+    #[test]
+    fn a_round_trip_into_the_crop_and_back_keeps_the_face() {
+        let (w, h) = (400usize, 400usize);
+        let mut seed = 12345u32;
+        let mut noise = || {
+            seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            (seed >> 24) as f64 / 255.0 - 0.5
+        };
+        let frame: Vec<u8> = (0..w * h)
+            .flat_map(|i| {
+                let (x, y) = ((i % w) as f64, (i / w) as f64);
+                let base = 128.0 + 60.0 * (x / 23.0).sin() * (y / 31.0).cos() + 30.0 * (x / 7.0 + y / 11.0).sin();
+                let v = (base + 24.0 * noise()).round().clamp(0.0, 255.0) as u8;
+                [v, v / 2 + 40, 255 - v]
+            })
+            .collect();
+        for (size, scale) in [(256usize, 1.19), (512, 2.4), (256, 2.03)] {
+            let to_crop = crate::geom::similarity(0.1, scale, -(scale * 37.3), -(scale * 41.7));
+            let region = crate::geom::crop_footprint(&to_crop, size, w, h).unwrap();
+            let mut t = vec![0.0; 3 * size * size];
+            let mut scratch = crate::align::WarpScratch::default();
+            crate::align::warp_face(&frame, (w, h), &to_crop, Some(region), size, &mut t, &mut scratch);
+            let mut crop = Vec::new();
+            crate::align::tensor_to_rgb(&t, size, &mut crop);
+            let mask = Mask::new(size);
+            let mut back = frame.clone();
+            paste(&mut back, w, &crop, &to_crop, region, &mask, 1.0);
+            let (mut se, mut n) = (0.0f64, 0usize);
+            for y in region.y0..region.y1 {
+                for x in region.x0..region.x1 {
+                    let (u, v) = to_crop.apply(x as f64, y as f64);
+                    if mask.at(u, v) < 1.0 {
+                        continue;
+                    }
+                    for c in 0..3 {
+                        let i = (y * w + x) * 3 + c;
+                        se += (back[i] as f64 - frame[i] as f64).powi(2);
+                        n += 1;
+                    }
+                }
+            }
+            let db = 10.0 * (255.0f64.powi(2) / (se / n as f64)).log10();
+            assert!(
+                n > 1000 && db >= 40.0,
+                "crop {size}, scale {scale}: {db:.1} dB over {n} samples"
+            );
+        }
     }
 
     #[test]

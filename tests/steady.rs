@@ -271,3 +271,74 @@ fn the_face_mask_leaves_the_crop_corners_alone() {
         changed_corners[1]
     );
 }
+
+/// Two portraits drifting slowly in a noisy 720p clip, one large and one small (eye distances
+/// about 47 and 15 px): the points tracking finds (the default `--detect-every`) sit where
+/// whole-frame detection on every frame puts them, on the same area-averaged detection copy,
+/// within 3 % of the eye distance (median over the frames) for each face (about 5 and 13 %
+/// with windows resampled around each face).
+#[test]
+fn tracked_points_match_whole_frame_detection_small_faces_included() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("two.mp4");
+    let png = asset("samples/astronaut.png");
+    ffmpeg(&[
+        "-loop",
+        "1",
+        "-i",
+        png.to_str().unwrap(),
+        "-f",
+        "lavfi",
+        "-i",
+        "color=c=0x36403a:s=1280x720:r=25",
+        "-filter_complex",
+        "[0:v]split[a0][b0];[a0]scale=576:576[a];[b0]scale=180:180[b];\
+         [1:v][a]overlay=eval=frame:x=64+n*0.24:y=72[o];\
+         [o][b]overlay=eval=frame:x=920:y=144+n*0.2,noise=alls=5:allf=t,format=yuv420p[v]",
+        "-map",
+        "[v]",
+        "-frames:v",
+        "30",
+        "-c:v",
+        "libx264",
+        "-preset",
+        "ultrafast",
+        "-crf",
+        "18",
+        input.to_str().unwrap(),
+    ]);
+    let whole = points_of(
+        dir.path(),
+        &input,
+        "whole.mp4",
+        &[&"--smooth", &"0", &"--detect-every", &"1"],
+    );
+    let tracked = points_of(dir.path(), &input, "tracked.mp4", &[&"--smooth", &"0"]);
+    assert_eq!((whole.len(), tracked.len()), (30, 30));
+    let mut errors = [Vec::new(), Vec::new()];
+    for (n, (a, b)) in whole.iter().zip(&tracked).enumerate() {
+        assert_eq!((a.len(), b.len()), (2, 2), "frame {n}: two faces in both runs");
+        for (i, (pa, pb)) in a.iter().zip(b).enumerate() {
+            let d = (0..5)
+                .map(|k| (pa[k][0] - pb[k][0]).hypot(pa[k][1] - pb[k][1]))
+                .sum::<f64>()
+                / 5.0;
+            errors[i].push(d / eye_distance(pa));
+        }
+    }
+    for (i, e) in errors.iter_mut().enumerate() {
+        e.sort_by(f64::total_cmp);
+        let eye = eye_distance(&whole[0][i]);
+        let (median, worst) = (e[e.len() / 2], e[e.len() - 1]);
+        eprintln!(
+            "face {i} (eye distance {eye:.1} px): tracked points {:.2} % of it from whole-frame detection (median), {:.2} % at most",
+            100.0 * median,
+            100.0 * worst
+        );
+        assert!(
+            median <= 0.03,
+            "face {i}: median {:.2} % of the eye distance",
+            100.0 * median
+        );
+    }
+}

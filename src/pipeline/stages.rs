@@ -10,7 +10,7 @@ use crossbeam_channel::{Receiver, Sender};
 
 use super::sink::FacesSink;
 use super::DEPTH;
-use crate::align::{template_named, warp_to_tensor};
+use crate::align::{template_named, warp_face, WarpScratch};
 use crate::compare::Compare;
 use crate::decode::Decoder;
 use crate::detect::{DetectCounts, Detector};
@@ -131,11 +131,12 @@ pub fn align(
 ) -> Result<StageStat> {
     let mut clock = Clock::new("align", DEPTH);
     let tpl = template_named(template, size);
+    let mut scratch = WarpScratch::default();
     while let Some(mut ff) = recv(&rx, &mut clock) {
         clock.time(|| {
             for job in &mut ff.faces {
                 let mut crop = crop_pool.get();
-                let (to_crop, region) = align_face(&mut ff.frame, &job.face, &tpl, size, &mut crop);
+                let (to_crop, region) = align_face(&mut ff.frame, &job.face, (&tpl, size), &mut crop, &mut scratch);
                 (job.to_crop, job.region, job.crop) = (to_crop, region, crop);
             }
         });
@@ -148,13 +149,14 @@ pub fn align(
 
 /// Aligns one face of `f` to the template: makes sure the frame's RGB covers the face, warps
 /// it into `crop` (an NCHW item of `size`) and returns the frame-to-crop transform with the
-/// frame region the crop covers.
+/// frame region the crop covers. A face larger than the crop is filtered first (see
+/// [`warp_face`]); `scratch` holds the filtered levels between calls.
 pub fn align_face(
     f: &mut Frame,
     face: &Face,
-    tpl: &[[f32; 2]; 5],
-    size: usize,
+    (tpl, size): (&[[f32; 2]; 5], usize),
     crop: &mut Vec<f32>,
+    scratch: &mut WarpScratch,
 ) -> (Affine, Option<Rect>) {
     let to_crop = fit_similarity(&face.landmarks, tpl);
     let r = crop_footprint(&to_crop, size, f.width, f.height);
@@ -162,7 +164,7 @@ pub fn align_face(
         f.ensure_rgb(r);
     }
     crop.resize(3 * size * size, 0.0);
-    warp_to_tensor(&f.rgb, f.width, f.height, &to_crop, size, crop);
+    warp_face(&f.rgb, (f.width, f.height), &to_crop, r, size, crop, scratch);
     (to_crop, r)
 }
 
