@@ -6,7 +6,6 @@
 //! fine frame detail averages out instead of aliasing into the crop.
 
 use crate::geom::{Affine, Rect};
-use crate::paste::{halve_rgb, mip_level};
 
 /// Frame pixels per crop pixel from which the warp filters first (below it, one bilinear
 /// sample per crop pixel reads every frame pixel at least once).
@@ -270,6 +269,37 @@ pub fn tensor_to_rgb(t: &[f32], size: usize, out: &mut Vec<u8>) {
     let px = |v: f32| ((v + 1.0) * 127.5 + 0.5).clamp(0.0, 255.0) as u8;
     for i in 0..plane {
         out.extend_from_slice(&[px(r[i]), px(g[i]), px(b[i])]);
+    }
+}
+
+/// Halves packed RGB24 of `w x h` by 2x2 box averages (odd edges repeat the last pixel).
+pub fn halve_rgb(src: &[u8], w: usize, h: usize, out: &mut Vec<u8>) -> (usize, usize) {
+    let (hw, hh) = (w.div_ceil(2).max(1), h.div_ceil(2).max(1));
+    out.clear();
+    out.reserve(hw * hh * 3);
+    for y in 0..hh {
+        let (ya, yb) = ((2 * y).min(h - 1), (2 * y + 1).min(h - 1));
+        for x in 0..hw {
+            let (xa, xb) = ((2 * x).min(w - 1), (2 * x + 1).min(w - 1));
+            for c in 0..3 {
+                let s = src[(ya * w + xa) * 3 + c] as u32
+                    + src[(ya * w + xb) * 3 + c] as u32
+                    + src[(yb * w + xa) * 3 + c] as u32
+                    + src[(yb * w + xb) * 3 + c] as u32;
+                out.push(((s + 2) / 4) as u8);
+            }
+        }
+    }
+    (hw, hh)
+}
+
+/// The mip level to sample when one frame pixel covers `scale` crop pixels: the largest `k`
+/// with `2^k <= scale` (0 for faces as large as the crop or larger), at most `max`.
+pub fn mip_level(scale: f64, max: u32) -> u32 {
+    if scale < 2.0 || !scale.is_finite() {
+        0
+    } else {
+        (scale.log2().floor() as u32).min(max)
     }
 }
 

@@ -123,7 +123,7 @@ pub fn probe(path: &Path) -> Result<SourceInfo> {
         codec,
         params,
         rotation,
-        orientation: if crate::still::is_still(path) {
+        orientation: if crate::kind::is_still(path) {
             crate::orient::exif_orientation(path)
         } else {
             1

@@ -124,7 +124,7 @@ pub fn codec_for(s: &EncodeSettings, ext: &str) -> String {
 /// Checks the encoder exists and its crf is in range, before any work starts.
 pub fn check_settings(s: &EncodeSettings) -> Result<()> {
     crate::init_ffmpeg();
-    crate::still::check_quality(s.quality)?;
+    crate::kind::check_quality(s.quality)?;
     if let Some(name) = &s.codec {
         let c = encoder::find_by_name(name)
             .ok_or_else(|| anyhow!("video encoder `{name}` is not available in this FFmpeg build"))?;

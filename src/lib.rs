@@ -20,6 +20,7 @@ pub mod enhance;
 pub mod frame;
 pub mod geom;
 pub mod interrupt;
+pub mod kind;
 pub mod manifest;
 pub mod orient;
 pub mod output;

@@ -215,7 +215,7 @@ pub fn check_output(input: &Path, output: &Path) -> Result<()> {
         );
     }
     let ext = output.extension().and_then(|e| e.to_str()).unwrap_or("");
-    use crate::still::{is_other_image, is_still};
+    use crate::kind::{is_other_image, is_still};
     if is_other_image(output) {
         bail!(
             "output {}: gpen-video does not write .{ext} images; use .png, .jpg, .webp, .tiff or .bmp",

@@ -9,7 +9,7 @@
 //! cannot hold averages out instead of aliasing (shimmering between frames); the level keeps
 //! at least 1.5 of its pixels per frame pixel, so it does not blur what the frame can hold.
 
-use crate::align::sample_rgb_cubic_f32;
+use crate::align::{halve_rgb, mip_level, sample_rgb_cubic_f32};
 use crate::geom::{Affine, Rect};
 
 /// The paste mask's shape.
@@ -123,37 +123,6 @@ impl Mask {
 
     pub fn size(&self) -> usize {
         self.size
-    }
-}
-
-/// Halves packed RGB24 of `w x h` by 2x2 box averages (odd edges repeat the last pixel).
-pub fn halve_rgb(src: &[u8], w: usize, h: usize, out: &mut Vec<u8>) -> (usize, usize) {
-    let (hw, hh) = (w.div_ceil(2).max(1), h.div_ceil(2).max(1));
-    out.clear();
-    out.reserve(hw * hh * 3);
-    for y in 0..hh {
-        let (ya, yb) = ((2 * y).min(h - 1), (2 * y + 1).min(h - 1));
-        for x in 0..hw {
-            let (xa, xb) = ((2 * x).min(w - 1), (2 * x + 1).min(w - 1));
-            for c in 0..3 {
-                let s = src[(ya * w + xa) * 3 + c] as u32
-                    + src[(ya * w + xb) * 3 + c] as u32
-                    + src[(yb * w + xa) * 3 + c] as u32
-                    + src[(yb * w + xb) * 3 + c] as u32;
-                out.push(((s + 2) / 4) as u8);
-            }
-        }
-    }
-    (hw, hh)
-}
-
-/// The mip level to sample when one frame pixel covers `scale` crop pixels: the largest `k`
-/// with `2^k <= scale` (0 for faces as large as the crop or larger), at most `max`.
-pub fn mip_level(scale: f64, max: u32) -> u32 {
-    if scale < 2.0 || !scale.is_finite() {
-        0
-    } else {
-        (scale.log2().floor() as u32).min(max)
     }
 }
 

@@ -22,28 +22,7 @@ use crate::geom::Rect;
 /// `--quality` for JPEG and WebP outputs when none is given (1 to 100, higher is better).
 pub const DEFAULT_QUALITY: u32 = 92;
 
-/// Extensions of the still images gpen-video reads and writes.
-pub const STILL_EXTENSIONS: [&str; 7] = ["png", "jpg", "jpeg", "webp", "tif", "tiff", "bmp"];
-
-/// Extensions of still-image formats it neither reads nor writes as stills.
-pub const OTHER_IMAGE_EXTENSIONS: [&str; 3] = ["gif", "jxl", "avif"];
-
-fn ext_of(path: &Path) -> String {
-    path.extension()
-        .and_then(|e| e.to_str())
-        .unwrap_or("")
-        .to_ascii_lowercase()
-}
-
-/// Whether `path` names a still image gpen-video handles (by its extension).
-pub fn is_still(path: &Path) -> bool {
-    STILL_EXTENSIONS.contains(&ext_of(path).as_str())
-}
-
-/// Whether `path` names another still-image format (GIF, JPEG XL, AVIF).
-pub fn is_other_image(path: &Path) -> bool {
-    OTHER_IMAGE_EXTENSIONS.contains(&ext_of(path).as_str())
-}
+pub use crate::kind::{ext_of, is_other_image, is_still, OTHER_IMAGE_EXTENSIONS, STILL_EXTENSIONS};
 
 /// The FFmpeg image encoder for a still output named `path`.
 pub fn encoder_for(path: &Path) -> Option<&'static str> {
@@ -73,13 +52,7 @@ pub fn check_still_output(path: &Path, s: &EncodeSettings) -> Result<()> {
     check_quality(s.quality)
 }
 
-/// `--quality` must be 1 to 100.
-pub fn check_quality(q: Option<u32>) -> Result<()> {
-    if let Some(q) = q.filter(|q| !(1..=100).contains(q)) {
-        bail!("--quality {q} is out of range: use 1 (smallest file) to 100 (best picture)");
-    }
-    Ok(())
-}
+pub use crate::kind::check_quality;
 
 /// The picture format `name` is fed: RGB where the encoder takes it (PNG, TIFF: lossless),
 /// full-chroma YUV for JPEG (no 4:2:0 subsampling), else what it takes first.
