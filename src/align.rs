@@ -157,7 +157,7 @@ pub struct WarpScratch {
 }
 
 /// Halves the `r` region of packed RGB24 `width` wide by 2x2 box averages (odd edges repeat
-/// the region's last pixel), as [`halve_rgb`] does for a whole picture.
+/// the region's last pixel); [`halve_rgb`] is this over a whole picture.
 fn halve_region(src: &[u8], width: usize, r: Rect, out: &mut Vec<u8>) -> (usize, usize) {
     let (w, h) = (r.width(), r.height());
     let (hw, hh) = (w.div_ceil(2).max(1), h.div_ceil(2).max(1));
@@ -274,23 +274,7 @@ pub fn tensor_to_rgb(t: &[f32], size: usize, out: &mut Vec<u8>) {
 
 /// Halves packed RGB24 of `w x h` by 2x2 box averages (odd edges repeat the last pixel).
 pub fn halve_rgb(src: &[u8], w: usize, h: usize, out: &mut Vec<u8>) -> (usize, usize) {
-    let (hw, hh) = (w.div_ceil(2).max(1), h.div_ceil(2).max(1));
-    out.clear();
-    out.reserve(hw * hh * 3);
-    for y in 0..hh {
-        let (ya, yb) = ((2 * y).min(h - 1), (2 * y + 1).min(h - 1));
-        for x in 0..hw {
-            let (xa, xb) = ((2 * x).min(w - 1), (2 * x + 1).min(w - 1));
-            for c in 0..3 {
-                let s = src[(ya * w + xa) * 3 + c] as u32
-                    + src[(ya * w + xb) * 3 + c] as u32
-                    + src[(yb * w + xa) * 3 + c] as u32
-                    + src[(yb * w + xb) * 3 + c] as u32;
-                out.push(((s + 2) / 4) as u8);
-            }
-        }
-    }
-    (hw, hh)
+    halve_region(src, w, Rect::new(0, 0, w, h), out)
 }
 
 /// The mip level to sample when one frame pixel covers `scale` crop pixels: the largest `k`
