@@ -91,6 +91,13 @@ fn cubic_weights(t: f32) -> [f32; 4] {
 /// did not change; exact at pixel centres.
 #[inline(always)]
 pub fn sample_rgb_cubic_f32(rgb: &[u8], width: usize, height: usize, x: f32, y: f32) -> [f32; 3] {
+    sample_cubic3(rgb, width, height, x, y).map(|v| v.clamp(0.0, 255.0))
+}
+
+/// Bicubic (Catmull-Rom) sample of any packed three-channel picture (RGB24, or a signed
+/// change field in f32) at (x, y), edges replicated, not clamped.
+#[inline(always)]
+pub fn sample_cubic3<T: Copy + Into<f32>>(px: &[T], width: usize, height: usize, x: f32, y: f32) -> [f32; 3] {
     let xf = x.clamp(0.0, (width - 1) as f32);
     let yf = y.clamp(0.0, (height - 1) as f32);
     // Non-negative after the clamp, so truncation is floor.
@@ -111,19 +118,19 @@ pub fn sample_rgb_cubic_f32(rgb: &[u8], width: usize, height: usize, x: f32, y: 
     ];
     let mut out = [0.0f32; 3];
     for (&yy, &wj) in ys.iter().zip(&wy) {
-        let row = &rgb[yy * width * 3..(yy + 1) * width * 3];
+        let row = &px[yy * width * 3..(yy + 1) * width * 3];
         let mut acc = [0.0f32; 3];
         for (&xx, &wi) in xs.iter().zip(&wx) {
             let p = &row[xx..xx + 3];
             for c in 0..3 {
-                acc[c] += wi * p[c] as f32;
+                acc[c] += wi * p[c].into();
             }
         }
         for c in 0..3 {
             out[c] += wj * acc[c];
         }
     }
-    out.map(|v| v.clamp(0.0, 255.0))
+    out
 }
 
 /// Warps the face into a `size x size` crop, written as planar RGB in [-1, 1] (one NCHW item,
@@ -157,7 +164,7 @@ pub struct WarpScratch {
 }
 
 /// Halves the `r` region of packed RGB24 `width` wide by 2x2 box averages (odd edges repeat
-/// the region's last pixel); [`halve_rgb`] is this over a whole picture.
+/// the region's last pixel).
 fn halve_region(src: &[u8], width: usize, r: Rect, out: &mut Vec<u8>) -> (usize, usize) {
     let (w, h) = (r.width(), r.height());
     let (hw, hh) = (w.div_ceil(2).max(1), h.div_ceil(2).max(1));
@@ -210,7 +217,7 @@ pub fn warp_face(
         (lw, lh) = if l == 0 {
             halve_region(rgb, width, r, &mut rest[0])
         } else {
-            halve_rgb(&done[l - 1], lw, lh, &mut rest[0])
+            halve_region(&done[l - 1], lw, Rect::new(0, 0, lw, lh), &mut rest[0])
         };
     }
     let src: &[u8] = if level == 0 { rgb } else { &levels[level - 1] };
@@ -272,9 +279,20 @@ pub fn tensor_to_rgb(t: &[f32], size: usize, out: &mut Vec<u8>) {
     }
 }
 
-/// Halves packed RGB24 of `w x h` by 2x2 box averages (odd edges repeat the last pixel).
-pub fn halve_rgb(src: &[u8], w: usize, h: usize, out: &mut Vec<u8>) -> (usize, usize) {
-    halve_region(src, w, Rect::new(0, 0, w, h), out)
+/// What the model changed in one crop: `restored` (its output) minus `given` (its input), both
+/// NCHW items in [-1, 1], as packed RGB in levels (0..255 scale), the output clamped to the
+/// picture's range first. Zero where the model gave its input back.
+pub fn tensor_change(restored: &[f32], given: &[f32], size: usize, out: &mut Vec<f32>) {
+    let plane = size * size;
+    out.clear();
+    out.reserve(plane * 3);
+    let level = |v: f32| (v + 1.0) * 127.5;
+    for i in 0..plane {
+        for c in 0..3 {
+            let j = c * plane + i;
+            out.push(level(restored[j]).clamp(0.0, 255.0) - level(given[j]));
+        }
+    }
 }
 
 /// The mip level to sample when one frame pixel covers `scale` crop pixels: the largest `k`

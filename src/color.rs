@@ -9,6 +9,7 @@ use ffmpeg::util::frame::video::Video as VideoFrame;
 use ffmpeg_next as ffmpeg;
 
 use crate::geom::Rect;
+use crate::paste::Change;
 
 /// The YCbCr matrix of a picture (limited range): what its stream says, else the usual
 /// default by size (BT.709 for HD and larger, BT.601 below), the same both ways.
@@ -208,6 +209,160 @@ pub fn yuv420p_to_rgb_region(yuv: &VideoFrame, rgb: &mut [u8], width: usize, hei
     }
 }
 
+/// A planar YUV layout whose planes the output is made from (see [`add_changes`]): the chroma
+/// planes' subsampling as shifts and the bits per sample (8, or 10 and 12 in 16-bit words).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Planar {
+    pub hshift: u32,
+    pub vshift: u32,
+    pub bits: u32,
+}
+
+impl Planar {
+    /// The layout of `fmt`, if it is one of the planar 4:2:0, 4:2:2 or 4:4:4 formats handled.
+    pub fn of(fmt: Pixel) -> Option<Planar> {
+        use Pixel as P;
+        let (hshift, vshift, bits) = match fmt {
+            P::YUV420P | P::YUVJ420P => (1, 1, 8),
+            P::YUV422P | P::YUVJ422P => (1, 0, 8),
+            P::YUV444P | P::YUVJ444P => (0, 0, 8),
+            P::YUV420P10LE => (1, 1, 10),
+            P::YUV422P10LE => (1, 0, 10),
+            P::YUV444P10LE => (0, 0, 10),
+            P::YUV420P12LE => (1, 1, 12),
+            P::YUV422P12LE => (1, 0, 12),
+            P::YUV444P12LE => (0, 0, 12),
+            _ => return None,
+        };
+        Some(Planar { hshift, vshift, bits })
+    }
+}
+
+/// Whether a picture's YUV is full range (JPEG levels): its tag, or a yuvj format.
+pub fn is_full_range(frame: &VideoFrame) -> bool {
+    frame.color_range() == ffmpeg::color::Range::JPEG
+        || matches!(frame.format(), Pixel::YUVJ420P | Pixel::YUVJ422P | Pixel::YUVJ444P)
+}
+
+impl Matrix {
+    /// Linear RGB -> YCbCr rows (no offsets) for changes: a change of one level of R, G or B
+    /// becomes this change of Y, Cb and Cr samples of a `bits` deep picture, limited or `full`
+    /// range.
+    fn change_rows(self, bits: u32, full: bool) -> [[f32; 3]; 3] {
+        let (kr, kb) = self.weights();
+        let kg = 1.0 - kr - kb;
+        let depth = (1u32 << (bits - 8)) as f32;
+        let (y, c) = if full {
+            (depth, depth)
+        } else {
+            (219.0 / 255.0 * depth, 224.0 / 255.0 * depth)
+        };
+        let (cb, cr) = (c / (2.0 * (1.0 - kb)), c / (2.0 * (1.0 - kr)));
+        [
+            [y * kr, y * kg, y * kb],
+            [-cb * kr, -cb * kg, cb * (1.0 - kb)],
+            [cr * (1.0 - kr), -cr * kg, -cr * kb],
+        ]
+    }
+}
+
+/// Adds `d` to the sample at (x, y) of a plane (`wide`: 16-bit little-endian words), rounded
+/// to the nearest value and clamped to `max`. A change under half a step leaves it as it was.
+#[inline]
+fn add_sample(plane: &mut [u8], stride: usize, wide: bool, (x, y): (usize, usize), d: f32, max: f32) {
+    if wide {
+        let i = y * stride + 2 * x;
+        let old = u16::from_le_bytes([plane[i], plane[i + 1]]) as f32;
+        let new = ((old + d).clamp(0.0, max) + 0.5) as u16;
+        plane[i..i + 2].copy_from_slice(&new.to_le_bytes());
+    } else {
+        let i = y * stride + x;
+        plane[i] = ((plane[i] as f32 + d).clamp(0.0, max) + 0.5) as u8;
+    }
+}
+
+/// Adds the paste's RGB `changes` to a planar YUV picture in place, at its own depth, chroma
+/// layout, range and [`Matrix`]: each luma sample takes its pixel's change, each chroma sample
+/// the mean change over the pixels it covers. Samples whose change is under half a step keep
+/// their values exactly. Returns false (and changes nothing) for a format [`Planar`] does not
+/// describe.
+pub fn add_changes(pic: &mut VideoFrame, changes: &[Change]) -> bool {
+    let Some(Planar { hshift, vshift, bits }) = Planar::of(pic.format()) else {
+        return false;
+    };
+    let (width, height) = (pic.width() as usize, pic.height() as usize);
+    let rows = Matrix::of(pic).change_rows(bits, is_full_range(pic));
+    let (wide, max) = (bits > 8, ((1u32 << bits) - 1) as f32);
+    let dot = |k: &[f32; 3], d: &[f32]| k[0] * d[0] + k[1] * d[1] + k[2] * d[2];
+    for ch in changes {
+        let r = ch.rect.clip(width, height);
+        let rw = ch.rect.width();
+        let at = |x: usize, y: usize| &ch.rgb[((y - ch.rect.y0) * rw + x - ch.rect.x0) * 3..][..3];
+        let stride = pic.stride(0);
+        let luma = pic.data_mut(0);
+        for y in r.y0..r.y1 {
+            for x in r.x0..r.x1 {
+                let d = dot(&rows[0], at(x, y));
+                if d != 0.0 {
+                    add_sample(luma, stride, wide, (x, y), d, max);
+                }
+            }
+        }
+        // Chroma samples whose pixels reach into the region; pixels outside it changed by zero.
+        let (bw, bh) = (1usize << hshift, 1usize << vshift);
+        let area = (bw * bh) as f32;
+        for cy in (r.y0 >> vshift)..r.y1.div_ceil(bh) {
+            for cx in (r.x0 >> hshift)..r.x1.div_ceil(bw) {
+                let mut sum = [0.0f32; 3];
+                for y in (cy * bh).max(r.y0)..((cy + 1) * bh).min(r.y1) {
+                    for x in (cx * bw).max(r.x0)..((cx + 1) * bw).min(r.x1) {
+                        let d = at(x, y);
+                        for c in 0..3 {
+                            sum[c] += d[c];
+                        }
+                    }
+                }
+                let mean = sum.map(|v| v / area);
+                for (plane, k) in [(1, &rows[1]), (2, &rows[2])] {
+                    let d = dot(k, &mean);
+                    if d != 0.0 {
+                        let stride = pic.stride(plane);
+                        add_sample(pic.data_mut(plane), stride, wide, (cx, cy), d, max);
+                    }
+                }
+            }
+        }
+    }
+    true
+}
+
+/// Sets a scaler between YUV and RGB to the YUV side's `matrix` and range (`full` or limited;
+/// swscale otherwise assumes BT.601 whatever the stream says), `to_rgb` the direction.
+pub fn set_matrix(scaler: &mut Scaler, matrix: Matrix, full: bool, to_rgb: bool) {
+    let cs = match matrix {
+        Matrix::Bt601 => ffmpeg::ffi::SWS_CS_ITU601,
+        Matrix::Bt709 => ffmpeg::ffi::SWS_CS_ITU709,
+        Matrix::Bt2020 => ffmpeg::ffi::SWS_CS_BT2020,
+    };
+    let full = i32::from(full);
+    let (src_range, dst_range) = if to_rgb { (full, 1) } else { (1, full) };
+    // SAFETY: the scaler is a live context we own; the table is FFmpeg's static coefficients
+    // for a valid colour space constant, read (not kept) by the call.
+    unsafe {
+        let table = ffmpeg::ffi::sws_getCoefficients(cs);
+        ffmpeg::ffi::sws_setColorspaceDetails(
+            scaler.as_mut_ptr(),
+            table,
+            src_range,
+            table,
+            dst_range,
+            0,
+            1 << 16,
+            1 << 16,
+        );
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -329,5 +484,114 @@ mod tests {
             .filter(|p| p[0] != 7 || p[1] != 7 || p[2] != 7)
             .count();
         assert_eq!(touched, r.width() * r.height());
+    }
+
+    /// A picture of `fmt` with every sample of each plane at a mid value (`base` scaled to the
+    /// format's depth) and a little texture on luma.
+    fn flat(fmt: Pixel, w: usize, h: usize, space: ffmpeg::color::Space) -> VideoFrame {
+        crate::init_ffmpeg();
+        let mut f = VideoFrame::new(fmt, w as u32, h as u32);
+        f.set_color_space(space);
+        let p = Planar::of(fmt).unwrap();
+        for plane in 0..3 {
+            let (pw, ph) = if plane == 0 {
+                (w, h)
+            } else {
+                (w.div_ceil(1 << p.hshift), h.div_ceil(1 << p.vshift))
+            };
+            let stride = f.stride(plane);
+            for y in 0..ph {
+                for x in 0..pw {
+                    let v = if plane == 0 {
+                        100 + ((x * 7 + y * 3) % 11) as u32
+                    } else {
+                        128
+                    };
+                    let v = v << (p.bits - 8);
+                    if p.bits > 8 {
+                        f.data_mut(plane)[y * stride + 2 * x..][..2].copy_from_slice(&(v as u16).to_le_bytes());
+                    } else {
+                        f.data_mut(plane)[y * stride + x] = v as u8;
+                    }
+                }
+            }
+        }
+        f
+    }
+
+    fn sample(f: &VideoFrame, plane: usize, x: usize, y: usize) -> i32 {
+        let s = f.stride(plane);
+        if Planar::of(f.format()).unwrap().bits > 8 {
+            u16::from_le_bytes([f.data(plane)[y * s + 2 * x], f.data(plane)[y * s + 2 * x + 1]]) as i32
+        } else {
+            f.data(plane)[y * s + x] as i32
+        }
+    }
+
+    /// The planes path: no change keeps every sample; a grey change moves luma only, by the
+    /// format's scale; a red one raises Cr and lowers Cb; samples away from the region keep
+    /// their values; for 4:2:0, 4:2:2 and 4:4:4 at 8 and 10 bits.
+    #[test]
+    fn changes_are_added_at_the_pictures_depth_layout_and_matrix() {
+        use ffmpeg::color::Space;
+        let (w, h) = (24, 16);
+        let r = Rect::new(4, 2, 12, 10);
+        let change = |rgb: [f32; 3]| Change {
+            rect: r,
+            rgb: rgb.repeat(r.width() * r.height()),
+        };
+        for fmt in [Pixel::YUV420P, Pixel::YUV422P10LE, Pixel::YUV444P, Pixel::YUV420P10LE] {
+            let bits = Planar::of(fmt).unwrap().bits;
+            let k = (1 << (bits - 8)) as f32;
+            let before = flat(fmt, w, h, Space::BT709);
+            let mut pic = flat(fmt, w, h, Space::BT709);
+            assert!(add_changes(&mut pic, &[change([0.0; 3])]));
+            let p = Planar::of(fmt).unwrap();
+            for (plane, sh) in [(0, (0, 0)), (1, (p.hshift, p.vshift)), (2, (p.hshift, p.vshift))] {
+                for y in 0..h >> sh.1 {
+                    for x in 0..w >> sh.0 {
+                        assert_eq!(
+                            sample(&pic, plane, x, y),
+                            sample(&before, plane, x, y),
+                            "{fmt:?}: a zero change moved plane {plane}"
+                        );
+                    }
+                }
+            }
+            assert!(add_changes(&mut pic, &[change([40.0; 3])]));
+            let dy = (40.0 * 219.0 / 255.0 * k).round() as i32;
+            for y in 0..h {
+                for x in 0..w {
+                    let inside = (r.x0..r.x1).contains(&x) && (r.y0..r.y1).contains(&y);
+                    let want = sample(&before, 0, x, y) + if inside { dy } else { 0 };
+                    assert_eq!(sample(&pic, 0, x, y), want, "{fmt:?} luma ({x}, {y})");
+                }
+            }
+            assert_eq!(
+                sample(&pic, 1, 3, 3),
+                sample(&before, 1, 3, 3),
+                "{fmt:?}: grey moved chroma"
+            );
+            let mut red = flat(fmt, w, h, Space::BT709);
+            add_changes(&mut red, &[change([40.0, 0.0, 0.0])]);
+            let (cb, cr) = (
+                sample(&red, 1, 4, 3) - (128 << (bits - 8)),
+                sample(&red, 2, 4, 3) - (128 << (bits - 8)),
+            );
+            // BT.709: Cr = 0.5 R' - ..., so +40 of red is +40 * 0.5 / (1 - 0.2126) * 224 / 255.
+            let want_cr = (40.0 * 0.5 * 224.0 / 255.0 * k).round() as i32;
+            assert!(
+                (cr - want_cr).abs() <= 1 && cb < 0,
+                "{fmt:?}: Cb {cb}, Cr {cr} (want {want_cr})"
+            );
+            let (lx, ly) = ((w - 1) >> p.hshift, (h - 1) >> p.vshift);
+            assert_eq!(
+                sample(&red, 2, lx, ly),
+                sample(&before, 2, lx, ly),
+                "{fmt:?}: chroma away from the region"
+            );
+        }
+        let mut rgb = VideoFrame::new(Pixel::RGB24, 8, 8);
+        assert!(!add_changes(&mut rgb, &[]), "not a planar YUV picture");
     }
 }

@@ -41,6 +41,9 @@ pub enum Kept {
     Whole(Vec<u8>),
     /// The left-half parts of the regions about to be pasted (split).
     Parts(Vec<(Rect, Vec<u8>)>),
+    /// Nothing: the frame's output is its planes plus the paste's changes, and the changes
+    /// left of the middle are dropped (split).
+    LeftUnchanged,
 }
 
 fn copy_out(rgb: &[u8], width: usize, r: Rect) -> Vec<u8> {
@@ -63,7 +66,10 @@ fn copy_in(rgb: &mut [u8], width: usize, r: Rect, part: &[u8]) {
 pub fn before_paste(view: Compare, frame: &mut Frame, regions: &[Rect]) -> Kept {
     let (w, h) = (frame.width, frame.height);
     match view {
+        Compare::Split if frame.planes => Kept::LeftUnchanged,
         Compare::Side => {
+            // The output is the RGB picture, twice the width.
+            frame.planes = false;
             if frame.rgb_partial {
                 if let Some(src) = &frame.source {
                     yuv420p_to_rgb_region(src, &mut frame.rgb, w, h, Rect::new(0, 0, w, h));
@@ -88,6 +94,15 @@ pub fn before_paste(view: Compare, frame: &mut Frame, regions: &[Rect]) -> Kept 
 pub fn after_paste(frame: &mut Frame, kept: Kept) {
     let (w, h) = (frame.width, frame.height);
     match kept {
+        Kept::LeftUnchanged => {
+            for ch in &mut frame.changes {
+                let (r, rw) = (ch.rect, ch.rect.width());
+                let left = (w / 2).clamp(r.x0, r.x1) - r.x0;
+                for row in ch.rgb.chunks_exact_mut(rw * 3) {
+                    row[..left * 3].fill(0.0);
+                }
+            }
+        }
         Kept::Parts(parts) => {
             for (r, part) in parts {
                 copy_in(&mut frame.rgb, w, r, &part);

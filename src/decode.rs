@@ -10,7 +10,7 @@ use ffmpeg::util::frame::video::Video as VideoFrame;
 use ffmpeg::{media, Rational};
 use ffmpeg_next as ffmpeg;
 
-use crate::color::scale_packed;
+use crate::color::{is_full_range, scale_packed, set_matrix, Matrix, Planar};
 use crate::frame::{Frame, Pool};
 
 /// What the pipeline needs to know about a source before any frame is decoded.
@@ -144,6 +144,9 @@ pub struct Decoder {
     info: SourceInfo,
     det_size: (usize, usize),
     hwaccel: bool,
+    /// Frames of planar YUV sources are marked [`Frame::planes`] (their output is made from
+    /// their own planes): set for video outputs.
+    planes: bool,
 }
 
 /// A CUDA device context for FFmpeg's hwaccel (NVDEC), freed on drop.
@@ -196,7 +199,14 @@ impl Decoder {
             info,
             det_size,
             hwaccel,
+            planes: false,
         }
+    }
+
+    /// Marks the frames of planar YUV sources for an output made from their own planes.
+    pub fn with_planes(mut self, planes: bool) -> Self {
+        self.planes = planes;
+        self
     }
 
     /// Decodes every frame and hands it to `emit` (which returns false to stop early). Buffers
@@ -270,12 +280,13 @@ impl Decoder {
                     );
                 }
                 let fmt = yuv.format();
+                // yuv420p at limited range is converted to RGB region by region where faces are;
+                // anything else whole.
+                let regions = fmt == Pixel::YUV420P && !is_full_range(&yuv);
                 if scalers.as_ref().is_none_or(|s| s.2 != fmt) {
-                    // The full-size RGB conversion is only needed for sources that are not
-                    // yuv420p (those are converted region by region where faces are).
-                    let full = (fmt != Pixel::YUV420P)
+                    let full = (!regions)
                         .then(|| {
-                            Scaler::get(
+                            let mut s = Scaler::get(
                                 fmt,
                                 w as u32,
                                 h as u32,
@@ -283,17 +294,22 @@ impl Decoder {
                                 w as u32,
                                 h as u32,
                                 Flags::BILINEAR,
-                            )
+                            )?;
+                            set_matrix(&mut s, Matrix::of(&yuv), is_full_range(&yuv), true);
+                            Ok::<_, ffmpeg::Error>(s)
                         })
                         .transpose()?;
                     // The detection copy is area-averaged: a fast bilinear shrink by 2-3 times
                     // skips pixels and aliases, which moves the points the detector finds.
-                    let det = Scaler::get(fmt, w as u32, h as u32, Pixel::RGB24, dw as u32, dh as u32, Flags::AREA)?;
+                    let mut det =
+                        Scaler::get(fmt, w as u32, h as u32, Pixel::RGB24, dw as u32, dh as u32, Flags::AREA)?;
+                    set_matrix(&mut det, Matrix::of(&yuv), is_full_range(&yuv), true);
                     scalers = Some((full, det, fmt));
                 }
                 let (full, det, _) = scalers.as_mut().expect("just set");
                 let (mut buf, mut det_buf) = (rgb_pool.get(), det_pool.get());
                 let rgb_partial = full.is_none();
+                let planes = self.planes && Planar::of(fmt).is_some();
                 match full {
                     None => buf.resize(w * h * 3, 0),
                     Some(full) => scale_packed(full, &yuv, &mut rgb, (w, h), &mut buf)
@@ -314,6 +330,8 @@ impl Decoder {
                     det: det_buf,
                     source: Some(source),
                     dirty: Vec::new(),
+                    planes,
+                    changes: Vec::new(),
                 }) || max_frames.is_some_and(|m| report.frames >= m)
                 {
                     return Ok(false);

@@ -6,11 +6,12 @@ use std::path::Path;
 
 use anyhow::{anyhow, bail, Context, Result};
 use ffmpeg::format::Pixel;
+use ffmpeg::software::scaling::{Context as Scaler, Flags};
 use ffmpeg::util::frame::video::Video as VideoFrame;
 use ffmpeg::{codec, encoder, media, Dictionary, Packet, Rational};
 use ffmpeg_next as ffmpeg;
 
-use crate::color::{convert, rgb_to_yuv420p_region, SendScaler};
+use crate::color::{add_changes, convert, set_matrix, Matrix, Planar, SendScaler};
 use crate::decode::SourceInfo;
 use crate::frame::Frame;
 
@@ -119,6 +120,58 @@ pub fn codec_for(s: &EncodeSettings, ext: &str) -> String {
         }
     }
     DEFAULT_CODEC.to_string()
+}
+
+/// The pixel format the encoder `name` (`codec`) writes for a source decoded as `source`: the
+/// source's own where the encoder takes it (10-bit stays 10-bit, 4:2:2 and 4:4:4 keep their
+/// chroma), else the closest it takes, said once with what is lost; yuv420p for sources that are
+/// not planar YUV.
+fn output_format(codec: &ffmpeg::Codec, source: Pixel, name: &str) -> Pixel {
+    let formats = codec
+        .video()
+        .ok()
+        .and_then(|v| v.formats().map(|f| f.collect::<Vec<_>>()))
+        .unwrap_or_default();
+    let want = if Planar::of(source).is_some() {
+        source
+    } else {
+        Pixel::YUV420P
+    };
+    if formats.is_empty() || formats.contains(&want) {
+        return want;
+    }
+    let list: Vec<ffmpeg::ffi::AVPixelFormat> = formats
+        .iter()
+        .map(|&f| f.into())
+        .chain([ffmpeg::ffi::AVPixelFormat::AV_PIX_FMT_NONE])
+        .collect();
+    // SAFETY: `list` is terminated by AV_PIX_FMT_NONE as FFmpeg requires; `loss` is a local.
+    let best = unsafe {
+        let mut loss = 0;
+        ffmpeg::ffi::avcodec_find_best_pix_fmt_of_list(list.as_ptr(), want.into(), 0, &mut loss)
+    };
+    let best = Pixel::from(best);
+    let best = if best == Pixel::None { formats[0] } else { best };
+    if Planar::of(source).is_some() {
+        let depth = |p: Pixel| Planar::of(p).map_or(8, |p| p.bits);
+        let hint = if depth(best) < depth(source) {
+            " (libx265 and libx264 both encode 10-bit: try --codec libx265)"
+        } else {
+            ""
+        };
+        tracing::warn!(
+            "{name} takes no {} pictures: the output is converted to {}{hint}",
+            pix_name(source),
+            pix_name(best)
+        );
+    }
+    best
+}
+
+/// FFmpeg's name of a pixel format (`yuv420p10le`).
+fn pix_name(p: Pixel) -> String {
+    p.descriptor()
+        .map_or_else(|| format!("{p:?}"), |d| d.name().to_string())
 }
 
 /// Checks the encoder exists and its crf is in range, before any work starts.
@@ -277,19 +330,22 @@ impl SideStreams {
     }
 }
 
-/// Encodes RGB frames into the output file.
+/// Encodes frames (their own planes with the paste's changes, or RGB) into the output file.
 pub struct Encoder {
     octx: ffmpeg::format::context::Output,
     enc: encoder::video::Encoder,
-    /// yuv420p -> the encoder's format, when it is not yuv420p.
+    /// The source's planar format -> the encoder's, when the encoder does not take it.
     scaler: Option<SendScaler>,
-    /// RGB24 -> the encoder's format, for sources that are not yuv420p.
+    /// RGB24 -> the encoder's format, for frames whose output is RGB.
     rgb_scaler: Option<SendScaler>,
     pix: Pixel,
-    /// RGB staging frame for sources that are not yuv420p, made on first use.
+    /// The matrix and range the output's YUV is tagged with (for RGB frames).
+    matrix: (Matrix, bool),
+    /// RGB staging frame for frames whose output is RGB, made on first use.
     rgb: Option<VideoFrame>,
     yuv: VideoFrame,
-    /// Reusable yuv420p frame that pasted regions are written into.
+    /// Reusable frame (the source's format) that changes are added into when the decoder
+    /// still holds the decoded picture.
     work: Option<VideoFrame>,
     side: SideStreams,
     enc_tb: Rational,
@@ -331,18 +387,12 @@ impl Encoder {
         let codec = encoder::find_by_name(&name).ok_or_else(|| anyhow!("video encoder `{name}` not found"))?;
         let mut octx = ffmpeg::format::output(path).with_context(|| format!("cannot create {}", path.display()))?;
         let global = octx.format().flags().contains(ffmpeg::format::Flags::GLOBAL_HEADER);
-        let pix = codec
-            .video()
-            .ok()
-            .and_then(|v| v.formats().map(|f| f.collect::<Vec<_>>()))
-            .map(|f| {
-                if f.is_empty() || f.contains(&Pixel::YUV420P) {
-                    Pixel::YUV420P
-                } else {
-                    f[0]
-                }
-            })
-            .unwrap_or(Pixel::YUV420P);
+        // Keep the source's colour description, pixel aspect ratio and, where the encoder
+        // takes it, its pixel format (depth and chroma layout).
+        let described = codec::context::Context::from_parameters(src.params.clone())
+            .and_then(|c| c.decoder().video())
+            .with_context(|| format!("reading the colour description of {}", src.path.display()))?;
+        let pix = output_format(&codec, described.format(), &name);
         let (w, h) = (src.width as u32, src.height as u32);
         let mut ctx = codec::context::Context::new_with_codec(codec).encoder().video()?;
         ctx.set_width(w);
@@ -355,10 +405,6 @@ impl Encoder {
         if global {
             ctx.set_flags(codec::Flags::GLOBAL_HEADER);
         }
-        // Keep the source's colour description and pixel aspect ratio.
-        let described = codec::context::Context::from_parameters(src.params.clone())
-            .and_then(|c| c.decoder().video())
-            .with_context(|| format!("reading the colour description of {}", src.path.display()))?;
         ctx.set_colorspace(described.color_space());
         ctx.set_color_range(described.color_range());
         ctx.set_aspect_ratio(described.aspect_ratio());
@@ -369,7 +415,7 @@ impl Encoder {
             (*ctx.as_mut_ptr()).color_trc = described.color_transfer_characteristic().into();
         }
         let opts = encoder_options(&name, settings);
-        let odd = pix == Pixel::YUV420P && (w % 2 == 1 || h % 2 == 1);
+        let odd = Planar::of(pix).is_some_and(|p| (p.hshift > 0 && w % 2 == 1) || (p.vshift > 0 && h % 2 == 1));
         let enc = ctx.open_as_with(codec, opts).with_context(|| {
             if odd {
                 format!(
@@ -416,6 +462,10 @@ impl Encoder {
             scaler: None,
             rgb_scaler: None,
             pix,
+            matrix: (
+                Matrix::from_tag(described.color_space(), w as usize, h as usize),
+                described.color_range() == ffmpeg::color::Range::JPEG,
+            ),
             rgb: None,
             yuv: VideoFrame::empty(),
             work: None,
@@ -442,61 +492,75 @@ impl Encoder {
             (None, l) => l.map_or(0, |l| l + 1),
         };
         self.last_pts = Some(pts);
-        // The decoder converted only face regions to RGB exactly when the source is yuv420p.
-        let yuv420 = frame.rgb_partial && frame.source.is_some();
-        let picture = if yuv420 {
-            let src = frame.source.as_mut().expect("checked above");
-            // SAFETY: `src` is a valid decoded frame we own.
-            let writable = unsafe { ffmpeg::ffi::av_frame_is_writable(src.as_mut_ptr()) } > 0;
-            let picture = if frame.dirty.is_empty() {
-                src
-            } else if writable {
-                // No one else holds the picture (the decoder no longer needs it as a
-                // reference): paste the regions straight in, without a whole-frame copy.
-                for r in &frame.dirty {
-                    rgb_to_yuv420p_region(&frame.rgb, frame.width, frame.height, src, *r);
-                }
-                src
-            } else {
-                // The decoder still references its buffer (a reference picture): write into our
-                // own reusable frame (a fresh buffer per frame would cost page faults each time).
-                let work = self
-                    .work
-                    .get_or_insert_with(|| VideoFrame::new(Pixel::YUV420P, frame.width as u32, frame.height as u32));
-                // SAFETY: both frames are valid and of the same size and format.
-                let ok = unsafe {
-                    ffmpeg::ffi::av_frame_make_writable(work.as_mut_ptr()) >= 0
-                        && ffmpeg::ffi::av_frame_copy(work.as_mut_ptr(), src.as_ptr()) >= 0
+        let picture = match frame.source.as_mut() {
+            Some(src) if frame.planes => {
+                let fmt = src.format();
+                // SAFETY: `src` is a valid decoded frame we own.
+                let writable = unsafe { ffmpeg::ffi::av_frame_is_writable(src.as_mut_ptr()) } > 0;
+                let picture = if frame.changes.is_empty() {
+                    src
+                } else if writable {
+                    // No one else holds the picture (the decoder no longer needs it as a
+                    // reference): add the changes straight in, without a whole-frame copy.
+                    add_changes(src, &frame.changes);
+                    src
+                } else {
+                    // The decoder still references its buffer (a reference picture): write into
+                    // our own reusable frame (a fresh buffer per frame would cost page faults).
+                    let work = self
+                        .work
+                        .get_or_insert_with(|| VideoFrame::new(fmt, frame.width as u32, frame.height as u32));
+                    // SAFETY: both frames are valid and of the same size and format.
+                    let ok = unsafe {
+                        ffmpeg::ffi::av_frame_make_writable(work.as_mut_ptr()) >= 0
+                            && ffmpeg::ffi::av_frame_copy(work.as_mut_ptr(), src.as_ptr()) >= 0
+                    };
+                    if !ok {
+                        bail!("out of memory copying frame {}", frame.index);
+                    }
+                    // The colour description travels with the picture (av_frame_copy copies
+                    // pixels only).
+                    work.set_color_space(src.color_space());
+                    work.set_color_range(src.color_range());
+                    add_changes(work, &frame.changes);
+                    work
                 };
-                if !ok {
-                    bail!("out of memory copying frame {}", frame.index);
+                if fmt == self.pix {
+                    picture
+                } else {
+                    // An encoder that does not take the source's format (said once at the start).
+                    convert(&mut self.scaler, fmt, self.pix, picture, &mut self.yuv)?;
+                    &mut self.yuv
                 }
-                // The colour matrix travels with the picture (av_frame_copy copies pixels only).
-                work.set_color_space(src.color_space());
-                for r in &frame.dirty {
-                    rgb_to_yuv420p_region(&frame.rgb, frame.width, frame.height, work, *r);
+            }
+            _ => {
+                // The output is the RGB picture (a side-by-side view, a source that is not
+                // planar YUV): convert it whole, with the matrix the output is tagged with.
+                let rgb = self
+                    .rgb
+                    .get_or_insert_with(|| VideoFrame::new(Pixel::RGB24, frame.width as u32, frame.height as u32));
+                let (w, stride) = (frame.width * 3, rgb.stride(0));
+                let data = rgb.data_mut(0);
+                for (y, row) in frame.rgb.chunks_exact(w).enumerate() {
+                    data[y * stride..y * stride + w].copy_from_slice(row);
                 }
-                work
-            };
-            if self.pix == Pixel::YUV420P {
-                picture
-            } else {
-                // An encoder that wants another format: convert the finished yuv420p picture.
-                convert(&mut self.scaler, Pixel::YUV420P, self.pix, picture, &mut self.yuv)?;
+                if self.rgb_scaler.is_none() {
+                    let (w, h) = (rgb.width(), rgb.height());
+                    let mut s = Scaler::get(
+                        Pixel::RGB24,
+                        w,
+                        h,
+                        self.pix,
+                        w,
+                        h,
+                        Flags::BILINEAR | Flags::ACCURATE_RND,
+                    )?;
+                    set_matrix(&mut s, self.matrix.0, self.matrix.1, false);
+                    self.rgb_scaler = Some(SendScaler(s));
+                }
+                convert(&mut self.rgb_scaler, Pixel::RGB24, self.pix, rgb, &mut self.yuv)?;
                 &mut self.yuv
             }
-        } else {
-            // Other source formats were converted to RGB whole by the decoder.
-            let rgb = self
-                .rgb
-                .get_or_insert_with(|| VideoFrame::new(Pixel::RGB24, frame.width as u32, frame.height as u32));
-            let (w, stride) = (frame.width * 3, rgb.stride(0));
-            let data = rgb.data_mut(0);
-            for (y, row) in frame.rgb.chunks_exact(w).enumerate() {
-                data[y * stride..y * stride + w].copy_from_slice(row);
-            }
-            convert(&mut self.rgb_scaler, Pixel::RGB24, self.pix, rgb, &mut self.yuv)?;
-            &mut self.yuv
         };
         // Encode as the encoder decides, not where the source had its keyframes.
         picture.set_kind(ffmpeg::picture::Type::None);

@@ -6,6 +6,7 @@ use ffmpeg_next::util::frame::video::Video as VideoFrame;
 use serde::Serialize;
 
 use crate::geom::{Affine, Rect};
+use crate::paste::Change;
 
 /// One decoded video frame in packed RGB24, with where it sits in the source.
 pub struct Frame {
@@ -25,8 +26,14 @@ pub struct Frame {
     /// The decoded picture as FFmpeg gave it. The encoder starts from it, so pixels outside
     /// the pasted face regions reach the output without a colour round trip.
     pub source: Option<VideoFrame>,
-    /// Regions of `rgb` changed by paste-back: only these are converted back.
+    /// Regions of `rgb` changed by paste-back (frames whose `rgb` is the output).
     pub dirty: Vec<Rect>,
+    /// The output is `source`'s own planes with `changes` added (planar YUV sources going to a
+    /// video): `rgb` is only read (for the crops), never written back, so pixels away from the
+    /// model's changes keep their values exactly, at the source's depth and chroma layout.
+    pub planes: bool,
+    /// What paste-back changed, in RGB levels, when `planes` is set.
+    pub changes: Vec<Change>,
 }
 
 impl Frame {
@@ -42,6 +49,8 @@ impl Frame {
             det: Vec::new(),
             source: None,
             dirty: Vec::new(),
+            planes: false,
+            changes: Vec::new(),
         }
     }
 
@@ -78,8 +87,9 @@ pub struct FaceJob {
     pub region: Option<Rect>,
     /// The aligned crop as one NCHW item in [-1, 1] (`3 * size * size` floats).
     pub crop: Vec<f32>,
-    /// The restored crop, packed RGB24 of `size * size`, once enhanced.
-    pub restored: Option<Vec<u8>>,
+    /// What the model changed in the crop, once enhanced: packed RGB levels of `size * size`
+    /// in f32 (see [`crate::align::tensor_change`]).
+    pub restored: Option<Vec<f32>>,
 }
 
 impl FaceJob {

@@ -9,7 +9,7 @@
 //! cannot hold averages out instead of aliasing (shimmering between frames); the level keeps
 //! at least 1.5 of its pixels per frame pixel, so it does not blur what the frame can hold.
 
-use crate::align::{halve_rgb, mip_level, sample_rgb_cubic_f32};
+use crate::align::{mip_level, sample_cubic3};
 use crate::geom::{Affine, Rect};
 
 /// The paste mask's shape.
@@ -130,69 +130,123 @@ impl Mask {
 /// `MIP_FROM * 2^(k-1)` crop pixels per frame pixel).
 pub const MIP_FROM: f64 = 3.0;
 
-/// One face to paste: its restored crop (packed RGB24, the mask's size) and where it goes.
+/// One face to paste: what the model changed in its crop (restored minus the crop it was given,
+/// packed RGB levels in f32, the mask's size: see [`crate::align::tensor_change`]) and where it
+/// goes.
 pub struct Paste<'a> {
-    pub crop: &'a [u8],
+    pub change: &'a [f32],
     pub to_crop: Affine,
     pub region: Rect,
 }
 
-/// Reusable buffers of the paste stage: mip levels of one crop and the accumulation buffer of
-/// a group of overlapping faces.
+/// What the paste changes over one frame region: per pixel of `rect`, row by row, the change of
+/// R, G and B in levels, already weighted by the mask and the blend (zero where nothing is pasted).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Change {
+    pub rect: Rect,
+    pub rgb: Vec<f32>,
+}
+
+/// Reusable buffers of the paste stage: mip levels of one change crop and the accumulation
+/// buffer of a group of overlapping faces.
 #[derive(Default)]
 pub struct Scratch {
-    mips: Vec<Vec<u8>>,
+    mips: Vec<Vec<f32>>,
     acc: Vec<f32>,
 }
 
-/// Blends restored crops into the frame (packed RGB24, `width` wide). Each frame pixel of a
-/// face's region is mapped into the crop, sampled bicubically (from the crop's mip level for
-/// a face much smaller than the crop) and mixed by `mask * blend`. Where regions overlap, the faces
-/// are averaged weighted by their mask values and mixed in by the largest: a face never paints
-/// over another one's centre, and no seam shows where their masks cross.
-pub fn paste_all(frame: &mut [u8], width: usize, faces: &[Paste], mask: &Mask, blend: f32, scratch: &mut Scratch) {
+/// What pasting `faces` changes in the frame, one [`Change`] per group of overlapping faces.
+/// Each frame pixel of a face's region is mapped into the crop, the change there sampled
+/// bicubically (from the crop's mip level for a face much smaller than the crop) and weighted
+/// by `mask * blend`. Where regions overlap, the faces' changes are averaged weighted by their
+/// mask values and weighted by the largest: a face never paints over another one's centre, and
+/// no seam shows where their masks cross.
+///
+/// Only the change travels, never a resampled copy of the face: where the model changes
+/// nothing, the frame keeps its pixels exactly (no blur from the warp into the crop and back),
+/// and detail finer than the crop (a face larger than it) survives the paste.
+pub fn changes(faces: &[Paste], mask: &Mask, blend: f32, scratch: &mut Scratch) -> Vec<Change> {
+    let mut out = Vec::new();
     for group in overlapping_groups(faces) {
         let r = group.iter().fold(faces[group[0]].region, |r, &i| {
             let q = faces[i].region;
             Rect::new(r.x0.min(q.x0), r.y0.min(q.y0), r.x1.max(q.x1), r.y1.max(q.y1))
         });
         let (rw, rh) = (r.width(), r.height());
-        // Per pixel: sum of m * colour (3), sum of m, largest m.
+        // Per pixel: sum of m * change (3), sum of m, largest m.
         let mut acc = std::mem::take(&mut scratch.acc);
         acc.clear();
         acc.resize(rw * rh * 5, 0.0);
         for &i in &group {
             accumulate(&mut acc, r, &faces[i], mask, &mut scratch.mips);
         }
-        for y in r.y0..r.y1 {
-            let row = &mut frame[y * width * 3..(y + 1) * width * 3];
-            for x in r.x0..r.x1 {
-                let a = &acc[((y - r.y0) * rw + x - r.x0) * 5..][..5];
-                let alpha = a[4] * blend;
-                if alpha <= 0.0 || a[3] <= 0.0 {
-                    continue;
-                }
-                let px = &mut row[x * 3..x * 3 + 3];
+        let mut rgb = vec![0.0f32; rw * rh * 3];
+        for (a, d) in acc.chunks_exact(5).zip(rgb.chunks_exact_mut(3)) {
+            let alpha = a[4] * blend;
+            if alpha > 0.0 && a[3] > 0.0 {
+                let k = alpha / a[3];
                 for c in 0..3 {
-                    let old = px[c] as f32;
-                    let new = a[c] / a[3];
-                    // Non-negative, so +0.5 and truncation round to nearest.
-                    px[c] = (old + (new - old) * alpha + 0.5).clamp(0.0, 255.0) as u8;
+                    d[c] = a[c] * k;
                 }
             }
         }
         scratch.acc = acc;
+        out.push(Change { rect: r, rgb });
+    }
+    out
+}
+
+/// Adds `changes` to a packed RGB24 frame `width` wide, rounding to the nearest level.
+pub fn apply_rgb(frame: &mut [u8], width: usize, changes: &[Change]) {
+    for ch in changes {
+        let r = ch.rect;
+        for y in r.y0..r.y1 {
+            let row = &mut frame[(y * width + r.x0) * 3..(y * width + r.x1) * 3];
+            let d = &ch.rgb[(y - r.y0) * r.width() * 3..][..row.len()];
+            for (p, &d) in row.iter_mut().zip(d) {
+                // Clamped to [0, 255] first, so +0.5 and truncation round to nearest.
+                *p = ((*p as f32 + d).clamp(0.0, 255.0) + 0.5) as u8;
+            }
+        }
     }
 }
 
-/// Blends one restored crop into the frame (see [`paste_all`]).
-pub fn paste(frame: &mut [u8], width: usize, crop: &[u8], to_crop: &Affine, r: Rect, mask: &Mask, blend: f32) {
+/// Pastes `faces` into a packed RGB24 frame (see [`changes`]).
+pub fn paste_all(frame: &mut [u8], width: usize, faces: &[Paste], mask: &Mask, blend: f32, scratch: &mut Scratch) {
+    let c = changes(faces, mask, blend, scratch);
+    apply_rgb(frame, width, &c);
+}
+
+/// Pastes one face's change crop into the frame (see [`changes`]).
+pub fn paste(frame: &mut [u8], width: usize, change: &[f32], to_crop: &Affine, r: Rect, mask: &Mask, blend: f32) {
     let face = Paste {
-        crop,
+        change,
         to_crop: *to_crop,
         region: r,
     };
     paste_all(frame, width, &[face], mask, blend, &mut Scratch::default());
+}
+
+/// Halves a packed three-channel f32 picture of `w x h` by 2x2 box averages (odd edges repeat
+/// the last pixel).
+pub fn halve_f32(src: &[f32], w: usize, h: usize, out: &mut Vec<f32>) -> (usize, usize) {
+    let (hw, hh) = (w.div_ceil(2).max(1), h.div_ceil(2).max(1));
+    out.clear();
+    out.reserve(hw * hh * 3);
+    for y in 0..hh {
+        let (ya, yb) = ((2 * y).min(h - 1), (2 * y + 1).min(h - 1));
+        for x in 0..hw {
+            let (xa, xb) = ((2 * x).min(w - 1), (2 * x + 1).min(w - 1));
+            for c in 0..3 {
+                let s = src[(ya * w + xa) * 3 + c]
+                    + src[(ya * w + xb) * 3 + c]
+                    + src[(yb * w + xa) * 3 + c]
+                    + src[(yb * w + xb) * 3 + c];
+                out.push(s * 0.25);
+            }
+        }
+    }
+    (hw, hh)
 }
 
 /// Indices of faces in groups whose regions overlap (directly or through another face).
@@ -232,8 +286,8 @@ fn overlapping_groups(faces: &[Paste]) -> Vec<Vec<usize>> {
     out
 }
 
-/// Adds one face's mask-weighted colours to `acc` (5 floats per pixel of `r`).
-fn accumulate(acc: &mut [f32], r: Rect, face: &Paste, mask: &Mask, mips: &mut Vec<Vec<u8>>) {
+/// Adds one face's mask-weighted change to `acc` (5 floats per pixel of `r`).
+fn accumulate(acc: &mut [f32], r: Rect, face: &Paste, mask: &Mask, mips: &mut Vec<Vec<f32>>) {
     let size = mask.size;
     let m = face.to_crop.0;
     // Frame pixels per crop pixel inverted: crop pixels one frame pixel covers.
@@ -247,11 +301,11 @@ fn accumulate(acc: &mut [f32], r: Rect, face: &Paste, mask: &Mask, mips: &mut Ve
     let mut sw = size;
     for l in 0..level as usize {
         let (done, rest) = mips.split_at_mut(l);
-        let from: &[u8] = if l == 0 { face.crop } else { &done[l - 1] };
-        sw = halve_rgb(from, sw, sw, &mut rest[0]).0;
+        let from: &[f32] = if l == 0 { face.change } else { &done[l - 1] };
+        sw = halve_f32(from, sw, sw, &mut rest[0]).0;
     }
-    let src: &[u8] = if level == 0 {
-        face.crop
+    let src: &[f32] = if level == 0 {
+        face.change
     } else {
         &mips[level as usize - 1]
     };
@@ -277,7 +331,7 @@ fn accumulate(acc: &mut [f32], r: Rect, face: &Paste, mask: &Mask, mips: &mut Ve
             }
             // Level pixel j covers crop pixels [j k, (j + 1) k): its centre is at j k + (k - 1) / 2.
             let (lu, lv) = ((cu as f32 - (k - 1.0) / 2.0) / k, (cv as f32 - (k - 1.0) / 2.0) / k);
-            let p = sample_rgb_cubic_f32(src, sw, sw, lu, lv);
+            let p = sample_cubic3(src, sw, sw, lu, lv);
             let cell = &mut acc[((y - r.y0) * rw + x - r.x0) * 5..][..5];
             for c in 0..3 {
                 cell[c] += a * p[c];
@@ -348,7 +402,8 @@ mod tests {
     fn paste_changes_only_the_face_region_and_respects_blend() {
         let (w, h, size) = (200usize, 120usize, 64usize);
         let to_crop = Affine([1.0, 0.0, -50.0, 0.0, 1.0, -20.0]); // crop at (50, 20)
-        let crop = vec![200u8; size * size * 3];
+                                                                  // A crop restored to 200 from a frame of 10.
+        let crop = vec![190.0f32; size * size * 3];
         let mask = Mask::new(size);
         let mut frame = vec![10u8; w * h * 3];
         let r = crate::geom::crop_footprint(&to_crop, size, w, h).unwrap();
@@ -372,11 +427,11 @@ mod tests {
     fn overlapping_faces_combine_by_the_larger_mask_in_any_order() {
         let (w, h, size) = (160usize, 64usize, 64usize);
         let mask = Mask::new(size);
-        let crop = vec![250u8; size * size * 3];
+        let crop = vec![240.0f32; size * size * 3];
         let at = |x0: f64| Affine([1.0, 0.0, -x0, 0.0, 1.0, 0.0]);
         let faces = |order: [f64; 2]| {
             order.map(|x0| Paste {
-                crop: &crop,
+                change: &crop,
                 to_crop: at(x0),
                 region: crate::geom::crop_footprint(&at(x0), size, w, h).unwrap(),
             })
@@ -404,9 +459,9 @@ mod tests {
     #[test]
     fn a_fine_checkerboard_pasted_small_averages_to_grey() {
         let size = 256;
-        let crop: Vec<u8> = (0..size * size)
+        let crop: Vec<f32> = (0..size * size)
             .flat_map(|i| {
-                let v = if (i % size + i / size) % 2 == 0 { 0 } else { 255 };
+                let v = if (i % size + i / size) % 2 == 0 { 0.0 } else { 255.0 };
                 [v, v, v]
             })
             .collect();
@@ -427,8 +482,8 @@ mod tests {
         assert!((mean - 127.5).abs() <= 2.0 && sd < 3.0, "mean {mean:.1}, sd {sd:.1}");
     }
 
-    /// A noisy, textured frame warped into the crop and pasted straight back (what the identity
-    /// model does) at the scales of a 53 px eye distance face into 256 and 512 crops and of a
+    /// A noisy, textured frame warped into the crop and pasted back as the change onto a black
+    /// frame (what a model that restored the whole face would paste) at the scales of a 53 px eye distance face into 256 and 512 crops and of a
     /// 31 px one into 256: inside the face it comes back within 40 dB PSNR (bilinear both ways
     /// gives about 37, and a mip level read at 2 crop pixels per frame pixel about 35).
     #[test]
@@ -453,10 +508,10 @@ mod tests {
             let mut t = vec![0.0; 3 * size * size];
             let mut scratch = crate::align::WarpScratch::default();
             crate::align::warp_face(&frame, (w, h), &to_crop, Some(region), size, &mut t, &mut scratch);
-            let mut crop = Vec::new();
-            crate::align::tensor_to_rgb(&t, size, &mut crop);
+            let (mut crop, zero) = (Vec::new(), vec![-1.0; t.len()]);
+            crate::align::tensor_change(&t, &zero, size, &mut crop);
             let mask = Mask::new(size);
-            let mut back = frame.clone();
+            let mut back = vec![0u8; frame.len()];
             paste(&mut back, w, &crop, &to_crop, region, &mask, 1.0);
             let (mut se, mut n) = (0.0f64, 0usize);
             for y in region.y0..region.y1 {
@@ -480,12 +535,35 @@ mod tests {
         }
     }
 
+    /// Where the model changed nothing, the frame keeps every pixel, however the face is
+    /// placed: no resampling of the face itself reaches the frame.
+    #[test]
+    fn a_zero_change_leaves_the_frame_exactly_as_it_was() {
+        let (w, h, size) = (300usize, 260usize, 256usize);
+        let frame: Vec<u8> = (0..w * h * 3).map(|i| (i * 7919 % 251) as u8).collect();
+        let to_crop = crate::geom::similarity(0.3, 1.7, -80.0, -60.0);
+        let r = crate::geom::crop_footprint(&to_crop, size, w, h).unwrap();
+        let mut out = frame.clone();
+        paste(
+            &mut out,
+            w,
+            &vec![0.0; size * size * 3],
+            &to_crop,
+            r,
+            &Mask::new(size),
+            1.0,
+        );
+        assert_eq!(out, frame);
+    }
+
     #[test]
     fn halving_averages_blocks() {
-        let src = [0u8, 0, 0, 100, 100, 100, 200, 200, 200, 40, 40, 40];
+        let src = [
+            0.0f32, 0.0, 0.0, 100.0, 100.0, 100.0, 200.0, 200.0, 200.0, 40.0, 40.0, 40.0,
+        ];
         let mut out = Vec::new();
-        assert_eq!(halve_rgb(&src, 2, 2, &mut out), (1, 1));
-        assert_eq!(out, vec![85, 85, 85]);
+        assert_eq!(halve_f32(&src, 2, 2, &mut out), (1, 1));
+        assert_eq!(out, vec![85.0, 85.0, 85.0]);
         assert_eq!(mip_level(1.0, 5), 0);
         assert_eq!(mip_level(2.0, 5), 1);
         assert_eq!(mip_level(13.0, 5), 3);

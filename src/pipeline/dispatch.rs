@@ -10,7 +10,7 @@ use anyhow::{anyhow, bail, Result};
 use crossbeam_channel::{never, select, Receiver, Sender};
 
 use super::DEPTH;
-use crate::align::tensor_to_rgb;
+use crate::align::tensor_change;
 use crate::enhance::Worker;
 use crate::frame::{FaceFrame, Pool};
 use crate::stats::{Clock, StageStat, WorkerStat};
@@ -30,7 +30,7 @@ pub(crate) struct Batch {
 pub(crate) struct Restored {
     keys: Vec<(u64, usize)>,
     /// `None` for a crop the model returned non-finite values for: that face keeps its pixels.
-    restored: Vec<Option<Vec<u8>>>,
+    restored: Vec<Option<Vec<f32>>>,
     crops: Vec<Vec<f32>>,
 }
 
@@ -142,7 +142,7 @@ pub(crate) fn work(
     size: usize,
     jobs: &Receiver<Batch>,
     done: &Sender<Result<Restored>>,
-    restored_pool: &Pool<Vec<u8>>,
+    restored_pool: &Pool<Vec<f32>>,
 ) -> Result<WorkerStat> {
     let mut stat = WorkerStat {
         name: worker.target.to_string(),
@@ -160,13 +160,13 @@ pub(crate) fn work(
             if worker.fault.delay_ms > 0 {
                 std::thread::sleep(Duration::from_millis(worker.fault.delay_ms));
             }
-            let mut restored: Vec<Option<Vec<u8>>> = (0..job.crops.len()).map(|_| Some(restored_pool.get())).collect();
+            let mut restored: Vec<Option<Vec<f32>>> = (0..job.crops.len()).map(|_| Some(restored_pool.get())).collect();
             let crops: Vec<&[f32]> = job.crops.iter().map(Vec::as_slice).collect();
             worker.enhancer.run(&crops, |i, out| {
                 // NaN or infinity (a broken model, an overflow in fp16): keep the face as it was
                 // rather than paste a black or white square.
                 if out.iter().all(|v| v.is_finite()) {
-                    tensor_to_rgb(out, size, restored[i].as_mut().expect("filled above"));
+                    tensor_change(out, crops[i], size, restored[i].as_mut().expect("filled above"));
                 } else if let Some(buf) = restored[i].take() {
                     restored_pool.put(buf);
                 }
@@ -315,7 +315,7 @@ mod tests {
             while let Some(jobs) = b.due(end) {
                 sizes.push(jobs.len());
                 for (seq, face) in jobs {
-                    b.frame_mut(seq).faces[face].restored = Some(vec![1]);
+                    b.frame_mut(seq).faces[face].restored = Some(vec![1.0]);
                     b.done(seq);
                 }
                 while let Some(f) = b.pop_ready() {

@@ -68,7 +68,7 @@ struct Pools {
     rgb: Pool<Vec<u8>>,
     det: Pool<Vec<u8>>,
     crop: Pool<Vec<f32>>,
-    restored: Pool<Vec<u8>>,
+    restored: Pool<Vec<f32>>,
 }
 
 impl Pools {
@@ -191,7 +191,9 @@ fn run_inner(
 fn decoder_for(job: &Job, det: (usize, usize)) -> (Decoder, Option<stages::Turn>) {
     let o = job.source.orientation;
     let stored = if crate::orient::swaps(o) { (det.1, det.0) } else { det };
-    let decoder = Decoder::new(job.source.clone(), stored, job.hwaccel_cuda);
+    // A video's output is made from its source's own planes; a still's is written from RGB.
+    let planes = !crate::kind::is_still(&job.output);
+    let decoder = Decoder::new(job.source.clone(), stored, job.hwaccel_cuda).with_planes(planes);
     (decoder, (o > 1).then_some((o, stored)))
 }
 

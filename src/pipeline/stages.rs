@@ -17,7 +17,7 @@ use crate::detect::{DetectCounts, Detector};
 use crate::engine::{CancelToken, Cancelled};
 use crate::frame::{Face, FaceFrame, FaceJob, Frame, Pool};
 use crate::geom::{crop_footprint, fit_similarity, Affine, Rect};
-use crate::paste::{paste_all, Mask, MaskKind, Paste, Scratch};
+use crate::paste::{apply_rgb, changes, Mask, MaskKind, Paste, Scratch};
 use crate::smooth::Smoother;
 use crate::stats::{Clock, StageStat};
 use crate::still::Writer;
@@ -175,7 +175,7 @@ pub fn paste_back(
     (size, template, mask): (usize, &str, MaskKind),
     blend: f32,
     compare: Option<Compare>,
-    restored_pool: &Pool<Vec<u8>>,
+    restored_pool: &Pool<Vec<f32>>,
     rx: Receiver<FaceFrame>,
     tx: Sender<FaceFrame>,
 ) -> Result<StageStat> {
@@ -185,7 +185,7 @@ pub fn paste_back(
     while let Some(mut ff) = recv(&rx, &mut clock) {
         clock.time(|| {
             let frame = &mut ff.frame;
-            let crops: Vec<(Vec<u8>, Affine, Option<Rect>)> = ff
+            let crops: Vec<(Vec<f32>, Affine, Option<Rect>)> = ff
                 .faces
                 .iter_mut()
                 .filter_map(|job| Some((job.restored.take()?, job.to_crop, job.region)))
@@ -194,9 +194,9 @@ pub fn paste_back(
             let faces: Vec<Paste> = crops
                 .iter()
                 .filter(|_| blend > 0.0)
-                .filter_map(|(crop, to_crop, region)| {
+                .filter_map(|(change, to_crop, region)| {
                     Some(Paste {
-                        crop,
+                        change,
                         to_crop: *to_crop,
                         region: (*region)?,
                     })
@@ -204,8 +204,13 @@ pub fn paste_back(
                 .collect();
             let regions: Vec<Rect> = faces.iter().map(|f| f.region).collect();
             let kept = compare.map(|c| crate::compare::before_paste(c, frame, &regions));
-            paste_all(&mut frame.rgb, frame.width, &faces, &mask, blend, &mut scratch);
-            frame.dirty.extend(regions);
+            let changed = changes(&faces, &mask, blend, &mut scratch);
+            if frame.planes {
+                frame.changes = changed;
+            } else {
+                apply_rgb(&mut frame.rgb, frame.width, &changed);
+                frame.dirty.extend(regions);
+            }
             drop(faces);
             if let Some(kept) = kept {
                 crate::compare::after_paste(frame, kept);
