@@ -1,6 +1,8 @@
 //! Colour conversion: in, decoded pictures (FFmpeg frames) or packed RGB24 buffers; out, the
-//! other form: whole pictures through swscale, and single face regions of yuv420p pictures by
-//! hand in both directions, so pixels outside faces are never converted at all.
+//! other form: whole pictures through swscale (set to the source's matrix and range), single
+//! face regions of yuv420p pictures to RGB by hand, and the paste's RGB changes added to a
+//! planar YUV picture at its own depth and chroma layout, so pixels the model did not change
+//! are never converted at all.
 
 use anyhow::Result;
 use ffmpeg::format::Pixel;
@@ -132,7 +134,10 @@ pub fn convert(
 
 /// Converts one region of packed RGB24 back into a yuv420p picture (limited range, the picture's
 /// [`Matrix`]: the inverse of [`yuv420p_to_rgb_region`]). The region is widened to even bounds so
-/// every chroma sample it touches is recomputed from its four pixels.
+/// every chroma sample it touches is recomputed from its four pixels. The output never takes this
+/// way back (it adds the paste's changes to the source's planes: [`add_changes`]); the tests
+/// use it to check the forward conversion.
+#[cfg(test)]
 pub fn rgb_to_yuv420p_region(rgb: &[u8], width: usize, height: usize, yuv: &mut VideoFrame, r: Rect) {
     let Rect { x0, y0, x1, y1 } = r.even(width, height);
     let (ys, us, vs) = (yuv.stride(0), yuv.stride(1), yuv.stride(2));
@@ -344,8 +349,10 @@ pub fn set_matrix(scaler: &mut Scaler, matrix: Matrix, full: bool, to_rgb: bool)
         Matrix::Bt709 => ffmpeg::ffi::SWS_CS_ITU709,
         Matrix::Bt2020 => ffmpeg::ffi::SWS_CS_BT2020,
     };
+    // The RGB side's range flag stays 0: swscale's tables already map to and from full-range
+    // RGB, and a 1 there adds a second range conversion.
     let full = i32::from(full);
-    let (src_range, dst_range) = if to_rgb { (full, 1) } else { (1, full) };
+    let (src_range, dst_range) = if to_rgb { (full, 0) } else { (0, full) };
     // SAFETY: the scaler is a live context we own; the table is FFmpeg's static coefficients
     // for a valid colour space constant, read (not kept) by the call.
     unsafe {

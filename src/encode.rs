@@ -462,8 +462,13 @@ impl Encoder {
             scaler: None,
             rgb_scaler: None,
             pix,
+            // Untagged, the source picture's size decides (not a side-by-side view's).
             matrix: (
-                Matrix::from_tag(described.color_space(), w as usize, h as usize),
+                Matrix::from_tag(
+                    described.color_space(),
+                    described.width() as usize,
+                    described.height() as usize,
+                ),
                 described.color_range() == ffmpeg::color::Range::JPEG,
             ),
             rgb: None,

@@ -919,3 +919,96 @@ fn containers_keep_what_they_can_and_refusals_say_what_to_do() {
     fails(&odd, &d.join("o2.mp4"), &[&"--codec", &"libx265"], "--codec libx264rgb");
     ok(&gpen(&[&odd, &d.join("o3.mkv"), &"--codec", &"libx264rgb"]));
 }
+
+/// A source of `pix_fmt` made from the portrait clip (12 frames), tagged HDR10 when `hdr`.
+fn deep_source(out: &Path, pix_fmt: &str, codec: &str, hdr: bool) {
+    let src = asset("samples/test/astronaut.mp4");
+    let mut args = vec![
+        "-v",
+        "error",
+        "-i",
+        src.to_str().unwrap(),
+        "-frames:v",
+        "12",
+        "-an",
+        "-pix_fmt",
+        pix_fmt,
+        "-c:v",
+        codec,
+        "-crf",
+        "14",
+    ];
+    if hdr {
+        args.extend([
+            "-color_primaries",
+            "bt2020",
+            "-color_trc",
+            "smpte2084",
+            "-colorspace",
+            "bt2020nc",
+        ]);
+    }
+    if codec == "libx265" {
+        args.extend(["-x265-params", "log-level=error"]);
+    }
+    args.push(out.to_str().unwrap());
+    tool("ffmpeg", &args);
+}
+
+/// 10-bit (HDR10-tagged), 4:2:2 and 4:4:4 sources come out at their own depth and chroma
+/// layout with their tags, the faces changed and the rest as it was; the identity model's output
+/// is the `--blend 0` file; an encoder that cannot take the source's format converts, and says so
+/// once.
+#[test]
+fn deep_and_full_chroma_sources_keep_their_depth_layout_and_tags() {
+    let dir = tempfile::tempdir().unwrap();
+    let negate = asset("models/standin/negate-256.onnx");
+    for (pix, codec, hdr, ext) in [
+        ("yuv420p10le", "libx264", true, "mp4"),
+        ("yuv422p", "libx264", false, "mkv"),
+        ("yuv444p10le", "libx265", false, "mkv"),
+    ] {
+        let input = dir.path().join(format!("in-{pix}.{ext}"));
+        deep_source(&input, pix, codec, hdr);
+        let name = format!("out-{pix}.{ext}");
+        let (out, faces, err) = run_with_faces(dir.path(), &input, &name, &negate, &[&"--codec", &codec]);
+        assert!(!err.contains("converted to"), "{pix}: {err}");
+        assert_eq!(probe_video(&out, "stream=pix_fmt").trim(), pix, "{pix}: pixel format");
+        if hdr {
+            let tags = probe_video(&out, "stream=color_primaries,color_transfer,color_space");
+            assert_eq!(
+                tags.split_whitespace().collect::<Vec<_>>(),
+                ["bt2020nc", "smpte2084", "bt2020"],
+                "{pix}: tags"
+            );
+        }
+        let (w, _, got) = rgb_frames(&out);
+        let (_, _, orig) = rgb_frames(&input);
+        assert_eq!(got.len(), 12, "{pix}");
+        for (i, (g, o)) in got.iter().zip(&orig).enumerate() {
+            let (regions, boxes) = &faces[i];
+            let (outside, _) = psnr(g, o, w, |x, y| !inside(regions, x, y, 2.0));
+            assert!(outside > 35.0, "{pix} frame {i}: outside faces {outside:.1} dB");
+            let (face, n) = psnr(g, o, w, |x, y| inside(boxes, x, y, -10.0));
+            assert!(n > 0 && face < 15.0, "{pix} frame {i}: face not changed ({face:.1} dB)");
+        }
+        if hdr {
+            let identity = asset("models/standin/identity-256.onnx");
+            let (a, b) = (dir.path().join("id.mp4"), dir.path().join("zero.mp4"));
+            ok(&gpen(&[&input, &a, &"--model", &identity]));
+            ok(&gpen(&[&input, &b, &"--model", &identity, &"--blend", &"0"]));
+            assert_eq!(
+                std::fs::read(&a).unwrap(),
+                std::fs::read(&b).unwrap(),
+                "{pix}: identity changed the file"
+            );
+        }
+    }
+    // MPEG-4 Part 2 takes yuv420p only: converted, said once.
+    let input = dir.path().join("in-422-10.mkv");
+    deep_source(&input, "yuv422p10le", "libx264", false);
+    let out = dir.path().join("out-mpeg4.mkv");
+    let err = ok(&gpen(&[&input, &out, &"--model", &negate, &"--codec", &"mpeg4"]));
+    assert_eq!(probe_video(&out, "stream=pix_fmt").trim(), "yuv420p");
+    assert_eq!(err.matches("takes no yuv422p10le pictures").count(), 1, "{err}");
+}

@@ -70,15 +70,12 @@ fn points_of(dir: &Path, input: &Path, name: &str, extra: &[&dyn AsRef<std::ffi:
     all_points(&dir.join(format!("{name}.faces.json")))
 }
 
-/// A still 1080p picture with temporal sensor noise (FFmpeg's `noise` filter, new noise each
-/// frame): the portrait at two sizes, eye distances about 53 and 31 px. Nothing moves, so every
-/// movement of the points is jitter. The default smoothing holds the larger face within 0.5 px
-/// and both within 1 % of their eye distance (about 1.8 px and 3.4 % unsmoothed).
-#[test]
-fn still_faces_in_a_noisy_clip_hold_still() {
-    let dir = tempfile::tempdir().unwrap();
-    let input = dir.path().join("noisy.mp4");
+/// Writes `frames` frames of a still 1080p picture with temporal sensor noise (FFmpeg's
+/// `noise` filter, new noise each frame): the portrait at two sizes, eye distances about 53 and
+/// 31 px.
+fn noisy_still_clip(out: &Path, frames: usize) {
     let png = asset("samples/astronaut.png");
+    let n = frames.to_string();
     ffmpeg(&[
         "-loop",
         "1",
@@ -94,15 +91,26 @@ fn still_faces_in_a_noisy_clip_hold_still() {
         "-map",
         "[v]",
         "-frames:v",
-        "40",
+        &n,
         "-c:v",
         "libx264",
         "-preset",
         "ultrafast",
         "-crf",
         "20",
-        input.to_str().unwrap(),
+        out.to_str().unwrap(),
     ]);
+}
+
+/// A still 1080p picture with temporal sensor noise (FFmpeg's `noise` filter, new noise each
+/// frame): the portrait at two sizes, eye distances about 53 and 31 px. Nothing moves, so every
+/// movement of the points is jitter. The default smoothing holds the larger face within 0.5 px
+/// and both within 1 % of their eye distance (about 1.8 px and 3.4 % unsmoothed).
+#[test]
+fn still_faces_in_a_noisy_clip_hold_still() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("noisy.mp4");
+    noisy_still_clip(&input, 40);
     let frames = points_of(dir.path(), &input, "still.mp4", &[]);
     assert_eq!(frames.len(), 40);
     assert!(frames.iter().all(|f| f.len() == 2), "two faces on every frame");
@@ -341,4 +349,53 @@ fn tracked_points_match_whole_frame_detection_small_faces_included() {
             100.0 * median
         );
     }
+}
+
+/// Where the model changes nothing, nothing changes: the identity stand-in (crops of 512, so
+/// the small face is enlarged 4 times into the crop and shrunk back) on the noisy 1080p clip
+/// gives, inside the faces, the plain re-encode's pictures (at least 40 dB PSNR; about 31 dB
+/// when a resampled copy of the face was pasted back), the difference from it does not move
+/// from frame to frame, and the file is the `--blend 0` one, byte for byte.
+#[test]
+fn the_identity_model_changes_nothing_inside_faces() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("noisy.mp4");
+    noisy_still_clip(&input, 12);
+    let model = asset("models/standin/identity-512.onnx");
+    let (faces, w, got, want) = run_against_plain(dir.path(), &input, &model);
+    assert!(faces.iter().all(|f| f.0.len() == 2), "two faces on every frame");
+    let (mut dbs, mut flicker) = (Vec::new(), Vec::new());
+    for i in 0..got.len() {
+        let keep = |x: usize, y: usize| inside(&faces[i].0, x, y, 0.0);
+        dbs.push(psnr(&got[i], &want[i], w, keep).0);
+        if i > 0 {
+            // Frame to frame change of (output - plain re-encode) inside the faces.
+            let (mut sum, mut n) = (0.0, 0usize);
+            for (k, ((a, b), (c, d))) in got[i]
+                .iter()
+                .zip(&want[i])
+                .zip(got[i - 1].iter().zip(&want[i - 1]))
+                .enumerate()
+            {
+                let p = k / 3;
+                if keep(p % w, p / w) {
+                    sum += ((*a as f64 - *b as f64) - (*c as f64 - *d as f64)).abs();
+                    n += 1;
+                }
+            }
+            flicker.push(sum / n as f64);
+        }
+    }
+    let db = mean_psnr(&dbs);
+    let moves = flicker.iter().sum::<f64>() / flicker.len() as f64;
+    eprintln!("inside faces: {db:.1} dB from a plain re-encode; (output - plain) moves {moves:.3} levels a frame");
+    assert!(db >= 40.0, "inside faces {db:.1} dB from a plain re-encode");
+    assert!(moves < 0.1, "(output - plain) moves {moves:.3} levels a frame");
+    let zero = dir.path().join("blend0.mp4");
+    ok(&gpen(&[&input, &zero, &"--model", &model, &"--blend", &"0"]));
+    assert_eq!(
+        std::fs::read(&zero).unwrap(),
+        std::fs::read(dir.path().join("run.mp4")).unwrap(),
+        "identity at blend 1 is the blend 0 file"
+    );
 }
