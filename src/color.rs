@@ -49,7 +49,9 @@ impl Matrix {
         }
     }
 
-    /// Integer RGB -> YCbCr coefficients (x256) for limited range: Y, Cb and Cr rows.
+    /// Integer RGB -> YCbCr coefficients (x256) for limited range: Y, Cb and Cr rows (the
+    /// tests' conversion back; the output adds changes with [`Matrix::change_rows`]).
+    #[cfg(test)]
     fn forward(self) -> [[i32; 3]; 3] {
         let (kr, kb) = self.weights();
         let kg = 1.0 - kr - kb;

@@ -95,6 +95,16 @@ impl StillWriter {
             .and_then(|v| v.formats().map(|f| f.collect()))
             .unwrap_or_default();
         let pix = pixel_for(name, &formats);
+        // Stills go through 8-bit RGB: say so for a deeper source (a 16-bit PNG or TIFF).
+        let depth = codec::context::Context::from_parameters(src.params.clone())
+            .and_then(|c| c.decoder().video())
+            .ok()
+            .and_then(|d| d.format().descriptor())
+            // SAFETY: the descriptor points into FFmpeg's static table of pixel formats.
+            .map_or(8, |d| unsafe { (*d.as_ptr()).comp[0].depth });
+        if depth > 8 {
+            tracing::warn!(file = %src.path.display(), "a {depth}-bit picture: the still is written with 8 bits per channel");
+        }
         let quality = settings.quality.unwrap_or(DEFAULT_QUALITY);
         let (w, h) = (src.width as u32, src.height as u32);
         let mut ctx = codec::context::Context::new_with_codec(codec).encoder().video()?;

@@ -311,3 +311,27 @@ fn exif_orientation_is_honoured() {
     let (w, h, _) = rgb_frames(&out);
     assert_eq!((w, h), (384, 512));
 }
+
+/// A 16-bit PNG goes through 8-bit RGB: the run says so, once, and the picture is written.
+#[test]
+fn a_deeper_still_is_written_with_eight_bits_and_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let deep = dir.path().join("deep.png");
+    let src = asset("samples/astronaut.png");
+    tool(
+        "ffmpeg",
+        &[
+            "-v",
+            "error",
+            "-i",
+            src.to_str().unwrap(),
+            "-pix_fmt",
+            "rgb48be",
+            deep.to_str().unwrap(),
+        ],
+    );
+    let out = dir.path().join("out.png");
+    let err = ok(&gpen(&[&deep, &out, &"--model", &identity()]));
+    assert_eq!(err.matches("written with 8 bits per channel").count(), 1, "{err}");
+    assert_eq!(magic(&out), "png");
+}
