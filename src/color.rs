@@ -216,24 +216,28 @@ pub fn yuv420p_to_rgb_region(yuv: &VideoFrame, rgb: &mut [u8], width: usize, hei
     }
 }
 
-/// A planar YUV layout whose planes the output is made from (see [`add_changes`]): the chroma
-/// planes' subsampling as shifts and the bits per sample (8, or 10 and 12 in 16-bit words).
+/// A YUV layout whose planes the output is made from (see [`add_changes`]): the chroma planes'
+/// subsampling as shifts, the bits per sample (8, or 10 and 12 in 16-bit words, stored `shift`
+/// bits up), and whether Cb and Cr share one interleaved plane (NV12 and P010, what GPU decoders
+/// give).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Planar {
     pub hshift: u32,
     pub vshift: u32,
     pub bits: u32,
+    pub shift: u32,
+    pub interleaved: bool,
 }
 
 impl Planar {
-    /// The layout of `fmt`, if it is one of the planar 4:2:0, 4:2:2 or 4:4:4 formats handled.
+    /// The layout of `fmt`, if it is one of the 4:2:0, 4:2:2 or 4:4:4 formats handled.
     pub fn of(fmt: Pixel) -> Option<Planar> {
         use Pixel as P;
         let (hshift, vshift, bits) = match fmt {
-            P::YUV420P | P::YUVJ420P => (1, 1, 8),
+            P::YUV420P | P::YUVJ420P | P::NV12 => (1, 1, 8),
             P::YUV422P | P::YUVJ422P => (1, 0, 8),
             P::YUV444P | P::YUVJ444P => (0, 0, 8),
-            P::YUV420P10LE => (1, 1, 10),
+            P::YUV420P10LE | P::P010LE => (1, 1, 10),
             P::YUV422P10LE => (1, 0, 10),
             P::YUV444P10LE => (0, 0, 10),
             P::YUV420P12LE => (1, 1, 12),
@@ -241,7 +245,15 @@ impl Planar {
             P::YUV444P12LE => (0, 0, 12),
             _ => return None,
         };
-        Some(Planar { hshift, vshift, bits })
+        let interleaved = matches!(fmt, P::NV12 | P::P010LE);
+        let shift = if fmt == P::P010LE { 6 } else { 0 };
+        Some(Planar {
+            hshift,
+            vshift,
+            bits,
+            shift,
+            interleaved,
+        })
     }
 }
 
@@ -273,33 +285,58 @@ impl Matrix {
     }
 }
 
-/// Adds `d` to the sample at (x, y) of a plane (`wide`: 16-bit little-endian words), rounded
-/// to the nearest value and clamped to `max`. A change under half a step leaves it as it was.
+/// How samples sit in a plane: 16-bit little-endian words or bytes, stored `shift` bits up,
+/// at most `max`.
+#[derive(Clone, Copy)]
+struct Samples {
+    wide: bool,
+    shift: u32,
+    max: f32,
+}
+
+/// Adds `d` to the sample at index `x` of row `y` of a plane, rounded to the nearest value and
+/// clamped. A change under half a step leaves it as it was.
 #[inline]
-fn add_sample(plane: &mut [u8], stride: usize, wide: bool, (x, y): (usize, usize), d: f32, max: f32) {
-    if wide {
+fn add_sample(plane: &mut [u8], stride: usize, s: Samples, (x, y): (usize, usize), d: f32) {
+    if s.wide {
         let i = y * stride + 2 * x;
-        let old = u16::from_le_bytes([plane[i], plane[i + 1]]) as f32;
-        let new = ((old + d).clamp(0.0, max) + 0.5) as u16;
-        plane[i..i + 2].copy_from_slice(&new.to_le_bytes());
+        let old = (u16::from_le_bytes([plane[i], plane[i + 1]]) >> s.shift) as f32;
+        let new = ((old + d).clamp(0.0, s.max) + 0.5) as u16;
+        plane[i..i + 2].copy_from_slice(&(new << s.shift).to_le_bytes());
     } else {
         let i = y * stride + x;
-        plane[i] = ((plane[i] as f32 + d).clamp(0.0, max) + 0.5) as u8;
+        plane[i] = ((plane[i] as f32 + d).clamp(0.0, s.max) + 0.5) as u8;
     }
 }
 
-/// Adds the paste's RGB `changes` to a planar YUV picture in place, at its own depth, chroma
-/// layout, range and [`Matrix`]: each luma sample takes its pixel's change, each chroma sample
-/// the mean change over the pixels it covers. Samples whose change is under half a step keep
-/// their values exactly. Returns false (and changes nothing) for a format [`Planar`] does not
-/// describe.
+/// Adds the paste's RGB `changes` to a YUV picture in place, at its own depth, chroma layout,
+/// range and [`Matrix`]: each luma sample takes its pixel's change, each chroma sample the mean
+/// change over the pixels it covers. Samples whose change is under half a step keep their
+/// values exactly. Returns false (and changes nothing) for a format [`Planar`] does not describe.
 pub fn add_changes(pic: &mut VideoFrame, changes: &[Change]) -> bool {
-    let Some(Planar { hshift, vshift, bits }) = Planar::of(pic.format()) else {
+    let Some(layout) = Planar::of(pic.format()) else {
         return false;
     };
+    let Planar {
+        hshift,
+        vshift,
+        bits,
+        shift,
+        interleaved,
+    } = layout;
     let (width, height) = (pic.width() as usize, pic.height() as usize);
     let rows = Matrix::of(pic).change_rows(bits, is_full_range(pic));
-    let (wide, max) = (bits > 8, ((1u32 << bits) - 1) as f32);
+    let samples = Samples {
+        wide: bits > 8,
+        shift,
+        max: ((1u32 << bits) - 1) as f32,
+    };
+    // Where Cb and Cr sit: (plane, first sample, step) along a row.
+    let chroma = if interleaved {
+        [(1, 0, 2), (1, 1, 2)]
+    } else {
+        [(1, 0, 1), (2, 0, 1)]
+    };
     let dot = |k: &[f32; 3], d: &[f32]| k[0] * d[0] + k[1] * d[1] + k[2] * d[2];
     for ch in changes {
         let r = ch.rect.clip(width, height);
@@ -311,7 +348,7 @@ pub fn add_changes(pic: &mut VideoFrame, changes: &[Change]) -> bool {
             for x in r.x0..r.x1 {
                 let d = dot(&rows[0], at(x, y));
                 if d != 0.0 {
-                    add_sample(luma, stride, wide, (x, y), d, max);
+                    add_sample(luma, stride, samples, (x, y), d);
                 }
             }
         }
@@ -329,12 +366,15 @@ pub fn add_changes(pic: &mut VideoFrame, changes: &[Change]) -> bool {
                         }
                     }
                 }
+                if sum == [0.0; 3] {
+                    continue;
+                }
                 let mean = sum.map(|v| v / area);
-                for (plane, k) in [(1, &rows[1]), (2, &rows[2])] {
+                for ((plane, first, step), k) in chroma.into_iter().zip([&rows[1], &rows[2]]) {
                     let d = dot(k, &mean);
                     if d != 0.0 {
                         let stride = pic.stride(plane);
-                        add_sample(pic.data_mut(plane), stride, wide, (cx, cy), d, max);
+                        add_sample(pic.data_mut(plane), stride, samples, (cx * step + first, cy), d);
                     }
                 }
             }
@@ -495,43 +535,54 @@ mod tests {
         assert_eq!(touched, r.width() * r.height());
     }
 
-    /// A picture of `fmt` with every sample of each plane at a mid value (`base` scaled to the
-    /// format's depth) and a little texture on luma.
+    /// A picture of `fmt` with every chroma sample at the mid value and a little texture on
+    /// luma, at the format's depth.
     fn flat(fmt: Pixel, w: usize, h: usize, space: ffmpeg::color::Space) -> VideoFrame {
         crate::init_ffmpeg();
         let mut f = VideoFrame::new(fmt, w as u32, h as u32);
         f.set_color_space(space);
         let p = Planar::of(fmt).unwrap();
-        for plane in 0..3 {
-            let (pw, ph) = if plane == 0 {
-                (w, h)
-            } else {
-                (w.div_ceil(1 << p.hshift), h.div_ceil(1 << p.vshift))
-            };
-            let stride = f.stride(plane);
-            for y in 0..ph {
-                for x in 0..pw {
-                    let v = if plane == 0 {
-                        100 + ((x * 7 + y * 3) % 11) as u32
-                    } else {
-                        128
-                    };
-                    let v = v << (p.bits - 8);
-                    if p.bits > 8 {
-                        f.data_mut(plane)[y * stride + 2 * x..][..2].copy_from_slice(&(v as u16).to_le_bytes());
-                    } else {
-                        f.data_mut(plane)[y * stride + x] = v as u8;
-                    }
+        let (cw, chh) = (w.div_ceil(1 << p.hshift), h.div_ceil(1 << p.vshift));
+        for (plane, c) in [(0, false), (1, true), (2, true)] {
+            if p.interleaved && plane == 2 {
+                continue;
+            }
+            for y in 0..if c { chh } else { h } {
+                for x in 0..if !c {
+                    w
+                } else if p.interleaved {
+                    2 * cw
+                } else {
+                    cw
+                } {
+                    let v = if c { 128 } else { 100 + ((x * 7 + y * 3) % 11) as u32 };
+                    set(&mut f, plane, x, y, v << (p.bits - 8));
                 }
             }
         }
         f
     }
 
-    fn sample(f: &VideoFrame, plane: usize, x: usize, y: usize) -> i32 {
+    fn set(f: &mut VideoFrame, plane: usize, x: usize, y: usize, v: u32) {
+        let (s, p) = (f.stride(plane), Planar::of(f.format()).unwrap());
+        if p.bits > 8 {
+            f.data_mut(plane)[y * s + 2 * x..][..2].copy_from_slice(&((v as u16) << p.shift).to_le_bytes());
+        } else {
+            f.data_mut(plane)[y * s + x] = v as u8;
+        }
+    }
+
+    /// Sample `x` of row `y` of component `comp` (0 Y, 1 Cb, 2 Cr), wherever the layout keeps it.
+    fn sample(f: &VideoFrame, comp: usize, x: usize, y: usize) -> i32 {
+        let p = Planar::of(f.format()).unwrap();
+        let (plane, x) = match (comp, p.interleaved) {
+            (0, _) => (0, x),
+            (c, true) => (1, 2 * x + c - 1),
+            (c, false) => (c, x),
+        };
         let s = f.stride(plane);
-        if Planar::of(f.format()).unwrap().bits > 8 {
-            u16::from_le_bytes([f.data(plane)[y * s + 2 * x], f.data(plane)[y * s + 2 * x + 1]]) as i32
+        if p.bits > 8 {
+            (u16::from_le_bytes([f.data(plane)[y * s + 2 * x], f.data(plane)[y * s + 2 * x + 1]]) >> p.shift) as i32
         } else {
             f.data(plane)[y * s + x] as i32
         }
@@ -539,7 +590,7 @@ mod tests {
 
     /// The planes path: no change keeps every sample; a grey change moves luma only, by the
     /// format's scale; a red one raises Cr and lowers Cb; samples away from the region keep
-    /// their values; for 4:2:0, 4:2:2 and 4:4:4 at 8 and 10 bits.
+    /// their values; for 4:2:0, 4:2:2 and 4:4:4 at 8 and 10 bits, planar and interleaved.
     #[test]
     fn changes_are_added_at_the_pictures_depth_layout_and_matrix() {
         use ffmpeg::color::Space;
@@ -549,7 +600,14 @@ mod tests {
             rect: r,
             rgb: rgb.repeat(r.width() * r.height()),
         };
-        for fmt in [Pixel::YUV420P, Pixel::YUV422P10LE, Pixel::YUV444P, Pixel::YUV420P10LE] {
+        for fmt in [
+            Pixel::YUV420P,
+            Pixel::YUV422P10LE,
+            Pixel::YUV444P,
+            Pixel::YUV420P10LE,
+            Pixel::NV12,
+            Pixel::P010LE,
+        ] {
             let bits = Planar::of(fmt).unwrap().bits;
             let k = (1 << (bits - 8)) as f32;
             let before = flat(fmt, w, h, Space::BT709);

@@ -967,13 +967,17 @@ fn deep_and_full_chroma_sources_keep_their_depth_layout_and_tags() {
         ("yuv420p10le", "libx264", true, "mp4"),
         ("yuv422p", "libx264", false, "mkv"),
         ("yuv444p10le", "libx265", false, "mkv"),
+        // Interleaved chroma, as GPU decoders give it.
+        ("nv12", "libx264", false, "nut"),
     ] {
         let input = dir.path().join(format!("in-{pix}.{ext}"));
-        deep_source(&input, pix, codec, hdr);
+        deep_source(&input, pix, if pix == "nv12" { "rawvideo" } else { codec }, hdr);
         let name = format!("out-{pix}.{ext}");
         let (out, faces, err) = run_with_faces(dir.path(), &input, &name, &negate, &[&"--codec", &codec]);
         assert!(!err.contains("converted to"), "{pix}: {err}");
-        assert_eq!(probe_video(&out, "stream=pix_fmt").trim(), pix, "{pix}: pixel format");
+        // H.264 decodes interleaved chroma as planar.
+        let want = if pix == "nv12" { "yuv420p" } else { pix };
+        assert_eq!(probe_video(&out, "stream=pix_fmt").trim(), want, "{pix}: pixel format");
         if hdr {
             let tags = probe_video(&out, "stream=color_primaries,color_transfer,color_space");
             assert_eq!(
@@ -992,9 +996,12 @@ fn deep_and_full_chroma_sources_keep_their_depth_layout_and_tags() {
             let (face, n) = psnr(g, o, w, |x, y| inside(boxes, x, y, -10.0));
             assert!(n > 0 && face < 15.0, "{pix} frame {i}: face not changed ({face:.1} dB)");
         }
-        if hdr {
+        if hdr || pix == "nv12" {
             let identity = asset("models/standin/identity-256.onnx");
-            let (a, b) = (dir.path().join("id.mp4"), dir.path().join("zero.mp4"));
+            let (a, b) = (
+                dir.path().join(format!("id.{ext}")),
+                dir.path().join(format!("zero.{ext}")),
+            );
             ok(&gpen(&[&input, &a, &"--model", &identity]));
             ok(&gpen(&[&input, &b, &"--model", &identity, &"--blend", &"0"]));
             assert_eq!(
