@@ -20,7 +20,10 @@ use crate::frame::{Frame, Pool};
 /// leaked every packet of the file, audio included, so memory grew by the source's bit rate
 /// for the whole run (0.03 MiB/s on the 854x480 clip of `scripts/bench-memory.sh`, 0.6 MiB/s
 /// at 5 Mbit/s).
-pub fn read_packet(ictx: &mut ffmpeg::format::context::Input, packet: &mut ffmpeg::Packet) -> Result<(), ffmpeg::Error> {
+pub fn read_packet(
+    ictx: &mut ffmpeg::format::context::Input,
+    packet: &mut ffmpeg::Packet,
+) -> Result<(), ffmpeg::Error> {
     // Dropping the old packet unreferences its buffer.
     *packet = ffmpeg::Packet::empty();
     packet.read(ictx)

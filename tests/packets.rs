@@ -5,9 +5,9 @@
 
 mod common;
 
-use ffmpeg_next as ffmpeg;
 use ffmpeg::codec::packet::Ref;
 use ffmpeg::ffi;
+use ffmpeg_next as ffmpeg;
 use gpen_video::decode::read_packet;
 
 #[test]
@@ -39,7 +39,10 @@ fn reading_a_packet_releases_the_one_before() {
         };
         kept.push(after - (before - 1));
     }
-    assert!(streams.len() >= 2, "the clip's audio and video were both read: {streams:?}");
+    assert!(
+        streams.len() >= 2,
+        "the clip's audio and video were both read: {streams:?}"
+    );
     // Each count is how many references to a packet were still held after the next read, besides
     // ours: 0 when it was released.
     assert!(
