@@ -3,7 +3,10 @@
 # on it while sampling its resident set size (and the anonymous part of it) every second, and
 # prints, after a warm-up, the median RSS of the first and of the last minute, their difference
 # and the growth rate (least-squares slope over every sample after the warm-up). Flat memory is
-# what a streaming pipeline promises; a steady climb is a leak or allocator fragmentation.
+# what a streaming pipeline promises; a steady climb is a leak or allocator fragmentation. Steps
+# that come with pool buffers made after the warm-up (counted from the debug log) are frames in
+# flight after a stall (another process taking the CPU): a high-water mark under the pools'
+# bound, not a leak; compare runs that made none.
 #
 #   scripts/bench-memory.sh [SECONDS] [-- extra gpen-video flags]
 #
@@ -49,7 +52,11 @@ measure() {
   local tag=$1 label=$2 exe=$3 pid t=0
   shift 3
   : > "$tmp/rss"
-  "$exe" "$clip" "$tmp/out.mp4" --model "$model" -q "$@" 2>"$tmp/log" &
+  local t0
+  t0=$(date +%s.%N)
+  # The pools log each buffer they make (debug): after the warm-up, each is a step of RSS.
+  RUST_LOG=${RUST_LOG:-gpen_video=info,gpen_video::frame=debug,warn} \
+    "$exe" "$clip" "$tmp/out.mp4" --model "$model" -q "$@" 2>"$tmp/log" &
   pid=$!
   while kill -0 "$pid" 2>/dev/null; do
     awk -v t=$t '/^VmRSS:/ {r = $2} /^RssAnon:/ {a = $2} END {if (r) print t, r, a}' \
@@ -60,7 +67,13 @@ measure() {
   wait "$pid" || { cat "$tmp/log" >&2; exit 1; }
   rm -f "$tmp/out.mp4"
   [ -z "${RSS_LOG:-}" ] || { mkdir -p "$RSS_LOG"; cp "$tmp/rss" "$RSS_LOG/$tag.rss"; }
-  awk -v warm="$warm" -v label="$label" '
+  local late=0 ts
+  while read -r ts _; do
+    if awk -v a="$(date -d "$ts" +%s.%N)" -v b="$t0" -v w="$warm" 'BEGIN { exit !(a - b > w) }'; then
+      late=$((late + 1))
+    fi
+  done < <(grep 'pool buffer made' "$tmp/log" || true)
+  awk -v warm="$warm" -v label="$label" -v late="$late" '
     function median(lo, hi, col,   k, i, j, v, a) {
       k = 0
       for (i = lo; i <= hi; i++) a[++k] = (col == 2 ? r[i] : an[i])
@@ -76,8 +89,8 @@ measure() {
       aa = median(warm + 1, warm + w, 3); ba = median(n - w + 1, n, 3)
       for (i = warm + 1; i <= n; i++) { m++; sx += s[i]; sy += r[i]; sxx += s[i] * s[i]; sxy += s[i] * r[i] }
       slope = (m * sxy - sx * sy) / (m * sxx - sx * sx)
-      printf "%s: run of %d s: RSS median first %d s after %d s warm-up %.1f MiB, last %d s %.1f MiB: %+.1f MiB (anonymous %+.1f); slope %+.2f MiB/min; peak %.1f MiB\n",
-        label, s[n], w, warm, a, w, b, b - a, ba - aa, slope * 60, peak
+      printf "%s: run of %d s: RSS median first %d s after %d s warm-up %.1f MiB, last %d s %.1f MiB: %+.1f MiB (anonymous %+.1f); slope %+.2f MiB/min; peak %.1f MiB; pool buffers made after warm-up: %d\n",
+        label, s[n], w, warm, a, w, b, b - a, ba - aa, slope * 60, peak, late
     }' "$tmp/rss"
 }
 
