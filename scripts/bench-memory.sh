@@ -17,6 +17,7 @@
 #   GPEN_VIDEO=PATH   the binary (default target/release/gpen-video)
 #   BASELINE=PATH     a second binary (an older build) run right after on the same clip and
 #                     flags, its line printed under the first: an A/B in one invocation
+#                     (a build older than the pool log counts no pool buffers)
 #   WARM=S            seconds left out at the start (default 10)
 #   RSS_LOG=DIR       keep each run's series there (seconds, RSS KiB, anonymous KiB)
 set -euo pipefail
