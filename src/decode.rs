@@ -13,6 +13,22 @@ use ffmpeg_next as ffmpeg;
 use crate::color::{is_full_range, scale_packed, set_matrix, Matrix, Planar};
 use crate::frame::{Frame, Pool};
 
+/// Reads the next packet of `ictx` into `packet`, releasing the one `packet` held first.
+///
+/// `av_read_frame` leaves releasing the previous packet to the caller, and FFmpeg 5.1's (the
+/// one Debian 12 ships) resets the packet without releasing it: a `Packet` reused across reads
+/// leaked every packet of the file, audio included, so memory grew by the source's bit rate
+/// for the whole run (0.03 MiB/s on the 854x480 clip of `scripts/bench-memory.sh`, 0.6 MiB/s
+/// at 5 Mbit/s).
+pub fn read_packet(
+    ictx: &mut ffmpeg::format::context::Input,
+    packet: &mut ffmpeg::Packet,
+) -> Result<(), ffmpeg::Error> {
+    // Dropping the old packet unreferences its buffer.
+    *packet = ffmpeg::Packet::empty();
+    packet.read(ictx)
+}
+
 /// What the pipeline needs to know about a source before any frame is decoded.
 #[derive(Clone)]
 pub struct SourceInfo {
@@ -342,7 +358,7 @@ impl Decoder {
 
         let mut packet = ffmpeg::Packet::empty();
         loop {
-            match packet.read(&mut ictx) {
+            match read_packet(&mut ictx, &mut packet) {
                 Ok(()) => {}
                 Err(ffmpeg::Error::Eof) => break,
                 Err(ffmpeg::Error::InvalidData) => {

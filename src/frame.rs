@@ -118,21 +118,58 @@ pub struct FaceFrame {
 pub struct Pool<T> {
     tx: crossbeam_channel::Sender<T>,
     rx: crossbeam_channel::Receiver<T>,
+    /// Buffers made because none was spare: after warm-up, each one is a step up of resident
+    /// memory (more frames in flight after a stall), logged at debug level.
+    made: std::sync::atomic::AtomicUsize,
 }
 
 impl<T: Default> Pool<T> {
     pub fn new(cap: usize) -> Self {
         let (tx, rx) = crossbeam_channel::bounded(cap.max(1));
-        Self { tx, rx }
+        Self {
+            tx,
+            rx,
+            made: Default::default(),
+        }
     }
 
     /// A spare buffer, or a new empty one.
     pub fn get(&self) -> T {
-        self.rx.try_recv().unwrap_or_default()
+        self.rx.try_recv().unwrap_or_else(|_| {
+            let made = self.made.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+            tracing::debug!(made, kind = std::any::type_name::<T>(), "pool buffer made");
+            T::default()
+        })
+    }
+
+    /// How many buffers this pool has made so far.
+    pub fn made(&self) -> usize {
+        self.made.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Returns a buffer for reuse (dropped when the pool is full).
     pub fn put(&self, x: T) {
         let _ = self.tx.try_send(x);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Pool;
+
+    #[test]
+    fn a_pool_counts_only_the_buffers_it_had_to_make() {
+        let pool: Pool<Vec<u8>> = Pool::new(2);
+        let (a, b) = (pool.get(), pool.get());
+        assert_eq!(pool.made(), 2);
+        pool.put(a);
+        pool.put(b);
+        let (a, b) = (pool.get(), pool.get());
+        assert_eq!(pool.made(), 2, "spare buffers were handed out again");
+        pool.put(a);
+        pool.put(b);
+        pool.put(Vec::new()); // over the cap: dropped
+        let _ = (pool.get(), pool.get(), pool.get());
+        assert_eq!(pool.made(), 3);
     }
 }
