@@ -165,7 +165,15 @@ pub struct Scratch {
 /// Only the change travels, never a resampled copy of the face: where the model changes
 /// nothing, the frame keeps its pixels exactly (no blur from the warp into the crop and back),
 /// and detail finer than the crop (a face larger than it) survives the paste.
-pub fn changes(faces: &[Paste], mask: &Mask, blend: f32, scratch: &mut Scratch) -> Vec<Change> {
+///
+/// The changes' buffers come from `buffer` (a pool's spare, so the hot path does not allocate).
+pub fn changes(
+    faces: &[Paste],
+    mask: &Mask,
+    blend: f32,
+    scratch: &mut Scratch,
+    buffer: &mut dyn FnMut() -> Vec<f32>,
+) -> Vec<Change> {
     let mut out = Vec::new();
     for group in overlapping_groups(faces) {
         let r = group.iter().fold(faces[group[0]].region, |r, &i| {
@@ -180,7 +188,9 @@ pub fn changes(faces: &[Paste], mask: &Mask, blend: f32, scratch: &mut Scratch) 
         for &i in &group {
             accumulate(&mut acc, r, &faces[i], mask, &mut scratch.mips);
         }
-        let mut rgb = vec![0.0f32; rw * rh * 3];
+        let mut rgb = buffer();
+        rgb.clear();
+        rgb.resize(rw * rh * 3, 0.0);
         for (a, d) in acc.chunks_exact(5).zip(rgb.chunks_exact_mut(3)) {
             let alpha = a[4] * blend;
             if alpha > 0.0 && a[3] > 0.0 {
@@ -213,7 +223,7 @@ pub fn apply_rgb(frame: &mut [u8], width: usize, changes: &[Change]) {
 
 /// Pastes `faces` into a packed RGB24 frame (see [`changes`]).
 pub fn paste_all(frame: &mut [u8], width: usize, faces: &[Paste], mask: &Mask, blend: f32, scratch: &mut Scratch) {
-    let c = changes(faces, mask, blend, scratch);
+    let c = changes(faces, mask, blend, scratch, &mut Vec::new);
     apply_rgb(frame, width, &c);
 }
 

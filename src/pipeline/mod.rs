@@ -81,7 +81,8 @@ impl Pools {
             rgb: Pool::new(frames),
             det: Pool::new(frames),
             crop: Pool::new(crops),
-            restored: Pool::new(crops),
+            // Restored crops, and the paste's change buffers of the frames past it.
+            restored: Pool::new(crops + frames),
         }
     }
 }
@@ -144,7 +145,14 @@ fn run_inner(
             s.spawn(move || stages::paste_back((size, tpl, mask), blend, compare, &p.restored, enh_rx, paste_tx));
         let encode = s.spawn(move || {
             stages::encode(
-                encoder, output, faces_sink, &p.rgb, max_frames, cancel, progress, paste_rx,
+                encoder,
+                output,
+                faces_sink,
+                (&p.rgb, &p.restored),
+                max_frames,
+                cancel,
+                progress,
+                paste_rx,
             )
         });
 

@@ -204,12 +204,13 @@ pub fn paste_back(
                 .collect();
             let regions: Vec<Rect> = faces.iter().map(|f| f.region).collect();
             let kept = compare.map(|c| crate::compare::before_paste(c, frame, &regions));
-            let changed = changes(&faces, &mask, blend, &mut scratch);
+            let changed = changes(&faces, &mask, blend, &mut scratch, &mut || restored_pool.get());
             if frame.planes {
                 frame.changes = changed;
             } else {
                 apply_rgb(&mut frame.rgb, frame.width, &changed);
                 frame.dirty.extend(regions);
+                changed.into_iter().for_each(|c| restored_pool.put(c.rgb));
             }
             drop(faces);
             if let Some(kept) = kept {
@@ -236,13 +237,14 @@ pub struct EncodeStat {
 }
 
 /// Encodes frames in order into `encoder`'s file and records their faces in `faces`; frame
-/// buffers go back to `rgb_pool`. `progress` gets the number of frames written so far.
+/// buffers go back to `rgb_pool`, the paste's change buffers to `change_pool`. `progress` gets
+/// the number of frames written so far.
 #[allow(clippy::too_many_arguments)]
 pub fn encode(
     mut encoder: Writer,
     output: &Path,
     mut faces: Option<FacesSink>,
-    rgb_pool: &Pool<Vec<u8>>,
+    (rgb_pool, change_pool): (&Pool<Vec<u8>>, &Pool<Vec<f32>>),
     max_frames: Option<u64>,
     cancel: &CancelToken,
     progress: &(dyn Fn(u64) + Sync),
@@ -270,6 +272,7 @@ pub fn encode(
         }
         progress(encoder.frames());
         rgb_pool.put(std::mem::take(&mut frame.rgb));
+        frame.changes.drain(..).for_each(|c| change_pool.put(c.rgb));
     }
     let cut = max_frames.is_some_and(|m| encoder.frames() >= m);
     clock
