@@ -312,6 +312,8 @@ impl Decoder {
                     rgb: buf,
                     rgb_partial,
                     det: det_buf,
+                    det_size: (dw, dh),
+                    item: 0,
                     source: Some(source),
                     dirty: Vec::new(),
                 }) || max_frames.is_some_and(|m| report.frames >= m)

@@ -48,7 +48,11 @@ pub(crate) struct DispatchStat {
 
 /// Gathers crops across frames into batches, hands each to whichever worker is free, and
 /// releases frames in order once all their faces are back. A partial batch goes out at the end
-/// of the stream, when too many frames wait, or after a short wait with every worker idle.
+/// of the stream, when too many frames wait, or (with `idle_flush`) after a short wait with
+/// every worker idle. An image stream has no idle flush: the gap between two pictures (opening,
+/// decoding a whole photo) is no sign that the stream has ended, and a partial batch sent in it
+/// would split the batches of every picture.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn dispatch(
     align_rx: Receiver<FaceFrame>,
     job_tx: &Sender<Batch>,
@@ -57,6 +61,7 @@ pub(crate) fn dispatch(
     batch: usize,
     n_workers: usize,
     crop_pool: &Pool<Vec<f32>>,
+    idle_flush: bool,
 ) -> Result<DispatchStat> {
     let mut clock = Clock::new("dispatch", DEPTH);
     let mut batcher = Batcher::new(batch, held_frames(batch, n_workers));
@@ -104,7 +109,7 @@ pub(crate) fn dispatch(
         // Full: leave frames upstream, so the bounded queues hold the decoder back.
         held_max = held_max.max(batcher.held());
         let input = if end || batcher.is_full() { &never() } else { &align_rx };
-        let wait = if batcher.pending() > 0 && in_flight == 0 {
+        let wait = if idle_flush && batcher.pending() > 0 && in_flight == 0 {
             (gap * 3).clamp(PARTIAL_WAIT.0, PARTIAL_WAIT.1)
         } else {
             Duration::from_secs(3600)
