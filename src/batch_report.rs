@@ -21,6 +21,40 @@ pub struct ClipNote {
     pub reason: String,
 }
 
+/// What the image streams of a batch did, over all its jobs: pictures written, faces
+/// restored, model calls and how full they were.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct ImageStream {
+    pub images: u64,
+    pub faces: u64,
+    pub batches: u64,
+    /// Crops per model call asked for.
+    pub batch: usize,
+    /// Faces over the room the batches had (batches times batch size): 1 when every call was
+    /// full.
+    pub mean_fill: f64,
+    /// Batches times their size, summed.
+    #[serde(skip)]
+    room: u64,
+}
+
+impl ImageStream {
+    /// One stream's figures from its run summary.
+    pub fn of(summary: &crate::stats::Summary, batch: usize) -> Self {
+        let batches: u64 = summary.workers.iter().map(|w| w.batches).sum();
+        let faces: u64 = summary.workers.iter().map(|w| w.faces).sum();
+        let room = batches * batch as u64;
+        ImageStream {
+            images: summary.frames,
+            faces,
+            batches,
+            batch,
+            mean_fill: faces as f64 / room.max(1) as f64,
+            room,
+        }
+    }
+}
+
 /// What a batch run did; written as JSON by `--report`.
 #[derive(Debug, Default, Serialize)]
 pub struct Report {
@@ -45,6 +79,8 @@ pub struct Report {
     pub not_video: Vec<String>,
     /// Clips left to the other shards.
     pub other_shards: usize,
+    /// The still images' streams, when there were any.
+    pub images: Option<ImageStream>,
 }
 
 impl Report {
@@ -56,6 +92,21 @@ impl Report {
         } else {
             0
         }
+    }
+}
+
+impl Report {
+    /// Adds one image stream's figures to the batch's.
+    pub fn add_images(&mut self, s: &ImageStream) {
+        let all = self.images.get_or_insert_with(|| ImageStream {
+            batch: s.batch,
+            ..Default::default()
+        });
+        all.images += s.images;
+        all.faces += s.faces;
+        all.batches += s.batches;
+        all.room += s.room;
+        all.mean_fill = all.faces as f64 / all.room.max(1) as f64;
     }
 }
 
@@ -89,6 +140,16 @@ impl Report {
             line += &format!(", {} non-video file(s) ignored", r.not_video.len());
         }
         crate::console::eprint!("{line}");
+        if let Some(i) = &r.images {
+            crate::console::eprint!(
+                "  images: {} streamed, {} faces in {} model calls of {}, mean fill {:.0}%",
+                i.images,
+                i.faces,
+                i.batches,
+                i.batch,
+                100.0 * i.mean_fill
+            );
+        }
         for d in &r.done {
             crate::console::eprint!("  done       {} ({} frames, {:.1} s)", d.clip, d.frames, d.seconds);
         }

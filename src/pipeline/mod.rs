@@ -141,8 +141,8 @@ fn run_inner(
             })
             .collect();
         drop((batch_rx, done_tx));
-        let dispatch =
-            s.spawn(move || dispatch::dispatch(align_rx, &batch_tx, &done_rx, &enh_tx, batch, n_workers, &p.crop, true));
+        let dispatch = s
+            .spawn(move || dispatch::dispatch(align_rx, &batch_tx, &done_rx, &enh_tx, batch, n_workers, &p.crop, true));
         let paste =
             s.spawn(move || stages::paste_back((size, tpl, mask), blend, compare, &p.restored, enh_rx, paste_tx));
         let encode = s.spawn(move || {

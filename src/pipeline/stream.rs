@@ -62,7 +62,12 @@ pub fn run_images(
 ) -> Result<Summary> {
     let table: Table = Mutex::new(HashMap::new());
     let result = run_inner(engine, long_side, first, next, done, &table);
-    let left: Vec<usize> = table.lock().expect("no panic holds it").drain().map(|(k, _)| k).collect();
+    let left: Vec<usize> = table
+        .lock()
+        .expect("no panic holds it")
+        .drain()
+        .map(|(k, _)| k)
+        .collect();
     for k in left {
         let why = match &result {
             Err(e) => anyhow!("{e:#}"),
@@ -161,7 +166,9 @@ fn decode(
     let mut clock = Clock::new("decode", 0);
     let mut pending = Some(first);
     for k in 0.. {
-        let Some(job) = pending.take().or_else(&mut *next) else { break };
+        let Some(job) = pending.take().or_else(&mut *next) else {
+            break;
+        };
         let input = job.source.path.display().to_string();
         if job.cancel.is_cancelled() {
             done(k, Err(Cancelled { frames: 0, input }.into()));
