@@ -358,6 +358,50 @@ mod tests {
         }
     }
 
+    /// Runs `dispatch` on frames of one face each arriving `gap` apart, with one worker that
+    /// answers at once; returns the size of every batch it sent.
+    fn dispatched(n: u64, gap: Duration, idle_flush: bool) -> Vec<usize> {
+        let (align_tx, align_rx) = crossbeam_channel::bounded::<FaceFrame>(DEPTH);
+        let (job_tx, job_rx) = crossbeam_channel::bounded::<Batch>(2);
+        let (done_tx, done_rx) = crossbeam_channel::unbounded::<Result<Restored>>();
+        let (enh_tx, enh_rx) = crossbeam_channel::unbounded::<FaceFrame>();
+        let pool = Pool::new(8);
+        std::thread::scope(|s| {
+            s.spawn(move || {
+                for i in 0..n {
+                    std::thread::sleep(gap);
+                    align_tx.send(frame(i, 1)).unwrap();
+                }
+            });
+            let worker = s.spawn(move || {
+                let mut sizes = Vec::new();
+                for b in &job_rx {
+                    sizes.push(b.keys.len());
+                    let restored = b.keys.iter().map(|_| Some(vec![0u8])).collect();
+                    let back = Restored {
+                        keys: b.keys,
+                        restored,
+                        crops: b.crops,
+                    };
+                    done_tx.send(Ok(back)).unwrap();
+                }
+                sizes
+            });
+            dispatch(align_rx, &job_tx, &done_rx, &enh_tx, 4, 1, &pool, idle_flush).unwrap();
+            drop(job_tx);
+            assert_eq!(enh_rx.try_iter().count() as u64, n, "every frame comes out");
+            worker.join().unwrap()
+        })
+    }
+
+    #[test]
+    fn an_image_stream_waits_for_full_batches_however_slow_its_pictures_come() {
+        // Pictures 150 ms apart (a large photo to open and decode): a video's dispatcher sends
+        // what it has once every worker has been idle a few frame gaps; a stream's waits.
+        let gap = Duration::from_millis(150);
+        assert_eq!(dispatched(9, gap, false), vec![4, 4, 1]);
+    }
+
     #[test]
     fn a_long_faceless_stretch_does_not_hold_frames_forever() {
         let mut faces = vec![1];
