@@ -1,10 +1,11 @@
-//! `gpen-video batch`: in, a folder of videos (IN_DIR), the run options and this process's
-//! shard; out, the restored videos mirrored under OUT_DIR, a manifest there of finished clips,
-//! a summary on stderr, an optional JSON report and an exit code (0 all done, 1 some failed,
-//! 130 interrupted).
+//! `gpen-video batch`: in, a folder of videos and still images (IN_DIR), the run options and
+//! this process's shard; out, the restored clips mirrored under OUT_DIR, a manifest there of
+//! finished clips, a summary on stderr, an optional JSON report and an exit code (0 all done, 1
+//! some failed, 130 interrupted).
 //!
 //! Clips are run by `jobs` job threads (one per GPU on CUDA; `batch_job`), each with its own
-//! `Engine`, reused from clip to clip while it fits. The jobs only send events (started,
+//! `Engine`, reused from clip to clip while it fits; a job streams its still images through
+//! its engine as one pipeline run before its videos. The jobs only send events (started,
 //! progress, done, failed, cancelled); this module's coordinator alone owns the report, the
 //! manifest and the progress bars. A clip's output appears under its final name only when
 //! complete (the pipeline renames its partial file), and the manifest is replaced atomically
