@@ -142,10 +142,18 @@ fn stream_images(
         let _ = events.send(event);
     };
     while let Some(first) = take() {
+        // A new stream numbers its pictures from 0 again: `first` is its 0 (every picture of
+        // an earlier stream has been reported).
+        {
+            let mut t = taken.lock().expect("no panic holds it");
+            let first_clip = t.pop().expect("take() just pushed it");
+            t.clear();
+            t.push(first_clip);
+        }
         let engine = match settings.engine_for(cached, &first) {
             Ok(e) => e,
             Err(e) => {
-                done(taken.lock().expect("no panic holds it").len() - 1, Err(e));
+                done(0, Err(e));
                 continue;
             }
         };

@@ -170,3 +170,40 @@ impl Report {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::stats::{Summary, WorkerStat};
+
+    fn stream(images: u64, faces: u64, batches: u64, batch: usize) -> ImageStream {
+        let worker = WorkerStat {
+            faces,
+            batches,
+            batch,
+            ..Default::default()
+        };
+        let summary = Summary {
+            frames: images,
+            workers: vec![worker],
+            ..Default::default()
+        };
+        ImageStream::of(&summary, batch)
+    }
+
+    #[test]
+    fn the_fill_of_the_streams_is_their_faces_over_the_room_their_batches_had() {
+        assert_eq!(stream(20, 20, 5, 4).mean_fill, 1.0);
+        assert_eq!(stream(3, 3, 1, 4).mean_fill, 0.75);
+        let mut r = Report::default();
+        assert!(r.images.is_none());
+        // Two jobs: 20 faces in 5 full batches of 4, and 3 faces in one batch of 4.
+        r.add_images(&stream(20, 20, 5, 4));
+        r.add_images(&stream(3, 3, 1, 4));
+        let all = r.images.as_ref().unwrap();
+        assert_eq!((all.images, all.faces, all.batches), (23, 23, 6));
+        assert!((all.mean_fill - 23.0 / 24.0).abs() < 1e-12);
+        let json = serde_json::to_string(all).unwrap();
+        assert!(json.contains("\"mean_fill\"") && !json.contains("room"), "{json}");
+    }
+}

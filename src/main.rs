@@ -57,14 +57,16 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Cmd {
     /// Measure frames/s and faces/s on 1080p sources: the whole pipeline (warm-up excluded,
-    /// repeated, medians) and the enhancement sessions alone (the ceiling).
+    /// repeated, medians) and the enhancement sessions alone (the ceiling); with --portraits,
+    /// images/s of still images streamed as `batch` streams them, per batch size.
     Bench(BenchArgs),
     /// The model registry: list known models, verify files, fetch downloads.
     Models {
         #[command(subcommand)]
         cmd: ModelsCmd,
     },
-    /// Restore every video in a folder into OUT_DIR (same relative paths), resuming where an
+    /// Restore every video and still image in a folder into OUT_DIR (same relative paths; the
+    /// images streamed through one engine, so their faces fill the batches), resuming where an
     /// earlier run stopped; `--shard` splits one folder across machines. Exit code 0 all done,
     /// 1 some clip failed, 130 interrupted by Ctrl-C and 143 by SIGTERM (once: finish the clips
     /// in flight; twice: stop).
@@ -73,7 +75,8 @@ enum Cmd {
 
 #[derive(Args, Debug)]
 struct BatchArgs {
-    /// Folder of input videos (by extension: mp4 mkv mov avi webm m4v mpg mpeg ts mts m2ts wmv flv 3gp).
+    /// Folder of input videos (by extension: mp4 mkv mov avi webm m4v mpg mpeg ts mts m2ts wmv flv 3gp)
+    /// and still images (png jpg jpeg webp tif tiff bmp).
     #[arg(value_name = "IN_DIR")]
     in_dir: PathBuf,
     /// Output folder (created if missing); each output keeps its input's relative path.

@@ -662,3 +662,51 @@ fn a_folder_of_portraits_streams_through_full_batches() {
     assert!(names(&r, "done").is_empty(), "{err}");
     assert_eq!(mtimes(&output, &good), before, "no picture rewritten");
 }
+
+/// A model that fails in the middle of an image stream fails the pictures the stream had taken
+/// (with the model's error) and no other; the job goes on with a new stream on fresh sessions
+/// for the pictures still queued. Every picture is reported once, under its own name: a picture
+/// reported done has its output, a failed one has none.
+#[test]
+fn a_model_failure_fails_the_pictures_in_flight_and_a_new_stream_takes_the_rest() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (input, output) = (tmp.path().join("in"), tmp.path().join("out"));
+    std::fs::create_dir_all(&input).unwrap();
+    let src = asset("samples/astronaut.png");
+    let all: BTreeSet<String> = (0..48).map(|i| format!("s{i:02}.png")).collect();
+    for (i, name) in all.iter().enumerate() {
+        let vf = format!("crop={0}:{0},scale=160:160", 480 - 2 * i);
+        let dest = input.join(name);
+        tool(
+            "ffmpeg",
+            &[
+                "-v",
+                "error",
+                "-y",
+                "-i",
+                src.to_str().unwrap(),
+                "-vf",
+                &vf,
+                dest.to_str().unwrap(),
+            ],
+        );
+    }
+    // Each stream's second model call fails; its first is slow, so the stream has taken as
+    // many pictures as it holds (fewer than 48) by then.
+    let faults = [("GPEN_VIDEO_FAULTS", "slow=0:300,fail=0:2")];
+    let (st, err, r) = run(&input, &output, &[], &faults);
+    assert_eq!(st.code(), Some(1), "{err}");
+    let (done, failed) = (names(&r, "done"), names(&r, "failed"));
+    assert!(done.is_disjoint(&failed), "{err}");
+    assert_eq!(done.union(&failed).cloned().collect::<BTreeSet<_>>(), all, "{err}");
+    assert_eq!(
+        outputs(&output),
+        done,
+        "a picture is done exactly when its output is there"
+    );
+    assert!(done.len() >= 8, "two streams, one full call each: {err}");
+    for f in r["failed"].as_array().unwrap() {
+        assert!(f["reason"].as_str().unwrap().contains("injected failure"), "{f}");
+    }
+    no_partials(&output);
+}
