@@ -160,6 +160,7 @@ fn stream_images(
         let batch = engine.batch;
         match crate::pipeline::run_images(engine, settings.det_size, first, &mut take, &done) {
             Ok(summary) => {
+                tracing::debug!(job, "image stream: {summary}");
                 let stat = ImageStream::of(&summary, batch);
                 let _ = events.send(Event::Images { stat });
             }
