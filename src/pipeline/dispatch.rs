@@ -377,7 +377,7 @@ mod tests {
                 let mut sizes = Vec::new();
                 for b in &job_rx {
                     sizes.push(b.keys.len());
-                    let restored = b.keys.iter().map(|_| Some(vec![0u8])).collect();
+                    let restored = b.keys.iter().map(|_| Some(Vec::new())).collect();
                     let back = Restored {
                         keys: b.keys,
                         restored,
