@@ -1,10 +1,11 @@
-//! `gpen-video batch`: in, a folder of videos (IN_DIR), the run options and this process's
-//! shard; out, the restored videos mirrored under OUT_DIR, a manifest there of finished clips,
-//! a summary on stderr, an optional JSON report and an exit code (0 all done, 1 some failed,
-//! 130 interrupted).
+//! `gpen-video batch`: in, a folder of videos and still images (IN_DIR), the run options and
+//! this process's shard; out, the restored clips mirrored under OUT_DIR, a manifest there of
+//! finished clips, a summary on stderr, an optional JSON report and an exit code (0 all done, 1
+//! some failed, 130 interrupted).
 //!
 //! Clips are run by `jobs` job threads (one per GPU on CUDA; `batch_job`), each with its own
-//! `Engine`, reused from clip to clip while it fits. The jobs only send events (started,
+//! `Engine`, reused from clip to clip while it fits; a job streams its still images through
+//! its engine as one pipeline run before its videos. The jobs only send events (started,
 //! progress, done, failed, cancelled); this module's coordinator alone owns the report, the
 //! manifest and the progress bars. A clip's output appears under its final name only when
 //! complete (the pipeline renames its partial file), and the manifest is replaced atomically
@@ -13,7 +14,7 @@
 //! starts; twice: they are cancelled. See `clips` for which files are clips and how shards
 //! split them, `manifest` for what "finished" means.
 
-use std::collections::BTreeMap;
+use std::collections::BTreeSet;
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -22,8 +23,8 @@ use anyhow::{bail, Context, Result};
 use crossbeam_channel::{unbounded, Receiver, RecvTimeoutError};
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 
-use crate::batch_job::{job_loop, Event, JobContext};
-pub use crate::batch_report::{ClipDone, ClipNote, Report};
+use crate::batch_job::{job_loop, Event, JobContext, Queues};
+pub use crate::batch_report::{ClipDone, ClipNote, ImageStream, Report};
 use crate::clips::{self, Clip, Shard};
 use crate::config::{Options, Settings};
 use crate::interrupt::Interrupts;
@@ -146,11 +147,23 @@ pub fn run(o: &BatchOptions, ints: &Interrupts) -> Result<Report> {
     let visible = !o.quiet && std::io::stderr().is_terminal();
     let mut view = View::new(visible, &todo, o, &base);
     let n_todo = todo.len();
-    let (clip_tx, clip_rx) = unbounded::<Clip>();
+    // Still images stream through each job's engine first (one pipeline run for all of them),
+    // then the videos run one by one.
+    let (image_tx, image_rx) = unbounded::<Clip>();
+    let (video_tx, video_rx) = unbounded::<Clip>();
     for clip in todo {
-        clip_tx.send(clip).expect("receiver held here");
+        let queue = if crate::still::is_still(Path::new(&clip.rel)) {
+            &image_tx
+        } else {
+            &video_tx
+        };
+        queue.send(clip).expect("receiver held here");
     }
-    drop(clip_tx);
+    drop((image_tx, video_tx));
+    let queues = Queues {
+        images: image_rx,
+        videos: video_rx,
+    };
     let (event_tx, event_rx) = unbounded::<Event>();
     let ctx = JobContext {
         in_dir: o.in_dir.clone(),
@@ -164,7 +177,7 @@ pub fn run(o: &BatchOptions, ints: &Interrupts) -> Result<Report> {
             _ => format!("job {i}"),
         };
         view.add_job(&name);
-        let (ctx, clips, events) = (ctx.clone(), clip_rx.clone(), event_tx.clone());
+        let (ctx, clips, events) = (ctx.clone(), queues.clone(), event_tx.clone());
         std::thread::Builder::new()
             .name(format!("batch-job-{i}"))
             .spawn(move || job_loop(i, &ctx, settings, &clips, &events))
@@ -186,7 +199,13 @@ pub fn run(o: &BatchOptions, ints: &Interrupts) -> Result<Report> {
                 .push(ClipNote::new(&clip, "its job stopped unexpectedly".into()));
         }
     }
-    report.not_started = clip_rx.try_iter().map(|c| c.key).collect();
+    report.not_started = queues
+        .images
+        .try_iter()
+        .chain(queues.videos.try_iter())
+        .map(|c| c.key)
+        .collect();
+    report.not_started.sort();
     report.print_summary();
     if let Some(path) = &o.report {
         let json = serde_json::to_string_pretty(&report)? + "\n";
@@ -232,7 +251,7 @@ fn select(
 
 /// The coordinator: the only owner of the report, the manifest and the bars. Takes the jobs'
 /// events until every job has ended (or a hard stop has waited long enough); returns the clips
-/// still in flight then, by job.
+/// still in flight then, by job (a job streaming images has several).
 fn coordinate(
     events: &Receiver<Event>,
     view: &mut View,
@@ -241,19 +260,19 @@ fn coordinate(
     report: &mut Report,
     ints: &Interrupts,
     n_todo: usize,
-) -> BTreeMap<usize, String> {
+) -> BTreeSet<(usize, String)> {
     let (mut soft_seen, mut hard_at) = (false, None::<Instant>);
-    let mut in_flight: BTreeMap<usize, String> = BTreeMap::new();
+    let mut in_flight: BTreeSet<(usize, String)> = BTreeSet::new();
     let mut finished = 0usize;
     loop {
         match events.recv_timeout(Duration::from_millis(100)) {
             Ok(Event::Started { job, clip, frames }) => {
                 view.started(job, &clip, frames);
-                in_flight.insert(job, clip);
+                in_flight.insert((job, clip));
             }
             Ok(Event::Progress { job, frames }) => view.progress(job, frames),
             Ok(Event::Done { job, done, entry }) => {
-                in_flight.remove(&job);
+                in_flight.remove(&(job, done.clip.clone()));
                 own.clips.insert(done.clip.clone(), entry);
                 match own.save(own_path) {
                     Ok(()) => {
@@ -273,19 +292,20 @@ fn coordinate(
                 finished += 1;
             }
             Ok(Event::Failed { job, clip, reason }) => {
-                in_flight.remove(&job);
+                in_flight.remove(&(job, clip.clone()));
                 view.log(format!("failed   {clip}: {reason}"));
                 view.finished(job, false);
                 report.failed.push(ClipNote::new(&clip, reason));
                 finished += 1;
             }
             Ok(Event::Cancelled { job, clip }) => {
-                in_flight.remove(&job);
+                in_flight.remove(&(job, clip.clone()));
                 view.log(format!("stopped  {clip}"));
                 view.finished(job, false);
                 report.cancelled.push(clip);
                 finished += 1;
             }
+            Ok(Event::Images { stat }) => report.add_images(&stat),
             Err(RecvTimeoutError::Timeout) => {}
             Err(RecvTimeoutError::Disconnected) => break,
         }

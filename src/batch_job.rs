@@ -1,17 +1,20 @@
-//! One batch job: in, clips from the shared queue and the job's resolved settings (its device);
+//! One batch job: in, clips from the shared queues and the job's resolved settings (its device);
 //! out, an event for every clip (started, progress, then done with the manifest entry to
-//! record, failed, or cancelled), sent to the coordinator, until the queue is empty or a stop
-//! is asked for. A job owns nothing shared: the coordinator keeps the report and manifest.
+//! record, failed, or cancelled), sent to the coordinator, until the queues are empty or a stop
+//! is asked for. Still images go first, streamed through one engine (`pipeline::run_images`),
+//! each taken from the queue as the stream's decoder is ready for it; then the videos, one
+//! pipeline run each. A job owns nothing shared: the coordinator keeps the report and manifest.
 
 use std::path::PathBuf;
+use std::sync::Mutex;
 
 use anyhow::{Context, Result};
 use crossbeam_channel::{Receiver, Sender};
 
-use crate::batch_report::ClipDone;
+use crate::batch_report::{ClipDone, ImageStream};
 use crate::clips::Clip;
 use crate::config::Settings;
-use crate::engine::{is_cancelled, CancelToken, Engine};
+use crate::engine::{is_cancelled, CancelToken, Engine, Job};
 use crate::interrupt::Interrupts;
 use crate::manifest::{self, Entry, Stamp};
 
@@ -40,6 +43,17 @@ pub(crate) enum Event {
         job: usize,
         clip: String,
     },
+    /// An image stream ended: what its batches did.
+    Images {
+        stat: ImageStream,
+    },
+}
+
+/// The clips still to run: still images (streamed) and videos.
+#[derive(Clone)]
+pub(crate) struct Queues {
+    pub(crate) images: Receiver<Clip>,
+    pub(crate) videos: Receiver<Clip>,
 }
 
 /// What every job shares, read-only.
@@ -53,14 +67,10 @@ pub(crate) struct JobContext {
 }
 
 /// One job: takes clips until none is left or a stop is asked for.
-pub(crate) fn job_loop(
-    job: usize,
-    ctx: &JobContext,
-    settings: Settings,
-    clips: &Receiver<Clip>,
-    events: &Sender<Event>,
-) {
+pub(crate) fn job_loop(job: usize, ctx: &JobContext, settings: Settings, queues: &Queues, events: &Sender<Event>) {
     let mut cached: Option<Engine> = None;
+    stream_images(job, ctx, &settings, &queues.images, &mut cached, events);
+    let clips = &queues.videos;
     loop {
         if ctx.ints.requested() {
             break;
@@ -81,33 +91,119 @@ pub(crate) fn job_loop(
     }
 }
 
-/// Restores one clip; returns what the coordinator records.
-fn run_clip(
+/// Streams still images from `images` through the job's engine until the queue is empty or a
+/// stop is asked for; a stream the model broke is followed by a new one on fresh sessions.
+fn stream_images(
+    job: usize,
+    ctx: &JobContext,
+    settings: &Settings,
+    images: &Receiver<Clip>,
+    cached: &mut Option<Engine>,
+    events: &Sender<Event>,
+) {
+    // The clips of the stream running, by their number in it.
+    let taken: Mutex<Vec<(Clip, Stamp)>> = Mutex::new(Vec::new());
+    let mut take = || -> Option<Job> {
+        loop {
+            if ctx.ints.requested() {
+                return None;
+            }
+            let clip = images.try_recv().ok()?;
+            match prepare(job, ctx, settings, &clip, events) {
+                Ok((spec, stamp)) => {
+                    taken.lock().expect("no panic holds it").push((clip, stamp));
+                    return Some(spec);
+                }
+                Err(e) => {
+                    let reason = format!("{e:#}");
+                    let _ = events.send(Event::Failed {
+                        job,
+                        clip: clip.key,
+                        reason,
+                    });
+                }
+            }
+        }
+    };
+    let done = |k: usize, outcome: Result<crate::pipeline::ImageDone>| {
+        let (clip, stamp) = taken.lock().expect("no panic holds it")[k].clone();
+        let event = match outcome.and_then(|d| record(ctx, &clip, stamp, 1, d.faces, d.seconds)) {
+            Ok((done, entry)) => {
+                let _ = events.send(Event::Progress { job, frames: 1 });
+                Event::Done { job, done, entry }
+            }
+            Err(e) if is_cancelled(&e) => Event::Cancelled { job, clip: clip.key },
+            Err(e) => Event::Failed {
+                job,
+                clip: clip.key,
+                reason: format!("{e:#}"),
+            },
+        };
+        let _ = events.send(event);
+    };
+    while let Some(first) = take() {
+        // A new stream numbers its pictures from 0 again: `first` is its 0 (every picture of
+        // an earlier stream has been reported).
+        {
+            let mut t = taken.lock().expect("no panic holds it");
+            let first_clip = t.pop().expect("take() just pushed it");
+            t.clear();
+            t.push(first_clip);
+        }
+        let engine = match settings.engine_for(cached, &first) {
+            Ok(e) => e,
+            Err(e) => {
+                done(0, Err(e));
+                continue;
+            }
+        };
+        let batch = engine.batch;
+        match crate::pipeline::run_images(engine, settings.det_size, first, &mut take, &done) {
+            Ok(summary) => {
+                tracing::debug!(job, "image stream: {summary}");
+                let stat = ImageStream::of(&summary, batch);
+                let _ = events.send(Event::Images { stat });
+            }
+            // Its pictures are reported; a failed run may leave a session in a bad state.
+            Err(_) => *cached = None,
+        }
+    }
+}
+
+/// A clip's job: its input stamped, its output folder made, its job built (source probed,
+/// output checked); the coordinator hears that it started.
+fn prepare(
     job: usize,
     ctx: &JobContext,
     settings: &Settings,
     clip: &Clip,
-    cached: &mut Option<Engine>,
     events: &Sender<Event>,
-) -> Result<(ClipDone, Entry)> {
+) -> Result<(Job, Stamp)> {
     let (input, output) = (ctx.in_dir.join(&clip.rel), ctx.out_dir.join(&clip.rel));
     let stamp = Stamp::of(&input)?;
     if let Some(dir) = output.parent() {
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create folder {}", dir.display()))?;
     }
-    let job_spec = settings.job(&input, &output, CancelToken::from_flag(ctx.ints.hard.clone()))?;
+    let spec = settings.job(&input, &output, CancelToken::from_flag(ctx.ints.hard.clone()))?;
     let _ = events.send(Event::Started {
         job,
         clip: clip.key.clone(),
-        frames: job_spec.source.frames_to_run(job_spec.max_frames),
+        frames: spec.source.frames_to_run(spec.max_frames),
     });
-    let engine = settings.engine_for(cached, &job_spec)?;
-    let run = crate::pipeline::run(engine, &job_spec, &|frames| {
-        let _ = events.send(Event::Progress { job, frames });
-    });
-    // A failed run may leave a session in a bad state: the next clip loads fresh ones.
-    let summary = run.inspect_err(|_| *cached = None)?;
-    // Flushed to disk before the manifest vouches for it.
+    Ok((spec, stamp))
+}
+
+/// What the coordinator records of a finished clip: its output flushed to disk (before the
+/// manifest vouches for it) and its manifest entry.
+fn record(
+    ctx: &JobContext,
+    clip: &Clip,
+    stamp: Stamp,
+    frames: u64,
+    faces: u64,
+    seconds: f64,
+) -> Result<(ClipDone, Entry)> {
+    let output = ctx.out_dir.join(&clip.rel);
     std::fs::File::open(&output)
         .and_then(|f| f.sync_all())
         .with_context(|| format!("flushing {}", output.display()))?;
@@ -120,9 +216,35 @@ fn run_clip(
     };
     let done = ClipDone {
         clip: clip.key.clone(),
-        frames: summary.frames,
-        faces: summary.faces,
-        seconds: summary.wall.as_secs_f64(),
+        frames,
+        faces,
+        seconds,
     };
     Ok((done, entry))
+}
+
+/// Restores one clip; returns what the coordinator records.
+fn run_clip(
+    job: usize,
+    ctx: &JobContext,
+    settings: &Settings,
+    clip: &Clip,
+    cached: &mut Option<Engine>,
+    events: &Sender<Event>,
+) -> Result<(ClipDone, Entry)> {
+    let (job_spec, stamp) = prepare(job, ctx, settings, clip, events)?;
+    let engine = settings.engine_for(cached, &job_spec)?;
+    let run = crate::pipeline::run(engine, &job_spec, &|frames| {
+        let _ = events.send(Event::Progress { job, frames });
+    });
+    // A failed run may leave a session in a bad state: the next clip loads fresh ones.
+    let summary = run.inspect_err(|_| *cached = None)?;
+    record(
+        ctx,
+        clip,
+        stamp,
+        summary.frames,
+        summary.faces,
+        summary.wall.as_secs_f64(),
+    )
 }

@@ -21,6 +21,40 @@ pub struct ClipNote {
     pub reason: String,
 }
 
+/// What the image streams of a batch did, over all its jobs: pictures written, faces
+/// restored, model calls and how full they were.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct ImageStream {
+    pub images: u64,
+    pub faces: u64,
+    pub batches: u64,
+    /// Crops per model call asked for.
+    pub batch: usize,
+    /// Faces over the room the batches had (batches times batch size): 1 when every call was
+    /// full.
+    pub mean_fill: f64,
+    /// Batches times their size, summed.
+    #[serde(skip)]
+    room: u64,
+}
+
+impl ImageStream {
+    /// One stream's figures from its run summary.
+    pub fn of(summary: &crate::stats::Summary, batch: usize) -> Self {
+        let batches: u64 = summary.workers.iter().map(|w| w.batches).sum();
+        let faces: u64 = summary.workers.iter().map(|w| w.faces).sum();
+        let room = batches * batch as u64;
+        ImageStream {
+            images: summary.frames,
+            faces,
+            batches,
+            batch,
+            mean_fill: faces as f64 / room.max(1) as f64,
+            room,
+        }
+    }
+}
+
 /// What a batch run did; written as JSON by `--report`.
 #[derive(Debug, Default, Serialize)]
 pub struct Report {
@@ -45,6 +79,8 @@ pub struct Report {
     pub not_video: Vec<String>,
     /// Clips left to the other shards.
     pub other_shards: usize,
+    /// The still images' streams, when there were any.
+    pub images: Option<ImageStream>,
 }
 
 impl Report {
@@ -56,6 +92,21 @@ impl Report {
         } else {
             0
         }
+    }
+}
+
+impl Report {
+    /// Adds one image stream's figures to the batch's.
+    pub fn add_images(&mut self, s: &ImageStream) {
+        let all = self.images.get_or_insert_with(|| ImageStream {
+            batch: s.batch,
+            ..Default::default()
+        });
+        all.images += s.images;
+        all.faces += s.faces;
+        all.batches += s.batches;
+        all.room += s.room;
+        all.mean_fill = all.faces as f64 / all.room.max(1) as f64;
     }
 }
 
@@ -89,6 +140,16 @@ impl Report {
             line += &format!(", {} non-video file(s) ignored", r.not_video.len());
         }
         crate::console::eprint!("{line}");
+        if let Some(i) = &r.images {
+            crate::console::eprint!(
+                "  images: {} streamed, {} faces in {} model calls of {}, mean fill {:.0}%",
+                i.images,
+                i.faces,
+                i.batches,
+                i.batch,
+                100.0 * i.mean_fill
+            );
+        }
         for d in &r.done {
             crate::console::eprint!("  done       {} ({} frames, {:.1} s)", d.clip, d.frames, d.seconds);
         }
@@ -107,5 +168,42 @@ impl Report {
         for n in &r.not_video {
             crate::console::eprint!("  not video  {n}");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::stats::{Summary, WorkerStat};
+
+    fn stream(images: u64, faces: u64, batches: u64, batch: usize) -> ImageStream {
+        let worker = WorkerStat {
+            faces,
+            batches,
+            batch,
+            ..Default::default()
+        };
+        let summary = Summary {
+            frames: images,
+            workers: vec![worker],
+            ..Default::default()
+        };
+        ImageStream::of(&summary, batch)
+    }
+
+    #[test]
+    fn the_fill_of_the_streams_is_their_faces_over_the_room_their_batches_had() {
+        assert_eq!(stream(20, 20, 5, 4).mean_fill, 1.0);
+        assert_eq!(stream(3, 3, 1, 4).mean_fill, 0.75);
+        let mut r = Report::default();
+        assert!(r.images.is_none());
+        // Two jobs: 20 faces in 5 full batches of 4, and 3 faces in one batch of 4.
+        r.add_images(&stream(20, 20, 5, 4));
+        r.add_images(&stream(3, 3, 1, 4));
+        let all = r.images.as_ref().unwrap();
+        assert_eq!((all.images, all.faces, all.batches), (23, 23, 6));
+        assert!((all.mean_fill - 23.0 / 24.0).abs() < 1e-12);
+        let json = serde_json::to_string(all).unwrap();
+        assert!(json.contains("\"mean_fill\"") && !json.contains("room"), "{json}");
     }
 }

@@ -38,7 +38,7 @@ pub struct BenchOptions {
 }
 
 /// How long each enhance-only run lasts at least.
-const CEILING_TIME: Duration = Duration::from_secs(3);
+pub(crate) const CEILING_TIME: Duration = Duration::from_secs(3);
 
 /// Medians over the counted runs of one source.
 #[derive(Clone, Debug, Default, Serialize)]
@@ -74,7 +74,7 @@ pub struct Efficiency {
     pub efficiency: f64,
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
+pub(crate) fn median(mut v: Vec<f64>) -> f64 {
     if v.is_empty() {
         return 0.0;
     }
@@ -212,7 +212,12 @@ fn bench_source(o: &BenchOptions, src: &Path, tmp: &Path, report: &mut BenchRepo
 /// Every worker runs full batches of the crops at once, at least `min_batches` each and for at
 /// least `min_time`, so fast models are timed long enough to be steady; returns faces/s over
 /// all workers and the median ms per batch.
-fn ceiling(engine: &mut Engine, crops: &[Vec<f32>], min_batches: usize, min_time: Duration) -> Result<(f64, f64)> {
+pub(crate) fn ceiling(
+    engine: &mut Engine,
+    crops: &[Vec<f32>],
+    min_batches: usize,
+    min_time: Duration,
+) -> Result<(f64, f64)> {
     let batch = engine.batch;
     let start = Instant::now();
     let results: Vec<Result<(usize, usize, Duration)>> = std::thread::scope(|s| {

@@ -344,6 +344,8 @@ impl Decoder {
                     rgb: buf,
                     rgb_partial,
                     det: det_buf,
+                    det_size: (dw, dh),
+                    item: 0,
                     source: Some(source),
                     dirty: Vec::new(),
                     planes,

@@ -122,6 +122,8 @@ pub struct Detector {
     input: Vec<f32>,
     /// The model takes any input size, so windows around tracked faces can be run.
     dynamic: bool,
+    /// The model's input size is fixed: `size` never changes.
+    fixed: bool,
     track: Tracking,
 }
 
@@ -193,6 +195,7 @@ impl Detector {
             bail!("detector input `{input_name}` must be [N,3,H,W], found {shape:?}");
         }
         let dynamic = shape[2] <= 0 && shape[3] <= 0;
+        let fixed = shape[2] > 0 && shape[3] > 0;
         let size = if shape[2] > 0 && shape[3] > 0 {
             if shape[2] % 32 != 0 || shape[3] % 32 != 0 {
                 bail!(
@@ -223,6 +226,7 @@ impl Detector {
             capped: 0,
             input: Vec::new(),
             dynamic,
+            fixed,
             track: Tracking {
                 every: 1,
                 ..Default::default()
@@ -251,6 +255,36 @@ impl Detector {
             every,
             ..Default::default()
         };
+    }
+
+    /// Starts a job whose detection copy is `size` (stored orientation; the model's own size
+    /// when that is fixed): forgets the previous faces and zeroes the counts.
+    pub fn start(&mut self, size: (usize, usize)) {
+        self.reset();
+        self.set_size(size);
+    }
+
+    /// The next picture of an image stream, its detection copy `size`: a new scene of its own
+    /// (no face is tracked into it), the counts go on.
+    pub fn next_picture(&mut self, size: (usize, usize)) {
+        self.set_size(size);
+        let t = &mut self.track;
+        t.boxes.clear();
+        t.summary.clear();
+        t.since_full = 0;
+    }
+
+    /// The detection copy's size (stored orientation) when the model's input size is fixed:
+    /// every picture is shrunk to it, whatever its own size.
+    pub fn fixed_size(&self) -> Option<(usize, usize)> {
+        self.fixed.then_some(self.size)
+    }
+
+    fn set_size(&mut self, size: (usize, usize)) {
+        let size = self.fixed_size().unwrap_or(size);
+        let turned = self.rotation == 90 || self.rotation == 270;
+        self.size = size;
+        self.input_size = if turned { (size.1, size.0) } else { size };
     }
 
     /// Passes run since the last reset.

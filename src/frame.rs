@@ -23,6 +23,10 @@ pub struct Frame {
     pub rgb_partial: bool,
     /// Downscaled packed RGB24 copy for the detector (`det_width * det_height * 3`).
     pub det: Vec<u8>,
+    /// The detection copy's (width, height).
+    pub det_size: (usize, usize),
+    /// Which picture of an image stream the frame is (0 in a single run).
+    pub item: usize,
     /// The decoded picture as FFmpeg gave it. The encoder starts from it, so pixels outside
     /// the pasted face regions reach the output without a colour round trip.
     pub source: Option<VideoFrame>,
@@ -47,6 +51,8 @@ impl Frame {
             rgb: Vec::new(),
             rgb_partial: false,
             det: Vec::new(),
+            det_size: (0, 0),
+            item: 0,
             source: None,
             dirty: Vec::new(),
             planes: false,

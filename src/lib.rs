@@ -7,6 +7,7 @@ pub mod batch;
 mod batch_job;
 pub mod batch_report;
 pub mod bench;
+pub mod bench_images;
 pub mod clips;
 pub mod color;
 pub mod compare;

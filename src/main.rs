@@ -9,6 +9,7 @@ use std::process::ExitCode;
 use anyhow::bail;
 use clap::{Args, Parser, Subcommand};
 use gpen_video::bench::{self, BenchOptions, Stage};
+use gpen_video::bench_images;
 use gpen_video::config::{self, find_asset, Device, Options, Settings};
 use gpen_video::console::{eprint_line, print_text};
 use gpen_video::encode::EncodeSettings;
@@ -56,14 +57,16 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Cmd {
     /// Measure frames/s and faces/s on 1080p sources: the whole pipeline (warm-up excluded,
-    /// repeated, medians) and the enhancement sessions alone (the ceiling).
+    /// repeated, medians) and the enhancement sessions alone (the ceiling); with --portraits,
+    /// images/s of still images streamed as `batch` streams them, per batch size.
     Bench(BenchArgs),
     /// The model registry: list known models, verify files, fetch downloads.
     Models {
         #[command(subcommand)]
         cmd: ModelsCmd,
     },
-    /// Restore every video in a folder into OUT_DIR (same relative paths), resuming where an
+    /// Restore every video and still image in a folder into OUT_DIR (same relative paths; the
+    /// images streamed through one engine, so their faces fill the batches), resuming where an
     /// earlier run stopped; `--shard` splits one folder across machines. Exit code 0 all done,
     /// 1 some clip failed, 130 interrupted by Ctrl-C and 143 by SIGTERM (once: finish the clips
     /// in flight; twice: stop).
@@ -72,7 +75,8 @@ enum Cmd {
 
 #[derive(Args, Debug)]
 struct BatchArgs {
-    /// Folder of input videos (by extension: mp4 mkv mov avi webm m4v mpg mpeg ts mts m2ts wmv flv 3gp).
+    /// Folder of input videos (by extension: mp4 mkv mov avi webm m4v mpg mpeg ts mts m2ts wmv flv 3gp)
+    /// and still images (png jpg jpeg webp tif tiff bmp).
     #[arg(value_name = "IN_DIR")]
     in_dir: PathBuf,
     /// Output folder (created if missing); each output keeps its input's relative path.
@@ -119,6 +123,20 @@ struct BenchArgs {
     /// Write the results as JSON to PATH.
     #[arg(long, value_name = "PATH")]
     json: Option<PathBuf>,
+    /// Time still images instead of videos: the pictures of DIR, or without DIR 1024x1024
+    /// portraits made from the set-up's portrait, streamed as `batch` streams them; a row per
+    /// batch size (images/s, ms per batch, memory, ceiling, efficiency, latency of one image).
+    #[arg(long, value_name = "DIR", num_args = 0..=1, help_heading = "Portraits")]
+    portraits: Option<Option<PathBuf>>,
+    /// Batch sizes to time with --portraits, comma-separated.
+    #[arg(long, value_name = "N,N,...", value_delimiter = ',', default_values_t = bench_images::DEFAULT_BATCHES, help_heading = "Portraits")]
+    batches: Vec<usize>,
+    /// Portraits to make with --portraits and no DIR.
+    #[arg(long, value_name = "N", default_value_t = bench_images::DEFAULT_IMAGES, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=10000), help_heading = "Portraits")]
+    images: usize,
+    /// The machine's price per hour: adds the cost of 1,000 images to the --portraits table.
+    #[arg(long, value_name = "PRICE", help_heading = "Portraits")]
+    price_per_hour: Option<f64>,
     #[command(flatten)]
     run: RunArgs,
 }
@@ -322,6 +340,12 @@ fn run(cli: Cli) -> anyhow::Result<()> {
 }
 
 fn run_bench(b: BenchArgs) -> anyhow::Result<()> {
+    if b.portraits.is_some() {
+        return run_bench_portraits(b);
+    }
+    if b.price_per_hour.is_some() {
+        bail!("--price-per-hour goes with --portraits");
+    }
     let sources = if b.sources.is_empty() {
         ["samples/astronaut-1080p.mp4", "samples/group-1080p.mp4"]
             .iter()
@@ -347,6 +371,32 @@ fn run_bench(b: BenchArgs) -> anyhow::Result<()> {
     let report = bench::run(&opts, &|line| eprint_line(line))?;
     print_text(&report.table());
     if let Some(path) = json {
+        gpen_video::output::write_atomic(&path, report.to_json().as_bytes())?;
+    }
+    Ok(())
+}
+
+fn run_bench_portraits(b: BenchArgs) -> anyhow::Result<()> {
+    if !b.sources.is_empty() {
+        bail!("--portraits takes a folder (--portraits DIR), not video sources");
+    }
+    let interrupts = gpen_video::interrupt::install()?;
+    let settings = Settings::resolve(&b.run.options(PathBuf::new(), PathBuf::new())?)?;
+    if let Some(path) = &b.json {
+        gpen_video::output::check_side_output(path, &[&settings.model, &settings.detector])?;
+    }
+    let opts = bench_images::PortraitOptions {
+        dir: b.portraits.flatten(),
+        images: b.images,
+        batches: b.batches,
+        repeat: b.repeat,
+        price_per_hour: b.price_per_hour,
+        settings,
+        cancel: CancelToken::from_flag(interrupts.soft.clone()),
+    };
+    let report = bench_images::run(&opts, &|line| eprint_line(line))?;
+    print_text(&report.table());
+    if let Some(path) = b.json {
         gpen_video::output::write_atomic(&path, report.to_json().as_bytes())?;
     }
     Ok(())

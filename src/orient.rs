@@ -82,6 +82,7 @@ pub fn turn_frame(
     let mut small = pools.1.get();
     upright(o, &frame.det, det.0, det.1, &mut small);
     pools.1.put(std::mem::replace(&mut frame.det, small));
+    frame.det_size = upright_size(o, det.0, det.1);
     (frame.width, frame.height) = upright_size(o, w, h);
     // The encoder takes the upright RGB whole, never the stored picture.
     frame.source = None;

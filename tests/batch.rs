@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::time::{Duration, Instant, SystemTime};
 
-use common::{asset, tool, video_pts};
+use common::{asset, gpen, ok, probe_video, tool, video_pts};
 use serde_json::Value;
 
 const MANIFEST: &str = ".gpen-video-manifest.json";
@@ -51,11 +51,16 @@ fn make_clips(dir: &Path, names: &[&str], frames: u32) {
 /// `gpen-video batch IN OUT` with the fast stand-in model and encoder; the scheduler variables
 /// of the environment the tests run in are cleared.
 fn batch_cmd(input: &Path, output: &Path, extra: &[&str], env: &[(&str, &str)]) -> Command {
+    batch_cmd_with("models/standin/identity-256.onnx", input, output, extra, env)
+}
+
+/// `gpen-video batch IN OUT` with the model `model` (a set-up file).
+fn batch_cmd_with(model: &str, input: &Path, output: &Path, extra: &[&str], env: &[(&str, &str)]) -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_gpen-video"));
     c.arg("batch")
         .arg(input)
         .arg(output)
-        .args(["--model", asset("models/standin/identity-256.onnx").to_str().unwrap()])
+        .args(["--model", asset(model).to_str().unwrap()])
         .args(["--preset", "ultrafast", "--quiet"])
         .args(extra)
         .env("RUST_LOG", "warn")
@@ -90,11 +95,24 @@ fn finish(mut child: Child, limit: Duration) -> Output {
 
 /// Runs a batch to the end with `--report`; returns the exit status, stderr and the report.
 fn run(input: &Path, output: &Path, extra: &[&str], env: &[(&str, &str)]) -> (ExitStatus, String, Value) {
+    run_with("models/standin/identity-256.onnx", input, output, extra, env)
+}
+
+/// [`run`] with the model `model` (a set-up file).
+fn run_with(
+    model: &str,
+    input: &Path,
+    output: &Path,
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> (ExitStatus, String, Value) {
     let report = output.with_extension("report.json");
     std::fs::remove_file(&report).ok();
     let mut args = vec!["--report", report.to_str().unwrap()];
     args.extend_from_slice(extra);
-    let child = batch_cmd(input, output, &args, env).spawn().expect("start gpen-video");
+    let child = batch_cmd_with(model, input, output, &args, env)
+        .spawn()
+        .expect("start gpen-video");
     let out = finish(child, Duration::from_secs(120));
     let err = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(!err.contains("panicked"), "{err}");
@@ -553,4 +571,142 @@ fn mixed_folders_of_videos_and_images() {
     assert!(d1.is_disjoint(&d2));
     let all: BTreeSet<String> = d1.union(&d2).cloned().collect();
     assert_eq!(all, good);
+}
+
+/// A PNG whose header is intact and whose picture data is scrambled: it probes as a picture and
+/// fails only when decoded.
+fn scramble_png_data(png: &[u8]) -> Vec<u8> {
+    let mut b = png.to_vec();
+    let mut i = 8;
+    while i + 8 <= b.len() {
+        let n = u32::from_be_bytes(b[i..i + 4].try_into().unwrap()) as usize;
+        if &b[i + 4..i + 8] == b"IDAT" {
+            b[i + 10..i + 8 + n].iter_mut().for_each(|v| *v ^= 0x5a);
+        }
+        i += 12 + n;
+    }
+    b
+}
+
+/// Issue 12: a folder of one-face portraits streams through one engine, so the crops of
+/// consecutive pictures fill the batches (mean fill at least 0.95 with the exported GPEN-256;
+/// one run per picture would fill a quarter of each). Every picture comes out as it does on its
+/// own (each is a scene of its own, at its own size), a picture that fails to decode in the
+/// middle of the stream fails alone, and a rerun skips them all.
+#[test]
+fn a_folder_of_portraits_streams_through_full_batches() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (input, output) = (tmp.path().join("in"), tmp.path().join("out"));
+    std::fs::create_dir_all(&input).unwrap();
+    let src = asset("samples/astronaut.png");
+    let mut good = Vec::new();
+    for i in 0..20 {
+        // Each a little different: another crop of the portrait, another size, some JPEG.
+        let name = format!("p{i:02}.{}", if i % 5 == 4 { "jpg" } else { "png" });
+        let (side, out) = (480 - 4 * i, 400 + 8 * i);
+        let vf = format!("crop={side}:{side}:{}:{},scale={out}:{out}", 2 * i, 3 * (i % 5));
+        let dest = input.join(&name);
+        tool(
+            "ffmpeg",
+            &[
+                "-v",
+                "error",
+                "-y",
+                "-i",
+                src.to_str().unwrap(),
+                "-vf",
+                &vf,
+                dest.to_str().unwrap(),
+            ],
+        );
+        good.push(name);
+    }
+    let bad = scramble_png_data(&std::fs::read(input.join("p10.png")).unwrap());
+    std::fs::write(input.join("p10-scrambled.png"), bad).unwrap();
+    let good: BTreeSet<String> = good.into_iter().collect();
+    let model = "models/gpen-bfr-256-random.onnx";
+
+    let (st, err, r) = run_with(model, &input, &output, &["--batch", "4"], &[]);
+    assert_eq!(st.code(), Some(1), "the scrambled picture fails: {err}");
+    assert_eq!(names(&r, "done"), good, "{err}");
+    assert_eq!(names(&r, "failed"), set(&["p10-scrambled.png"]), "{err}");
+    let images = &r["images"];
+    assert_eq!(images["images"], 20, "{images}");
+    assert_eq!(images["faces"], 20, "one face per portrait: {images}");
+    let fill = images["mean_fill"].as_f64().unwrap();
+    assert!(
+        fill >= 0.95,
+        "mean batch fill {fill:.2} over a stream of portraits: {images}"
+    );
+    assert!(err.contains("mean fill"), "the summary gives the fill: {err}");
+    assert_eq!(outputs(&output), good);
+    no_partials(&output);
+    for name in &good {
+        let size = |f: &Path| probe_video(f, "stream=width,height");
+        assert_eq!(size(&input.join(name)), size(&output.join(name)), "{name}");
+    }
+    // The picture the stream wrote is the one a run on it alone writes.
+    let alone = tmp.path().join("alone.png");
+    let m = asset(model);
+    ok(&gpen(&[&input.join("p07.png"), &alone, &"--model", &m]));
+    assert!(
+        std::fs::read(&alone).unwrap() == std::fs::read(output.join("p07.png")).unwrap(),
+        "p07.png streamed differs from p07.png run alone"
+    );
+
+    // Resume: every picture is vouched for; only the failure is tried again.
+    let before = mtimes(&output, &good);
+    let (st, err, r) = run_with(model, &input, &output, &["--batch", "4"], &[]);
+    assert_eq!(st.code(), Some(1), "{err}");
+    assert_eq!(names(&r, "skipped"), good, "{err}");
+    assert!(names(&r, "done").is_empty(), "{err}");
+    assert_eq!(mtimes(&output, &good), before, "no picture rewritten");
+}
+
+/// A model that fails in the middle of an image stream fails the pictures the stream had taken
+/// (with the model's error) and no other; the job goes on with a new stream on fresh sessions
+/// for the pictures still queued. Every picture is reported once, under its own name: a picture
+/// reported done has its output, a failed one has none.
+#[test]
+fn a_model_failure_fails_the_pictures_in_flight_and_a_new_stream_takes_the_rest() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (input, output) = (tmp.path().join("in"), tmp.path().join("out"));
+    std::fs::create_dir_all(&input).unwrap();
+    let src = asset("samples/astronaut.png");
+    let all: BTreeSet<String> = (0..48).map(|i| format!("s{i:02}.png")).collect();
+    for (i, name) in all.iter().enumerate() {
+        let vf = format!("crop={0}:{0},scale=160:160", 480 - 2 * i);
+        let dest = input.join(name);
+        tool(
+            "ffmpeg",
+            &[
+                "-v",
+                "error",
+                "-y",
+                "-i",
+                src.to_str().unwrap(),
+                "-vf",
+                &vf,
+                dest.to_str().unwrap(),
+            ],
+        );
+    }
+    // Each stream's second model call fails; its first is slow, so the stream has taken as
+    // many pictures as it holds (fewer than 48) by then.
+    let faults = [("GPEN_VIDEO_FAULTS", "slow=0:300,fail=0:2")];
+    let (st, err, r) = run(&input, &output, &[], &faults);
+    assert_eq!(st.code(), Some(1), "{err}");
+    let (done, failed) = (names(&r, "done"), names(&r, "failed"));
+    assert!(done.is_disjoint(&failed), "{err}");
+    assert_eq!(done.union(&failed).cloned().collect::<BTreeSet<_>>(), all, "{err}");
+    assert_eq!(
+        outputs(&output),
+        done,
+        "a picture is done exactly when its output is there"
+    );
+    assert!(done.len() >= 8, "two streams, one full call each: {err}");
+    for f in r["failed"].as_array().unwrap() {
+        assert!(f["reason"].as_str().unwrap().contains("injected failure"), "{f}");
+    }
+    no_partials(&output);
 }

@@ -140,6 +140,78 @@ fn bench_reports_pipeline_ceiling_and_efficiency() {
     assert!(j.contains("\"frames\":20"), "--frames caps each run: {j}");
 }
 
+/// `bench --portraits`: generated 1024x1024 portraits streamed at each batch size; a row per
+/// size in the table and the JSON, every figure positive, the ceiling above the stream, the
+/// cost per 1,000 images what the price and the rate make.
+#[test]
+fn bench_on_portraits_gives_a_row_per_batch_size_with_its_cost() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("portraits.json");
+    let model = asset("models/standin/identity-256.onnx");
+    let r = gpen(&[
+        &"bench",
+        &"--portraits",
+        &"--images",
+        &"4",
+        &"--batches",
+        &"1,2",
+        &"--repeat",
+        &"1",
+        &"--price-per-hour",
+        &"2.5",
+        &"--model",
+        &model,
+        &"--json",
+        &json,
+    ]);
+    let table = String::from_utf8_lossy(&r.stdout);
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    for column in [
+        "images/s",
+        "ms/batch",
+        "host MiB",
+        "GPU MiB",
+        "ceiling",
+        "efficiency",
+        "latency ms",
+        "per 1000",
+    ] {
+        assert!(table.contains(column), "{column} in {table}");
+    }
+    let j: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(j["side"], 1024, "{j}");
+    let rows = j["rows"].as_array().unwrap();
+    assert_eq!(
+        rows.iter().map(|r| r["batch"].as_u64().unwrap()).collect::<Vec<_>>(),
+        [1, 2]
+    );
+    for row in rows {
+        let num = |k: &str| row[k].as_f64().unwrap_or_else(|| panic!("{k} in {row}"));
+        assert_eq!(row["images"], 4, "{row}");
+        assert_eq!(row["faces"], 4, "one face per portrait: {row}");
+        for k in [
+            "images_per_s",
+            "ms_per_batch",
+            "ceiling_images_per_s",
+            "efficiency",
+            "latency_ms",
+            "host_peak_mib",
+        ] {
+            assert!(num(k) > 0.0, "{k} in {row}");
+        }
+        assert!(row["gpu_peak_mib"].is_null(), "no GPU memory on the CPU: {row}");
+        assert!(
+            num("efficiency") <= 1.0 && num("ceiling_images_per_s") > num("images_per_s"),
+            "{row}"
+        );
+        let want = 2.5 / 3600.0 / num("images_per_s") * 1000.0;
+        assert!((num("cost_per_1000") - want).abs() < 1e-9 * want.max(1.0), "{row}");
+    }
+    let r = gpen(&[&"bench", &"--price-per-hour", &"1", &"--model", &model]);
+    assert_eq!(r.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&r.stderr).contains("goes with --portraits"));
+}
+
 #[test]
 fn gpu_options_fail_clearly_without_a_gpu_and_never_fall_back() {
     let dir = tempfile::tempdir().unwrap();

@@ -48,7 +48,11 @@ pub(crate) struct DispatchStat {
 
 /// Gathers crops across frames into batches, hands each to whichever worker is free, and
 /// releases frames in order once all their faces are back. A partial batch goes out at the end
-/// of the stream, when too many frames wait, or after a short wait with every worker idle.
+/// of the stream, when too many frames wait, or (with `idle_flush`) after a short wait with
+/// every worker idle. An image stream has no idle flush: the gap between two pictures (opening,
+/// decoding a whole photo) is no sign that the stream has ended, and a partial batch sent in it
+/// would split the batches of every picture.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn dispatch(
     align_rx: Receiver<FaceFrame>,
     job_tx: &Sender<Batch>,
@@ -57,6 +61,7 @@ pub(crate) fn dispatch(
     batch: usize,
     n_workers: usize,
     crop_pool: &Pool<Vec<f32>>,
+    idle_flush: bool,
 ) -> Result<DispatchStat> {
     let mut clock = Clock::new("dispatch", DEPTH);
     let mut batcher = Batcher::new(batch, held_frames(batch, n_workers));
@@ -104,7 +109,7 @@ pub(crate) fn dispatch(
         // Full: leave frames upstream, so the bounded queues hold the decoder back.
         held_max = held_max.max(batcher.held());
         let input = if end || batcher.is_full() { &never() } else { &align_rx };
-        let wait = if batcher.pending() > 0 && in_flight == 0 {
+        let wait = if idle_flush && batcher.pending() > 0 && in_flight == 0 {
             (gap * 3).clamp(PARTIAL_WAIT.0, PARTIAL_WAIT.1)
         } else {
             Duration::from_secs(3600)
@@ -351,6 +356,50 @@ mod tests {
             assert_eq!(sizes, want, "faces {faces:?} batch {batch}");
             assert_eq!(out, (0..faces.len() as u64).collect::<Vec<_>>(), "order for {faces:?}");
         }
+    }
+
+    /// Runs `dispatch` on frames of one face each arriving `gap` apart, with one worker that
+    /// answers at once; returns the size of every batch it sent.
+    fn dispatched(n: u64, gap: Duration, idle_flush: bool) -> Vec<usize> {
+        let (align_tx, align_rx) = crossbeam_channel::bounded::<FaceFrame>(DEPTH);
+        let (job_tx, job_rx) = crossbeam_channel::bounded::<Batch>(2);
+        let (done_tx, done_rx) = crossbeam_channel::unbounded::<Result<Restored>>();
+        let (enh_tx, enh_rx) = crossbeam_channel::unbounded::<FaceFrame>();
+        let pool = Pool::new(8);
+        std::thread::scope(|s| {
+            s.spawn(move || {
+                for i in 0..n {
+                    std::thread::sleep(gap);
+                    align_tx.send(frame(i, 1)).unwrap();
+                }
+            });
+            let worker = s.spawn(move || {
+                let mut sizes = Vec::new();
+                for b in &job_rx {
+                    sizes.push(b.keys.len());
+                    let restored = b.keys.iter().map(|_| Some(Vec::new())).collect();
+                    let back = Restored {
+                        keys: b.keys,
+                        restored,
+                        crops: b.crops,
+                    };
+                    done_tx.send(Ok(back)).unwrap();
+                }
+                sizes
+            });
+            dispatch(align_rx, &job_tx, &done_rx, &enh_tx, 4, 1, &pool, idle_flush).unwrap();
+            drop(job_tx);
+            assert_eq!(enh_rx.try_iter().count() as u64, n, "every frame comes out");
+            worker.join().unwrap()
+        })
+    }
+
+    #[test]
+    fn an_image_stream_waits_for_full_batches_however_slow_its_pictures_come() {
+        // Pictures 150 ms apart (a large photo to open and decode): a video's dispatcher sends
+        // what it has once every worker has been idle a few frame gaps; a stream's waits.
+        let gap = Duration::from_millis(150);
+        assert_eq!(dispatched(9, gap, false), vec![4, 4, 1]);
     }
 
     #[test]

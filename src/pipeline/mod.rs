@@ -15,6 +15,7 @@
 mod dispatch;
 mod sink;
 mod stages;
+mod stream;
 
 use std::time::Instant;
 
@@ -22,13 +23,14 @@ use anyhow::{anyhow, Context, Result};
 use crossbeam_channel::{bounded, unbounded};
 
 pub use stages::align_face;
+pub use stream::{run_images, ImageDone, Outcome};
 
 use crate::decode::Decoder;
 use crate::engine::{Engine, Job};
 use crate::frame::{FaceFrame, Frame, Pool};
 use crate::output::Partial;
 use crate::runtime::Target;
-use crate::stats::{gpu_memory_by_index, peak_rss, Summary};
+use crate::stats::{gpu_memory_by_index, peak_rss, Summary, WorkerStat};
 use crate::still::Writer;
 use dispatch::{held_frames, Batch, Restored};
 
@@ -103,8 +105,9 @@ fn run_inner(
     (out_src.width, out_src.height) = crate::compare::Compare::output_size(job.compare, w, h);
     let encoder = Writer::create(partial, &out_src, &job.encode).with_context(|| format!("output {out_name}"))?;
     let faces_sink = job.faces_json.as_deref().map(sink::FacesSink::create).transpose()?;
+    // An image stream may have left the detector at another picture's size.
+    engine.detector.start(engine.key.det_size);
     let (decoder, turn) = decoder_for(job, engine.detector.size);
-    engine.detector.reset();
     let template = engine.info.template.clone();
     let worker_targets: Vec<Target> = engine.workers.iter().map(|w| w.target.clone()).collect();
     let n_workers = engine.workers.len();
@@ -139,8 +142,8 @@ fn run_inner(
             })
             .collect();
         drop((batch_rx, done_tx));
-        let dispatch =
-            s.spawn(move || dispatch::dispatch(align_rx, &batch_tx, &done_rx, &enh_tx, batch, n_workers, &p.crop));
+        let dispatch = s
+            .spawn(move || dispatch::dispatch(align_rx, &batch_tx, &done_rx, &enh_tx, batch, n_workers, &p.crop, true));
         let paste =
             s.spawn(move || stages::paste_back((size, tpl, mask), blend, compare, &p.restored, enh_rx, paste_tx));
         let encode = s.spawn(move || {
@@ -166,14 +169,7 @@ fn run_inner(
         for t in worker_threads {
             worker_stats.push(joined("enhance worker", t.join())?);
         }
-        if worker_targets.iter().any(|t| matches!(t, Target::Cuda(_))) {
-            let used = gpu_memory_by_index();
-            for (stat, target) in worker_stats.iter_mut().zip(&worker_targets) {
-                if let Target::Cuda(id) = target {
-                    stat.device_mib = used.iter().find(|(i, _)| i == id).map(|(_, m)| *m);
-                }
-            }
-        }
+        add_gpu_memory(&mut worker_stats, &worker_targets);
         let paste = joined("paste", paste.join())?;
         let encode = joined("encode", encode.join())?;
 
@@ -191,6 +187,18 @@ fn run_inner(
         };
         Ok((summary, encode.sink))
     })
+}
+
+/// Fills in the GPU memory each CUDA worker's GPU holds for this process.
+fn add_gpu_memory(stats: &mut [WorkerStat], targets: &[Target]) {
+    if targets.iter().any(|t| matches!(t, Target::Cuda(_))) {
+        let used = gpu_memory_by_index();
+        for (stat, target) in stats.iter_mut().zip(targets) {
+            if let Target::Cuda(id) = target {
+                stat.device_mib = used.iter().find(|(i, _)| i == id).map(|(_, m)| *m);
+            }
+        }
+    }
 }
 
 /// The decoder for `job`'s source with the detector's input size `det` (upright), and for a
@@ -215,8 +223,9 @@ fn joined<T>(name: &str, r: std::thread::Result<Result<T>>) -> Result<T> {
 pub fn collect_crops(engine: &mut Engine, job: &Job, want: usize, max_frames: u64) -> Result<Vec<Vec<f32>>> {
     let size = engine.info.size;
     let template = engine.info.template.clone();
+    // An image stream may have left the detector at another picture's size.
+    engine.detector.start(engine.key.det_size);
     let (decoder, turn) = decoder_for(job, engine.detector.size);
-    engine.detector.reset();
     let detector = &mut engine.detector;
     let (rgb, det, crop) = (Pool::new(DEPTH), Pool::new(DEPTH), Pool::new(0));
     let (dec_tx, dec_rx) = bounded::<Frame>(DEPTH);

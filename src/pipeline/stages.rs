@@ -70,7 +70,8 @@ pub fn decode(
     Ok(stat)
 }
 
-/// Finds the faces of each frame; the detection copy goes back to `det_pool`.
+/// Finds the faces of each frame; the detection copy goes back to `det_pool`. Each picture of
+/// an image stream is a scene of its own, at its own detection size.
 pub fn detect(
     detector: &mut Detector,
     det_pool: &Pool<Vec<u8>>,
@@ -78,7 +79,14 @@ pub fn detect(
     tx: Sender<FaceFrame>,
 ) -> Result<(StageStat, DetectCounts)> {
     let mut clock = Clock::new("detect", DEPTH);
+    let mut item = None;
     while let Some(mut frame) = recv(&rx, &mut clock) {
+        if item != Some(frame.item) {
+            if item.is_some() || frame.det_size != detector.size {
+                detector.next_picture(frame.det_size);
+            }
+            item = Some(frame.item);
+        }
         let faces = clock
             .time(|| detector.detect(&frame.det, frame.width, frame.height))
             .with_context(|| format!("detect stage, frame {}", frame.index))?;
