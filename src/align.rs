@@ -266,7 +266,9 @@ pub fn warp_face(
     }
 }
 
-/// Maps one NCHW item in [-1, 1] back to packed RGB24 with clamping and rounding.
+/// Maps one NCHW item in [-1, 1] back to packed RGB24 with clamping and rounding (the tests'
+/// view of a crop; the pipeline passes on [`tensor_change`]).
+#[cfg(test)]
 pub fn tensor_to_rgb(t: &[f32], size: usize, out: &mut Vec<u8>) {
     let plane = size * size;
     out.clear();

@@ -221,13 +221,15 @@ pub fn apply_rgb(frame: &mut [u8], width: usize, changes: &[Change]) {
     }
 }
 
-/// Pastes `faces` into a packed RGB24 frame (see [`changes`]).
+/// Pastes `faces` into a packed RGB24 frame (see [`changes`]): the tests' one-call form.
+#[cfg(test)]
 pub fn paste_all(frame: &mut [u8], width: usize, faces: &[Paste], mask: &Mask, blend: f32, scratch: &mut Scratch) {
     let c = changes(faces, mask, blend, scratch, &mut Vec::new);
     apply_rgb(frame, width, &c);
 }
 
 /// Pastes one face's change crop into the frame (see [`changes`]).
+#[cfg(test)]
 pub fn paste(frame: &mut [u8], width: usize, change: &[f32], to_crop: &Affine, r: Rect, mask: &Mask, blend: f32) {
     let face = Paste {
         change,

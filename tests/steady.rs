@@ -70,12 +70,12 @@ fn points_of(dir: &Path, input: &Path, name: &str, extra: &[&dyn AsRef<std::ffi:
     all_points(&dir.join(format!("{name}.faces.json")))
 }
 
-/// Writes `frames` frames of a still 1080p picture with temporal sensor noise (FFmpeg's
-/// `noise` filter, new noise each frame): the portrait at two sizes, eye distances about 53 and
-/// 31 px.
-fn noisy_still_clip(out: &Path, frames: usize) {
+/// Writes `frames` frames made by the filter `graph` from the portrait (`[0:v]`) over a plain
+/// background (`[1:v]`, the lavfi source `background`), its result labelled `[v]`, encoded with
+/// libx264 (ultrafast, `crf`).
+fn portrait_clip(out: &Path, background: &str, graph: &str, frames: usize, crf: u32) {
     let png = asset("samples/astronaut.png");
-    let n = frames.to_string();
+    let (n, crf) = (frames.to_string(), crf.to_string());
     ffmpeg(&[
         "-loop",
         "1",
@@ -84,10 +84,9 @@ fn noisy_still_clip(out: &Path, frames: usize) {
         "-f",
         "lavfi",
         "-i",
-        "color=c=0x405060:s=1920x1080:r=25",
+        background,
         "-filter_complex",
-        "[0:v]split[p0][p1];[p0]scale=640:640[a];[p1]scale=400:400[b];\
-         [1:v][a]overlay=x=200:y=60[o];[o][b]overlay=x=1200:y=300,noise=alls=12:allf=t,format=yuv420p[v]",
+        graph,
         "-map",
         "[v]",
         "-frames:v",
@@ -97,9 +96,23 @@ fn noisy_still_clip(out: &Path, frames: usize) {
         "-preset",
         "ultrafast",
         "-crf",
-        "20",
+        &crf,
         out.to_str().unwrap(),
     ]);
+}
+
+/// Writes `frames` frames of a still 1080p picture with temporal sensor noise (FFmpeg's
+/// `noise` filter, new noise each frame): the portrait at two sizes, eye distances about 53 and
+/// 31 px.
+fn noisy_still_clip(out: &Path, frames: usize) {
+    portrait_clip(
+        out,
+        "color=c=0x405060:s=1920x1080:r=25",
+        "[0:v]split[p0][p1];[p0]scale=640:640[a];[p1]scale=400:400[b];\
+         [1:v][a]overlay=x=200:y=60[o];[o][b]overlay=x=1200:y=300,noise=alls=12:allf=t,format=yuv420p[v]",
+        frames,
+        20,
+    );
 }
 
 /// A still 1080p picture with temporal sensor noise (FFmpeg's `noise` filter, new noise each
@@ -149,35 +162,12 @@ fn moving_x(n: usize) -> f64 {
 fn moving_faces_follow_their_path_without_lag_and_a_cut_starts_afresh() {
     let dir = tempfile::tempdir().unwrap();
     let input = dir.path().join("moving.mp4");
-    let png = asset("samples/astronaut.png");
     // The overlay's frame number runs one ahead of the output's here, hence n - 1 in its path.
     let graph = "[1:v]drawbox=x=0:y=0:w=iw:h=ih:color=0xd0c8a0:t=fill:enable='gte(n,55)'[bg];\
         [0:v]scale=512:512[a];\
         [bg][a]overlay=eval=frame:y=100:x='if(lt(n,21),100,if(lt(n,41),100+2*(n-21),if(lt(n,56),340+2*(n-21),420)))',\
         noise=alls=12:allf=t,format=yuv420p[v]";
-    ffmpeg(&[
-        "-loop",
-        "1",
-        "-i",
-        png.to_str().unwrap(),
-        "-f",
-        "lavfi",
-        "-i",
-        "color=c=0x2a3440:s=1280x720:r=25",
-        "-filter_complex",
-        graph,
-        "-map",
-        "[v]",
-        "-frames:v",
-        "70",
-        "-c:v",
-        "libx264",
-        "-preset",
-        "ultrafast",
-        "-crf",
-        "20",
-        input.to_str().unwrap(),
-    ]);
+    portrait_clip(&input, "color=c=0x2a3440:s=1280x720:r=25", graph, 70, 20);
     let raw = points_of(dir.path(), &input, "raw.mp4", &[&"--smooth", &"0"]);
     let smoothed = points_of(dir.path(), &input, "smooth.mp4", &[]);
     assert_eq!((raw.len(), smoothed.len()), (70, 70));
@@ -289,32 +279,15 @@ fn the_face_mask_leaves_the_crop_corners_alone() {
 fn tracked_points_match_whole_frame_detection_small_faces_included() {
     let dir = tempfile::tempdir().unwrap();
     let input = dir.path().join("two.mp4");
-    let png = asset("samples/astronaut.png");
-    ffmpeg(&[
-        "-loop",
-        "1",
-        "-i",
-        png.to_str().unwrap(),
-        "-f",
-        "lavfi",
-        "-i",
+    portrait_clip(
+        &input,
         "color=c=0x36403a:s=1280x720:r=25",
-        "-filter_complex",
         "[0:v]split[a0][b0];[a0]scale=576:576[a];[b0]scale=180:180[b];\
          [1:v][a]overlay=eval=frame:x=64+n*0.24:y=72[o];\
          [o][b]overlay=eval=frame:x=920:y=144+n*0.2,noise=alls=5:allf=t,format=yuv420p[v]",
-        "-map",
-        "[v]",
-        "-frames:v",
-        "30",
-        "-c:v",
-        "libx264",
-        "-preset",
-        "ultrafast",
-        "-crf",
-        "18",
-        input.to_str().unwrap(),
-    ]);
+        30,
+        18,
+    );
     let whole = points_of(
         dir.path(),
         &input,
