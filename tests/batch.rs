@@ -48,6 +48,13 @@ fn make_clips(dir: &Path, names: &[&str], frames: u32) {
     }
 }
 
+/// Writes the portrait through the FFmpeg filter `vf` into `dest` (its extension picks the format).
+fn portrait(dest: &Path, vf: &str) {
+    let src = asset("samples/astronaut.png");
+    let (src, dest) = (src.to_str().unwrap(), dest.to_str().unwrap());
+    tool("ffmpeg", &["-v", "error", "-y", "-i", src, "-vf", vf, dest]);
+}
+
 /// `gpen-video batch IN OUT` with the fast stand-in model and encoder; the scheduler variables
 /// of the environment the tests run in are cleared.
 fn batch_cmd(input: &Path, output: &Path, extra: &[&str], env: &[(&str, &str)]) -> Command {
@@ -598,7 +605,6 @@ fn a_folder_of_portraits_streams_through_full_batches() {
     let tmp = tempfile::tempdir().unwrap();
     let (input, output) = (tmp.path().join("in"), tmp.path().join("out"));
     std::fs::create_dir_all(&input).unwrap();
-    let src = asset("samples/astronaut.png");
     let mut good = Vec::new();
     for i in 0..20 {
         // Each a little different: another crop of the portrait, another size, some JPEG.
@@ -606,19 +612,7 @@ fn a_folder_of_portraits_streams_through_full_batches() {
         let (side, out) = (480 - 4 * i, 400 + 8 * i);
         let vf = format!("crop={side}:{side}:{}:{},scale={out}:{out}", 2 * i, 3 * (i % 5));
         let dest = input.join(&name);
-        tool(
-            "ffmpeg",
-            &[
-                "-v",
-                "error",
-                "-y",
-                "-i",
-                src.to_str().unwrap(),
-                "-vf",
-                &vf,
-                dest.to_str().unwrap(),
-            ],
-        );
+        portrait(&dest, &vf);
         good.push(name);
     }
     let bad = scramble_png_data(&std::fs::read(input.join("p10.png")).unwrap());
@@ -672,24 +666,11 @@ fn a_model_failure_fails_the_pictures_in_flight_and_a_new_stream_takes_the_rest(
     let tmp = tempfile::tempdir().unwrap();
     let (input, output) = (tmp.path().join("in"), tmp.path().join("out"));
     std::fs::create_dir_all(&input).unwrap();
-    let src = asset("samples/astronaut.png");
     let all: BTreeSet<String> = (0..48).map(|i| format!("s{i:02}.png")).collect();
     for (i, name) in all.iter().enumerate() {
         let vf = format!("crop={0}:{0},scale=160:160", 480 - 2 * i);
         let dest = input.join(name);
-        tool(
-            "ffmpeg",
-            &[
-                "-v",
-                "error",
-                "-y",
-                "-i",
-                src.to_str().unwrap(),
-                "-vf",
-                &vf,
-                dest.to_str().unwrap(),
-            ],
-        );
+        portrait(&dest, &vf);
     }
     // Each stream's second model call fails; its first is slow, so the stream has taken as
     // many pictures as it holds (fewer than 48) by then.
