@@ -190,7 +190,13 @@ pub fn changes(
         }
         let mut rgb = buffer();
         rgb.clear();
-        rgb.resize(rw * rh * 3, 0.0);
+        // A face's region varies a little from frame to frame: a buffer sized up to the next
+        // power of two is not grown again each time it comes back from the pool.
+        let n = rw * rh * 3;
+        if rgb.capacity() < n {
+            rgb.reserve_exact(n.next_power_of_two());
+        }
+        rgb.resize(n, 0.0);
         for (a, d) in acc.chunks_exact(5).zip(rgb.chunks_exact_mut(3)) {
             let alpha = a[4] * blend;
             if alpha > 0.0 && a[3] > 0.0 {

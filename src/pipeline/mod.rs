@@ -71,6 +71,8 @@ struct Pools {
     det: Pool<Vec<u8>>,
     crop: Pool<Vec<f32>>,
     restored: Pool<Vec<f32>>,
+    /// The paste's change buffers, from paste to encode (sizes of face regions, not crops).
+    change: Pool<Vec<f32>>,
 }
 
 impl Pools {
@@ -83,8 +85,8 @@ impl Pools {
             rgb: Pool::new(frames),
             det: Pool::new(frames),
             crop: Pool::new(crops),
-            // Restored crops, and the paste's change buffers of the frames past it.
-            restored: Pool::new(crops + frames),
+            restored: Pool::new(crops),
+            change: Pool::new(frames),
         }
     }
 }
@@ -144,14 +146,22 @@ fn run_inner(
         drop((batch_rx, done_tx));
         let dispatch = s
             .spawn(move || dispatch::dispatch(align_rx, &batch_tx, &done_rx, &enh_tx, batch, n_workers, &p.crop, true));
-        let paste =
-            s.spawn(move || stages::paste_back((size, tpl, mask), blend, compare, &p.restored, enh_rx, paste_tx));
+        let paste = s.spawn(move || {
+            stages::paste_back(
+                (size, tpl, mask),
+                blend,
+                compare,
+                (&p.restored, &p.change),
+                enh_rx,
+                paste_tx,
+            )
+        });
         let encode = s.spawn(move || {
             stages::encode(
                 encoder,
                 output,
                 faces_sink,
-                (&p.rgb, &p.restored),
+                (&p.rgb, &p.change),
                 max_frames,
                 cancel,
                 progress,

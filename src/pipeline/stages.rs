@@ -178,12 +178,13 @@ pub fn align_face(
 
 /// Blends each frame's restored crops into it through the `mask` shape for the model's
 /// `template` (nothing at `blend` 0; overlapping faces by the larger mask), made the `compare`
-/// view if asked; restored crops go back to `restored_pool`, the faces travel on for the record.
+/// view if asked; restored crops go back to `restored_pool`, the changes' buffers come from
+/// `change_pool` (and go back from the encode stage), the faces travel on for the record.
 pub fn paste_back(
     (size, template, mask): (usize, &str, MaskKind),
     blend: f32,
     compare: Option<Compare>,
-    restored_pool: &Pool<Vec<f32>>,
+    (restored_pool, change_pool): (&Pool<Vec<f32>>, &Pool<Vec<f32>>),
     rx: Receiver<FaceFrame>,
     tx: Sender<FaceFrame>,
 ) -> Result<StageStat> {
@@ -212,13 +213,13 @@ pub fn paste_back(
                 .collect();
             let regions: Vec<Rect> = faces.iter().map(|f| f.region).collect();
             let kept = compare.map(|c| crate::compare::before_paste(c, frame, &regions));
-            let changed = changes(&faces, &mask, blend, &mut scratch, &mut || restored_pool.get());
+            let changed = changes(&faces, &mask, blend, &mut scratch, &mut || change_pool.get());
             if frame.planes {
                 frame.changes = changed;
             } else {
                 apply_rgb(&mut frame.rgb, frame.width, &changed);
                 frame.dirty.extend(regions);
-                changed.into_iter().for_each(|c| restored_pool.put(c.rgb));
+                changed.into_iter().for_each(|c| change_pool.put(c.rgb));
             }
             drop(faces);
             if let Some(kept) = kept {

@@ -122,8 +122,16 @@ fn run_inner(
         let dispatch = s.spawn(move || {
             dispatch::dispatch(align_rx, &batch_tx, &done_rx, &enh_tx, batch, n_workers, &p.crop, false)
         });
-        let paste =
-            s.spawn(move || stages::paste_back((size, tpl, mask), blend, compare, &p.restored, enh_rx, paste_tx));
+        let paste = s.spawn(move || {
+            stages::paste_back(
+                (size, tpl, mask),
+                blend,
+                compare,
+                (&p.restored, &p.change),
+                enh_rx,
+                paste_tx,
+            )
+        });
         let encode = s.spawn(move || encode(&p.rgb, table, done, paste_rx));
 
         let decode = joined("decode", decode.join())?;
