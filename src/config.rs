@@ -11,11 +11,11 @@ use std::str::FromStr;
 
 use anyhow::{anyhow, bail, Context, Result};
 
-use crate::decode::probe;
-use crate::detect::det_size;
-use crate::encode::{check_settings, EncodeSettings};
 use crate::engine::{CancelToken, Engine, EngineKey, EngineSpec, Job};
-use crate::enhance::Fault;
+use crate::faces::detect::det_size;
+use crate::faces::enhance::Fault;
+use crate::media::decode::probe;
+use crate::media::encode::{check_settings, EncodeSettings};
 use crate::output::{check_output, check_side_output, partial_pattern, remove_stale};
 use crate::runtime::Target;
 
@@ -32,13 +32,13 @@ pub const DEFAULT_MAX_FACES: usize = 32;
 /// Full detection every this many frames (tracking in between).
 pub const DEFAULT_DETECT_EVERY: u32 = 5;
 /// The video encoder and its x264/x265 settings (kept beside the encoder).
-pub use crate::encode::{DEFAULT_CODEC, DEFAULT_CRF, DEFAULT_PRESET};
+pub use crate::media::encode::{DEFAULT_CODEC, DEFAULT_CRF, DEFAULT_PRESET};
 /// How much of the restored face is blended in.
 pub const DEFAULT_BLEND: f32 = 1.0;
 /// Temporal smoothing of each tracked face's points: the Gaussian's sigma, in frames (0: off).
 pub const DEFAULT_SMOOTH: f32 = 6.0;
 /// The paste mask's shape.
-pub const DEFAULT_MASK: crate::paste::MaskKind = crate::paste::MaskKind::Face;
+pub const DEFAULT_MASK: crate::faces::paste::MaskKind = crate::faces::paste::MaskKind::Face;
 /// The default enhancer: the official GPEN-BFR-512 if the user put it in models/, else the
 /// set-up's identity stand-in.
 pub const DEFAULT_MODELS: [&str; 2] = ["models/GPEN-BFR-512.onnx", "models/standin/identity-512.onnx"];
@@ -121,9 +121,9 @@ pub struct Options {
     /// Landmark smoothing over time: sigma in frames, 0 for off.
     pub smooth: f32,
     /// The paste mask: the face's shape or the whole crop.
-    pub mask: crate::paste::MaskKind,
+    pub mask: crate::faces::paste::MaskKind,
     /// A before/after view instead of the restored picture alone.
-    pub compare: Option<crate::compare::Compare>,
+    pub compare: Option<crate::media::compare::Compare>,
     pub encode: EncodeSettings,
     /// CPU threads for ONNX Runtime (default: all cores, shared by the CPU workers).
     pub threads: Option<usize>,
@@ -196,8 +196,8 @@ pub struct Settings {
     pub max_faces: usize,
     pub blend: f32,
     pub smooth: f32,
-    pub mask: crate::paste::MaskKind,
-    pub compare: Option<crate::compare::Compare>,
+    pub mask: crate::faces::paste::MaskKind,
+    pub compare: Option<crate::media::compare::Compare>,
     pub encode: EncodeSettings,
     pub hwaccel_cuda: bool,
     pub max_frames: Option<u64>,
@@ -236,10 +236,10 @@ impl Settings {
         if !(0.0..=1.0).contains(&o.blend) {
             bail!("--blend must be between 0 and 1, got {}", o.blend);
         }
-        if !(0.0..=crate::smooth::MAX_SIGMA).contains(&o.smooth) {
+        if !(0.0..=crate::faces::smooth::MAX_SIGMA).contains(&o.smooth) {
             bail!(
                 "--smooth must be between 0 (off) and {} frames, got {}",
-                crate::smooth::MAX_SIGMA,
+                crate::faces::smooth::MAX_SIGMA,
                 o.smooth
             );
         }
@@ -262,7 +262,7 @@ impl Settings {
 
         check_settings(&o.encode)?;
         if o.hwaccel_cuda {
-            crate::decode::check_cuda_hwaccel()?;
+            crate::media::decode::check_cuda_hwaccel()?;
         }
         let targets = o.device.targets(&visible_gpus())?;
         let cores = o
@@ -365,10 +365,10 @@ impl Settings {
         crate::output::check_not_pattern(input, "input")?;
         let source = probe(input)?;
         check_output(input, output)?;
-        if crate::still::is_still(output) {
-            crate::still::check_still_output(output, &self.encode)?;
+        if crate::media::still::is_still(output) {
+            crate::media::still::check_still_output(output, &self.encode)?;
         } else {
-            crate::encode::check_fits(&self.encode, output)?;
+            crate::media::encode::check_fits(&self.encode, output)?;
         }
         // What an earlier run of this output left when it was killed (a live run's is kept).
         let (prefix, suffix) = partial_pattern(output);

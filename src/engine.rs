@@ -9,10 +9,10 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 
-use crate::decode::SourceInfo;
-use crate::detect::Detector;
-use crate::encode::EncodeSettings;
-use crate::enhance::{Enhancer, Fault, ModelInfo, Worker};
+use crate::faces::detect::Detector;
+use crate::faces::enhance::{Enhancer, Fault, ModelInfo, Worker};
+use crate::media::decode::SourceInfo;
+use crate::media::encode::EncodeSettings;
 use crate::runtime::{SessionOptions, Target};
 
 /// What an engine was built for: a job whose key is equal runs on it unchanged.
@@ -105,9 +105,9 @@ pub struct Job {
     pub blend: f32,
     /// Landmark smoothing sigma in frames (0: off).
     pub smooth: f32,
-    pub mask: crate::paste::MaskKind,
+    pub mask: crate::faces::paste::MaskKind,
     /// A before/after view instead of the restored picture alone.
-    pub compare: Option<crate::compare::Compare>,
+    pub compare: Option<crate::media::compare::Compare>,
     pub encode: EncodeSettings,
     pub hwaccel_cuda: bool,
     /// Where each frame's faces are streamed as JSON.

@@ -6,7 +6,6 @@ use ffmpeg_next::util::frame::video::Video as VideoFrame;
 use serde::Serialize;
 
 use crate::geom::{Affine, Rect};
-use crate::paste::Change;
 
 /// One decoded video frame in packed RGB24, with where it sits in the source.
 pub struct Frame {
@@ -17,7 +16,7 @@ pub struct Frame {
     pub width: usize,
     pub height: usize,
     /// Packed RGB24, `width * height * 3` bytes, no padding. When `rgb_partial` is set only
-    /// the face regions hold the picture: see [`Frame::ensure_rgb`].
+    /// the face regions hold the picture: see [`crate::media::color::ensure_rgb`].
     pub rgb: Vec<u8>,
     /// `rgb` is filled region by region from `source` (yuv420p sources) instead of whole.
     pub rgb_partial: bool,
@@ -59,18 +58,14 @@ impl Frame {
             changes: Vec::new(),
         }
     }
+}
 
-    /// Makes sure `rgb` holds the picture over `region` (plus a margin covering the even
-    /// widening the encoder applies when it converts the region back).
-    pub fn ensure_rgb(&mut self, region: Rect) {
-        if !self.rgb_partial {
-            return;
-        }
-        if let Some(src) = &self.source {
-            let r = region.grown_even(2, self.width, self.height);
-            crate::color::yuv420p_to_rgb_region(src, &mut self.rgb, self.width, self.height, r);
-        }
-    }
+/// What the paste changes over one frame region: per pixel of `rect`, row by row, the change of
+/// R, G and B in levels, already weighted by the mask and the blend (zero where nothing is pasted).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Change {
+    pub rect: Rect,
+    pub rgb: Vec<f32>,
 }
 
 /// A detected face in frame coordinates (written as is into `--faces-json`).
@@ -94,7 +89,7 @@ pub struct FaceJob {
     /// The aligned crop as one NCHW item in [-1, 1] (`3 * size * size` floats).
     pub crop: Vec<f32>,
     /// What the model changed in the crop, once enhanced: packed RGB levels of `size * size`
-    /// in f32 (see [`crate::align::tensor_change`]).
+    /// in f32 (see [`crate::faces::align::tensor_change`]).
     pub restored: Option<Vec<f32>>,
 }
 

@@ -160,7 +160,7 @@ mod tests {
             (-1.2, 0.4, 300.0, -90.0),
             (3.0, 1.7, 5.0, 5.0),
         ];
-        let src = crate::align::template(112);
+        let src = [[38.3, 51.7], [73.5, 51.5], [56.0, 71.7], [41.5, 92.4], [70.7, 92.2]];
         for (angle, scale, tx, ty) in cases {
             let truth = similarity(angle, scale, tx, ty);
             let dst = src.map(|[x, y]| {

@@ -2,36 +2,21 @@
 //! same video with its faces restored. The binary (`main.rs`) is a thin CLI over `config`
 //! (resolve), `engine` (loaded sessions, one job) and `pipeline` (run); see ARCHITECTURE.md.
 
-pub mod align;
 pub mod batch;
-mod batch_job;
-pub mod batch_report;
 pub mod bench;
-pub mod bench_images;
-pub mod clips;
-pub mod color;
-pub mod compare;
 pub mod config;
 pub mod console;
-pub mod decode;
-pub mod detect;
-pub mod encode;
 pub mod engine;
-pub mod enhance;
+pub mod faces;
 pub mod frame;
 pub mod geom;
 pub mod interrupt;
-pub mod kind;
-pub mod manifest;
-pub mod orient;
+pub mod media;
 pub mod output;
-pub mod paste;
 pub mod pipeline;
 pub mod registry;
 pub mod runtime;
-pub mod smooth;
 pub mod stats;
-pub mod still;
 
 /// Initialises FFmpeg once and keeps its own logging to errors.
 pub fn init_ffmpeg() {

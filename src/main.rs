@@ -8,12 +8,12 @@ use std::process::ExitCode;
 
 use anyhow::bail;
 use clap::{Args, Parser, Subcommand};
+use gpen_video::bench::portraits;
 use gpen_video::bench::{self, BenchOptions, Stage};
-use gpen_video::bench_images;
 use gpen_video::config::{self, find_asset, Device, Options, Settings};
 use gpen_video::console::{eprint_line, print_text};
-use gpen_video::encode::EncodeSettings;
 use gpen_video::engine::CancelToken;
+use gpen_video::media::encode::EncodeSettings;
 use gpen_video::pipeline;
 use gpen_video::registry::{self, ModelsCmd};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -129,10 +129,10 @@ struct BenchArgs {
     #[arg(long, value_name = "DIR", num_args = 0..=1, help_heading = "Portraits")]
     portraits: Option<Option<PathBuf>>,
     /// Batch sizes to time with --portraits, comma-separated.
-    #[arg(long, value_name = "N,N,...", value_delimiter = ',', default_values_t = bench_images::DEFAULT_BATCHES, help_heading = "Portraits")]
+    #[arg(long, value_name = "N,N,...", value_delimiter = ',', default_values_t = portraits::DEFAULT_BATCHES, help_heading = "Portraits")]
     batches: Vec<usize>,
     /// Portraits to make with --portraits and no DIR.
-    #[arg(long, value_name = "N", default_value_t = bench_images::DEFAULT_IMAGES, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=10000), help_heading = "Portraits")]
+    #[arg(long, value_name = "N", default_value_t = portraits::DEFAULT_IMAGES, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=10000), help_heading = "Portraits")]
     images: usize,
     /// The machine's price per hour: adds the cost of 1,000 images to the --portraits table.
     #[arg(long, value_name = "PRICE", help_heading = "Portraits")]
@@ -204,11 +204,11 @@ struct RunArgs {
     smooth: f32,
     /// Paste mask: `face` (the face, forehead and hairline, feathered) or `box` (the whole crop).
     #[arg(long, default_value_t = config::DEFAULT_MASK, value_enum, help_heading = "Output")]
-    mask: gpen_video::paste::MaskKind,
+    mask: gpen_video::faces::paste::MaskKind,
     /// Write a before/after view instead of the restored picture alone: `side` (original left,
     /// restored right, twice the width) or `split` (left half original, right half restored).
     #[arg(long, value_enum, value_name = "VIEW", help_heading = "Output")]
-    compare: Option<gpen_video::compare::Compare>,
+    compare: Option<gpen_video::media::compare::Compare>,
     /// FFmpeg video encoder [default: libx264; for .webm the first of libvpx-vp9, libaom-av1,
     /// libsvtav1 this FFmpeg has].
     #[arg(long, value_name = "NAME", help_heading = "Output")]
@@ -385,7 +385,7 @@ fn run_bench_portraits(b: BenchArgs) -> anyhow::Result<()> {
     if let Some(path) = &b.json {
         gpen_video::output::check_side_output(path, &[&settings.model, &settings.detector])?;
     }
-    let opts = bench_images::PortraitOptions {
+    let opts = portraits::PortraitOptions {
         dir: b.portraits.flatten(),
         images: b.images,
         batches: b.batches,
@@ -394,7 +394,7 @@ fn run_bench_portraits(b: BenchArgs) -> anyhow::Result<()> {
         settings,
         cancel: CancelToken::from_flag(interrupts.soft.clone()),
     };
-    let report = bench_images::run(&opts, &|line| eprint_line(line))?;
+    let report = portraits::run(&opts, &|line| eprint_line(line))?;
     print_text(&report.table());
     if let Some(path) = b.json {
         gpen_video::output::write_atomic(&path, report.to_json().as_bytes())?;

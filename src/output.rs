@@ -215,7 +215,7 @@ pub fn check_output(input: &Path, output: &Path) -> Result<()> {
         );
     }
     let ext = output.extension().and_then(|e| e.to_str()).unwrap_or("");
-    use crate::kind::{is_other_image, is_still};
+    use crate::media::kind::{is_other_image, is_still};
     if is_other_image(output) {
         bail!(
             "output {}: gpen-video does not write .{ext} images; use .png, .jpg, .webp, .tiff or .bmp",
@@ -237,7 +237,7 @@ pub fn check_output(input: &Path, output: &Path) -> Result<()> {
         (true, true) => return Ok(()),
         (false, false) => {}
     }
-    if ext.is_empty() || !crate::encode::container_known(ext) {
+    if ext.is_empty() || !crate::media::encode::container_known(ext) {
         bail!(
             "output {}: cannot tell the container from the extension `.{ext}`; use .mp4, .mkv or .mov",
             output.display()

@@ -147,7 +147,7 @@ pub struct Summary {
     /// Most frames the dispatcher held at once, waiting for their faces.
     pub held_max: usize,
     /// Detector passes: over whole frames, and over windows around tracked faces.
-    pub detect: crate::detect::DetectCounts,
+    pub detect: crate::faces::detect::DetectCounts,
     pub wall: Duration,
     pub stages: Vec<StageStat>,
     pub workers: Vec<WorkerStat>,

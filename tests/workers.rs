@@ -259,7 +259,7 @@ fn a_model_slower_than_decoding_holds_the_decoder_back_instead_of_piling_up_fram
 
 #[test]
 fn partial_batches_reuse_a_few_buffer_sizes_and_keep_their_crops_apart() {
-    use gpen_video::enhance::Enhancer;
+    use gpen_video::faces::enhance::Enhancer;
     use gpen_video::runtime::{cpu_session, Target};
     std::env::set_var("ORT_DYLIB_PATH", asset(".deps/lib/libonnxruntime.so"));
     let session = cpu_session(&asset("models/standin/identity-256.onnx"), 1, "model").unwrap();

@@ -10,8 +10,8 @@ use anyhow::{anyhow, bail, Result};
 use crossbeam_channel::{never, select, Receiver, Sender};
 
 use super::DEPTH;
-use crate::align::tensor_change;
-use crate::enhance::Worker;
+use crate::faces::align::tensor_change;
+use crate::faces::enhance::Worker;
 use crate::frame::{FaceFrame, Pool};
 use crate::stats::{Clock, StageStat, WorkerStat};
 

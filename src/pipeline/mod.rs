@@ -25,13 +25,13 @@ use crossbeam_channel::{bounded, unbounded};
 pub use stages::align_face;
 pub use stream::{run_images, ImageDone, Outcome};
 
-use crate::decode::Decoder;
 use crate::engine::{Engine, Job};
 use crate::frame::{FaceFrame, Frame, Pool};
+use crate::media::decode::Decoder;
+use crate::media::still::Writer;
 use crate::output::Partial;
 use crate::runtime::Target;
 use crate::stats::{gpu_memory_by_index, peak_rss, Summary, WorkerStat};
-use crate::still::Writer;
 use dispatch::{held_frames, Batch, Restored};
 
 /// Frames in flight between two stages.
@@ -104,7 +104,7 @@ fn run_inner(
     // A side-by-side view is twice the source's width.
     let mut out_src = job.source.clone();
     let (w, h) = job.source.upright_size();
-    (out_src.width, out_src.height) = crate::compare::Compare::output_size(job.compare, w, h);
+    (out_src.width, out_src.height) = crate::media::compare::Compare::output_size(job.compare, w, h);
     let encoder = Writer::create(partial, &out_src, &job.encode).with_context(|| format!("output {out_name}"))?;
     let faces_sink = job.faces_json.as_deref().map(sink::FacesSink::create).transpose()?;
     // An image stream may have left the detector at another picture's size.
@@ -114,7 +114,7 @@ fn run_inner(
     let worker_targets: Vec<Target> = engine.workers.iter().map(|w| w.target.clone()).collect();
     let n_workers = engine.workers.len();
     let (detector, workers) = (&mut engine.detector, &mut engine.workers);
-    let smoother = crate::smooth::Smoother::new(job.smooth);
+    let smoother = crate::faces::smooth::Smoother::new(job.smooth);
     let pools = Pools::new(batch, n_workers, smoother.capacity());
     let (mask, compare) = (job.mask, job.compare);
     let tpl = template.as_str();
@@ -216,9 +216,13 @@ fn add_gpu_memory(stats: &mut [WorkerStat], targets: &[Target]) {
 /// size (the decode stage turns both upright).
 fn decoder_for(job: &Job, det: (usize, usize)) -> (Decoder, Option<stages::Turn>) {
     let o = job.source.orientation;
-    let stored = if crate::orient::swaps(o) { (det.1, det.0) } else { det };
+    let stored = if crate::media::orient::swaps(o) {
+        (det.1, det.0)
+    } else {
+        det
+    };
     // A video's output is made from its source's own planes; a still's is written from RGB.
-    let planes = !crate::kind::is_still(&job.output);
+    let planes = !crate::media::kind::is_still(&job.output);
     let decoder = Decoder::new(job.source.clone(), stored, job.hwaccel_cuda).with_planes(planes);
     (decoder, (o > 1).then_some((o, stored)))
 }

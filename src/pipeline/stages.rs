@@ -10,17 +10,17 @@ use crossbeam_channel::{Receiver, Sender};
 
 use super::sink::FacesSink;
 use super::DEPTH;
-use crate::align::{template_named, warp_face, WarpScratch};
-use crate::compare::Compare;
-use crate::decode::Decoder;
-use crate::detect::{DetectCounts, Detector};
 use crate::engine::{CancelToken, Cancelled};
+use crate::faces::align::{template_named, warp_face, WarpScratch};
+use crate::faces::detect::{DetectCounts, Detector};
+use crate::faces::paste::{apply_rgb, changes, Mask, MaskKind, Paste, Scratch};
+use crate::faces::smooth::Smoother;
 use crate::frame::{Face, FaceFrame, FaceJob, Frame, Pool};
 use crate::geom::{crop_footprint, fit_similarity, Affine, Rect};
-use crate::paste::{apply_rgb, changes, Mask, MaskKind, Paste, Scratch};
-use crate::smooth::Smoother;
+use crate::media::compare::Compare;
+use crate::media::decode::Decoder;
+use crate::media::still::Writer;
 use crate::stats::{Clock, StageStat};
-use crate::still::Writer;
 
 /// Receives the next item, recording the queue length the stage found.
 fn recv<T>(rx: &Receiver<T>, clock: &mut Clock) -> Option<T> {
@@ -49,7 +49,7 @@ pub fn decode(
     decoder
         .run(pools, max_frames, |mut f| {
             if let Some((o, det)) = turn {
-                crate::orient::turn_frame(o, &mut f, det, pools);
+                crate::media::orient::turn_frame(o, &mut f, det, pools);
             }
             clock.add(t.elapsed());
             clock.count(1);
@@ -99,7 +99,7 @@ pub fn detect(
     Ok((clock.finish(), detector.counts()))
 }
 
-/// Smooths each tracked face's points over time (see [`crate::smooth`]); frames leave in
+/// Smooths each tracked face's points over time (see [`crate::faces::smooth`]); frames leave in
 /// order, `smoother`'s look-ahead later. The smoother is the job's own.
 pub fn smooth(mut smoother: Smoother, rx: Receiver<FaceFrame>, tx: Sender<FaceFrame>) -> Result<StageStat> {
     let mut clock = Clock::new("smooth", DEPTH);
@@ -169,7 +169,7 @@ pub fn align_face(
     let to_crop = fit_similarity(&face.landmarks, tpl);
     let r = crop_footprint(&to_crop, size, f.width, f.height);
     if let Some(r) = r {
-        f.ensure_rgb(r);
+        crate::media::color::ensure_rgb(f, r);
     }
     crop.resize(3 * size * size, 0.0);
     warp_face(&f.rgb, (f.width, f.height), &to_crop, r, size, crop, scratch);
@@ -212,7 +212,7 @@ pub fn paste_back(
                 })
                 .collect();
             let regions: Vec<Rect> = faces.iter().map(|f| f.region).collect();
-            let kept = compare.map(|c| crate::compare::before_paste(c, frame, &regions));
+            let kept = compare.map(|c| crate::media::compare::before_paste(c, frame, &regions));
             let changed = changes(&faces, &mask, blend, &mut scratch, &mut || change_pool.get());
             if frame.planes {
                 frame.changes = changed;
@@ -223,7 +223,7 @@ pub fn paste_back(
             }
             drop(faces);
             if let Some(kept) = kept {
-                crate::compare::after_paste(frame, kept);
+                crate::media::compare::after_paste(frame, kept);
             }
             for (crop, _, _) in crops {
                 restored_pool.put(crop);

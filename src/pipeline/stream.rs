@@ -23,14 +23,14 @@ use crossbeam_channel::{bounded, unbounded, Receiver, Sender};
 
 use super::dispatch::{self, Batch, Restored};
 use super::{joined, stages, Pools, DEPTH};
-use crate::decode::Decoder;
-use crate::detect::det_size;
 use crate::engine::{Cancelled, Engine, Job};
+use crate::faces::detect::det_size;
 use crate::frame::{FaceFrame, Frame, Pool};
+use crate::media::decode::Decoder;
+use crate::media::still::Writer;
 use crate::output::Partial;
 use crate::runtime::Target;
 use crate::stats::{peak_rss, Clock, StageStat, Summary};
-use crate::still::Writer;
 
 /// One picture of the stream, restored and in place.
 #[derive(Clone, Debug)]
@@ -186,7 +186,7 @@ fn decode(
         let o = job.source.orientation;
         let (w, h) = job.source.upright_size();
         let upright = fixed.unwrap_or_else(|| det_size(w, h, long_side));
-        let stored = if crate::orient::swaps(o) {
+        let stored = if crate::media::orient::swaps(o) {
             (upright.1, upright.0)
         } else {
             upright
@@ -197,7 +197,7 @@ fn decode(
         // A still has one picture; the first frame is the one written.
         let run = decoder.run(pools, Some(1), |mut f| {
             if o > 1 {
-                crate::orient::turn_frame(o, &mut f, stored, pools);
+                crate::media::orient::turn_frame(o, &mut f, stored, pools);
             }
             f.item = k;
             clock.add(t.elapsed());
@@ -272,7 +272,7 @@ fn write_picture(job: &Job, frame: &mut Frame) -> Result<()> {
     let written = (|| {
         let mut out_src = job.source.clone();
         let (w, h) = job.source.upright_size();
-        (out_src.width, out_src.height) = crate::compare::Compare::output_size(job.compare, w, h);
+        (out_src.width, out_src.height) = crate::media::compare::Compare::output_size(job.compare, w, h);
         let mut writer = Writer::create(partial.path(), &out_src, &job.encode)?;
         writer.write(frame)?;
         writer.finish(false)

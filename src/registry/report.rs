@@ -10,7 +10,7 @@ use anyhow::{bail, Context, Result};
 use sha2::{Digest, Sha256};
 
 use super::{registry, Batch, Entry, Kind};
-use crate::enhance::ModelInfo;
+use crate::faces::enhance::ModelInfo;
 
 fn human_bytes(n: u64) -> String {
     match n {
@@ -207,7 +207,7 @@ pub(crate) fn read_facts(path: &Path, kind: Option<Kind>) -> Result<ModelFacts> 
             _ => (String::new(), Vec::new()),
         };
         let outputs = session.outputs().len();
-        crate::detect::Detector::new(session, (640, 640), 0.5, 0.3, 0)
+        crate::faces::detect::Detector::new(session, (640, 640), 0.5, 0.3, 0)
             .with_context(|| format!("{} does not fit the CenterFace detector's I/O", path.display()))?;
         ModelFacts::Detector { input, shape, outputs }
     } else {

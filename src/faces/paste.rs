@@ -9,7 +9,8 @@
 //! cannot hold averages out instead of aliasing (shimmering between frames); the level keeps
 //! at least 1.5 of its pixels per frame pixel, so it does not blur what the frame can hold.
 
-use crate::align::{mip_level, sample_cubic3};
+use crate::faces::align::{mip_level, sample_cubic3};
+use crate::frame::Change;
 use crate::geom::{Affine, Rect};
 
 /// The paste mask's shape.
@@ -131,20 +132,12 @@ impl Mask {
 pub const MIP_FROM: f64 = 3.0;
 
 /// One face to paste: what the model changed in its crop (restored minus the crop it was given,
-/// packed RGB levels in f32, the mask's size: see [`crate::align::tensor_change`]) and where it
+/// packed RGB levels in f32, the mask's size: see [`crate::faces::align::tensor_change`]) and where it
 /// goes.
 pub struct Paste<'a> {
     pub change: &'a [f32],
     pub to_crop: Affine,
     pub region: Rect,
-}
-
-/// What the paste changes over one frame region: per pixel of `rect`, row by row, the change of
-/// R, G and B in levels, already weighted by the mask and the blend (zero where nothing is pasted).
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct Change {
-    pub rect: Rect,
-    pub rgb: Vec<f32>,
 }
 
 /// Reusable buffers of the paste stage: mip levels of one change crop and the accumulation
@@ -384,7 +377,7 @@ mod tests {
     #[test]
     fn face_mask_covers_the_face_and_forehead_not_the_corners_and_has_no_step() {
         let size = 512;
-        let t = crate::align::template(size);
+        let t = crate::faces::align::template(size);
         let m = Mask::face(size, &t);
         // Eyes, nose, mouth corners: inside.
         for p in t {
@@ -524,10 +517,10 @@ mod tests {
             let to_crop = crate::geom::similarity(0.1, scale, -(scale * 37.3), -(scale * 41.7));
             let region = crate::geom::crop_footprint(&to_crop, size, w, h).unwrap();
             let mut t = vec![0.0; 3 * size * size];
-            let mut scratch = crate::align::WarpScratch::default();
-            crate::align::warp_face(&frame, (w, h), &to_crop, Some(region), size, &mut t, &mut scratch);
+            let mut scratch = crate::faces::align::WarpScratch::default();
+            crate::faces::align::warp_face(&frame, (w, h), &to_crop, Some(region), size, &mut t, &mut scratch);
             let (mut crop, zero) = (Vec::new(), vec![-1.0; t.len()]);
-            crate::align::tensor_change(&t, &zero, size, &mut crop);
+            crate::faces::align::tensor_change(&t, &zero, size, &mut crop);
             let mask = Mask::new(size);
             let mut back = vec![0u8; frame.len()];
             paste(&mut back, w, &crop, &to_crop, region, &mask, 1.0);

@@ -11,12 +11,12 @@ use std::sync::Mutex;
 use anyhow::{Context, Result};
 use crossbeam_channel::{Receiver, Sender};
 
-use crate::batch_report::{ClipDone, ImageStream};
-use crate::clips::Clip;
+use crate::batch::clips::Clip;
+use crate::batch::manifest::{self, Entry, Stamp};
+use crate::batch::report::{ClipDone, ImageStream};
 use crate::config::Settings;
 use crate::engine::{is_cancelled, CancelToken, Engine, Job};
 use crate::interrupt::Interrupts;
-use crate::manifest::{self, Entry, Stamp};
 
 /// What a job tells the coordinator.
 pub(crate) enum Event {

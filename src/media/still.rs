@@ -13,16 +13,16 @@ use ffmpeg::util::frame::video::Video as VideoFrame;
 use ffmpeg::{codec, encoder, Dictionary, Packet, Rational};
 use ffmpeg_next as ffmpeg;
 
-use crate::color::{convert, yuv420p_to_rgb_region, SendScaler};
-use crate::decode::SourceInfo;
-use crate::encode::{EncodeSettings, Encoder};
 use crate::frame::Frame;
 use crate::geom::Rect;
+use crate::media::color::{convert, yuv420p_to_rgb_region, SendScaler};
+use crate::media::decode::SourceInfo;
+use crate::media::encode::{EncodeSettings, Encoder};
 
 /// `--quality` for JPEG and WebP outputs when none is given (1 to 100, higher is better).
 pub const DEFAULT_QUALITY: u32 = 92;
 
-pub use crate::kind::{ext_of, is_other_image, is_still, OTHER_IMAGE_EXTENSIONS, STILL_EXTENSIONS};
+pub use crate::media::kind::{ext_of, is_other_image, is_still, OTHER_IMAGE_EXTENSIONS, STILL_EXTENSIONS};
 
 /// The FFmpeg image encoder for a still output named `path`.
 pub fn encoder_for(path: &Path) -> Option<&'static str> {
@@ -52,7 +52,7 @@ pub fn check_still_output(path: &Path, s: &EncodeSettings) -> Result<()> {
     check_quality(s.quality)
 }
 
-pub use crate::kind::check_quality;
+pub use crate::media::kind::check_quality;
 
 /// The picture format `name` is fed: RGB where the encoder takes it (PNG, TIFF: lossless),
 /// full-chroma YUV for JPEG (no 4:2:0 subsampling), else what it takes first.

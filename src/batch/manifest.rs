@@ -15,7 +15,7 @@ use anyhow::{anyhow, Context, Result};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::clips::Shard;
+use crate::batch::clips::Shard;
 use crate::config::Settings;
 
 const PREFIX: &str = ".gpen-video-manifest";

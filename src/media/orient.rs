@@ -72,7 +72,7 @@ pub fn turn_frame(
     let (w, h) = (frame.width, frame.height);
     if frame.rgb_partial {
         if let Some(src) = &frame.source {
-            crate::color::yuv420p_to_rgb_region(src, &mut frame.rgb, w, h, Rect::new(0, 0, w, h));
+            crate::media::color::yuv420p_to_rgb_region(src, &mut frame.rgb, w, h, Rect::new(0, 0, w, h));
         }
         frame.rgb_partial = false;
     }

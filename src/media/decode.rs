@@ -10,8 +10,8 @@ use ffmpeg::util::frame::video::Video as VideoFrame;
 use ffmpeg::{media, Rational};
 use ffmpeg_next as ffmpeg;
 
-use crate::color::{is_full_range, scale_packed, set_matrix, Matrix, Planar};
 use crate::frame::{Frame, Pool};
+use crate::media::color::{is_full_range, scale_packed, set_matrix, Matrix, Planar};
 
 /// Reads the next packet of `ictx` into `packet`, releasing the one `packet` held first.
 ///
@@ -79,7 +79,7 @@ impl SourceInfo {
 
     /// The picture's size as shown (after its EXIF orientation).
     pub fn upright_size(&self) -> (usize, usize) {
-        crate::orient::upright_size(self.orientation, self.width, self.height)
+        crate::media::orient::upright_size(self.orientation, self.width, self.height)
     }
 }
 
@@ -139,8 +139,8 @@ pub fn probe(path: &Path) -> Result<SourceInfo> {
         codec,
         params,
         rotation,
-        orientation: if crate::kind::is_still(path) {
-            crate::orient::exif_orientation(path)
+        orientation: if crate::media::kind::is_still(path) {
+            crate::media::orient::exif_orientation(path)
         } else {
             1
         },

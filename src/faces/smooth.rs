@@ -14,7 +14,7 @@ use std::collections::VecDeque;
 
 use ffmpeg_next::util::frame::video::Video as VideoFrame;
 
-use crate::detect::iou;
+use crate::faces::detect::iou;
 use crate::frame::{Face, FaceFrame};
 
 /// A face moving more than this share of its eye distance between two frames has jumped (a

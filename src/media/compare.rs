@@ -3,9 +3,9 @@
 //! original and the restored side by side (twice the width), or split down the middle (left
 //! half original, right half restored, the source's size).
 
-use crate::color::yuv420p_to_rgb_region;
 use crate::frame::Frame;
 use crate::geom::Rect;
+use crate::media::color::yuv420p_to_rgb_region;
 
 /// The before/after view written instead of the restored picture.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, clap::ValueEnum)]

@@ -14,6 +14,11 @@
 //! starts; twice: they are cancelled. See `clips` for which files are clips and how shards
 //! split them, `manifest` for what "finished" means.
 
+pub mod clips;
+mod job;
+pub mod manifest;
+pub mod report;
+
 use std::collections::BTreeSet;
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
@@ -23,13 +28,13 @@ use anyhow::{bail, Context, Result};
 use crossbeam_channel::{unbounded, Receiver, RecvTimeoutError};
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 
-use crate::batch_job::{job_loop, Event, JobContext, Queues};
-pub use crate::batch_report::{ClipDone, ClipNote, ImageStream, Report};
-use crate::clips::{self, Clip, Shard};
 use crate::config::{Options, Settings};
 use crate::interrupt::Interrupts;
-use crate::manifest::{self, Manifest, Stamp};
 use crate::runtime::Target;
+use clips::{Clip, Shard};
+use job::{job_loop, Event, JobContext, Queues};
+use manifest::{Manifest, Stamp};
+pub use report::{ClipDone, ClipNote, ImageStream, Report};
 
 /// After a hard stop, how long to wait for cancelled clips to wind down before leaving them.
 const HARD_STOP_GRACE: Duration = Duration::from_secs(10);
@@ -152,7 +157,7 @@ pub fn run(o: &BatchOptions, ints: &Interrupts) -> Result<Report> {
     let (image_tx, image_rx) = unbounded::<Clip>();
     let (video_tx, video_rx) = unbounded::<Clip>();
     for clip in todo {
-        let queue = if crate::still::is_still(Path::new(&clip.rel)) {
+        let queue = if crate::media::still::is_still(Path::new(&clip.rel)) {
             &image_tx
         } else {
             &video_tx
@@ -433,7 +438,7 @@ impl View {
 
 /// Frames a clip will have, for the overall progress bar (0 when unknown).
 fn estimate(input: &Path, s: &Settings) -> u64 {
-    crate::decode::probe(input)
+    crate::media::decode::probe(input)
         .ok()
         .and_then(|src| src.frames_to_run(s.max_frames))
         .unwrap_or(0)

@@ -114,7 +114,7 @@ fn portraits_in(dir: &Path) -> Result<Vec<PathBuf>> {
     let mut found: Vec<PathBuf> = std::fs::read_dir(dir)
         .with_context(|| format!("cannot read the portrait folder {}", dir.display()))?
         .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.is_file() && crate::still::is_still(p))
+        .filter(|p| p.is_file() && crate::media::still::is_still(p))
         .collect();
     found.sort();
     if found.is_empty() {
@@ -129,13 +129,14 @@ fn generate(dir: &Path, n: usize, log: &dyn Fn(&str)) -> Result<Vec<PathBuf>> {
     let src_path = crate::config::find_asset(SOURCE_PORTRAIT)
         .ok_or_else(|| anyhow!("{SOURCE_PORTRAIT} not found: run scripts/setup.sh, or give --portraits DIR"))?;
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    let source = crate::decode::probe(&src_path)?;
+    let source = crate::media::decode::probe(&src_path)?;
     let (sw, sh) = (source.width, source.height);
-    let decoder = crate::decode::Decoder::new(source.clone(), (32, 32), false);
+    let decoder = crate::media::decode::Decoder::new(source.clone(), (32, 32), false);
     let (rgb_pool, det_pool) = (Pool::new(1), Pool::new(1));
     let mut picture = None;
     decoder.run((&rgb_pool, &det_pool), Some(1), |mut f| {
-        f.ensure_rgb(crate::geom::Rect::new(0, 0, f.width, f.height));
+        let whole = crate::geom::Rect::new(0, 0, f.width, f.height);
+        crate::media::color::ensure_rgb(&mut f, whole);
         picture = Some(f.rgb);
         false
     })?;
@@ -143,7 +144,7 @@ fn generate(dir: &Path, n: usize, log: &dyn Fn(&str)) -> Result<Vec<PathBuf>> {
     let side = PORTRAIT_SIDE;
     let mut out_info = source;
     (out_info.width, out_info.height) = (side, side);
-    let settings = crate::encode::EncodeSettings {
+    let settings = crate::media::encode::EncodeSettings {
         quality: Some(95),
         ..Default::default()
     };
@@ -162,7 +163,7 @@ fn generate(dir: &Path, n: usize, log: &dyn Fn(&str)) -> Result<Vec<PathBuf>> {
                 let xo = if i % 2 == 1 { side - 1 - x } else { x };
                 let sx = cx * sw as f32 + (xo as f32 + 0.5 - side as f32 / 2.0) * k - 0.5;
                 let sy = cy * sh as f32 + (y as f32 + 0.5 - side as f32 / 2.0) * k - 0.5;
-                let px = crate::align::sample_rgb_f32(&picture, sw, sh, sx, sy);
+                let px = crate::faces::align::sample_rgb_f32(&picture, sw, sh, sx, sy);
                 let d = (y * side + x) * 3;
                 for c in 0..3 {
                     rgb[d + c] = px[c].round().clamp(0.0, 255.0) as u8;
@@ -174,7 +175,7 @@ fn generate(dir: &Path, n: usize, log: &dyn Fn(&str)) -> Result<Vec<PathBuf>> {
         (frame.width, frame.height, frame.rgb) = (side, side, rgb);
         // The writer fills a file that exists (a run's temporary output).
         std::fs::File::create(&path).with_context(|| format!("cannot create {}", path.display()))?;
-        let mut writer = crate::still::StillWriter::create(&path, &out_info, &settings)?;
+        let mut writer = crate::media::still::StillWriter::create(&path, &out_info, &settings)?;
         writer.write(&mut frame)?;
         writer.finish()?;
         paths.push(path);

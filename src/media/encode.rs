@@ -11,9 +11,9 @@ use ffmpeg::util::frame::video::Video as VideoFrame;
 use ffmpeg::{codec, encoder, media, Dictionary, Packet, Rational};
 use ffmpeg_next as ffmpeg;
 
-use crate::color::{add_changes, convert, set_matrix, Matrix, Planar, SendScaler};
-use crate::decode::SourceInfo;
 use crate::frame::Frame;
+use crate::media::color::{add_changes, convert, set_matrix, Matrix, Planar, SendScaler};
+use crate::media::decode::SourceInfo;
 
 /// The default video encoder (for containers that take H.264) and its x264/x265 settings.
 pub const DEFAULT_CODEC: &str = "libx264";
@@ -177,7 +177,7 @@ fn pix_name(p: Pixel) -> String {
 /// Checks the encoder exists and its crf is in range, before any work starts.
 pub fn check_settings(s: &EncodeSettings) -> Result<()> {
     crate::init_ffmpeg();
-    crate::kind::check_quality(s.quality)?;
+    crate::media::kind::check_quality(s.quality)?;
     if let Some(name) = &s.codec {
         let c = encoder::find_by_name(name)
             .ok_or_else(|| anyhow!("video encoder `{name}` is not available in this FFmpeg build"))?;

@@ -37,7 +37,7 @@ pub fn is_video(path: &Path) -> bool {
 
 /// Whether a batch runs `path`: a video, or a still image (written as the same kind of image).
 pub fn is_clip(path: &Path) -> bool {
-    is_video(path) || crate::still::is_still(path)
+    is_video(path) || crate::media::still::is_still(path)
 }
 
 /// Lists the files under `dir` (and its subfolders with `recursive`), leaving out hidden files

@@ -2,6 +2,8 @@
 //! throughput (warm-up excluded, repeated, medians), the enhance-only ceiling on the same crops,
 //! and the pipeline's efficiency: end-to-end faces/s over ceiling faces/s, run in pairs.
 
+pub mod portraits;
+
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 

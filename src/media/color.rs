@@ -10,8 +10,8 @@ use ffmpeg::software::scaling::{Context as Scaler, Flags};
 use ffmpeg::util::frame::video::Video as VideoFrame;
 use ffmpeg_next as ffmpeg;
 
+use crate::frame::{Change, Frame};
 use crate::geom::Rect;
-use crate::paste::Change;
 
 /// The YCbCr matrix of a picture (limited range): what its stream says, else the usual
 /// default by size (BT.709 for HD and larger, BT.601 below), the same both ways.
@@ -139,6 +139,19 @@ pub fn convert(
 /// every chroma sample it touches is recomputed from its four pixels. The output never takes this
 /// way back (it adds the paste's changes to the source's planes: [`add_changes`]); the tests
 /// use it to check the forward conversion.
+/// Makes sure `f.rgb` holds the picture over `region` (plus a margin covering the even
+/// widening the encoder applies when it converts the region back), for frames whose RGB is
+/// filled region by region.
+pub fn ensure_rgb(f: &mut Frame, region: Rect) {
+    if !f.rgb_partial {
+        return;
+    }
+    if let Some(src) = &f.source {
+        let r = region.grown_even(2, f.width, f.height);
+        yuv420p_to_rgb_region(src, &mut f.rgb, f.width, f.height, r);
+    }
+}
+
 #[cfg(test)]
 pub fn rgb_to_yuv420p_region(rgb: &[u8], width: usize, height: usize, yuv: &mut VideoFrame, r: Rect) {
     let Rect { x0, y0, x1, y1 } = r.even(width, height);

@@ -1,0 +1,11 @@
+//! Media files: in, a source path (video or still) and encoder settings; out, decoded frames
+//! with their pictures, and encoded output files (videos with their side streams, stills).
+//! Everything that touches FFmpeg's pictures and colour lives here.
+
+pub mod color;
+pub mod compare;
+pub mod decode;
+pub mod encode;
+pub mod kind;
+pub mod orient;
+pub mod still;
