@@ -16,26 +16,26 @@ mod dispatch;
 mod sink;
 mod stages;
 mod stream;
+mod wire;
 
 use std::time::Instant;
 
-use anyhow::{anyhow, Context, Result};
-use crossbeam_channel::{bounded, unbounded};
+use anyhow::{Context, Result};
+use crossbeam_channel::bounded;
 
 pub use stages::align_face;
 pub use stream::{run_images, ImageDone, Outcome};
 
 use crate::engine::{Engine, Job};
+use crate::faces::smooth::Smoother;
 use crate::frame::{FaceFrame, Frame, Pool};
+use crate::media::compare::Compare;
 use crate::media::decode::Decoder;
 use crate::media::still::Writer;
 use crate::output::Partial;
-use crate::runtime::Target;
-use crate::stats::{gpu_memory_by_index, peak_rss, Summary, WorkerStat};
-use dispatch::{held_frames, Batch, Restored};
-
-/// Frames in flight between two stages.
-pub(crate) const DEPTH: usize = 4;
+use crate::stats::Summary;
+pub(crate) use wire::DEPTH;
+use wire::{joined, wire, Encoded, Middle};
 
 /// Runs `job` on `engine` to completion, writing `job.output` (and its faces JSON). `progress`
 /// is called with the number of frames encoded so far. The engine stays usable for another
@@ -64,33 +64,6 @@ pub fn run(engine: &mut Engine, job: &Job, progress: &(dyn Fn(u64) + Sync)) -> R
     }
 }
 
-/// Buffer pools sized to what can be in flight, so a buffer is never dropped and reallocated
-/// (a fresh 1080p RGB buffer costs page faults on every first touch).
-struct Pools {
-    rgb: Pool<Vec<u8>>,
-    det: Pool<Vec<u8>>,
-    crop: Pool<Vec<f32>>,
-    restored: Pool<Vec<f32>>,
-    /// The paste's change buffers, from paste to encode (sizes of face regions, not crops).
-    change: Pool<Vec<f32>>,
-}
-
-impl Pools {
-    fn new(batch: usize, n_workers: usize, smooth_held: usize) -> Self {
-        // Six queues, one frame in each stage, what the smoother and the dispatcher hold.
-        let frames = 6 * DEPTH + 8 + smooth_held + held_frames(batch, n_workers);
-        // One crop per face of the frames in flight, plus the batches at the workers.
-        let crops = frames + 2 * batch * n_workers;
-        Self {
-            rgb: Pool::new(frames),
-            det: Pool::new(frames),
-            crop: Pool::new(crops),
-            restored: Pool::new(crops),
-            change: Pool::new(frames),
-        }
-    }
-}
-
 fn run_inner(
     engine: &mut Engine,
     job: &Job,
@@ -99,65 +72,31 @@ fn run_inner(
 ) -> Result<(Summary, Option<sink::FacesSink>)> {
     let start = Instant::now();
     let out_name = job.output.display().to_string();
-    let (size, batch) = (engine.info.size, engine.batch);
     // Built before any thread starts: an output that cannot be created fails here.
     // A side-by-side view is twice the source's width.
     let mut out_src = job.source.clone();
     let (w, h) = job.source.upright_size();
-    (out_src.width, out_src.height) = crate::media::compare::Compare::output_size(job.compare, w, h);
+    (out_src.width, out_src.height) = Compare::output_size(job.compare, w, h);
     let encoder = Writer::create(partial, &out_src, &job.encode).with_context(|| format!("output {out_name}"))?;
     let faces_sink = job.faces_json.as_deref().map(sink::FacesSink::create).transpose()?;
     // An image stream may have left the detector at another picture's size.
     engine.detector.start(engine.key.det_size);
     let (decoder, turn) = decoder_for(job, engine.detector.size);
-    let template = engine.info.template.clone();
-    let worker_targets: Vec<Target> = engine.workers.iter().map(|w| w.target.clone()).collect();
-    let n_workers = engine.workers.len();
-    let (detector, workers) = (&mut engine.detector, &mut engine.workers);
-    let smoother = crate::faces::smooth::Smoother::new(job.smooth);
-    let pools = Pools::new(batch, n_workers, smoother.capacity());
-    let (mask, compare) = (job.mask, job.compare);
-    let tpl = template.as_str();
-    // What the stage threads read of the job (the source's FFmpeg parameters stay here).
-    let (max_frames, cancel, blend, output) = (job.max_frames, &job.cancel, job.blend, job.output.as_path());
-
-    let (dec_tx, dec_rx) = bounded::<Frame>(DEPTH);
-    let (det_tx, det_rx) = bounded::<FaceFrame>(DEPTH);
-    let (smooth_tx, smooth_rx) = bounded::<FaceFrame>(DEPTH);
-    let (align_tx, align_rx) = bounded::<FaceFrame>(DEPTH);
-    let (enh_tx, enh_rx) = bounded::<FaceFrame>(DEPTH);
-    let (paste_tx, paste_rx) = bounded::<FaceFrame>(DEPTH);
-    let (batch_tx, batch_rx) = bounded::<Batch>(2 * n_workers);
-    let (done_tx, done_rx) = unbounded::<Result<Restored>>();
-
-    std::thread::scope(|s| {
-        let p = &pools;
-        let decode = s.spawn(move || stages::decode(decoder, turn, (&p.rgb, &p.det), max_frames, cancel, dec_tx));
-        let detect = s.spawn(move || stages::detect(detector, &p.det, dec_rx, det_tx));
-        let smooth = s.spawn(move || stages::smooth(smoother, det_rx, smooth_tx));
-        let align = s.spawn(|| stages::align(&template, size, &p.crop, smooth_rx, align_tx));
-        let worker_threads: Vec<_> = workers
-            .iter_mut()
-            .map(|w| {
-                let (rx, tx) = (batch_rx.clone(), done_tx.clone());
-                s.spawn(move || dispatch::work(w, batch, size, &rx, &tx, &p.restored))
-            })
-            .collect();
-        drop((batch_rx, done_tx));
-        let dispatch = s
-            .spawn(move || dispatch::dispatch(align_rx, &batch_tx, &done_rx, &enh_tx, batch, n_workers, &p.crop, true));
-        let paste = s.spawn(move || {
-            stages::paste_back(
-                (size, tpl, mask),
-                blend,
-                compare,
-                (&p.restored, &p.change),
-                enh_rx,
-                paste_tx,
-            )
-        });
-        let encode = s.spawn(move || {
-            stages::encode(
+    let middle = Middle {
+        mask: job.mask,
+        blend: job.blend,
+        compare: job.compare,
+        smoother: Some(Smoother::new(job.smooth)),
+        idle_flush: true,
+    };
+    let (max_frames, cancel, output) = (job.max_frames, &job.cancel, job.output.as_path());
+    wire(
+        engine,
+        middle,
+        start,
+        move |p, tx| stages::decode(decoder, turn, (&p.rgb, &p.det), max_frames, cancel, tx),
+        move |p, rx| {
+            let e = stages::encode(
                 encoder,
                 output,
                 faces_sink,
@@ -165,50 +104,16 @@ fn run_inner(
                 max_frames,
                 cancel,
                 progress,
-                paste_rx,
-            )
-        });
-
-        // The first failing stage in pipeline order is the cause; later ones only saw it stop.
-        let decode = joined("decode", decode.join())?;
-        let (detect, detect_counts) = joined("detect", detect.join())?;
-        let smooth = joined("smooth", smooth.join())?;
-        let align = joined("align", align.join())?;
-        let dispatch = joined("dispatch", dispatch.join())?;
-        let mut worker_stats = Vec::new();
-        for t in worker_threads {
-            worker_stats.push(joined("enhance worker", t.join())?);
-        }
-        add_gpu_memory(&mut worker_stats, &worker_targets);
-        let paste = joined("paste", paste.join())?;
-        let encode = joined("encode", encode.join())?;
-
-        let summary = Summary {
-            frames: encode.stage.items,
-            faces: encode.faces,
-            frames_with_faces: encode.frames_with_faces,
-            batches: dispatch.batches,
-            held_max: dispatch.held_max,
-            detect: detect_counts,
-            wall: start.elapsed(),
-            stages: vec![decode, detect, smooth, align, dispatch.stage, paste, encode.stage],
-            workers: worker_stats,
-            peak_rss: peak_rss(),
-        };
-        Ok((summary, encode.sink))
-    })
-}
-
-/// Fills in the GPU memory each CUDA worker's GPU holds for this process.
-fn add_gpu_memory(stats: &mut [WorkerStat], targets: &[Target]) {
-    if targets.iter().any(|t| matches!(t, Target::Cuda(_))) {
-        let used = gpu_memory_by_index();
-        for (stat, target) in stats.iter_mut().zip(targets) {
-            if let Target::Cuda(id) = target {
-                stat.device_mib = used.iter().find(|(i, _)| i == id).map(|(_, m)| *m);
-            }
-        }
-    }
+                rx,
+            )?;
+            Ok(Encoded {
+                stage: e.stage,
+                faces: e.faces,
+                frames_with_faces: e.frames_with_faces,
+                extra: e.sink,
+            })
+        },
+    )
 }
 
 /// The decoder for `job`'s source with the detector's input size `det` (upright), and for a
@@ -225,10 +130,6 @@ fn decoder_for(job: &Job, det: (usize, usize)) -> (Decoder, Option<stages::Turn>
     let planes = !crate::media::kind::is_still(&job.output);
     let decoder = Decoder::new(job.source.clone(), stored, job.hwaccel_cuda).with_planes(planes);
     (decoder, (o > 1).then_some((o, stored)))
-}
-
-fn joined<T>(name: &str, r: std::thread::Result<Result<T>>) -> Result<T> {
-    r.map_err(|_| anyhow!("internal error: the {name} stage panicked"))?
 }
 
 /// The aligned crops of the first faces of `job`'s source, at most `want` of them from at most

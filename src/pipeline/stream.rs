@@ -19,18 +19,16 @@ use std::sync::Mutex;
 use std::time::Instant;
 
 use anyhow::{anyhow, Context, Result};
-use crossbeam_channel::{bounded, unbounded, Receiver, Sender};
+use crossbeam_channel::{Receiver, Sender};
 
-use super::dispatch::{self, Batch, Restored};
-use super::{joined, stages, Pools, DEPTH};
+use super::wire::{wire, Encoded, Middle, DEPTH};
 use crate::engine::{Cancelled, Engine, Job};
 use crate::faces::detect::det_size;
 use crate::frame::{FaceFrame, Frame, Pool};
 use crate::media::decode::Decoder;
 use crate::media::still::Writer;
 use crate::output::Partial;
-use crate::runtime::Target;
-use crate::stats::{peak_rss, Clock, StageStat, Summary};
+use crate::stats::{Clock, StageStat, Summary};
 
 /// One picture of the stream, restored and in place.
 #[derive(Clone, Debug)]
@@ -87,77 +85,23 @@ fn run_inner(
     table: &Table,
 ) -> Result<Summary> {
     let start = Instant::now();
-    let (size, batch) = (engine.info.size, engine.batch);
     engine.detector.reset();
     let fixed = engine.detector.fixed_size();
-    let template = engine.info.template.clone();
-    let n_workers = engine.workers.len();
-    let worker_targets: Vec<Target> = engine.workers.iter().map(|w| w.target.clone()).collect();
-    let (detector, workers) = (&mut engine.detector, &mut engine.workers);
-    let pools = Pools::new(batch, n_workers, 1);
-    let (mask, compare, blend) = (first.mask, first.compare, first.blend);
-    let tpl = template.as_str();
-
-    let (dec_tx, dec_rx) = bounded::<Frame>(DEPTH);
-    let (det_tx, det_rx) = bounded::<FaceFrame>(DEPTH);
-    let (align_tx, align_rx) = bounded::<FaceFrame>(DEPTH);
-    let (enh_tx, enh_rx) = bounded::<FaceFrame>(DEPTH);
-    let (paste_tx, paste_rx) = bounded::<FaceFrame>(DEPTH);
-    let (batch_tx, batch_rx) = bounded::<Batch>(2 * n_workers);
-    let (done_tx, done_rx) = unbounded::<Result<Restored>>();
-
-    std::thread::scope(|s| {
-        let p = &pools;
-        let decode = s.spawn(move || decode(first, next, (long_side, fixed), (&p.rgb, &p.det), table, done, dec_tx));
-        let detect = s.spawn(move || stages::detect(detector, &p.det, dec_rx, det_tx));
-        let align = s.spawn(|| stages::align(&template, size, &p.crop, det_rx, align_tx));
-        let worker_threads: Vec<_> = workers
-            .iter_mut()
-            .map(|w| {
-                let (rx, tx) = (batch_rx.clone(), done_tx.clone());
-                s.spawn(move || dispatch::work(w, batch, size, &rx, &tx, &p.restored))
-            })
-            .collect();
-        drop((batch_rx, done_tx));
-        let dispatch = s.spawn(move || {
-            dispatch::dispatch(align_rx, &batch_tx, &done_rx, &enh_tx, batch, n_workers, &p.crop, false)
-        });
-        let paste = s.spawn(move || {
-            stages::paste_back(
-                (size, tpl, mask),
-                blend,
-                compare,
-                (&p.restored, &p.change),
-                enh_rx,
-                paste_tx,
-            )
-        });
-        let encode = s.spawn(move || encode(&p.rgb, table, done, paste_rx));
-
-        let decode = joined("decode", decode.join())?;
-        let (detect, detect_counts) = joined("detect", detect.join())?;
-        let align = joined("align", align.join())?;
-        let dispatch = joined("dispatch", dispatch.join())?;
-        let mut worker_stats = Vec::new();
-        for t in worker_threads {
-            worker_stats.push(joined("enhance worker", t.join())?);
-        }
-        super::add_gpu_memory(&mut worker_stats, &worker_targets);
-        let paste = joined("paste", paste.join())?;
-        let (encode, faces, with_faces) = joined("encode", encode.join())?;
-        Ok(Summary {
-            frames: encode.items,
-            faces,
-            frames_with_faces: with_faces,
-            batches: dispatch.batches,
-            held_max: dispatch.held_max,
-            detect: detect_counts,
-            wall: start.elapsed(),
-            stages: vec![decode, detect, align, dispatch.stage, paste, encode],
-            workers: worker_stats,
-            peak_rss: peak_rss(),
-        })
-    })
+    let middle = Middle {
+        mask: first.mask,
+        blend: first.blend,
+        compare: first.compare,
+        smoother: None,
+        idle_flush: false,
+    };
+    let (summary, ()) = wire(
+        engine,
+        middle,
+        start,
+        move |p, tx| decode(first, next, (long_side, fixed), (&p.rgb, &p.det), table, done, tx),
+        move |p, rx| encode(&p.rgb, table, done, rx),
+    )?;
+    Ok(summary)
 }
 
 /// Opens the pictures one after another and sends each one's (first) frame on, numbered;
@@ -220,14 +164,9 @@ fn decode(
 }
 
 /// Writes each picture into its own output as it comes (under a temporary name, renamed when
-/// complete) and reports it; frame buffers go back to `rgb_pool`. Returns the stage's
-/// statistics, the faces restored and the pictures with faces.
-fn encode(
-    rgb_pool: &Pool<Vec<u8>>,
-    table: &Table,
-    done: Outcome,
-    rx: Receiver<FaceFrame>,
-) -> Result<(StageStat, u64, u64)> {
+/// complete) and reports it; frame buffers go back to `rgb_pool`. Counts the faces restored
+/// and the pictures with faces.
+fn encode(rgb_pool: &Pool<Vec<u8>>, table: &Table, done: Outcome, rx: Receiver<FaceFrame>) -> Result<Encoded<()>> {
     let mut clock = Clock::new("encode", DEPTH);
     let (mut n_faces, mut with_faces) = (0u64, 0u64);
     while let Ok(FaceFrame { mut frame, faces }) = {
@@ -262,7 +201,12 @@ fn encode(
         done(k, outcome);
         rgb_pool.put(std::mem::take(&mut frame.rgb));
     }
-    Ok((clock.finish(), n_faces, with_faces))
+    Ok(Encoded {
+        stage: clock.finish(),
+        faces: n_faces,
+        frames_with_faces: with_faces,
+        extra: (),
+    })
 }
 
 /// Writes `frame` as `job`'s output: under a temporary name beside it, renamed when complete,

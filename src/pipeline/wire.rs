@@ -1,0 +1,214 @@
+//! The one wiring of the pipeline: in, an `Engine`, what sets the middle stages apart
+//! (`Middle`: mask, blend, compare view, smoothing or none, idle flush or none) and the two
+//! ends a caller brings (a decode stage that sends `Frame`s, an encode stage that receives
+//! `FaceFrame`s); out, the run's `Summary` and what the encode stage handed back.
+//!
+//! ```text
+//!  decode ─> detect ─> [smooth] ─> align ─> dispatch ═╦═> worker 0 ═╦═> dispatch ─> paste ─> encode
+//!  (caller's)                                          ╚═> worker 1 ═╝                        (caller's)
+//! ```
+//! A video run and an image stream both run through [`wire`]; only their real differences
+//! stay with them: how frames are decoded and written, smoothing (videos only) and the
+//! dispatcher's idle flush (videos only). Every stage is a scoped thread joined to the next by
+//! a bounded channel of `DEPTH` items; the pools are sized from the queues and stages built
+//! here, so a new stage changes the count by itself.
+
+use std::time::Instant;
+
+use anyhow::{anyhow, Result};
+use crossbeam_channel::{bounded, unbounded, Receiver, Sender};
+
+use super::dispatch::{self, held_frames, Batch, Restored};
+use super::stages;
+use crate::engine::Engine;
+use crate::faces::paste::MaskKind;
+use crate::faces::smooth::Smoother;
+use crate::frame::{FaceFrame, Frame, Pool};
+use crate::media::compare::Compare;
+use crate::runtime::Target;
+use crate::stats::{gpu_memory_by_index, peak_rss, StageStat, Summary, WorkerStat};
+
+/// Frames in flight between two stages.
+pub(crate) const DEPTH: usize = 4;
+
+/// Buffer pools sized to what can be in flight, so a buffer is never dropped and reallocated
+/// (a fresh 1080p RGB buffer costs page faults on every first touch).
+pub(crate) struct Pools {
+    pub rgb: Pool<Vec<u8>>,
+    pub det: Pool<Vec<u8>>,
+    pub crop: Pool<Vec<f32>>,
+    pub restored: Pool<Vec<f32>>,
+    /// The paste's change buffers, from paste to encode (sizes of face regions, not crops).
+    pub change: Pool<Vec<f32>>,
+}
+
+impl Pools {
+    /// Pools for `queues` frame queues of `DEPTH` between `stages` stages, with what the
+    /// smoother (`smooth_held` frames) and the dispatcher hold besides.
+    fn new(queues: usize, stages: usize, smooth_held: usize, batch: usize, n_workers: usize) -> Self {
+        // Every queue full, one frame in (or blocked sending from) each stage, one spare.
+        let frames = queues * DEPTH + stages + 1 + smooth_held + held_frames(batch, n_workers);
+        // One crop per face of the frames in flight, plus the batches at the workers.
+        let crops = frames + 2 * batch * n_workers;
+        Self {
+            rgb: Pool::new(frames),
+            det: Pool::new(frames),
+            crop: Pool::new(crops),
+            restored: Pool::new(crops),
+            change: Pool::new(frames),
+        }
+    }
+}
+
+/// What sets the middle of a pipeline apart.
+pub(crate) struct Middle {
+    pub mask: MaskKind,
+    pub blend: f32,
+    pub compare: Option<Compare>,
+    /// Each tracked face's points smoothed over time; `None` in an image stream, where every
+    /// picture is a scene of its own.
+    pub smoother: Option<Smoother>,
+    /// Whether the dispatcher sends a partial batch while every worker is idle (see
+    /// [`dispatch::dispatch`]).
+    pub idle_flush: bool,
+}
+
+/// What an encode stage reports: its clock, the faces it wrote, the frames with faces, and
+/// whatever else the caller needs back (`extra`).
+pub(crate) struct Encoded<T> {
+    pub stage: StageStat,
+    pub faces: u64,
+    pub frames_with_faces: u64,
+    pub extra: T,
+}
+
+/// Runs `decode -> detect -> [smooth] -> align -> dispatch/workers -> paste -> encode` on
+/// `engine` to the end of `decode`'s frames. `start` is when the run began (for the wall
+/// time). The first failing stage in pipeline order is the error reported; later ones only
+/// saw it stop.
+pub(crate) fn wire<T: Send>(
+    engine: &mut Engine,
+    middle: Middle,
+    start: Instant,
+    decode: impl FnOnce(&Pools, Sender<Frame>) -> Result<StageStat> + Send,
+    encode: impl FnOnce(&Pools, Receiver<FaceFrame>) -> Result<Encoded<T>> + Send,
+) -> Result<(Summary, T)> {
+    let (size, batch) = (engine.info.size, engine.batch);
+    let template = engine.info.template.clone();
+    let worker_targets: Vec<Target> = engine.workers.iter().map(|w| w.target.clone()).collect();
+    let n_workers = engine.workers.len();
+    let (detector, workers) = (&mut engine.detector, &mut engine.workers);
+    let Middle {
+        mask,
+        blend,
+        compare,
+        smoother,
+        idle_flush,
+    } = middle;
+    // Queues: decode, detect, [smooth], align, dispatch, paste; stages: those and encode.
+    let smoothing = usize::from(smoother.is_some());
+    let queues = 5 + smoothing;
+    let smooth_held = smoother.as_ref().map_or(0, Smoother::capacity);
+    let pools = Pools::new(queues, queues + 1, smooth_held, batch, n_workers);
+    let tpl = template.as_str();
+
+    let (dec_tx, dec_rx) = bounded::<Frame>(DEPTH);
+    let (det_tx, det_rx) = bounded::<FaceFrame>(DEPTH);
+    let (smooth_tx, smooth_rx) = bounded::<FaceFrame>(DEPTH);
+    let (align_tx, align_rx) = bounded::<FaceFrame>(DEPTH);
+    let (enh_tx, enh_rx) = bounded::<FaceFrame>(DEPTH);
+    let (paste_tx, paste_rx) = bounded::<FaceFrame>(DEPTH);
+    let (batch_tx, batch_rx) = bounded::<Batch>(2 * n_workers);
+    let (done_tx, done_rx) = unbounded::<Result<Restored>>();
+
+    std::thread::scope(|s| {
+        let p = &pools;
+        let decode = s.spawn(move || decode(p, dec_tx));
+        let detect = s.spawn(move || stages::detect(detector, &p.det, dec_rx, det_tx));
+        // Without smoothing, detection feeds alignment directly.
+        let (smooth, align_in) = match smoother {
+            Some(smoother) => (
+                Some(s.spawn(move || stages::smooth(smoother, det_rx, smooth_tx))),
+                smooth_rx,
+            ),
+            None => {
+                drop((smooth_tx, smooth_rx));
+                (None, det_rx)
+            }
+        };
+        let align = s.spawn(|| stages::align(tpl, size, &p.crop, align_in, align_tx));
+        let worker_threads: Vec<_> = workers
+            .iter_mut()
+            .map(|w| {
+                let (rx, tx) = (batch_rx.clone(), done_tx.clone());
+                s.spawn(move || dispatch::work(w, batch, size, &rx, &tx, &p.restored))
+            })
+            .collect();
+        drop((batch_rx, done_tx));
+        let dispatch = s.spawn(move || {
+            dispatch::dispatch(
+                align_rx, &batch_tx, &done_rx, &enh_tx, batch, n_workers, &p.crop, idle_flush,
+            )
+        });
+        let paste = s.spawn(move || {
+            stages::paste_back(
+                (size, tpl, mask),
+                blend,
+                compare,
+                (&p.restored, &p.change),
+                enh_rx,
+                paste_tx,
+            )
+        });
+        let encode = s.spawn(move || encode(p, paste_rx));
+
+        let mut stages = vec![joined("decode", decode.join())?];
+        let (detect, detect_counts) = joined("detect", detect.join())?;
+        stages.push(detect);
+        if let Some(smooth) = smooth {
+            stages.push(joined("smooth", smooth.join())?);
+        }
+        stages.push(joined("align", align.join())?);
+        let dispatch = joined("dispatch", dispatch.join())?;
+        stages.push(dispatch.stage);
+        let mut worker_stats = Vec::new();
+        for t in worker_threads {
+            worker_stats.push(joined("enhance worker", t.join())?);
+        }
+        add_gpu_memory(&mut worker_stats, &worker_targets);
+        stages.push(joined("paste", paste.join())?);
+        let encoded = joined("encode", encode.join())?;
+        stages.push(encoded.stage);
+
+        let summary = Summary {
+            frames: stages.last().map_or(0, |s| s.items),
+            faces: encoded.faces,
+            frames_with_faces: encoded.frames_with_faces,
+            batches: dispatch.batches,
+            held_max: dispatch.held_max,
+            detect: detect_counts,
+            wall: start.elapsed(),
+            stages,
+            workers: worker_stats,
+            peak_rss: peak_rss(),
+        };
+        Ok((summary, encoded.extra))
+    })
+}
+
+/// Fills in the GPU memory each CUDA worker's GPU holds for this process.
+fn add_gpu_memory(stats: &mut [WorkerStat], targets: &[Target]) {
+    if targets.iter().any(|t| matches!(t, Target::Cuda(_))) {
+        let used = gpu_memory_by_index();
+        for (stat, target) in stats.iter_mut().zip(targets) {
+            if let Target::Cuda(id) = target {
+                stat.device_mib = used.iter().find(|(i, _)| i == id).map(|(_, m)| *m);
+            }
+        }
+    }
+}
+
+/// A stage thread's result, a panic turned into an error naming the stage.
+pub(crate) fn joined<T>(name: &str, r: std::thread::Result<Result<T>>) -> Result<T> {
+    r.map_err(|_| anyhow!("internal error: the {name} stage panicked"))?
+}
