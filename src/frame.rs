@@ -15,28 +15,72 @@ pub struct Frame {
     pub pts: Option<i64>,
     pub width: usize,
     pub height: usize,
-    /// Packed RGB24, `width * height * 3` bytes, no padding. When `rgb_partial` is set only
-    /// the face regions hold the picture: see [`crate::media::color::ensure_rgb`].
+    /// Packed RGB24, `width * height * 3` bytes, no padding. When the picture is `partial`
+    /// only the face regions hold it: see [`crate::media::color::ensure_rgb`].
     pub rgb: Vec<u8>,
-    /// `rgb` is filled region by region from `source` (yuv420p sources) instead of whole.
-    pub rgb_partial: bool,
     /// Downscaled packed RGB24 copy for the detector (`det_width * det_height * 3`).
     pub det: Vec<u8>,
     /// The detection copy's (width, height).
     pub det_size: (usize, usize),
     /// Which picture of an image stream the frame is (0 in a single run).
     pub item: usize,
-    /// The decoded picture as FFmpeg gave it. The encoder starts from it, so pixels outside
-    /// the pasted face regions reach the output without a colour round trip.
-    pub source: Option<VideoFrame>,
-    /// Regions of `rgb` changed by paste-back (frames whose `rgb` is the output).
-    pub dirty: Vec<Rect>,
+    /// What the output is made from (and what of the decoded picture is kept).
+    pub picture: Picture,
+}
+
+/// What a frame's output is made from: its RGB picture, or the decoded picture's own planes.
+pub enum Picture {
+    /// `rgb` is the whole picture and the output; nothing decoded is kept (a still turned
+    /// upright, a side-by-side view, a test frame).
+    Rgb,
+    /// `rgb` is the output; `source` is the decoded picture as FFmpeg gave it (scene cuts read
+    /// it). With `partial`, `rgb` holds only the regions filled from `source` so far (yuv420p
+    /// sources), and the writer converts the rest from `source` and lays the pasted regions
+    /// (`dirty`) over it.
+    RgbOf {
+        source: VideoFrame,
+        partial: bool,
+        /// Regions of `rgb` changed by paste-back.
+        dirty: Vec<Rect>,
+    },
     /// The output is `source`'s own planes with `changes` added (planar YUV sources going to a
-    /// video): `rgb` is only read (for the crops), never written back, so pixels away from the
-    /// model's changes keep their values exactly, at the source's depth and chroma layout.
-    pub planes: bool,
-    /// What paste-back changed, in RGB levels, when `planes` is set.
-    pub changes: Vec<Change>,
+    /// video): `rgb` (whole, or with `partial` only the regions filled from `source`) is only
+    /// read for the crops, never written back, so pixels away from the model's changes keep
+    /// their values exactly, at the source's depth and chroma layout.
+    Planes {
+        source: VideoFrame,
+        partial: bool,
+        /// What paste-back changed, in RGB levels.
+        changes: Vec<Change>,
+    },
+}
+
+impl Picture {
+    /// The decoded picture, if it is kept.
+    pub fn source(&self) -> Option<&VideoFrame> {
+        match self {
+            Picture::Rgb => None,
+            Picture::RgbOf { source, .. } | Picture::Planes { source, .. } => Some(source),
+        }
+    }
+
+    /// The decoded picture, when `rgb` holds only the regions filled from it so far.
+    pub fn partial_source(&self) -> Option<&VideoFrame> {
+        match self {
+            Picture::RgbOf {
+                source, partial: true, ..
+            }
+            | Picture::Planes {
+                source, partial: true, ..
+            } => Some(source),
+            _ => None,
+        }
+    }
+
+    /// Whether the output is the decoded picture's planes plus the paste's changes.
+    pub fn is_planes(&self) -> bool {
+        matches!(self, Picture::Planes { .. })
+    }
 }
 
 impl Frame {
@@ -48,14 +92,10 @@ impl Frame {
             width: 0,
             height: 0,
             rgb: Vec::new(),
-            rgb_partial: false,
             det: Vec::new(),
             det_size: (0, 0),
             item: 0,
-            source: None,
-            dirty: Vec::new(),
-            planes: false,
-            changes: Vec::new(),
+            picture: Picture::Rgb,
         }
     }
 }

@@ -87,7 +87,7 @@ impl Smoother {
             return emit(ff);
         }
         let n = ff.frame.index;
-        let cut = ff.frame.source.as_ref().is_some_and(|s| self.scene_cut(s));
+        let cut = ff.frame.picture.source().is_some_and(|s| self.scene_cut(s));
         let ids = self.link(n, &ff.faces.iter().map(|j| &j.face).collect::<Vec<_>>(), cut);
         self.held.push_back((ff, ids));
         while self.held.front().is_some_and(|(f, _)| f.frame.index + self.radius <= n) {

@@ -10,7 +10,7 @@ use ffmpeg::software::scaling::{Context as Scaler, Flags};
 use ffmpeg::util::frame::video::Video as VideoFrame;
 use ffmpeg_next as ffmpeg;
 
-use crate::frame::{Change, Frame};
+use crate::frame::{Change, Frame, Picture};
 use crate::geom::Rect;
 
 /// The YCbCr matrix of a picture (limited range): what its stream says, else the usual
@@ -143,13 +143,17 @@ pub fn convert(
 /// widening the encoder applies when it converts the region back), for frames whose RGB is
 /// filled region by region.
 pub fn ensure_rgb(f: &mut Frame, region: Rect) {
-    if !f.rgb_partial {
-        return;
-    }
-    if let Some(src) = &f.source {
+    if let Some(src) = f.picture.partial_source() {
         let r = region.grown_even(2, f.width, f.height);
         yuv420p_to_rgb_region(src, &mut f.rgb, f.width, f.height, r);
     }
+}
+
+/// Makes `f.rgb` the whole picture and the output, dropping the decoded picture (a still
+/// turned upright, a side-by-side view).
+pub fn into_rgb(f: &mut Frame) {
+    ensure_rgb(f, Rect::new(0, 0, f.width, f.height));
+    f.picture = Picture::Rgb;
 }
 
 #[cfg(test)]

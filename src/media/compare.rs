@@ -3,9 +3,8 @@
 //! original and the restored side by side (twice the width), or split down the middle (left
 //! half original, right half restored, the source's size).
 
-use crate::frame::Frame;
+use crate::frame::{Frame, Picture};
 use crate::geom::Rect;
-use crate::media::color::yuv420p_to_rgb_region;
 
 /// The before/after view written instead of the restored picture.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, clap::ValueEnum)]
@@ -66,16 +65,10 @@ fn copy_in(rgb: &mut [u8], width: usize, r: Rect, part: &[u8]) {
 pub fn before_paste(view: Compare, frame: &mut Frame, regions: &[Rect]) -> Kept {
     let (w, h) = (frame.width, frame.height);
     match view {
-        Compare::Split if frame.planes => Kept::LeftUnchanged,
+        Compare::Split if frame.picture.is_planes() => Kept::LeftUnchanged,
         Compare::Side => {
             // The output is the RGB picture, twice the width.
-            frame.planes = false;
-            if frame.rgb_partial {
-                if let Some(src) = &frame.source {
-                    yuv420p_to_rgb_region(src, &mut frame.rgb, w, h, Rect::new(0, 0, w, h));
-                }
-                frame.rgb_partial = false;
-            }
+            crate::media::color::into_rgb(frame);
             Kept::Whole(frame.rgb.clone())
         }
         Compare::Split => Kept::Parts(
@@ -95,7 +88,10 @@ pub fn after_paste(frame: &mut Frame, kept: Kept) {
     let (w, h) = (frame.width, frame.height);
     match kept {
         Kept::LeftUnchanged => {
-            for ch in &mut frame.changes {
+            let Picture::Planes { changes, .. } = &mut frame.picture else {
+                return;
+            };
+            for ch in changes {
                 let (r, rw) = (ch.rect, ch.rect.width());
                 let left = (w / 2).clamp(r.x0, r.x1) - r.x0;
                 for row in ch.rgb.chunks_exact_mut(rw * 3) {
@@ -117,9 +113,6 @@ pub fn after_paste(frame: &mut Frame, kept: Kept) {
             }
             frame.rgb = both;
             frame.width = 2 * w;
-            frame.rgb_partial = false;
-            frame.source = None;
-            frame.dirty.clear();
         }
     }
 }

@@ -10,7 +10,7 @@ use ffmpeg::util::frame::video::Video as VideoFrame;
 use ffmpeg::{media, Rational};
 use ffmpeg_next as ffmpeg;
 
-use crate::frame::{Frame, Pool};
+use crate::frame::{Frame, Picture, Pool};
 use crate::media::color::{is_full_range, scale_packed, set_matrix, Matrix, Planar};
 
 /// Reads the next packet of `ictx` into `packet`, releasing the one `packet` held first.
@@ -324,7 +324,7 @@ impl Decoder {
                 }
                 let (full, det, _) = scalers.as_mut().expect("just set");
                 let (mut buf, mut det_buf) = (rgb_pool.get(), det_pool.get());
-                let rgb_partial = full.is_none();
+                let partial = full.is_none();
                 let planes = self.planes && Planar::of(fmt).is_some();
                 match full {
                     None => buf.resize(w * h * 3, 0),
@@ -336,20 +336,29 @@ impl Decoder {
                 last_pts = pts;
                 report.frames += 1;
                 let source = std::mem::replace(&mut yuv, VideoFrame::empty());
+                let picture = if planes {
+                    Picture::Planes {
+                        source,
+                        partial,
+                        changes: Vec::new(),
+                    }
+                } else {
+                    Picture::RgbOf {
+                        source,
+                        partial,
+                        dirty: Vec::new(),
+                    }
+                };
                 if !emit(Frame {
                     index,
                     pts,
                     width: w,
                     height: h,
                     rgb: buf,
-                    rgb_partial,
                     det: det_buf,
                     det_size: (dw, dh),
                     item: 0,
-                    source: Some(source),
-                    dirty: Vec::new(),
-                    planes,
-                    changes: Vec::new(),
+                    picture,
                 }) || max_frames.is_some_and(|m| report.frames >= m)
                 {
                     return Ok(false);

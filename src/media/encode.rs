@@ -11,7 +11,7 @@ use ffmpeg::util::frame::video::Video as VideoFrame;
 use ffmpeg::{codec, encoder, media, Dictionary, Packet, Rational};
 use ffmpeg_next as ffmpeg;
 
-use crate::frame::Frame;
+use crate::frame::{Frame, Picture};
 use crate::media::color::{add_changes, convert, set_matrix, Matrix, Planar, SendScaler};
 use crate::media::decode::SourceInfo;
 
@@ -497,17 +497,19 @@ impl Encoder {
             (None, l) => l.map_or(0, |l| l + 1),
         };
         self.last_pts = Some(pts);
-        let picture = match frame.source.as_mut() {
-            Some(src) if frame.planes => {
+        let picture = match &mut frame.picture {
+            Picture::Planes {
+                source: src, changes, ..
+            } => {
                 let fmt = src.format();
                 // SAFETY: `src` is a valid decoded frame we own.
                 let writable = unsafe { ffmpeg::ffi::av_frame_is_writable(src.as_mut_ptr()) } > 0;
-                let picture = if frame.changes.is_empty() {
+                let picture = if changes.is_empty() {
                     src
                 } else if writable {
                     // No one else holds the picture (the decoder no longer needs it as a
                     // reference): add the changes straight in, without a whole-frame copy.
-                    add_changes(src, &frame.changes);
+                    add_changes(src, changes);
                     src
                 } else {
                     // The decoder still references its buffer (a reference picture): write into
@@ -527,7 +529,7 @@ impl Encoder {
                     // pixels only).
                     work.set_color_space(src.color_space());
                     work.set_color_range(src.color_range());
-                    add_changes(work, &frame.changes);
+                    add_changes(work, changes);
                     work
                 };
                 if fmt == self.pix {

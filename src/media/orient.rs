@@ -5,7 +5,6 @@
 use std::path::Path;
 
 use crate::frame::Frame;
-use crate::geom::Rect;
 
 /// The EXIF Orientation of `path` (1 to 8; 1, upright, when it has none or it cannot be read).
 pub fn exif_orientation(path: &Path) -> u8 {
@@ -69,13 +68,9 @@ pub fn turn_frame(
     if o <= 1 {
         return;
     }
+    // The encoder takes the upright RGB whole, never the stored picture.
+    crate::media::color::into_rgb(frame);
     let (w, h) = (frame.width, frame.height);
-    if frame.rgb_partial {
-        if let Some(src) = &frame.source {
-            crate::media::color::yuv420p_to_rgb_region(src, &mut frame.rgb, w, h, Rect::new(0, 0, w, h));
-        }
-        frame.rgb_partial = false;
-    }
     let mut rgb = pools.0.get();
     upright(o, &frame.rgb, w, h, &mut rgb);
     pools.0.put(std::mem::replace(&mut frame.rgb, rgb));
@@ -84,9 +79,6 @@ pub fn turn_frame(
     pools.1.put(std::mem::replace(&mut frame.det, small));
     frame.det_size = upright_size(o, det.0, det.1);
     (frame.width, frame.height) = upright_size(o, w, h);
-    // The encoder takes the upright RGB whole, never the stored picture.
-    frame.source = None;
-    frame.dirty.clear();
 }
 
 #[cfg(test)]

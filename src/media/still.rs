@@ -13,7 +13,7 @@ use ffmpeg::util::frame::video::Video as VideoFrame;
 use ffmpeg::{codec, encoder, Dictionary, Packet, Rational};
 use ffmpeg_next as ffmpeg;
 
-use crate::frame::Frame;
+use crate::frame::{Frame, Picture};
 use crate::geom::Rect;
 use crate::media::color::{convert, yuv420p_to_rgb_region, SendScaler};
 use crate::media::decode::SourceInfo;
@@ -159,13 +159,17 @@ impl StillWriter {
             return Ok(());
         }
         let (w, h) = (frame.width, frame.height);
-        let rgb: &[u8] = match (&frame.source, frame.rgb_partial) {
-            (Some(src), true) => {
+        let rgb: &[u8] = match &frame.picture {
+            Picture::RgbOf {
+                source: src,
+                partial: true,
+                dirty,
+            } => {
                 // The decoder converted only the face regions: convert the rest the same way,
                 // then lay the pasted regions over it.
                 self.full.resize(w * h * 3, 0);
                 yuv420p_to_rgb_region(src, &mut self.full, w, h, Rect::new(0, 0, w, h));
-                for r in &frame.dirty {
+                for r in dirty {
                     let r = r.clip(w, h);
                     for y in r.y0..r.y1 {
                         let (a, b) = ((y * w + r.x0) * 3, (y * w + r.x1) * 3);

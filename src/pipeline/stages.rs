@@ -15,7 +15,7 @@ use crate::faces::align::{template_named, warp_face, WarpScratch};
 use crate::faces::detect::{DetectCounts, Detector};
 use crate::faces::paste::{apply_rgb, changes, Mask, MaskKind, Paste, Scratch};
 use crate::faces::smooth::Smoother;
-use crate::frame::{Face, FaceFrame, FaceJob, Frame, Pool};
+use crate::frame::{Face, FaceFrame, FaceJob, Frame, Picture, Pool};
 use crate::geom::{crop_footprint, fit_similarity, Affine, Rect};
 use crate::media::compare::Compare;
 use crate::media::decode::Decoder;
@@ -214,12 +214,15 @@ pub fn paste_back(
             let regions: Vec<Rect> = faces.iter().map(|f| f.region).collect();
             let kept = compare.map(|c| crate::media::compare::before_paste(c, frame, &regions));
             let changed = changes(&faces, &mask, blend, &mut scratch, &mut || change_pool.get());
-            if frame.planes {
-                frame.changes = changed;
-            } else {
-                apply_rgb(&mut frame.rgb, frame.width, &changed);
-                frame.dirty.extend(regions);
-                changed.into_iter().for_each(|c| change_pool.put(c.rgb));
+            match &mut frame.picture {
+                Picture::Planes { changes, .. } => *changes = changed,
+                picture => {
+                    apply_rgb(&mut frame.rgb, frame.width, &changed);
+                    if let Picture::RgbOf { dirty, .. } = picture {
+                        dirty.extend(regions);
+                    }
+                    changed.into_iter().for_each(|c| change_pool.put(c.rgb));
+                }
             }
             drop(faces);
             if let Some(kept) = kept {
@@ -281,7 +284,9 @@ pub fn encode(
         }
         progress(encoder.frames());
         rgb_pool.put(std::mem::take(&mut frame.rgb));
-        frame.changes.drain(..).for_each(|c| change_pool.put(c.rgb));
+        if let Picture::Planes { changes, .. } = &mut frame.picture {
+            changes.drain(..).for_each(|c| change_pool.put(c.rgb));
+        }
     }
     let cut = max_frames.is_some_and(|m| encoder.frames() >= m);
     clock
