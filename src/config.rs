@@ -10,39 +10,97 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
 use anyhow::{anyhow, bail, Context, Result};
+use serde::Serialize;
 
+use crate::defaults;
 use crate::engine::{CancelToken, Engine, EngineKey, EngineSpec, Job};
-use crate::faces::detect::det_size;
+use crate::faces::detect::{det_size, DetectSettings};
 use crate::faces::enhance::Fault;
+use crate::faces::paste::MaskKind;
+use crate::media::compare::Compare;
 use crate::media::decode::probe;
 use crate::media::encode::{check_settings, EncodeSettings};
 use crate::output::{check_output, check_side_output, partial_pattern, remove_stale};
 use crate::runtime::Target;
 
-/// Crops per model call.
-pub const DEFAULT_BATCH: u16 = 4;
-/// Long side of the detection copy.
-pub const DEFAULT_DET_SIZE: usize = 640;
-/// Minimum detector score.
-pub const DEFAULT_DET_THRESHOLD: f32 = 0.5;
-/// Overlap above which two detections are one face.
-pub const DEFAULT_NMS_IOU: f32 = 0.3;
-/// At most this many faces per frame (the best-scoring ones).
-pub const DEFAULT_MAX_FACES: usize = 32;
-/// Full detection every this many frames (tracking in between).
-pub const DEFAULT_DETECT_EVERY: u32 = 5;
-/// The video encoder and its x264/x265 settings (kept beside the encoder).
-pub use crate::media::encode::{DEFAULT_CODEC, DEFAULT_CRF, DEFAULT_PRESET};
-/// How much of the restored face is blended in.
-pub const DEFAULT_BLEND: f32 = 1.0;
-/// Temporal smoothing of each tracked face's points: the Gaussian's sigma, in frames (0: off).
-pub const DEFAULT_SMOOTH: f32 = 6.0;
-/// The paste mask's shape.
-pub const DEFAULT_MASK: crate::faces::paste::MaskKind = crate::faces::paste::MaskKind::Face;
-/// The default enhancer: the official GPEN-BFR-512 if the user put it in models/, else the
-/// set-up's identity stand-in.
-pub const DEFAULT_MODELS: [&str; 2] = ["models/GPEN-BFR-512.onnx", "models/standin/identity-512.onnx"];
-pub const DEFAULT_DETECTOR: &str = "models/centerface.onnx";
+/// The paste mask's shape (the enum's own default).
+pub const DEFAULT_MASK: MaskKind = MaskKind::Face;
+
+/// How every frame of a job is treated: all that changes what a job writes, besides its input
+/// and the model and detector files. A new option that changes the output is a field here (and
+/// its flag in main.rs); the manifest's hash then covers it by itself.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Treatment {
+    /// Crops per model call asked for (a fixed-batch model runs its own size).
+    pub batch: usize,
+    /// Half precision: TensorRT's fp16 mode, or an fp16-exported model on CUDA.
+    pub fp16: bool,
+    pub detection: DetectSettings,
+    pub blend: f32,
+    /// Landmark smoothing over time: sigma in frames, 0 for off.
+    pub smooth: f32,
+    /// The paste mask: the face's shape or the whole crop.
+    pub mask: MaskKind,
+    /// A before/after view instead of the restored picture alone.
+    pub compare: Option<Compare>,
+    pub encode: EncodeSettings,
+    /// Stop after this many frames.
+    pub max_frames: Option<u64>,
+}
+
+impl Default for Treatment {
+    fn default() -> Self {
+        Self {
+            batch: defaults::BATCH as usize,
+            fp16: false,
+            detection: DetectSettings::default(),
+            blend: defaults::BLEND,
+            smooth: defaults::SMOOTH,
+            mask: DEFAULT_MASK,
+            compare: None,
+            encode: EncodeSettings::default(),
+            max_frames: None,
+        }
+    }
+}
+
+/// A model or detector file as a recipe names it. Serialised as its absolute path, size and
+/// modification time, so a file replaced under the same name changes the recipe's hash.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Asset(pub PathBuf);
+
+impl Asset {
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Serialize for Asset {
+    fn serialize<S: serde::Serializer>(&self, ser: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        use std::os::unix::fs::MetadataExt;
+        let abs = self.0.canonicalize().unwrap_or_else(|_| self.0.clone());
+        let meta = std::fs::metadata(&self.0).ok();
+        let mut st = ser.serialize_struct("Asset", 3)?;
+        st.serialize_field("path", &abs)?;
+        st.serialize_field("size", &meta.as_ref().map(|m| m.len()))?;
+        st.serialize_field(
+            "mtime_ns",
+            &meta.map(|m| m.mtime().saturating_mul(1_000_000_000).saturating_add(m.mtime_nsec())),
+        )?;
+        st.end()
+    }
+}
+
+/// Everything that decides a job's output besides its input: the model and detector files and
+/// the treatment. The batch manifest hashes this one value whole.
+#[derive(Clone, Debug, Serialize)]
+pub struct Recipe {
+    pub model: Asset,
+    pub detector: Asset,
+    #[serde(flatten)]
+    pub treatment: Treatment,
+}
 
 /// Where the model runs, as typed.
 #[derive(Clone, Debug, PartialEq)]
@@ -109,32 +167,14 @@ pub struct Options {
     pub model: Option<PathBuf>,
     pub detector: Option<PathBuf>,
     pub device: Device,
-    pub batch: usize,
-    /// Long side of the detection copy.
-    pub det_size: usize,
-    pub det_threshold: f32,
-    pub nms_iou: f32,
-    /// Full detection every this many frames; faces are tracked in between (1: every frame).
-    pub detect_every: u32,
-    pub max_faces: usize,
-    pub blend: f32,
-    /// Landmark smoothing over time: sigma in frames, 0 for off.
-    pub smooth: f32,
-    /// The paste mask: the face's shape or the whole crop.
-    pub mask: crate::faces::paste::MaskKind,
-    /// A before/after view instead of the restored picture alone.
-    pub compare: Option<crate::media::compare::Compare>,
-    pub encode: EncodeSettings,
+    /// What changes the output (every default in [`Treatment::default`]).
+    pub treatment: Treatment,
     /// CPU threads for ONNX Runtime (default: all cores, shared by the CPU workers).
     pub threads: Option<usize>,
     /// TensorRT before CUDA, with its engine cache.
     pub trt: bool,
-    /// Half precision: TensorRT's fp16 mode, or an fp16-exported model on CUDA.
-    pub fp16: bool,
     /// Decode with FFmpeg's CUDA hwaccel.
     pub hwaccel_cuda: bool,
-    /// Stop after this many frames.
-    pub max_frames: Option<u64>,
     /// Where to write each frame's face regions as JSON (for inspection and tests).
     pub faces_json: Option<PathBuf>,
     /// Where to write the run's statistics as JSON.
@@ -149,22 +189,10 @@ impl Options {
             model: None,
             detector: None,
             device: Device::Cpu(1),
-            batch: DEFAULT_BATCH as usize,
-            det_size: DEFAULT_DET_SIZE,
-            det_threshold: DEFAULT_DET_THRESHOLD,
-            nms_iou: DEFAULT_NMS_IOU,
-            detect_every: DEFAULT_DETECT_EVERY,
-            max_faces: DEFAULT_MAX_FACES,
-            blend: DEFAULT_BLEND,
-            smooth: DEFAULT_SMOOTH,
-            mask: DEFAULT_MASK,
-            compare: None,
-            encode: EncodeSettings::default(),
+            treatment: Treatment::default(),
             threads: None,
             trt: false,
-            fp16: false,
             hwaccel_cuda: false,
-            max_frames: None,
             faces_json: None,
             stats_json: None,
         }
@@ -175,8 +203,8 @@ impl Options {
 /// threads split, environment read. Cheap to clone; loads nothing.
 #[derive(Clone, Debug)]
 pub struct Settings {
-    pub model: PathBuf,
-    pub detector: PathBuf,
+    /// What decides every job's output.
+    pub recipe: Recipe,
     /// One enhancement session per target.
     pub targets: Vec<Target>,
     /// Intra-op threads per CPU session, and for the detector.
@@ -186,21 +214,7 @@ pub struct Settings {
     pub faults: Vec<Fault>,
     pub trt: bool,
     pub trt_cache: Option<PathBuf>,
-    pub fp16: bool,
-    /// Crops per model call asked for (a fixed-batch model runs its own size).
-    pub batch: usize,
-    pub det_size: usize,
-    pub det_threshold: f32,
-    pub nms_iou: f32,
-    pub detect_every: u32,
-    pub max_faces: usize,
-    pub blend: f32,
-    pub smooth: f32,
-    pub mask: crate::faces::paste::MaskKind,
-    pub compare: Option<crate::media::compare::Compare>,
-    pub encode: EncodeSettings,
     pub hwaccel_cuda: bool,
-    pub max_frames: Option<u64>,
     pub faces_json: Option<PathBuf>,
     pub stats_json: Option<PathBuf>,
     /// All cores ONNX Runtime may use (the split above divides them).
@@ -233,34 +247,36 @@ pub fn visible_gpus() -> Vec<u32> {
 impl Settings {
     /// Checks the options and resolves everything that does not depend on a source.
     pub fn resolve(o: &Options) -> Result<Settings> {
-        if !(0.0..=1.0).contains(&o.blend) {
-            bail!("--blend must be between 0 and 1, got {}", o.blend);
+        let t = &o.treatment;
+        if !(0.0..=1.0).contains(&t.blend) {
+            bail!("--blend must be between 0 and 1, got {}", t.blend);
         }
-        if !(0.0..=crate::faces::smooth::MAX_SIGMA).contains(&o.smooth) {
+        if !(0.0..=crate::faces::smooth::MAX_SIGMA).contains(&t.smooth) {
             bail!(
                 "--smooth must be between 0 (off) and {} frames, got {}",
                 crate::faces::smooth::MAX_SIGMA,
-                o.smooth
+                t.smooth
             );
         }
-        if o.batch == 0 {
+        if t.batch == 0 {
             bail!("--batch must be at least 1");
         }
+        let d = &t.detection;
         // NaN fails every comparison, so each range is written to accept only good values.
-        if !(o.det_threshold > 0.0 && o.det_threshold <= 1.0) {
+        if !(d.threshold > 0.0 && d.threshold <= 1.0) {
             bail!(
                 "--det-threshold must be above 0 and at most 1, got {} (0 would take every detector cell for a face)",
-                o.det_threshold
+                d.threshold
             );
         }
-        if o.det_size < 32 {
-            bail!("--det-size must be at least 32 pixels, got {}", o.det_size);
+        if d.det_size < 32 {
+            bail!("--det-size must be at least 32 pixels, got {}", d.det_size);
         }
-        if o.max_faces == 0 {
+        if d.max_faces == 0 {
             bail!("--max-faces must be at least 1");
         }
 
-        check_settings(&o.encode)?;
+        check_settings(&t.encode)?;
         if o.hwaccel_cuda {
             crate::media::decode::check_cuda_hwaccel()?;
         }
@@ -270,14 +286,17 @@ impl Settings {
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()));
         let model = match &o.model {
             Some(p) => p.clone(),
-            None => DEFAULT_MODELS.iter().find_map(|m| find_asset(m)).ok_or_else(|| {
+            None => defaults::MODELS.iter().find_map(|m| find_asset(m)).ok_or_else(|| {
                 anyhow!("no model given and none installed: run scripts/setup.sh, put GPEN-BFR-512.onnx in models/, or pass --model PATH")
             })?,
         };
         let detector = match &o.detector {
             Some(p) => p.clone(),
-            None => find_asset(DEFAULT_DETECTOR).ok_or_else(|| {
-                anyhow!("detector {DEFAULT_DETECTOR} not found: run scripts/setup.sh or pass --detector PATH")
+            None => find_asset(defaults::DETECTOR).ok_or_else(|| {
+                anyhow!(
+                    "detector {} not found: run scripts/setup.sh or pass --detector PATH",
+                    defaults::DETECTOR
+                )
             })?,
         };
         let trt_cache = o.trt.then(|| model.with_extension("trt-cache"));
@@ -286,28 +305,18 @@ impl Settings {
                 .with_context(|| format!("cannot create the TensorRT engine cache {}", dir.display()))?;
         }
         let mut s = Settings {
-            model,
-            detector,
+            recipe: Recipe {
+                model: Asset(model),
+                detector: Asset(detector),
+                treatment: t.clone(),
+            },
             faults: Vec::new(),
             targets: Vec::new(),
             threads_per_worker: 1,
             detector_threads: (cores / 2).max(1),
             trt: o.trt,
             trt_cache,
-            fp16: o.fp16,
-            batch: o.batch,
-            det_size: o.det_size,
-            det_threshold: o.det_threshold,
-            nms_iou: o.nms_iou,
-            detect_every: o.detect_every,
-            max_faces: o.max_faces,
-            blend: o.blend,
-            smooth: o.smooth,
-            mask: o.mask,
-            compare: o.compare,
-            encode: o.encode.clone(),
             hwaccel_cuda: o.hwaccel_cuda,
-            max_frames: o.max_frames,
             faces_json: o.faces_json.clone(),
             stats_json: o.stats_json.clone(),
             cores,
@@ -365,10 +374,11 @@ impl Settings {
         crate::output::check_not_pattern(input, "input")?;
         let source = probe(input)?;
         check_output(input, output)?;
+        let t = &self.recipe.treatment;
         if crate::media::still::is_still(output) {
-            crate::media::still::check_still_output(output, &self.encode)?;
+            crate::media::still::check_still_output(output, &t.encode)?;
         } else {
-            crate::media::encode::check_fits(&self.encode, output)?;
+            crate::media::encode::check_fits(&t.encode, output)?;
         }
         // What an earlier run of this output left when it was killed (a live run's is kept).
         let (prefix, suffix) = partial_pattern(output);
@@ -380,7 +390,7 @@ impl Settings {
             &prefix,
             &suffix,
         );
-        let mut taken: Vec<&Path> = vec![input, output, &self.model, &self.detector];
+        let mut taken: Vec<&Path> = vec![input, output, self.recipe.model.path(), self.recipe.detector.path()];
         for side in [&self.faces_json, &self.stats_json].into_iter().flatten() {
             check_side_output(side, &taken)?;
             taken.push(side);
@@ -388,12 +398,12 @@ impl Settings {
         Ok(Job {
             source,
             output: output.to_path_buf(),
-            max_frames: self.max_frames,
-            blend: self.blend,
-            smooth: self.smooth,
-            mask: self.mask,
-            compare: self.compare,
-            encode: self.encode.clone(),
+            max_frames: t.max_frames,
+            blend: t.blend,
+            smooth: t.smooth,
+            mask: t.mask,
+            compare: t.compare,
+            encode: t.encode.clone(),
             hwaccel_cuda: self.hwaccel_cuda,
             faces_json: self.faces_json.clone(),
             cancel,
@@ -403,12 +413,12 @@ impl Settings {
     /// What an engine for `job` is built for.
     pub fn engine_key(&self, job: &Job) -> EngineKey {
         EngineKey {
-            model: self.model.clone(),
-            detector: self.detector.clone(),
+            model: self.recipe.model.0.clone(),
+            detector: self.recipe.detector.0.clone(),
             targets: self.targets.clone(),
             det_size: {
                 let (w, h) = job.source.upright_size();
-                det_size(w, h, self.det_size)
+                det_size(w, h, self.recipe.treatment.detection.det_size)
             },
             rotation: job.source.rotation,
         }
@@ -423,12 +433,9 @@ impl Settings {
             faults: self.faults.clone(),
             trt: self.trt,
             trt_cache: self.trt_cache.clone(),
-            fp16: self.fp16,
-            batch: self.batch,
-            det_threshold: self.det_threshold,
-            nms_iou: self.nms_iou,
-            detect_every: self.detect_every,
-            max_faces: self.max_faces,
+            fp16: self.recipe.treatment.fp16,
+            batch: self.recipe.treatment.batch,
+            detection: self.recipe.treatment.detection.clone(),
         }
     }
 
@@ -491,28 +498,18 @@ mod tests {
 
     fn settings(targets: Vec<Target>, cores: usize) -> Settings {
         let mut s = Settings {
-            model: "m.onnx".into(),
-            detector: "d.onnx".into(),
+            recipe: Recipe {
+                model: Asset("m.onnx".into()),
+                detector: Asset("d.onnx".into()),
+                treatment: Treatment::default(),
+            },
             targets: Vec::new(),
             threads_per_worker: 1,
             detector_threads: 1,
             faults: Vec::new(),
             trt: false,
             trt_cache: None,
-            fp16: false,
-            batch: 4,
-            det_size: 640,
-            det_threshold: 0.5,
-            nms_iou: 0.3,
-            detect_every: 5,
-            max_faces: 32,
-            blend: 1.0,
-            smooth: DEFAULT_SMOOTH,
-            mask: DEFAULT_MASK,
-            compare: None,
-            encode: EncodeSettings::default(),
             hwaccel_cuda: false,
-            max_frames: None,
             faces_json: None,
             stats_json: None,
             cores,

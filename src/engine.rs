@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 
-use crate::faces::detect::Detector;
+use crate::faces::detect::{DetectSettings, Detector};
 use crate::faces::enhance::{Enhancer, Fault, ModelInfo, Worker};
 use crate::media::decode::SourceInfo;
 use crate::media::encode::EncodeSettings;
@@ -41,10 +41,8 @@ pub struct EngineSpec {
     pub fp16: bool,
     /// Crops per model call asked for.
     pub batch: usize,
-    pub det_threshold: f32,
-    pub nms_iou: f32,
-    pub detect_every: u32,
-    pub max_faces: usize,
+    /// How faces are looked for (the copy's size is the key's).
+    pub detection: DetectSettings,
 }
 
 /// The loaded sessions.
@@ -170,10 +168,11 @@ impl Engine {
             fp16: false,
         };
         let det_session = crate::runtime::session(&key.detector, &det_opts, "detector")?;
-        let detector = Detector::new(det_session, key.det_size, s.det_threshold, s.nms_iou, key.rotation)
+        let d = &s.detection;
+        let detector = Detector::new(det_session, key.det_size, d.threshold, d.nms_iou, key.rotation)
             .with_context(|| format!("detector {}", key.detector.display()))?
-            .with_tracking(s.detect_every)
-            .with_max_faces(s.max_faces);
+            .with_tracking(d.every)
+            .with_max_faces(d.max_faces);
         Ok(Engine {
             key,
             detector,

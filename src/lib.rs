@@ -6,6 +6,7 @@ pub mod batch;
 pub mod bench;
 pub mod config;
 pub mod console;
+pub mod defaults;
 pub mod engine;
 pub mod faces;
 pub mod frame;

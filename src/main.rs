@@ -10,9 +10,11 @@ use anyhow::bail;
 use clap::{Args, Parser, Subcommand};
 use gpen_video::bench::portraits;
 use gpen_video::bench::{self, BenchOptions, Stage};
-use gpen_video::config::{self, find_asset, Device, Options, Settings};
+use gpen_video::config::{self, find_asset, Device, Options, Settings, Treatment};
 use gpen_video::console::{eprint_line, print_text};
+use gpen_video::defaults;
 use gpen_video::engine::CancelToken;
+use gpen_video::faces::detect::DetectSettings;
 use gpen_video::media::encode::EncodeSettings;
 use gpen_video::pipeline;
 use gpen_video::registry::{self, ModelsCmd};
@@ -155,7 +157,7 @@ struct RunArgs {
     device: Device,
     /// Face crops per model call, gathered across consecutive frames (a model with a fixed
     /// batch dimension runs its own size).
-    #[arg(long, default_value_t = config::DEFAULT_BATCH, value_parser = clap::value_parser!(u16).range(1..=256), help_heading = "Model")]
+    #[arg(long, default_value_t = defaults::BATCH, value_parser = clap::value_parser!(u16).range(1..=256), help_heading = "Model")]
     batch: u16,
     /// CPU threads for ONNX Runtime (default: all cores).
     #[arg(long, value_name = "N", help_heading = "Model")]
@@ -177,30 +179,30 @@ struct RunArgs {
     #[arg(long, value_name = "PATH", help_heading = "Detection")]
     detector: Option<PathBuf>,
     /// Long side, in pixels, of the downscaled copy the detector sees.
-    #[arg(long, default_value_t = config::DEFAULT_DET_SIZE, value_name = "PX", help_heading = "Detection")]
+    #[arg(long, default_value_t = defaults::DET_SIZE, value_name = "PX", help_heading = "Detection")]
     det_size: usize,
     /// Minimum detector score for a face.
-    #[arg(long, default_value_t = config::DEFAULT_DET_THRESHOLD, help_heading = "Detection")]
+    #[arg(long, default_value_t = defaults::DET_THRESHOLD, help_heading = "Detection")]
     det_threshold: f32,
     /// Look for faces in the whole frame every N frames; in between, only around the faces of
     /// the previous frame (much cheaper). A whole-frame pass also runs on a scene change, when no
     /// face is tracked and when a tracked face is lost. 1 searches every frame.
-    #[arg(long, value_name = "N", default_value_t = config::DEFAULT_DETECT_EVERY,
+    #[arg(long, value_name = "N", default_value_t = defaults::DETECT_EVERY,
           value_parser = clap::value_parser!(u32).range(1..=1000), help_heading = "Detection")]
     detect_every: u32,
 
     /// Restore at most N faces per frame, the best-scoring ones (a warning says when a frame
     /// had more).
-    #[arg(long, value_name = "N", default_value_t = config::DEFAULT_MAX_FACES,
+    #[arg(long, value_name = "N", default_value_t = defaults::MAX_FACES,
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1000), help_heading = "Detection")]
     max_faces: usize,
 
     /// How much of the restored face to blend in: 0 keeps the original, 1 the restored face.
-    #[arg(long, default_value_t = config::DEFAULT_BLEND, value_name = "0..1", help_heading = "Output")]
+    #[arg(long, default_value_t = defaults::BLEND, value_name = "0..1", help_heading = "Output")]
     blend: f32,
     /// Temporal smoothing of each tracked face's points before alignment: the Gaussian's sigma
     /// in frames (the output runs 2 sigma frames behind the detector). 0 turns it off.
-    #[arg(long, default_value_t = config::DEFAULT_SMOOTH, value_name = "FRAMES", help_heading = "Output")]
+    #[arg(long, default_value_t = defaults::SMOOTH, value_name = "FRAMES", help_heading = "Output")]
     smooth: f32,
     /// Paste mask: `face` (the face, forehead and hairline, feathered) or `box` (the whole crop).
     #[arg(long, default_value_t = config::DEFAULT_MASK, value_enum, help_heading = "Output")]
@@ -239,26 +241,31 @@ impl RunArgs {
         o.model = self.model.as_deref().map(registry::resolve_model).transpose()?;
         o.detector = self.detector;
         o.device = self.device;
-        o.batch = self.batch as usize;
         o.threads = self.threads;
         o.trt = self.trt;
-        o.fp16 = self.fp16;
         o.hwaccel_cuda = self.hwaccel.is_some();
-        o.max_frames = self.frames;
-        o.det_size = self.det_size;
-        o.det_threshold = self.det_threshold;
-        o.detect_every = self.detect_every;
-        o.max_faces = self.max_faces;
-        o.blend = self.blend;
-        o.smooth = self.smooth;
-        o.mask = self.mask;
-        o.compare = self.compare;
-        // crf and preset reach the encoders that have them (encode.rs).
-        o.encode = EncodeSettings {
-            codec: self.codec,
-            crf: self.crf,
-            preset: self.preset,
-            quality: self.quality,
+        o.treatment = Treatment {
+            batch: self.batch as usize,
+            fp16: self.fp16,
+            detection: DetectSettings {
+                det_size: self.det_size,
+                threshold: self.det_threshold,
+                every: self.detect_every,
+                max_faces: self.max_faces,
+                ..DetectSettings::default()
+            },
+            blend: self.blend,
+            smooth: self.smooth,
+            mask: self.mask,
+            compare: self.compare,
+            // crf and preset reach the encoders that have them (media/encode.rs).
+            encode: EncodeSettings {
+                codec: self.codec,
+                crf: self.crf,
+                preset: self.preset,
+                quality: self.quality,
+            },
+            max_frames: self.frames,
         };
         Ok(o)
     }
@@ -305,7 +312,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     tracing::info!(
         input = %o.input.display(),
         size = %format!("{}x{}", job.source.width, job.source.height),
-        model = %settings.model.display(),
+        model = %settings.recipe.model.path().display(),
         crop = engine.info.size,
         batch = engine.batch,
         workers = engine.workers.len(),
@@ -359,7 +366,14 @@ fn run_bench(b: BenchArgs) -> anyhow::Result<()> {
     let settings = Settings::resolve(&b.run.options(PathBuf::new(), PathBuf::new())?)?;
     if let Some(path) = &json {
         let taken: Vec<&std::path::Path> = sources.iter().map(PathBuf::as_path).collect();
-        gpen_video::output::check_side_output(path, &[taken, vec![&settings.model, &settings.detector]].concat())?;
+        gpen_video::output::check_side_output(
+            path,
+            &[
+                taken,
+                vec![settings.recipe.model.path(), settings.recipe.detector.path()],
+            ]
+            .concat(),
+        )?;
     }
     let opts = BenchOptions {
         sources,
@@ -383,7 +397,7 @@ fn run_bench_portraits(b: BenchArgs) -> anyhow::Result<()> {
     let interrupts = gpen_video::interrupt::install()?;
     let settings = Settings::resolve(&b.run.options(PathBuf::new(), PathBuf::new())?)?;
     if let Some(path) = &b.json {
-        gpen_video::output::check_side_output(path, &[&settings.model, &settings.detector])?;
+        gpen_video::output::check_side_output(path, &[settings.recipe.model.path(), settings.recipe.detector.path()])?;
     }
     let opts = portraits::PortraitOptions {
         dir: b.portraits.flatten(),
@@ -426,5 +440,113 @@ fn run_batch(b: BatchArgs) -> ExitCode {
             eprint_line(&format!("error: {e:#}"));
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+    use gpen_video::batch::manifest::settings_hash;
+
+    use super::*;
+
+    /// Every flag of `RunArgs`: `Some(value)` for a flag that changes what a job writes (the
+    /// value to try; "" for a switch), `None` for one that changes only speed or display.
+    const FLAGS: &[(&str, Option<&str>)] = &[
+        ("model", Some("other-model.onnx")),
+        ("detector", Some("other-detector.onnx")),
+        ("batch", Some("8")),
+        ("fp16", Some("")),
+        ("frames", Some("10")),
+        ("det_size", Some("320")),
+        ("det_threshold", Some("0.7")),
+        ("detect_every", Some("2")),
+        ("max_faces", Some("3")),
+        ("blend", Some("0.5")),
+        ("smooth", Some("2")),
+        ("mask", Some("box")),
+        ("compare", Some("side")),
+        ("codec", Some("mpeg4")),
+        ("crf", Some("20")),
+        ("preset", Some("fast")),
+        ("quality", Some("80")),
+        ("device", None),
+        ("threads", None),
+        ("trt", None),
+        ("hwaccel", None),
+        ("quiet", None),
+    ];
+
+    #[derive(Parser)]
+    struct Run {
+        #[command(flatten)]
+        run: RunArgs,
+    }
+
+    fn hash(dir: &std::path::Path, extra: &[String]) -> String {
+        let mut args = vec!["t".to_string()];
+        for (flag, file) in [("--model", "model.onnx"), ("--detector", "detector.onnx")] {
+            if !extra.iter().any(|a| a == flag) {
+                args.extend([flag.to_string(), file.to_string()]);
+            }
+        }
+        args.extend(extra.iter().cloned());
+        let args: Vec<String> = args
+            .into_iter()
+            .map(|a| {
+                if a.ends_with(".onnx") {
+                    dir.join(a).display().to_string()
+                } else {
+                    a
+                }
+            })
+            .collect();
+        let run = Run::try_parse_from(&args)
+            .unwrap_or_else(|e| panic!("{args:?}: {e}"))
+            .run;
+        let o = run.options(PathBuf::new(), PathBuf::new()).unwrap();
+        settings_hash(&Settings::resolve(&o).unwrap().recipe)
+    }
+
+    #[test]
+    fn every_flag_that_changes_the_output_changes_the_settings_hash() {
+        let dir = tempfile::tempdir().unwrap();
+        for (name, bytes) in [("model", 1), ("other-model", 2), ("detector", 3), ("other-detector", 4)] {
+            std::fs::write(dir.path().join(format!("{name}.onnx")), vec![0u8; bytes]).unwrap();
+        }
+        let cmd = Run::command();
+        let ids: Vec<String> = cmd
+            .get_arguments()
+            .map(|a| a.get_id().to_string())
+            .filter(|id| id != "help")
+            .collect();
+        for id in &ids {
+            assert!(
+                FLAGS.iter().any(|(f, _)| f == id),
+                "--{id} is new: list it in FLAGS as changing the output (with a value to try) or not"
+            );
+        }
+        let plain = hash(dir.path(), &[]);
+        assert_eq!(plain, hash(dir.path(), &[]), "the hash is stable");
+        for (id, value) in FLAGS {
+            assert!(
+                ids.iter().any(|i| i == id),
+                "FLAGS names --{id}, which RunArgs no longer has"
+            );
+            let flag = format!("--{}", id.replace('_', "-"));
+            let extra: Vec<String> = match value {
+                None => continue,
+                Some("") => vec![flag.clone()],
+                Some(v) => vec![flag.clone(), v.to_string()],
+            };
+            assert_ne!(
+                plain,
+                hash(dir.path(), &extra),
+                "{flag} changes the output but not the settings hash"
+            );
+        }
+        // Options that change only how fast leave it alone.
+        let speed = ["--device", "cpu:2", "--threads", "1", "--quiet"].map(String::from);
+        assert_eq!(plain, hash(dir.path(), &speed));
     }
 }

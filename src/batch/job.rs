@@ -158,7 +158,13 @@ fn stream_images(
             }
         };
         let batch = engine.batch;
-        match crate::pipeline::run_images(engine, settings.det_size, first, &mut take, &done) {
+        match crate::pipeline::run_images(
+            engine,
+            settings.recipe.treatment.detection.det_size,
+            first,
+            &mut take,
+            &done,
+        ) {
             Ok(summary) => {
                 tracing::debug!(job, "image stream: {summary}");
                 let stat = ImageStream::of(&summary, batch);

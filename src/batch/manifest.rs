@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::batch::clips::Shard;
-use crate::config::Settings;
+use crate::config::Recipe;
 
 const PREFIX: &str = ".gpen-video-manifest";
 const VERSION: u32 = 1;
@@ -158,43 +158,16 @@ pub fn vouched(manifests: &[(PathBuf, Manifest)], key: &str, input: Stamp, setti
     })
 }
 
-/// A file's identity for the settings hash: absolute path, size, modification time.
-fn file_id(path: &Path) -> String {
-    let abs = path.canonicalize().unwrap_or_else(|_| path.to_path_buf());
-    match Stamp::of(path) {
-        Ok(s) => format!("{}|{}|{}", abs.display(), s.size, s.mtime_ns),
-        Err(_) => format!("{}|missing", abs.display()),
-    }
-}
+/// Version of what [`settings_hash`] hashes: a new version redoes every clip once. 2: the
+/// whole [`Recipe`] as JSON (before, a hand-written list that missed `--max-faces`).
+const HASH_VERSION: u32 = 2;
 
-/// Hash of everything that decides a clip's output: the model and detector files (path, size,
-/// mtime), batch, blend, detection settings, encoder settings (still quality included), fp16, the frame limit,
-/// smoothing and mask. Not
-/// the device or the number of jobs, which change only how fast.
-pub fn settings_hash(o: &Settings) -> String {
-    let id = |p: &Path| file_id(p);
-    let text = format!(
-        "v{VERSION}\nmodel={}\ndetector={}\nbatch={}\nblend={:?}\ndet_size={}\ndet_threshold={:?}\nnms_iou={:?}\ndetect_every={}\ncodec={:?}\ncrf={:?}\npreset={:?}\nfp16={}\nmax_frames={:?}\nsmooth={:?}\nmask={:?}\n{}{}",
-        id(&o.model),
-        id(&o.detector),
-        o.batch,
-        o.blend,
-        o.det_size,
-        o.det_threshold,
-        o.nms_iou,
-        o.detect_every,
-        o.encode.codec,
-        o.encode.crf,
-        o.encode.preset,
-        o.fp16,
-        o.max_frames,
-        o.smooth,
-        o.mask,
-        // Only when given, so manifests written before `--quality` existed stay valid.
-        o.encode.quality.map_or(String::new(), |q| format!("quality={q}\n")),
-        o.compare.map_or(String::new(), |c| format!("compare={c}\n")),
-    );
-    let digest = Sha256::digest(text.as_bytes());
+/// Hash of everything that decides a clip's output: the [`Recipe`] (the model and detector
+/// files by path, size and mtime, and every setting that changes pixels or streams), hashed
+/// whole as JSON. Not the device or the number of jobs, which change only how fast.
+pub fn settings_hash(recipe: &Recipe) -> String {
+    let json = serde_json::to_vec(&(HASH_VERSION, recipe)).expect("a recipe always serialises");
+    let digest = Sha256::digest(&json);
     crate::registry::report::hex(&digest[..16])
 }
 

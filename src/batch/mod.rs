@@ -87,7 +87,7 @@ pub fn run(o: &BatchOptions, ints: &Interrupts) -> Result<Report> {
     };
     let base = Settings::resolve(&o.base)?;
     let scan = clips::scan(&o.in_dir, o.recursive, &o.globs, Some(&o.out_dir))?;
-    let settings_hash = manifest::settings_hash(&base);
+    let settings_hash = manifest::settings_hash(&base.recipe);
     let own_path = manifest::path_for(&o.out_dir, shard);
     if own_path.is_dir() {
         bail!(
@@ -107,7 +107,11 @@ pub fn run(o: &BatchOptions, ints: &Interrupts) -> Result<Report> {
     let all = Manifest::load_all(&o.out_dir)?;
     if let Some(path) = &o.report {
         // Never a clip, an output, a manifest or a model.
-        let mut taken: Vec<PathBuf> = vec![own_path.clone(), base.model.clone(), base.detector.clone()];
+        let mut taken: Vec<PathBuf> = vec![
+            own_path.clone(),
+            base.recipe.model.0.clone(),
+            base.recipe.detector.0.clone(),
+        ];
         taken.extend(all.iter().map(|(p, _)| p.clone()));
         for c in &scan.clips {
             taken.push(o.in_dir.join(&c.rel));
@@ -440,6 +444,6 @@ impl View {
 fn estimate(input: &Path, s: &Settings) -> u64 {
     crate::media::decode::probe(input)
         .ok()
-        .and_then(|src| src.frames_to_run(s.max_frames))
+        .and_then(|src| src.frames_to_run(s.recipe.treatment.max_frames))
         .unwrap_or(0)
 }

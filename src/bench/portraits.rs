@@ -95,7 +95,7 @@ pub fn run(o: &PortraitOptions, log: &dyn Fn(&str)) -> Result<PortraitReport> {
             None => generate(&tmp.join("in"), o.images, log)?,
         };
         let mut report = PortraitReport {
-            model: o.settings.model.clone(),
+            model: o.settings.recipe.model.0.clone(),
             side: o.dir.is_none().then_some(PORTRAIT_SIDE),
             price_per_hour: o.price_per_hour,
             rows: Vec::new(),
@@ -222,7 +222,11 @@ fn bench_batch(
     log: &dyn Fn(&str),
 ) -> Result<PortraitRow> {
     let mut settings = o.settings.clone();
-    (settings.batch, settings.faces_json, settings.stats_json) = (batch, None, None);
+    (
+        settings.recipe.treatment.batch,
+        settings.faces_json,
+        settings.stats_json,
+    ) = (batch, None, None);
     let jobs: Vec<Job> = inputs
         .iter()
         .enumerate()
@@ -233,7 +237,7 @@ fn bench_batch(
         .collect::<Result<_>>()?;
     let mut engine = settings.engine(&jobs[0])?;
     let (device, batch) = (engine.devices(), engine.batch);
-    let long_side = settings.det_size;
+    let long_side = settings.recipe.treatment.detection.det_size;
     reset_peak_rss();
 
     // The ceiling's crops: the first face of the first few portraits.

@@ -102,6 +102,34 @@ pub fn display_to_storage(x: f32, y: f32, rotation: u32, (w, h): (usize, usize))
     }
 }
 
+/// How faces are looked for: what the detector is built with (part of every job's recipe).
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct DetectSettings {
+    /// Long side of the detection copy, in pixels.
+    pub det_size: usize,
+    /// Minimum score for a face.
+    pub threshold: f32,
+    /// Overlap above which two detections are one face.
+    pub nms_iou: f32,
+    /// Full detection every this many frames; faces are tracked in between (1: every frame).
+    pub every: u32,
+    /// At most this many faces per frame, the best-scoring ones.
+    pub max_faces: usize,
+}
+
+impl Default for DetectSettings {
+    fn default() -> Self {
+        use crate::defaults as d;
+        Self {
+            det_size: d::DET_SIZE,
+            threshold: d::DET_THRESHOLD,
+            nms_iou: d::NMS_IOU,
+            every: d::DETECT_EVERY,
+            max_faces: d::MAX_FACES,
+        }
+    }
+}
+
 /// A CenterFace session with its input buffer.
 pub struct Detector {
     session: Session,

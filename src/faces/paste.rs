@@ -14,7 +14,8 @@ use crate::frame::Change;
 use crate::geom::{Affine, Rect};
 
 /// The paste mask's shape.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
 pub enum MaskKind {
     /// The face, forehead and hairline (an ellipse placed by the alignment template), feathered:
     /// what the model regenerates in the crop's corners (background, a neighbour) stays out.

@@ -7,7 +7,8 @@ use crate::frame::{Frame, Picture};
 use crate::geom::Rect;
 
 /// The before/after view written instead of the restored picture.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Compare {
     /// Original on the left, restored on the right: twice the source's width.
     Side,

@@ -15,15 +15,13 @@ use crate::frame::{Frame, Picture};
 use crate::media::color::{add_changes, convert, set_matrix, Matrix, Planar, SendScaler};
 use crate::media::decode::SourceInfo;
 
-/// The default video encoder (for containers that take H.264) and its x264/x265 settings.
-pub const DEFAULT_CODEC: &str = "libx264";
-pub const DEFAULT_CRF: u32 = 18;
-pub const DEFAULT_PRESET: &str = "medium";
+use crate::defaults::{CODEC as DEFAULT_CODEC, CRF as DEFAULT_CRF, CRF_VP9, PRESET as DEFAULT_PRESET};
+
 /// Encoders tried, in order, for WebM outputs when no `--codec` is given.
 const WEBM_CODECS: [&str; 3] = ["libvpx-vp9", "libaom-av1", "libsvtav1"];
 
 /// Encoder choices from the command line: `None` is the default for the container.
-#[derive(Clone, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
 pub struct EncodeSettings {
     /// FFmpeg encoder name; by default libx264, or a VP9/AV1 encoder for .webm.
     pub codec: Option<String>,
@@ -31,7 +29,7 @@ pub struct EncodeSettings {
     pub crf: Option<u32>,
     /// x264/x265 preset (default medium).
     pub preset: Option<String>,
-    /// JPEG and WebP still outputs: 1 to 100 (default `still::DEFAULT_QUALITY`).
+    /// JPEG and WebP still outputs: 1 to 100 (default `defaults::QUALITY`).
     pub quality: Option<u32>,
 }
 
@@ -45,7 +43,7 @@ fn encoder_options(codec: &str, s: &EncodeSettings) -> Dictionary<'static> {
         }
         // Constant quality (with no bitrate cap: libvpx's default is a low fixed bitrate).
         "libvpx-vp9" => {
-            opts.set("crf", &s.crf.unwrap_or(31).to_string());
+            opts.set("crf", &s.crf.unwrap_or(CRF_VP9).to_string());
             opts.set("b", "0");
         }
         "libaom-av1" | "libsvtav1" => {

@@ -19,8 +19,7 @@ use crate::media::color::{convert, yuv420p_to_rgb_region, SendScaler};
 use crate::media::decode::SourceInfo;
 use crate::media::encode::{EncodeSettings, Encoder};
 
-/// `--quality` for JPEG and WebP outputs when none is given (1 to 100, higher is better).
-pub const DEFAULT_QUALITY: u32 = 92;
+use crate::defaults::QUALITY as DEFAULT_QUALITY;
 
 pub use crate::media::kind::{ext_of, is_other_image, is_still, OTHER_IMAGE_EXTENSIONS, STILL_EXTENSIONS};
 

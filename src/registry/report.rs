@@ -207,7 +207,8 @@ pub(crate) fn read_facts(path: &Path, kind: Option<Kind>) -> Result<ModelFacts> 
             _ => (String::new(), Vec::new()),
         };
         let outputs = session.outputs().len();
-        crate::faces::detect::Detector::new(session, (640, 640), 0.5, 0.3, 0)
+        let d = crate::faces::detect::DetectSettings::default();
+        crate::faces::detect::Detector::new(session, (d.det_size, d.det_size), d.threshold, d.nms_iou, 0)
             .with_context(|| format!("{} does not fit the CenterFace detector's I/O", path.display()))?;
         ModelFacts::Detector { input, shape, outputs }
     } else {

@@ -1,0 +1,35 @@
+//! Every default of the tool, written once: in, nothing; out, the values the CLI shows in its
+//! help, `config` fills in for what was not typed and the encoders use for what was left open.
+//! It imports nothing, so every part may read it.
+
+/// Crops per model call.
+pub const BATCH: u16 = 4;
+/// Long side of the detection copy.
+pub const DET_SIZE: usize = 640;
+/// Minimum detector score.
+pub const DET_THRESHOLD: f32 = 0.5;
+/// Overlap above which two detections are one face.
+pub const NMS_IOU: f32 = 0.3;
+/// At most this many faces per frame (the best-scoring ones).
+pub const MAX_FACES: usize = 32;
+/// Full detection every this many frames (tracking in between).
+pub const DETECT_EVERY: u32 = 5;
+/// How much of the restored face is blended in.
+pub const BLEND: f32 = 1.0;
+/// Temporal smoothing of each tracked face's points: the Gaussian's sigma, in frames (0: off).
+pub const SMOOTH: f32 = 6.0;
+/// The video encoder when none is given (a .webm output takes the first of `WEBM_CODECS`).
+pub const CODEC: &str = "libx264";
+/// x264/x265 constant rate factor.
+pub const CRF: u32 = 18;
+/// VP9's constant rate factor (its scale differs from x264's).
+pub const CRF_VP9: u32 = 31;
+/// x264/x265 preset.
+pub const PRESET: &str = "medium";
+/// `--quality` for JPEG and WebP outputs (1 to 100, higher is better).
+pub const QUALITY: u32 = 92;
+/// The default enhancer: the official GPEN-BFR-512 if the user put it in models/, else the
+/// set-up's identity stand-in.
+pub const MODELS: [&str; 2] = ["models/GPEN-BFR-512.onnx", "models/standin/identity-512.onnx"];
+/// The CenterFace detector the set-up installs.
+pub const DETECTOR: &str = "models/centerface.onnx";
