@@ -19,8 +19,8 @@ use crate::faces::enhance::Fault;
 use crate::faces::paste::MaskKind;
 use crate::media::compare::Compare;
 use crate::media::decode::probe;
-use crate::media::encode::{check_settings, EncodeSettings};
-use crate::output::{check_output, check_side_output, partial_pattern, remove_stale};
+use crate::media::encode::EncodeSettings;
+use crate::output::{accept_output, check_encoder, check_side_output, partial_pattern, remove_stale};
 use crate::runtime::Target;
 
 /// The paste mask's shape (the enum's own default).
@@ -276,7 +276,7 @@ impl Settings {
             bail!("--max-faces must be at least 1");
         }
 
-        check_settings(&t.encode)?;
+        check_encoder(&t.encode)?;
         if o.hwaccel_cuda {
             crate::media::decode::check_cuda_hwaccel()?;
         }
@@ -373,13 +373,8 @@ impl Settings {
     pub fn job(&self, input: &Path, output: &Path, cancel: CancelToken) -> Result<Job> {
         crate::output::check_not_pattern(input, "input")?;
         let source = probe(input)?;
-        check_output(input, output)?;
         let t = &self.recipe.treatment;
-        if crate::media::still::is_still(output) {
-            crate::media::still::check_still_output(output, &t.encode)?;
-        } else {
-            crate::media::encode::check_fits(&t.encode, output)?;
-        }
+        accept_output(input, output, &t.encode)?;
         // What an earlier run of this output left when it was killed (a live run's is kept).
         let (prefix, suffix) = partial_pattern(output);
         remove_stale(

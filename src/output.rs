@@ -1,11 +1,20 @@
-//! Output files: in, the paths a user named as outputs; out, checks made before any work (never
-//! an input, a model or another output of the run; the folder exists and is writable) and the
+//! Output files: in, the paths a user named as outputs and the encoder settings; out, the one
+//! decision whether OUT is acceptable ([`accept_output`]: never an input, the folder exists
+//! and is writable, a still for a still and a video for a video, an encoder this FFmpeg has
+//! that OUT's container holds, settings in range), the same for side outputs, and the
 //! temporary names every file is written under until it is complete, then renamed into place.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, bail, Context, Result};
+use ffmpeg_next::encoder;
+
+use crate::media::encode::{
+    codec_for, container_for, container_known, container_takes, max_crf, EncodeSettings, WEBM_CODECS,
+};
+use crate::media::kind::{is_other_image, is_still};
+use crate::media::still::encoder_for as still_encoder;
 
 /// Whether two paths name the same existing file (hard links and `./x` vs `x` included).
 pub fn same_file(a: &Path, b: &Path) -> bool {
@@ -191,9 +200,91 @@ pub fn check_not_pattern(path: &Path, what: &str) -> Result<()> {
     Ok(())
 }
 
-/// Checks OUT: not the input, in an existing writable folder, with a container FFmpeg knows;
-/// a still image for a still input and a video for a video input.
-pub fn check_output(input: &Path, output: &Path) -> Result<()> {
+/// Accepts or refuses OUT for a job reading `input` and encoding with `s`: the one place that
+/// decides, called by a run, `batch` and `bench` (through `Settings::job`) before any work.
+pub fn accept_output(input: &Path, output: &Path, s: &EncodeSettings) -> Result<()> {
+    check_path(input, output)?;
+    if is_still(output) {
+        check_still(output)?;
+    } else {
+        check_video(s, output)?;
+    }
+    check_quality(s.quality)
+}
+
+/// Checks the encoder settings themselves (before any source is looked at): the encoder
+/// exists and is a video encoder, its crf and `--quality` are in range.
+pub fn check_encoder(s: &EncodeSettings) -> Result<()> {
+    crate::init_ffmpeg();
+    check_quality(s.quality)?;
+    if let Some(name) = &s.codec {
+        let c = encoder::find_by_name(name)
+            .ok_or_else(|| anyhow!("video encoder `{name}` is not available in this FFmpeg build"))?;
+        if c.medium() != ffmpeg_next::media::Type::Video {
+            bail!("`{name}` is not a video encoder");
+        }
+    }
+    if let Some(crf) = s.crf {
+        let name = s.codec.as_deref().unwrap_or(crate::defaults::CODEC);
+        let max = max_crf(name);
+        if crf > max {
+            bail!("--crf {crf} is out of range for {name}: use 0 to {max}");
+        }
+    }
+    Ok(())
+}
+
+/// `--quality` must be 1 to 100.
+fn check_quality(q: Option<u32>) -> Result<()> {
+    if let Some(q) = q.filter(|q| !(1..=100).contains(q)) {
+        bail!("--quality {q} is out of range: use 1 (smallest file) to 100 (best picture)");
+    }
+    Ok(())
+}
+
+/// A still output: this FFmpeg has the encoder its extension needs.
+fn check_still(path: &Path) -> Result<()> {
+    crate::init_ffmpeg();
+    let Some(name) = still_encoder(path) else {
+        bail!("output {} is not a still image gpen-video writes", path.display());
+    };
+    if encoder::find_by_name(name).is_none() {
+        bail!(
+            "output {}: this FFmpeg build has no {name} encoder; choose a .png or .jpg output",
+            path.display()
+        );
+    }
+    Ok(())
+}
+
+/// A video output: OUT's container can hold the video `s` encodes, naming what to do if not.
+fn check_video(s: &EncodeSettings, output: &Path) -> Result<()> {
+    let ext = output.extension().and_then(|e| e.to_str()).unwrap_or("");
+    let name = codec_for(s, ext);
+    let Some(c) = encoder::find_by_name(&name) else {
+        bail!("video encoder `{name}` is not available in this FFmpeg build");
+    };
+    if container_takes(ext, c.id()) == Some(false) {
+        let hint = if ext.eq_ignore_ascii_case("webm") {
+            format!("use --codec {} (WebM holds VP8, VP9 and AV1)", WEBM_CODECS[0])
+        } else {
+            format!(
+                "choose another --codec, or a .{} output",
+                container_for(c.id()).unwrap_or("mkv")
+            )
+        };
+        bail!(
+            "output {}: a .{ext} file cannot hold {name}'s video ({:?}); {hint}",
+            output.display(),
+            c.id()
+        );
+    }
+    Ok(())
+}
+
+/// OUT as a path: not the input, in an existing writable folder, with a container FFmpeg
+/// knows; a still image for a still input and a video for a video input.
+fn check_path(input: &Path, output: &Path) -> Result<()> {
     if output.as_os_str().is_empty() {
         bail!("no output file given");
     }
@@ -215,7 +306,6 @@ pub fn check_output(input: &Path, output: &Path) -> Result<()> {
         );
     }
     let ext = output.extension().and_then(|e| e.to_str()).unwrap_or("");
-    use crate::media::kind::{is_other_image, is_still};
     if is_other_image(output) {
         bail!(
             "output {}: gpen-video does not write .{ext} images; use .png, .jpg, .webp, .tiff or .bmp",
@@ -237,7 +327,7 @@ pub fn check_output(input: &Path, output: &Path) -> Result<()> {
         (true, true) => return Ok(()),
         (false, false) => {}
     }
-    if ext.is_empty() || !crate::media::encode::container_known(ext) {
+    if ext.is_empty() || !container_known(ext) {
         bail!(
             "output {}: cannot tell the container from the extension `.{ext}`; use .mp4, .mkv or .mov",
             output.display()
@@ -330,6 +420,39 @@ impl Drop for PendingFile {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn out_is_accepted_or_refused_in_one_place() {
+        let dir = tempfile::tempdir().unwrap();
+        let input = dir.path().join("in.mp4");
+        std::fs::write(&input, b"x").unwrap();
+        let (video, still) = (EncodeSettings::default(), dir.path().join("in.png"));
+        accept_output(&input, &dir.path().join("out.mkv"), &video).unwrap();
+        let refused =
+            |out: &str, s: &EncodeSettings| accept_output(&input, &dir.path().join(out), s).unwrap_err().to_string();
+        assert!(refused("in.mp4", &video).contains("is the input file"));
+        assert!(refused("out.png", &video).contains("is a video and output"));
+        assert!(refused("out.gif", &video).contains("does not write .gif"));
+        assert!(refused("out.xyz", &video).contains("cannot tell the container"));
+        let vp9 = EncodeSettings {
+            codec: Some("mpeg4".into()),
+            ..Default::default()
+        };
+        assert!(refused("out.webm", &vp9).contains("cannot hold mpeg4"));
+        std::fs::write(&still, b"x").unwrap();
+        let q = |quality| EncodeSettings {
+            quality: Some(quality),
+            ..Default::default()
+        };
+        accept_output(&still, &dir.path().join("out.jpg"), &q(100)).unwrap();
+        for bad in [0, 101] {
+            let e = accept_output(&still, &dir.path().join("out.jpg"), &q(bad))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("--quality") && e.contains("out of range"), "{e}");
+            assert!(check_encoder(&q(bad)).is_err());
+        }
+    }
 
     #[test]
     fn partials_are_hidden_beside_the_output_unique_and_locked() {

@@ -18,7 +18,7 @@ use crate::media::decode::SourceInfo;
 use crate::defaults::{CODEC as DEFAULT_CODEC, CRF as DEFAULT_CRF, CRF_VP9, PRESET as DEFAULT_PRESET};
 
 /// Encoders tried, in order, for WebM outputs when no `--codec` is given.
-const WEBM_CODECS: [&str; 3] = ["libvpx-vp9", "libaom-av1", "libsvtav1"];
+pub const WEBM_CODECS: [&str; 3] = ["libvpx-vp9", "libaom-av1", "libsvtav1"];
 
 /// Encoder choices from the command line: `None` is the default for the container.
 #[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
@@ -85,7 +85,7 @@ pub fn container_known(ext: &str) -> bool {
 
 /// What the muxer of `.ext` says of a stream of `id`: `Some(true)` it takes it, `Some(false)`
 /// it does not, `None` it cannot tell (then only writing the header tells).
-fn container_takes(ext: &str, id: codec::Id) -> Option<bool> {
+pub fn container_takes(ext: &str, id: codec::Id) -> Option<bool> {
     let fmt = guess_format(ext);
     if fmt.is_null() {
         return Some(false);
@@ -99,7 +99,7 @@ fn container_takes(ext: &str, id: codec::Id) -> Option<bool> {
 }
 
 /// A container that surely keeps a stream of `id`, to name in a message.
-fn container_for(id: codec::Id) -> Option<&'static str> {
+pub fn container_for(id: codec::Id) -> Option<&'static str> {
     ["mkv", "mp4", "mov", "webm", "ts"]
         .into_iter()
         .find(|ext| container_takes(ext, id) == Some(true))
@@ -170,52 +170,6 @@ fn output_format(codec: &ffmpeg::Codec, source: Pixel, name: &str) -> Pixel {
 fn pix_name(p: Pixel) -> String {
     p.descriptor()
         .map_or_else(|| format!("{p:?}"), |d| d.name().to_string())
-}
-
-/// Checks the encoder exists and its crf is in range, before any work starts.
-pub fn check_settings(s: &EncodeSettings) -> Result<()> {
-    crate::init_ffmpeg();
-    crate::media::kind::check_quality(s.quality)?;
-    if let Some(name) = &s.codec {
-        let c = encoder::find_by_name(name)
-            .ok_or_else(|| anyhow!("video encoder `{name}` is not available in this FFmpeg build"))?;
-        if c.medium() != media::Type::Video {
-            bail!("`{name}` is not a video encoder");
-        }
-    }
-    if let Some(crf) = s.crf {
-        let name = s.codec.as_deref().unwrap_or(DEFAULT_CODEC);
-        let max = max_crf(name);
-        if crf > max {
-            bail!("--crf {crf} is out of range for {name}: use 0 to {max}");
-        }
-    }
-    Ok(())
-}
-
-/// Checks that OUT's container can hold the video `s` encodes, naming what to do if not.
-pub fn check_fits(s: &EncodeSettings, output: &Path) -> Result<()> {
-    let ext = output.extension().and_then(|e| e.to_str()).unwrap_or("");
-    let name = codec_for(s, ext);
-    let Some(c) = encoder::find_by_name(&name) else {
-        bail!("video encoder `{name}` is not available in this FFmpeg build");
-    };
-    if container_takes(ext, c.id()) == Some(false) {
-        let hint = if ext.eq_ignore_ascii_case("webm") {
-            format!("use --codec {} (WebM holds VP8, VP9 and AV1)", WEBM_CODECS[0])
-        } else {
-            format!(
-                "choose another --codec, or a .{} output",
-                container_for(c.id()).unwrap_or("mkv")
-            )
-        };
-        bail!(
-            "output {}: a .{ext} file cannot hold {name}'s video ({:?}); {hint}",
-            output.display(),
-            c.id()
-        );
-    }
-    Ok(())
 }
 
 /// Copies a source's non-video streams (audio, subtitles) packet for packet, interleaved by

@@ -1,11 +1,8 @@
-//! Which kind of media a path names: in, a file path (and a JPEG quality as typed); out,
-//! whether it is a still image gpen-video reads and writes, another image format, or else a
-//! video, by extension, and the quality checked. Kept apart from the still writer so the
-//! decoder and encoder can ask without depending on it.
+//! Which kind of media a path names: in, a file path; out, whether it is a still image
+//! gpen-video reads and writes, another image format, or else a video, by extension. Kept
+//! apart from the still writer so the decoder and encoder can ask without depending on it.
 
 use std::path::Path;
-
-use anyhow::{bail, Result};
 
 /// Extensions of the still images gpen-video reads and writes.
 pub const STILL_EXTENSIONS: [&str; 7] = ["png", "jpg", "jpeg", "webp", "tif", "tiff", "bmp"];
@@ -29,12 +26,4 @@ pub fn is_still(path: &Path) -> bool {
 /// Whether `path` names another still-image format (GIF, JPEG XL, AVIF).
 pub fn is_other_image(path: &Path) -> bool {
     OTHER_IMAGE_EXTENSIONS.contains(&ext_of(path).as_str())
-}
-
-/// `--quality` must be 1 to 100.
-pub fn check_quality(q: Option<u32>) -> Result<()> {
-    if let Some(q) = q.filter(|q| !(1..=100).contains(q)) {
-        bail!("--quality {q} is out of range: use 1 (smallest file) to 100 (best picture)");
-    }
-    Ok(())
 }

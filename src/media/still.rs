@@ -35,24 +35,6 @@ pub fn encoder_for(path: &Path) -> Option<&'static str> {
     }
 }
 
-/// Checks that this FFmpeg has the encoder a still output named `path` needs and that
-/// `--quality` is in range.
-pub fn check_still_output(path: &Path, s: &EncodeSettings) -> Result<()> {
-    crate::init_ffmpeg();
-    let Some(name) = encoder_for(path) else {
-        bail!("output {} is not a still image gpen-video writes", path.display());
-    };
-    if encoder::find_by_name(name).is_none() {
-        bail!(
-            "output {}: this FFmpeg build has no {name} encoder; choose a .png or .jpg output",
-            path.display()
-        );
-    }
-    check_quality(s.quality)
-}
-
-pub use crate::media::kind::check_quality;
-
 /// The picture format `name` is fed: RGB where the encoder takes it (PNG, TIFF: lossless),
 /// full-chroma YUV for JPEG (no 4:2:0 subsampling), else what it takes first.
 fn pixel_for(name: &str, formats: &[Pixel]) -> Pixel {
@@ -363,7 +345,5 @@ mod tests {
         assert!(!is_still(Path::new("x.mp4")) && !is_still(Path::new("x")));
         assert!(is_other_image(Path::new("x.gif")));
         assert_eq!(encoder_for(Path::new("x.jpeg")), Some("mjpeg"));
-        assert!(check_quality(Some(0)).is_err() && check_quality(Some(101)).is_err());
-        check_quality(Some(100)).unwrap();
     }
 }
