@@ -4,7 +4,9 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
+use globset::{GlobBuilder, GlobSet, GlobSetBuilder};
+use walkdir::WalkDir;
 
 /// Extensions (lower case) taken as videos; any other file is listed as skipped.
 pub const VIDEO_EXTENSIONS: [&str; 14] = [
@@ -47,59 +49,46 @@ pub fn is_clip(path: &Path) -> bool {
 /// of `globs` (when some are given) is left out silently.
 pub fn scan(dir: &Path, recursive: bool, globs: &[String], exclude: Option<&Path>) -> Result<Scan> {
     let exclude = exclude.and_then(|p| p.canonicalize().ok());
+    let (by_name, by_path) = patterns(globs)?;
     let mut scan = Scan::default();
-    let mut stack = vec![PathBuf::new()];
-    while let Some(sub) = stack.pop() {
-        let here = dir.join(&sub);
-        let entries = std::fs::read_dir(&here).with_context(|| format!("reading folder {}", here.display()))?;
-        for entry in entries {
-            let entry = entry.with_context(|| format!("reading folder {}", here.display()))?;
-            let name = entry.file_name();
-            if name.to_string_lossy().starts_with('.') {
-                continue;
-            }
-            let rel = sub.join(&name);
-            let kind = entry.file_type()?;
-            // Symbolic links count as what they point to, but linked folders are not entered.
-            let meta = if kind.is_symlink() {
-                match std::fs::metadata(entry.path()) {
-                    Ok(m) => m,
-                    Err(_) => continue,
-                }
-            } else {
-                entry.metadata()?
-            };
-            if kind.is_dir() {
-                let skip = exclude
-                    .as_ref()
-                    .is_some_and(|ex| entry.path().canonicalize().ok().as_ref() == Some(ex));
-                if recursive && !skip {
-                    stack.push(rel);
-                }
-                continue;
-            }
-            if !meta.is_file() {
-                continue;
-            }
-            let key = rel
-                .components()
-                .map(|c| c.as_os_str().to_string_lossy())
-                .collect::<Vec<_>>()
-                .join("/");
-            let file_name = name.to_string_lossy();
-            let wanted = globs.is_empty()
-                || globs.iter().any(|g| {
-                    let text = if g.contains('/') { key.as_str() } else { &*file_name };
-                    glob_match(g, text)
-                });
-            if !wanted {
-                continue;
-            }
-            if is_clip(&rel) {
-                scan.clips.push(Clip { key, rel });
-            } else {
-                scan.not_video.push(key);
-            }
+    // Symbolic links count as what they point to, but linked folders are not entered.
+    let walk = WalkDir::new(dir)
+        .min_depth(1)
+        .max_depth(if recursive { usize::MAX } else { 1 })
+        .follow_links(false)
+        .into_iter()
+        .filter_entry(|e| {
+            let hidden = e.file_name().to_string_lossy().starts_with('.');
+            let excluded = e.file_type().is_dir() && exclude.is_some() && e.path().canonicalize().ok() == exclude;
+            !hidden && !excluded
+        });
+    for entry in walk {
+        let entry = entry.map_err(|e| {
+            let at = e.path().unwrap_or(dir).display().to_string();
+            anyhow!("reading folder {at}: {e}")
+        })?;
+        let is_file = if entry.path_is_symlink() {
+            std::fs::metadata(entry.path()).is_ok_and(|m| m.is_file())
+        } else {
+            entry.file_type().is_file()
+        };
+        if !is_file {
+            continue;
+        }
+        let rel = entry.path().strip_prefix(dir).unwrap_or(entry.path()).to_path_buf();
+        let key = rel
+            .components()
+            .map(|c| c.as_os_str().to_string_lossy())
+            .collect::<Vec<_>>()
+            .join("/");
+        let wanted = globs.is_empty() || by_name.is_match(entry.file_name()) || by_path.is_match(&key);
+        if !wanted {
+            continue;
+        }
+        if is_clip(&rel) {
+            scan.clips.push(Clip { key, rel });
+        } else {
+            scan.not_video.push(key);
         }
     }
     scan.clips.sort();
@@ -107,69 +96,28 @@ pub fn scan(dir: &Path, recursive: bool, globs: &[String], exclude: Option<&Path
     Ok(scan)
 }
 
-/// Shell-style wildcard match: `*` any run of characters (not `/`), `?` one character,
-/// `[abc]`, `[a-z]` and `[!a]` one character of a set.
-pub fn glob_match(pattern: &str, text: &str) -> bool {
-    let p: Vec<char> = pattern.chars().collect();
-    let t: Vec<char> = text.chars().collect();
-    // Backtracking over the last `*`, as in the classic iterative matcher.
-    let (mut pi, mut ti) = (0, 0);
-    let mut star: Option<(usize, usize)> = None;
-    while ti < t.len() {
-        if pi < p.len() && p[pi] == '*' {
-            star = Some((pi, ti));
-            pi += 1;
-            continue;
-        }
-        if pi < p.len() {
-            if let Some((ok, len)) = match_one(&p[pi..], t[ti]) {
-                if ok {
-                    pi += len;
-                    ti += 1;
-                    continue;
-                }
-            }
-        }
-        match star {
-            Some((sp, st)) if t[st] != '/' => {
-                pi = sp + 1;
-                ti = st + 1;
-                star = Some((sp, st + 1));
-            }
-            _ => return false,
-        }
+/// `--glob` patterns as two sets: those without `/` (matched against a file's name) and those
+/// with (matched against its relative path). Shell-style: `*` any run of characters but `/`,
+/// `?` one character, `[abc]`, `[a-z]` and `[!a]` one of a set. An invalid pattern is an error
+/// that names it.
+fn patterns(globs: &[String]) -> Result<(GlobSet, GlobSet)> {
+    let (mut by_name, mut by_path) = (GlobSetBuilder::new(), GlobSetBuilder::new());
+    for g in globs {
+        let glob = GlobBuilder::new(g)
+            .literal_separator(true)
+            .backslash_escape(true)
+            .build()
+            .map_err(|e| anyhow!("--glob `{g}` is not a valid pattern: {}", e.kind()))?;
+        if g.contains('/') { &mut by_path } else { &mut by_name }.add(glob);
     }
-    p[pi..].iter().all(|&c| c == '*')
+    Ok((by_name.build()?, by_path.build()?))
 }
 
-/// Whether the pattern's first element matches `c`, and how many pattern characters it spans.
-fn match_one(p: &[char], c: char) -> Option<(bool, usize)> {
-    match p[0] {
-        '?' => Some((c != '/', 1)),
-        '*' => None,
-        '[' => {
-            let Some(end) = p.iter().skip(2).position(|&x| x == ']').map(|i| i + 2) else {
-                return Some((c == '[', 1));
-            };
-            let (neg, set) = match p[1] {
-                '!' | '^' => (true, &p[2..end]),
-                _ => (false, &p[1..end]),
-            };
-            let mut hit = false;
-            let mut i = 0;
-            while i < set.len() {
-                if i + 2 < set.len() && set[i + 1] == '-' {
-                    hit |= (set[i]..=set[i + 2]).contains(&c);
-                    i += 3;
-                } else {
-                    hit |= set[i] == c;
-                    i += 1;
-                }
-            }
-            Some((hit != neg, end + 1))
-        }
-        x => Some((x == c, 1)),
-    }
+/// Whether `text` matches the shell-style `pattern` (see [`patterns`]).
+#[cfg(test)]
+fn glob_match(pattern: &str, text: &str) -> bool {
+    let (by_name, by_path) = patterns(&[pattern.to_string()]).expect("valid pattern");
+    by_name.is_match(text) || by_path.is_match(text)
 }
 
 /// FNV-1a, 64 bits: a hash that is the same on every machine and every run.
@@ -267,6 +215,8 @@ mod tests {
         assert!(glob_match("*", ""));
         assert!(glob_match("a*b*c", "aXXbYYc"));
         assert!(!glob_match("a*b*c", "aXXbYY"));
+        let e = patterns(&["[a-".to_string()]).unwrap_err().to_string();
+        assert!(e.contains("--glob `[a-` is not a valid pattern"), "{e}");
     }
 
     #[test]

@@ -168,7 +168,7 @@ const HASH_VERSION: u32 = 2;
 pub fn settings_hash(recipe: &Recipe) -> String {
     let json = serde_json::to_vec(&(HASH_VERSION, recipe)).expect("a recipe always serialises");
     let digest = Sha256::digest(&json);
-    crate::registry::report::hex(&digest[..16])
+    hex::encode(&digest[..16])
 }
 
 /// Milliseconds since the Unix epoch, now.

@@ -94,17 +94,21 @@ pub fn run(o: &BenchOptions, log: &dyn Fn(&str)) -> Result<BenchReport> {
     if o.sources.is_empty() {
         bail!("no sources to benchmark: give video files, or run scripts/setup.sh for the 1080p samples");
     }
-    let tmp = std::env::temp_dir().join(format!("gpen-video-bench-{}", std::process::id()));
-    std::fs::create_dir_all(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
-    let result = (|| {
-        let mut report = BenchReport::default();
-        for src in &o.sources {
-            bench_source(o, src, &tmp, &mut report, log)?;
-        }
-        Ok(report)
-    })();
-    std::fs::remove_dir_all(&tmp).ok();
-    result
+    // Removed when dropped, on error as well.
+    let tmp = temp_folder("gpen-video-bench-")?;
+    let mut report = BenchReport::default();
+    for src in &o.sources {
+        bench_source(o, src, tmp.path(), &mut report, log)?;
+    }
+    Ok(report)
+}
+
+/// A temporary folder for a benchmark's outputs, removed when dropped.
+pub(crate) fn temp_folder(prefix: &str) -> Result<tempfile::TempDir> {
+    tempfile::Builder::new()
+        .prefix(prefix)
+        .tempdir()
+        .context("creating a temporary folder for the benchmark's outputs")
 }
 
 fn bench_source(o: &BenchOptions, src: &Path, tmp: &Path, report: &mut BenchReport, log: &dyn Fn(&str)) -> Result<()> {

@@ -87,26 +87,24 @@ pub fn run(o: &PortraitOptions, log: &dyn Fn(&str)) -> Result<PortraitReport> {
     if o.price_per_hour.is_some_and(|p| !(p.is_finite() && p >= 0.0)) {
         bail!("--price-per-hour must be a price of 0 or more");
     }
-    let tmp = std::env::temp_dir().join(format!("gpen-video-portraits-{}", std::process::id()));
-    std::fs::create_dir_all(tmp.join("out")).with_context(|| format!("creating {}", tmp.display()))?;
-    let result = (|| {
-        let inputs = match &o.dir {
-            Some(dir) => portraits_in(dir)?,
-            None => generate(&tmp.join("in"), o.images, log)?,
-        };
-        let mut report = PortraitReport {
-            model: o.settings.recipe.model.0.clone(),
-            side: o.dir.is_none().then_some(PORTRAIT_SIDE),
-            price_per_hour: o.price_per_hour,
-            rows: Vec::new(),
-        };
-        for &batch in &o.batches {
-            report.rows.push(bench_batch(o, batch, &inputs, &tmp.join("out"), log)?);
-        }
-        Ok(report)
-    })();
-    std::fs::remove_dir_all(&tmp).ok();
-    result
+    // Removed when dropped, on error as well.
+    let tmp = crate::bench::temp_folder("gpen-video-portraits-")?;
+    let out = tmp.path().join("out");
+    std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+    let inputs = match &o.dir {
+        Some(dir) => portraits_in(dir)?,
+        None => generate(&tmp.path().join("in"), o.images, log)?,
+    };
+    let mut report = PortraitReport {
+        model: o.settings.recipe.model.0.clone(),
+        side: o.dir.is_none().then_some(PORTRAIT_SIDE),
+        price_per_hour: o.price_per_hour,
+        rows: Vec::new(),
+    };
+    for &batch in &o.batches {
+        report.rows.push(bench_batch(o, batch, &inputs, &out, log)?);
+    }
+    Ok(report)
 }
 
 /// The still images of `dir` (not its subfolders), sorted.

@@ -12,7 +12,7 @@ use std::time::Duration;
 use anyhow::{anyhow, bail, Context, Result};
 use sha2::{Digest, Sha256};
 
-use super::report::{hex, read_facts};
+use super::report::read_facts;
 use super::{registry, sha256_file, Entry, ModelFacts, URL_BASE_ENV};
 use crate::config::find_asset;
 
@@ -420,6 +420,6 @@ fn download(url: &str, dest: &Path, progress: bool) -> Result<Download> {
     drop(out);
     Ok(Download {
         part,
-        sha: hex(&hasher.finalize()),
+        sha: hex::encode(hasher.finalize()),
     })
 }
