@@ -227,140 +227,26 @@ impl Decoder {
 
     /// Decodes every frame and hands it to `emit` (which returns false to stop early). Buffers
     /// come from `recycle` when one is free. Errors name the file and the frame.
+    ///
+    /// Like the pipeline, in steps: open the demuxer and decoder ([`Decoder::open`]), send the
+    /// stream's packets, receive and convert each decoded picture ([`Convert`]), flush, and
+    /// check that the file was not cut short ([`Decoder::check_complete`]).
     pub fn run(
         &self,
         pools: (&Pool<Vec<u8>>, &Pool<Vec<u8>>),
         max_frames: Option<u64>,
         mut emit: impl FnMut(Frame) -> bool,
     ) -> Result<DecodeReport> {
-        let (rgb_pool, det_pool) = pools;
         let info = &self.info;
         let path = info.path.display();
-        let mut ictx = ffmpeg::format::input(&info.path).with_context(|| format!("cannot open {path}"))?;
-        let mut ctx = ffmpeg::codec::context::Context::from_parameters(info.params.clone())?;
-        let hw = if self.hwaccel { Some(HwDevice::cuda()?) } else { None };
-        if let Some(hw) = &hw {
-            // SAFETY: `ctx` is a live decoder context not yet opened; `hw.0` a valid device
-            // reference, of which the context takes a new reference of its own.
-            let r = unsafe { ffmpeg::ffi::av_buffer_ref(hw.0) };
-            if r.is_null() {
-                bail!("{path}: out of memory setting up the CUDA decoder");
-            }
-            // SAFETY: as above; the context now owns `r`.
-            unsafe { (*ctx.as_mut_ptr()).hw_device_ctx = r };
-        }
-        // Frame threads: decoding a 1080p stream on one core would cap the whole pipeline.
-        ctx.set_threading(ffmpeg::codec::threading::Config {
-            kind: ffmpeg::codec::threading::Type::Frame,
-            count: 0,
-            ..Default::default()
-        });
-        let mut dec = ctx.decoder().video()?;
-        let mut sw = VideoFrame::empty();
-        let (w, h) = (info.width, info.height);
-        let (dw, dh) = self.det_size;
-        let mut scalers: Option<(Option<Scaler>, Scaler, Pixel)> = None;
-        let (mut yuv, mut rgb, mut small) = (VideoFrame::empty(), VideoFrame::empty(), VideoFrame::empty());
+        let (mut ictx, mut dec, _hw) = self.open()?;
+        let mut convert = Convert::new(self, pools);
         let mut report = DecodeReport::default();
-        let mut last_pts: Option<i64> = None;
-
         let mut drain = |dec: &mut ffmpeg::decoder::Video, report: &mut DecodeReport| -> Result<bool> {
-            while dec.receive_frame(&mut yuv).is_ok() {
-                let index = report.frames;
-                if yuv.format() == Pixel::CUDA {
-                    // NVDEC decoded into GPU memory: bring the picture to the host.
-                    // SAFETY: `yuv` is a valid CUDA frame and `sw` an empty frame FFmpeg fills.
-                    let r = unsafe { ffmpeg::ffi::av_hwframe_transfer_data(sw.as_mut_ptr(), yuv.as_ptr(), 0) };
-                    if r < 0 {
-                        bail!(
-                            "{path}: copying frame {index} from the GPU failed ({})",
-                            ffmpeg::Error::from(r)
-                        );
-                    }
-                    // SAFETY: both frames are valid; only their properties (timestamps) are copied.
-                    let r = unsafe { ffmpeg::ffi::av_frame_copy_props(sw.as_mut_ptr(), yuv.as_ptr()) };
-                    if r < 0 {
-                        bail!(
-                            "{path}: copying the timestamps of frame {index} from the GPU failed ({})",
-                            ffmpeg::Error::from(r)
-                        );
-                    }
-                    std::mem::swap(&mut yuv, &mut sw);
-                    sw = VideoFrame::empty();
-                }
-                if yuv.width() as usize != w || yuv.height() as usize != h {
-                    bail!(
-                        "{path}: picture size changed from {w}x{h} to {}x{} at frame {index}; streams that change size are not supported",
-                        yuv.width(),
-                        yuv.height()
-                    );
-                }
-                let fmt = yuv.format();
-                // yuv420p at limited range is converted to RGB region by region where faces are;
-                // anything else whole.
-                let regions = fmt == Pixel::YUV420P && !is_full_range(&yuv);
-                if scalers.as_ref().is_none_or(|s| s.2 != fmt) {
-                    let full = (!regions)
-                        .then(|| {
-                            let mut s = Scaler::get(
-                                fmt,
-                                w as u32,
-                                h as u32,
-                                Pixel::RGB24,
-                                w as u32,
-                                h as u32,
-                                Flags::BILINEAR,
-                            )?;
-                            set_matrix(&mut s, Matrix::of(&yuv), is_full_range(&yuv), true);
-                            Ok::<_, ffmpeg::Error>(s)
-                        })
-                        .transpose()?;
-                    // The detection copy is area-averaged: a fast bilinear shrink by 2-3 times
-                    // skips pixels and aliases, which moves the points the detector finds.
-                    let mut det =
-                        Scaler::get(fmt, w as u32, h as u32, Pixel::RGB24, dw as u32, dh as u32, Flags::AREA)?;
-                    set_matrix(&mut det, Matrix::of(&yuv), is_full_range(&yuv), true);
-                    scalers = Some((full, det, fmt));
-                }
-                let (full, det, _) = scalers.as_mut().expect("just set");
-                let (mut buf, mut det_buf) = (rgb_pool.get(), det_pool.get());
-                let partial = full.is_none();
-                let planes = self.planes && Planar::of(fmt).is_some();
-                match full {
-                    None => buf.resize(w * h * 3, 0),
-                    Some(full) => scale_packed(full, &yuv, &mut rgb, (w, h), &mut buf)
-                        .with_context(|| format!("{path}: colour conversion failed at frame {index}"))?,
-                }
-                scale_packed(det, &yuv, &mut small, (dw, dh), &mut det_buf)?;
-                let pts = yuv.timestamp().or(yuv.pts()).or_else(|| last_pts.map(|p| p + 1));
-                last_pts = pts;
+            while dec.receive_frame(&mut convert.yuv).is_ok() {
+                let frame = convert.frame(report.frames)?;
                 report.frames += 1;
-                let source = std::mem::replace(&mut yuv, VideoFrame::empty());
-                let picture = if planes {
-                    Picture::Planes {
-                        source,
-                        partial,
-                        changes: Vec::new(),
-                    }
-                } else {
-                    Picture::RgbOf {
-                        source,
-                        partial,
-                        dirty: Vec::new(),
-                    }
-                };
-                if !emit(Frame {
-                    index,
-                    pts,
-                    width: w,
-                    height: h,
-                    rgb: buf,
-                    det: det_buf,
-                    det_size: (dw, dh),
-                    item: 0,
-                    picture,
-                }) || max_frames.is_some_and(|m| report.frames >= m)
-                {
+                if !emit(frame) || max_frames.is_some_and(|m| report.frames >= m) {
                     return Ok(false);
                 }
             }
@@ -407,8 +293,34 @@ impl Decoder {
         if !drain(&mut dec, &mut report)? {
             return Ok(report);
         }
-        self.check_complete(&report, last_pts)?;
+        self.check_complete(&report, convert.last_pts)?;
         Ok(report)
+    }
+
+    /// The source's demuxer and its video decoder (frame-threaded; on NVDEC with `hwaccel`,
+    /// whose device is returned to outlive the decoder's use of it).
+    fn open(&self) -> Result<(ffmpeg::format::context::Input, ffmpeg::decoder::Video, Option<HwDevice>)> {
+        let path = self.info.path.display();
+        let ictx = ffmpeg::format::input(&self.info.path).with_context(|| format!("cannot open {path}"))?;
+        let mut ctx = ffmpeg::codec::context::Context::from_parameters(self.info.params.clone())?;
+        let hw = if self.hwaccel { Some(HwDevice::cuda()?) } else { None };
+        if let Some(hw) = &hw {
+            // SAFETY: `ctx` is a live decoder context not yet opened; `hw.0` a valid device
+            // reference, of which the context takes a new reference of its own.
+            let r = unsafe { ffmpeg::ffi::av_buffer_ref(hw.0) };
+            if r.is_null() {
+                bail!("{path}: out of memory setting up the CUDA decoder");
+            }
+            // SAFETY: as above; the context now owns `r`.
+            unsafe { (*ctx.as_mut_ptr()).hw_device_ctx = r };
+        }
+        // Frame threads: decoding a 1080p stream on one core would cap the whole pipeline.
+        ctx.set_threading(ffmpeg::codec::threading::Config {
+            kind: ffmpeg::codec::threading::Type::Frame,
+            count: 0,
+            ..Default::default()
+        });
+        Ok((ictx, ctx.decoder().video()?, hw))
     }
 
     /// A file that ends before its header says it should is reported, not silently shortened.
@@ -437,6 +349,143 @@ impl Decoder {
                 );
             }
         }
+        Ok(())
+    }
+}
+
+/// Turns each decoded picture into a [`Frame`]: brought to the host from the GPU, checked for
+/// size, converted to RGB (whole, or region by region later for yuv420p at limited range) and
+/// to the detection copy, with its timestamp; the decoded picture travels on as the source.
+struct Convert<'a> {
+    decoder: &'a Decoder,
+    pools: (&'a Pool<Vec<u8>>, &'a Pool<Vec<u8>>),
+    /// The whole-picture and detection scalers, for the pixel format they were made for.
+    scalers: Option<(Option<Scaler>, Scaler, Pixel)>,
+    /// The picture the decoder fills.
+    yuv: VideoFrame,
+    sw: VideoFrame,
+    rgb: VideoFrame,
+    small: VideoFrame,
+    last_pts: Option<i64>,
+}
+
+impl<'a> Convert<'a> {
+    fn new(decoder: &'a Decoder, pools: (&'a Pool<Vec<u8>>, &'a Pool<Vec<u8>>)) -> Self {
+        Self {
+            decoder,
+            pools,
+            scalers: None,
+            yuv: VideoFrame::empty(),
+            sw: VideoFrame::empty(),
+            rgb: VideoFrame::empty(),
+            small: VideoFrame::empty(),
+            last_pts: None,
+        }
+    }
+
+    /// The frame `index` made from the picture just received into `yuv`.
+    fn frame(&mut self, index: u64) -> Result<Frame> {
+        let info = &self.decoder.info;
+        let path = info.path.display();
+        if self.yuv.format() == Pixel::CUDA {
+            self.fetch_from_gpu(index)?;
+        }
+        let (w, h) = (info.width, info.height);
+        let (dw, dh) = self.decoder.det_size;
+        let yuv = &self.yuv;
+        if yuv.width() as usize != w || yuv.height() as usize != h {
+            bail!(
+                "{path}: picture size changed from {w}x{h} to {}x{} at frame {index}; streams that change size are not supported",
+                yuv.width(),
+                yuv.height()
+            );
+        }
+        let fmt = yuv.format();
+        // yuv420p at limited range is converted to RGB region by region where faces are;
+        // anything else whole.
+        let regions = fmt == Pixel::YUV420P && !is_full_range(yuv);
+        if self.scalers.as_ref().is_none_or(|s| s.2 != fmt) {
+            let full = (!regions)
+                .then(|| {
+                    let mut s = Scaler::get(
+                        fmt,
+                        w as u32,
+                        h as u32,
+                        Pixel::RGB24,
+                        w as u32,
+                        h as u32,
+                        Flags::BILINEAR,
+                    )?;
+                    set_matrix(&mut s, Matrix::of(yuv), is_full_range(yuv), true);
+                    Ok::<_, ffmpeg::Error>(s)
+                })
+                .transpose()?;
+            // The detection copy is area-averaged: a fast bilinear shrink by 2-3 times
+            // skips pixels and aliases, which moves the points the detector finds.
+            let mut det = Scaler::get(fmt, w as u32, h as u32, Pixel::RGB24, dw as u32, dh as u32, Flags::AREA)?;
+            set_matrix(&mut det, Matrix::of(yuv), is_full_range(yuv), true);
+            self.scalers = Some((full, det, fmt));
+        }
+        let (full, det, _) = self.scalers.as_mut().expect("just set");
+        let (mut buf, mut det_buf) = (self.pools.0.get(), self.pools.1.get());
+        let partial = full.is_none();
+        let planes = self.decoder.planes && Planar::of(fmt).is_some();
+        match full {
+            None => buf.resize(w * h * 3, 0),
+            Some(full) => scale_packed(full, yuv, &mut self.rgb, (w, h), &mut buf)
+                .with_context(|| format!("{path}: colour conversion failed at frame {index}"))?,
+        }
+        scale_packed(det, yuv, &mut self.small, (dw, dh), &mut det_buf)?;
+        let pts = yuv.timestamp().or(yuv.pts()).or_else(|| self.last_pts.map(|p| p + 1));
+        self.last_pts = pts;
+        let source = std::mem::replace(&mut self.yuv, VideoFrame::empty());
+        let picture = if planes {
+            Picture::Planes {
+                source,
+                partial,
+                changes: Vec::new(),
+            }
+        } else {
+            Picture::RgbOf {
+                source,
+                partial,
+                dirty: Vec::new(),
+            }
+        };
+        Ok(Frame {
+            index,
+            pts,
+            width: w,
+            height: h,
+            rgb: buf,
+            det: det_buf,
+            det_size: (dw, dh),
+            item: 0,
+            picture,
+        })
+    }
+
+    /// NVDEC decoded into GPU memory: brings the picture (and its timestamps) to the host.
+    fn fetch_from_gpu(&mut self, index: u64) -> Result<()> {
+        let path = self.decoder.info.path.display();
+        // SAFETY: `yuv` is a valid CUDA frame and `sw` an empty frame FFmpeg fills.
+        let r = unsafe { ffmpeg::ffi::av_hwframe_transfer_data(self.sw.as_mut_ptr(), self.yuv.as_ptr(), 0) };
+        if r < 0 {
+            bail!(
+                "{path}: copying frame {index} from the GPU failed ({})",
+                ffmpeg::Error::from(r)
+            );
+        }
+        // SAFETY: both frames are valid; only their properties (timestamps) are copied.
+        let r = unsafe { ffmpeg::ffi::av_frame_copy_props(self.sw.as_mut_ptr(), self.yuv.as_ptr()) };
+        if r < 0 {
+            bail!(
+                "{path}: copying the timestamps of frame {index} from the GPU failed ({})",
+                ffmpeg::Error::from(r)
+            );
+        }
+        std::mem::swap(&mut self.yuv, &mut self.sw);
+        self.sw = VideoFrame::empty();
         Ok(())
     }
 }
