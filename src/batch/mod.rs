@@ -72,53 +72,13 @@ struct JobBar {
 /// Runs the batch. Fails only for problems with the batch as a whole (folders, options); a clip
 /// that fails is listed in the report and the others go on.
 pub fn run(o: &BatchOptions, ints: &Interrupts) -> Result<Report> {
-    if !o.in_dir.is_dir() {
-        bail!("input folder {} does not exist or is not a folder", o.in_dir.display());
-    }
-    std::fs::create_dir_all(&o.out_dir)
-        .with_context(|| format!("cannot create output folder {}", o.out_dir.display()))?;
-    if o.in_dir.canonicalize()? == o.out_dir.canonicalize()? {
-        bail!("OUT_DIR is IN_DIR: choose another output folder (inputs are never overwritten)");
-    }
-    let shard = match &o.shard {
-        Some(spec) => Some(Shard::parse(spec, o.shard_count, |v| std::env::var(v).ok())?),
-        None if o.shard_count.is_some() => bail!("--shard-count goes with --shard auto"),
-        None => None,
-    };
+    let shard = check_folders(o)?;
     let base = Settings::resolve(&o.base)?;
     let scan = clips::scan(&o.in_dir, o.recursive, &o.globs, Some(&o.out_dir))?;
     let settings_hash = manifest::settings_hash(&base.recipe);
-    let own_path = manifest::path_for(&o.out_dir, shard);
-    if own_path.is_dir() {
-        bail!(
-            "the manifest path {} is a folder: remove or rename it (batch keeps its record of finished clips there)",
-            own_path.display()
-        );
-    }
-    let (prefix, suffix) = crate::output::partial_pattern(&own_path);
-    crate::output::remove_stale(&o.out_dir, &prefix, &suffix);
-    let mut own = match Manifest::load(&own_path) {
-        Ok(m) => m.unwrap_or_else(|| Manifest::new(shard)),
-        Err(e) => {
-            tracing::warn!("{e:#}; starting a new one");
-            Manifest::new(shard)
-        }
-    };
-    let all = Manifest::load_all(&o.out_dir)?;
+    let (own_path, mut own, all) = open_manifests(o, shard)?;
     if let Some(path) = &o.report {
-        // Never a clip, an output, a manifest or a model.
-        let mut taken: Vec<PathBuf> = vec![
-            own_path.clone(),
-            base.recipe.model.0.clone(),
-            base.recipe.detector.0.clone(),
-        ];
-        taken.extend(all.iter().map(|(p, _)| p.clone()));
-        for c in &scan.clips {
-            taken.push(o.in_dir.join(&c.rel));
-            taken.push(o.out_dir.join(&c.rel));
-        }
-        let taken: Vec<&Path> = taken.iter().map(PathBuf::as_path).collect();
-        crate::output::check_side_output(path, &taken)?;
+        check_report_path(path, o, &base, &own_path, &all, &scan)?;
     }
 
     let mut report = Report {
@@ -133,46 +93,12 @@ pub fn run(o: &BatchOptions, ints: &Interrupts) -> Result<Report> {
     let todo = select(o, shard, scan.clips, &all, &settings_hash, &mut report);
     let per_job = base.per_job(o.jobs, todo.len(), o.base.threads.is_some());
     report.jobs = per_job.len();
-    if !report.not_video.is_empty() {
-        crate::console::eprint!(
-            "skipping {} file(s) that are neither videos nor still images by extension: {}",
-            report.not_video.len(),
-            report.not_video.join(", ")
-        );
-    }
-    crate::console::eprint!(
-        "batch{}: {} clip(s) to do, {} finished earlier{}; {} job(s)",
-        shard.map_or(String::new(), |s| format!(" shard {s}")),
-        todo.len(),
-        report.skipped.len(),
-        if shard.is_some() {
-            format!(", {} for other shards", report.other_shards)
-        } else {
-            String::new()
-        },
-        per_job.len()
-    );
+    say_plan(&report, shard, todo.len(), per_job.len());
 
     let visible = !o.quiet && std::io::stderr().is_terminal();
     let mut view = View::new(visible, &todo, o, &base);
     let n_todo = todo.len();
-    // Still images stream through each job's engine first (one pipeline run for all of them),
-    // then the videos run one by one.
-    let (image_tx, image_rx) = unbounded::<Clip>();
-    let (video_tx, video_rx) = unbounded::<Clip>();
-    for clip in todo {
-        let queue = if crate::media::still::is_still(Path::new(&clip.rel)) {
-            &image_tx
-        } else {
-            &video_tx
-        };
-        queue.send(clip).expect("receiver held here");
-    }
-    drop((image_tx, video_tx));
-    let queues = Queues {
-        images: image_rx,
-        videos: video_rx,
-    };
+    let queues = queue(todo);
     let (event_tx, event_rx) = unbounded::<Event>();
     let ctx = JobContext {
         in_dir: o.in_dir.clone(),
@@ -196,7 +122,127 @@ pub fn run(o: &BatchOptions, ints: &Interrupts) -> Result<Report> {
 
     let in_flight = coordinate(&event_rx, &mut view, &mut own, &own_path, &mut report, ints, n_todo);
     view.clear();
+    finish(o, report, in_flight, &queues, ints)
+}
 
+/// Checks IN_DIR and OUT_DIR (creating OUT_DIR) and reads the shard this process takes.
+fn check_folders(o: &BatchOptions) -> Result<Option<Shard>> {
+    if !o.in_dir.is_dir() {
+        bail!("input folder {} does not exist or is not a folder", o.in_dir.display());
+    }
+    std::fs::create_dir_all(&o.out_dir)
+        .with_context(|| format!("cannot create output folder {}", o.out_dir.display()))?;
+    if o.in_dir.canonicalize()? == o.out_dir.canonicalize()? {
+        bail!("OUT_DIR is IN_DIR: choose another output folder (inputs are never overwritten)");
+    }
+    Ok(match &o.shard {
+        Some(spec) => Some(Shard::parse(spec, o.shard_count, |v| std::env::var(v).ok())?),
+        None if o.shard_count.is_some() => bail!("--shard-count goes with --shard auto"),
+        None => None,
+    })
+}
+
+/// Every manifest in OUT_DIR, and this process's own: its path and what it holds (a new one
+/// if unreadable); what a killed save left is removed.
+type Manifests = (PathBuf, Manifest, Vec<(PathBuf, Manifest)>);
+
+fn open_manifests(o: &BatchOptions, shard: Option<Shard>) -> Result<Manifests> {
+    let own_path = manifest::path_for(&o.out_dir, shard);
+    if own_path.is_dir() {
+        bail!(
+            "the manifest path {} is a folder: remove or rename it (batch keeps its record of finished clips there)",
+            own_path.display()
+        );
+    }
+    let (prefix, suffix) = crate::output::partial_pattern(&own_path);
+    crate::output::remove_stale(&o.out_dir, &prefix, &suffix);
+    let own = match Manifest::load(&own_path) {
+        Ok(m) => m.unwrap_or_else(|| Manifest::new(shard)),
+        Err(e) => {
+            tracing::warn!("{e:#}; starting a new one");
+            Manifest::new(shard)
+        }
+    };
+    let all = Manifest::load_all(&o.out_dir)?;
+    Ok((own_path, own, all))
+}
+
+/// The report's path is never a clip, an output, a manifest or a model.
+fn check_report_path(
+    path: &Path,
+    o: &BatchOptions,
+    base: &Settings,
+    own_path: &Path,
+    all: &[(PathBuf, Manifest)],
+    scan: &clips::Scan,
+) -> Result<()> {
+    {
+        let mut taken: Vec<PathBuf> = vec![
+            own_path.to_path_buf(),
+            base.recipe.model.0.clone(),
+            base.recipe.detector.0.clone(),
+        ];
+        taken.extend(all.iter().map(|(p, _)| p.clone()));
+        for c in &scan.clips {
+            taken.push(o.in_dir.join(&c.rel));
+            taken.push(o.out_dir.join(&c.rel));
+        }
+        let taken: Vec<&Path> = taken.iter().map(PathBuf::as_path).collect();
+        crate::output::check_side_output(path, &taken)?;
+    }
+    Ok(())
+}
+
+/// Says what the batch will do: files skipped for their kind, clips to do, finished, jobs.
+fn say_plan(report: &Report, shard: Option<Shard>, todo: usize, jobs: usize) {
+    if !report.not_video.is_empty() {
+        crate::console::eprint!(
+            "skipping {} file(s) that are neither videos nor still images by extension: {}",
+            report.not_video.len(),
+            report.not_video.join(", ")
+        );
+    }
+    crate::console::eprint!(
+        "batch{}: {} clip(s) to do, {} finished earlier{}; {} job(s)",
+        shard.map_or(String::new(), |s| format!(" shard {s}")),
+        todo,
+        report.skipped.len(),
+        if shard.is_some() {
+            format!(", {} for other shards", report.other_shards)
+        } else {
+            String::new()
+        },
+        jobs
+    );
+}
+
+/// The clips to do as the jobs' queues: still images first (one stream per job), then videos.
+fn queue(todo: Vec<Clip>) -> Queues {
+    let (image_tx, image_rx) = unbounded::<Clip>();
+    let (video_tx, video_rx) = unbounded::<Clip>();
+    for clip in todo {
+        let queue = if crate::media::still::is_still(Path::new(&clip.rel)) {
+            &image_tx
+        } else {
+            &video_tx
+        };
+        queue.send(clip).expect("receiver held here");
+    }
+    Queues {
+        images: image_rx,
+        videos: video_rx,
+    }
+}
+
+/// Completes the report once the jobs are done: interruption, clips left in flight, clips not
+/// started; prints the summary and writes the JSON report.
+fn finish(
+    o: &BatchOptions,
+    mut report: Report,
+    in_flight: BTreeSet<(usize, String)>,
+    queues: &Queues,
+    ints: &Interrupts,
+) -> Result<Report> {
     report.interrupted = ints.requested();
     report.interrupt_code = ints.exit_code();
     for (_, clip) in in_flight {

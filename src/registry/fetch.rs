@@ -277,29 +277,11 @@ impl Download {
     }
 }
 
-/// Streams `url` into `.FILE.partial-TAG` (locked) beside `dest`, checking the length against
-/// Content-Length; a server that sends nothing for the stall timeout is an error. Nothing is
-/// left behind on failure.
-fn download(url: &str, dest: &Path, progress: bool) -> Result<Download> {
-    let file = dest
-        .file_name()
-        .ok_or_else(|| anyhow!("{} is not a file path", dest.display()))?
-        .to_string_lossy()
-        .into_owned();
-    let dir = match dest.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    if !dir.is_dir() {
-        bail!("folder {} does not exist", dir.display());
-    }
-    let (prefix, suffix) = crate::output::partial_pattern(dest);
-    crate::output::remove_stale(&dir, &prefix, &suffix);
-    let stall = stall_timeout()?;
+/// Sends the GET for `url` with the stall timeout `stall`; an unreachable host, a stalled
+/// server and an HTTP error each get a message that says what to do (`mirror_hint` included).
+fn request(url: &str, stall: Duration, mirror_hint: &str) -> Result<ureq::http::Response<ureq::Body>> {
     let stall_s = stall.as_secs_f64();
     let host = host_of(url);
-    let mirror_hint =
-        format!("or put the file there by hand, or point --url / {URL_BASE_ENV} at a mirror you can reach");
 
     let config = ureq::Agent::config_builder()
         .http_status_as_error(false)
@@ -349,6 +331,52 @@ fn download(url: &str, dest: &Path, progress: bool) -> Result<Download> {
             }
         );
     }
+    Ok(resp)
+}
+
+/// A progress bar for a download of `expected` bytes (a spinner when unknown), hidden unless
+/// `progress` and stderr is a terminal.
+fn progress_bar(progress: bool, expected: Option<u64>, file: &str) -> indicatif::ProgressBar {
+    if !(progress && std::io::stderr().is_terminal()) {
+        return indicatif::ProgressBar::hidden();
+    }
+    let b = match expected {
+        Some(n) => indicatif::ProgressBar::new(n),
+        None => indicatif::ProgressBar::new_spinner(),
+    };
+    b.set_style(
+        indicatif::ProgressStyle::with_template("{msg} [{bar:32}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}")
+            .expect("valid template")
+            .progress_chars("=> "),
+    );
+    b.set_message(file.to_string());
+    b
+}
+
+/// Streams `url` into `.FILE.partial-TAG` (locked) beside `dest`, checking the length against
+/// Content-Length; a server that sends nothing for the stall timeout is an error. Nothing is
+/// left behind on failure.
+fn download(url: &str, dest: &Path, progress: bool) -> Result<Download> {
+    let file = dest
+        .file_name()
+        .ok_or_else(|| anyhow!("{} is not a file path", dest.display()))?
+        .to_string_lossy()
+        .into_owned();
+    let dir = match dest.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    if !dir.is_dir() {
+        bail!("folder {} does not exist", dir.display());
+    }
+    let (prefix, suffix) = crate::output::partial_pattern(dest);
+    crate::output::remove_stale(&dir, &prefix, &suffix);
+    let stall = stall_timeout()?;
+    let stall_s = stall.as_secs_f64();
+    let host = host_of(url);
+    let mirror_hint =
+        format!("or put the file there by hand, or point --url / {URL_BASE_ENV} at a mirror you can reach");
+    let resp = request(url, stall, &mirror_hint)?;
     let body = resp.into_body();
     let expected = body.content_length();
     let mut reader = body.into_reader();
@@ -365,21 +393,7 @@ fn download(url: &str, dest: &Path, progress: bool) -> Result<Download> {
         keep: false,
         _lock: lock,
     };
-    let bar = if progress && std::io::stderr().is_terminal() {
-        let b = match expected {
-            Some(n) => indicatif::ProgressBar::new(n),
-            None => indicatif::ProgressBar::new_spinner(),
-        };
-        b.set_style(
-            indicatif::ProgressStyle::with_template("{msg} [{bar:32}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}")
-                .expect("valid template")
-                .progress_chars("=> "),
-        );
-        b.set_message(file.clone());
-        b
-    } else {
-        indicatif::ProgressBar::hidden()
-    };
+    let bar = progress_bar(progress, expected, &file);
     let mut hasher = Sha256::new();
     let mut buf = vec![0u8; 256 * 1024];
     let mut got: u64 = 0;
