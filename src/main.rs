@@ -15,7 +15,7 @@ use gpen_video::console::{eprint_line, print_text};
 use gpen_video::defaults;
 use gpen_video::engine::CancelToken;
 use gpen_video::faces::detect::DetectSettings;
-use gpen_video::media::encode::EncodeSettings;
+use gpen_video::media::encode::{EncodeSettings, WEBM_CODECS};
 use gpen_video::pipeline;
 use gpen_video::registry::{self, ModelsCmd};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -211,20 +211,20 @@ struct RunArgs {
     /// restored right, twice the width) or `split` (left half original, right half restored).
     #[arg(long, value_enum, value_name = "VIEW", help_heading = "Output")]
     compare: Option<gpen_video::media::compare::Compare>,
-    /// FFmpeg video encoder [default: libx264; for .webm the first of libvpx-vp9, libaom-av1,
-    /// libsvtav1 this FFmpeg has].
-    #[arg(long, value_name = "NAME", help_heading = "Output")]
+    #[arg(long, value_name = "NAME", help_heading = "Output", help = format!(
+        "FFmpeg video encoder [default: {}; for .webm the first of {} this FFmpeg has]",
+        defaults::CODEC, WEBM_CODECS.join(", ")))]
     codec: Option<String>,
-    /// Constant rate factor: lower is better quality and larger files [default: 18 for
-    /// x264/x265, 31 for VP9; AV1 encoders their own].
-    #[arg(long, value_name = "N", help_heading = "Output")]
+    #[arg(long, value_name = "N", help_heading = "Output", help = format!(
+        "Constant rate factor: lower is better quality and larger files [default: {} for x264/x265, {} for VP9; AV1 encoders their own]",
+        defaults::CRF, defaults::CRF_VP9))]
     crf: Option<u32>,
-    /// x264/x265 preset, ultrafast ... veryslow [default: medium].
-    #[arg(long, value_name = "NAME", help_heading = "Output")]
+    #[arg(long, value_name = "NAME", help_heading = "Output",
+          help = format!("x264/x265 preset, ultrafast ... veryslow [default: {}]", defaults::PRESET))]
     preset: Option<String>,
-    /// JPEG and WebP image outputs: quality 1 (smallest file) to 100 (best picture) [default:
-    /// 92]. PNG, TIFF and BMP outputs are lossless.
-    #[arg(long, value_name = "N", help_heading = "Output")]
+    #[arg(long, value_name = "N", help_heading = "Output", help = format!(
+        "JPEG and WebP image outputs: quality 1 (smallest file) to 100 (best picture) [default: {}]. PNG, TIFF and BMP outputs are lossless",
+        defaults::QUALITY))]
     quality: Option<u32>,
     /// No progress bar.
     #[arg(long, short, help_heading = "Output")]
