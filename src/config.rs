@@ -82,7 +82,8 @@ impl Serialize for Asset {
         let abs = self.0.canonicalize().unwrap_or_else(|_| self.0.clone());
         let meta = std::fs::metadata(&self.0).ok();
         let mut st = ser.serialize_struct("Asset", 3)?;
-        st.serialize_field("path", &abs)?;
+        // Lossy, as a name that is not UTF-8 must still hash (serde refuses such a path).
+        st.serialize_field("path", &abs.to_string_lossy())?;
         st.serialize_field("size", &meta.as_ref().map(|m| m.len()))?;
         st.serialize_field(
             "mtime_ns",

@@ -182,6 +182,27 @@ pub fn now_unix_ms() -> u64 {
 mod tests {
     use super::*;
 
+    #[test]
+    fn the_settings_hash_covers_the_model_file_and_takes_any_path() {
+        use std::os::unix::ffi::OsStrExt;
+        let dir = tempfile::tempdir().unwrap();
+        let odd = dir.path().join(std::ffi::OsStr::from_bytes(b"m\xff.onnx"));
+        std::fs::write(&odd, b"1").unwrap();
+        let recipe = |model: &Path| Recipe {
+            model: crate::config::Asset(model.to_path_buf()),
+            detector: crate::config::Asset(dir.path().join("missing.onnx")),
+            treatment: Default::default(),
+        };
+        let before = settings_hash(&recipe(&odd));
+        assert_eq!(before.len(), 32);
+        std::fs::write(&odd, b"12").unwrap();
+        assert_ne!(
+            before,
+            settings_hash(&recipe(&odd)),
+            "a replaced model file redoes clips"
+        );
+    }
+
     fn entry(stamp: Stamp, settings: &str, output_size: u64) -> Entry {
         Entry {
             input_size: stamp.size,
