@@ -34,7 +34,9 @@ use indicatif::{ProgressBar, ProgressStyle};
     about,
     long_about,
     args_conflicts_with_subcommands = true,
-    subcommand_negates_reqs = true
+    subcommand_negates_reqs = true,
+    // `--blend -1` is a value out of range (said by the range check), not an unknown flag.
+    allow_negative_numbers = true
 )]
 struct Cli {
     #[command(subcommand)]
@@ -61,6 +63,7 @@ enum Cmd {
     /// Measure frames/s and faces/s on 1080p sources: the whole pipeline (warm-up excluded,
     /// repeated, medians) and the enhancement sessions alone (the ceiling); with --portraits,
     /// images/s of still images streamed as `batch` streams them, per batch size.
+    #[command(allow_negative_numbers = true)]
     Bench(BenchArgs),
     /// The model registry: list known models, verify files, fetch downloads.
     Models {
@@ -72,6 +75,7 @@ enum Cmd {
     /// earlier run stopped; `--shard` splits one folder across machines. Exit code 0 all done,
     /// 1 some clip failed, 130 interrupted by Ctrl-C and 143 by SIGTERM (once: finish the clips
     /// in flight; twice: stop).
+    #[command(allow_negative_numbers = true)]
     Batch(BatchArgs),
 }
 
@@ -215,14 +219,14 @@ struct RunArgs {
         "FFmpeg video encoder [default: {}; for .webm the first of {} this FFmpeg has]",
         defaults::CODEC, WEBM_CODECS.join(", ")))]
     codec: Option<String>,
-    #[arg(long, value_name = "N", help_heading = "Output", help = format!(
+    #[arg(long, value_name = "N", help_heading = "Output", value_parser = parse_crf, help = format!(
         "Constant rate factor: lower is better quality and larger files [default: {} for x264/x265, {} for VP9; AV1 encoders their own]",
         defaults::CRF, defaults::CRF_VP9))]
     crf: Option<u32>,
     #[arg(long, value_name = "NAME", help_heading = "Output",
           help = format!("x264/x265 preset, ultrafast ... veryslow [default: {}]", defaults::PRESET))]
     preset: Option<String>,
-    #[arg(long, value_name = "N", help_heading = "Output", help = format!(
+    #[arg(long, value_name = "N", help_heading = "Output", value_parser = parse_quality, help = format!(
         "JPEG and WebP image outputs: quality 1 (smallest file) to 100 (best picture) [default: {}]. PNG, TIFF and BMP outputs are lossless",
         defaults::QUALITY))]
     quality: Option<u32>,
@@ -233,6 +237,27 @@ struct RunArgs {
 
 fn parse_device(s: &str) -> Result<Device, String> {
     s.parse()
+}
+
+/// A whole number of 0 or more, with a message that says what the flag wants (clap's own
+/// names the range of the integer type: `0..=4294967295`).
+fn parse_level(s: &str, what: &str) -> Result<u32, String> {
+    match s.trim().parse::<i64>() {
+        Ok(n) if n < 0 => Err(format!("{n} is below 0: {what}")),
+        Ok(n) => u32::try_from(n).map_err(|_| format!("{n} is too large: {what}")),
+        Err(_) => Err(format!("`{s}` is not a whole number: {what}")),
+    }
+}
+
+fn parse_crf(s: &str) -> Result<u32, String> {
+    parse_level(
+        s,
+        "give 0 (best quality, largest file) or more; each encoder has its own maximum",
+    )
+}
+
+fn parse_quality(s: &str) -> Result<u32, String> {
+    parse_level(s, "give 1 (smallest file) to 100 (best picture)")
 }
 
 impl RunArgs {
@@ -506,6 +531,54 @@ mod tests {
             .run;
         let o = run.options(PathBuf::new(), PathBuf::new()).unwrap();
         settings_hash(&Settings::resolve(&o).unwrap().recipe)
+    }
+
+    #[test]
+    fn negative_numbers_reach_the_range_checks() {
+        let dir = tempfile::tempdir().unwrap();
+        for name in ["model", "detector"] {
+            std::fs::write(dir.path().join(format!("{name}.onnx")), b"x").unwrap();
+        }
+        let at = |f: &str| dir.path().join(f).display().to_string();
+        let resolve = |flag: &str, value: &str| -> String {
+            let args = [
+                "t",
+                "--model",
+                &at("model.onnx"),
+                "--detector",
+                &at("detector.onnx"),
+                flag,
+                value,
+            ];
+            let cli = Cli::try_parse_from(
+                ["gpen-video", "in.mp4", "out.mp4"]
+                    .into_iter()
+                    .chain(args[1..].iter().copied()),
+            );
+            let cli = match cli {
+                Ok(cli) => cli,
+                Err(e) => return e.to_string(),
+            };
+            let o = cli.run.options(PathBuf::new(), PathBuf::new()).unwrap();
+            Settings::resolve(&o)
+                .map(|_| "accepted".to_string())
+                .unwrap_or_else(|e| e.to_string())
+        };
+        assert_eq!(resolve("--blend", "-1"), "--blend must be between 0 and 1, got -1");
+        assert!(resolve("--smooth", "-2").contains("--smooth must be between 0"));
+        assert!(resolve("--det-threshold", "-0.5").contains("--det-threshold must be above 0"));
+        let crf = resolve("--crf", "-5");
+        assert!(
+            crf.contains("-5 is below 0: give 0") && !crf.contains("4294967295"),
+            "{crf}"
+        );
+        let q = resolve("--quality", "-1");
+        assert!(q.contains("-1 is below 0: give 1 (smallest file) to 100"), "{q}");
+        assert!(resolve("--crf", "x").contains("`x` is not a whole number"));
+        assert_eq!(resolve("--crf", "20"), "accepted");
+        // A batch takes them too.
+        let batch = Cli::try_parse_from(["gpen-video", "batch", "a", "b", "--blend", "-1"]);
+        assert!(batch.is_ok(), "{:?}", batch.err().map(|e| e.to_string()));
     }
 
     #[test]
