@@ -23,9 +23,6 @@ use crate::media::encode::EncodeSettings;
 use crate::output::{accept_output, check_encoder, check_side_output, partial_pattern, remove_stale};
 use crate::runtime::Target;
 
-/// The paste mask's shape (the enum's own default).
-pub const DEFAULT_MASK: MaskKind = MaskKind::Face;
-
 /// How every frame of a job is treated: all that changes what a job writes, besides its input
 /// and the model and detector files. A new option that changes the output is a field here (and
 /// its flag in main.rs); the manifest's hash then covers it by itself.
@@ -56,7 +53,7 @@ impl Default for Treatment {
             detection: DetectSettings::default(),
             blend: defaults::BLEND,
             smooth: defaults::SMOOTH,
-            mask: DEFAULT_MASK,
+            mask: MaskKind::default(),
             compare: None,
             encode: EncodeSettings::default(),
             max_frames: None,

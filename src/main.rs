@@ -209,7 +209,7 @@ struct RunArgs {
     #[arg(long, default_value_t = defaults::SMOOTH, value_name = "FRAMES", help_heading = "Output")]
     smooth: f32,
     /// Paste mask: `face` (the face, forehead and hairline, feathered) or `box` (the whole crop).
-    #[arg(long, default_value_t = config::DEFAULT_MASK, value_enum, help_heading = "Output")]
+    #[arg(long, default_value_t = gpen_video::faces::paste::MaskKind::default(), value_enum, help_heading = "Output")]
     mask: gpen_video::faces::paste::MaskKind,
     /// Write a before/after view instead of the restored picture alone: `side` (original left,
     /// restored right, twice the width) or `split` (left half original, right half restored).

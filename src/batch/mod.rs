@@ -176,21 +176,18 @@ fn check_report_path(
     all: &[(PathBuf, Manifest)],
     scan: &clips::Scan,
 ) -> Result<()> {
-    {
-        let mut taken: Vec<PathBuf> = vec![
-            own_path.to_path_buf(),
-            base.recipe.model.0.clone(),
-            base.recipe.detector.0.clone(),
-        ];
-        taken.extend(all.iter().map(|(p, _)| p.clone()));
-        for c in &scan.clips {
-            taken.push(o.in_dir.join(&c.rel));
-            taken.push(o.out_dir.join(&c.rel));
-        }
-        let taken: Vec<&Path> = taken.iter().map(PathBuf::as_path).collect();
-        crate::output::check_side_output(path, &taken)?;
+    let mut taken: Vec<PathBuf> = vec![
+        own_path.to_path_buf(),
+        base.recipe.model.0.clone(),
+        base.recipe.detector.0.clone(),
+    ];
+    taken.extend(all.iter().map(|(p, _)| p.clone()));
+    for c in &scan.clips {
+        taken.push(o.in_dir.join(&c.rel));
+        taken.push(o.out_dir.join(&c.rel));
     }
-    Ok(())
+    let taken: Vec<&Path> = taken.iter().map(PathBuf::as_path).collect();
+    crate::output::check_side_output(path, &taken)
 }
 
 /// Says what the batch will do: files skipped for their kind, clips to do, finished, jobs.

@@ -105,36 +105,33 @@ pub(crate) fn wire<T: Send>(
         smoother,
         idle_flush,
     } = middle;
-    // Queues: decode, detect, [smooth], align, dispatch, paste; stages: those and encode.
-    let smoothing = usize::from(smoother.is_some());
-    let queues = 5 + smoothing;
+    // Every frame queue is made here, counted as it is made: the pools are sized from them.
+    let (dec_tx, dec_rx) = bounded::<Frame>(DEPTH);
+    let mut queues = 1;
+    let mut queue = || {
+        queues += 1;
+        bounded::<FaceFrame>(DEPTH)
+    };
+    let (det_tx, det_rx) = queue();
+    let smooth_queue = smoother.as_ref().map(|_| queue());
+    let (align_tx, align_rx) = queue();
+    let (enh_tx, enh_rx) = queue();
+    let (paste_tx, paste_rx) = queue();
+    let (batch_tx, batch_rx) = bounded::<Batch>(2 * n_workers);
+    let (done_tx, done_rx) = unbounded::<Result<Restored>>();
+    // One stage drains each queue, and the encode stage ends the line.
     let smooth_held = smoother.as_ref().map_or(0, Smoother::capacity);
     let pools = Pools::new(queues, queues + 1, smooth_held, batch, n_workers);
     let tpl = template.as_str();
-
-    let (dec_tx, dec_rx) = bounded::<Frame>(DEPTH);
-    let (det_tx, det_rx) = bounded::<FaceFrame>(DEPTH);
-    let (smooth_tx, smooth_rx) = bounded::<FaceFrame>(DEPTH);
-    let (align_tx, align_rx) = bounded::<FaceFrame>(DEPTH);
-    let (enh_tx, enh_rx) = bounded::<FaceFrame>(DEPTH);
-    let (paste_tx, paste_rx) = bounded::<FaceFrame>(DEPTH);
-    let (batch_tx, batch_rx) = bounded::<Batch>(2 * n_workers);
-    let (done_tx, done_rx) = unbounded::<Result<Restored>>();
 
     std::thread::scope(|s| {
         let p = &pools;
         let decode = s.spawn(move || decode(p, dec_tx));
         let detect = s.spawn(move || stages::detect(detector, &p.det, dec_rx, det_tx));
         // Without smoothing, detection feeds alignment directly.
-        let (smooth, align_in) = match smoother {
-            Some(smoother) => (
-                Some(s.spawn(move || stages::smooth(smoother, det_rx, smooth_tx))),
-                smooth_rx,
-            ),
-            None => {
-                drop((smooth_tx, smooth_rx));
-                (None, det_rx)
-            }
+        let (smooth, align_in) = match (smoother, smooth_queue) {
+            (Some(smoother), Some((tx, rx))) => (Some(s.spawn(move || stages::smooth(smoother, det_rx, tx))), rx),
+            _ => (None, det_rx),
         };
         let align = s.spawn(|| stages::align(tpl, size, &p.crop, align_in, align_tx));
         let worker_threads: Vec<_> = workers
@@ -178,10 +175,11 @@ pub(crate) fn wire<T: Send>(
         add_gpu_memory(&mut worker_stats, &worker_targets);
         stages.push(joined("paste", paste.join())?);
         let encoded = joined("encode", encode.join())?;
+        let frames = encoded.stage.items;
         stages.push(encoded.stage);
 
         let summary = Summary {
-            frames: stages.last().map_or(0, |s| s.items),
+            frames,
             faces: encoded.faces,
             frames_with_faces: encoded.frames_with_faces,
             batches: dispatch.batches,

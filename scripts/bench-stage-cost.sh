@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Cost per face of each stage, this build against another, in turn (A B A B ...): each run's
+# --stats-json gives every stage's busy seconds; divided by the faces restored, that is the
+# stage's core-ms per face (a stage is one thread). Prints the median of each and the median of
+# the A/B ratios taken pair by pair.
+#   scripts/bench-stage-cost.sh BASELINE_BINARY SOURCE [PAIRS] [run flags...]
+#   scripts/bench-stage-cost.sh old/gpen-video samples/group-1080p.mp4 3 --model models/standin/identity-512.onnx
+set -euo pipefail
+cd "$(dirname "$0")/.."
+base=${1:?baseline binary}; src=${2:?source}; pairs=${3:-3}; shift 3 || shift $#
+new=target/release/gpen-video
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+for i in $(seq "$pairs"); do
+  for side in A B; do
+    bin=$new; [ "$side" = B ] && bin=$base
+    "$bin" "$src" "$tmp/out.mkv" -q --stats-json "$tmp/$side-$i.json" "$@" >/dev/null 2>&1
+  done
+done
+python3 - "$tmp" "$pairs" <<'PY'
+import json, statistics, sys
+tmp, pairs = sys.argv[1], int(sys.argv[2])
+def cost(path):
+    d = json.load(open(path))
+    faces = max(d["faces"], 1)
+    return {s["name"]: 1000 * s["busy_s"] / faces for s in d["stages"]}, d["faces"]
+runs = {side: [cost(f"{tmp}/{side}-{i}.json") for i in range(1, pairs + 1)] for side in "AB"}
+names = list(runs["A"][0][0])
+print(f"faces per run: A {runs['A'][0][1]}, B {runs['B'][0][1]}; {pairs} pairs, medians")
+print(f"{'stage':<10} {'A ms/face':>10} {'B ms/face':>10} {'A/B':>7}")
+for n in names + ["total"]:
+    get = (lambda r: sum(r[0].values())) if n == "total" else (lambda r: r[0].get(n, 0.0))
+    a = [get(r) for r in runs["A"]]; b = [get(r) for r in runs["B"]]
+    ratio = statistics.median(x / y for x, y in zip(a, b) if y > 0) if all(b) else float("nan")
+    print(f"{n:<10} {statistics.median(a):>10.2f} {statistics.median(b):>10.2f} {ratio:>7.3f}")
+PY
