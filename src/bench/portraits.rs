@@ -72,11 +72,17 @@ pub struct PortraitRow {
 
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct PortraitReport {
+    /// Written lossily: a model name that is not UTF-8 must not stop the report.
+    #[serde(serialize_with = "lossy_path")]
     pub model: PathBuf,
     /// Portrait size, when generated.
     pub side: Option<usize>,
     pub price_per_hour: Option<f64>,
     pub rows: Vec<PortraitRow>,
+}
+
+fn lossy_path<S: serde::Serializer>(p: &Path, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&p.to_string_lossy())
 }
 
 /// Runs the portrait benchmark; `log` gets a line per finished run.
@@ -357,6 +363,20 @@ impl PortraitReport {
 #[cfg(test)]
 mod tests {
     use super::cost_per_1000;
+
+    #[test]
+    fn a_model_name_that_is_not_utf8_is_written_not_a_panic() {
+        use std::os::unix::ffi::OsStrExt;
+        let report = super::PortraitReport {
+            model: std::ffi::OsStr::from_bytes(b"m\xff.onnx").into(),
+            ..Default::default()
+        };
+        assert!(
+            report.to_json().contains("\"model\":\"m\u{fffd}.onnx\""),
+            "{}",
+            report.to_json()
+        );
+    }
 
     #[test]
     fn cost_per_1000_images_follows_the_price_and_the_rate() {
