@@ -429,6 +429,7 @@ impl Settings {
             fp16: self.recipe.treatment.fp16,
             batch: self.recipe.treatment.batch,
             detection: self.recipe.treatment.detection.clone(),
+            cores: self.cores,
         }
     }
 

@@ -33,3 +33,7 @@ pub const QUALITY: u32 = 92;
 pub const MODELS: [&str; 2] = ["models/GPEN-BFR-512.onnx", "models/standin/identity-512.onnx"];
 /// The CenterFace detector the set-up installs.
 pub const DETECTOR: &str = "models/centerface.onnx";
+
+/// Most threads of a pool stage (alignment, paste): one per core up to this many. Past it the
+/// stages around the model are no longer what limits a run, and each thread holds a frame.
+pub const POOL_THREADS_MAX: usize = 16;

@@ -43,6 +43,8 @@ pub struct EngineSpec {
     pub batch: usize,
     /// How faces are looked for (the copy's size is the key's).
     pub detection: DetectSettings,
+    /// CPU cores this engine's pipelines may use: alignment and paste run on pools this wide.
+    pub cores: usize,
 }
 
 /// The loaded sessions.
@@ -54,6 +56,8 @@ pub struct Engine {
     pub info: ModelInfo,
     /// Crops per model call (the model's own size when its batch is fixed).
     pub batch: usize,
+    /// Threads of each pool stage (alignment, paste).
+    pub pool_threads: usize,
 }
 
 /// A stop request shared with whoever may set it (Ctrl-C, a batch coordinator).
@@ -179,6 +183,7 @@ impl Engine {
             workers,
             info,
             batch,
+            pool_threads: s.cores.clamp(1, crate::defaults::POOL_THREADS_MAX),
         })
     }
 

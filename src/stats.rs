@@ -16,6 +16,11 @@ pub struct StageStat {
     pub queue_sum: u64,
     pub queue_samples: u64,
     pub queue_cap: usize,
+    /// Threads the stage ran on (a pool stage has several; 0 is read as 1).
+    pub threads: usize,
+    /// CPU time its threads spent working (their own clocks, not the wall): core-seconds, so
+    /// a stage's cost per face does not count the time it waited for a core on a busy machine.
+    pub cpu: Duration,
 }
 
 impl StageStat {
@@ -25,6 +30,24 @@ impl StageStat {
             return 0.0;
         }
         self.queue_sum as f64 / self.queue_samples as f64 / self.queue_cap as f64
+    }
+
+    /// Share of the wall time `wall` (seconds) its threads were busy, over all of them.
+    pub fn busy_share(&self, wall: f64) -> f64 {
+        self.busy.as_secs_f64() / wall.max(1e-9) / self.threads.max(1) as f64
+    }
+}
+
+/// CPU time this thread has used so far (Linux: its own clock; elsewhere zero).
+pub fn thread_cpu_time() -> Duration {
+    let mut t = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `t` is a valid, writable timespec for the duration of the call, and
+    // CLOCK_THREAD_CPUTIME_ID is a clock every Linux kernel this runs on provides.
+    let ok = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut t) } == 0;
+    if ok {
+        Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
+    } else {
+        Duration::ZERO
     }
 }
 
@@ -39,22 +62,25 @@ impl Clock {
             stat: StageStat {
                 name,
                 queue_cap,
+                threads: 1,
                 ..Default::default()
             },
         }
     }
 
-    /// Runs `f`, counting its time as busy.
+    /// Runs `f`, counting its time as busy (wall and this thread's CPU time).
     pub fn time<T>(&mut self, f: impl FnOnce() -> T) -> T {
-        let t = Instant::now();
+        let (t, c) = (Instant::now(), thread_cpu_time());
         let r = f();
         self.stat.busy += t.elapsed();
+        self.stat.cpu += thread_cpu_time().saturating_sub(c);
         r
     }
 
-    /// Adds time measured by the caller.
-    pub fn add(&mut self, d: Duration) {
-        self.stat.busy += d;
+    /// Adds time measured by the caller: wall time and this thread's CPU time.
+    pub fn add(&mut self, wall: Duration, cpu: Duration) {
+        self.stat.busy += wall;
+        self.stat.cpu += cpu;
     }
 
     pub fn count(&mut self, n: u64) {
@@ -192,8 +218,11 @@ impl Summary {
                 .map(|s| StageJson {
                     name: s.name,
                     items: s.items,
+                    threads: s.threads.max(1),
                     busy_s: s.busy.as_secs_f64(),
-                    busy_share: s.busy.as_secs_f64() / wall,
+                    busy_share: s.busy_share(wall),
+                    cpu_s: s.cpu.as_secs_f64(),
+                    cpu_ms_per_face: 1000.0 * s.cpu.as_secs_f64() / self.faces.max(1) as f64,
                     queue_fill: s.queue_fill(),
                 })
                 .collect(),
@@ -242,8 +271,15 @@ struct SummaryJson<'a> {
 struct StageJson {
     name: &'static str,
     items: u64,
+    /// Threads the stage ran on.
+    threads: usize,
+    /// Wall time its threads were busy, summed over them.
     busy_s: f64,
+    /// `busy_s` over the wall time and the threads.
     busy_share: f64,
+    /// CPU time its threads used while busy (core-seconds).
+    cpu_s: f64,
+    cpu_ms_per_face: f64,
     queue_fill: f64,
 }
 
@@ -290,10 +326,21 @@ impl fmt::Display for Summary {
                 self.faces_not_finite()
             )?;
         }
-        writeln!(f, "  {:<8} {:>6} {:>8}", "stage", "busy", "queue")?;
+        writeln!(
+            f,
+            "  {:<8} {:>7} {:>6} {:>8} {:>12}",
+            "stage", "threads", "busy", "queue", "core-ms/face"
+        )?;
         for s in &self.stages {
-            let busy = 100.0 * s.busy.as_secs_f64() / wall;
-            write!(f, "  {:<8} {busy:>5.0}% {:>7.0}%", s.name, 100.0 * s.queue_fill())?;
+            let busy = 100.0 * s.busy_share(wall);
+            let per_face = 1000.0 * s.cpu.as_secs_f64() / self.faces.max(1) as f64;
+            write!(
+                f,
+                "  {:<8} {:>7} {busy:>5.0}% {:>7.0}% {per_face:>12.2}",
+                s.name,
+                s.threads.max(1),
+                100.0 * s.queue_fill()
+            )?;
             if s.name == "detect" {
                 write!(
                     f,

@@ -13,6 +13,7 @@
 //! stops; the stage that failed reports the error, and the partial output is removed.
 
 mod dispatch;
+mod pool;
 mod sink;
 mod stages;
 mod stream;
@@ -150,7 +151,7 @@ pub fn collect_crops(engine: &mut Engine, job: &Job, want: usize, max_frames: u6
     std::thread::scope(|s| {
         let decode = s.spawn(|| stages::decode(decoder, turn, (&rgb, &det), Some(max_frames), cancel, dec_tx));
         let detect = s.spawn(|| stages::detect(detector, &det, dec_rx, det_tx));
-        let align = s.spawn(|| stages::align(&template, size, &crop, det_rx, align_tx));
+        let align = s.spawn(|| stages::align(&template, size, &crop, 1, det_rx, align_tx));
         let mut crops = Vec::new();
         for ff in &align_rx {
             crops.extend(ff.faces.into_iter().map(|f| f.crop));

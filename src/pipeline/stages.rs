@@ -8,6 +8,7 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use crossbeam_channel::{Receiver, Sender};
 
+use super::pool;
 use super::sink::FacesSink;
 use super::DEPTH;
 use crate::engine::{CancelToken, Cancelled};
@@ -20,7 +21,7 @@ use crate::geom::{crop_footprint, fit_similarity, Affine, Rect};
 use crate::media::compare::Compare;
 use crate::media::decode::Decoder;
 use crate::media::still::Writer;
-use crate::stats::{Clock, StageStat};
+use crate::stats::{thread_cpu_time, Clock, StageStat};
 
 /// Receives the next item, recording the queue length the stage found.
 fn recv<T>(rx: &Receiver<T>, clock: &mut Clock) -> Option<T> {
@@ -43,7 +44,7 @@ pub fn decode(
     tx: Sender<Frame>,
 ) -> Result<StageStat> {
     let mut clock = Clock::new("decode", 0);
-    let mut t = Instant::now();
+    let (mut t, mut c) = (Instant::now(), thread_cpu_time());
     let mut cancelled = false;
     let input = decoder.path().display().to_string();
     decoder
@@ -51,11 +52,11 @@ pub fn decode(
             if let Some((o, det)) = turn {
                 crate::media::orient::turn_frame(o, &mut f, det, pools);
             }
-            clock.add(t.elapsed());
+            clock.add(t.elapsed(), thread_cpu_time().saturating_sub(c));
             clock.count(1);
             cancelled = cancel.is_cancelled();
             let ok = !cancelled && tx.send(f).is_ok();
-            t = Instant::now();
+            (t, c) = (Instant::now(), thread_cpu_time());
             ok
         })
         .with_context(|| format!("decode stage, input {input}"))?;
@@ -129,30 +130,26 @@ pub fn smooth(mut smoother: Smoother, rx: Receiver<FaceFrame>, tx: Sender<FaceFr
     Ok(clock.finish())
 }
 
-/// Aligns every face to the model's template and warps its crop (buffers from `crop_pool`).
+/// Aligns every face to the model's template and warps its crop (buffers from `crop_pool`), on
+/// `threads` threads; frames leave in order.
 pub fn align(
     template: &str,
     size: usize,
     crop_pool: &Pool<Vec<f32>>,
+    threads: usize,
     rx: Receiver<FaceFrame>,
     tx: Sender<FaceFrame>,
 ) -> Result<StageStat> {
-    let mut clock = Clock::new("align", DEPTH);
     let tpl = template_named(template, size);
-    let mut scratch = WarpScratch::default();
-    while let Some(mut ff) = recv(&rx, &mut clock) {
-        clock.time(|| {
-            for job in &mut ff.faces {
-                let mut crop = crop_pool.get();
-                let (to_crop, region) = align_face(&mut ff.frame, &job.face, (&tpl, size), &mut crop, &mut scratch);
-                (job.to_crop, job.region, job.crop) = (to_crop, region, crop);
-            }
-        });
-        if tx.send(ff).is_err() {
-            break;
+    let work = |scratch: &mut WarpScratch, ff: &mut FaceFrame| {
+        for job in &mut ff.faces {
+            let mut crop = crop_pool.get();
+            let (to_crop, region) = align_face(&mut ff.frame, &job.face, (&tpl, size), &mut crop, scratch);
+            (job.to_crop, job.region, job.crop) = (to_crop, region, crop);
         }
-    }
-    Ok(clock.finish())
+        Ok(())
+    };
+    pool::ordered("align", DEPTH, threads, WarpScratch::default, work, rx, tx)
 }
 
 /// Aligns one face of `f` to the template: makes sure the frame's RGB covers the face, warps
@@ -178,65 +175,73 @@ pub fn align_face(
 
 /// Blends each frame's restored crops into it through the `mask` shape for the model's
 /// `template` (nothing at `blend` 0; overlapping faces by the larger mask), made the `compare`
-/// view if asked; restored crops go back to `restored_pool`, the changes' buffers come from
-/// `change_pool` (and go back from the encode stage), the faces travel on for the record.
+/// view if asked, on `threads` threads (frames leave in order); restored crops go back to
+/// `restored_pool`, the changes' buffers come from `change_pool` (and go back from the encode
+/// stage), the faces travel on for the record.
 pub fn paste_back(
     (size, template, mask): (usize, &str, MaskKind),
     blend: f32,
     compare: Option<Compare>,
     (restored_pool, change_pool): (&Pool<Vec<f32>>, &Pool<Vec<f32>>),
+    threads: usize,
     rx: Receiver<FaceFrame>,
     tx: Sender<FaceFrame>,
 ) -> Result<StageStat> {
-    let mut clock = Clock::new("paste", DEPTH);
     let mask = Mask::build(mask, size, &template_named(template, size));
-    let mut scratch = Scratch::default();
-    while let Some(mut ff) = recv(&rx, &mut clock) {
-        clock.time(|| {
-            let frame = &mut ff.frame;
-            let crops: Vec<(Vec<f32>, Affine, Option<Rect>)> = ff
-                .faces
-                .iter_mut()
-                .filter_map(|job| Some((job.restored.take()?, job.to_crop, job.region)))
-                .collect();
-            // Nothing to blend in at 0 (or off the frame): the frame stays as decoded.
-            let faces: Vec<Paste> = crops
-                .iter()
-                .filter(|_| blend > 0.0)
-                .filter_map(|(change, to_crop, region)| {
-                    Some(Paste {
-                        change,
-                        to_crop: *to_crop,
-                        region: (*region)?,
-                    })
-                })
-                .collect();
-            let regions: Vec<Rect> = faces.iter().map(|f| f.region).collect();
-            let kept = compare.map(|c| crate::media::compare::before_paste(c, frame, &regions));
-            let changed = changes(&faces, &mask, blend, &mut scratch, &mut || change_pool.get());
-            match &mut frame.picture {
-                Picture::Planes { changes, .. } => *changes = changed,
-                picture => {
-                    apply_rgb(&mut frame.rgb, frame.width, &changed);
-                    if let Picture::RgbOf { dirty, .. } = picture {
-                        dirty.extend(regions);
-                    }
-                    changed.into_iter().for_each(|c| change_pool.put(c.rgb));
-                }
+    let work = |scratch: &mut Scratch, ff: &mut FaceFrame| {
+        paste_frame(ff, &mask, blend, compare, scratch, (restored_pool, change_pool));
+        Ok(())
+    };
+    pool::ordered("paste", DEPTH, threads, Scratch::default, work, rx, tx)
+}
+
+/// Pastes one frame's restored faces (see [`paste_back`]).
+fn paste_frame(
+    ff: &mut FaceFrame,
+    mask: &Mask,
+    blend: f32,
+    compare: Option<Compare>,
+    scratch: &mut Scratch,
+    (restored_pool, change_pool): (&Pool<Vec<f32>>, &Pool<Vec<f32>>),
+) {
+    let frame = &mut ff.frame;
+    let crops: Vec<(Vec<f32>, Affine, Option<Rect>)> = ff
+        .faces
+        .iter_mut()
+        .filter_map(|job| Some((job.restored.take()?, job.to_crop, job.region)))
+        .collect();
+    // Nothing to blend in at 0 (or off the frame): the frame stays as decoded.
+    let faces: Vec<Paste> = crops
+        .iter()
+        .filter(|_| blend > 0.0)
+        .filter_map(|(change, to_crop, region)| {
+            Some(Paste {
+                change,
+                to_crop: *to_crop,
+                region: (*region)?,
+            })
+        })
+        .collect();
+    let regions: Vec<Rect> = faces.iter().map(|f| f.region).collect();
+    let kept = compare.map(|c| crate::media::compare::before_paste(c, frame, &regions));
+    let changed = changes(&faces, mask, blend, scratch, &mut || change_pool.get());
+    match &mut frame.picture {
+        Picture::Planes { changes, .. } => *changes = changed,
+        picture => {
+            apply_rgb(&mut frame.rgb, frame.width, &changed);
+            if let Picture::RgbOf { dirty, .. } = picture {
+                dirty.extend(regions);
             }
-            drop(faces);
-            if let Some(kept) = kept {
-                crate::media::compare::after_paste(frame, kept);
-            }
-            for (crop, _, _) in crops {
-                restored_pool.put(crop);
-            }
-        });
-        if tx.send(ff).is_err() {
-            break;
+            changed.into_iter().for_each(|c| change_pool.put(c.rgb));
         }
     }
-    Ok(clock.finish())
+    drop(faces);
+    if let Some(kept) = kept {
+        crate::media::compare::after_paste(frame, kept);
+    }
+    for (crop, _, _) in crops {
+        restored_pool.put(crop);
+    }
 }
 
 /// What the encode stage counted.

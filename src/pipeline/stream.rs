@@ -126,7 +126,7 @@ fn decode(
             done(k, Err(Cancelled { frames: 0, input }.into()));
             break;
         }
-        let t = Instant::now();
+        let (t, c) = (Instant::now(), crate::stats::thread_cpu_time());
         let o = job.source.orientation;
         let (w, h) = job.source.upright_size();
         let upright = fixed.unwrap_or_else(|| det_size(w, h, long_side));
@@ -144,7 +144,7 @@ fn decode(
                 crate::media::orient::turn_frame(o, &mut f, stored, pools);
             }
             f.item = k;
-            clock.add(t.elapsed());
+            clock.add(t.elapsed(), crate::stats::thread_cpu_time().saturating_sub(c));
             clock.count(1);
             sent = true;
             gone = tx.send(f).is_err();

@@ -93,7 +93,7 @@ pub(crate) fn wire<T: Send>(
     decode: impl FnOnce(&Pools, Sender<Frame>) -> Result<StageStat> + Send,
     encode: impl FnOnce(&Pools, Receiver<FaceFrame>) -> Result<Encoded<T>> + Send,
 ) -> Result<(Summary, T)> {
-    let (size, batch) = (engine.info.size, engine.batch);
+    let (size, batch, threads) = (engine.info.size, engine.batch, engine.pool_threads);
     let template = engine.info.template.clone();
     let worker_targets: Vec<Target> = engine.workers.iter().map(|w| w.target.clone()).collect();
     let n_workers = engine.workers.len();
@@ -119,9 +119,11 @@ pub(crate) fn wire<T: Send>(
     let (paste_tx, paste_rx) = queue();
     let (batch_tx, batch_rx) = bounded::<Batch>(2 * n_workers);
     let (done_tx, done_rx) = unbounded::<Result<Restored>>();
-    // One stage drains each queue, and the encode stage ends the line.
+    // One stage drains each queue, and the encode stage ends the line; each extra thread of
+    // the two pool stages holds a frame and may leave one in its reorder buffer.
     let smooth_held = smoother.as_ref().map_or(0, Smoother::capacity);
-    let pools = Pools::new(queues, queues + 1, smooth_held, batch, n_workers);
+    let stages = queues + 1 + 2 * 2 * (threads - 1);
+    let pools = Pools::new(queues, stages, smooth_held, batch, n_workers);
     let tpl = template.as_str();
 
     std::thread::scope(|s| {
@@ -133,7 +135,7 @@ pub(crate) fn wire<T: Send>(
             (Some(smoother), Some((tx, rx))) => (Some(s.spawn(move || stages::smooth(smoother, det_rx, tx))), rx),
             _ => (None, det_rx),
         };
-        let align = s.spawn(|| stages::align(tpl, size, &p.crop, align_in, align_tx));
+        let align = s.spawn(move || stages::align(tpl, size, &p.crop, threads, align_in, align_tx));
         let worker_threads: Vec<_> = workers
             .iter_mut()
             .map(|w| {
@@ -153,6 +155,7 @@ pub(crate) fn wire<T: Send>(
                 blend,
                 compare,
                 (&p.restored, &p.change),
+                threads,
                 enh_rx,
                 paste_tx,
             )

@@ -1,0 +1,194 @@
+//! An ordered pool of stage threads: in, a channel of items and a function that works on one
+//! item with state of its own per thread; out, the same items on the next channel in the order
+//! they came, and the pool's statistics (the busy time of all its threads, and how many ran).
+//!
+//! A stage whose items do not depend on each other (alignment, paste) runs on several cores
+//! this way while the stages around it still see frames one after another. Each thread takes
+//! the next item and its sequence number under one lock; a finished item waits in a small
+//! reorder buffer (at most one per thread) until every item before it has gone on.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+
+use anyhow::{anyhow, Result};
+use crossbeam_channel::{Receiver, Sender};
+
+use crate::stats::{Clock, StageStat};
+
+/// The pool's input: the receiver and the sequence number of the next item taken.
+struct Input<T> {
+    rx: Receiver<T>,
+    next: u64,
+}
+
+/// The pool's output: the sequence number due next and the items finished ahead of it.
+struct Output<T> {
+    due: u64,
+    held: BTreeMap<u64, T>,
+    tx: Option<Sender<T>>,
+}
+
+/// Runs `work` on every item of `rx` on `threads` threads (each with its own state made by
+/// `init`) and sends the items on to `tx` in the order they came. Returns when the input ends,
+/// the receiver of `tx` is gone or `work` fails (the first failure is the error returned).
+/// The statistics count every thread's busy time, so `busy / threads` is the pool's share.
+pub fn ordered<T: Send, S>(
+    name: &'static str,
+    queue_cap: usize,
+    threads: usize,
+    init: impl Fn() -> S + Sync,
+    work: impl Fn(&mut S, &mut T) -> Result<()> + Sync,
+    rx: Receiver<T>,
+    tx: Sender<T>,
+) -> Result<StageStat> {
+    let threads = threads.max(1);
+    let input = Mutex::new(Input { rx, next: 0 });
+    let output = Mutex::new(Output {
+        due: 0,
+        held: BTreeMap::new(),
+        tx: Some(tx),
+    });
+    let stop = AtomicBool::new(false);
+    let failure: Mutex<Option<anyhow::Error>> = Mutex::new(None);
+    let run = || -> StageStat {
+        let mut clock = Clock::new(name, queue_cap);
+        let mut state = init();
+        loop {
+            let next = {
+                let mut i = input.lock().unwrap_or_else(|e| e.into_inner());
+                clock.queue(i.rx.len());
+                match i.rx.recv() {
+                    Ok(item) => {
+                        i.next += 1;
+                        Some((i.next - 1, item))
+                    }
+                    Err(_) => None,
+                }
+            };
+            let Some((seq, mut item)) = next else { break };
+            if stop.load(Ordering::Relaxed) {
+                break;
+            }
+            if let Err(e) = clock.time(|| work(&mut state, &mut item)) {
+                failure.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert(e);
+                stop.store(true, Ordering::Relaxed);
+                break;
+            }
+            clock.count(1);
+            // Sent under the lock, so the items leave in order; a full queue downstream holds
+            // every thread here, which is the backpressure a single thread would give.
+            let mut o = output.lock().unwrap_or_else(|e| e.into_inner());
+            o.held.insert(seq, item);
+            loop {
+                let due = o.due;
+                let Some(ready) = o.held.remove(&due) else { break };
+                o.due += 1;
+                let sent = o.tx.as_ref().is_some_and(|tx| tx.send(ready).is_ok());
+                if !sent {
+                    o.tx = None;
+                    stop.store(true, Ordering::Relaxed);
+                    break;
+                }
+            }
+            if stop.load(Ordering::Relaxed) {
+                break;
+            }
+        }
+        clock.finish()
+    };
+    let stats: Vec<std::thread::Result<StageStat>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads).map(|_| s.spawn(run)).collect();
+        handles.into_iter().map(|h| h.join()).collect()
+    });
+    if let Some(e) = failure.into_inner().unwrap_or_else(|e| e.into_inner()) {
+        return Err(e);
+    }
+    let mut total = StageStat {
+        name,
+        queue_cap,
+        threads,
+        ..Default::default()
+    };
+    for st in stats {
+        let st = st.map_err(|_| anyhow!("internal error: a thread of the {name} stage panicked"))?;
+        total.busy += st.busy;
+        total.cpu += st.cpu;
+        total.items += st.items;
+        total.queue_sum += st.queue_sum;
+        total.queue_samples += st.queue_samples;
+    }
+    Ok(total)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crossbeam_channel::bounded;
+
+    /// Items that take uneven times leave in the order they came, every one exactly once.
+    #[test]
+    fn items_leave_in_order_whatever_their_cost() {
+        let (in_tx, in_rx) = bounded::<u64>(4);
+        let (out_tx, out_rx) = bounded::<u64>(4);
+        let out = std::thread::scope(|s| {
+            s.spawn(move || {
+                for i in 0..200u64 {
+                    in_tx.send(i).unwrap();
+                }
+            });
+            let pool = s.spawn(move || {
+                ordered(
+                    "test",
+                    4,
+                    3,
+                    || 0u64,
+                    |seen, x: &mut u64| {
+                        *seen += 1;
+                        // Every seventh item is slow: later ones finish first.
+                        if *x % 7 == 0 {
+                            std::thread::sleep(std::time::Duration::from_millis(2));
+                        }
+                        *x *= 10;
+                        Ok(())
+                    },
+                    in_rx,
+                    out_tx,
+                )
+            });
+            let got: Vec<u64> = out_rx.iter().collect();
+            let stat = pool.join().unwrap().unwrap();
+            assert_eq!(stat.items, 200);
+            assert_eq!(stat.threads, 3);
+            got
+        });
+        assert_eq!(out, (0..200u64).map(|i| i * 10).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn a_failure_is_returned_and_stops_the_pool() {
+        let (in_tx, in_rx) = bounded::<u64>(4);
+        let (out_tx, out_rx) = bounded::<u64>(64);
+        let r = std::thread::scope(|s| {
+            s.spawn(move || {
+                for i in 0..100u64 {
+                    if in_tx.send(i).is_err() {
+                        break;
+                    }
+                }
+            });
+            ordered(
+                "test",
+                4,
+                2,
+                || (),
+                |_, x: &mut u64| if *x == 5 { Err(anyhow!("item five")) } else { Ok(()) },
+                in_rx,
+                out_tx,
+            )
+        });
+        assert_eq!(r.unwrap_err().to_string(), "item five");
+        let got: Vec<u64> = out_rx.try_iter().collect();
+        assert!(got.iter().all(|&x| x < 5), "nothing after the failure: {got:?}");
+    }
+}
