@@ -162,8 +162,16 @@ const TRACK_INPUT: f32 = 192.0;
 /// whole-frame pass sees (see `Detector::window`); snapped to that grid such a window is at most
 /// 224 x 224, under a quarter of a 640 x 352 pass.
 const TRACK_NATIVE: f32 = 192.0;
-/// The least side (copy pixels) of a window at the copy's own scale.
+/// The least side (copy pixels) of a window at the copy's own scale around a small face (box
+/// under [`TRACK_SMALL`]): the model needs about this much of the picture around a small face
+/// to place its points as a whole-frame pass does (0.7 % of the eye distance apart at 192;
+/// 3.1 % at 128 and 3.6 % at 96, for a face of 15 px eye distance in 720p).
 const TRACK_NATIVE_MIN: f32 = 192.0;
+/// Faces whose box's longer side is at least this many copy pixels are looked for in a window
+/// of [`TRACK_CONTEXT`] times their box alone: they carry their own context (a face of 47 px
+/// eye distance in 720p is placed within 0.8 % of its eye distance in a 128 px window), and a
+/// 192 px window would cost half as much again as theirs.
+const TRACK_SMALL: f32 = 48.0;
 /// The window around a tracked face, as a multiple of the face box's longer side.
 const TRACK_CONTEXT: f32 = 2.0;
 /// Mean change (0-255) of the block averages of the detection copy that counts as a new scene.
@@ -336,27 +344,45 @@ impl Detector {
         // not jump each time the full pass runs.
         let mut found = Vec::new();
         if self.track.every > 1 && !scene_cut {
-            for b in &boxes {
-                let ((x0, y0, k), (nw, nh)) = self.window(b);
-                self.fill_window(det, (x0, y0, k), (nw, nh));
-                self.track.window_runs += 1;
-                let faces = self.infer((nw, nh))?;
-                if faces.is_empty() {
-                    // Lost (it moved fast, turned away or left): look everywhere.
-                    full = true;
+            let windows: Vec<_> = boxes.iter().map(|b| self.window(b)).collect();
+            // Windows of one size run as one batch: one model call for the faces of a frame.
+            let mut done = vec![false; windows.len()];
+            for i in 0..windows.len() {
+                if done[i] {
+                    continue;
                 }
-                // Back to the copy, kept inside the picture as a whole-frame pass keeps it.
-                let (cw, ch) = (self.input_size.0 as f32, self.input_size.1 as f32);
-                found.extend(faces.into_iter().map(|f| {
-                    let mut f = map_face(f, |x, y| (x0 + x * k, y0 + y * k));
-                    f.bbox = [
-                        f.bbox[0].clamp(0.0, cw),
-                        f.bbox[1].clamp(0.0, ch),
-                        f.bbox[2].clamp(0.0, cw),
-                        f.bbox[3].clamp(0.0, ch),
-                    ];
-                    f
-                }));
+                let size = windows[i].1;
+                let group: Vec<usize> = (i..windows.len()).filter(|&j| !done[j] && windows[j].1 == size).collect();
+                let plane = 3 * size.0 * size.1;
+                self.input.clear();
+                self.input.resize(plane * group.len(), 0.0);
+                for (n, &j) in group.iter().enumerate() {
+                    done[j] = true;
+                    let mut input = std::mem::take(&mut self.input);
+                    self.fill_window(det, windows[j].0, size, &mut input[n * plane..(n + 1) * plane]);
+                    self.input = input;
+                }
+                self.track.window_runs += group.len() as u64;
+                let batch = self.infer_batch(size, group.len())?;
+                for (faces, &j) in batch.into_iter().zip(&group) {
+                    let (x0, y0, k) = windows[j].0;
+                    if faces.is_empty() {
+                        // Lost (it moved fast, turned away or left): look everywhere.
+                        full = true;
+                    }
+                    // Back to the copy, kept inside the picture as a whole-frame pass keeps it.
+                    let (cw, ch) = (self.input_size.0 as f32, self.input_size.1 as f32);
+                    found.extend(faces.into_iter().map(|f| {
+                        let mut f = map_face(f, |x, y| (x0 + x * k, y0 + y * k));
+                        f.bbox = [
+                            f.bbox[0].clamp(0.0, cw),
+                            f.bbox[1].clamp(0.0, ch),
+                            f.bbox[2].clamp(0.0, cw),
+                            f.bbox[3].clamp(0.0, ch),
+                        ];
+                        f
+                    }));
+                }
             }
         }
         if full {
@@ -476,7 +502,9 @@ impl Detector {
             };
             // A small face gets the context a whole-frame pass gives it around, not just its
             // own width: the model's outputs near a window's edge differ from a full pass's.
-            let half = side.max(TRACK_NATIVE_MIN) / 2.0;
+            let box_side = (b[2] - b[0]).max(b[3] - b[1]);
+            let least = if box_side < TRACK_SMALL { TRACK_NATIVE_MIN } else { 0.0 };
+            let half = side.max(least) / 2.0;
             let (x0, nw) = snap(cx - half, cx + half, cw);
             let (y0, nh) = snap(cy - half, cy + half, ch);
             return ((x0, y0, 1.0), (nw, nh));
@@ -485,12 +513,12 @@ impl Detector {
         ((cx - side / 2.0, cy - side / 2.0, side / n as f32), (n, n))
     }
 
-    /// Fills an `nw x nh` model input with the window of the upright copy whose top-left
-    /// corner is (x0, y0) and whose pixels are `k` copy pixels wide: bilinear, black outside.
-    fn fill_window(&mut self, det: &[u8], (x0, y0, k): (f32, f32, f32), (nw, nh): (usize, usize)) {
+    /// Fills `input` (one `nw x nh` model input) with the window of the upright copy whose
+    /// top-left corner is (x0, y0) and whose pixels are `k` copy pixels wide: bilinear, black
+    /// outside.
+    fn fill_window(&self, det: &[u8], (x0, y0, k): (f32, f32, f32), (nw, nh): (usize, usize), input: &mut [f32]) {
         let plane = nw * nh;
-        self.input.clear();
-        self.input.resize(3 * plane, 0.0);
+        input.fill(0.0);
         let (sw, sh) = self.size;
         for yi in 0..nh {
             for xi in 0..nw {
@@ -502,7 +530,7 @@ impl Detector {
                 }
                 let px = crate::faces::align::sample_rgb_f32(det, sw, sh, xs, ys);
                 for (c, v) in px.into_iter().enumerate() {
-                    self.input[c * plane + yi * nw + xi] = v;
+                    input[c * plane + yi * nw + xi] = v;
                 }
             }
         }
@@ -510,16 +538,34 @@ impl Detector {
 
     /// Runs the model on `self.input` of `w x h` pixels; faces in input pixels, before NMS.
     fn infer(&mut self, (w, h): (usize, usize)) -> Result<Vec<Face>> {
-        let tensor = TensorRef::from_array_view(([1usize, 3, h, w], &self.input[..3 * w * h]))?;
+        Ok(self.infer_batch((w, h), 1)?.pop().unwrap_or_default())
+    }
+
+    /// Runs the model on `n` inputs of `w x h` pixels in `self.input`; each one's faces in
+    /// input pixels, before NMS.
+    fn infer_batch(&mut self, (w, h): (usize, usize), n: usize) -> Result<Vec<Vec<Face>>> {
+        let tensor = TensorRef::from_array_view(([n, 3, h, w], &self.input[..n * 3 * w * h]))?;
         let outputs = self.session.run(ort::inputs![self.input_name.as_str() => tensor])?;
         let map = |k: usize| outputs[k].try_extract_tensor::<f32>().map(|(_, d)| d);
         let (heat, scale, offset, lms) = (map(0)?, map(1)?, map(2)?, map(3)?);
         let (mh, mw) = (h / 4, w / 4);
         let plane = mh * mw;
-        if heat.len() != plane || scale.len() != 2 * plane || offset.len() != 2 * plane || lms.len() != 10 * plane {
-            bail!("detector output maps are not {mw}x{mh}: is this a CenterFace model?");
+        if heat.len() != n * plane || scale.len() != 2 * n * plane || offset.len() != 2 * n * plane || lms.len() != 10 * n * plane {
+            bail!("detector output maps are not {n}x{mw}x{mh}: is this a CenterFace model?");
         }
-        Ok(decode_maps(heat, scale, offset, lms, (mh, mw), (w, h), self.threshold))
+        Ok((0..n)
+            .map(|i| {
+                decode_maps(
+                    &heat[i * plane..][..plane],
+                    &scale[2 * i * plane..][..2 * plane],
+                    &offset[2 * i * plane..][..2 * plane],
+                    &lms[10 * i * plane..][..10 * plane],
+                    (mh, mw),
+                    (w, h),
+                    self.threshold,
+                )
+            })
+            .collect())
     }
 }
 
