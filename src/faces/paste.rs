@@ -9,7 +9,7 @@
 //! cannot hold averages out instead of aliasing (shimmering between frames); the level keeps
 //! at least 1.5 of its pixels per frame pixel, so it does not blur what the frame can hold.
 
-use crate::faces::align::{mip_level, sample_cubic3};
+use crate::faces::align::{mip_level, sample_cubic3_fast};
 use crate::frame::Change;
 use crate::geom::{Affine, Rect};
 
@@ -325,15 +325,29 @@ fn accumulate(acc: &mut [f32], r: Rect, face: &Paste, mask: &Mask, mips: &mut Ve
     let lim = (size - 1) as f64;
     let rw = r.width();
     let Rect { x0, y0, x1, y1 } = face.region;
+    let (half, inv_k) = ((k - 1.0) / 2.0, 1.0 / k);
     for y in y0..y1 {
-        let (mut u, mut v) = (
-            m[0] * x0 as f64 + m[1] * y as f64 + m[2],
-            m[3] * x0 as f64 + m[4] * y as f64 + m[5],
-        );
-        for x in x0..x1 {
-            let (cu, cv) = (u, v);
-            u += m[0];
-            v += m[3];
+        // The row's pixels whose crop point lies inside the crop (a line crosses the square
+        // once): the rest are skipped without a look.
+        let (u0, v0) = (m[1] * y as f64 + m[2], m[4] * y as f64 + m[5]);
+        let (mut xa, mut xb) = (x0 as f64, (x1 - 1) as f64);
+        for (start, step) in [(u0, m[0]), (v0, m[3])] {
+            if step.abs() < 1e-12 {
+                if !(0.0..=lim).contains(&(start + step * x0 as f64)) {
+                    (xa, xb) = (1.0, 0.0);
+                }
+                continue;
+            }
+            let (a, b) = ((0.0 - start) / step, (lim - start) / step);
+            xa = xa.max(a.min(b).floor() - 1.0);
+            xb = xb.min(a.max(b).ceil() + 1.0);
+        }
+        if xa > xb {
+            continue;
+        }
+        let row = &mut acc[(y - r.y0) * rw * 5..][..rw * 5];
+        for x in xa as usize..=xb as usize {
+            let (cu, cv) = (m[0] * x as f64 + u0, m[3] * x as f64 + v0);
             if !(0.0..=lim).contains(&cu) || !(0.0..=lim).contains(&cv) {
                 continue;
             }
@@ -342,9 +356,9 @@ fn accumulate(acc: &mut [f32], r: Rect, face: &Paste, mask: &Mask, mips: &mut Ve
                 continue;
             }
             // Level pixel j covers crop pixels [j k, (j + 1) k): its centre is at j k + (k - 1) / 2.
-            let (lu, lv) = ((cu as f32 - (k - 1.0) / 2.0) / k, (cv as f32 - (k - 1.0) / 2.0) / k);
-            let p = sample_cubic3(src, sw, sw, lu, lv);
-            let cell = &mut acc[((y - r.y0) * rw + x - r.x0) * 5..][..5];
+            let (lu, lv) = ((cu as f32 - half) * inv_k, (cv as f32 - half) * inv_k);
+            let p = sample_cubic3_fast(src, sw, sw, lu, lv);
+            let cell = &mut row[(x - r.x0) * 5..][..5];
             for c in 0..3 {
                 cell[c] += a * p[c];
             }

@@ -1,0 +1,73 @@
+//! Per-face cost of the CPU kernels around the model: in, synthetic 1080p pictures and faces
+//! at the sizes of the samples (a face smaller than a 512 crop, and a close-up larger than it);
+//! out, the median time of each kernel per face, beside the plain clamped sampler the fast
+//! paths replaced (which still serves the picture's border), measured in the same run.
+//!
+//! `cargo bench --bench kernels` (a plain timing loop: medians of repeated runs, no harness).
+
+use std::hint::black_box;
+use std::time::Instant;
+
+use gpen_video::faces::align::{template, warp_face, warp_to_tensor, WarpScratch};
+use gpen_video::faces::paste::{changes, Mask, Paste, Scratch};
+use gpen_video::geom::{crop_footprint, fit_similarity, Affine};
+
+/// Median milliseconds of `runs` calls of `f`.
+fn median_ms(runs: usize, mut f: impl FnMut()) -> f64 {
+    f();
+    let mut t: Vec<f64> = (0..runs)
+        .map(|_| {
+            let s = Instant::now();
+            f();
+            s.elapsed().as_secs_f64() * 1e3
+        })
+        .collect();
+    t.sort_by(f64::total_cmp);
+    t[t.len() / 2]
+}
+
+/// A face `eye` pixels between the eyes at (cx, cy), turned by `angle`: its frame -> crop map.
+fn face(size: usize, eye: f64, cx: f64, cy: f64, angle: f64) -> Affine {
+    let tpl = template(size);
+    let s = eye / (tpl[1][0] - tpl[0][0]) as f64;
+    let (sn, cs) = angle.sin_cos();
+    let lm = tpl.map(|[x, y]| {
+        let (x, y) = (x as f64 - size as f64 / 2.0, y as f64 - size as f64 / 2.0);
+        [(cx + s * (cs * x - sn * y)) as f32, (cy + s * (sn * x + cs * y)) as f32]
+    });
+    fit_similarity(&lm, &tpl)
+}
+
+fn main() {
+    let (w, h, size) = (1920usize, 1080usize, 512usize);
+    let frame: Vec<u8> = (0..w * h * 3).map(|i| ((i * 7919) % 251) as u8).collect();
+    let runs = 15;
+    println!("kernel, per face (median of {runs} runs)        fast ms   clamped ms   ratio");
+    for (what, eye) in [("face 80 px between the eyes", 80.0), ("close-up 240 px", 240.0)] {
+        let to_crop = face(size, eye, 900.0, 520.0, 0.12);
+        let region = crop_footprint(&to_crop, size, w, h);
+        let mut out = vec![0.0f32; 3 * size * size];
+        let mut scratch = WarpScratch::default();
+        let fast = median_ms(runs, || {
+            warp_face(&frame, (w, h), &to_crop, region, size, &mut out, &mut scratch);
+            black_box(&out);
+        });
+        let plain = median_ms(runs, || {
+            warp_to_tensor(&frame, w, h, &to_crop, size, &mut out);
+            black_box(&out);
+        });
+        println!("warp into the crop, {what:<28} {fast:>8.2} {plain:>12.2} {:>7.2}", plain / fast);
+        let change: Vec<f32> = (0..size * size * 3).map(|i| ((i * 31) % 17) as f32 - 8.0).collect();
+        let mask = Mask::face(size, &template(size));
+        let faces = [Paste {
+            change: &change,
+            to_crop,
+            region: region.expect("on the frame"),
+        }];
+        let mut scratch = Scratch::default();
+        let paste = median_ms(runs, || {
+            black_box(changes(&faces, &mask, 1.0, &mut scratch, &mut Vec::new));
+        });
+        println!("paste's change,     {what:<28} {paste:>8.2}");
+    }
+}
