@@ -56,7 +56,10 @@ fn main() {
             warp_to_tensor(&frame, w, h, &to_crop, size, &mut out);
             black_box(&out);
         });
-        println!("warp into the crop, {what:<28} {fast:>8.2} {plain:>12.2} {:>7.2}", plain / fast);
+        println!(
+            "warp into the crop, {what:<28} {fast:>8.2} {plain:>12.2} {:>7.2}",
+            plain / fast
+        );
         let change: Vec<f32> = (0..size * size * 3).map(|i| ((i * 31) % 17) as f32 - 8.0).collect();
         let mask = Mask::face(size, &template(size));
         let faces = [Paste {

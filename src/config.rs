@@ -403,6 +403,11 @@ impl Settings {
         })
     }
 
+    /// CPU cores a job of these settings may use.
+    pub fn cores(&self) -> usize {
+        self.cores
+    }
+
     /// What an engine for `job` is built for.
     pub fn engine_key(&self, job: &Job) -> EngineKey {
         EngineKey {

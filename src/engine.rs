@@ -138,6 +138,7 @@ impl Engine {
                 model: key.model.clone(),
                 enhancer,
                 fault: s.faults.get(i).cloned().unwrap_or_default(),
+                skip_model: false,
             });
         }
         let info = workers[0].enhancer.info.clone();

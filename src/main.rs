@@ -123,7 +123,8 @@ struct BenchArgs {
     /// Counted runs per source, after one warm-up run.
     #[arg(long, default_value_t = 3, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1000))]
     repeat: usize,
-    /// What to time: all (pipeline and enhance-only ceiling), pipeline, or enhance.
+    /// What to time: all (pipeline, enhance-only ceiling and feeder), pipeline, enhance, or
+    /// feeder (every stage but the model: what the CPU side can feed a GPU).
     #[arg(long, value_enum, default_value = "all")]
     stage: Stage,
     /// Write the results as JSON to PATH.

@@ -1,6 +1,7 @@
 //! `gpen-video bench`: in, sources, a model and devices; out, a table (and JSON) of end-to-end
 //! throughput (warm-up excluded, repeated, medians), the enhance-only ceiling on the same crops,
-//! and the pipeline's efficiency: end-to-end faces/s over ceiling faces/s, run in pairs.
+//! the pipeline's efficiency (end-to-end faces/s over ceiling faces/s, run in pairs) and the
+//! feeder's ceiling: every stage but the model, in faces/s and core-ms per face per stage.
 
 pub mod portraits;
 
@@ -25,6 +26,9 @@ pub enum Stage {
     Pipeline,
     /// The enhancement sessions alone on crops from the source: the ceiling.
     Enhance,
+    /// Every stage but the model (its change taken as zero), at the run's encoder settings
+    /// and with the fastest preset: how many faces/s the CPU side can feed a GPU.
+    Feeder,
 }
 
 #[derive(Clone, Debug)]
@@ -67,6 +71,37 @@ pub struct BenchReport {
     /// Per source: the median over the counted pairs of end-to-end faces/s over the ceiling's,
     /// each pair run one after the other.
     pub efficiency: Vec<Efficiency>,
+    /// Per source: what the stages around the model can feed.
+    pub feeder: Vec<Feeder>,
+}
+
+/// The stages around the model without it (medians over the counted runs): what they cost
+/// per face and how many faces per second they can feed a model.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Feeder {
+    pub source: String,
+    /// Faces/s and fps with the model's change taken as zero, at the run's encoder settings.
+    pub faces_per_s: f64,
+    pub fps: f64,
+    /// The same with the encoder's fastest preset (x264/x265 `ultrafast`; other encoders as set).
+    pub fast_faces_per_s: f64,
+    pub fast_fps: f64,
+    /// CPU time of each stage's own threads per face, in ms (decode and encode count their
+    /// calling thread, not FFmpeg's own threads), from the runs at the run's encoder settings.
+    pub stage_core_ms: Vec<(String, f64)>,
+    /// The whole process's CPU time per face (every thread, FFmpeg's included), in ms, at the
+    /// run's encoder settings and with the fastest preset.
+    pub process_core_ms: f64,
+    pub fast_process_core_ms: f64,
+    /// Faces/s one core feeds at `fast_process_core_ms`: a machine of N cores feeds about N
+    /// times this, up to `detect_limit` per job.
+    pub per_core_faces_per_s: f64,
+    /// Detection is one thread per job: at most this many faces/s per job.
+    pub detect_limit: f64,
+    /// The model's own ceiling (enhance-only faces/s), when it was timed.
+    pub model_faces_per_s: Option<f64>,
+    /// Cores of this machine the run could use.
+    pub cores: usize,
 }
 
 /// One source's pipeline efficiency.
@@ -122,7 +157,10 @@ fn bench_source(o: &BenchOptions, src: &Path, tmp: &Path, report: &mut BenchRepo
     let mut engine = settings.engine(&job)?;
     let device = engine.devices();
     let batch = engine.batch;
-    let (with_pipeline, with_ceiling) = (o.stage != Stage::Enhance, o.stage != Stage::Pipeline);
+    let (with_pipeline, with_ceiling) = (
+        matches!(o.stage, Stage::All | Stage::Pipeline),
+        matches!(o.stage, Stage::All | Stage::Enhance),
+    );
     let crops = if with_ceiling {
         let want = 4 * batch * engine.workers.len();
         let crops = pipeline::collect_crops(&mut engine, &job, want, 600)?;
@@ -206,13 +244,106 @@ fn bench_source(o: &BenchOptions, src: &Path, tmp: &Path, report: &mut BenchRepo
             runs: o.repeat.max(1),
         });
     }
+    let model_ceiling = report
+        .rows
+        .last()
+        .filter(|r| r.kind == "enhance")
+        .map(|r| r.faces_per_s);
     if !ratios.is_empty() {
         report.efficiency.push(Efficiency {
-            source: name,
+            source: name.clone(),
             efficiency: median(ratios),
         });
     }
+    if matches!(o.stage, Stage::All | Stage::Feeder) {
+        let feeder = feed(&mut engine, &job, o.repeat.max(1), &name, log)?;
+        report.feeder.push(Feeder {
+            model_faces_per_s: model_ceiling,
+            cores: o.settings.cores(),
+            ..feeder
+        });
+    }
     Ok(())
+}
+
+/// CPU time of the whole process so far (every thread's user and system time).
+fn process_cpu() -> Duration {
+    // SAFETY: `usage` is a valid, writable rusage for the duration of the call.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: as above; RUSAGE_SELF is always a valid target.
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) } != 0 {
+        return Duration::ZERO;
+    }
+    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    tv(usage.ru_utime) + tv(usage.ru_stime)
+}
+
+/// Times the pipeline with the model skipped (see [`Feeder`]), `repeat` runs at the job's
+/// encoder settings and as many with the fastest preset, in turn.
+fn feed(engine: &mut Engine, job: &Job, repeat: usize, name: &str, log: &dyn Fn(&str)) -> Result<Feeder> {
+    let fast = Job {
+        encode: crate::media::encode::EncodeSettings {
+            preset: Some("ultrafast".into()),
+            ..job.encode.clone()
+        },
+        ..job.clone()
+    };
+    for w in &mut engine.workers {
+        w.skip_model = true;
+    }
+    let result = (|| -> Result<Feeder> {
+        let (mut runs, mut fast_runs) = (Vec::new(), Vec::new());
+        for i in 1..=repeat {
+            for (j, out) in [(job, &mut runs), (&fast, &mut fast_runs)] {
+                let c = process_cpu();
+                let s = pipeline::run(engine, j, &|_| ())?;
+                let cpu = process_cpu().saturating_sub(c);
+                out.push((s, cpu));
+            }
+            let (s, f) = (&runs[i - 1].0, &fast_runs[i - 1].0);
+            log(&format!(
+                "{name}: without the model, run {i}: {:.2} faces/s, {:.2} with the fastest preset",
+                s.faces_per_s(),
+                f.faces_per_s()
+            ));
+        }
+        let per_face = |(s, cpu): &(Summary, Duration)| 1000.0 * cpu.as_secs_f64() / s.faces.max(1) as f64;
+        let stage_ms = |n: &str| {
+            median(
+                runs.iter()
+                    .filter_map(|(s, _)| s.stages.iter().find(|st| st.name == n).map(|st| (st, s.faces)))
+                    .map(|(st, faces)| 1000.0 * st.cpu.as_secs_f64() / faces.max(1) as f64)
+                    .collect(),
+            )
+        };
+        let names: Vec<&'static str> = runs[0]
+            .0
+            .stages
+            .iter()
+            .map(|s| s.name)
+            .filter(|n| *n != "dispatch")
+            .collect();
+        let fast_ms = median(fast_runs.iter().map(per_face).collect());
+        let detect = stage_ms("detect");
+        Ok(Feeder {
+            source: name.to_string(),
+            faces_per_s: median(runs.iter().map(|(s, _)| s.faces_per_s()).collect()),
+            fps: median(runs.iter().map(|(s, _)| s.fps()).collect()),
+            fast_faces_per_s: median(fast_runs.iter().map(|(s, _)| s.faces_per_s()).collect()),
+            fast_fps: median(fast_runs.iter().map(|(s, _)| s.fps()).collect()),
+            stage_core_ms: names.iter().map(|n| (n.to_string(), stage_ms(n))).collect(),
+            process_core_ms: median(runs.iter().map(per_face).collect()),
+            fast_process_core_ms: fast_ms,
+            per_core_faces_per_s: 1000.0 / fast_ms.max(1e-9),
+            detect_limit: 1000.0 / detect.max(1e-9),
+            model_faces_per_s: None,
+            cores: 0,
+        })
+    })();
+    for w in &mut engine.workers {
+        w.skip_model = false;
+    }
+    result
 }
 
 /// Every worker runs full batches of the crops at once, at least `min_batches` each and for at
@@ -301,11 +432,48 @@ impl BenchReport {
                 e.source, e.efficiency
             );
         }
+        for f in &self.feeder {
+            out += &f.text();
+        }
         out
     }
 
     pub fn to_json(&self) -> String {
         serde_json::to_string(self).expect("plain numbers and strings serialise") + "\n"
+    }
+}
+
+impl Feeder {
+    /// The feeder's lines of the bench table: its ceiling beside the model's, which side limits
+    /// the run, what each stage costs per face and what a machine of N cores feeds.
+    pub fn text(&self) -> String {
+        let mut out = format!(
+            "feeder ({}): without the model {:.1} faces/s ({:.1} fps) at the run's encoder settings, {:.1} faces/s ({:.1} fps) with the fastest preset",
+            self.source, self.faces_per_s, self.fps, self.fast_faces_per_s, self.fast_fps
+        );
+        if let Some(m) = self.model_faces_per_s {
+            let limit = if m < self.faces_per_s {
+                "the model limits this run"
+            } else {
+                "the stages around the model limit this run"
+            };
+            out += &format!("; the model alone {m:.1} faces/s: {limit}");
+        }
+        out += "\n  core-ms per face:";
+        for (n, ms) in &self.stage_core_ms {
+            out += &format!(" {n} {ms:.2},");
+        }
+        out += &format!(
+            " whole process {:.1} ({:.1} with the fastest preset)\n  one core feeds about {:.0} faces/s: a machine of N cores about N x {:.0} (this one, {} cores: {:.0}), detection at most {:.0} faces/s per job\n",
+            self.process_core_ms,
+            self.fast_process_core_ms,
+            self.per_core_faces_per_s,
+            self.per_core_faces_per_s,
+            self.cores,
+            self.per_core_faces_per_s * self.cores as f64,
+            self.detect_limit
+        );
+        out
     }
 }
 

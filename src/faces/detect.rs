@@ -352,7 +352,9 @@ impl Detector {
                     continue;
                 }
                 let size = windows[i].1;
-                let group: Vec<usize> = (i..windows.len()).filter(|&j| !done[j] && windows[j].1 == size).collect();
+                let group: Vec<usize> = (i..windows.len())
+                    .filter(|&j| !done[j] && windows[j].1 == size)
+                    .collect();
                 let plane = 3 * size.0 * size.1;
                 self.input.clear();
                 self.input.resize(plane * group.len(), 0.0);
@@ -550,7 +552,11 @@ impl Detector {
         let (heat, scale, offset, lms) = (map(0)?, map(1)?, map(2)?, map(3)?);
         let (mh, mw) = (h / 4, w / 4);
         let plane = mh * mw;
-        if heat.len() != n * plane || scale.len() != 2 * n * plane || offset.len() != 2 * n * plane || lms.len() != 10 * n * plane {
+        if heat.len() != n * plane
+            || scale.len() != 2 * n * plane
+            || offset.len() != 2 * n * plane
+            || lms.len() != 10 * n * plane
+        {
             bail!("detector output maps are not {n}x{mw}x{mh}: is this a CenterFace model?");
         }
         Ok((0..n)

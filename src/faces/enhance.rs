@@ -242,6 +242,9 @@ pub struct Worker {
     pub model: std::path::PathBuf,
     pub enhancer: Enhancer,
     pub fault: Fault,
+    /// The model is not run: every crop's change is zero, what a model that returns its input
+    /// gives, at no cost. `gpen-video bench` times the stages around the model this way.
+    pub skip_model: bool,
 }
 
 #[cfg(test)]

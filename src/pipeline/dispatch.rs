@@ -167,6 +167,17 @@ pub(crate) fn work(
             }
             let mut restored: Vec<Option<Vec<f32>>> = (0..job.crops.len()).map(|_| Some(restored_pool.get())).collect();
             let crops: Vec<&[f32]> = job.crops.iter().map(Vec::as_slice).collect();
+            if worker.skip_model {
+                for r in restored.iter_mut().flatten() {
+                    r.clear();
+                    r.resize(3 * size * size, 0.0);
+                }
+                return Ok(Restored {
+                    keys: job.keys,
+                    restored,
+                    crops: job.crops,
+                });
+            }
             worker.enhancer.run(&crops, |i, out| {
                 // NaN or infinity (a broken model, an overflow in fp16): keep the face as it was
                 // rather than paste a black or white square.
