@@ -284,3 +284,131 @@ fn partial_batches_reuse_a_few_buffer_sizes_and_keep_their_crops_apart() {
     // Not one buffer set per size (136 crops' worth): padded to powers of two, 31 at most.
     assert_eq!(e.bound_sizes(), vec![1, 2, 4, 8, 16]);
 }
+
+/// Alignment and paste run on pools of threads; frames still leave in order and every frame
+/// comes out as one thread makes it: with the negate stand-in (every face visibly changed) the
+/// output's pictures and the faces record are the same with pools of one and of three threads,
+/// and the stage table says how wide each pool was and what each stage cost per face.
+#[test]
+fn pools_of_threads_align_and_paste_frames_in_order_as_one_thread_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = asset("samples/test/group.mkv");
+    let model = asset("models/standin/negate-256.onnx");
+    let run = |threads: &str| {
+        let (out, faces, stats) = (
+            dir.path().join(format!("out-{threads}.mkv")),
+            dir.path().join(format!("faces-{threads}.json")),
+            dir.path().join(format!("stats-{threads}.json")),
+        );
+        ok(&gpen(&[
+            &input,
+            &out,
+            &"--model",
+            &model,
+            &"--threads",
+            &threads,
+            &"--faces-json",
+            &faces,
+            &"--stats-json",
+            &stats,
+        ]));
+        let stats: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&stats).unwrap()).unwrap();
+        (
+            framemd5(&out, "0:v", false),
+            std::fs::read_to_string(&faces).unwrap(),
+            stats,
+        )
+    };
+    let (one, faces_one, _) = run("1");
+    let (three, faces_three, stats) = run("3");
+    assert!(
+        faces_one.matches("\"bbox\"").count() >= 50,
+        "faces found on most frames"
+    );
+    assert_eq!(faces_one, faces_three, "the same faces, frame by frame");
+    assert_eq!(one, three, "the same pictures, in the same order");
+    let stage = |name: &str| {
+        stats["stages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["name"] == name)
+            .unwrap_or_else(|| panic!("{name} in {stats}"))
+            .clone()
+    };
+    for name in ["align", "paste"] {
+        let s = stage(name);
+        assert_eq!(s["threads"], 3, "{s}");
+        assert!(s["cpu_ms_per_face"].as_f64().unwrap() > 0.0, "{s}");
+        assert!(s["busy_share"].as_f64().unwrap() <= 1.0, "{s}");
+    }
+    assert_eq!(stage("detect")["threads"], 1);
+}
+
+/// `bench --stage feeder`: the stages around the model timed without it, at the run's encoder
+/// settings and with the fastest preset; the table says which side limits the run and what a
+/// machine of N cores feeds, the JSON has each stage's core-ms per face.
+#[test]
+fn bench_reports_what_the_stages_around_the_model_can_feed() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("bench.json");
+    let input = asset("samples/test/group.mkv");
+    let model = asset("models/standin/identity-256.onnx");
+    let r = gpen(&[
+        &"bench",
+        &input,
+        &"--model",
+        &model,
+        &"--repeat",
+        &"1",
+        &"--json",
+        &json,
+    ]);
+    let table = String::from_utf8_lossy(&r.stdout);
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    assert!(
+        table.contains("feeder (group.mkv): without the model")
+            && table.contains("the model alone")
+            && table.contains("a machine of N cores"),
+        "{table}"
+    );
+    let j: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let f = &j["feeder"][0];
+    for k in [
+        "faces_per_s",
+        "fast_faces_per_s",
+        "process_core_ms",
+        "fast_process_core_ms",
+        "per_core_faces_per_s",
+        "detect_limit",
+        "model_faces_per_s",
+    ] {
+        assert!(f[k].as_f64().is_some_and(|v| v > 0.0), "{k} in {f}");
+    }
+    let stages: Vec<&str> = f["stage_core_ms"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s[0].as_str().unwrap())
+        .collect();
+    for s in ["decode", "detect", "align", "paste", "encode"] {
+        assert!(stages.contains(&s), "{s} in {stages:?}");
+    }
+    // Only the feeder: no pipeline or enhance rows.
+    let r = gpen(&[
+        &"bench",
+        &input,
+        &"--model",
+        &model,
+        &"--repeat",
+        &"1",
+        &"--stage",
+        &"feeder",
+    ]);
+    let table = String::from_utf8_lossy(&r.stdout);
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    assert!(
+        table.contains("feeder (group.mkv)") && !table.contains("the model alone"),
+        "{table}"
+    );
+}

@@ -674,6 +674,77 @@ mod tests {
         assert_eq!(a, b);
     }
 
+    /// The fast paths (the region as f32 texels, four-lane taps, four pixels' weights at once;
+    /// the four-lane change sampler) give exactly what the clamped per-pixel sampler gives,
+    /// for faces inside the picture and across its edges, turned and scaled both ways.
+    #[test]
+    fn the_fast_samplers_equal_the_clamped_ones_exactly() {
+        let (w, h, size) = (333usize, 250usize, 128usize);
+        let img: Vec<u8> = (0..w * h * 3).map(|i| ((i * 7919) % 251) as u8).collect();
+        let cases = [
+            (0.1, 1.0 / 0.7, -60.0, -40.0),
+            (0.3, 1.0 / 1.2, -20.0, 10.0),
+            (-0.2, 1.0 / 0.5, 40.0, 30.0),
+            (2.9, 1.0 / 0.9, 150.0, 140.0),
+        ];
+        for (angle, scale, tx, ty) in cases {
+            let to_crop = crate::geom::similarity(angle, scale, tx, ty);
+            let region = crate::geom::crop_footprint(&to_crop, size, w, h);
+            let (mut a, mut b) = (vec![0.0; 3 * size * size], vec![0.0; 3 * size * size]);
+            warp_face(
+                &img,
+                (w, h),
+                &to_crop,
+                region,
+                size,
+                &mut a,
+                &mut WarpScratch::default(),
+            );
+            warp_to_tensor(&img, w, h, &to_crop, size, &mut b);
+            assert_eq!(a, b, "angle {angle}, scale {scale}");
+        }
+        let field: Vec<f32> = (0..w * h * 3).map(|i| ((i * 31) % 97) as f32 - 48.5).collect();
+        for k in 0..4000 {
+            let (x, y) = ((k * 37 % 3400) as f32 * 0.1 - 5.0, (k * 53 % 2600) as f32 * 0.1 - 5.0);
+            assert_eq!(
+                sample_cubic3_fast(&field, w, h, x, y),
+                sample_cubic3(&field, w, h, x, y),
+                "at ({x}, {y})"
+            );
+        }
+    }
+
+    /// Halving a region row by row gives the 2 x 2 means a pixel-by-pixel loop gives, odd
+    /// edges included.
+    #[test]
+    fn halving_a_region_averages_its_blocks() {
+        let (w, h) = (41usize, 30usize);
+        let img: Vec<u8> = (0..w * h * 3).map(|i| ((i * 7919) % 251) as u8).collect();
+        for r in [Rect::new(3, 2, 40, 29), Rect::new(0, 0, 41, 30), Rect::new(5, 5, 6, 6)] {
+            let mut out = Vec::new();
+            let (hw, hh) = halve_region(&img, w, r, &mut out);
+            assert_eq!((hw, hh), (r.width().div_ceil(2), r.height().div_ceil(2)));
+            for y in 0..hh {
+                for x in 0..hw {
+                    let xs = [r.x0 + (2 * x).min(r.width() - 1), r.x0 + (2 * x + 1).min(r.width() - 1)];
+                    let ys = [
+                        r.y0 + (2 * y).min(r.height() - 1),
+                        r.y0 + (2 * y + 1).min(r.height() - 1),
+                    ];
+                    for c in 0..3 {
+                        let mut s = 0u32;
+                        for yy in ys {
+                            for xx in xs {
+                                s += img[(yy * w + xx) * 3 + c] as u32;
+                            }
+                        }
+                        assert_eq!(out[(y * hw + x) * 3 + c] as u32, (s + 2) / 4, "{r:?} ({x}, {y}) {c}");
+                    }
+                }
+            }
+        }
+    }
+
     #[test]
     fn tensor_round_trip_is_exact_for_u8_values() {
         let size = 4;
@@ -684,34 +755,5 @@ mod tests {
         let mut back = Vec::new();
         tensor_to_rgb(&t, size, &mut back);
         assert_eq!(back, rgb);
-    }
-}
-
-#[cfg(test)]
-mod speed {
-    use super::*;
-    #[test]
-    #[ignore]
-    fn warp_speed() {
-        let (w, h, size) = (1920usize, 1080usize, 512usize);
-        let img: Vec<u8> = (0..w * h * 3).map(|i| (i * 37 % 251) as u8).collect();
-        let to_crop = crate::geom::similarity(0.1, 1.0 / 0.9, -300.0, -100.0);
-        let region = crate::geom::crop_footprint(&to_crop, size, w, h).unwrap();
-        let mut t = vec![0.0; 3 * size * size];
-        let mut t2 = vec![0.0; 3 * size * size];
-        let n = 50;
-        let mut sc = WarpScratch::default();
-        let s = std::time::Instant::now();
-        for _ in 0..n {
-            warp_face(&img, (w, h), &to_crop, Some(region), size, &mut t, &mut sc);
-        }
-        let fast = s.elapsed().as_secs_f64() / n as f64;
-        let s = std::time::Instant::now();
-        for _ in 0..n {
-            warp_to_tensor(&img, w, h, &to_crop, size, &mut t2);
-        }
-        let slow = s.elapsed().as_secs_f64() / n as f64;
-        assert_eq!(t, t2);
-        eprintln!("fast {:.2} ms, slow {:.2} ms per 512 crop", fast * 1e3, slow * 1e3);
     }
 }
