@@ -43,7 +43,11 @@ fn main() {
     let frame: Vec<u8> = (0..w * h * 3).map(|i| ((i * 7919) % 251) as u8).collect();
     let runs = 15;
     println!("kernel, per face (median of {runs} runs)        fast ms   clamped ms   ratio");
-    for (what, eye) in [("face 80 px between the eyes", 80.0), ("close-up 240 px", 240.0)] {
+    for (what, eye) in [
+        ("face 80 px between the eyes", 80.0),
+        ("close-up 240 px", 240.0),
+        ("close-up 400 px", 400.0),
+    ] {
         let to_crop = face(size, eye, 900.0, 520.0, 0.12);
         let region = crop_footprint(&to_crop, size, w, h);
         let mut out = vec![0.0f32; 3 * size * size];

@@ -178,22 +178,20 @@ fn cubic_rgb_inside(rgb: &[u8], width: usize, x: f32, y: f32) -> [f32; 4] {
 }
 
 /// [`sample_rgb_f32`] where (x, y) lies at least three pixels from the right edge and one from
-/// the bottom (so eight bytes can be read per row): the same sums, no clamping. Lane 3 is junk.
+/// the bottom (so eight bytes can be read per row): the same sums, no clamping, in four lanes
+/// (lane 3 is junk).
 #[inline(always)]
-fn bilinear_rgb_inside(rgb: &[u8], width: usize, x: f32, y: f32) -> [f32; 4] {
+fn bilinear_rgb_inside(rgb: &[u8], width: usize, x: f32, y: f32) -> f32x4 {
     let (x0, y0) = (x as usize, y as usize);
-    let (fx, fy) = (x - x0 as f32, y - y0 as f32);
+    let (fx, fy) = (f32x4::splat(x - x0 as f32), f32x4::splat(y - y0 as f32));
     let i = (y0 * width + x0) * 3;
     let top: &[u8; 8] = rgb[i..][..8].try_into().expect("8 bytes");
     let bottom: &[u8; 8] = rgb[i + width * 3..][..8].try_into().expect("8 bytes");
-    let (a, b, c, d) = (lanes(top, 0), lanes(top, 3), lanes(bottom, 0), lanes(bottom, 3));
-    let mut out = [0.0f32; 4];
-    for k in 0..4 {
-        let t = a[k] + (b[k] - a[k]) * fx;
-        let u = c[k] + (d[k] - c[k]) * fx;
-        out[k] = t + (u - t) * fy;
-    }
-    out
+    let (a, b) = (f32x4::new(lanes(top, 0)), f32x4::new(lanes(top, 3)));
+    let (c, d) = (f32x4::new(lanes(bottom, 0)), f32x4::new(lanes(bottom, 3)));
+    let t = a + (b - a) * fx;
+    let u = c + (d - c) * fx;
+    t + (u - t) * fy
 }
 
 /// [`sample_cubic3`] of a packed three-channel f32 picture (a change field), the same sums in
@@ -474,6 +472,17 @@ pub fn warp_face(
     // The four taps sit a quarter of a crop pixel from its centre along each crop axis.
     let taps = [(-0.25, -0.25), (0.25, -0.25), (-0.25, 0.25), (0.25, 0.25)]
         .map(|(du, dv)| ((m[0] * du + m[1] * dv) as f32, (m[3] * du + m[4] * dv) as f32));
+    // A level's pixels are read as f32 texels (a level is at most a quarter of the face's
+    // footprint); at level 0 the frame's own bytes are read, as converting the whole footprint
+    // costs more than the taps save.
+    let t = Rect::new(0, 0, lw, lh);
+    if level > 0 {
+        load_texels(src, lw, t, &mut scratch.texels);
+    }
+    let tex = &scratch.texels[..];
+    let (tw, th) = (t.width(), t.height());
+    let (tx0, ty0) = (t.x0 as f32, t.y0 as f32);
+    let (lim_x, lim_y) = (tw as f32 - 1.0, th as f32 - 1.0);
     let plane = size * size;
     let (rp, rest) = out.split_at_mut(plane);
     let (gp, bp) = rest.split_at_mut(plane);
@@ -481,19 +490,27 @@ pub fn warp_face(
     for y in 0..size {
         let (mut sx, mut sy) = (m[1] * y as f64 + m[2], m[4] * y as f64 + m[5]);
         for x in 0..size {
-            let mut acc = [0.0f32; 4];
+            let mut acc = f32x4::ZERO;
             for (dx, dy) in taps {
                 let (tx, ty) = (sx as f32 + dx, sy as f32 + dy);
-                let p = if tx >= 0.0 && ty >= 0.0 && tx < lw as f32 - 3.0 && ty < lh as f32 - 1.0 {
+                let (lx, ly) = (tx - tx0, ty - ty0);
+                acc += if level == 0 && tx >= 0.0 && ty >= 0.0 && tx < lw as f32 - 3.0 && ty < lh as f32 - 1.0 {
                     bilinear_rgb_inside(src, lw, tx, ty)
+                } else if level > 0 && lx >= 0.0 && ly >= 0.0 && lx < lim_x && ly < lim_y {
+                    // Inside: non-negative, so truncation is floor.
+                    let (x0, y0) = (tx as usize, ty as usize);
+                    let (fx, fy) = (f32x4::splat(tx - x0 as f32), f32x4::splat(ty - y0 as f32));
+                    let i = (y0 - t.y0) * tw + x0 - t.x0;
+                    let (a, b, c, d) = (tex[i], tex[i + 1], tex[i + tw], tex[i + tw + 1]);
+                    let top = a + (b - a) * fx;
+                    let bottom = c + (d - c) * fx;
+                    top + (bottom - top) * fy
                 } else {
                     let p = sample_rgb_f32(src, lw, lh, tx, ty);
-                    [p[0], p[1], p[2], 0.0]
+                    f32x4::new([p[0], p[1], p[2], 0.0])
                 };
-                for c in 0..4 {
-                    acc[c] += p[c];
-                }
             }
+            let acc = acc.to_array();
             let i = y * size + x;
             rp[i] = acc[0] * K - 1.0;
             gp[i] = acc[1] * K - 1.0;

@@ -51,6 +51,39 @@ const FACE_FEATHER: f64 = 0.3;
 pub struct Mask {
     size: usize,
     table: Vec<f32>,
+    /// An ellipse (crop pixels) outside which the mask is zero, where it has one: the paste
+    /// visits only the pixels of each row that fall inside it.
+    support: Option<Ellipse>,
+}
+
+/// An ellipse in crop pixels: its centre, the unit vector of its first axis and its two
+/// semi-axes (along that vector, and across it).
+#[derive(Clone, Copy, Debug)]
+struct Ellipse {
+    centre: (f64, f64),
+    axis: (f64, f64),
+    semi: (f64, f64),
+}
+
+impl Ellipse {
+    /// The range of `t` for which the point `p + t d` lies inside (None if the line misses it).
+    fn span(&self, p: (f64, f64), d: (f64, f64)) -> Option<(f64, f64)> {
+        let (px, py) = (p.0 - self.centre.0, p.1 - self.centre.1);
+        let (ax, ay) = self.axis;
+        // Coordinates along and across the axis, each linear in t: a0 + a1 t, b0 + b1 t.
+        let (a0, a1) = ((px * ax + py * ay) / self.semi.0, (d.0 * ax + d.1 * ay) / self.semi.0);
+        let (b0, b1) = ((-px * ay + py * ax) / self.semi.1, (-d.0 * ay + d.1 * ax) / self.semi.1);
+        let (qa, qb, qc) = (a1 * a1 + b1 * b1, 2.0 * (a0 * a1 + b0 * b1), a0 * a0 + b0 * b0 - 1.0);
+        if qa < 1e-18 {
+            return (qc <= 0.0).then_some((f64::NEG_INFINITY, f64::INFINITY));
+        }
+        let disc = qb * qb - 4.0 * qa * qc;
+        if disc < 0.0 {
+            return None;
+        }
+        let r = disc.sqrt();
+        Some(((-qb - r) / (2.0 * qa), (-qb + r) / (2.0 * qa)))
+    }
 }
 
 fn smoothstep(t: f64) -> f64 {
@@ -83,14 +116,25 @@ impl Mask {
         let (semi_v, semi_u) = ((FACE_TOP + 1.0 + FACE_CHIN) / 2.0 * d, FACE_HALF_WIDTH * d);
         let centre = (1.0 + FACE_CHIN - FACE_TOP) / 2.0 * d;
         let (cx, cy) = (ex + dx * centre, ey + dy * centre);
-        Self::tabulate(size, |u, v| {
+        // Zero at every table sample outside the ellipse, so zero beyond it by more than the
+        // one crop pixel a bilinear read reaches (two to spare).
+        let support = Ellipse {
+            centre: (cx, cy),
+            axis: (dx, dy),
+            semi: (semi_v + 2.0, semi_u + 2.0),
+        };
+        let mask = Self::tabulate(size, |u, v| {
             let (px, py) = (u - cx, v - cy);
             let along = px * dx + py * dy;
             let across = -px * dy + py * dx;
             let r = ((along / semi_v).powi(2) + (across / semi_u).powi(2)).sqrt();
             let face = smoothstep((1.0 - r) / FACE_FEATHER);
             (face * Self::box_at(size, u, v) as f64) as f32
-        })
+        });
+        Self {
+            support: Some(support),
+            ..mask
+        }
     }
 
     fn box_at(size: usize, u: f64, v: f64) -> f32 {
@@ -103,7 +147,11 @@ impl Mask {
         let table = (0..size * size)
             .map(|i| f((i % size) as f64, (i / size) as f64))
             .collect();
-        Self { size, table }
+        Self {
+            size,
+            table,
+            support: None,
+        }
     }
 
     /// Mask value at crop coordinates (u, v) (bilinear between crop pixels), 0 outside the crop.
@@ -175,13 +223,6 @@ pub fn changes(
             Rect::new(r.x0.min(q.x0), r.y0.min(q.y0), r.x1.max(q.x1), r.y1.max(q.y1))
         });
         let (rw, rh) = (r.width(), r.height());
-        // Per pixel: sum of m * change (3), sum of m, largest m.
-        let mut acc = std::mem::take(&mut scratch.acc);
-        acc.clear();
-        acc.resize(rw * rh * 5, 0.0);
-        for &i in &group {
-            accumulate(&mut acc, r, &faces[i], mask, &mut scratch.mips);
-        }
         let mut rgb = buffer();
         rgb.clear();
         // A face's region varies a little from frame to frame: a buffer sized up to the next
@@ -191,6 +232,19 @@ pub fn changes(
             rgb.reserve_exact(n.next_power_of_two());
         }
         rgb.resize(n, 0.0);
+        if let [one] = group[..] {
+            // A face alone: its weighted change goes straight into the change buffer.
+            accumulate(&mut rgb, Cells::Direct(blend), r, &faces[one], mask, &mut scratch.mips);
+            out.push(Change { rect: r, rgb });
+            continue;
+        }
+        // Per pixel: sum of m * change (3), sum of m, largest m.
+        let mut acc = std::mem::take(&mut scratch.acc);
+        acc.clear();
+        acc.resize(rw * rh * 5, 0.0);
+        for &i in &group {
+            accumulate(&mut acc, Cells::Sums, r, &faces[i], mask, &mut scratch.mips);
+        }
         for (a, d) in acc.chunks_exact(5).zip(rgb.chunks_exact_mut(3)) {
             let alpha = a[4] * blend;
             if alpha > 0.0 && a[3] > 0.0 {
@@ -204,6 +258,16 @@ pub fn changes(
         out.push(Change { rect: r, rgb });
     }
     out
+}
+
+/// What [`accumulate`] writes per pixel.
+#[derive(Clone, Copy)]
+enum Cells {
+    /// Five sums for a group of overlapping faces: m * change (3), m, and the largest m.
+    Sums,
+    /// A face alone at this blend: its pasted change (3), the very value the sums would give
+    /// (m * change * (m * blend / m)).
+    Direct(f32),
 }
 
 /// Adds `changes` to a packed RGB24 frame `width` wide, rounding to the nearest level.
@@ -298,8 +362,8 @@ fn overlapping_groups(faces: &[Paste]) -> Vec<Vec<usize>> {
     out
 }
 
-/// Adds one face's mask-weighted change to `acc` (5 floats per pixel of `r`).
-fn accumulate(acc: &mut [f32], r: Rect, face: &Paste, mask: &Mask, mips: &mut Vec<Vec<f32>>) {
+/// Adds one face's mask-weighted change to `acc` (per pixel of `r`, what `cells` says).
+fn accumulate(acc: &mut [f32], cells: Cells, r: Rect, face: &Paste, mask: &Mask, mips: &mut Vec<Vec<f32>>) {
     let size = mask.size;
     let m = face.to_crop.0;
     // Frame pixels per crop pixel inverted: crop pixels one frame pixel covers.
@@ -342,10 +406,23 @@ fn accumulate(acc: &mut [f32], r: Rect, face: &Paste, mask: &Mask, mips: &mut Ve
             xa = xa.max(a.min(b).floor() - 1.0);
             xb = xb.min(a.max(b).ceil() + 1.0);
         }
+        if let Some(e) = &mask.support {
+            match e.span((u0, v0), (m[0], m[3])) {
+                Some((a, b)) => {
+                    xa = xa.max(a.floor() - 1.0);
+                    xb = xb.min(b.ceil() + 1.0);
+                }
+                None => continue,
+            }
+        }
         if xa > xb {
             continue;
         }
-        let row = &mut acc[(y - r.y0) * rw * 5..][..rw * 5];
+        let stride = match cells {
+            Cells::Sums => 5,
+            Cells::Direct(_) => 3,
+        };
+        let row = &mut acc[(y - r.y0) * rw * stride..][..rw * stride];
         for x in xa as usize..=xb as usize {
             let (cu, cv) = (m[0] * x as f64 + u0, m[3] * x as f64 + v0);
             if !(0.0..=lim).contains(&cu) || !(0.0..=lim).contains(&cv) {
@@ -358,12 +435,26 @@ fn accumulate(acc: &mut [f32], r: Rect, face: &Paste, mask: &Mask, mips: &mut Ve
             // Level pixel j covers crop pixels [j k, (j + 1) k): its centre is at j k + (k - 1) / 2.
             let (lu, lv) = ((cu as f32 - half) * inv_k, (cv as f32 - half) * inv_k);
             let p = sample_cubic3_fast(src, sw, sw, lu, lv);
-            let cell = &mut row[(x - r.x0) * 5..][..5];
-            for c in 0..3 {
-                cell[c] += a * p[c];
+            match cells {
+                Cells::Sums => {
+                    let cell = &mut row[(x - r.x0) * 5..][..5];
+                    for c in 0..3 {
+                        cell[c] += a * p[c];
+                    }
+                    cell[3] += a;
+                    cell[4] = cell[4].max(a);
+                }
+                Cells::Direct(blend) => {
+                    let alpha = a * blend;
+                    if alpha > 0.0 {
+                        let k = alpha / a;
+                        let cell = &mut row[(x - r.x0) * 3..][..3];
+                        for c in 0..3 {
+                            cell[c] = (a * p[c]) * k;
+                        }
+                    }
+                }
             }
-            cell[3] += a;
-            cell[4] = cell[4].max(a);
         }
     }
 }
@@ -580,6 +671,58 @@ mod tests {
             1.0,
         );
         assert_eq!(out, frame);
+    }
+
+    /// The paste visits only the pixels of each row inside the face mask's ellipse: what it
+    /// pastes is exactly what visiting every pixel of the region pastes, for faces turned,
+    /// larger and smaller than the crop, and cut by the frame's edge.
+    #[test]
+    fn skipping_what_lies_outside_the_face_mask_changes_nothing() {
+        let (w, h, size) = (700usize, 500usize, 256usize);
+        let change: Vec<f32> = (0..size * size * 3).map(|i| ((i * 31) % 17) as f32 - 8.0).collect();
+        let t = crate::faces::align::template(size);
+        let with = Mask::face(size, &t);
+        let without = Mask {
+            support: None,
+            ..with.clone()
+        };
+        for (angle, scale, tx, ty) in [
+            (0.1, 1.3, -200.0, -150.0),
+            (-0.6, 0.5, -100.0, -60.0),
+            (2.5, 0.9, 500.0, 400.0),
+            (0.0, 1.0, 0.0, 0.0),
+            (1.2, 2.7, -1200.0, -300.0),
+        ] {
+            let to_crop = crate::geom::similarity(angle, scale, tx, ty);
+            let Some(region) = crate::geom::crop_footprint(&to_crop, size, w, h) else {
+                continue;
+            };
+            let faces = [Paste {
+                change: &change,
+                to_crop,
+                region,
+            }];
+            let mut s = Scratch::default();
+            let a = changes(&faces, &with, 0.8, &mut s, &mut Vec::new);
+            let b = changes(&faces, &without, 0.8, &mut s, &mut Vec::new);
+            assert_eq!(a, b, "angle {angle}, scale {scale}");
+            assert!(a[0].rgb.iter().any(|&v| v != 0.0), "something is pasted");
+            // A face alone is written straight into its change: the value the five sums of a
+            // group give.
+            let (rw, rh) = (region.width(), region.height());
+            let mut sums = vec![0.0; rw * rh * 5];
+            accumulate(&mut sums, Cells::Sums, region, &faces[0], &with, &mut Vec::new());
+            let mut want = vec![0.0f32; rw * rh * 3];
+            for (a, d) in sums.chunks_exact(5).zip(want.chunks_exact_mut(3)) {
+                let alpha = a[4] * 0.8;
+                if alpha > 0.0 && a[3] > 0.0 {
+                    for c in 0..3 {
+                        d[c] = a[c] * (alpha / a[3]);
+                    }
+                }
+            }
+            assert_eq!(a[0].rgb, want, "angle {angle}, scale {scale}");
+        }
     }
 
     #[test]

@@ -146,7 +146,7 @@ mod tests {
                     |seen, x: &mut u64| {
                         *seen += 1;
                         // Every seventh item is slow: later ones finish first.
-                        if *x % 7 == 0 {
+                        if x.is_multiple_of(7) {
                             std::thread::sleep(std::time::Duration::from_millis(2));
                         }
                         *x *= 10;
