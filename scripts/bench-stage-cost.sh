@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Cost per face of each stage, this build against another, in turn (A B A B ...): each run's
-# --stats-json gives every stage's busy seconds; divided by the faces restored, that is the
-# stage's core-ms per face (a stage is one thread). Prints the median of each and the median of
-# the A/B ratios taken pair by pair.
+# --stats-json gives every stage's CPU seconds (cpu_s: its threads' own clocks, so time spent
+# waiting for a core on a busy machine is not counted; builds before the pools give only busy_s,
+# the stage thread's wall time while working, which is used for them); divided by the faces
+# restored, that is the stage's core-ms per face. Prints the median of each, the median of the
+# A/B ratios taken pair by pair, and both builds' faces/s (whole run) with their ratio.
 #   scripts/bench-stage-cost.sh BASELINE_BINARY SOURCE [PAIRS] [run flags...]
-#   scripts/bench-stage-cost.sh old/gpen-video samples/group-1080p.mp4 3 --model models/standin/identity-512.onnx
+#   scripts/bench-stage-cost.sh old/gpen-video samples/group-1080p.mp4 3 --model models/standin/identity-512.onnx --preset ultrafast
 set -euo pipefail
 cd "$(dirname "$0")/.."
 base=${1:?baseline binary}; src=${2:?source}; pairs=${3:-3}; shift 3 || shift $#
@@ -22,7 +24,7 @@ tmp, pairs = sys.argv[1], int(sys.argv[2])
 def cost(path):
     d = json.load(open(path))
     faces = max(d["faces"], 1)
-    return {s["name"]: 1000 * s["busy_s"] / faces for s in d["stages"]}, d["faces"]
+    return {s["name"]: 1000 * s.get("cpu_s", s["busy_s"]) / faces for s in d["stages"]}, d["faces"], d["faces_per_s"]
 runs = {side: [cost(f"{tmp}/{side}-{i}.json") for i in range(1, pairs + 1)] for side in "AB"}
 names = list(runs["A"][0][0])
 print(f"faces per run: A {runs['A'][0][1]}, B {runs['B'][0][1]}; {pairs} pairs, medians")
@@ -32,4 +34,7 @@ for n in names + ["total"]:
     a = [get(r) for r in runs["A"]]; b = [get(r) for r in runs["B"]]
     ratio = statistics.median(x / y for x, y in zip(a, b) if y > 0) if all(b) else float("nan")
     print(f"{n:<10} {statistics.median(a):>10.2f} {statistics.median(b):>10.2f} {ratio:>7.3f}")
+fa = [r[2] for r in runs["A"]]; fb = [r[2] for r in runs["B"]]
+print(f"faces/s    {statistics.median(fa):>10.1f} {statistics.median(fb):>10.1f} "
+      f"{statistics.median(x / y for x, y in zip(fa, fb)):>7.3f}")
 PY

@@ -83,7 +83,7 @@ if grep -qE '^libav|^libsw|^libx264|^libonnxruntime' "$result/root-libs.txt"; th
 fi
 steps=$result/out/steps.tsv
 [ -f "$steps" ] && [ -f "$result/out/table.txt" ] || fail "the runner did not reach its table"
-for s in bench-fp32-b1 bench-fp32-b4 bench-fp32-b16 bench-fp16-b4 whole-file; do
+for s in bench-fp32-b1 bench-fp32-b4 bench-fp32-b16 bench-fp16-b4 feeder whole-file; do
   grep -q "^$s"$'\tcpu\t[0-9]*\tok' "$steps" || fail "step $s did not succeed on the CPU (see $result/out/$s.log)"
 done
 grep -q $'^cuda-fp32-b4\tcuda:0\t4\tfailed\t.*CUDA execution provider could not start on cuda:0' "$steps" ||
@@ -92,4 +92,5 @@ for s in nvdec-fp16-b4 trt-fp16-b4-cold; do
   grep -q "^$s"$'\tcuda:0\t4\tfailed' "$steps" || fail "step $s should fail without a GPU and be reported"
 done
 grep -q '^whole-file ' "$result/out/table.txt" || fail "the table lacks the whole-file row"
+grep -q '^feeder: without the model' "$result/out/table.txt" || fail "the table lacks the feeder's figure"
 echo "gpu-bundle-check: ok in $secs s: the bundle ran to its table in a clean root; CUDA refused with gpen-video's message and the runner went on"

@@ -3,8 +3,10 @@
 # bare machine, joins and checks the bundle's parts, unpacks them, sets the loader path to the
 # bundle's libraries and to the CUDA/cuDNN/TensorRT libraries of the system python's nvidia-*
 # pip packages (found, not assumed), prints nvidia-smi, then runs in one go: bench at batches 1,
-# 4, 16 in fp32 and fp16 (CUDA), one NVDEC run, the whole-file run of the sample and one TensorRT
-# run (cold, then from its engine cache: engine build time apart), and prints a table. A step
+# 4, 16 in fp32 and fp16 (CUDA), the feeder (every stage but the model: what the CPU side
+# feeds the GPU, core-ms per face per stage), one NVDEC run, the whole-file run of the sample
+# and one TensorRT run (cold, then from its engine cache: engine build time apart), and prints
+# a table. A step
 # that fails is reported with its message and the rest still runs. Exit 0 when it got to the
 # table, 2 when every GPU step failed on --device cuda:N.
 #
@@ -227,6 +229,11 @@ for prec in fp32 fp16; do
       --frames "$frames" --repeat "$repeat" --stage "$stage" --json "$j" "${common[@]}"
   done
 done
+# The stages around the model without it, on this machine's cores: beside the model's own
+# faces/s above, which side limits a GPU run.
+step feeder "$device" 4 "$out/feeder.json" "$step_timeout" -- \
+  "${gv[@]}" bench "$sample" --model "$m32" --batch 4 --device "$device" --stage feeder \
+  --frames "$frames" --repeat "$repeat" --json "$out/feeder.json" "${common[@]}"
 if [ "$gpu" != "$device" ]; then
   # no GPU expected: CUDA must refuse with gpen-video's message, and the run goes on
   step cuda-fp32-b4 "$gpu" 4 "$out/cuda-fp32-b4.json" 120 -- \
@@ -291,6 +298,9 @@ for r in rows:
         eff = effs[0] if effs else None
         g = [x.get("gpu_mib") for x in (pipe, ceil) if x and x.get("gpu_mib") is not None]
         gmib = max(g) if g else None
+        feed = (j.get("feeder") or [None])[0]
+        if feed and not j["rows"]:
+            fs, fps = feed.get("faces_per_s"), feed.get("fps")
     elif isinstance(j, dict):  # the whole-file run's --stats-json
         fps, fs = j.get("fps"), j.get("faces_per_s")
     peak = None if r["gpu_peak_mib"] in ("", "-") else int(float(r["gpu_peak_mib"]))
@@ -313,6 +323,14 @@ by = {r["step"]: r for r in summary}
 c, wm = by.get("trt-fp16-b4-cold"), by.get("trt-fp16-b4-warm")
 if c and wm and c["status"] == wm["status"] == "ok":
     print(f"TensorRT engine build (cold run minus warm run): {float(c['wall_s']) - float(wm['wall_s']):.1f} s")
+f = (by.get("feeder") or {}).get("result") or {}
+for feed in f.get("feeder", []):
+    stages = ", ".join(f"{n} {ms:.2f}" for n, ms in feed.get("stage_core_ms", []))
+    print(f"feeder: without the model {feed['faces_per_s']:.1f} faces/s ({feed['fast_faces_per_s']:.1f} "
+          f"with the fastest preset); core-ms per face: {stages}; whole process "
+          f"{feed['fast_process_core_ms']:.1f}: one core feeds about {feed['per_core_faces_per_s']:.0f} "
+          f"faces/s, these {feed['cores']} cores about {feed['per_core_faces_per_s'] * feed['cores']:.0f}; "
+          f"detection at most {feed['detect_limit']:.0f} per job")
 for r in summary:
     if r["status"] != "ok":
         print(f"{r['step']}: {r['status']}: {r['message']}")

@@ -202,30 +202,58 @@ pub fn rgb_to_yuv420p_region(rgb: &[u8], width: usize, height: usize, yuv: &mut 
 /// so only face regions are ever converted.
 pub fn yuv420p_to_rgb_region(yuv: &VideoFrame, rgb: &mut [u8], width: usize, height: usize, r: Rect) {
     let Rect { x0, y0, x1, y1 } = r.clip(width, height);
+    if x0 >= x1 || y0 >= y1 {
+        return;
+    }
     let (ys, us, vs) = (yuv.stride(0), yuv.stride(1), yuv.stride(2));
     let (yp, up, vp) = (yuv.data(0), yuv.data(1), yuv.data(2));
     let (cw, ch) = (width.div_ceil(2), height.div_ceil(2));
     let [ky, kvr, kug, kvg, kub] = Matrix::of(yuv).inverse();
+    // Chroma columns sit on even luma columns: column x reads chroma x / 2 and, when odd, half
+    // of the next. Each chroma row is interpolated along x once for the region (the very sums
+    // the per-pixel form makes), and each luma row mixes its two chroma rows.
+    let n = x1 - x0;
+    let horizontal = |p: &[u8], stride: usize, cy: usize, out: &mut Vec<f32>| {
+        out.clear();
+        let row = &p[cy * stride..];
+        out.extend((x0..x1).map(|x| {
+            let cx = x as f32 * 0.5;
+            let cx0 = cx as usize;
+            let cx1 = (cx0 + 1).min(cw - 1);
+            let fx = cx - cx0 as f32;
+            row[cx0] as f32 + (row[cx1] as f32 - row[cx0] as f32) * fx
+        }));
+    };
+    // (chroma row, its U and V along x) for the two rows the current luma row reads.
+    let mut rows: [(usize, Vec<f32>, Vec<f32>); 2] = [
+        (usize::MAX, Vec::new(), Vec::new()),
+        (usize::MAX, Vec::new(), Vec::new()),
+    ];
     for y in y0..y1 {
         // Chroma rows sit between luma rows: luma row y is at chroma row (y - 0.5) / 2.
         let cy = (y as f32 - 0.5) * 0.5;
         let cy0 = cy.floor().max(0.0) as usize;
         let cy1 = (cy0 + 1).min(ch - 1);
         let fy = (cy - cy0 as f32).clamp(0.0, 1.0);
-        for x in x0..x1 {
-            // Chroma columns sit on even luma columns.
-            let cx = x as f32 * 0.5;
-            let cx0 = cx as usize;
-            let cx1 = (cx0 + 1).min(cw - 1);
-            let fx = cx - cx0 as f32;
-            let bil = |p: &[u8], s: usize| {
-                let a = p[cy0 * s + cx0] as f32 + (p[cy0 * s + cx1] as f32 - p[cy0 * s + cx0] as f32) * fx;
-                let b = p[cy1 * s + cx0] as f32 + (p[cy1 * s + cx1] as f32 - p[cy1 * s + cx0] as f32) * fx;
-                a + (b - a) * fy - 128.0
-            };
-            let (d, e) = (bil(up, us), bil(vp, vs));
-            let c = ky * (yp[y * ys + x] as f32 - 16.0);
-            let px = &mut rgb[(y * width + x) * 3..(y * width + x) * 3 + 3];
+        if rows[0].0 != cy0 && rows[1].0 == cy0 {
+            rows.swap(0, 1);
+        }
+        for (slot, want) in [(0, cy0), (1, cy1)] {
+            if rows[slot].0 != want {
+                let (c, u, v) = &mut rows[slot];
+                horizontal(up, us, want, u);
+                horizontal(vp, vs, want, v);
+                *c = want;
+            }
+        }
+        let ((_, u0, v0), (_, u1, v1)) = (&rows[0], &rows[1]);
+        let luma = &yp[y * ys + x0..][..n];
+        let out = &mut rgb[(y * width + x0) * 3..][..n * 3];
+        for i in 0..n {
+            let d = u0[i] + (u1[i] - u0[i]) * fy - 128.0;
+            let e = v0[i] + (v1[i] - v0[i]) * fy - 128.0;
+            let c = ky * (luma[i] as f32 - 16.0);
+            let px = &mut out[i * 3..i * 3 + 3];
             px[0] = (c + kvr * e + 0.5).clamp(0.0, 255.0) as u8;
             px[1] = (c - kug * d - kvg * e + 0.5).clamp(0.0, 255.0) as u8;
             px[2] = (c + kub * d + 0.5).clamp(0.0, 255.0) as u8;
@@ -550,6 +578,63 @@ mod tests {
             .filter(|p| p[0] != 7 || p[1] != 7 || p[2] != 7)
             .count();
         assert_eq!(touched, r.width() * r.height());
+    }
+
+    /// The region converter interpolates each chroma row along x once and mixes two rows per
+    /// luma row: exactly what interpolating every pixel on its own gives, for regions at every
+    /// edge of an odd-sized picture.
+    #[test]
+    fn region_conversion_equals_the_per_pixel_formula() {
+        crate::init_ffmpeg();
+        let (w, h) = (37usize, 29usize);
+        let mut yuv = VideoFrame::new(Pixel::YUV420P, w as u32, h as u32);
+        for plane in 0..3 {
+            let n = yuv.data(plane).len();
+            for (i, v) in yuv.data_mut(plane)[..n].iter_mut().enumerate() {
+                *v = ((i * 7919 + plane * 31) % 241) as u8 + 8;
+            }
+        }
+        let per_pixel = |r: Rect| {
+            let mut rgb = vec![0u8; w * h * 3];
+            let (ys, us, vs) = (yuv.stride(0), yuv.stride(1), yuv.stride(2));
+            let (yp, up, vp) = (yuv.data(0), yuv.data(1), yuv.data(2));
+            let (cw, ch) = (w.div_ceil(2), h.div_ceil(2));
+            let [ky, kvr, kug, kvg, kub] = Matrix::of(&yuv).inverse();
+            for y in r.y0..r.y1 {
+                let cy = (y as f32 - 0.5) * 0.5;
+                let cy0 = cy.floor().max(0.0) as usize;
+                let cy1 = (cy0 + 1).min(ch - 1);
+                let fy = (cy - cy0 as f32).clamp(0.0, 1.0);
+                for x in r.x0..r.x1 {
+                    let cx = x as f32 * 0.5;
+                    let cx0 = cx as usize;
+                    let cx1 = (cx0 + 1).min(cw - 1);
+                    let fx = cx - cx0 as f32;
+                    let bil = |p: &[u8], s: usize| {
+                        let a = p[cy0 * s + cx0] as f32 + (p[cy0 * s + cx1] as f32 - p[cy0 * s + cx0] as f32) * fx;
+                        let b = p[cy1 * s + cx0] as f32 + (p[cy1 * s + cx1] as f32 - p[cy1 * s + cx0] as f32) * fx;
+                        a + (b - a) * fy - 128.0
+                    };
+                    let (d, e) = (bil(up, us), bil(vp, vs));
+                    let c = ky * (yp[y * ys + x] as f32 - 16.0);
+                    let px = &mut rgb[(y * w + x) * 3..(y * w + x) * 3 + 3];
+                    px[0] = (c + kvr * e + 0.5).clamp(0.0, 255.0) as u8;
+                    px[1] = (c - kug * d - kvg * e + 0.5).clamp(0.0, 255.0) as u8;
+                    px[2] = (c + kub * d + 0.5).clamp(0.0, 255.0) as u8;
+                }
+            }
+            rgb
+        };
+        for r in [
+            Rect::new(0, 0, w, h),
+            Rect::new(3, 2, 20, 15),
+            Rect::new(8, 17, 37, 29),
+            Rect::new(36, 28, 37, 29),
+        ] {
+            let mut got = vec![0u8; w * h * 3];
+            yuv420p_to_rgb_region(&yuv, &mut got, w, h, r);
+            assert_eq!(got, per_pixel(r), "{r:?}");
+        }
     }
 
     /// A picture of `fmt` with every chroma sample at the mid value and a little texture on
