@@ -266,6 +266,13 @@ pub struct WarpScratch {
     texels: Vec<f32x4>,
 }
 
+impl WarpScratch {
+    /// The texel buffer, for [`warp_cubic_loading`].
+    pub fn texels(&mut self) -> &mut Vec<f32x4> {
+        &mut self.texels
+    }
+}
+
 /// Copies the `r` region of packed RGB24 `width` wide into `out` as (R, G, B, 0) in f32, row
 /// by row: what the bicubic warp reads, converted once per pixel instead of once per tap.
 fn load_texels(rgb: &[u8], width: usize, r: Rect, out: &mut Vec<f32x4>) {
@@ -281,12 +288,36 @@ fn load_texels(rgb: &[u8], width: usize, r: Rect, out: &mut Vec<f32x4>) {
 }
 
 /// [`warp_to_tensor`] for a face whose crop covers `region` of the frame (its footprint, where
-/// `rgb` holds the picture with two pixels to spare): the region is converted to f32 once and
-/// each sample inside it reads sixteen four-lane texels with no bounds work; the same sums in
-/// the same order as [`sample_cubic3`], so the same crop. Samples near the region's edge take
-/// the clamped sampler.
+/// `rgb` holds the picture with two pixels to spare): see [`warp_cubic_loading`].
 pub fn warp_cubic(
     rgb: &[u8],
+    (width, height): (usize, usize),
+    to_crop: &Affine,
+    region: Rect,
+    size: usize,
+    out: &mut [f32],
+    texels: &mut Vec<f32x4>,
+) {
+    let mut load = |r: Rect, t: &mut Vec<f32x4>| load_texels(rgb, width, r, t);
+    warp_cubic_loading(&mut load, (width, height), to_crop, region, size, out, texels);
+}
+
+/// Appends a row of packed RGB24 to `out` as texels (R, G, B, 0 in f32).
+pub fn push_texels(row: &[u8], out: &mut Vec<f32x4>) {
+    out.extend(
+        row.chunks_exact(3)
+            .map(|p| f32x4::new([p[0] as f32, p[1] as f32, p[2] as f32, 0.0])),
+    );
+}
+
+/// [`warp_to_tensor`] for a face whose crop covers `region` of a `width x height` frame:
+/// `load` fills the texels of a rectangle of the frame (row by row, R, G, B, 0 in f32; from
+/// the RGB picture, or straight from the decoded planes), once per face for the region grown
+/// by two pixels, and each sample reads sixteen four-lane texels with no bounds work: the same
+/// sums in the same order as [`sample_cubic3`], so the same crop. Samples at the frame's edge
+/// take a clamped sampler over the same texels.
+pub fn warp_cubic_loading(
+    load: &mut dyn FnMut(Rect, &mut Vec<f32x4>),
     (width, height): (usize, usize),
     to_crop: &Affine,
     region: Rect,
@@ -301,7 +332,8 @@ pub fn warp_cubic(
         region.y1 + 2,
     )
     .clip(width, height);
-    load_texels(rgb, width, r, texels);
+    texels.clear();
+    load(r, texels);
     let (tw, th) = (r.width(), r.height());
     let tex = &texels[..];
     let inv = to_crop.inverse().unwrap_or(Affine::IDENTITY);
@@ -357,7 +389,7 @@ pub fn warp_cubic(
                     let a = acc_out.to_array();
                     [a[0], a[1], a[2]].map(|v| v.clamp(0.0, 255.0))
                 } else {
-                    sample_rgb_cubic_f32(rgb, width, height, fx[k], fy[k])
+                    cubic_texels_clamped(tex, r, (width, height), fx[k], fy[k])
                 };
                 let i = x4 + k;
                 rr[i] = p[0] * K - 1.0;
@@ -366,6 +398,46 @@ pub fn warp_cubic(
             }
         }
     }
+}
+
+/// [`sample_rgb_cubic_f32`] over the texels of rectangle `r` of a `width x height` frame: the
+/// frame's edge is clamped as there (and a tap past `r` inside the frame, which the warp never
+/// makes, reads `r`'s edge).
+fn cubic_texels_clamped(tex: &[f32x4], r: Rect, (width, height): (usize, usize), x: f32, y: f32) -> [f32; 3] {
+    let xf = x.clamp(0.0, (width - 1) as f32);
+    let yf = y.clamp(0.0, (height - 1) as f32);
+    // Non-negative after the clamp, so truncation is floor.
+    let (x0, y0) = (xf as usize, yf as usize);
+    let (wx, wy) = (cubic_weights(xf - x0 as f32), cubic_weights(yf - y0 as f32));
+    let xs = [
+        x0.saturating_sub(1),
+        x0,
+        (x0 + 1).min(width - 1),
+        (x0 + 2).min(width - 1),
+    ]
+    .map(|x| x.clamp(r.x0, r.x1 - 1) - r.x0);
+    let ys = [
+        y0.saturating_sub(1),
+        y0,
+        (y0 + 1).min(height - 1),
+        (y0 + 2).min(height - 1),
+    ]
+    .map(|y| y.clamp(r.y0, r.y1 - 1) - r.y0);
+    let tw = r.width();
+    let mut out = [0.0f32; 3];
+    for (&yy, &wj) in ys.iter().zip(&wy) {
+        let mut acc = [0.0f32; 3];
+        for (&xx, &wi) in xs.iter().zip(&wx) {
+            let p = tex[yy * tw + xx].to_array();
+            for c in 0..3 {
+                acc[c] += wi * p[c];
+            }
+        }
+        for c in 0..3 {
+            out[c] += wj * acc[c];
+        }
+    }
+    out.map(|v| v.clamp(0.0, 255.0))
 }
 
 /// [`cubic_weights`] of four points at once (the same operations lane by lane).
@@ -414,6 +486,12 @@ fn halve_region(src: &[u8], width: usize, r: Rect, out: &mut Vec<u8>) -> (usize,
         }
     }
     (hw, hh)
+}
+
+/// Whether [`warp_face`] reads a face aligned by `to_crop` through the area filter (a face
+/// larger than the crop by [`PREFILTER_RATIO`] or more) rather than bicubically.
+pub fn filtered(to_crop: &Affine) -> bool {
+    1.0 / to_crop.scale() >= PREFILTER_RATIO
 }
 
 /// Warps the face into the crop as [`warp_to_tensor`] does; a face larger than the crop by

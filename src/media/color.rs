@@ -201,6 +201,16 @@ pub fn rgb_to_yuv420p_region(rgb: &[u8], width: usize, height: usize, yuv: &mut 
 /// [`Matrix`], chroma interpolated bilinearly with MPEG-2 siting): the inverse of [`rgb_to_yuv420p_region`], used
 /// so only face regions are ever converted.
 pub fn yuv420p_to_rgb_region(yuv: &VideoFrame, rgb: &mut [u8], width: usize, height: usize, r: Rect) {
+    let Rect { x0, x1, .. } = r.clip(width, height);
+    yuv420p_rgb_rows(yuv, (width, height), r, |y, row| {
+        rgb[(y * width + x0) * 3..(y * width + x1) * 3].copy_from_slice(row);
+    });
+}
+
+/// Converts region `r` of a yuv420p picture of `width x height` as [`yuv420p_to_rgb_region`]
+/// does, handing each row of packed RGB24 to `row` (its y, then its bytes), top to bottom: what
+/// the crop warp reads, without the frame's RGB buffer.
+pub fn yuv420p_rgb_rows(yuv: &VideoFrame, (width, height): (usize, usize), r: Rect, mut row: impl FnMut(usize, &[u8])) {
     let Rect { x0, y0, x1, y1 } = r.clip(width, height);
     if x0 >= x1 || y0 >= y1 {
         return;
@@ -225,6 +235,7 @@ pub fn yuv420p_to_rgb_region(yuv: &VideoFrame, rgb: &mut [u8], width: usize, hei
         }));
     };
     // (chroma row, its U and V along x) for the two rows the current luma row reads.
+    let mut out = Vec::with_capacity(n * 3);
     let mut rows: [(usize, Vec<f32>, Vec<f32>); 2] = [
         (usize::MAX, Vec::new(), Vec::new()),
         (usize::MAX, Vec::new(), Vec::new()),
@@ -248,7 +259,7 @@ pub fn yuv420p_to_rgb_region(yuv: &VideoFrame, rgb: &mut [u8], width: usize, hei
         }
         let ((_, u0, v0), (_, u1, v1)) = (&rows[0], &rows[1]);
         let luma = &yp[y * ys + x0..][..n];
-        let out = &mut rgb[(y * width + x0) * 3..][..n * 3];
+        out.resize(n * 3, 0);
         for i in 0..n {
             let d = u0[i] + (u1[i] - u0[i]) * fy - 128.0;
             let e = v0[i] + (v1[i] - v0[i]) * fy - 128.0;
@@ -258,6 +269,7 @@ pub fn yuv420p_to_rgb_region(yuv: &VideoFrame, rgb: &mut [u8], width: usize, hei
             px[1] = (c - kug * d - kvg * e + 0.5).clamp(0.0, 255.0) as u8;
             px[2] = (c + kub * d + 0.5).clamp(0.0, 255.0) as u8;
         }
+        row(y, &out);
     }
 }
 

@@ -12,7 +12,7 @@ use super::pool;
 use super::sink::FacesSink;
 use super::DEPTH;
 use crate::engine::{CancelToken, Cancelled};
-use crate::faces::align::{template_named, warp_face, WarpScratch};
+use crate::faces::align::{filtered, push_texels, template_named, warp_cubic_loading, warp_face, WarpScratch};
 use crate::faces::detect::{DetectCounts, Detector};
 use crate::faces::paste::{apply_rgb, changes, Mask, MaskKind, Paste, Scratch};
 use crate::faces::smooth::Smoother;
@@ -165,11 +165,28 @@ pub fn align_face(
 ) -> (Affine, Option<Rect>) {
     let to_crop = fit_similarity(&face.landmarks, tpl);
     let r = crop_footprint(&to_crop, size, f.width, f.height);
+    crop.resize(3 * size * size, 0.0);
+    let (w, h) = (f.width, f.height);
+    // A video made from its decoded planes never reads the frame's RGB but for the crops: the
+    // bicubic warp reads the face region converted from the planes straight into texels.
+    if let (
+        Some(r),
+        Picture::Planes {
+            source, partial: true, ..
+        },
+        false,
+    ) = (r, &f.picture, filtered(&to_crop))
+    {
+        let mut load = |t: Rect, texels: &mut Vec<_>| {
+            crate::media::color::yuv420p_rgb_rows(source, (w, h), t, |_, row| push_texels(row, texels));
+        };
+        warp_cubic_loading(&mut load, (w, h), &to_crop, r, size, crop, scratch.texels());
+        return (to_crop, Some(r));
+    }
     if let Some(r) = r {
         crate::media::color::ensure_rgb(f, r);
     }
-    crop.resize(3 * size * size, 0.0);
-    warp_face(&f.rgb, (f.width, f.height), &to_crop, r, size, crop, scratch);
+    warp_face(&f.rgb, (w, h), &to_crop, r, size, crop, scratch);
     (to_crop, r)
 }
 
@@ -303,4 +320,73 @@ pub fn encode(
         frames_with_faces: with_faces,
         sink: faces,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ffmpeg_next::format::Pixel;
+    use ffmpeg_next::util::frame::video::Video as VideoFrame;
+
+    /// A video frame whose output is made from its planes is warped from texels converted
+    /// straight from them: its crops equal the ones warped from the frame's RGB picture, for a
+    /// face inside the picture, one cut by its edge and one turned.
+    #[test]
+    fn crops_from_the_planes_equal_crops_from_the_rgb_picture() {
+        crate::init_ffmpeg();
+        let (w, h, size) = (320usize, 240usize, 128usize);
+        let mut yuv = VideoFrame::new(Pixel::YUV420P, w as u32, h as u32);
+        for plane in 0..3 {
+            let n = yuv.data(plane).len();
+            for (i, v) in yuv.data_mut(plane)[..n].iter_mut().enumerate() {
+                *v = ((i * 7919 + plane * 131) % 219) as u8 + 16;
+            }
+        }
+        let frame = |planes: bool| Frame {
+            picture: if planes {
+                Picture::Planes {
+                    source: yuv.clone(),
+                    partial: true,
+                    changes: Vec::new(),
+                }
+            } else {
+                Picture::RgbOf {
+                    source: yuv.clone(),
+                    partial: true,
+                    dirty: Vec::new(),
+                }
+            },
+            width: w,
+            height: h,
+            rgb: vec![0; w * h * 3],
+            ..Frame::blank(0)
+        };
+        let tpl = template_named("ffhq", size);
+        for (angle, scale, tx, ty) in [
+            (0.05, 0.8, 100.0, 60.0),
+            (0.2, 1.1, 250.0, -30.0),
+            (2.0, 0.6, 200.0, 220.0),
+        ] {
+            let (s, c) = f64::sin_cos(angle);
+            let landmarks = tpl.map(|[x, y]| {
+                let (x, y) = (x as f64, y as f64);
+                [
+                    (scale * (c * x - s * y) + tx) as f32,
+                    (scale * (s * x + c * y) + ty) as f32,
+                ]
+            });
+            let face = Face {
+                bbox: [0.0, 0.0, 1.0, 1.0],
+                score: 1.0,
+                landmarks,
+            };
+            let (mut a, mut b) = (Vec::new(), Vec::new());
+            let mut scratch = WarpScratch::default();
+            let ra = align_face(&mut frame(true), &face, (&tpl, size), &mut a, &mut scratch);
+            let rb = align_face(&mut frame(false), &face, (&tpl, size), &mut b, &mut scratch);
+            assert_eq!(ra.1, rb.1);
+            assert!(ra.1.is_some());
+            assert_eq!(a, b, "angle {angle}, scale {scale}");
+        }
+    }
 }
