@@ -168,12 +168,15 @@ const TRACK_NATIVE: f32 = 192.0;
 /// 3.1 % at 128 and 3.6 % at 96, for a face of 15 px eye distance in 720p).
 const TRACK_NATIVE_MIN: f32 = 192.0;
 /// Faces whose box's longer side is at least this many copy pixels are looked for in a window
-/// of [`TRACK_CONTEXT`] times their box alone: they carry their own context (a face of 47 px
-/// eye distance in 720p is placed within 0.8 % of its eye distance in a 128 px window), and a
-/// 192 px window would cost half as much again as theirs.
+/// of [`TRACK_CONTEXT_LARGE`] times their box alone: they carry their own context.
 const TRACK_SMALL: f32 = 48.0;
 /// The window around a tracked face, as a multiple of the face box's longer side.
 const TRACK_CONTEXT: f32 = 2.0;
+/// The window around a face of [`TRACK_SMALL`] or more, as a multiple of its box's longer side
+/// (before the window is snapped to the 32-pixel grid): a face of 47 px eye distance in 720p
+/// is placed within 1.3 % of its eye distance of a whole-frame pass (0.8 % at twice its box,
+/// 0.7 % in a 192 px window), at about half a 192 px window's cost.
+const TRACK_CONTEXT_LARGE: f32 = 1.5;
 /// Mean change (0-255) of the block averages of the detection copy that counts as a new scene.
 const SCENE_CHANGE: u32 = 24;
 /// Blocks per side of the picture summary used to spot scene changes.
@@ -505,8 +508,11 @@ impl Detector {
             // A small face gets the context a whole-frame pass gives it around, not just its
             // own width: the model's outputs near a window's edge differ from a full pass's.
             let box_side = (b[2] - b[0]).max(b[3] - b[1]);
-            let least = if box_side < TRACK_SMALL { TRACK_NATIVE_MIN } else { 0.0 };
-            let half = side.max(least) / 2.0;
+            let half = if box_side < TRACK_SMALL {
+                side.max(TRACK_NATIVE_MIN) / 2.0
+            } else {
+                TRACK_CONTEXT_LARGE * box_side / 2.0
+            };
             let (x0, nw) = snap(cx - half, cx + half, cw);
             let (y0, nh) = snap(cy - half, cy + half, ch);
             return ((x0, y0, 1.0), (nw, nh));
@@ -517,25 +523,9 @@ impl Detector {
 
     /// Fills `input` (one `nw x nh` model input) with the window of the upright copy whose
     /// top-left corner is (x0, y0) and whose pixels are `k` copy pixels wide: bilinear, black
-    /// outside.
-    fn fill_window(&self, det: &[u8], (x0, y0, k): (f32, f32, f32), (nw, nh): (usize, usize), input: &mut [f32]) {
-        let plane = nw * nh;
-        input.fill(0.0);
-        let (sw, sh) = self.size;
-        for yi in 0..nh {
-            for xi in 0..nw {
-                let xd = x0 + (xi as f32 + 0.5) * k - 0.5;
-                let yd = y0 + (yi as f32 + 0.5) * k - 0.5;
-                let (xs, ys) = display_to_storage(xd, yd, self.rotation, self.size);
-                if xs < -0.5 || ys < -0.5 || xs > sw as f32 - 0.5 || ys > sh as f32 - 0.5 {
-                    continue;
-                }
-                let px = crate::faces::align::sample_rgb_f32(det, sw, sh, xs, ys);
-                for (c, v) in px.into_iter().enumerate() {
-                    input[c * plane + yi * nw + xi] = v;
-                }
-            }
-        }
+    /// outside (see [`fill_window`]).
+    fn fill_window(&self, det: &[u8], window: (f32, f32, f32), dims: (usize, usize), input: &mut [f32]) {
+        fill_window(det, self.size, self.rotation, window, dims, input);
     }
 
     /// Runs the model on `self.input` of `w x h` pixels; faces in input pixels, before NMS.
@@ -572,6 +562,65 @@ impl Detector {
                 )
             })
             .collect())
+    }
+}
+
+/// Fills `input` (one `nw x nh` model input, planar) with the window of the copy `det`
+/// (packed RGB24 of `size`, stored orientation; `rotation` turns it upright) whose top-left
+/// corner is (x0, y0) in upright copy pixels and whose pixels are `k` copy pixels wide:
+/// bilinear, black outside. A tile at the copy's own scale on whole pixels of an upright copy is
+/// copied as it is, which is what the bilinear read gives there.
+fn fill_window(
+    det: &[u8],
+    size: (usize, usize),
+    rotation: u32,
+    (x0, y0, k): (f32, f32, f32),
+    (nw, nh): (usize, usize),
+    input: &mut [f32],
+) {
+    let plane = nw * nh;
+    input.fill(0.0);
+    let (sw, sh) = size;
+    if k == 1.0 && rotation == 0 && x0.fract() == 0.0 && y0.fract() == 0.0 && x0 >= 0.0 && y0 >= 0.0 {
+        let (xa, ya) = (x0 as usize, y0 as usize);
+        let cols = nw.min(sw.saturating_sub(xa));
+        for yi in 0..nh.min(sh.saturating_sub(ya)) {
+            let src = &det[((ya + yi) * sw + xa) * 3..][..cols * 3];
+            for (xi, px) in src.chunks_exact(3).enumerate() {
+                let i = yi * nw + xi;
+                input[i] = px[0] as f32;
+                input[plane + i] = px[1] as f32;
+                input[2 * plane + i] = px[2] as f32;
+            }
+        }
+        return;
+    }
+    fill_window_resampled(det, size, rotation, (x0, y0, k), (nw, nh), input);
+}
+
+/// [`fill_window`] by a bilinear read of every window pixel (`input` zeroed first).
+fn fill_window_resampled(
+    det: &[u8],
+    (sw, sh): (usize, usize),
+    rotation: u32,
+    (x0, y0, k): (f32, f32, f32),
+    (nw, nh): (usize, usize),
+    input: &mut [f32],
+) {
+    let plane = nw * nh;
+    for yi in 0..nh {
+        for xi in 0..nw {
+            let xd = x0 + (xi as f32 + 0.5) * k - 0.5;
+            let yd = y0 + (yi as f32 + 0.5) * k - 0.5;
+            let (xs, ys) = display_to_storage(xd, yd, rotation, (sw, sh));
+            if xs < -0.5 || ys < -0.5 || xs > sw as f32 - 0.5 || ys > sh as f32 - 0.5 {
+                continue;
+            }
+            let px = crate::faces::align::sample_rgb_f32(det, sw, sh, xs, ys);
+            for (c, v) in px.into_iter().enumerate() {
+                input[c * plane + yi * nw + xi] = v;
+            }
+        }
     }
 }
 
@@ -622,6 +671,20 @@ mod tests {
         assert_eq!(display_to_storage(0.0, 0.0, 270, size), (0.0, 1.0));
         assert_eq!(display_to_storage(1.0, 3.0, 270, size), (3.0, 0.0));
         assert_eq!(display_to_storage(2.5, 1.5, 0, size), (2.5, 1.5));
+    }
+
+    /// A tile at the copy's own scale is copied as it is: the bilinear read of every pixel
+    /// gives the same input, inside the copy and past its right and bottom edges.
+    #[test]
+    fn a_tile_at_the_copys_scale_is_its_pixels() {
+        let (sw, sh) = (100usize, 70usize);
+        let det: Vec<u8> = (0..sw * sh * 3).map(|i| ((i * 7919) % 251) as u8).collect();
+        for (x0, y0, nw, nh) in [(32.0, 0.0, 64, 64), (64.0, 32.0, 64, 64), (0.0, 0.0, 128, 96)] {
+            let (mut a, mut b) = (vec![1.0; 3 * nw * nh], vec![0.0; 3 * nw * nh]);
+            fill_window(&det, (sw, sh), 0, (x0, y0, 1.0), (nw, nh), &mut a);
+            fill_window_resampled(&det, (sw, sh), 0, (x0, y0, 1.0), (nw, nh), &mut b);
+            assert_eq!(a, b, "tile at ({x0}, {y0}) of {nw}x{nh}");
+        }
     }
 
     #[test]
