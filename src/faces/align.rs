@@ -199,27 +199,43 @@ fn bilinear_rgb_inside(rgb: &[u8], width: usize, x: f32, y: f32) -> f32x4 {
 /// with a pixel to spare on the right, each tap is one four-lane load and no clamping is done.
 #[inline(always)]
 pub fn sample_cubic3_fast(px: &[f32], width: usize, height: usize, x: f32, y: f32) -> [f32; 3] {
-    if !(x >= 1.0 && y >= 1.0 && x < width as f32 - 3.0 && y < height as f32 - 2.0) {
+    if !cubic3_inside(width, height, x, y) {
         return sample_cubic3(px, width, height, x, y);
     }
     // Positive here, so truncation is floor.
     let (x0, y0) = (x as usize, y as usize);
     let w = cubic_weights4(f32x4::new([x - x0 as f32, y - y0 as f32, 0.0, 0.0])).map(|w| w.to_array());
-    let wx = [w[0][0], w[1][0], w[2][0], w[3][0]].map(f32x4::splat);
+    let o = cubic3_taps(px, width, (x0, y0), w.map(|w| w[0]), w.map(|w| w[1])).to_array();
+    [o[0], o[1], o[2]]
+}
+
+/// Whether [`cubic3_taps`] may read the neighbourhood of (x, y) in a packed three-channel
+/// picture of `width x height`: inside it with a pixel to spare on the right.
+#[inline(always)]
+pub fn cubic3_inside(width: usize, height: usize, x: f32, y: f32) -> bool {
+    x >= 1.0 && y >= 1.0 && x < width as f32 - 3.0 && y < height as f32 - 2.0
+}
+
+/// The bicubic sum of [`sample_cubic3`] over the 4 x 4 neighbourhood of pixel (x0, y0) of a
+/// packed three-channel f32 picture `width` wide, with the weights `wx` along a row and `wy`
+/// down the rows (the same order of operations, so the same value; lane 3 is junk). Each tap is
+/// one four-lane load: see [`cubic3_inside`].
+#[inline(always)]
+pub fn cubic3_taps(px: &[f32], width: usize, (x0, y0): (usize, usize), wx: [f32; 4], wy: [f32; 4]) -> f32x4 {
+    let wx = wx.map(f32x4::splat);
     let row = width * 3;
     let base = (y0 - 1) * row + (x0 - 1) * 3;
     let mut out = f32x4::ZERO;
-    for (j, wj) in w.iter().enumerate() {
+    for (j, &wj) in wy.iter().enumerate() {
         let p: &[f32; 13] = px[base + j * row..][..13].try_into().expect("13 values");
         let mut acc = f32x4::ZERO;
         for (i, &wi) in wx.iter().enumerate() {
             let t: [f32; 4] = p[3 * i..3 * i + 4].try_into().expect("4 values");
             acc += f32x4::new(t) * wi;
         }
-        out += acc * f32x4::splat(wj[1]);
+        out += acc * f32x4::splat(wj);
     }
-    let o = out.to_array();
-    [o[0], o[1], o[2]]
+    out
 }
 
 /// Warps the face into a `size x size` crop, written as planar RGB in [-1, 1] (one NCHW item,
@@ -388,41 +404,42 @@ fn cubic_taps(tex: &[f32x4], base: usize, tw: usize, wx: [f32; 4], wy: [f32; 4])
 }
 
 /// [`cubic_taps`] with AVX: rows 0 and 1, then 2 and 3, in one eight-lane vector each; the
-/// same products and sums in the same order, so the same value.
+/// same products and sums in the same order, so the same value. Always inlined, so that it is
+/// compiled with its caller's features (`cubic_rows_avx`'s AVX).
+///
+/// # Safety
+/// The processor must have AVX.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx")]
-#[inline]
-fn cubic_taps_avx(tex: &[f32x4], base: usize, tw: usize, wx: [f32; 4], wy: [f32; 4]) -> f32x4 {
+#[inline(always)]
+unsafe fn cubic_taps_avx(tex: &[f32x4], base: usize, tw: usize, wx: [f32; 4], wy: [f32; 4]) -> f32x4 {
     use std::arch::x86_64::*;
     let rows: [&[f32x4; 4]; 4] = [0, 1, 2, 3].map(|j| tex[base + j * tw..][..4].try_into().expect("4 texels"));
-    let mut halves = [_mm_setzero_ps(); 4];
-    for pair in 0..2 {
-        let (a, b) = (rows[2 * pair], rows[2 * pair + 1]);
-        let mut acc = _mm256_setzero_ps();
-        for i in 0..4 {
-            // SAFETY: each pointer is to a texel of the slices above: four f32 in a row.
-            let (lo, hi) = unsafe {
-                (
-                    _mm_loadu_ps(a[i].as_array().as_ptr()),
-                    _mm_loadu_ps(b[i].as_array().as_ptr()),
-                )
-            };
-            let t = _mm256_insertf128_ps::<1>(_mm256_castps128_ps256(lo), hi);
-            acc = _mm256_add_ps(acc, _mm256_mul_ps(t, _mm256_set1_ps(wx[i])));
+    // SAFETY: the caller runs on a processor with AVX; every load is from a texel of the
+    // slices above (four f32 in a row) and the store is to four f32.
+    unsafe {
+        let mut halves = [_mm_setzero_ps(); 4];
+        for pair in 0..2 {
+            let (a, b) = (rows[2 * pair], rows[2 * pair + 1]);
+            let mut acc = _mm256_setzero_ps();
+            for i in 0..4 {
+                let lo = _mm_loadu_ps(a[i].as_array().as_ptr());
+                let hi = _mm_loadu_ps(b[i].as_array().as_ptr());
+                let t = _mm256_insertf128_ps::<1>(_mm256_castps128_ps256(lo), hi);
+                acc = _mm256_add_ps(acc, _mm256_mul_ps(t, _mm256_set1_ps(wx[i])));
+            }
+            let w = _mm256_setr_m128(_mm_set1_ps(wy[2 * pair]), _mm_set1_ps(wy[2 * pair + 1]));
+            let weighted = _mm256_mul_ps(acc, w);
+            halves[2 * pair] = _mm256_castps256_ps128(weighted);
+            halves[2 * pair + 1] = _mm256_extractf128_ps::<1>(weighted);
         }
-        let w = _mm256_setr_m128(_mm_set1_ps(wy[2 * pair]), _mm_set1_ps(wy[2 * pair + 1]));
-        let weighted = _mm256_mul_ps(acc, w);
-        halves[2 * pair] = _mm256_castps256_ps128(weighted);
-        halves[2 * pair + 1] = _mm256_extractf128_ps::<1>(weighted);
+        let mut sum = _mm_setzero_ps();
+        for h in halves {
+            sum = _mm_add_ps(sum, h);
+        }
+        let mut v = [0.0f32; 4];
+        _mm_storeu_ps(v.as_mut_ptr(), sum);
+        f32x4::new(v)
     }
-    let mut sum = _mm_setzero_ps();
-    for h in halves {
-        sum = _mm_add_ps(sum, h);
-    }
-    let mut v = [0.0f32; 4];
-    // SAFETY: `v` holds four f32.
-    unsafe { _mm_storeu_ps(v.as_mut_ptr(), sum) };
-    f32x4::new(v)
 }
 
 /// The bicubic warp's rows (see [`warp_cubic_loading`]); `AVX` picks the eight-lane taps, for a
@@ -541,7 +558,7 @@ fn cubic_texels_clamped(tex: &[f32x4], r: Rect, (width, height): (usize, usize),
 
 /// [`cubic_weights`] of four points at once (the same operations lane by lane).
 #[inline(always)]
-fn cubic_weights4(t: f32x4) -> [f32x4; 4] {
+pub fn cubic_weights4(t: f32x4) -> [f32x4; 4] {
     let (t2, t3) = (t * t, t * t * t);
     let (half, two, three) = (f32x4::splat(0.5), f32x4::splat(2.0), f32x4::splat(3.0));
     [
@@ -719,12 +736,27 @@ pub fn tensor_to_rgb(t: &[f32], size: usize, out: &mut Vec<u8>) {
 pub fn tensor_change(restored: &[f32], given: &[f32], size: usize, out: &mut Vec<f32>) {
     let plane = size * size;
     out.clear();
-    out.reserve(plane * 3);
+    out.resize(plane * 3, 0.0);
+    let (restored, given) = (&restored[..3 * plane], &given[..3 * plane]);
     let level = |v: f32| (v + 1.0) * 127.5;
-    for i in 0..plane {
+    // Four pixels at a time: each plane's four values as a vector, turned into four pixels.
+    let whole = plane / 4 * 4;
+    let (one, half, lo, hi) = (f32x4::ONE, f32x4::splat(127.5), f32x4::ZERO, f32x4::splat(255.0));
+    let at = |p: &[f32], c: usize, i: usize| -> f32x4 {
+        let v: [f32; 4] = p[c * plane + i..][..4].try_into().expect("4 values");
+        f32x4::new(v)
+    };
+    for (i, dst) in (0..whole).step_by(4).zip(out.chunks_exact_mut(12)) {
+        let d = [0, 1, 2].map(|c| ((at(restored, c, i) + one) * half).max(lo).min(hi) - (at(given, c, i) + one) * half);
+        let px = f32x4::transpose([d[0], d[1], d[2], f32x4::ZERO]);
+        for (k, p) in px.iter().enumerate() {
+            dst[3 * k..3 * k + 3].copy_from_slice(&p.to_array()[..3]);
+        }
+    }
+    for i in whole..plane {
         for c in 0..3 {
             let j = c * plane + i;
-            out.push(level(restored[j]).clamp(0.0, 255.0) - level(given[j]));
+            out[3 * i + c] = level(restored[j]).clamp(0.0, 255.0) - level(given[j]);
         }
     }
 }
@@ -916,6 +948,31 @@ mod tests {
                         }
                         assert_eq!(out[(y * hw + x) * 3 + c] as u32, (s + 2) / 4, "{r:?} ({x}, {y}) {c}");
                     }
+                }
+            }
+        }
+    }
+
+    /// The change, four pixels at a time, is what the per-value formula gives, including a
+    /// crop whose side is not a multiple of four and values the clamp cuts.
+    #[test]
+    fn the_change_is_the_clamped_output_minus_the_input() {
+        for size in [8usize, 7] {
+            let n = 3 * size * size;
+            let restored: Vec<f32> = (0..n).map(|i| ((i * 37) % 101) as f32 / 40.0 - 1.26).collect();
+            let given: Vec<f32> = (0..n).map(|i| ((i * 53) % 97) as f32 / 48.5 - 1.0).collect();
+            let mut got = Vec::new();
+            tensor_change(&restored, &given, size, &mut got);
+            let plane = size * size;
+            let level = |v: f32| (v + 1.0) * 127.5;
+            for i in 0..plane {
+                for c in 0..3 {
+                    let j = c * plane + i;
+                    assert_eq!(
+                        got[3 * i + c],
+                        level(restored[j]).clamp(0.0, 255.0) - level(given[j]),
+                        "{i} {c}"
+                    );
                 }
             }
         }

@@ -9,7 +9,9 @@
 //! cannot hold averages out instead of aliasing (shimmering between frames); the level keeps
 //! at least 1.5 of its pixels per frame pixel, so it does not blur what the frame can hold.
 
-use crate::faces::align::{mip_level, sample_cubic3_fast};
+use wide::f32x4;
+
+use crate::faces::align::{cubic3_inside, cubic3_taps, cubic_weights4, mip_level, sample_cubic3};
 use crate::frame::Change;
 use crate::geom::{Affine, Rect};
 
@@ -423,36 +425,65 @@ fn accumulate(acc: &mut [f32], cells: Cells, r: Rect, face: &Paste, mask: &Mask,
             Cells::Direct(_) => 3,
         };
         let row = &mut acc[(y - r.y0) * rw * stride..][..rw * stride];
-        for x in xa as usize..=xb as usize {
-            let (cu, cv) = (m[0] * x as f64 + u0, m[3] * x as f64 + v0);
-            if !(0.0..=lim).contains(&cu) || !(0.0..=lim).contains(&cv) {
-                continue;
-            }
-            let a = mask.at(cu, cv);
-            if a <= 0.0 {
-                continue;
-            }
-            // Level pixel j covers crop pixels [j k, (j + 1) k): its centre is at j k + (k - 1) / 2.
-            let (lu, lv) = ((cu as f32 - half) * inv_k, (cv as f32 - half) * inv_k);
-            let p = sample_cubic3_fast(src, sw, sw, lu, lv);
-            match cells {
-                Cells::Sums => {
-                    let cell = &mut row[(x - r.x0) * 5..][..5];
-                    for c in 0..3 {
-                        cell[c] += a * p[c];
-                    }
-                    cell[3] += a;
-                    cell[4] = cell[4].max(a);
+        // Four pixels at a time: their mask values and sample points one by one, the
+        // bicubic weights of all four in one vector pass.
+        let (first, last) = (xa as usize, xb as usize);
+        for x4 in (first..=last).step_by(4) {
+            let n = (last + 1 - x4).min(4);
+            let (mut alpha, mut lu, mut lv) = ([0.0f32; 4], [0.0f32; 4], [0.0f32; 4]);
+            for k in 0..n {
+                let x = x4 + k;
+                let (cu, cv) = (m[0] * x as f64 + u0, m[3] * x as f64 + v0);
+                if !(0.0..=lim).contains(&cu) || !(0.0..=lim).contains(&cv) {
+                    continue;
                 }
-                Cells::Direct(blend) => {
-                    let alpha = a * blend;
-                    if alpha > 0.0 {
-                        let k = alpha / a;
-                        let cell = &mut row[(x - r.x0) * 3..][..3];
-                        for c in 0..3 {
-                            cell[c] = (a * p[c]) * k;
-                        }
-                    }
+                alpha[k] = mask.at(cu, cv);
+                // Level pixel j covers crop pixels [j k, (j + 1) k): its centre is at j k + (k - 1) / 2.
+                (lu[k], lv[k]) = ((cu as f32 - half) * inv_k, (cv as f32 - half) * inv_k);
+            }
+            if alpha.iter().all(|&a| a <= 0.0) {
+                continue;
+            }
+            // Floors where the fast taps read (positive there); elsewhere unused.
+            let (iu, iv) = (lu.map(|v| v.max(0.0) as usize), lv.map(|v| v.max(0.0) as usize));
+            let wu = cubic_weights4(f32x4::new(lu) - f32x4::new(iu.map(|v| v as f32))).map(|w| w.to_array());
+            let wv = cubic_weights4(f32x4::new(lv) - f32x4::new(iv.map(|v| v as f32))).map(|w| w.to_array());
+            for k in 0..n {
+                let (a, x) = (alpha[k], x4 + k);
+                if a <= 0.0 {
+                    continue;
+                }
+                let p = if cubic3_inside(sw, sw, lu[k], lv[k]) {
+                    let t = cubic3_taps(src, sw, (iu[k], iv[k]), wu.map(|w| w[k]), wv.map(|w| w[k])).to_array();
+                    [t[0], t[1], t[2]]
+                } else {
+                    sample_cubic3(src, sw, sw, lu[k], lv[k])
+                };
+                accumulate_cell(row, cells, x - r.x0, a, p);
+            }
+        }
+    }
+}
+
+/// Adds one pixel's mask value `a` and sampled change `p` to its cell of `row` (see [`Cells`]).
+#[inline(always)]
+fn accumulate_cell(row: &mut [f32], cells: Cells, x: usize, a: f32, p: [f32; 3]) {
+    match cells {
+        Cells::Sums => {
+            let cell = &mut row[x * 5..][..5];
+            for c in 0..3 {
+                cell[c] += a * p[c];
+            }
+            cell[3] += a;
+            cell[4] = cell[4].max(a);
+        }
+        Cells::Direct(blend) => {
+            let alpha = a * blend;
+            if alpha > 0.0 {
+                let k = alpha / a;
+                let cell = &mut row[x * 3..][..3];
+                for c in 0..3 {
+                    cell[c] = (a * p[c]) * k;
                 }
             }
         }
