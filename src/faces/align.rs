@@ -379,6 +379,9 @@ struct CubicRows<'a> {
 
 /// [`cubic_rows`] compiled for AVX: the same operations in the same order, two texel rows per
 /// eight-lane vector.
+///
+/// # Safety
+/// The processor must have AVX.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx")]
 unsafe fn cubic_rows_avx(job: &CubicRows, out: &mut [f32]) {
