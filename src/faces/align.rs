@@ -350,108 +350,11 @@ pub fn warp_cubic_loading(
     .clip(width, height);
     texels.clear();
     load(r, texels);
-    let inv = to_crop.inverse().unwrap_or(Affine::IDENTITY);
-    let job = CubicRows {
-        tex: &texels[..],
-        r,
-        frame: (width, height),
-        m: inv.0,
-        size,
-    };
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx") {
-        // SAFETY: the processor has just been found to have AVX, all this function needs.
-        unsafe { cubic_rows_avx(&job, out) };
-        return;
-    }
-    cubic_rows::<false>(&job, out);
-}
-
-/// What the bicubic warp's rows read: the texels of rectangle `r` of a `frame`, the crop ->
-/// frame map `m`, the crop's side.
-struct CubicRows<'a> {
-    tex: &'a [f32x4],
-    r: Rect,
-    frame: (usize, usize),
-    m: [f64; 6],
-    size: usize,
-}
-
-/// [`cubic_rows`] compiled for AVX: the same operations in the same order, two texel rows per
-/// eight-lane vector.
-///
-/// # Safety
-/// The processor must have AVX.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx")]
-unsafe fn cubic_rows_avx(job: &CubicRows, out: &mut [f32]) {
-    cubic_rows::<true>(job, out);
-}
-
-/// The sixteen taps of the 4 x 4 neighbourhood whose top-left texel is `base` (rows `tw`
-/// apart), weighted by `wx` along a row and `wy` down the rows: per row the sum of `wx[i] *
-/// texel`, then the sum of `wy[j] *` row, each from zero and in order.
-#[inline(always)]
-fn cubic_taps(tex: &[f32x4], base: usize, tw: usize, wx: [f32; 4], wy: [f32; 4]) -> f32x4 {
-    let wxk = wx.map(f32x4::splat);
-    let mut acc_out = f32x4::ZERO;
-    for (j, &wj) in wy.iter().enumerate() {
-        let row: &[f32x4; 4] = tex[base + j * tw..][..4].try_into().expect("4 texels");
-        let mut acc = f32x4::ZERO;
-        for (&t, &wi) in row.iter().zip(&wxk) {
-            acc += t * wi;
-        }
-        acc_out += acc * f32x4::splat(wj);
-    }
-    acc_out
-}
-
-/// [`cubic_taps`] with AVX: rows 0 and 1, then 2 and 3, in one eight-lane vector each; the
-/// same products and sums in the same order, so the same value. Always inlined, so that it is
-/// compiled with its caller's features (`cubic_rows_avx`'s AVX).
-///
-/// # Safety
-/// The processor must have AVX.
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-unsafe fn cubic_taps_avx(tex: &[f32x4], base: usize, tw: usize, wx: [f32; 4], wy: [f32; 4]) -> f32x4 {
-    use std::arch::x86_64::*;
-    let rows: [&[f32x4; 4]; 4] = [0, 1, 2, 3].map(|j| tex[base + j * tw..][..4].try_into().expect("4 texels"));
-    // SAFETY: the caller runs on a processor with AVX; every load is from a texel of the
-    // slices above (four f32 in a row) and the store is to four f32.
-    unsafe {
-        let mut halves = [_mm_setzero_ps(); 4];
-        for pair in 0..2 {
-            let (a, b) = (rows[2 * pair], rows[2 * pair + 1]);
-            let mut acc = _mm256_setzero_ps();
-            for i in 0..4 {
-                let lo = _mm_loadu_ps(a[i].as_array().as_ptr());
-                let hi = _mm_loadu_ps(b[i].as_array().as_ptr());
-                let t = _mm256_insertf128_ps::<1>(_mm256_castps128_ps256(lo), hi);
-                acc = _mm256_add_ps(acc, _mm256_mul_ps(t, _mm256_set1_ps(wx[i])));
-            }
-            let w = _mm256_setr_m128(_mm_set1_ps(wy[2 * pair]), _mm_set1_ps(wy[2 * pair + 1]));
-            let weighted = _mm256_mul_ps(acc, w);
-            halves[2 * pair] = _mm256_castps256_ps128(weighted);
-            halves[2 * pair + 1] = _mm256_extractf128_ps::<1>(weighted);
-        }
-        let mut sum = _mm_setzero_ps();
-        for h in halves {
-            sum = _mm_add_ps(sum, h);
-        }
-        let mut v = [0.0f32; 4];
-        _mm_storeu_ps(v.as_mut_ptr(), sum);
-        f32x4::new(v)
-    }
-}
-
-/// The bicubic warp's rows (see [`warp_cubic_loading`]); `AVX` picks the eight-lane taps, for a
-/// caller compiled with AVX.
-#[inline(always)]
-fn cubic_rows<const AVX: bool>(job: &CubicRows, out: &mut [f32]) {
-    let CubicRows { tex, r, frame, m, size } = *job;
     let (tw, th) = (r.width(), r.height());
+    let tex = &texels[..];
+    let inv = to_crop.inverse().unwrap_or(Affine::IDENTITY);
     // Crop -> region coordinates.
+    let m = inv.0;
     let (ox, oy) = (r.x0 as f32, r.y0 as f32);
     let (lim_x, lim_y) = (tw as f32 - 2.0, th as f32 - 2.0);
     let plane = size * size;
@@ -485,35 +388,29 @@ fn cubic_rows<const AVX: bool>(job: &CubicRows, out: &mut [f32]) {
                 cubic_weights4(tx).map(|w| w.to_array()),
                 cubic_weights4(ty).map(|w| w.to_array()),
             );
-            // Each pixel's (R, G, B, junk), then the four pixels' channels as vectors.
-            let mut px = [f32x4::ZERO; 4];
             for k in 0..n {
                 let (lx, ly) = (fx[k] - ox, fy[k] - oy);
-                px[k] = if lx >= 1.0 && ly >= 1.0 && lx < lim_x && ly < lim_y {
+                let p = if lx >= 1.0 && ly >= 1.0 && lx < lim_x && ly < lim_y {
                     let base = (iy[k] - 1 - r.y0) * tw + (ix[k] - 1 - r.x0);
-                    let (wxk, wyk) = ([0, 1, 2, 3].map(|i| wx[i][k]), [0, 1, 2, 3].map(|j| wy[j][k]));
-                    #[cfg(target_arch = "x86_64")]
-                    let acc = if AVX {
-                        // SAFETY: `AVX` is set only by `cubic_rows_avx`, which runs on
-                        // processors found to have AVX.
-                        unsafe { cubic_taps_avx(tex, base, tw, wxk, wyk) }
-                    } else {
-                        cubic_taps(tex, base, tw, wxk, wyk)
-                    };
-                    #[cfg(not(target_arch = "x86_64"))]
-                    let acc = cubic_taps(tex, base, tw, wxk, wyk);
-                    acc
+                    let wxk = [0, 1, 2, 3].map(|i| f32x4::splat(wx[i][k]));
+                    let mut acc_out = f32x4::ZERO;
+                    for (j, wj) in wy.iter().enumerate() {
+                        let row: &[f32x4; 4] = tex[base + j * tw..][..4].try_into().expect("4 texels");
+                        let mut acc = f32x4::ZERO;
+                        for (&t, &wi) in row.iter().zip(&wxk) {
+                            acc += t * wi;
+                        }
+                        acc_out += acc * f32x4::splat(wj[k]);
+                    }
+                    let a = acc_out.to_array();
+                    [a[0], a[1], a[2]].map(|v| v.clamp(0.0, 255.0))
                 } else {
-                    let p = cubic_texels_clamped(tex, r, frame, fx[k], fy[k]);
-                    f32x4::new([p[0], p[1], p[2], 0.0])
+                    cubic_texels_clamped(tex, r, (width, height), fx[k], fy[k])
                 };
-            }
-            // Clamped to the picture's range (a no-op for the clamped sampler's values), then
-            // to [-1, 1].
-            let (lo, hi, k1) = (f32x4::ZERO, f32x4::splat(255.0), f32x4::splat(K));
-            let [pr, pg, pb, _] = f32x4::transpose(px).map(|v| v.max(lo).min(hi) * k1 - f32x4::ONE);
-            for (plane, v) in [(&mut *rr, pr), (&mut *gr, pg), (&mut *br, pb)] {
-                plane[x4..x4 + n].copy_from_slice(&v.to_array()[..n]);
+                let i = x4 + k;
+                rr[i] = p[0] * K - 1.0;
+                gr[i] = p[1] * K - 1.0;
+                br[i] = p[2] * K - 1.0;
             }
         }
     }
