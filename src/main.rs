@@ -61,7 +61,8 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Cmd {
     /// Measure frames/s and faces/s on 1080p sources: the whole pipeline (warm-up excluded,
-    /// repeated, medians) and the enhancement sessions alone (the ceiling); with --portraits,
+    /// repeated, medians), the enhancement sessions alone (the ceiling) and every stage but the
+    /// model (the feeder: core-ms per face per stage, what N cores feed); with --portraits,
     /// images/s of still images streamed as `batch` streams them, per batch size.
     #[command(allow_negative_numbers = true)]
     Bench(BenchArgs),
