@@ -5,11 +5,13 @@
 //! A stage whose items do not depend on each other (alignment, paste) runs on several cores
 //! this way while the stages around it still see frames one after another. Each thread takes
 //! the next item and its sequence number under one lock; a finished item waits in a small
-//! reorder buffer (at most one per thread) until every item before it has gone on.
+//! reorder buffer until every item before it has gone on, and no thread takes a new item while
+//! that buffer holds as many items as there are threads (one slow item does not let the others
+//! run ahead and fill memory). A panic in `work` fails the stage like an error.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Mutex;
+use std::sync::{Condvar, Mutex};
 
 use anyhow::{anyhow, Result};
 use crossbeam_channel::{Receiver, Sender};
@@ -49,12 +51,30 @@ pub fn ordered<T: Send, S>(
         held: BTreeMap::new(),
         tx: Some(tx),
     });
+    // Signalled whenever items leave the reorder buffer or the pool stops.
+    let drained = Condvar::new();
     let stop = AtomicBool::new(false);
     let failure: Mutex<Option<anyhow::Error>> = Mutex::new(None);
+    let fail = |e: anyhow::Error| {
+        failure.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert(e);
+        stop.store(true, Ordering::Relaxed);
+        // Taken so that no thread is between its check of `stop` and its wait.
+        let _o = output.lock().unwrap_or_else(|e| e.into_inner());
+        drained.notify_all();
+    };
     let run = || -> StageStat {
         let mut clock = Clock::new(name, queue_cap);
         let mut state = init();
         loop {
+            {
+                let mut o = output.lock().unwrap_or_else(|e| e.into_inner());
+                while o.held.len() >= threads && !stop.load(Ordering::Relaxed) {
+                    o = drained.wait(o).unwrap_or_else(|e| e.into_inner());
+                }
+            }
+            if stop.load(Ordering::Relaxed) {
+                break;
+            }
             let next = {
                 let mut i = input.lock().unwrap_or_else(|e| e.into_inner());
                 clock.queue(i.rx.len());
@@ -70,9 +90,12 @@ pub fn ordered<T: Send, S>(
             if stop.load(Ordering::Relaxed) {
                 break;
             }
-            if let Err(e) = clock.time(|| work(&mut state, &mut item)) {
-                failure.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert(e);
-                stop.store(true, Ordering::Relaxed);
+            let done = clock.time(|| {
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| work(&mut state, &mut item)))
+                    .unwrap_or_else(|_| Err(anyhow!("internal error: the {name} stage panicked")))
+            });
+            if let Err(e) = done {
+                fail(e);
                 break;
             }
             clock.count(1);
@@ -80,16 +103,21 @@ pub fn ordered<T: Send, S>(
             // every thread here, which is the backpressure a single thread would give.
             let mut o = output.lock().unwrap_or_else(|e| e.into_inner());
             o.held.insert(seq, item);
+            let mut sent_any = false;
             loop {
                 let due = o.due;
                 let Some(ready) = o.held.remove(&due) else { break };
                 o.due += 1;
+                sent_any = true;
                 let sent = o.tx.as_ref().is_some_and(|tx| tx.send(ready).is_ok());
                 if !sent {
                     o.tx = None;
                     stop.store(true, Ordering::Relaxed);
                     break;
                 }
+            }
+            if sent_any || stop.load(Ordering::Relaxed) {
+                drained.notify_all();
             }
             if stop.load(Ordering::Relaxed) {
                 break;
@@ -163,6 +191,76 @@ mod tests {
             got
         });
         assert_eq!(out, (0..200u64).map(|i| i * 10).collect::<Vec<_>>());
+    }
+
+    /// One slow item does not let the other threads run ahead: while it is in work, the
+    /// others take only as many items as the reorder buffer may hold (each item is a frame's
+    /// buffers), not the rest of the input.
+    #[test]
+    fn one_slow_item_does_not_let_the_others_run_ahead() {
+        use std::sync::atomic::{AtomicBool, AtomicUsize};
+        let (in_tx, in_rx) = bounded::<u64>(128);
+        let (out_tx, out_rx) = bounded::<u64>(256);
+        let (slow, started_meanwhile) = (AtomicBool::new(false), AtomicUsize::new(0));
+        std::thread::scope(|s| {
+            s.spawn(move || {
+                for i in 0..100u64 {
+                    in_tx.send(i).unwrap();
+                }
+            });
+            ordered(
+                "test",
+                4,
+                3,
+                || (),
+                |_, x: &mut u64| {
+                    if *x == 10 {
+                        slow.store(true, Ordering::SeqCst);
+                        std::thread::sleep(std::time::Duration::from_millis(300));
+                        slow.store(false, Ordering::SeqCst);
+                    } else if slow.load(Ordering::SeqCst) {
+                        started_meanwhile.fetch_add(1, Ordering::SeqCst);
+                    }
+                    Ok(())
+                },
+                in_rx,
+                out_tx,
+            )
+            .unwrap();
+        });
+        let got: Vec<u64> = out_rx.try_iter().collect();
+        assert_eq!(got, (0..100).collect::<Vec<_>>());
+        let n = started_meanwhile.load(Ordering::SeqCst);
+        assert!(n <= 6, "{n} items taken while one was slow");
+    }
+
+    #[test]
+    fn a_panic_in_work_fails_the_stage_without_a_hang() {
+        let (in_tx, in_rx) = bounded::<u64>(4);
+        let (out_tx, out_rx) = bounded::<u64>(256);
+        let r = std::thread::scope(|s| {
+            s.spawn(move || {
+                for i in 0..100u64 {
+                    if in_tx.send(i).is_err() {
+                        break;
+                    }
+                }
+            });
+            ordered(
+                "test",
+                4,
+                3,
+                || (),
+                |_, x: &mut u64| {
+                    assert!(*x != 7, "item seven");
+                    Ok(())
+                },
+                in_rx,
+                out_tx,
+            )
+        });
+        assert_eq!(r.unwrap_err().to_string(), "internal error: the test stage panicked");
+        assert!(out_rx.try_iter().all(|x| x < 7), "nothing after the panic");
     }
 
     #[test]

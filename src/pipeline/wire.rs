@@ -120,9 +120,10 @@ pub(crate) fn wire<T: Send>(
     let (batch_tx, batch_rx) = bounded::<Batch>(2 * n_workers);
     let (done_tx, done_rx) = unbounded::<Result<Restored>>();
     // One stage drains each queue, and the encode stage ends the line; each extra thread of
-    // the two pool stages holds a frame and may leave one in its reorder buffer.
+    // the two pool stages holds a frame, and its reorder buffer up to about two more (see
+    // `pool::ordered`).
     let smooth_held = smoother.as_ref().map_or(0, Smoother::capacity);
-    let stages = queues + 1 + 2 * 2 * (threads - 1);
+    let stages = queues + 1 + 2 * 3 * (threads - 1);
     let pools = Pools::new(queues, stages, smooth_held, batch, n_workers);
     let tpl = template.as_str();
 
