@@ -129,6 +129,7 @@ impl Engine {
                 trt: s.trt,
                 trt_cache: s.trt_cache.clone(),
                 fp16: s.fp16,
+                varied_shapes: false,
             };
             let session = crate::runtime::session(&key.model, &so, "model")?;
             let enhancer = Enhancer::for_target(session, target)
@@ -171,6 +172,7 @@ impl Engine {
             trt: false,
             trt_cache: None,
             fp16: false,
+            varied_shapes: true,
         };
         let det_session = crate::runtime::session(&key.detector, &det_opts, "detector")?;
         let d = &s.detection;

@@ -98,6 +98,10 @@ pub struct SessionOptions {
     pub trt: bool,
     pub trt_cache: Option<PathBuf>,
     pub fp16: bool,
+    /// Inputs of many shapes (the detector's windows, batched per size): on CUDA, cuDNN picks
+    /// each convolution's algorithm by its heuristic instead of timing every algorithm again
+    /// for each new shape, which would stall the first frames that bring one.
+    pub varied_shapes: bool,
 }
 
 impl SessionOptions {
@@ -108,6 +112,7 @@ impl SessionOptions {
             trt: false,
             trt_cache: None,
             fp16: false,
+            varied_shapes: false,
         }
     }
 }
@@ -148,7 +153,11 @@ pub fn session(path: &Path, o: &SessionOptions, what: &str) -> Result<Session> {
             }
             eps.push(trt.build().error_on_failure());
         }
-        eps.push(ep::CUDA::default().with_device_id(id as i32).build().error_on_failure());
+        let mut cuda = ep::CUDA::default().with_device_id(id as i32);
+        if o.varied_shapes {
+            cuda = cuda.with_conv_algorithm_search(ep::cuda::ConvAlgorithmSearch::Heuristic);
+        }
+        eps.push(cuda.build().error_on_failure());
         b = b.with_execution_providers(eps).map_err(|e| {
             anyhow!(
                 "{} execution provider could not start on cuda:{id} ({e}). It needs an NVIDIA driver, the CUDA and cuDNN libraries{}, and the GPU build of ONNX Runtime (the onnxruntime-gpu wheel: point ORT_DYLIB_PATH at its libonnxruntime.so)",
