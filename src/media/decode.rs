@@ -90,8 +90,13 @@ pub fn probe(path: &Path) -> Result<SourceInfo> {
     if !meta.is_file() {
         bail!("input {} is not a file", path.display());
     }
-    let ictx =
-        ffmpeg::format::input(path).map_err(|e| anyhow!("input {} is not a readable video ({e})", path.display()))?;
+    let ictx = crate::media::input::open_input(path).map_err(|e| {
+        if e.is::<crate::media::input::Refused>() {
+            e
+        } else {
+            anyhow!("input {} is not a readable video ({e})", path.display())
+        }
+    })?;
     let stream = ictx
         .streams()
         .best(media::Type::Video)
@@ -301,7 +306,7 @@ impl Decoder {
     /// whose device is returned to outlive the decoder's use of it).
     fn open(&self) -> Result<(ffmpeg::format::context::Input, ffmpeg::decoder::Video, Option<HwDevice>)> {
         let path = self.info.path.display();
-        let ictx = ffmpeg::format::input(&self.info.path).with_context(|| format!("cannot open {path}"))?;
+        let ictx = crate::media::input::open_input(&self.info.path).with_context(|| format!("cannot open {path}"))?;
         let mut ctx = ffmpeg::codec::context::Context::from_parameters(self.info.params.clone())?;
         let hw = if self.hwaccel { Some(HwDevice::cuda()?) } else { None };
         if let Some(hw) = &hw {

@@ -378,7 +378,8 @@ impl Encoder {
             }
         })?;
         // One demuxer of the source for its metadata and for copying its other streams.
-        let ictx = ffmpeg::format::input(&src.path).with_context(|| format!("cannot reopen {}", src.path.display()))?;
+        let ictx = crate::media::input::open_input(&src.path)
+            .with_context(|| format!("cannot reopen {}", src.path.display()))?;
         {
             let mut ost = octx.add_stream(codec)?;
             ost.set_parameters(&enc);

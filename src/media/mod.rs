@@ -6,6 +6,7 @@ pub mod color;
 pub mod compare;
 pub mod decode;
 pub mod encode;
+pub mod input;
 pub mod kind;
 pub mod orient;
 pub mod still;
