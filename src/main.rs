@@ -92,6 +92,10 @@ struct BatchArgs {
     /// Include videos in subfolders.
     #[arg(long, short = 'r', help_heading = "Batch")]
     recursive: bool,
+    /// Take files that symbolic links inside IN_DIR point to outside it (by default they are
+    /// skipped with a warning: on a shared upload folder a link can name anyone's file).
+    #[arg(long, help_heading = "Batch")]
+    follow_links_out: bool,
     /// Only files matching PATTERN (`*`, `?`, `[..]`; matched against the file name, or the
     /// relative path if it has a `/`). Repeatable.
     #[arg(long = "glob", value_name = "PATTERN", help_heading = "Batch")]
@@ -450,6 +454,7 @@ fn run_batch(b: BatchArgs) -> ExitCode {
             in_dir: b.in_dir,
             out_dir: b.out_dir,
             recursive: b.recursive,
+            follow_links_out: b.follow_links_out,
             globs: b.globs,
             jobs: b.jobs.map(usize::from),
             force: b.force,

@@ -691,3 +691,29 @@ fn a_model_failure_fails_the_pictures_in_flight_and_a_new_stream_takes_the_rest(
     }
     no_partials(&output);
 }
+
+/// A symbolic link inside IN_DIR to a file outside it is skipped with a warning (on a shared
+/// upload folder a link can name anyone's file); a link to a file inside is taken; with
+/// `--follow-links-out` the outside one is taken too.
+#[test]
+fn links_that_leave_the_input_folder_are_skipped_unless_asked() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (input, output, elsewhere) = (tmp.path().join("in"), tmp.path().join("out"), tmp.path().join("secret"));
+    make_clips(&input, &["a.mp4"], 6);
+    make_clips(&elsewhere, &["s.mp4"], 6);
+    std::os::unix::fs::symlink(elsewhere.join("s.mp4"), input.join("leak.mp4")).unwrap();
+    std::os::unix::fs::symlink(input.join("a.mp4"), input.join("alias.mp4")).unwrap();
+
+    let (st, err, r) = run(&input, &output, &[], &[]);
+    assert!(st.success(), "{err}");
+    assert_eq!(names(&r, "done"), set(&["a.mp4", "alias.mp4"]), "{err}");
+    assert!(
+        err.contains("leak.mp4") && err.contains("outside the input folder"),
+        "the skipped link is named: {err}"
+    );
+    assert_eq!(outputs(&output), set(&["a.mp4", "alias.mp4"]));
+
+    let (st, err, r) = run(&input, &output, &["--follow-links-out"], &[]);
+    assert!(st.success(), "{err}");
+    assert_eq!(names(&r, "done"), set(&["leak.mp4"]), "{err}");
+}

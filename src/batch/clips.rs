@@ -46,9 +46,17 @@ pub fn is_clip(path: &Path) -> bool {
 /// and folders (names starting with `.`, such as partial outputs and manifests) and the folder
 /// `exclude` (the output folder, when it lies inside the input). A pattern without `/` is
 /// matched against the file name, one with `/` against the relative path; a file matching none
-/// of `globs` (when some are given) is left out silently.
-pub fn scan(dir: &Path, recursive: bool, globs: &[String], exclude: Option<&Path>) -> Result<Scan> {
+/// of `globs` (when some are given) is left out silently. A symbolic link to a file outside
+/// `dir` is left out with a warning unless `follow_out` (on a shared upload folder a link can
+/// name anyone's file).
+pub fn scan(
+    dir: &Path,
+    (recursive, follow_out): (bool, bool),
+    globs: &[String],
+    exclude: Option<&Path>,
+) -> Result<Scan> {
     let exclude = exclude.and_then(|p| p.canonicalize().ok());
+    let root = dir.canonicalize().ok();
     let (by_name, by_path) = patterns(globs)?;
     let mut scan = Scan::default();
     // Symbolic links count as what they point to, but linked folders are not entered.
@@ -74,6 +82,17 @@ pub fn scan(dir: &Path, recursive: bool, globs: &[String], exclude: Option<&Path
         };
         if !is_file {
             continue;
+        }
+        if entry.path_is_symlink() && !follow_out {
+            let target = entry.path().canonicalize().ok();
+            let inside = matches!((&target, &root), (Some(t), Some(r)) if t.starts_with(r));
+            if !inside {
+                tracing::warn!(
+                    "skipping {}: a link to a file outside the input folder (--follow-links-out takes it)",
+                    entry.path().display().to_string().escape_debug()
+                );
+                continue;
+            }
         }
         let rel = entry.path().strip_prefix(dir).unwrap_or(entry.path()).to_path_buf();
         let key = rel

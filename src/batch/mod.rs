@@ -45,6 +45,9 @@ pub struct BatchOptions {
     pub in_dir: PathBuf,
     pub out_dir: PathBuf,
     pub recursive: bool,
+    /// Take files that links inside `in_dir` point to outside it (skipped with a warning
+    /// otherwise).
+    pub follow_links_out: bool,
     /// Only files matching one of these (shell wildcards); all files when empty.
     pub globs: Vec<String>,
     /// Clips run at once (default: 1 on CPU, one per GPU on CUDA).
@@ -74,7 +77,7 @@ struct JobBar {
 pub fn run(o: &BatchOptions, ints: &Interrupts) -> Result<Report> {
     let shard = check_folders(o)?;
     let base = Settings::resolve(&o.base)?;
-    let scan = clips::scan(&o.in_dir, o.recursive, &o.globs, Some(&o.out_dir))?;
+    let scan = clips::scan(&o.in_dir, (o.recursive, o.follow_links_out), &o.globs, Some(&o.out_dir))?;
     let settings_hash = manifest::settings_hash(&base.recipe);
     let (own_path, mut own, all) = open_manifests(o, shard)?;
     if let Some(path) = &o.report {
