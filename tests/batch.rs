@@ -717,3 +717,41 @@ fn links_that_leave_the_input_folder_are_skipped_unless_asked() {
     assert!(st.success(), "{err}");
     assert_eq!(names(&r, "done"), set(&["leak.mp4"]), "{err}");
 }
+
+/// `batch raw . --recursive` where `raw` has a subfolder `raw`: the output of `raw/raw/x.mp4`
+/// would be `./raw/x.mp4`, an input. Refused before any work, naming the clip and the path;
+/// every input is as it was and no output is written. An OUT_DIR above IN_DIR whose outputs all
+/// land outside IN_DIR is fine.
+#[test]
+fn a_layout_that_would_write_over_an_input_is_refused_before_any_work() {
+    let tmp = tempfile::tempdir().unwrap();
+    let top = tmp.path().join("top");
+    let raw = top.join("raw");
+    make_clips(&raw, &["x.mp4", "raw/x.mp4"], 6);
+    let before = std::fs::read(raw.join("x.mp4")).unwrap();
+    let out = finish(
+        batch_cmd(&raw, &top, &["--recursive"], &[]).spawn().unwrap(),
+        Duration::from_secs(120),
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("inside the input folder, over an input") && err.contains("raw/x.mp4"),
+        "{err}"
+    );
+    assert_eq!(
+        std::fs::read(raw.join("x.mp4")).unwrap(),
+        before,
+        "the input is untouched"
+    );
+    assert_eq!(files(&top), set(&["raw/x.mp4", "raw/raw/x.mp4"]), "nothing written");
+
+    // Without --recursive the subfolder is not scanned: raw/x.mp4 goes to top/x.mp4.
+    let out = finish(
+        batch_cmd(&raw, &top, &[], &[]).spawn().unwrap(),
+        Duration::from_secs(120),
+    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(top.join("x.mp4").is_file());
+    assert_eq!(std::fs::read(raw.join("x.mp4")).unwrap(), before);
+}

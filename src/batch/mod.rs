@@ -78,6 +78,7 @@ pub fn run(o: &BatchOptions, ints: &Interrupts) -> Result<Report> {
     let shard = check_folders(o)?;
     let base = Settings::resolve(&o.base)?;
     let scan = clips::scan(&o.in_dir, (o.recursive, o.follow_links_out), &o.globs, Some(&o.out_dir))?;
+    check_layout(o, &scan.clips)?;
     let settings_hash = manifest::settings_hash(&base.recipe);
     let (own_path, mut own, all) = open_manifests(o, shard)?;
     if let Some(path) = &o.report {
@@ -143,6 +144,31 @@ fn check_folders(o: &BatchOptions) -> Result<Option<Shard>> {
         None if o.shard_count.is_some() => bail!("--shard-count goes with --shard auto"),
         None => None,
     })
+}
+
+/// Refuses, before any work, a layout in which an output would be written where the scan finds
+/// inputs: OUT_DIR above IN_DIR, so that a clip's mirrored path lands inside IN_DIR (`batch raw .
+/// --recursive` with a folder `raw/raw`: the output of `raw/raw/x.mp4` is `./raw/x.mp4`, an
+/// input). An OUT_DIR inside IN_DIR is never scanned, so it is fine.
+fn check_layout(o: &BatchOptions, clips: &[clips::Clip]) -> Result<()> {
+    let (input, output) = (o.in_dir.canonicalize()?, o.out_dir.canonicalize()?);
+    if output.starts_with(&input) {
+        return Ok(());
+    }
+    for c in clips {
+        let out = output.join(&c.rel);
+        if out.starts_with(&input) {
+            let over = if out.exists() { ", over an input" } else { "" };
+            bail!(
+                "OUT_DIR {} holds IN_DIR {}: the output of {} would be written at {}, inside the input folder{over}; nothing was done. Choose an OUT_DIR outside IN_DIR (or one inside it, which is never scanned)",
+                o.out_dir.display(),
+                o.in_dir.display(),
+                c.key.escape_debug(),
+                out.display()
+            );
+        }
+    }
+    Ok(())
 }
 
 /// Every manifest in OUT_DIR, and this process's own: its path and what it holds (a new one
