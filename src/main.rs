@@ -363,10 +363,21 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         ProgressBar::hidden()
     };
     let summary = pipeline::run(&mut engine, &job, &|n| bar.set_position(n));
-    if interrupts.requested() {
+    if summary.is_ok() {
+        hold_after_output();
+    }
+    // A run that finished has renamed OUT into place, complete: a signal that came after that
+    // changes nothing, and the status says so.
+    if interrupts.requested() && summary.is_err() {
         bar.abandon();
         eprint_line(&format!("interrupted: {} not written", o.output.display()));
         std::process::exit(i32::from(interrupts.exit_code()));
+    }
+    if interrupts.requested() {
+        eprint_line(&format!(
+            "{} is complete and in place: the interrupt came after it was finished",
+            o.output.display()
+        ));
     }
     let summary = summary?;
     bar.finish_and_clear();
@@ -375,6 +386,17 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         gpen_video::output::write_atomic(path, (summary.to_json() + "\n").as_bytes())?;
     }
     Ok(())
+}
+
+/// Test hook: waits `GPEN_VIDEO_HOLD_AFTER_OUTPUT_MS` milliseconds once OUT is in place, so a
+/// test can send a signal after the rename. Not a user feature.
+fn hold_after_output() {
+    if let Some(ms) = std::env::var("GPEN_VIDEO_HOLD_AFTER_OUTPUT_MS")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+    {
+        std::thread::sleep(std::time::Duration::from_millis(ms));
+    }
 }
 
 fn run_bench(b: BenchArgs) -> anyhow::Result<()> {

@@ -1011,3 +1011,42 @@ fn deep_and_full_chroma_sources_keep_their_depth_layout_and_tags() {
     assert_eq!(probe_video(&out, "stream=pix_fmt").trim(), "yuv420p");
     assert_eq!(err.matches("takes no yuv422p10le pictures").count(), 1, "{err}");
 }
+
+/// A signal that comes after OUT is renamed into place changes nothing: the run says OUT is
+/// complete and in place and exits 0, and OUT is what an uninterrupted run writes.
+#[test]
+fn a_signal_after_the_output_is_in_place_leaves_a_successful_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let (out, plain) = (dir.path().join("o.mkv"), dir.path().join("plain.mkv"));
+    let model = asset("models/standin/identity-256.onnx");
+    let input = asset("samples/test/group.mkv");
+    ok(&gpen(&[&input, &plain, &"--model", &model]));
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_gpen-video"))
+        .args([input.as_os_str(), out.as_os_str()])
+        .args(["--quiet", "--model"])
+        .arg(&model)
+        .env("ORT_DYLIB_PATH", asset(".deps/lib/libonnxruntime.so"))
+        .env("GPEN_VIDEO_HOLD_AFTER_OUTPUT_MS", "3000")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = std::time::Instant::now();
+    while !out.exists() {
+        assert!(child.try_wait().unwrap().is_none(), "the run ended before OUT appeared");
+        assert!(start.elapsed().as_secs() < 120, "OUT never appeared");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let kill = std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+    let r = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&r.stderr);
+    assert_eq!(r.status.code(), Some(0), "{err}");
+    assert!(
+        err.contains("complete and in place") && !err.contains("not written"),
+        "{err}"
+    );
+    assert_eq!(framemd5(&out, "0:v", false), framemd5(&plain, "0:v", false));
+}
