@@ -755,3 +755,27 @@ fn a_layout_that_would_write_over_an_input_is_refused_before_any_work() {
     assert!(top.join("x.mp4").is_file());
     assert_eq!(std::fs::read(raw.join("x.mp4")).unwrap(), before);
 }
+
+/// An output changed in place at the same size (zeroed) is no longer vouched for by the
+/// manifest: a rerun redoes that clip, and leaves the untouched one alone.
+#[test]
+fn an_output_zeroed_in_place_is_redone() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (input, output) = (tmp.path().join("in"), tmp.path().join("out"));
+    make_clips(&input, &["a.mp4", "b.mp4"], 6);
+    let (st, err, _) = run(&input, &output, &[], &[]);
+    assert!(st.success(), "{err}");
+    let target = output.join("a.mp4");
+    let size = std::fs::metadata(&target).unwrap().len() as usize;
+    {
+        use std::io::Write;
+        let mut f = std::fs::OpenOptions::new().write(true).open(&target).unwrap();
+        f.write_all(&vec![0u8; size]).unwrap();
+    }
+    assert_eq!(std::fs::metadata(&target).unwrap().len() as usize, size);
+    let (st, err, r) = run(&input, &output, &[], &[]);
+    assert!(st.success(), "{err}");
+    assert_eq!(names(&r, "done"), set(&["a.mp4"]), "{err}");
+    assert_eq!(names(&r, "skipped"), set(&["b.mp4"]));
+    complete(&input, &output, &set(&["a.mp4", "b.mp4"]));
+}

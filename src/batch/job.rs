@@ -213,11 +213,13 @@ fn record(
     std::fs::File::open(&output)
         .and_then(|f| f.sync_all())
         .with_context(|| format!("flushing {}", output.display()))?;
+    let out = Stamp::of(&output)?;
     let entry = Entry {
         input_size: stamp.size,
         input_mtime_ns: stamp.mtime_ns,
         settings: ctx.settings_hash.clone(),
-        output_size: std::fs::metadata(&output)?.len(),
+        output_size: out.size,
+        output_mtime_ns: Some(out.mtime_ns),
         finished_unix_ms: manifest::now_unix_ms(),
     };
     let done = ClipDone {

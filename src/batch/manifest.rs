@@ -30,6 +30,11 @@ pub struct Entry {
     /// [`settings_hash`] of the run that made the output.
     pub settings: String,
     pub output_size: u64,
+    /// The output's modification time when it was recorded, nanoseconds since the Unix epoch:
+    /// an output changed in place at the same size (zeroed, overwritten) is no longer vouched
+    /// for. Absent in manifests written before it was recorded (their size alone vouches).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_mtime_ns: Option<i64>,
     /// When the output was moved into place, milliseconds since the Unix epoch.
     pub finished_unix_ms: u64,
 }
@@ -144,17 +149,22 @@ impl Manifest {
 }
 
 /// Whether some manifest vouches for `output` as the finished result of `key`: an entry with
-/// the same input stamp and settings, and the output file there with the recorded size.
+/// the same input stamp and settings, and the output file there with the recorded size and
+/// modification time.
 pub fn vouched(manifests: &[(PathBuf, Manifest)], key: &str, input: Stamp, settings: &str, output: &Path) -> bool {
-    let out_size = match std::fs::metadata(output) {
-        Ok(m) if m.is_file() => m.len(),
+    let out = match std::fs::metadata(output) {
+        Ok(m) if m.is_file() => Stamp {
+            size: m.len(),
+            mtime_ns: m.mtime().saturating_mul(1_000_000_000).saturating_add(m.mtime_nsec()),
+        },
         _ => return false,
     };
     manifests.iter().filter_map(|(_, m)| m.clips.get(key)).any(|e| {
         e.input_size == input.size
             && e.input_mtime_ns == input.mtime_ns
             && e.settings == settings
-            && e.output_size == out_size
+            && e.output_size == out.size
+            && e.output_mtime_ns.is_none_or(|t| t == out.mtime_ns)
     })
 }
 
@@ -209,6 +219,7 @@ mod tests {
             input_mtime_ns: stamp.mtime_ns,
             settings: settings.into(),
             output_size,
+            output_mtime_ns: None,
             finished_unix_ms: 1,
         }
     }
