@@ -259,6 +259,17 @@ fn check_still(path: &Path) -> Result<()> {
 
 /// A video output: OUT's container can hold the video `s` encodes, naming what to do if not.
 fn check_video(s: &EncodeSettings, output: &Path) -> Result<()> {
+    if let Some(q) = s.quality {
+        // Said once per process: a batch over a folder of stills and videos uses it for the
+        // stills.
+        static SAID: std::sync::Once = std::sync::Once::new();
+        SAID.call_once(|| {
+            tracing::warn!(
+                "--quality {q} applies to JPEG and WebP pictures, not to videos such as {}: a video's quality is set by --crf (and --preset)",
+                output.display().to_string().escape_debug()
+            );
+        });
+    }
     let ext = output.extension().and_then(|e| e.to_str()).unwrap_or("");
     let name = codec_for(s, ext);
     let Some(c) = encoder::find_by_name(&name) else {

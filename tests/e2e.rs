@@ -1050,3 +1050,25 @@ fn a_signal_after_the_output_is_in_place_leaves_a_successful_run() {
     );
     assert_eq!(framemd5(&out, "0:v", false), framemd5(&plain, "0:v", false));
 }
+
+/// `--quality` on a video output is not ignored silently: the run says it applies to JPEG and
+/// WebP pictures and that a video's quality is set by --crf, and runs.
+#[test]
+fn quality_on_a_video_is_named_as_having_no_effect() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("o.mkv");
+    let r = gpen(&[
+        &asset("samples/test/group.mkv"),
+        &out,
+        &"--model",
+        &asset("models/standin/identity-256.onnx"),
+        &"--quality",
+        &"50",
+    ]);
+    let err = ok(&r);
+    assert!(
+        err.contains("--quality 50 applies to JPEG and WebP pictures") && err.contains("--crf"),
+        "{err}"
+    );
+    assert!(out.is_file());
+}
