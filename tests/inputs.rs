@@ -61,23 +61,8 @@ fn a_playlist_named_like_a_video_is_refused_and_nothing_it_lists_is_read() {
     std::fs::create_dir_all(&secret_dir).unwrap();
     std::fs::create_dir_all(&up).unwrap();
     let secret = secret_dir.join("secret.ts");
-    tool(
-        "ffmpeg",
-        &[
-            "-v",
-            "error",
-            "-y",
-            "-f",
-            "lavfi",
-            "-i",
-            "testsrc2=s=320x240:r=25:d=1",
-            "-c:v",
-            "libx264",
-            "-f",
-            "mpegts",
-            secret.to_str().unwrap(),
-        ],
-    );
+    // MPEG-TS, as a playlist's segments are (the extension picks it).
+    clip(&secret, "320x240", 25);
     let (port, hits) = listener();
     let entries = [
         "../secret/secret.ts".to_string(),
