@@ -158,6 +158,9 @@ pub struct DecodeReport {
     pub frames: u64,
     /// Packets the decoder rejected as corrupt and skipped.
     pub corrupt_packets: u64,
+    /// Packets the demuxer marked to be decoded but not shown: those before an edit list's
+    /// start (a stream-copied trim), which FFmpeg decodes for their references and drops.
+    pub discarded_packets: u64,
 }
 
 /// Decodes the source's video stream frame by frame.
@@ -275,6 +278,10 @@ impl Decoder {
             if packet.stream() != info.stream_index {
                 continue;
             }
+            // SAFETY: `packet` holds a packet just read; `flags` is a plain field.
+            if unsafe { (*ffmpeg::packet::Ref::as_ptr(&packet)).flags } & ffmpeg::ffi::AV_PKT_FLAG_DISCARD != 0 {
+                report.discarded_packets += 1;
+            }
             match dec.send_packet(&packet) {
                 Ok(()) => {}
                 Err(ffmpeg::Error::InvalidData) => {
@@ -336,10 +343,16 @@ impl Decoder {
             bail!("{path}: no video frame could be decoded; the file is empty, truncated or damaged");
         }
         if let Some(declared) = info.declared_frames {
+            // The header counts every packet; those outside the edit list are never shown.
+            let shown = declared.saturating_sub(report.discarded_packets);
             // A few frames of slack: some muxers count frames the decoder drops by design.
-            if report.frames + 2 < declared {
+            if report.frames + 2 < shown {
+                let edit = match report.discarded_packets {
+                    0 => String::new(),
+                    n => format!(", {n} more before its edit list's start"),
+                };
                 bail!(
-                    "{path}: truncated: decoded {} of the {declared} frames its header declares ({} corrupt packets skipped); no output written",
+                    "{path}: truncated: decoded {} of the {shown} frames its header declares{edit} ({} corrupt packets skipped); no output written",
                     report.frames,
                     report.corrupt_packets
                 );
