@@ -43,3 +43,201 @@ fn a_stream_copied_trim_with_an_edit_list_restores_as_ffmpeg_decodes_it() {
     assert_eq!(pin, pout, "timestamps");
     assert_eq!(packet_md5(&trim, "0:a"), packet_md5(&out, "0:a"), "audio");
 }
+
+/// The alpha channel of a picture file, as FFmpeg decodes it.
+fn alpha_of(f: &Path) -> Vec<u8> {
+    tool(
+        "ffmpeg",
+        &["-v", "error", "-i", s(f), "-vf", "alphaextract", "-f", "rawvideo", "-"],
+    )
+}
+
+/// An RGBA PNG (a third transparent, a third half, a third opaque) keeps its alpha exactly in
+/// PNG, TIFF and WebP outputs; a JPEG output, which cannot hold it, says so and what to use.
+#[test]
+fn a_transparent_picture_keeps_its_alpha_where_the_output_holds_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let rgba = d.join("rgba.png");
+    ffmpeg(&[
+        "-i",
+        s(&asset("samples/astronaut.png")),
+        "-vf",
+        "scale=256:-2,format=rgba,geq=r='r(X,Y)':g='g(X,Y)':b='b(X,Y)':a='if(lt(X,W/3),0,if(lt(X,2*W/3),128,255))'",
+        s(&rgba),
+    ]);
+    let want = alpha_of(&rgba);
+    assert!(want.contains(&0) && want.contains(&128) && want.contains(&255));
+    let model = asset("models/standin/identity-256.onnx");
+    for ext in ["png", "tiff", "webp"] {
+        let out = d.join(format!("o.{ext}"));
+        let err = ok(&gpen(&[&rgba, &out, &"--model", &model]));
+        assert!(!err.contains("alpha"), "{ext}: {err}");
+        assert!(alpha_of(&out) == want, "{ext}: the alpha channel changed");
+    }
+    let err = ok(&gpen(&[&rgba, &d.join("o.jpg"), &"--model", &model]));
+    assert!(
+        err.contains("an alpha channel") && err.contains(".jpg file cannot hold it") && err.contains(".png"),
+        "{err}"
+    );
+}
+
+/// A VP9 video with alpha: the alpha is dropped with a warning that says how to merge it back,
+/// and the output does not claim an alpha channel it lacks (no ALPHA_MODE tag).
+#[test]
+fn a_vp9_alpha_video_says_its_alpha_is_dropped_and_does_not_claim_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (input, out) = (dir.path().join("alpha.webm"), dir.path().join("o.webm"));
+    ffmpeg(&[
+        "-f",
+        "lavfi",
+        "-i",
+        "testsrc2=s=160x120:r=25,format=yuva420p,geq=lum='lum(X,Y)':cb='cb(X,Y)':cr='cr(X,Y)':a='if(lt(X,W/2),0,255)'",
+        "-frames:v",
+        "5",
+        "-c:v",
+        "libvpx-vp9",
+        s(&input),
+    ]);
+    let tags = |f: &Path| {
+        let raw = tool("ffprobe", &["-v", "error", "-show_entries", "stream_tags", s(f)]);
+        String::from_utf8_lossy(&raw).to_ascii_lowercase()
+    };
+    assert!(tags(&input).contains("alpha_mode=1"), "{}", tags(&input));
+    let err = ok(&gpen(&[
+        &input,
+        &out,
+        &"--model",
+        &asset("models/standin/identity-256.onnx"),
+    ]));
+    assert!(err.contains("alpha channel") && err.contains("alphamerge"), "{err}");
+    let raw = tool("ffprobe", &["-v", "error", "-show_entries", "stream_tags", s(&out)]);
+    assert!(
+        !String::from_utf8_lossy(&raw)
+            .to_ascii_lowercase()
+            .contains("alpha_mode"),
+        "the output claims alpha"
+    );
+}
+
+/// Chapters (with titles) are copied; an interlaced source keeps its field order with the
+/// default encoder, and an encoder that would make it progressive says so.
+#[test]
+fn chapters_and_field_order_are_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let (inter, chap, meta) = (d.join("inter.mp4"), d.join("chap.mkv"), d.join("chapters.txt"));
+    ffmpeg(&[
+        "-f",
+        "lavfi",
+        "-i",
+        "testsrc2=s=320x240:r=25",
+        "-frames:v",
+        "50",
+        "-vf",
+        "setfield=tff",
+        "-flags",
+        "+ildct+ilme",
+        "-c:v",
+        "libx264",
+        s(&inter),
+    ]);
+    assert_eq!(probe_video(&inter, "stream=field_order").trim(), "tt");
+    std::fs::write(
+        &meta,
+        ";FFMETADATA1\n[CHAPTER]\nTIMEBASE=1/1000\nSTART=0\nEND=1000\ntitle=Opening\n[CHAPTER]\nTIMEBASE=1/1000\nSTART=1000\nEND=2000\ntitle=Second part\n",
+    )
+    .unwrap();
+    ffmpeg(&[
+        "-i",
+        s(&inter),
+        "-i",
+        s(&meta),
+        "-map_metadata",
+        "1",
+        "-map_chapters",
+        "1",
+        "-c",
+        "copy",
+        s(&chap),
+    ]);
+    let model = asset("models/standin/identity-256.onnx");
+    let chapters = |f: &Path| {
+        let raw = tool("ffprobe", &["-v", "error", "-show_chapters", "-of", "compact", s(f)]);
+        String::from_utf8_lossy(&raw)
+            .lines()
+            .map(|l| {
+                let keep = |k: &str| l.split('|').find(|f| f.starts_with(k)).unwrap_or("").to_string();
+                [keep("start_time="), keep("end_time="), keep("tag:title=")].join("|")
+            })
+            .collect::<Vec<_>>()
+    };
+    for ext in ["mkv", "mp4"] {
+        let out = d.join(format!("o.{ext}"));
+        ok(&gpen(&[&chap, &out, &"--model", &model]));
+        assert_eq!(chapters(&out), chapters(&chap), "{ext}: chapters");
+        assert_eq!(chapters(&out).len(), 2);
+        assert_eq!(
+            probe_video(&out, "stream=field_order").trim(),
+            "tt",
+            "{ext}: field order"
+        );
+    }
+    let err = ok(&gpen(&[&inter, &d.join("o.webm"), &"--model", &model]));
+    assert!(
+        err.contains("interlaced (top field first)") && err.contains("--codec libx264"),
+        "{err}"
+    );
+}
+
+/// An mp3 whose only picture is its cover art is refused with a message saying so and how to
+/// restore the picture; a video that also carries cover art restores its video.
+#[test]
+fn audio_with_cover_art_is_not_a_video() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let (jpg, mp3, withcover) = (d.join("cover.jpg"), d.join("song.mp3"), d.join("withcover.mp4"));
+    ffmpeg(&["-i", s(&asset("samples/astronaut.png")), "-vf", "scale=256:-2", s(&jpg)]);
+    ffmpeg(&[
+        "-f",
+        "lavfi",
+        "-i",
+        "sine=d=1",
+        "-i",
+        s(&jpg),
+        "-map",
+        "0",
+        "-map",
+        "1",
+        "-c:a",
+        "libmp3lame",
+        "-c:v",
+        "copy",
+        "-disposition:v",
+        "attached_pic",
+        "-id3v2_version",
+        "3",
+        s(&mp3),
+    ]);
+    let model = asset("models/standin/identity-256.onnx");
+    fails(&mp3, &d.join("o.mp4"), &[&"--model", &model], "only cover art");
+    let src = asset("samples/test/astronaut.mp4");
+    ffmpeg(&[
+        "-i",
+        s(&src),
+        "-i",
+        s(&jpg),
+        "-map",
+        "0:v",
+        "-map",
+        "1",
+        "-c",
+        "copy",
+        "-disposition:v:1",
+        "attached_pic",
+        s(&withcover),
+    ]);
+    let out = d.join("o2.mp4");
+    ok(&gpen(&[&withcover, &out, &"--model", &model]));
+    assert_eq!(video_pts(&out).len(), video_pts(&src).len());
+}

@@ -83,6 +83,17 @@ impl SourceInfo {
     }
 }
 
+/// Whether pictures of `params` carry an alpha channel (RGBA PNG and TIFF, WebP with alpha,
+/// palette PNG with transparency).
+pub fn has_alpha(params: &ffmpeg::codec::Parameters) -> bool {
+    ffmpeg::codec::context::Context::from_parameters(params.clone())
+        .and_then(|c| c.decoder().video())
+        .ok()
+        .and_then(|d| d.format().descriptor())
+        // SAFETY: the descriptor points into FFmpeg's static table of pixel formats.
+        .is_some_and(|d| unsafe { (*d.as_ptr()).flags } & ffmpeg::ffi::AV_PIX_FMT_FLAG_ALPHA as u64 != 0)
+}
+
 /// Opens `path`, picks the best video stream and checks a decoder exists for it.
 pub fn probe(path: &Path) -> Result<SourceInfo> {
     crate::init_ffmpeg();
@@ -97,10 +108,23 @@ pub fn probe(path: &Path) -> Result<SourceInfo> {
             anyhow!("input {} is not a readable video ({e})", path.display())
         }
     })?;
-    let stream = ictx
-        .streams()
-        .best(media::Type::Video)
-        .ok_or_else(|| anyhow!("input {} has no video stream", path.display()))?;
+    // Cover art (an attached picture, as audio files and some videos carry) is not the video.
+    let cover = |s: &ffmpeg::format::stream::Stream| {
+        s.disposition()
+            .contains(ffmpeg::format::stream::Disposition::ATTACHED_PIC)
+    };
+    let video = |s: &ffmpeg::format::stream::Stream| s.parameters().medium() == media::Type::Video;
+    let stream = match ictx.streams().best(media::Type::Video) {
+        Some(s) if !cover(&s) => s,
+        _ => match ictx.streams().find(|s| video(s) && !cover(s)) {
+            Some(s) => s,
+            None if ictx.streams().any(|s| cover(&s)) => bail!(
+                "input {p} has no video, only cover art (a picture attached to its audio): there is nothing to restore over time. To restore the picture itself, extract it (ffmpeg -i {p} -an -c:v copy cover.jpg) and restore that",
+                p = path.display()
+            ),
+            None => bail!("input {} has no video stream", path.display()),
+        },
+    };
     let params = stream.parameters();
     let dec = ffmpeg::codec::context::Context::from_parameters(params.clone())
         .and_then(|c| c.decoder().video())

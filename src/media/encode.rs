@@ -366,6 +366,31 @@ impl Encoder {
             (*ctx.as_mut_ptr()).color_primaries = described.color_primaries().into();
             (*ctx.as_mut_ptr()).color_trc = described.color_transfer_characteristic().into();
         }
+        // SAFETY: `src.params` holds valid codec parameters; `field_order` is a plain field.
+        let field_order = unsafe { (*src.params.as_ptr()).field_order };
+        use ffmpeg::ffi::AVFieldOrder::{AV_FIELD_PROGRESSIVE, AV_FIELD_UNKNOWN};
+        if !matches!(field_order, AV_FIELD_PROGRESSIVE | AV_FIELD_UNKNOWN) {
+            if name == "libx264" {
+                // Interlaced coding, its field order (x264 reads top-first from it) kept.
+                // SAFETY: plain fields of the unopened context; the flags keep those set above.
+                unsafe {
+                    (*ctx.as_mut_ptr()).flags |= ffmpeg::ffi::AV_CODEC_FLAG_INTERLACED_DCT as i32
+                        | ffmpeg::ffi::AV_CODEC_FLAG_INTERLACED_ME as i32;
+                    (*ctx.as_mut_ptr()).field_order = field_order;
+                }
+            } else {
+                use ffmpeg::ffi::AVFieldOrder::{AV_FIELD_TB, AV_FIELD_TT};
+                let order = if matches!(field_order, AV_FIELD_TT | AV_FIELD_TB) {
+                    "top field first"
+                } else {
+                    "bottom field first"
+                };
+                tracing::warn!(
+                    file = %src.path.display(),
+                    "the video is interlaced ({order}) and {name} writes it as progressive frames; use --codec libx264 to keep its fields and their order"
+                );
+            }
+        }
         let opts = encoder_options(&name, settings);
         let odd = Planar::of(pix).is_some_and(|p| (p.hshift > 0 && w % 2 == 1) || (p.vshift > 0 && h % 2 == 1));
         let enc = ctx.open_as_with(codec, opts).with_context(|| {
@@ -388,7 +413,22 @@ impl Encoder {
                 ost.set_avg_frame_rate(src.avg_frame_rate);
             }
             if let Some(ist) = ictx.stream(src.stream_index) {
-                ost.set_metadata(ist.metadata().to_owned());
+                // A VP9 alpha stream's ALPHA_MODE tag is dropped with the alpha it announced.
+                let alpha_mode = ist.metadata().get("alpha_mode") == Some("1");
+                if alpha_mode || crate::media::decode::has_alpha(&src.params) {
+                    let input = src.path.display();
+                    tracing::warn!(
+                        file = %input,
+                        "the video has transparency (an alpha channel); gpen-video writes opaque video, so it is dropped. To put it back, merge it from the source with an encoder that keeps alpha: ffmpeg -i OUT -c:v libvpx-vp9 -i {input} -filter_complex \"[1:v]alphaextract[a];[0:v][a]alphamerge\" -c:v libvpx-vp9 -pix_fmt yuva420p with-alpha.webm"
+                    );
+                }
+                let mut meta = Dictionary::new();
+                for (k, v) in ist.metadata().iter() {
+                    if !k.eq_ignore_ascii_case("alpha_mode") {
+                        meta.set(k, v);
+                    }
+                }
+                ost.set_metadata(meta);
                 // Stream side data: the display matrix (phone videos' rotation), HDR mastering
                 // and light levels, and the like, which players need to show the picture right.
                 for sd in ist.side_data() {
@@ -404,6 +444,11 @@ impl Encoder {
                 }
             }
             octx.set_metadata(ictx.metadata().to_owned());
+            // Chapters, with their titles (containers without chapters leave them out).
+            for ch in ictx.chapters() {
+                let title = ch.metadata().get("title").unwrap_or_default().to_string();
+                octx.add_chapter(ch.id(), ch.time_base(), ch.start(), ch.end(), &title)?;
+            }
         }
         let side = SideStreams::open(ictx, src, &mut octx, ext, skip, tried)?;
         octx.write_header()

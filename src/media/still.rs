@@ -46,12 +46,67 @@ fn pixel_for(name: &str, formats: &[Pixel]) -> Pixel {
         .unwrap_or_else(|| if name == "mjpeg" { Pixel::YUVJ444P } else { Pixel::RGB24 })
 }
 
+/// The alpha-holding format `name` is fed, if it takes one (PNG, TIFF and WebP do).
+fn alpha_pixel_for(formats: &[Pixel]) -> Option<Pixel> {
+    [Pixel::RGBA, Pixel::BGRA, Pixel::YUVA420P]
+        .into_iter()
+        .find(|p| formats.contains(p))
+}
+
+/// The alpha channel of the first picture of `path` (one byte a pixel, turned upright for
+/// EXIF orientation `o`): read again from the source, since the restoration works in RGB.
+fn read_alpha(path: &Path, o: u8) -> Result<Vec<u8>> {
+    let mut ictx = crate::media::input::open_input(path)?;
+    let stream = ictx
+        .streams()
+        .best(ffmpeg::media::Type::Video)
+        .ok_or_else(|| anyhow!("{}: no picture stream", path.display()))?;
+    let index = stream.index();
+    let mut dec = codec::context::Context::from_parameters(stream.parameters())?
+        .decoder()
+        .video()?;
+    let mut picture = VideoFrame::empty();
+    let mut got = false;
+    let mut packet = Packet::empty();
+    while !got && crate::media::decode::read_packet(&mut ictx, &mut packet).is_ok() {
+        if packet.stream() == index && dec.send_packet(&packet).is_ok() {
+            got = dec.receive_frame(&mut picture).is_ok();
+        }
+    }
+    if !got {
+        dec.send_eof().ok();
+        got = dec.receive_frame(&mut picture).is_ok();
+    }
+    if !got {
+        bail!(
+            "{}: its picture could not be decoded again for its alpha channel",
+            path.display()
+        );
+    }
+    let mut rgba = VideoFrame::empty();
+    convert(&mut None, picture.format(), Pixel::RGBA, &picture, &mut rgba)?;
+    let (w, h) = (picture.width() as usize, picture.height() as usize);
+    let stride = rgba.stride(0);
+    // Three equal channels, so the RGB orientation code turns it.
+    let mut a3 = Vec::with_capacity(w * h * 3);
+    for y in 0..h {
+        for px in rgba.data(0)[y * stride..y * stride + w * 4].chunks_exact(4) {
+            a3.extend_from_slice(&[px[3]; 3]);
+        }
+    }
+    let mut up = Vec::new();
+    crate::media::orient::upright(o, &a3, w, h, &mut up);
+    Ok(up.into_iter().step_by(3).collect())
+}
+
 /// Writes one still image: the first frame it is given, encoded whole.
 pub struct StillWriter {
     path: PathBuf,
     name: &'static str,
     enc: Option<encoder::video::Encoder>,
     pix: Pixel,
+    /// The source's alpha is written too (its orientation with it).
+    alpha: Option<u8>,
     /// JPEG's fixed quantiser (in lambda units), if any.
     qscale_lambda: Option<i32>,
     scaler: Option<SendScaler>,
@@ -75,7 +130,18 @@ impl StillWriter {
             .ok()
             .and_then(|v| v.formats().map(|f| f.collect()))
             .unwrap_or_default();
-        let pix = pixel_for(name, &formats);
+        let mut pix = pixel_for(name, &formats);
+        let mut alpha = None;
+        if crate::media::decode::has_alpha(&src.params) {
+            match alpha_pixel_for(&formats) {
+                Some(p) => (pix, alpha) = (p, Some(src.orientation)),
+                None => tracing::warn!(
+                    file = %src.path.display(),
+                    "the picture has transparency (an alpha channel) and a .{} file cannot hold it: its transparent pixels are written as the colours stored under them. Choose .png, .webp or .tiff to keep it",
+                    ext_of(path)
+                ),
+            }
+        }
         // Stills go through 8-bit RGB: say so for a deeper source (a 16-bit PNG or TIFF).
         let depth = codec::context::Context::from_parameters(src.params.clone())
             .and_then(|c| c.decoder().video())
@@ -121,6 +187,7 @@ impl StillWriter {
             name,
             enc: Some(enc),
             pix,
+            alpha,
             qscale_lambda,
             scaler: None,
             full: Vec::new(),
@@ -161,17 +228,44 @@ impl StillWriter {
             }
             _ => &frame.rgb,
         };
-        let mut staged = VideoFrame::new(Pixel::RGB24, w as u32, h as u32);
+        let alpha = match self.alpha {
+            Some(o) => {
+                let a = read_alpha(&self.source, o)?;
+                if a.len() != w * h {
+                    bail!(
+                        "{}: its alpha channel does not match the picture's size",
+                        self.source.display()
+                    );
+                }
+                Some(a)
+            }
+            None => None,
+        };
+        let staged_pix = if alpha.is_some() { Pixel::RGBA } else { Pixel::RGB24 };
+        let mut staged = VideoFrame::new(staged_pix, w as u32, h as u32);
         let stride = staged.stride(0);
         let data = staged.data_mut(0);
         for (y, row) in rgb.chunks_exact(w * 3).enumerate() {
-            data[y * stride..y * stride + w * 3].copy_from_slice(row);
+            let line = &mut data[y * stride..];
+            match &alpha {
+                None => line[..w * 3].copy_from_slice(row),
+                Some(a) => {
+                    for ((d, s), a) in line[..w * 4]
+                        .chunks_exact_mut(4)
+                        .zip(row.chunks_exact(3))
+                        .zip(&a[y * w..])
+                    {
+                        d[..3].copy_from_slice(s);
+                        d[3] = *a;
+                    }
+                }
+            }
         }
-        let mut picture = if self.pix == Pixel::RGB24 {
+        let mut picture = if self.pix == staged_pix {
             staged
         } else {
             let mut out = VideoFrame::empty();
-            convert(&mut self.scaler, Pixel::RGB24, self.pix, &staged, &mut out)?;
+            convert(&mut self.scaler, staged_pix, self.pix, &staged, &mut out)?;
             out
         };
         if self.pix == Pixel::YUVJ444P {
