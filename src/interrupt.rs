@@ -57,6 +57,13 @@ impl Interrupts {
 
 static INSTALLED: Mutex<Option<Interrupts>> = Mutex::new(None);
 
+/// The exit status for a command a signal stopped (130 for Ctrl-C, 143 for SIGTERM), if the
+/// handlers are installed and a signal came.
+pub fn exit_code_if_stopped() -> Option<u8> {
+    let installed = INSTALLED.lock().unwrap_or_else(|e| e.into_inner());
+    installed.as_ref().filter(|i| i.requested()).map(Interrupts::exit_code)
+}
+
 /// Installs the SIGINT and SIGTERM handlers (once per process; later calls return the same
 /// flags) and returns the flags they set.
 pub fn install() -> Result<Interrupts> {

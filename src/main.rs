@@ -309,6 +309,7 @@ fn main() -> ExitCode {
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "gpen_video=info,warn".into()),
         )
         .with_writer(|| gpen_video::console::LogWriter)
+        .fmt_fields(gpen_video::console::log_fields())
         // Colour codes only for a terminal: a log file or a pipe gets plain text.
         .with_ansi(std::io::stderr().is_terminal())
         .with_target(false)
@@ -323,7 +324,8 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprint_line(&format!("error: {e:#}"));
-            ExitCode::FAILURE
+            // A command a signal stopped exits as the shell reports it (130, 143).
+            gpen_video::interrupt::exit_code_if_stopped().map_or(ExitCode::FAILURE, ExitCode::from)
         }
     }
 }

@@ -241,3 +241,27 @@ fn audio_with_cover_art_is_not_a_video() {
     ok(&gpen(&[&withcover, &out, &"--model", &model]));
     assert_eq!(video_pts(&out).len(), video_pts(&src).len());
 }
+
+/// A file name holding BEL and ESC reaches the terminal escaped, in errors and in the log.
+#[test]
+fn control_characters_in_names_are_escaped() {
+    let dir = tempfile::tempdir().unwrap();
+    let name = dir.path().join("bell\u{7}\u{1b}[31mred.png");
+    ffmpeg(&[
+        "-i",
+        s(&asset("samples/astronaut.png")),
+        "-vf",
+        "scale=256:-2",
+        s(&name),
+    ]);
+    let model = asset("models/standin/identity-256.onnx");
+    for out in [dir.path().join("o.mp4"), dir.path().join("o.png")] {
+        let r = gpen_env(&[&name, &out, &"--model", &model], &[("RUST_LOG", "info")]);
+        let err = String::from_utf8_lossy(&r.stderr);
+        assert!(err.contains("bell\\x07\\x1b[31mred.png"), "{err}");
+        assert!(
+            !r.stderr.iter().any(|b| *b == 7 || *b == 0x1b),
+            "raw control bytes: {err}"
+        );
+    }
+}

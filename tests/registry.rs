@@ -347,6 +347,55 @@ fn a_server_that_stalls_mid_body_is_given_up_after_the_stall_timeout() {
     server.join().unwrap();
 }
 
+/// Ctrl-C while the server is slow mid-body: the command ends at once (exit 130, not after the
+/// stall timeout) and its partial file is gone.
+#[test]
+fn an_interrupted_fetch_removes_its_partial_file() {
+    let body = payload(40_000);
+    let mut resp = b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\nConnection: close\r\n\r\n".to_vec();
+    resp.extend_from_slice(&body);
+    let (base, server) = serve_holding(vec![(resp, Duration::from_secs(8))]);
+    let tmp = tempfile::tempdir().unwrap();
+    let url = format!("{base}/GPEN-BFR-512.onnx");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_gpen-video"))
+        .args(["models", "fetch", "GPEN-BFR-512", "--to"])
+        .arg(tmp.path())
+        .args(["--url", &url])
+        .env(registry::STALL_ENV, "60")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    let partial_with_bytes = || {
+        std::fs::read_dir(tmp.path())
+            .unwrap()
+            .flatten()
+            .any(|e| e.metadata().is_ok_and(|m| m.len() > 0))
+    };
+    while !partial_with_bytes() {
+        assert!(child.try_wait().unwrap().is_none(), "the fetch ended early");
+        assert!(start.elapsed() < Duration::from_secs(20), "no partial file appeared");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let kill = std::process::Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+    let stopped = Instant::now();
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(130), "{err}");
+    assert!(
+        stopped.elapsed() < Duration::from_secs(5),
+        "took {:?}",
+        stopped.elapsed()
+    );
+    assert!(err.contains("interrupted") && err.contains("nothing was kept"), "{err}");
+    assert!(listing(tmp.path()).is_empty(), "left {:?}", listing(tmp.path()));
+    server.join().unwrap();
+}
+
 #[test]
 fn a_host_that_accepts_but_never_answers_is_not_blamed_on_the_network() {
     let (base, server) = serve_holding(vec![(Vec::new(), Duration::from_secs(6))]);

@@ -463,7 +463,7 @@ impl View {
 
     fn log(&self, line: String) {
         if self.visible {
-            let _ = self.mp.println(line);
+            let _ = self.mp.println(crate::console::escape_controls(&line));
         } else {
             crate::console::eprint_line(&line);
         }
@@ -473,7 +473,7 @@ impl View {
         let j = &mut self.jobs[job];
         j.bar.reset();
         j.bar.set_length(frames.unwrap_or(0));
-        j.bar.set_message(clip.to_string());
+        j.bar.set_message(crate::console::escape_controls(clip).into_owned());
         j.clip = Some(clip.to_string());
         j.frames = 0;
     }

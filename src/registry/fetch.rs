@@ -349,7 +349,7 @@ fn progress_bar(progress: bool, expected: Option<u64>, file: &str) -> indicatif:
             .expect("valid template")
             .progress_chars("=> "),
     );
-    b.set_message(file.to_string());
+    b.set_message(crate::console::escape_controls(file).into_owned());
     b
 }
 
@@ -395,14 +395,39 @@ fn download(url: &str, dest: &Path, progress: bool) -> Result<Download> {
     };
     let bar = progress_bar(progress, expected, &file);
     let mut hasher = Sha256::new();
-    let mut buf = vec![0u8; 256 * 1024];
     let mut got: u64 = 0;
     let total = expected.map_or("?".to_string(), |n| n.to_string());
+    // The body is read on its own thread, so a Ctrl-C or SIGTERM is heard while a read waits
+    // on the network: the partial file is removed and the command ends at once.
+    let interrupts = crate::interrupt::install()?;
+    let (tx, rx) = crossbeam_channel::bounded::<std::io::Result<Vec<u8>>>(4);
+    std::thread::spawn(move || {
+        let mut buf = vec![0u8; 256 * 1024];
+        loop {
+            let chunk = match reader.read(&mut buf) {
+                Ok(n) => Ok(buf[..n].to_vec()),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => Err(e),
+            };
+            let last = !matches!(&chunk, Ok(c) if !c.is_empty());
+            if tx.send(chunk).is_err() || last {
+                return;
+            }
+        }
+    });
     loop {
-        let n = match reader.read(&mut buf) {
-            Ok(0) => break,
-            Ok(n) => n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+        if interrupts.requested() {
+            bar.abandon();
+            bail!("download of {url} interrupted after {got} of {total} bytes: nothing was kept");
+        }
+        let chunk = match rx.recv_timeout(Duration::from_millis(100)) {
+            Ok(c) => c,
+            Err(crossbeam_channel::RecvTimeoutError::Timeout) => continue,
+            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => break,
+        };
+        let chunk = match chunk {
+            Ok(c) if c.is_empty() => break,
+            Ok(c) => c,
             Err(e) => {
                 bar.abandon();
                 if is_timeout(&e) {
@@ -415,10 +440,10 @@ fn download(url: &str, dest: &Path, progress: bool) -> Result<Download> {
                 );
             }
         };
-        hasher.update(&buf[..n]);
-        out.write_all(&buf[..n])
+        hasher.update(&chunk);
+        out.write_all(&chunk)
             .with_context(|| format!("cannot write {} (disk full?)", part_path.display()))?;
-        got += n as u64;
+        got += chunk.len() as u64;
         bar.set_position(got);
     }
     bar.finish_and_clear();
