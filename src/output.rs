@@ -13,7 +13,7 @@ use ffmpeg_next::encoder;
 use crate::media::encode::{
     codec_for, container_for, container_known, container_takes, max_crf, EncodeSettings, WEBM_CODECS,
 };
-use crate::media::kind::{is_other_image, is_still};
+use crate::media::kind::{is_other_image, is_still, is_still_input};
 use crate::media::still::encoder_for as still_encoder;
 
 /// Whether two paths name the same existing file (hard links and `./x` vs `x` included).
@@ -323,7 +323,7 @@ fn check_path(input: &Path, output: &Path) -> Result<()> {
             output.display()
         );
     }
-    match (is_still(input), is_still(output)) {
+    match (is_still_input(input), is_still(output)) {
         (false, true) => bail!(
             "input {} is a video and output {} a still image: give a video output such as out.mp4 (to restore one frame, extract it first: ffmpeg -i {} -frames:v 1 frame.png)",
             input.display(),

@@ -265,3 +265,125 @@ fn control_characters_in_names_are_escaped() {
         );
     }
 }
+
+/// CRC-32 (PNG's), for crafted chunks.
+fn crc32(bytes: &[u8]) -> u32 {
+    let mut c = !0u32;
+    for b in bytes {
+        c ^= u32::from(*b);
+        for _ in 0..8 {
+            c = if c & 1 != 0 { 0xedb8_8320 ^ (c >> 1) } else { c >> 1 };
+        }
+    }
+    !c
+}
+
+fn png_chunk(kind: &[u8; 4], data: &[u8]) -> Vec<u8> {
+    let mut v = (data.len() as u32).to_be_bytes().to_vec();
+    v.extend_from_slice(kind);
+    v.extend_from_slice(data);
+    v.extend_from_slice(&crc32(&[&kind[..], data].concat()).to_be_bytes());
+    v
+}
+
+/// Each damaged or unusual picture, and an mp4 cut before its index, gets a message naming
+/// its real cause and what to do, instead of "no picture size", "a video", "flushing the
+/// decoder failed" or "not a readable video"; an AVIF picture restores as a still.
+#[test]
+fn damaged_and_unusual_files_are_named_for_what_they_are() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let model = asset("models/standin/identity-256.onnx");
+    let m: [&dyn AsRef<std::ffi::OsStr>; 2] = [&"--model", &model];
+    let portrait = asset("samples/astronaut.png");
+    let out = d.join("out.png");
+
+    // A JPEG whose frame header was overwritten.
+    let jpg = d.join("a.jpg");
+    ffmpeg(&["-i", s(&portrait), "-vf", "scale=256:-2", s(&jpg)]);
+    let mut bytes = std::fs::read(&jpg).unwrap();
+    let sof = bytes.windows(2).position(|w| w == [0xff, 0xc0]).unwrap();
+    bytes[sof..sof + 12].fill(0);
+    let damaged = d.join("damaged.jpg");
+    std::fs::write(&damaged, &bytes).unwrap();
+    fails(&damaged, &out, &m, "the JPEG is damaged");
+
+    // An animated WebP.
+    let anim = d.join("anim.webp");
+    ffmpeg(&[
+        "-f",
+        "lavfi",
+        "-i",
+        "testsrc2=s=128x96:r=5",
+        "-frames:v",
+        "5",
+        "-c:v",
+        "libwebp_anim",
+        "-loop",
+        "0",
+        s(&anim),
+    ]);
+    fails(&anim, &out, &m, "an animated WebP, which FFmpeg cannot decode");
+
+    // A 30000x20000 PNG (its header; FFmpeg refuses the size before reading any data).
+    let mut huge = b"\x89PNG\r\n\x1a\n".to_vec();
+    huge.extend(png_chunk(
+        b"IHDR",
+        &[&30000u32.to_be_bytes()[..], &20000u32.to_be_bytes(), &[1, 0, 0, 0, 0]].concat(),
+    ));
+    huge.extend(png_chunk(b"IDAT", &[0x78, 0x9c, 0x03, 0x00, 0x00, 0x00, 0x00, 0x01]));
+    huge.extend(png_chunk(b"IEND", b""));
+    let huge_path = d.join("huge.png");
+    std::fs::write(&huge_path, &huge).unwrap();
+    fails(
+        &huge_path,
+        &out,
+        &m,
+        "a 30000x20000 picture (600 megapixels), larger than FFmpeg decodes",
+    );
+
+    // A PNG cut in half.
+    let png = d.join("a.png");
+    ffmpeg(&["-i", s(&portrait), "-vf", "scale=256:-2", s(&png)]);
+    let bytes = std::fs::read(&png).unwrap();
+    let half = d.join("half.png");
+    std::fs::write(&half, &bytes[..bytes.len() / 2]).unwrap();
+    fails(&half, &out, &m, "the PNG is cut short");
+
+    // An mp4 that keeps its index at the end, cut short.
+    let mp4 = d.join("moov-at-end.mp4");
+    ffmpeg(&[
+        "-f",
+        "lavfi",
+        "-i",
+        "testsrc2=s=320x240:r=25",
+        "-frames:v",
+        "50",
+        "-c:v",
+        "libx264",
+        s(&mp4),
+    ]);
+    let bytes = std::fs::read(&mp4).unwrap();
+    let cut = d.join("cut.mp4");
+    std::fs::write(&cut, &bytes[..bytes.len() / 2]).unwrap();
+    fails(&cut, &d.join("out.mp4"), &m, "its index (the moov box");
+
+    // A HEIC picture (its file-type box), and an AVIF one, which restores as a still.
+    let heic = d.join("photo.heic");
+    std::fs::write(&heic, b"\0\0\0\x18ftypheic\0\0\0\0mif1heic\0\0\0\x08meta").unwrap();
+    fails(&heic, &out, &m, "a HEIC/HEIF picture, which this FFmpeg cannot read");
+    let avif = d.join("a.avif");
+    ffmpeg(&[
+        "-i",
+        s(&png),
+        "-c:v",
+        "libaom-av1",
+        "-still-picture",
+        "1",
+        "-cpu-used",
+        "8",
+        s(&avif),
+    ]);
+    ok(&gpen(&[&avif, &out, &"--model", &model]));
+    assert_eq!(probe_video(&out, "stream=codec_name").trim(), "png");
+}

@@ -104,6 +104,8 @@ pub fn probe(path: &Path) -> Result<SourceInfo> {
     let ictx = crate::media::input::open_input(path).map_err(|e| {
         if e.is::<crate::media::input::Refused>() {
             e
+        } else if let Some(why) = crate::media::sniff::explain(path) {
+            anyhow!("input {}: {why}", path.display())
         } else {
             anyhow!("input {} is not a readable video ({e})", path.display())
         }
@@ -130,7 +132,13 @@ pub fn probe(path: &Path) -> Result<SourceInfo> {
         .and_then(|c| c.decoder().video())
         .with_context(|| format!("input {}: no decoder for its video stream", path.display()))?;
     if dec.width() == 0 || dec.height() == 0 {
-        bail!("input {}: video stream has no picture size", path.display());
+        match crate::media::sniff::explain(path) {
+            Some(why) => bail!("input {}: {why}", path.display()),
+            None => bail!(
+                "input {}: FFmpeg could not read its picture size: the file is damaged, or not the kind of file its name says",
+                path.display()
+            ),
+        }
     }
     let tb = stream.time_base();
     let duration_s = if stream.duration() > 0 {
@@ -168,7 +176,7 @@ pub fn probe(path: &Path) -> Result<SourceInfo> {
         codec,
         params,
         rotation,
-        orientation: if crate::media::kind::is_still(path) {
+        orientation: if crate::media::kind::is_still_input(path) {
             crate::media::orient::exif_orientation(path)
         } else {
             1
@@ -264,6 +272,21 @@ impl Decoder {
     /// stream's packets, receive and convert each decoded picture ([`Convert`]), flush, and
     /// check that the file was not cut short ([`Decoder::check_complete`]).
     pub fn run(
+        &self,
+        pools: (&Pool<Vec<u8>>, &Pool<Vec<u8>>),
+        max_frames: Option<u64>,
+        emit: impl FnMut(Frame) -> bool,
+    ) -> Result<DecodeReport> {
+        // FFmpeg's reason for a file cut short ("invalid data") is replaced by what its bytes
+        // show, when they show it.
+        self.run_frames(pools, max_frames, emit)
+            .map_err(|e| match crate::media::sniff::explain(&self.info.path) {
+                Some(why) => anyhow!("{}: {why}; no output written", self.info.path.display()),
+                None => e,
+            })
+    }
+
+    fn run_frames(
         &self,
         pools: (&Pool<Vec<u8>>, &Pool<Vec<u8>>),
         max_frames: Option<u64>,

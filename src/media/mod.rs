@@ -9,4 +9,5 @@ pub mod encode;
 pub mod input;
 pub mod kind;
 pub mod orient;
+pub mod sniff;
 pub mod still;

@@ -1,0 +1,236 @@
+//! What a file's own bytes say when FFmpeg cannot read it: in, a path (its first and last
+//! bytes: PNG chunks, JPEG markers, WebP chunks, ISO-BMFF boxes); out, a sentence naming the
+//! real cause (a picture too large to decode, an animated WebP, a HEIC picture, a JPEG without
+//! its frame header, a file cut short) and what to do, or nothing when the bytes say nothing.
+
+use std::io::{Read, Seek, SeekFrom};
+use std::path::Path;
+
+/// The most pixels FFmpeg decodes in one picture: `av_image_check_size` wants
+/// (w + 128) * (h + 128) below INT_MAX / 8.
+const FFMPEG_MAX_PIXELS: u64 = (i32::MAX as u64) / 8;
+
+/// How many bytes of the file's start are looked at.
+const HEAD: usize = 64 * 1024;
+
+/// The cause of FFmpeg's failure on `path`, in words, with what to do; `None` when its bytes
+/// show nothing wrong (the caller keeps FFmpeg's own reason).
+pub fn explain(path: &Path) -> Option<String> {
+    let mut f = std::fs::File::open(path).ok()?;
+    let size = f.metadata().ok()?.len();
+    let mut head = Vec::with_capacity(HEAD);
+    f.by_ref().take(HEAD as u64).read_to_end(&mut head).ok()?;
+    let mut tail = [0u8; 16];
+    let tail_len = if size >= 16 {
+        f.seek(SeekFrom::End(-16)).ok()?;
+        f.read_exact(&mut tail).ok()?;
+        16
+    } else {
+        0
+    };
+    let tail = &tail[..tail_len];
+    let why = if head.starts_with(b"\x89PNG\r\n\x1a\n") {
+        png(&head, tail, size)
+    } else if head.starts_with(&[0xff, 0xd8]) {
+        jpeg(&head)
+    } else if head.len() >= 12 && &head[..4] == b"RIFF" && &head[8..12] == b"WEBP" {
+        webp(&head)
+    } else if head.len() >= 12 && &head[4..8] == b"ftyp" {
+        iso_bmff(&head, size)
+    } else {
+        None
+    };
+    why.map(|w| w.replace("{in}", &path.display().to_string()))
+}
+
+/// "a W x H picture (N megapixels) ..." when it is larger than FFmpeg decodes.
+fn too_large(w: u64, h: u64) -> Option<String> {
+    ((w + 128) * (h + 128) >= FFMPEG_MAX_PIXELS).then(|| {
+        format!(
+            "a {w}x{h} picture ({} megapixels), larger than FFmpeg decodes (about {} megapixels at most, e.g. 16000x16000): scale it down first (e.g. magick {{in}} -resize 50% smaller.png) and restore that",
+            w * h / 1_000_000,
+            FFMPEG_MAX_PIXELS / 1_000_000
+        )
+    })
+}
+
+fn png(head: &[u8], tail: &[u8], size: u64) -> Option<String> {
+    // The IHDR chunk comes first: length, "IHDR", width, height.
+    if head.len() >= 24 && &head[12..16] == b"IHDR" {
+        let w = u32::from_be_bytes(head[16..20].try_into().ok()?) as u64;
+        let h = u32::from_be_bytes(head[20..24].try_into().ok()?) as u64;
+        if let Some(why) = too_large(w, h) {
+            return Some(why);
+        }
+    }
+    // Every PNG ends with an empty IEND chunk: its type and CRC are the last 8 bytes.
+    if size > 8 && !tail.ends_with(b"IEND\xae\x42\x60\x82") {
+        return Some(
+            "the PNG is cut short (it ends before its closing IEND chunk: an interrupted download or copy); copy it again from its source".into(),
+        );
+    }
+    None
+}
+
+fn jpeg(head: &[u8]) -> Option<String> {
+    // Walk the markers up to the scan: a frame header (SOF0-SOF15 but DHT, JPG, DAC) must come
+    // before it.
+    let mut i = 2;
+    while i + 4 <= head.len() {
+        if head[i] != 0xff {
+            break;
+        }
+        let m = head[i + 1];
+        if m == 0xff {
+            i += 1;
+            continue;
+        }
+        if (0xc0..=0xcf).contains(&m) && !matches!(m, 0xc4 | 0xc8 | 0xcc) {
+            let (h, w) = (
+                u16::from_be_bytes([*head.get(i + 5)?, *head.get(i + 6)?]) as u64,
+                u16::from_be_bytes([*head.get(i + 7)?, *head.get(i + 8)?]) as u64,
+            );
+            if w == 0 || h == 0 {
+                break;
+            }
+            return None;
+        }
+        if m == 0xda || m == 0xd9 {
+            break;
+        }
+        let len = u16::from_be_bytes([head[i + 2], head[i + 3]]) as usize;
+        i += 2 + len;
+    }
+    if i + 4 > head.len() && head.len() == HEAD {
+        // Metadata longer than was read: nothing can be said.
+        return None;
+    }
+    Some(
+        "the JPEG is damaged: it has no readable frame header (the part that gives the picture's size), so nothing can be decoded; export or copy it again from the original".into(),
+    )
+}
+
+fn webp(head: &[u8]) -> Option<String> {
+    // VP8X's flags byte: bit 1 is "animated"; an ANIM chunk says the same.
+    let animated =
+        (head.len() > 20 && &head[12..16] == b"VP8X" && head[20] & 0x02 != 0) || head.windows(4).any(|w| w == b"ANIM");
+    if animated {
+        return Some(
+            "an animated WebP, which FFmpeg cannot decode; convert it to a video first (e.g. magick {in} frame-%04d.png, then ffmpeg -framerate 10 -i frame-%04d.png anim.mp4) and restore that".into(),
+        );
+    }
+    if head.len() > 30 && &head[12..16] == b"VP8X" {
+        let w = 1 + u32::from_le_bytes([head[24], head[25], head[26], 0]) as u64;
+        let h = 1 + u32::from_le_bytes([head[27], head[28], head[29], 0]) as u64;
+        return too_large(w, h);
+    }
+    None
+}
+
+fn iso_bmff(head: &[u8], size: u64) -> Option<String> {
+    let brands = &head[8..head.len().min(u32::from_be_bytes(head[..4].try_into().ok()?) as usize)];
+    let has = |b: &[u8; 4]| brands.chunks_exact(4).any(|c| c == b);
+    if [b"heic", b"heix", b"heim", b"heis", b"hevc", b"hevx"]
+        .iter()
+        .any(|b| has(b))
+        || (has(b"mif1") && !has(b"avif"))
+    {
+        return Some(
+            "a HEIC/HEIF picture, which this FFmpeg cannot read; convert it to PNG or JPEG first (e.g. heif-convert {in} picture.png) and restore that".into(),
+        );
+    }
+    // Top-level boxes: a file whose media data runs past its end and that has no index (moov)
+    // was cut short while its index was still to be written at the end.
+    let mut at = 0u64;
+    let mut moov = false;
+    let mut cut_in_mdat = false;
+    while at + 8 <= head.len() as u64 {
+        let i = at as usize;
+        let mut len = u32::from_be_bytes(head[i..i + 4].try_into().ok()?) as u64;
+        let kind = &head[i + 4..i + 8];
+        if len == 1 {
+            len = u64::from_be_bytes(head.get(i + 8..i + 16)?.try_into().ok()?);
+        } else if len == 0 {
+            len = size - at;
+        }
+        if len < 8 {
+            break;
+        }
+        moov |= kind == b"moov";
+        if at + len > size {
+            cut_in_mdat = kind == b"mdat";
+            break;
+        }
+        if kind == b"mdat" && at + len == size {
+            // The media data runs to the very end: nothing after it, so no index there.
+            cut_in_mdat = !moov;
+        }
+        at += len;
+        if at as usize >= head.len() {
+            // The rest of the boxes lie beyond what was read (moov after a long mdat): walk on
+            // by seeking is not needed for the verdict below.
+            break;
+        }
+    }
+    (cut_in_mdat && !moov).then(|| {
+        "the file is cut short: it ends inside its media data, and its index (the moov box, which this file keeps at the end) was never written, so no frame can be found. Copy it again from its source; a recording that stopped abruptly can sometimes be rebuilt from a good file of the same camera (e.g. with untrunc)".into()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with(bytes: &[u8], f: impl FnOnce(&Path) -> Option<String>) -> Option<String> {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("x");
+        std::fs::write(&p, bytes).unwrap();
+        f(&p)
+    }
+
+    #[test]
+    fn an_oversized_png_header_and_a_missing_end_chunk_are_named() {
+        let mut png = b"\x89PNG\r\n\x1a\n\0\0\0\x0dIHDR".to_vec();
+        png.extend_from_slice(&30000u32.to_be_bytes());
+        png.extend_from_slice(&20000u32.to_be_bytes());
+        png.extend_from_slice(&[8, 2, 0, 0, 0, 0, 0, 0, 0]);
+        let why = with(&png, explain).unwrap();
+        assert!(why.contains("30000x20000") && why.contains("scale it down"), "{why}");
+        let mut small = png.clone();
+        small[16..20].copy_from_slice(&64u32.to_be_bytes());
+        small[20..24].copy_from_slice(&64u32.to_be_bytes());
+        assert!(with(&small, explain).unwrap().contains("cut short"));
+        small.extend_from_slice(b"\0\0\0\0IEND\xae\x42\x60\x82");
+        assert_eq!(with(&small, explain), None);
+    }
+
+    #[test]
+    fn a_jpeg_without_a_frame_header_is_damaged_and_one_with_it_is_not_judged() {
+        let mut ok = vec![
+            0xff, 0xd8, 0xff, 0xe0, 0, 4, 0, 0, 0xff, 0xc0, 0, 11, 8, 0, 16, 0, 16, 1, 1, 0x11, 0,
+        ];
+        ok.extend_from_slice(&[0xff, 0xda, 0, 2]);
+        assert_eq!(with(&ok, explain), None);
+        let mut bad = ok.clone();
+        bad[8..21].fill(0);
+        assert!(with(&bad, explain).unwrap().contains("JPEG is damaged"));
+    }
+
+    #[test]
+    fn heic_brands_and_an_mp4_cut_before_its_index_are_named() {
+        let heic = b"\0\0\0\x18ftypheic\0\0\0\0mif1heic\0\0\0\x08meta";
+        assert!(with(heic, explain).unwrap().contains("HEIC"));
+        let mut mp4 = b"\0\0\0\x18ftypisom\0\0\0\0isomavc1".to_vec();
+        mp4.extend_from_slice(&100_000u32.to_be_bytes());
+        mp4.extend_from_slice(b"mdat");
+        mp4.extend_from_slice(&[0; 500]);
+        assert!(with(&mp4, explain).unwrap().contains("index"));
+        let mut whole = b"\0\0\0\x18ftypisom\0\0\0\0isomavc1".to_vec();
+        whole.extend_from_slice(&16u32.to_be_bytes());
+        whole.extend_from_slice(b"mdat");
+        whole.extend_from_slice(&[0; 8]);
+        whole.extend_from_slice(&8u32.to_be_bytes());
+        whole.extend_from_slice(b"moov");
+        assert_eq!(with(&whole, explain), None);
+    }
+}
