@@ -115,6 +115,56 @@ impl Partial {
 }
 
 /// Whether `path` still names the file open as `file`.
+/// A process's claim on an output it is about to make: `.NAME.claim` beside it, locked while
+/// held and removed when dropped, so concurrent `batch` processes over the same folders each
+/// restore a clip once. Lock files are tied to their process: a crashed holder's claim is
+/// free again at once.
+#[derive(Debug)]
+pub struct Claim {
+    path: PathBuf,
+    /// Holds the lock.
+    _file: std::fs::File,
+}
+
+impl Claim {
+    /// Takes the claim on `output` (whose folder exists); `None` when another process holds it.
+    pub fn take(output: &Path) -> Result<Option<Claim>> {
+        let name = output
+            .file_name()
+            .ok_or_else(|| anyhow!("output {} is not a file path", output.display()))?
+            .to_string_lossy()
+            .into_owned();
+        let path = folder_of(output).join(format!(".{name}.claim"));
+        for _ in 0..8 {
+            let file = std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(&path)
+                .with_context(|| format!("cannot create {} (is the folder writable?)", path.display()))?;
+            match file.try_lock() {
+                // A holder that let go removed the name first: only a locked file still under
+                // its name is a claim.
+                Ok(()) if same_inode(&file, &path) => return Ok(Some(Claim { path, _file: file })),
+                Ok(()) => continue,
+                Err(std::fs::TryLockError::WouldBlock) => return Ok(None),
+                Err(std::fs::TryLockError::Error(e)) => {
+                    bail!("cannot lock {} ({e})", path.display())
+                }
+            }
+        }
+        bail!("cannot take the claim {}: it keeps changing", path.display())
+    }
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        // The name goes first, then the lock (with the file): a process that opens the name
+        // afterwards makes a new claim.
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
 fn same_inode(file: &std::fs::File, path: &Path) -> bool {
     use std::os::unix::fs::MetadataExt;
     match (file.metadata(), std::fs::metadata(path)) {

@@ -779,3 +779,57 @@ fn an_output_zeroed_in_place_is_redone() {
     assert_eq!(names(&r, "skipped"), set(&["b.mp4"]));
     complete(&input, &output, &set(&["a.mp4", "b.mp4"]));
 }
+
+/// Two `batch` processes started together on the same folders, without shards: each clip
+/// (videos and pictures) is restored by one of them only (a claim per clip); the clips the
+/// other took are reported skipped, the shared manifest keeps every clip, and a rerun does
+/// nothing.
+#[test]
+fn two_unsharded_batches_at_once_do_each_clip_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (input, output) = (tmp.path().join("in"), tmp.path().join("out"));
+    let list: Vec<String> = (0..8).map(|i| format!("c{i}.mp4")).collect();
+    let list: Vec<&str> = list.iter().map(String::as_str).collect();
+    make_clips(&input, &list, 10);
+    for i in 0..3 {
+        portrait(&input.join(format!("p{i}.png")), "scale=256:-2");
+    }
+    let mut all = set(&list);
+    all.extend((0..3).map(|i| format!("p{i}.png")));
+
+    let spawn = |k: usize| {
+        let report = tmp.path().join(format!("r{k}.json"));
+        let child = batch_cmd(&input, &output, &["--report", report.to_str().unwrap()], &[])
+            .spawn()
+            .unwrap();
+        (child, report)
+    };
+    let runs = [spawn(0), spawn(1)];
+    let mut done = Vec::new();
+    for (k, (child, report)) in runs.into_iter().enumerate() {
+        let out = finish(child, Duration::from_secs(180));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "process {k}: {err}");
+        let r: Value = serde_json::from_str(&std::fs::read_to_string(report).unwrap()).unwrap();
+        let (d, s) = (names(&r, "done"), names(&r, "skipped"));
+        assert!(d.is_disjoint(&s), "process {k}");
+        assert_eq!(&d | &s, all, "process {k} accounts for every clip");
+        done.push(d);
+    }
+    assert!(done[0].is_disjoint(&done[1]), "a clip restored twice: {done:?}");
+    assert_eq!(&done[0] | &done[1], all, "every clip restored once");
+    assert_eq!(
+        manifest_keys(&output.join(MANIFEST)),
+        all,
+        "the manifest keeps both processes' clips"
+    );
+    assert_eq!(outputs(&output), all);
+    no_partials(&output);
+    let claims: Vec<_> = files(&output).into_iter().filter(|f| f.ends_with(".claim")).collect();
+    assert!(claims.is_empty(), "claims left: {claims:?}");
+    complete(&input, &output, &set(&list));
+
+    let (st, err, r) = run(&input, &output, &[], &[]);
+    assert!(st.success(), "{err}");
+    assert!(names(&r, "done").is_empty(), "{err}");
+}

@@ -12,11 +12,12 @@ use anyhow::{Context, Result};
 use crossbeam_channel::{Receiver, Sender};
 
 use crate::batch::clips::Clip;
-use crate::batch::manifest::{self, Entry, Stamp};
+use crate::batch::manifest::{self, Entry, Manifest, Stamp};
 use crate::batch::report::{ClipDone, ImageStream};
 use crate::config::Settings;
 use crate::engine::{is_cancelled, CancelToken, Engine, Job};
 use crate::interrupt::Interrupts;
+use crate::output::Claim;
 
 /// What a job tells the coordinator.
 pub(crate) enum Event {
@@ -33,6 +34,14 @@ pub(crate) enum Event {
         job: usize,
         done: ClipDone,
         entry: Entry,
+        /// Held until the coordinator has recorded the clip in the manifest.
+        claim: Option<Claim>,
+    },
+    /// Another batch process is restoring the clip, or finished it after this one's scan.
+    Skipped {
+        job: usize,
+        clip: String,
+        reason: String,
     },
     Failed {
         job: usize,
@@ -64,6 +73,52 @@ pub(crate) struct JobContext {
     pub(crate) ints: Interrupts,
     /// [`manifest::settings_hash`] of the batch's settings.
     pub(crate) settings_hash: String,
+    /// `--force`: redo clips finished before this run started.
+    pub(crate) force: bool,
+    /// When this run started, milliseconds since the Unix epoch.
+    pub(crate) started_unix_ms: u64,
+}
+
+/// Takes `clip`'s claim, or says why it is skipped: another batch process over the same
+/// folders is restoring it, or has finished it since this one scanned them.
+fn claim(ctx: &JobContext, clip: &Clip) -> Result<std::result::Result<Claim, String>> {
+    let (input, output) = (ctx.in_dir.join(&clip.rel), ctx.out_dir.join(&clip.rel));
+    if let Some(dir) = output.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create folder {}", dir.display()))?;
+    }
+    let Some(claim) = Claim::take(&output)? else {
+        return Ok(Err("being restored by another batch process".into()));
+    };
+    // Only an output that exists can have been finished meanwhile.
+    if output.exists() {
+        let all = Manifest::load_all(&ctx.out_dir)?;
+        let stamp = Stamp::of(&input)?;
+        if manifest::vouched(&all, &clip.key, stamp, &ctx.settings_hash, &output)
+            && (!ctx.force || manifest::finished_after(&all, &clip.key, ctx.started_unix_ms))
+        {
+            return Ok(Err("finished by another batch process".into()));
+        }
+    }
+    Ok(Ok(claim))
+}
+
+/// The claim on `clip`, or `None` when the clip is skipped or failed (the event is sent).
+fn claim_or_say(job: usize, ctx: &JobContext, clip: &Clip, events: &Sender<Event>) -> Option<Claim> {
+    let event = match claim(ctx, clip) {
+        Ok(Ok(c)) => return Some(c),
+        Ok(Err(reason)) => Event::Skipped {
+            job,
+            clip: clip.key.clone(),
+            reason,
+        },
+        Err(e) => Event::Failed {
+            job,
+            clip: clip.key.clone(),
+            reason: format!("{e:#}"),
+        },
+    };
+    let _ = events.send(event);
+    None
 }
 
 /// One job: takes clips until none is left or a stop is asked for.
@@ -76,8 +131,16 @@ pub(crate) fn job_loop(job: usize, ctx: &JobContext, settings: Settings, queues:
             break;
         }
         let Ok(clip) = clips.try_recv() else { break };
+        let Some(claim) = claim_or_say(job, ctx, &clip, events) else {
+            continue;
+        };
         let event = match run_clip(job, ctx, &settings, &clip, &mut cached, events) {
-            Ok((done, entry)) => Event::Done { job, done, entry },
+            Ok((done, entry)) => Event::Done {
+                job,
+                done,
+                entry,
+                claim: Some(claim),
+            },
             Err(e) if is_cancelled(&e) => Event::Cancelled { job, clip: clip.key },
             Err(e) => Event::Failed {
                 job,
@@ -102,16 +165,22 @@ fn stream_images(
     events: &Sender<Event>,
 ) {
     // The clips of the stream running, by their number in it.
-    let taken: Mutex<Vec<(Clip, Stamp)>> = Mutex::new(Vec::new());
+    let taken: Mutex<Vec<(Clip, Stamp, Option<Claim>)>> = Mutex::new(Vec::new());
     let mut take = || -> Option<Job> {
         loop {
             if ctx.ints.requested() {
                 return None;
             }
             let clip = images.try_recv().ok()?;
+            let Some(claim) = claim_or_say(job, ctx, &clip, events) else {
+                continue;
+            };
             match prepare(job, ctx, settings, &clip, events) {
                 Ok((spec, stamp)) => {
-                    taken.lock().expect("no panic holds it").push((clip, stamp));
+                    taken
+                        .lock()
+                        .expect("no panic holds it")
+                        .push((clip, stamp, Some(claim)));
                     return Some(spec);
                 }
                 Err(e) => {
@@ -126,11 +195,20 @@ fn stream_images(
         }
     };
     let done = |k: usize, outcome: Result<crate::pipeline::ImageDone>| {
-        let (clip, stamp) = taken.lock().expect("no panic holds it")[k].clone();
+        let (clip, stamp, claim) = {
+            let mut t = taken.lock().expect("no panic holds it");
+            let e = &mut t[k];
+            (e.0.clone(), e.1, e.2.take())
+        };
         let event = match outcome.and_then(|d| record(ctx, &clip, stamp, 1, d.faces, d.seconds)) {
             Ok((done, entry)) => {
                 let _ = events.send(Event::Progress { job, frames: 1 });
-                Event::Done { job, done, entry }
+                Event::Done {
+                    job,
+                    done,
+                    entry,
+                    claim,
+                }
             }
             Err(e) if is_cancelled(&e) => Event::Cancelled { job, clip: clip.key },
             Err(e) => Event::Failed {

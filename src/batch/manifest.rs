@@ -4,7 +4,9 @@
 //!
 //! Each process writes only its own file (`.gpen-video-manifest.json`, or
 //! `.gpen-video-manifest.shard-K-of-N.json` for a shard) and reads them all, so concurrent
-//! shards never write the same file and a change of the shard count redoes nothing.
+//! shards never write the same file and a change of the shard count redoes nothing. Unsharded
+//! processes running at once share theirs: each save merges what is on disk first, under a
+//! lock ([`Manifest::save_shared`]).
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -122,6 +124,34 @@ impl Manifest {
         Ok(found)
     }
 
+    /// [`Manifest::save`] for a file other processes may write too (concurrent batches over
+    /// the same folders without shards): under a lock beside it, the entries on disk that this
+    /// one lacks, or holds older, are taken in first, so no process drops another's clips.
+    pub fn save_shared(&mut self, path: &Path) -> Result<()> {
+        let mut lock_name = path.file_name().unwrap_or_default().to_os_string();
+        lock_name.push(".lock");
+        let lock_path = path.with_file_name(lock_name);
+        let lock = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&lock_path)
+            .with_context(|| format!("cannot write manifest {}", path.display()))?;
+        lock.lock()
+            .with_context(|| format!("cannot lock {}", lock_path.display()))?;
+        if let Ok(Some(disk)) = Manifest::load(path) {
+            for (key, theirs) in disk.clips {
+                match self.clips.get(&key) {
+                    Some(mine) if mine.finished_unix_ms >= theirs.finished_unix_ms => {}
+                    _ => {
+                        self.clips.insert(key, theirs);
+                    }
+                }
+            }
+        }
+        self.save(path)
+    }
+
     /// Writes the manifest to `path` atomically: a temporary file beside it, flushed to disk,
     /// renamed over the old one, and the folder flushed, so a crash leaves the old or the new.
     pub fn save(&self, path: &Path) -> Result<()> {
@@ -146,6 +176,13 @@ impl Manifest {
             .and_then(|d| d.sync_all())
             .map_err(|e| anyhow!("cannot write manifest {}: {e}", path.display()))
     }
+}
+
+/// Whether some manifest records `key` as finished after `unix_ms`.
+pub fn finished_after(manifests: &[(PathBuf, Manifest)], key: &str, unix_ms: u64) -> bool {
+    manifests
+        .iter()
+        .any(|(_, m)| m.clips.get(key).is_some_and(|e| e.finished_unix_ms > unix_ms))
 }
 
 /// Whether some manifest vouches for `output` as the finished result of `key`: an entry with

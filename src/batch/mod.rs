@@ -11,7 +11,10 @@
 //! complete (the pipeline renames its partial file), and the manifest is replaced atomically
 //! after each clip, so a crash at any moment leaves every output either complete and vouched
 //! for, or redone by the next run. Ctrl-C once: the clips in flight finish and no new one
-//! starts; twice: they are cancelled. See `clips` for which files are clips and how shards
+//! starts; twice: they are cancelled. Before a clip starts, its job takes the clip's claim (a
+//! locked file beside the output, `output::Claim`) and looks again whether another process
+//! finished it meanwhile, so batches started together on the same folders without shards share
+//! the clips instead of each doing all. See `clips` for which files are clips and how shards
 //! split them, `manifest` for what "finished" means.
 
 pub mod clips;
@@ -109,6 +112,8 @@ pub fn run(o: &BatchOptions, ints: &Interrupts) -> Result<Report> {
         out_dir: o.out_dir.clone(),
         ints: ints.clone(),
         settings_hash: settings_hash.clone(),
+        force: o.force,
+        started_unix_ms: manifest::now_unix_ms(),
     };
     for (i, settings) in per_job.into_iter().enumerate() {
         let name = match settings.targets.first() {
@@ -352,10 +357,18 @@ fn coordinate(
                 in_flight.insert((job, clip));
             }
             Ok(Event::Progress { job, frames }) => view.progress(job, frames),
-            Ok(Event::Done { job, done, entry }) => {
+            Ok(Event::Done {
+                job,
+                done,
+                entry,
+                claim,
+            }) => {
                 in_flight.remove(&(job, done.clip.clone()));
                 own.clips.insert(done.clip.clone(), entry);
-                match own.save(own_path) {
+                let saved = own.save_shared(own_path);
+                // Let go of the clip only once the manifest vouches for it.
+                drop(claim);
+                match saved {
                     Ok(()) => {
                         view.log(format!(
                             "done     {} ({} frames, {} faces, {:.1} s)",
@@ -377,6 +390,13 @@ fn coordinate(
                 view.log(format!("failed   {clip}: {reason}"));
                 view.finished(job, false);
                 report.failed.push(ClipNote::new(&clip, reason));
+                finished += 1;
+            }
+            Ok(Event::Skipped { job, clip, reason }) => {
+                in_flight.remove(&(job, clip.clone()));
+                view.log(format!("skipped  {clip}: {reason}"));
+                view.finished(job, false);
+                report.skipped.push(ClipNote::new(&clip, reason));
                 finished += 1;
             }
             Ok(Event::Cancelled { job, clip }) => {
