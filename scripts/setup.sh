@@ -64,6 +64,17 @@ with zipfile.ZipFile(sys.argv[1]) as z, open("samples/astronaut.png", "wb") as f
 PY
 fi
 
+# --- the face mesh: MediaPipe's face_landmark.tflite (Apache-2.0) from the mediapipe wheel,
+# converted op by op to ONNX by models/mesh_export.py (numpy + onnx + the tflite reader) ---------
+if [ ! -f models/face-mesh.onnx ]; then
+  log "converting MediaPipe's face landmark model to models/face-mesh.onnx"
+  ls "$wheels"/mediapipe-0.10.21-*.whl >/dev/null 2>&1 ||
+    "$py" -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: "mediapipe==0.10.21" -d "$wheels"
+  "$py" -c "import tflite" 2>/dev/null ||
+    "$py" -m pip install -q --disable-pip-version-check --no-deps "tflite==2.18.0"
+  "$py" models/mesh_export.py "$(ls "$wheels"/mediapipe-0.10.21-*.whl | head -1)" models/face-mesh.onnx
+fi
+
 # --- stand-in enhancers, the random-weight GPEN-256 export, and sample clips -------------------
 "$py" models/make_standins.py models/standin
 if [ ! -f models/gpen-bfr-256-random.onnx ]; then

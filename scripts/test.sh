@@ -15,6 +15,9 @@ scripts/container-pins.sh
 cargo fmt --all -- --check
 cargo clippy --release --locked --all-targets -- -D warnings
 cargo test --release --locked
+# TFLite's own interpreter, the reference the face-mesh conversion is tested against.
+.deps/venv/bin/python -c "import ai_edge_litert" 2>/dev/null ||
+  .deps/venv/bin/python -m pip install -q --disable-pip-version-check "ai-edge-litert==2.3.0"
 .deps/venv/bin/python -m unittest discover -s models -p 'test_*.py'
 if [ "${GPEN_VIDEO_SLURM_TEST:-0}" = 1 ]; then
   scripts/slurm-test.sh

@@ -36,8 +36,11 @@ pub struct Treatment {
     pub blend: f32,
     /// Landmark smoothing over time: sigma in frames, 0 for off.
     pub smooth: f32,
-    /// The paste mask: the face's shape or the whole crop.
+    /// The paste mask: the face's mesh outline, the ellipse or the whole crop.
     pub mask: MaskKind,
+    /// The face mesh's presence probability below which a detection is dropped as not a face
+    /// (0 keeps every detection).
+    pub face_check: f32,
     /// A before/after view instead of the restored picture alone.
     pub compare: Option<Compare>,
     pub encode: EncodeSettings,
@@ -54,6 +57,7 @@ impl Default for Treatment {
             blend: defaults::BLEND,
             smooth: defaults::SMOOTH,
             mask: MaskKind::default(),
+            face_check: crate::faces::mesh::PRESENCE,
             compare: None,
             encode: EncodeSettings::default(),
             max_frames: None,
@@ -96,6 +100,8 @@ impl Serialize for Asset {
 pub struct Recipe {
     pub model: Asset,
     pub detector: Asset,
+    /// The face mesh, when there is one (MediaPipe's face landmark model).
+    pub mesh: Option<Asset>,
     #[serde(flatten)]
     pub treatment: Treatment,
 }
@@ -164,6 +170,8 @@ pub struct Options {
     /// Enhancer model; `None` picks the default the set-up provides.
     pub model: Option<PathBuf>,
     pub detector: Option<PathBuf>,
+    /// The face mesh: `None` picks the set-up's if present; `Some("none")` runs without one.
+    pub mesh: Option<PathBuf>,
     pub device: Device,
     /// What changes the output (every default in [`Treatment::default`]).
     pub treatment: Treatment,
@@ -186,6 +194,7 @@ impl Options {
             output: output.into(),
             model: None,
             detector: None,
+            mesh: None,
             device: Device::Cpu(1),
             treatment: Treatment::default(),
             threads: None,
@@ -232,6 +241,17 @@ pub fn find_asset(rel: &str) -> Option<PathBuf> {
         .take(4)
         .map(|d| d.join(rel))
         .find(|p| p.exists())
+}
+
+/// Says once per process that there is no face mesh and what that means.
+fn say_no_mesh_once() {
+    static SAID: std::sync::Once = std::sync::Once::new();
+    SAID.call_once(|| {
+        tracing::warn!(
+            "no face mesh ({} is missing): faces are aligned by the detector's five points and pasted through the ellipse mask, and no detection is checked; run scripts/setup.sh to make it",
+            defaults::MESH
+        );
+    });
 }
 
 /// GPUs the NVIDIA driver exposes, for `cuda:all`.
@@ -297,6 +317,29 @@ impl Settings {
                 )
             })?,
         };
+        if !(0.0..=1.0).contains(&t.face_check) {
+            bail!(
+                "--face-check must be between 0 (keep every detection) and 1, got {}",
+                t.face_check
+            );
+        }
+        let mesh = match &o.mesh {
+            Some(p) if p.as_os_str() == "none" => None,
+            Some(p) if p.is_file() => Some(p.clone()),
+            Some(p) => bail!(
+                "face mesh {} not found: run scripts/setup.sh (it makes models/face-mesh.onnx), or pass --mesh none",
+                p.display()
+            ),
+            None => find_asset(defaults::MESH),
+        };
+        let mut t = t.clone();
+        if mesh.is_none() && t.mask == MaskKind::Mesh {
+            if o.mesh.is_none() {
+                say_no_mesh_once();
+            }
+            // The ellipse is what a mesh mask gives a face without a mesh.
+            t.mask = MaskKind::Face;
+        }
         let trt_cache = o.trt.then(|| model.with_extension("trt-cache"));
         if let Some(dir) = &trt_cache {
             std::fs::create_dir_all(dir)
@@ -306,7 +349,8 @@ impl Settings {
             recipe: Recipe {
                 model: Asset(model),
                 detector: Asset(detector),
-                treatment: t.clone(),
+                mesh: mesh.map(Asset),
+                treatment: t,
             },
             faults: Vec::new(),
             targets: Vec::new(),
@@ -395,6 +439,7 @@ impl Settings {
             blend: t.blend,
             smooth: t.smooth,
             mask: t.mask,
+            face_check: t.face_check,
             compare: t.compare,
             encode: t.encode.clone(),
             hwaccel_cuda: self.hwaccel_cuda,
@@ -413,6 +458,7 @@ impl Settings {
         EngineKey {
             model: self.recipe.model.0.clone(),
             detector: self.recipe.detector.0.clone(),
+            mesh: self.recipe.mesh.as_ref().map(|m| m.0.clone()),
             targets: self.targets.clone(),
             det_size: {
                 let (w, h) = job.source.upright_size();

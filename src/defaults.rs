@@ -33,6 +33,8 @@ pub const QUALITY: u32 = 92;
 pub const MODELS: [&str; 2] = ["models/GPEN-BFR-512.onnx", "models/standin/identity-512.onnx"];
 /// The CenterFace detector the set-up installs.
 pub const DETECTOR: &str = "models/centerface.onnx";
+/// The face mesh the set-up makes (MediaPipe's face landmark model as ONNX).
+pub const MESH: &str = "models/face-mesh.onnx";
 
 /// Most threads of a pool stage (alignment, paste): one per core up to this many. Past it the
 /// stages around the model are no longer what limits a run, and each thread holds a frame.

@@ -20,6 +20,8 @@ use crate::runtime::{SessionOptions, Target};
 pub struct EngineKey {
     pub model: PathBuf,
     pub detector: PathBuf,
+    /// The face mesh, if any.
+    pub mesh: Option<PathBuf>,
     pub targets: Vec<Target>,
     /// Size of the detection copy (the detector's input).
     pub det_size: (usize, usize),
@@ -51,6 +53,8 @@ pub struct EngineSpec {
 pub struct Engine {
     pub key: EngineKey,
     pub detector: Detector,
+    /// Face-mesh sessions, one per thread of the mesh stage (none without a mesh).
+    pub meshers: Vec<crate::faces::mesh::Mesher>,
     /// One enhancement worker per device (or per CPU session).
     pub workers: Vec<Worker>,
     pub info: ModelInfo,
@@ -108,6 +112,8 @@ pub struct Job {
     /// Landmark smoothing sigma in frames (0: off).
     pub smooth: f32,
     pub mask: crate::faces::paste::MaskKind,
+    /// The face mesh's presence threshold (see [`crate::config::Treatment::face_check`]).
+    pub face_check: f32,
     /// A before/after view instead of the restored picture alone.
     pub compare: Option<crate::media::compare::Compare>,
     pub encode: EncodeSettings,
@@ -180,13 +186,37 @@ impl Engine {
             .with_context(|| format!("detector {}", key.detector.display()))?
             .with_tracking(d.every)
             .with_max_faces(d.max_faces);
+        let pool_threads = s.cores.clamp(1, crate::defaults::POOL_THREADS_MAX);
+        // The mesh runs where the detector does: one session per stage thread on the CPU, one
+        // on a GPU.
+        let mut meshers = Vec::new();
+        if let Some(path) = &key.mesh {
+            let n = if matches!(det_opts.target, Target::Cuda(_)) {
+                1
+            } else {
+                pool_threads
+            };
+            let opts = SessionOptions {
+                threads: 1,
+                varied_shapes: true,
+                ..det_opts.clone()
+            };
+            for _ in 0..n {
+                let session = crate::runtime::session(path, &opts, "face mesh")?;
+                meshers.push(
+                    crate::faces::mesh::Mesher::new(session)
+                        .with_context(|| format!("face mesh {}", path.display()))?,
+                );
+            }
+        }
         Ok(Engine {
             key,
             detector,
+            meshers,
             workers,
             info,
             batch,
-            pool_threads: s.cores.clamp(1, crate::defaults::POOL_THREADS_MAX),
+            pool_threads,
         })
     }
 

@@ -109,13 +109,17 @@ pub struct Change {
 }
 
 /// A detected face in frame coordinates (written as is into `--faces-json`).
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct Face {
     /// x1, y1, x2, y2 in frame pixels.
     pub bbox: [f32; 4],
     pub score: f32,
     /// Left eye, right eye, nose, left mouth corner, right mouth corner (x, y).
     pub landmarks: [[f32; 2]; 5],
+    /// The face's outline from the face mesh (forehead to chin and back, frame pixels), when
+    /// the mesh ran.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub outline: Option<Vec<[f32; 2]>>,
 }
 
 /// One face on its way through the stages: found by detection, aligned (its transform, frame
@@ -131,6 +135,9 @@ pub struct FaceJob {
     /// What the model changed in the crop, once enhanced: packed RGB levels of `size * size`
     /// in f32 (see [`crate::faces::align::tensor_change`]).
     pub restored: Option<Vec<f32>>,
+    /// The mesh outline in the model's crop (placed by the mesh's own five points, so the
+    /// smoothing of the points does not move it), for the mesh paste mask.
+    pub outline_crop: Option<Vec<[f32; 2]>>,
 }
 
 impl FaceJob {
@@ -142,6 +149,7 @@ impl FaceJob {
             region: None,
             crop: Vec::new(),
             restored: None,
+            outline_crop: None,
         }
     }
 }

@@ -188,6 +188,15 @@ struct RunArgs {
     /// Face detector: a CenterFace ONNX file with dynamic input size (default: models/centerface.onnx).
     #[arg(long, value_name = "PATH", help_heading = "Detection")]
     detector: Option<PathBuf>,
+    /// Face mesh: MediaPipe's face landmark model as ONNX (default: models/face-mesh.onnx, which
+    /// the set-up makes), or `none`. With it, detections it does not take for faces are dropped,
+    /// faces are aligned by points from the mesh and pasted through their own outline.
+    #[arg(long, value_name = "PATH|none", help_heading = "Detection")]
+    mesh: Option<PathBuf>,
+    /// Drop a detection when the face mesh's face-presence probability is below this (0 keeps
+    /// every detection).
+    #[arg(long, value_name = "0..1", default_value_t = gpen_video::faces::mesh::PRESENCE, help_heading = "Detection")]
+    face_check: f32,
     /// Long side, in pixels, of the downscaled copy the detector sees.
     #[arg(long, default_value_t = defaults::DET_SIZE, value_name = "PX", help_heading = "Detection")]
     det_size: usize,
@@ -214,7 +223,9 @@ struct RunArgs {
     /// in frames (the output runs 2 sigma frames behind the detector). 0 turns it off.
     #[arg(long, default_value_t = defaults::SMOOTH, value_name = "FRAMES", help_heading = "Output")]
     smooth: f32,
-    /// Paste mask: `face` (the face, forehead and hairline, feathered) or `box` (the whole crop).
+    /// Paste mask: `mesh` (each face's own outline from the face mesh, forehead to chin; the
+    /// ellipse without a mesh), `face` (an ellipse over face, forehead and hairline placed by
+    /// the template) or `box` (the whole crop). All feathered.
     #[arg(long, default_value_t = gpen_video::faces::paste::MaskKind::default(), value_enum, help_heading = "Output")]
     mask: gpen_video::faces::paste::MaskKind,
     /// Write a before/after view instead of the restored picture alone: `side` (original left,
@@ -271,6 +282,7 @@ impl RunArgs {
         let mut o = Options::new(input, output);
         o.model = self.model.as_deref().map(registry::resolve_model).transpose()?;
         o.detector = self.detector;
+        o.mesh = self.mesh;
         o.device = self.device;
         o.threads = self.threads;
         o.trt = self.trt;
@@ -288,6 +300,7 @@ impl RunArgs {
             blend: self.blend,
             smooth: self.smooth,
             mask: self.mask,
+            face_check: self.face_check,
             compare: self.compare,
             // crf and preset reach the encoders that have them (media/encode.rs).
             encode: EncodeSettings {
@@ -521,6 +534,8 @@ mod tests {
         ("blend", Some("0.5")),
         ("smooth", Some("2")),
         ("mask", Some("box")),
+        ("mesh", Some("none")),
+        ("face_check", Some("0.7")),
         ("compare", Some("side")),
         ("codec", Some("mpeg4")),
         ("crf", Some("20")),

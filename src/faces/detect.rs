@@ -84,7 +84,12 @@ pub fn decode_maps(
             if !bbox.iter().chain(landmarks.iter().flatten()).all(|v| v.is_finite()) {
                 continue;
             }
-            faces.push(Face { bbox, score, landmarks });
+            faces.push(Face {
+                bbox,
+                score,
+                landmarks,
+                outline: None,
+            });
         }
     }
     faces
@@ -209,6 +214,8 @@ pub struct DetectCounts {
     pub windows: u64,
     /// Frames with more faces than `--max-faces` (the rest were left out).
     pub capped: u64,
+    /// Detections the face mesh did not take for faces (dropped).
+    pub not_faces: u64,
 }
 
 impl Detector {
@@ -332,6 +339,7 @@ impl Detector {
             full: self.track.full_runs,
             windows: self.track.window_runs,
             capped: self.capped,
+            not_faces: 0,
         }
     }
 
@@ -644,7 +652,7 @@ mod tests {
         Face {
             bbox: b,
             score,
-            landmarks: [[0.0; 2]; 5],
+            ..Default::default()
         }
     }
 

@@ -19,9 +19,12 @@ use crate::geom::{Affine, Rect};
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, clap::ValueEnum, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum MaskKind {
+    /// The face's own outline from the face mesh, forehead to chin, following its pose, with
+    /// a feather that lies mostly inside it (the ellipse where a face has no mesh).
+    #[default]
+    Mesh,
     /// The face, forehead and hairline (an ellipse placed by the alignment template), feathered:
     /// what the model regenerates in the crop's corners (background, a neighbour) stays out.
-    #[default]
     Face,
     /// The whole crop, feathered at its border.
     Box,
@@ -30,6 +33,7 @@ pub enum MaskKind {
 impl std::fmt::Display for MaskKind {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
+            MaskKind::Mesh => "mesh",
             MaskKind::Face => "face",
             MaskKind::Box => "box",
         })
@@ -47,11 +51,19 @@ const FACE_CHIN: f64 = 0.62;
 const FACE_HALF_WIDTH: f64 = 1.2;
 /// Share of the ellipse's radius over which the face mask ramps from one to zero.
 const FACE_FEATHER: f64 = 0.3;
+/// The mesh mask's feather, as a share of the outline's size (the square root of its area):
+/// it ramps from zero `MESH_FEATHER_OUT` of the feather outside the outline to one inside.
+const MESH_FEATHER: f64 = 0.12;
+const MESH_FEATHER_OUT: f64 = 0.15;
+/// Crop pixels per table cell of a mesh mask (made per face, so made small).
+const MESH_STEP: usize = 4;
 
 /// A soft mask over the crop, tabulated per crop pixel (`size x size`), read bilinearly.
 #[derive(Clone, Debug)]
 pub struct Mask {
     size: usize,
+    /// Crop pixels per table cell (the table is `size / step` square).
+    step: usize,
     table: Vec<f32>,
     /// An ellipse (crop pixels) outside which the mask is zero, where it has one: the paste
     /// visits only the pixels of each row that fall inside it.
@@ -88,6 +100,27 @@ impl Ellipse {
     }
 }
 
+/// Distance from `p` to the polygon `pts`' outline, positive inside, negative outside.
+fn signed_distance(pts: &[(f64, f64)], p: (f64, f64)) -> f64 {
+    let (mut best, mut inside) = (f64::INFINITY, false);
+    for (i, &a) in pts.iter().enumerate() {
+        let b = pts[(i + 1) % pts.len()];
+        let (ex, ey) = (b.0 - a.0, b.1 - a.1);
+        let (wx, wy) = (p.0 - a.0, p.1 - a.1);
+        let t = ((wx * ex + wy * ey) / (ex * ex + ey * ey).max(1e-12)).clamp(0.0, 1.0);
+        best = best.min((wx - ex * t).hypot(wy - ey * t));
+        // Even-odd crossing of the ray to the right of p.
+        if (a.1 > p.1) != (b.1 > p.1) && p.0 < a.0 + (p.1 - a.1) / (b.1 - a.1) * ex {
+            inside = !inside;
+        }
+    }
+    if inside {
+        best
+    } else {
+        -best
+    }
+}
+
 fn smoothstep(t: f64) -> f64 {
     let t = t.clamp(0.0, 1.0);
     t * t * (3.0 - 2.0 * t)
@@ -99,11 +132,60 @@ impl Mask {
         Self::tabulate(size, |u, v| Self::box_at(size, u, v))
     }
 
-    /// A mask of `kind` for crops of `size` aligned to `template` (its five points in crop pixels).
+    /// A mask of `kind` for crops of `size` aligned to `template` (its five points in crop
+    /// pixels); for `Mesh`, the ellipse used where a face has no outline.
     pub fn build(kind: MaskKind, size: usize, template: &[[f32; 2]; 5]) -> Self {
         match kind {
             MaskKind::Box => Self::new(size),
-            MaskKind::Face => Self::face(size, template),
+            MaskKind::Face | MaskKind::Mesh => Self::face(size, template),
+        }
+    }
+
+    /// The mesh mask of one face: its outline polygon (crop pixels) filled, with a feather of
+    /// [`MESH_FEATHER`] of its size that lies mostly inside it, within the box mask.
+    pub fn polygon(size: usize, outline: &[[f32; 2]]) -> Self {
+        let pts: Vec<(f64, f64)> = outline.iter().map(|p| (p[0] as f64, p[1] as f64)).collect();
+        let area = pts
+            .iter()
+            .zip(pts.iter().cycle().skip(1))
+            .map(|(a, b)| a.0 * b.1 - b.0 * a.1)
+            .sum::<f64>()
+            .abs()
+            / 2.0;
+        let feather = (MESH_FEATHER * area.sqrt()).max(2.0);
+        let out = MESH_FEATHER_OUT * feather;
+        let step = MESH_STEP.min(size.max(1));
+        let n = size.div_ceil(step);
+        let mut table = vec![0.0f32; n * n];
+        for (i, cell) in table.iter_mut().enumerate() {
+            let (u, v) = (((i % n) * step) as f64, ((i / n) * step) as f64);
+            let d = signed_distance(&pts, (u, v));
+            if d > -out {
+                *cell = (smoothstep((d + out) / (feather + out)) * Self::box_at(size, u, v) as f64) as f32;
+            }
+        }
+        // Zero beyond the outline by more than `out` and one table cell (two to spare).
+        let (mut lo, mut hi) = ((f64::INFINITY, f64::INFINITY), (f64::NEG_INFINITY, f64::NEG_INFINITY));
+        for p in &pts {
+            lo = (lo.0.min(p.0), lo.1.min(p.1));
+            hi = (hi.0.max(p.0), hi.1.max(p.1));
+        }
+        let margin = out + 2.0 * step as f64 + 2.0;
+        // The ellipse through the corners of the grown bounding box holds it.
+        let semi = (
+            ((hi.1 - lo.1) / 2.0 + margin) * std::f64::consts::SQRT_2,
+            ((hi.0 - lo.0) / 2.0 + margin) * std::f64::consts::SQRT_2,
+        );
+        let support = (!pts.is_empty()).then_some(Ellipse {
+            centre: ((lo.0 + hi.0) / 2.0, (lo.1 + hi.1) / 2.0),
+            axis: (0.0, 1.0),
+            semi,
+        });
+        Self {
+            size,
+            step,
+            table,
+            support,
         }
     }
 
@@ -151,23 +233,29 @@ impl Mask {
             .collect();
         Self {
             size,
+            step: 1,
             table,
             support: None,
         }
     }
 
-    /// Mask value at crop coordinates (u, v) (bilinear between crop pixels), 0 outside the crop.
+    /// Mask value at crop coordinates (u, v) (bilinear between table cells), 0 outside the crop.
     #[inline]
     pub fn at(&self, u: f64, v: f64) -> f32 {
         let lim = (self.size - 1) as f64;
         if !(0.0..=lim).contains(&u) || !(0.0..=lim).contains(&v) {
             return 0.0;
         }
-        let (x0, y0) = (u as usize, v as usize);
-        let (x1, y1) = ((x0 + 1).min(self.size - 1), (y0 + 1).min(self.size - 1));
+        let s = self.size.div_ceil(self.step);
+        let (u, v) = if self.step == 1 {
+            (u, v)
+        } else {
+            (u / self.step as f64, v / self.step as f64)
+        };
+        let (x0, y0) = ((u as usize).min(s - 1), (v as usize).min(s - 1));
+        let (x1, y1) = ((x0 + 1).min(s - 1), (y0 + 1).min(s - 1));
         let (fx, fy) = ((u - x0 as f64) as f32, (v - y0 as f64) as f32);
         let t = &self.table;
-        let s = self.size;
         let top = t[y0 * s + x0] + (t[y0 * s + x1] - t[y0 * s + x0]) * fx;
         let bottom = t[y1 * s + x0] + (t[y1 * s + x1] - t[y1 * s + x0]) * fx;
         top + (bottom - top) * fy
@@ -189,6 +277,8 @@ pub struct Paste<'a> {
     pub change: &'a [f32],
     pub to_crop: Affine,
     pub region: Rect,
+    /// The face's own mask (its mesh outline), instead of the shared one.
+    pub mask: Option<&'a Mask>,
 }
 
 /// Reusable buffers of the paste stage: mip levels of one change crop and the accumulation
@@ -301,6 +391,7 @@ pub fn paste(frame: &mut [u8], width: usize, change: &[f32], to_crop: &Affine, r
         change,
         to_crop: *to_crop,
         region: r,
+        mask: None,
     };
     paste_all(frame, width, &[face], mask, blend, &mut Scratch::default());
 }
@@ -366,6 +457,7 @@ fn overlapping_groups(faces: &[Paste]) -> Vec<Vec<usize>> {
 
 /// Adds one face's mask-weighted change to `acc` (per pixel of `r`, what `cells` says).
 fn accumulate(acc: &mut [f32], cells: Cells, r: Rect, face: &Paste, mask: &Mask, mips: &mut Vec<Vec<f32>>) {
+    let mask = face.mask.unwrap_or(mask);
     let size = mask.size;
     let m = face.to_crop.0;
     // Frame pixels per crop pixel inverted: crop pixels one frame pixel covers.

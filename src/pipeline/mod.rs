@@ -85,6 +85,7 @@ fn run_inner(
     let (decoder, turn) = decoder_for(job, engine.detector.size);
     let middle = Middle {
         mask: job.mask,
+        face_check: job.face_check,
         blend: job.blend,
         compare: job.compare,
         smoother: Some(Smoother::new(job.smooth)),

@@ -14,6 +14,7 @@ use super::DEPTH;
 use crate::engine::{CancelToken, Cancelled};
 use crate::faces::align::{filtered, push_texels, template_named, warp_cubic_loading, warp_face, WarpScratch};
 use crate::faces::detect::{DetectCounts, Detector};
+use crate::faces::mesh::{self, Mesher};
 use crate::faces::paste::{apply_rgb, changes, Mask, MaskKind, Paste, Scratch};
 use crate::faces::smooth::Smoother;
 use crate::frame::{Face, FaceFrame, FaceJob, Frame, Picture, Pool};
@@ -98,6 +99,82 @@ pub fn detect(
         }
     }
     Ok((clock.finish(), detector.counts()))
+}
+
+/// Runs the face mesh on every frame's faces (one batch per frame, on as many threads as
+/// `meshers` has sessions; frames leave in order): a detection whose face-presence probability
+/// is below `face_check` is dropped; the others take the five points derived from their mesh
+/// and their outline, in frame pixels (for the record) and in the crop of `size` aligned to
+/// `template` by those points (for the mesh mask). Returns the stage's statistics and how many
+/// detections were dropped.
+pub fn mesh(
+    meshers: &mut [Mesher],
+    face_check: f32,
+    (template, size): (&str, usize),
+    rx: Receiver<FaceFrame>,
+    tx: Sender<FaceFrame>,
+) -> Result<(StageStat, u64)> {
+    let tpl = template_named(template, size);
+    let threads = meshers.len();
+    let free = std::sync::Mutex::new(meshers.iter_mut().collect::<Vec<_>>());
+    let dropped = std::sync::atomic::AtomicU64::new(0);
+    let init = || {
+        let m = free.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        (m, WarpScratch::default(), Vec::new())
+    };
+    let work = |(m, scratch, rois): &mut (Option<&mut Mesher>, WarpScratch, Vec<Affine>), ff: &mut FaceFrame| {
+        let Some(m) = m.as_deref_mut() else {
+            return Ok(());
+        };
+        if ff.faces.is_empty() {
+            return Ok(());
+        }
+        let (w, h) = (ff.frame.width, ff.frame.height);
+        rois.clear();
+        rois.extend(ff.faces.iter().map(|j| mesh::roi(&j.face)));
+        let n = rois.len();
+        let plane = 3 * mesh::SIZE * mesh::SIZE;
+        for (i, t) in rois.iter().enumerate() {
+            let r = crop_footprint(t, mesh::SIZE, w, h);
+            if let Some(r) = r {
+                crate::media::color::ensure_rgb(&mut ff.frame, r);
+            }
+            let input = &mut m.input(n)[i * plane..][..plane];
+            warp_face(&ff.frame.rgb, (w, h), t, r, mesh::SIZE, input, scratch);
+            // The crop is in [-1, 1]; the mesh takes [0, 1].
+            for x in input.iter_mut() {
+                *x = *x * 0.5 + 0.5;
+            }
+        }
+        let meshes = m
+            .run(rois)
+            .with_context(|| format!("mesh stage, frame {}", ff.frame.index))?;
+        let faces = std::mem::take(&mut ff.faces);
+        for (mut job, found) in faces.into_iter().zip(meshes) {
+            if found.presence < face_check {
+                dropped.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                continue;
+            }
+            let five = found.five_points();
+            let outline = found.outline();
+            let to_tpl = fit_similarity(&five, &tpl);
+            job.outline_crop = Some(
+                outline
+                    .iter()
+                    .map(|p| {
+                        let (u, v) = to_tpl.apply(p[0] as f64, p[1] as f64);
+                        [u as f32, v as f32]
+                    })
+                    .collect(),
+            );
+            job.face.landmarks = five;
+            job.face.outline = Some(outline);
+            ff.faces.push(job);
+        }
+        Ok(())
+    };
+    let stat = pool::ordered("mesh", DEPTH, threads, init, work, rx, tx)?;
+    Ok((stat, dropped.into_inner()))
 }
 
 /// Smooths each tracked face's points over time (see [`crate::faces::smooth`]); frames leave in
@@ -204,9 +281,10 @@ pub fn paste_back(
     rx: Receiver<FaceFrame>,
     tx: Sender<FaceFrame>,
 ) -> Result<StageStat> {
-    let mask = Mask::build(mask, size, &template_named(template, size));
+    let kind = mask;
+    let mask = Mask::build(kind, size, &template_named(template, size));
     let work = |scratch: &mut Scratch, ff: &mut FaceFrame| {
-        paste_frame(ff, &mask, blend, compare, scratch, (restored_pool, change_pool));
+        paste_frame(ff, (&mask, kind), blend, compare, scratch, (restored_pool, change_pool));
         Ok(())
     };
     pool::ordered("paste", DEPTH, threads, Scratch::default, work, rx, tx)
@@ -215,27 +293,36 @@ pub fn paste_back(
 /// Pastes one frame's restored faces (see [`paste_back`]).
 fn paste_frame(
     ff: &mut FaceFrame,
-    mask: &Mask,
+    (mask, kind): (&Mask, MaskKind),
     blend: f32,
     compare: Option<Compare>,
     scratch: &mut Scratch,
     (restored_pool, change_pool): (&Pool<Vec<f32>>, &Pool<Vec<f32>>),
 ) {
     let frame = &mut ff.frame;
-    let crops: Vec<(Vec<f32>, Affine, Option<Rect>)> = ff
+    // Each restored face: its change, where it goes and, with the mesh mask, its own mask
+    // (from its outline; the shared ellipse without one).
+    let crops: Vec<(Vec<f32>, Affine, Option<Rect>, Option<Mask>)> = ff
         .faces
         .iter_mut()
-        .filter_map(|job| Some((job.restored.take()?, job.to_crop, job.region)))
+        .filter_map(|job| {
+            let own = match (kind, &job.outline_crop) {
+                (MaskKind::Mesh, Some(outline)) => Some(Mask::polygon(mask.size(), outline)),
+                _ => None,
+            };
+            Some((job.restored.take()?, job.to_crop, job.region, own))
+        })
         .collect();
     // Nothing to blend in at 0 (or off the frame): the frame stays as decoded.
     let faces: Vec<Paste> = crops
         .iter()
         .filter(|_| blend > 0.0)
-        .filter_map(|(change, to_crop, region)| {
+        .filter_map(|(change, to_crop, region, own)| {
             Some(Paste {
                 change,
                 to_crop: *to_crop,
                 region: (*region)?,
+                mask: own.as_ref(),
             })
         })
         .collect();
@@ -256,7 +343,7 @@ fn paste_frame(
     if let Some(kept) = kept {
         crate::media::compare::after_paste(frame, kept);
     }
-    for (crop, _, _) in crops {
+    for (crop, _, _, _) in crops {
         restored_pool.put(crop);
     }
 }
@@ -379,6 +466,7 @@ mod tests {
                 bbox: [0.0, 0.0, 1.0, 1.0],
                 score: 1.0,
                 landmarks,
+                ..Default::default()
             };
             let (mut a, mut b) = (Vec::new(), Vec::new());
             let mut scratch = WarpScratch::default();

@@ -89,6 +89,7 @@ fn run_inner(
     let fixed = engine.detector.fixed_size();
     let middle = Middle {
         mask: first.mask,
+        face_check: first.face_check,
         blend: first.blend,
         compare: first.compare,
         smoother: None,

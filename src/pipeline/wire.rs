@@ -4,8 +4,8 @@
 //! `FaceFrame`s); out, the run's `Summary` and what the encode stage handed back.
 //!
 //! ```text
-//!  decode ─> detect ─> [smooth] ─> align ─> dispatch ═╦═> worker 0 ═╦═> dispatch ─> paste ─> encode
-//!  (caller's)                                          ╚═> worker 1 ═╝                        (caller's)
+//!  decode ─> detect ─> [mesh] ─> [smooth] ─> align ─> dispatch ═╦═> worker 0 ═╦═> dispatch ─> paste ─> encode
+//!  (caller's)                                                     ╚═> worker 1 ═╝                        (caller's)
 //! ```
 //! A video run and an image stream both run through [`wire`]; only their real differences
 //! stay with them: how frames are decoded and written, smoothing (videos only) and the
@@ -63,6 +63,8 @@ impl Pools {
 /// What sets the middle of a pipeline apart.
 pub(crate) struct Middle {
     pub mask: MaskKind,
+    /// The face mesh's presence threshold (with a mesh).
+    pub face_check: f32,
     pub blend: f32,
     pub compare: Option<Compare>,
     /// Each tracked face's points smoothed over time; `None` in an image stream, where every
@@ -97,9 +99,10 @@ pub(crate) fn wire<T: Send>(
     let template = engine.info.template.clone();
     let worker_targets: Vec<Target> = engine.workers.iter().map(|w| w.target.clone()).collect();
     let n_workers = engine.workers.len();
-    let (detector, workers) = (&mut engine.detector, &mut engine.workers);
+    let (detector, workers, meshers) = (&mut engine.detector, &mut engine.workers, &mut engine.meshers);
     let Middle {
         mask,
+        face_check,
         blend,
         compare,
         smoother,
@@ -113,6 +116,8 @@ pub(crate) fn wire<T: Send>(
         bounded::<FaceFrame>(DEPTH)
     };
     let (det_tx, det_rx) = queue();
+    let mesh_queue = (!meshers.is_empty()).then(&mut queue);
+    let mesh_threads = meshers.len().max(1);
     let smooth_queue = smoother.as_ref().map(|_| queue());
     let (align_tx, align_rx) = queue();
     let (enh_tx, enh_rx) = queue();
@@ -123,7 +128,7 @@ pub(crate) fn wire<T: Send>(
     // the two pool stages holds a frame, and its reorder buffer up to about two more (see
     // `pool::ordered`).
     let smooth_held = smoother.as_ref().map_or(0, Smoother::capacity);
-    let stages = queues + 1 + 2 * 3 * (threads - 1);
+    let stages = queues + 1 + 2 * 3 * (threads - 1) + 3 * (mesh_threads - 1);
     let pools = Pools::new(queues, stages, smooth_held, batch, n_workers);
     let tpl = template.as_str();
 
@@ -131,10 +136,18 @@ pub(crate) fn wire<T: Send>(
         let p = &pools;
         let decode = s.spawn(move || decode(p, dec_tx));
         let detect = s.spawn(move || stages::detect(detector, &p.det, dec_rx, det_tx));
-        // Without smoothing, detection feeds alignment directly.
+        // Without a mesh, detection feeds smoothing directly.
+        let (mesh, mesh_out) = match mesh_queue {
+            Some((tx, rx)) => (
+                Some(s.spawn(move || stages::mesh(meshers, face_check, (tpl, size), det_rx, tx))),
+                rx,
+            ),
+            None => (None, det_rx),
+        };
+        // Without smoothing, it feeds alignment.
         let (smooth, align_in) = match (smoother, smooth_queue) {
-            (Some(smoother), Some((tx, rx))) => (Some(s.spawn(move || stages::smooth(smoother, det_rx, tx))), rx),
-            _ => (None, det_rx),
+            (Some(smoother), Some((tx, rx))) => (Some(s.spawn(move || stages::smooth(smoother, mesh_out, tx))), rx),
+            _ => (None, mesh_out),
         };
         let align = s.spawn(move || stages::align(tpl, size, &p.crop, threads, align_in, align_tx));
         let worker_threads: Vec<_> = workers
@@ -164,8 +177,13 @@ pub(crate) fn wire<T: Send>(
         let encode = s.spawn(move || encode(p, paste_rx));
 
         let mut stages = vec![joined("decode", decode.join())?];
-        let (detect, detect_counts) = joined("detect", detect.join())?;
+        let (detect, mut detect_counts) = joined("detect", detect.join())?;
         stages.push(detect);
+        if let Some(mesh) = mesh {
+            let (stage, not_faces) = joined("mesh", mesh.join())?;
+            stages.push(stage);
+            detect_counts.not_faces = not_faces;
+        }
         if let Some(smooth) = smooth {
             stages.push(joined("smooth", smooth.join())?);
         }

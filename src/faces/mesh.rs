@@ -1,0 +1,216 @@
+//! The face mesh: in, a frame's detected faces (box and five points) and its RGB; out, per face
+//! MediaPipe's 468 points (its face landmark model, converted to ONNX by
+//! `models/mesh_export.py`, run on ONNX Runtime in one batch per frame), a presence score that
+//! drops detections that are not faces, the five points GPEN's template needs derived from the
+//! mesh (eye centres from the eye contours, nose tip, mouth corners) and the face's outline,
+//! forehead to chin, for the paste mask.
+
+use anyhow::{bail, Result};
+use ort::session::Session;
+use ort::value::{TensorRef, ValueType};
+
+use crate::frame::Face;
+use crate::geom::Affine;
+
+/// The model's input side in pixels.
+pub const SIZE: usize = 192;
+/// Points of the mesh.
+pub const POINTS: usize = 468;
+/// Default face-presence threshold (MediaPipe's own).
+pub const PRESENCE: f32 = 0.5;
+/// The crop around a detection, as a multiple of its box's longer side (MediaPipe enlarges
+/// its detection rectangle 1.5 times).
+const ROI_SCALE: f64 = 1.5;
+
+/// MediaPipe's face outline, in order round the face (10: top of the forehead, 152: chin).
+pub const OUTLINE: [usize; 36] = [
+    10, 338, 297, 332, 284, 251, 389, 356, 454, 323, 361, 288, 397, 365, 379, 378, 400, 377, 152, 148, 176, 149, 150,
+    136, 172, 58, 132, 93, 234, 127, 162, 21, 54, 103, 67, 109,
+];
+/// The contour of the eye seen on the picture's left (the person's right eye).
+const EYE_LEFT: [usize; 16] = [
+    7, 33, 133, 144, 145, 153, 154, 155, 157, 158, 159, 160, 161, 163, 173, 246,
+];
+/// The contour of the eye seen on the right.
+const EYE_RIGHT: [usize; 16] = [
+    249, 263, 362, 373, 374, 380, 381, 382, 384, 385, 386, 387, 388, 390, 398, 466,
+];
+const NOSE_TIP: usize = 1;
+const MOUTH_LEFT: usize = 61;
+const MOUTH_RIGHT: usize = 291;
+
+/// One face's mesh in frame pixels, with its presence probability.
+#[derive(Clone, Debug)]
+pub struct Mesh {
+    pub points: Vec<[f32; 2]>,
+    pub presence: f32,
+}
+
+impl Mesh {
+    /// Left eye, right eye, nose tip, left and right mouth corners (as seen), as the detector
+    /// gives them and the alignment templates expect.
+    pub fn five_points(&self) -> [[f32; 2]; 5] {
+        let mean = |idx: &[usize]| {
+            let (sx, sy) = idx.iter().fold((0.0f32, 0.0f32), |(sx, sy), &i| {
+                (sx + self.points[i][0], sy + self.points[i][1])
+            });
+            [sx / idx.len() as f32, sy / idx.len() as f32]
+        };
+        [
+            mean(&EYE_LEFT),
+            mean(&EYE_RIGHT),
+            self.points[NOSE_TIP],
+            self.points[MOUTH_LEFT],
+            self.points[MOUTH_RIGHT],
+        ]
+    }
+
+    /// The face's outline polygon, forehead to chin and back.
+    pub fn outline(&self) -> Vec<[f32; 2]> {
+        OUTLINE.iter().map(|&i| self.points[i]).collect()
+    }
+}
+
+/// The frame -> mesh-crop transform for a detected face: a square of [`ROI_SCALE`] times the
+/// box's longer side round the box's centre, turned so the eyes are level.
+pub fn roi(face: &Face) -> Affine {
+    let [x0, y0, x1, y1] = face.bbox.map(f64::from);
+    let (cx, cy) = ((x0 + x1) / 2.0, (y0 + y1) / 2.0);
+    let side = ROI_SCALE * (x1 - x0).max(y1 - y0).max(1.0);
+    let [le, re] = [face.landmarks[0], face.landmarks[1]].map(|p| p.map(f64::from));
+    let angle = (re[1] - le[1]).atan2(re[0] - le[0]);
+    // Crop (u, v) -> frame: centre + R(angle) * ((u, v) - half) * side / SIZE.
+    let k = side / SIZE as f64;
+    let (s, c) = angle.sin_cos();
+    let half = SIZE as f64 / 2.0;
+    let to_frame = Affine([
+        c * k,
+        -s * k,
+        cx - (c * half - s * half) * k,
+        s * k,
+        c * k,
+        cy - (s * half + c * half) * k,
+    ]);
+    to_frame.inverse().unwrap_or(Affine::IDENTITY)
+}
+
+/// A face-mesh session and its input buffer.
+pub struct Mesher {
+    session: Session,
+    input_name: String,
+    input: Vec<f32>,
+}
+
+impl Mesher {
+    /// Checks the session is the face mesh (one [N,3,192,192] input; 1,404 points and a
+    /// presence logit out).
+    pub fn new(session: Session) -> Result<Self> {
+        let inputs = session.inputs();
+        if inputs.len() != 1 || session.outputs().len() != 2 {
+            bail!(
+                "expected one input and two outputs (a face mesh), found {} and {}",
+                inputs.len(),
+                session.outputs().len()
+            );
+        }
+        let ValueType::Tensor { shape, .. } = inputs[0].dtype() else {
+            bail!("the face mesh's input is not a tensor");
+        };
+        let dims: Vec<i64> = shape.iter().copied().collect();
+        if dims.len() != 4 || dims[1] != 3 || dims[2] != SIZE as i64 || dims[3] != SIZE as i64 {
+            bail!("the face mesh's input is {dims:?}, not [N,3,{SIZE},{SIZE}]");
+        }
+        let input_name = inputs[0].name().to_string();
+        Ok(Self {
+            session,
+            input_name,
+            input: Vec::new(),
+        })
+    }
+
+    /// The input buffer for `n` crops (NCHW, RGB in [0,1]), to be filled by the caller.
+    pub fn input(&mut self, n: usize) -> &mut [f32] {
+        self.input.resize(n * 3 * SIZE * SIZE, 0.0);
+        &mut self.input
+    }
+
+    /// Runs the model on the `n` crops in the input buffer; `to_crop[i]` is crop i's
+    /// frame -> crop transform. Each mesh comes back in frame pixels.
+    pub fn run(&mut self, to_crop: &[Affine]) -> Result<Vec<Mesh>> {
+        let n = to_crop.len();
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        let tensor = TensorRef::from_array_view(([n, 3, SIZE, SIZE], &self.input[..n * 3 * SIZE * SIZE]))?;
+        let outputs = self.session.run(ort::inputs![self.input_name.as_str() => tensor])?;
+        let (_, points) = outputs[0].try_extract_tensor::<f32>()?;
+        let (_, presence) = outputs[1].try_extract_tensor::<f32>()?;
+        if points.len() != n * POINTS * 3 || presence.len() != n {
+            bail!(
+                "the face mesh gave {} values for {n} faces: is this the face-mesh model?",
+                points.len()
+            );
+        }
+        Ok(to_crop
+            .iter()
+            .enumerate()
+            .map(|(i, t)| {
+                let inv = t.inverse().unwrap_or(Affine::IDENTITY);
+                let points = points[i * POINTS * 3..][..POINTS * 3]
+                    .chunks_exact(3)
+                    .map(|p| {
+                        let (x, y) = inv.apply(p[0] as f64, p[1] as f64);
+                        [x as f32, y as f32]
+                    })
+                    .collect();
+                Mesh {
+                    points,
+                    presence: 1.0 / (1.0 + (-presence[i]).exp()),
+                }
+            })
+            .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_roi_is_square_round_the_box_and_turned_with_the_eyes() {
+        let face = Face {
+            bbox: [100.0, 100.0, 200.0, 220.0],
+            landmarks: [[120.0, 140.0], [180.0, 200.0], [0.0; 2], [0.0; 2], [0.0; 2]],
+            ..Default::default()
+        };
+        let t = roi(&face);
+        // The box's centre is the crop's centre.
+        let (u, v) = t.apply(150.0, 160.0);
+        assert!((u - 96.0).abs() < 1e-9 && (v - 96.0).abs() < 1e-9);
+        // 1.5 times the longer side (120) spans the crop.
+        assert!((t.scale() - 192.0 / 180.0).abs() < 1e-9);
+        // The eyes (45 degrees apart) come out level.
+        let (a, b) = (t.apply(120.0, 140.0), t.apply(180.0, 200.0));
+        assert!((a.1 - b.1).abs() < 1e-9 && b.0 > a.0);
+    }
+
+    #[test]
+    fn five_points_come_from_the_eye_contours_nose_and_mouth_corners() {
+        let mut points = vec![[0.0f32; 2]; POINTS];
+        for &i in &EYE_LEFT {
+            points[i] = [10.0 + (i % 3) as f32, 20.0];
+        }
+        for &i in &EYE_RIGHT {
+            points[i] = [50.0, 20.0];
+        }
+        points[NOSE_TIP] = [30.0, 40.0];
+        points[MOUTH_LEFT] = [15.0, 60.0];
+        points[MOUTH_RIGHT] = [45.0, 60.0];
+        let m = Mesh { points, presence: 1.0 };
+        let five = m.five_points();
+        assert_eq!(five[1], [50.0, 20.0]);
+        assert_eq!(five[2..], [[30.0, 40.0], [15.0, 60.0], [45.0, 60.0]]);
+        assert!(five[0][0] > 10.0 && five[0][0] < 12.0);
+        assert_eq!(m.outline().len(), 36);
+    }
+}
