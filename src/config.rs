@@ -546,6 +546,7 @@ mod tests {
             recipe: Recipe {
                 model: Asset("m.onnx".into()),
                 detector: Asset("d.onnx".into()),
+                mesh: None,
                 treatment: Treatment::default(),
             },
             targets: Vec::new(),

@@ -207,6 +207,7 @@ impl Summary {
             detect_full: self.detect.full,
             detect_windows: self.detect.windows,
             frames_over_max_faces: self.detect.capped,
+            detections_not_faces: self.detect.not_faces,
             wall_s: wall,
             fps: self.fps(),
             faces_per_s: self.faces_per_s(),
@@ -257,6 +258,8 @@ struct SummaryJson<'a> {
     detect_full: u64,
     detect_windows: u64,
     frames_over_max_faces: u64,
+    /// Detections the face mesh dropped as not faces.
+    detections_not_faces: u64,
     wall_s: f64,
     fps: f64,
     faces_per_s: f64,
@@ -347,6 +350,9 @@ impl fmt::Display for Summary {
                     "   {} full passes, {} windows around tracked faces",
                     self.detect.full, self.detect.windows
                 )?;
+            }
+            if s.name == "mesh" {
+                write!(f, "   {} detections dropped as not faces", self.detect.not_faces)?;
             }
             writeln!(f)?;
         }

@@ -238,6 +238,7 @@ mod tests {
         let recipe = |model: &Path| Recipe {
             model: crate::config::Asset(model.to_path_buf()),
             detector: crate::config::Asset(dir.path().join("missing.onnx")),
+            mesh: None,
             treatment: Default::default(),
         };
         let before = settings_hash(&recipe(&odd));

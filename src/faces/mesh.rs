@@ -99,6 +99,8 @@ pub struct Mesher {
     session: Session,
     input_name: String,
     input: Vec<f32>,
+    /// The meshes of the latest call (their buffers reused).
+    meshes: Vec<Mesh>,
 }
 
 impl Mesher {
@@ -125,6 +127,7 @@ impl Mesher {
             session,
             input_name,
             input: Vec::new(),
+            meshes: Vec::new(),
         })
     }
 
@@ -136,10 +139,10 @@ impl Mesher {
 
     /// Runs the model on the `n` crops in the input buffer; `to_crop[i]` is crop i's
     /// frame -> crop transform. Each mesh comes back in frame pixels.
-    pub fn run(&mut self, to_crop: &[Affine]) -> Result<Vec<Mesh>> {
+    pub fn run(&mut self, to_crop: &[Affine]) -> Result<&[Mesh]> {
         let n = to_crop.len();
         if n == 0 {
-            return Ok(Vec::new());
+            return Ok(&[]);
         }
         let tensor = TensorRef::from_array_view(([n, 3, SIZE, SIZE], &self.input[..n * 3 * SIZE * SIZE]))?;
         let outputs = self.session.run(ort::inputs![self.input_name.as_str() => tensor])?;
@@ -151,24 +154,23 @@ impl Mesher {
                 points.len()
             );
         }
-        Ok(to_crop
-            .iter()
-            .enumerate()
-            .map(|(i, t)| {
-                let inv = t.inverse().unwrap_or(Affine::IDENTITY);
-                let points = points[i * POINTS * 3..][..POINTS * 3]
-                    .chunks_exact(3)
-                    .map(|p| {
-                        let (x, y) = inv.apply(p[0] as f64, p[1] as f64);
-                        [x as f32, y as f32]
-                    })
-                    .collect();
-                Mesh {
-                    points,
-                    presence: 1.0 / (1.0 + (-presence[i]).exp()),
-                }
-            })
-            .collect())
+        while self.meshes.len() < n {
+            self.meshes.push(Mesh {
+                points: Vec::with_capacity(POINTS),
+                presence: 0.0,
+            });
+        }
+        for (i, (t, mesh)) in to_crop.iter().zip(&mut self.meshes).enumerate() {
+            let inv = t.inverse().unwrap_or(Affine::IDENTITY);
+            mesh.points.clear();
+            mesh.points
+                .extend(points[i * POINTS * 3..][..POINTS * 3].chunks_exact(3).map(|p| {
+                    let (x, y) = inv.apply(p[0] as f64, p[1] as f64);
+                    [x as f32, y as f32]
+                }));
+            mesh.presence = 1.0 / (1.0 + (-presence[i]).exp());
+        }
+        Ok(&self.meshes[..n])
     }
 }
 

@@ -53,8 +53,8 @@ const FACE_HALF_WIDTH: f64 = 1.2;
 const FACE_FEATHER: f64 = 0.3;
 /// The mesh mask's feather, as a share of the outline's size (the square root of its area):
 /// it ramps from zero `MESH_FEATHER_OUT` of the feather outside the outline to one inside.
-const MESH_FEATHER: f64 = 0.12;
-const MESH_FEATHER_OUT: f64 = 0.15;
+const MESH_FEATHER: f64 = 0.06;
+const MESH_FEATHER_OUT: f64 = 0.25;
 /// Crop pixels per table cell of a mesh mask (made per face, so made small).
 const MESH_STEP: usize = 4;
 
@@ -144,6 +144,18 @@ impl Mask {
     /// The mesh mask of one face: its outline polygon (crop pixels) filled, with a feather of
     /// [`MESH_FEATHER`] of its size that lies mostly inside it, within the box mask.
     pub fn polygon(size: usize, outline: &[[f32; 2]]) -> Self {
+        let mut m = Self {
+            size,
+            step: 1,
+            table: Vec::new(),
+            support: None,
+        };
+        m.set_polygon(size, outline);
+        m
+    }
+
+    /// Makes this mask [`Mask::polygon`]'s, reusing its table.
+    pub fn set_polygon(&mut self, size: usize, outline: &[[f32; 2]]) {
         let pts: Vec<(f64, f64)> = outline.iter().map(|p| (p[0] as f64, p[1] as f64)).collect();
         let area = pts
             .iter()
@@ -156,7 +168,9 @@ impl Mask {
         let out = MESH_FEATHER_OUT * feather;
         let step = MESH_STEP.min(size.max(1));
         let n = size.div_ceil(step);
-        let mut table = vec![0.0f32; n * n];
+        let mut table = std::mem::take(&mut self.table);
+        table.clear();
+        table.resize(n * n, 0.0);
         for (i, cell) in table.iter_mut().enumerate() {
             let (u, v) = (((i % n) * step) as f64, ((i / n) * step) as f64);
             let d = signed_distance(&pts, (u, v));
@@ -181,12 +195,12 @@ impl Mask {
             axis: (0.0, 1.0),
             semi,
         });
-        Self {
+        *self = Self {
             size,
             step,
             table,
             support,
-        }
+        };
     }
 
     /// The face mask: a feathered ellipse along the eyes-to-mouth axis, inside the box mask.
@@ -674,6 +688,7 @@ mod tests {
                 change: &crop,
                 to_crop: at(x0),
                 region: crate::geom::crop_footprint(&at(x0), size, w, h).unwrap(),
+                mask: None,
             })
         };
         let mut a = vec![10u8; w * h * 3];
@@ -824,6 +839,7 @@ mod tests {
                 change: &change,
                 to_crop,
                 region,
+                mask: None,
             }];
             let mut s = Scratch::default();
             let a = changes(&faces, &with, 0.8, &mut s, &mut Vec::new);

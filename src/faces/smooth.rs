@@ -352,6 +352,7 @@ mod tests {
                         bbox: [p[0][0] - 20.0, p[0][1] - 40.0, p[1][0] + 20.0, p[3][1] + 30.0],
                         score: 0.9,
                         landmarks: *p,
+                        outline: None,
                     })
                 })
                 .collect(),

@@ -314,6 +314,7 @@ mod tests {
                 bbox: [0.0; 4],
                 score: 1.0,
                 landmarks: [[0.0; 2]; 5],
+                outline: None,
             })
         };
         FaceFrame {

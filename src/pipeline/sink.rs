@@ -77,6 +77,7 @@ mod tests {
             bbox: [1.0, 2.0, 30.5, 40.0],
             score: 0.9,
             landmarks: [[f32::NAN, 1.0]; 5],
+            outline: None,
         });
         job.region = Some(Rect::new(0, 1, 20, 30));
         sink.frame(0, &[job]).unwrap();

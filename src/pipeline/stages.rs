@@ -149,11 +149,12 @@ pub fn mesh(
         let meshes = m
             .run(rois)
             .with_context(|| format!("mesh stage, frame {}", ff.frame.index))?;
-        let faces = std::mem::take(&mut ff.faces);
-        for (mut job, found) in faces.into_iter().zip(meshes) {
+        let mut found = meshes.iter();
+        ff.faces.retain_mut(|job| {
+            let Some(found) = found.next() else { return true };
             if found.presence < face_check {
                 dropped.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                continue;
+                return false;
             }
             let five = found.five_points();
             let outline = found.outline();
@@ -169,8 +170,8 @@ pub fn mesh(
             );
             job.face.landmarks = five;
             job.face.outline = Some(outline);
-            ff.faces.push(job);
-        }
+            true
+        });
         Ok(())
     };
     let stat = pool::ordered("mesh", DEPTH, threads, init, work, rx, tx)?;
@@ -283,36 +284,54 @@ pub fn paste_back(
 ) -> Result<StageStat> {
     let kind = mask;
     let mask = Mask::build(kind, size, &template_named(template, size));
-    let work = |scratch: &mut Scratch, ff: &mut FaceFrame| {
-        paste_frame(ff, (&mask, kind), blend, compare, scratch, (restored_pool, change_pool));
+    let work = |(scratch, masks): &mut (Scratch, Vec<Mask>), ff: &mut FaceFrame| {
+        paste_frame(
+            ff,
+            (&mask, kind, masks),
+            blend,
+            compare,
+            scratch,
+            (restored_pool, change_pool),
+        );
         Ok(())
     };
-    pool::ordered("paste", DEPTH, threads, Scratch::default, work, rx, tx)
+    pool::ordered("paste", DEPTH, threads, Default::default, work, rx, tx)
 }
 
 /// Pastes one frame's restored faces (see [`paste_back`]).
 fn paste_frame(
     ff: &mut FaceFrame,
-    (mask, kind): (&Mask, MaskKind),
+    (mask, kind, masks): (&Mask, MaskKind, &mut Vec<Mask>),
     blend: f32,
     compare: Option<Compare>,
     scratch: &mut Scratch,
     (restored_pool, change_pool): (&Pool<Vec<f32>>, &Pool<Vec<f32>>),
 ) {
     let frame = &mut ff.frame;
-    // Each restored face: its change, where it goes and, with the mesh mask, its own mask
-    // (from its outline; the shared ellipse without one).
-    let crops: Vec<(Vec<f32>, Affine, Option<Rect>, Option<Mask>)> = ff
+    // Each restored face: its change, where it goes and, with the mesh mask, which of the
+    // thread's spare masks (remade in place from its outline) it is pasted through.
+    let mut used = 0;
+    let crops: Vec<(Vec<f32>, Affine, Option<Rect>, Option<usize>)> = ff
         .faces
         .iter_mut()
         .filter_map(|job| {
+            let restored = job.restored.take()?;
             let own = match (kind, &job.outline_crop) {
-                (MaskKind::Mesh, Some(outline)) => Some(Mask::polygon(mask.size(), outline)),
+                (MaskKind::Mesh, Some(outline)) => {
+                    if masks.len() == used {
+                        masks.push(Mask::polygon(mask.size(), outline));
+                    } else {
+                        masks[used].set_polygon(mask.size(), outline);
+                    }
+                    used += 1;
+                    Some(used - 1)
+                }
                 _ => None,
             };
-            Some((job.restored.take()?, job.to_crop, job.region, own))
+            Some((restored, job.to_crop, job.region, own))
         })
         .collect();
+    let masks: &[Mask] = masks;
     // Nothing to blend in at 0 (or off the frame): the frame stays as decoded.
     let faces: Vec<Paste> = crops
         .iter()
@@ -322,7 +341,7 @@ fn paste_frame(
                 change,
                 to_crop: *to_crop,
                 region: (*region)?,
-                mask: own.as_ref(),
+                mask: own.map(|i| &masks[i]),
             })
         })
         .collect();

@@ -1,0 +1,284 @@
+//! The face mesh end to end: in, the shipped portrait's face turned by perspective warps (yaw
+//! about 30 and 60 degrees, both ways) on a flat wall, and textures with no face; out, the
+//! negate stand-in's paste weight measured against each face's mesh outline (from the faces
+//! JSON: the mesh equals TFLite's own, models/test_mesh_export.py): how much lands outside it,
+//! how much of it is covered, the wall beside the face unchanged, and detections that are not
+//! faces dropped.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::*;
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// The portrait's head turned by a perspective warp (`corners`: where the crop's corners land,
+/// as FFmpeg's perspective filter takes them), on a flat 512x384 wall.
+fn turned(dir: &Path, name: &str, corners: &str) -> PathBuf {
+    let out = dir.join(format!("{name}.png"));
+    let graph = format!(
+        "[1:v]crop=300:300:110:0,perspective={corners}:sense=destination:eval=init[p];[0:v][p]overlay=106:42,format=rgb24"
+    );
+    tool(
+        "ffmpeg",
+        &[
+            "-v",
+            "error",
+            "-y",
+            "-f",
+            "lavfi",
+            "-i",
+            "color=c=0x6a7f8c:s=512x384",
+            "-i",
+            s(&asset("samples/astronaut.png")),
+            "-filter_complex",
+            &graph,
+            "-frames:v",
+            "1",
+            s(&out),
+        ],
+    );
+    out
+}
+
+/// Packed RGB24 of a picture file.
+fn rgb(f: &Path) -> Vec<u8> {
+    tool(
+        "ffmpeg",
+        &["-v", "error", "-i", s(f), "-f", "rawvideo", "-pix_fmt", "rgb24", "-"],
+    )
+}
+
+/// Whether (x, y) lies inside the polygon (even-odd rule).
+fn inside(poly: &[[f64; 2]], x: f64, y: f64) -> bool {
+    let mut c = false;
+    for i in 0..poly.len() {
+        let (a, b) = (poly[i], poly[(i + 1) % poly.len()]);
+        if (a[1] > y) != (b[1] > y) && x < a[0] + (y - a[1]) / (b[1] - a[1]) * (b[0] - a[0]) {
+            c = !c;
+        }
+    }
+    c
+}
+
+/// The face outlines of a faces JSON's first record.
+fn outlines(json: &Path) -> Vec<Vec<[f64; 2]>> {
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(json).unwrap()).unwrap();
+    v[0]["faces"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|f| {
+            let pts = f["outline"].as_array()?;
+            Some(
+                pts.iter()
+                    .map(|p| [p[0].as_f64().unwrap(), p[1].as_f64().unwrap()])
+                    .collect(),
+            )
+        })
+        .collect()
+}
+
+/// Paste weight per pixel of the negate stand-in: how far each pixel moved towards its
+/// negative (least squares over R, G, B), where the two differ enough to tell.
+fn weights(input: &[u8], output: &[u8]) -> Vec<Option<f64>> {
+    input
+        .chunks_exact(3)
+        .zip(output.chunks_exact(3))
+        .map(|(i, o)| {
+            let (mut num, mut den) = (0.0, 0.0);
+            for c in 0..3 {
+                let (i, o) = (i[c] as f64, o[c] as f64);
+                let n = 255.0 - i;
+                num += (o - i) * (n - i);
+                den += (n - i) * (n - i);
+            }
+            (den >= 3.0 * 60.0 * 60.0).then(|| (num / den).clamp(0.0, 1.0))
+        })
+        .collect()
+}
+
+/// (Share of the paste weight outside the outline, share of the outline's pixels pasted at
+/// 0.5 or more), over pixels whose weight can be told.
+fn mask_figures(input: &[u8], output: &[u8], w: usize, outline: &[[f64; 2]]) -> (f64, f64) {
+    let (mut outside, mut total, mut covered, mut area) = (0.0, 0.0, 0usize, 0usize);
+    for (i, m) in weights(input, output).into_iter().enumerate() {
+        let Some(m) = m else { continue };
+        let (x, y) = ((i % w) as f64, (i / w) as f64);
+        let inn = inside(outline, x, y);
+        total += m;
+        if !inn {
+            outside += m;
+        } else {
+            area += 1;
+            covered += usize::from(m >= 0.5);
+        }
+    }
+    (outside / total.max(1e-9), covered as f64 / area.max(1) as f64)
+}
+
+/// Turned faces (both ways, about 30 and 60 degrees): the mesh mask keeps the paste inside
+/// the face's outline (at most 8 % of its weight outside, the wall beside the face unchanged)
+/// and covers it (90 % or more at weight 0.5); the ellipse is measured beside it.
+#[test]
+fn the_mesh_mask_follows_turned_faces() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let model = asset("models/standin/negate-256.onnx");
+    let cases = [
+        ("right-30", "0:0:W*0.8:H*0.07:0:H:W*0.8:H*0.93"),
+        ("right-60", "0:0:W*0.6:H*0.14:0:H:W*0.6:H*0.86"),
+        ("left-30", "W*0.2:H*0.07:W:0:W*0.2:H*0.93:W:H"),
+        ("left-60", "W*0.4:H*0.14:W:0:W*0.4:H*0.86:W:H"),
+    ];
+    for (name, corners) in cases {
+        let input = turned(d, name, corners);
+        let before = rgb(&input);
+        let mut figures = Vec::new();
+        let mut outline = Vec::new();
+        for mask in ["mesh", "face"] {
+            let (out, json) = (
+                d.join(format!("{name}-{mask}.png")),
+                d.join(format!("{name}-{mask}.json")),
+            );
+            ok(&gpen(&[
+                &input,
+                &out,
+                &"--model",
+                &model,
+                &"--mask",
+                &mask,
+                &"--faces-json",
+                &json,
+            ]));
+            let found = outlines(&json);
+            assert_eq!(found.len(), 1, "{name}: one face with an outline");
+            if mask == "mesh" {
+                outline = found[0].clone();
+            }
+            figures.push(mask_figures(&before, &rgb(&out), 512, &outline));
+        }
+        let ((out_mesh, cov_mesh), (out_face, cov_face)) = (figures[0], figures[1]);
+        println!(
+            "{name}: weight outside the outline mesh {:.1} % (ellipse {:.1} %), outline covered mesh {:.1} % (ellipse {:.1} %)",
+            out_mesh * 100.0,
+            out_face * 100.0,
+            cov_mesh * 100.0,
+            cov_face * 100.0
+        );
+        assert!(
+            out_mesh <= 0.08,
+            "{name}: {:.1} % of the weight outside",
+            out_mesh * 100.0
+        );
+        assert!(cov_mesh >= 0.90, "{name}: {:.1} % covered", cov_mesh * 100.0);
+        // The wall beside the face (to either side of the outline's widest row, beyond a
+        // margin of a tenth of the face) keeps its pixels.
+        let after = rgb(&d.join(format!("{name}-mesh.png")));
+        let (x0, x1) = outline
+            .iter()
+            .fold((f64::MAX, f64::MIN), |(a, b), p| (a.min(p[0]), b.max(p[0])));
+        let (y0, y1) = outline
+            .iter()
+            .fold((f64::MAX, f64::MIN), |(a, b), p| (a.min(p[1]), b.max(p[1])));
+        let margin = (x1 - x0) / 10.0;
+        for y in (y0 as usize)..(y1 as usize) {
+            for x in (0..512).filter(|&x| (x as f64) < x0 - margin || (x as f64) > x1 + margin) {
+                if x < 106 || x >= 406 {
+                    let i = (y * 512 + x) * 3;
+                    assert_eq!(
+                        before[i..i + 3],
+                        after[i..i + 3],
+                        "{name}: wall pixel ({x}, {y}) changed"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// Face-like texture (a Mandelbrot set) at a low detector threshold: the detector finds
+/// "faces" in it, the face mesh drops every one (counted in the stats), and the picture comes
+/// out unchanged; without the mesh, they are restored.
+#[test]
+fn detections_that_are_not_faces_are_dropped() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let tex = d.join("tex.png");
+    tool(
+        "ffmpeg",
+        &[
+            "-v",
+            "error",
+            "-f",
+            "lavfi",
+            "-i",
+            "mandelbrot=s=640x480",
+            "-frames:v",
+            "1",
+            "-vf",
+            "format=rgb24",
+            s(&tex),
+        ],
+    );
+    let model = asset("models/standin/negate-256.onnx");
+    let low: [&dyn AsRef<std::ffi::OsStr>; 4] = [&"--model", &model, &"--det-threshold", &"0.05"];
+    let (plain, checked, stats) = (d.join("plain.png"), d.join("checked.png"), d.join("stats.json"));
+    ok(&gpen(
+        &[
+            &[&tex as &dyn AsRef<std::ffi::OsStr>, &plain, &"--mesh", &"none"][..],
+            &low,
+        ]
+        .concat(),
+    ));
+    assert_ne!(
+        rgb(&plain),
+        rgb(&tex),
+        "without the mesh, the detector's false faces are restored"
+    );
+    ok(&gpen(
+        &[
+            &[&tex as &dyn AsRef<std::ffi::OsStr>, &checked, &"--stats-json", &stats][..],
+            &low,
+        ]
+        .concat(),
+    ));
+    assert_eq!(rgb(&checked), rgb(&tex), "the mesh dropped every false face");
+    let json = std::fs::read_to_string(&stats).unwrap();
+    assert!(json_number(&json, "detections_not_faces") >= 1, "{json}");
+    assert_eq!(json_number(&json, "faces"), 0, "{json}");
+}
+
+/// A face mesh file that is not there is an error naming it and what to do; `--mesh none`
+/// runs without one (no outline recorded).
+#[test]
+fn a_missing_mesh_is_named_and_none_runs_without() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let model = asset("models/standin/identity-256.onnx");
+    let input = asset("samples/test/astronaut.mp4");
+    fails(
+        &input,
+        &d.join("o.mp4"),
+        &[&"--model", &model, &"--mesh", &d.join("nope.onnx")],
+        "face mesh",
+    );
+    let json = d.join("f.json");
+    ok(&gpen(&[
+        &input,
+        &d.join("o2.mp4"),
+        &"--model",
+        &model,
+        &"--mesh",
+        &"none",
+        &"--faces-json",
+        &json,
+        &"--frames",
+        &"5",
+    ]));
+    let text = std::fs::read_to_string(&json).unwrap();
+    assert!(text.contains("landmarks") && !text.contains("outline"), "{text}");
+}
