@@ -489,6 +489,17 @@ fn verify_matches_the_detector_to_its_entry() {
     assert!(matches!(r.facts, ModelFacts::Detector { outputs: 4, .. }), "{r}");
 }
 
+/// The set-up's face mesh is the registry's, checked against the mesh's I/O, and a stand-in
+/// enhancer is not taken for a mesh.
+#[test]
+fn verify_matches_the_face_mesh_to_its_entry() {
+    let r = registry::verify_path(&asset("models/face-mesh.onnx")).unwrap();
+    assert_eq!(r.entry.as_ref().map(|e| e.name.as_str()), Some("face-mesh"));
+    assert_eq!(r.checksum, Checksum::Match, "{r}");
+    assert!(matches!(r.facts, ModelFacts::Mesh), "{r}");
+    assert!(r.to_string().contains("face mesh (I/O: ok)"), "{r}");
+}
+
 #[test]
 fn resolve_model_maps_names_to_files_under_models() {
     let p = registry::resolve_model("centerface").unwrap();

@@ -125,14 +125,22 @@ fn still_faces_in_a_noisy_clip_hold_still() {
     let input = dir.path().join("noisy.mp4");
     noisy_still_clip(&input, 40);
     let frames = points_of(dir.path(), &input, "still.mp4", &[]);
+    // The detector's own points, without the face mesh: the mesh's may not be less steady.
+    let plain = points_of(dir.path(), &input, "still-no-mesh.mp4", &[&"--mesh", &"none"]);
     assert_eq!(frames.len(), 40);
     assert!(frames.iter().all(|f| f.len() == 2), "two faces on every frame");
+    assert!(plain.iter().all(|f| f.len() == 2), "two faces on every frame without the mesh");
     for (i, want_eye) in [(0, 53.0), (1, 31.0)] {
         let track: Vec<&Points> = frames.iter().map(|f| &f[i]).collect();
         let (rms, eye) = jitter(&track);
+        let (rms_plain, _) = jitter(&plain.iter().map(|f| &f[i]).collect::<Vec<_>>());
         eprintln!(
-            "face {i}: eye distance {eye:.1} px, jitter {rms:.3} px ({:.2} %)",
+            "face {i}: eye distance {eye:.1} px, jitter {rms:.3} px ({:.2} %); without the mesh {rms_plain:.3} px",
             100.0 * rms / eye
+        );
+        assert!(
+            rms <= rms_plain * 1.1 + 0.01,
+            "face {i}: jitter {rms:.3} px with the mesh, {rms_plain:.3} px without"
         );
         assert!((eye - want_eye).abs() < 6.0, "face {i}: eye distance {eye:.1}");
         assert!(

@@ -46,6 +46,8 @@ pub enum Kind {
     Enhancer,
     /// CenterFace: [N,3,H,W] in, four maps out.
     Detector,
+    /// The face mesh: [N,3,192,192] in, 468 points and a presence logit out.
+    Mesh,
 }
 
 /// Whether the batch dimension is fixed in the graph.
@@ -204,6 +206,11 @@ impl Registry {
                 Kind::Detector => {
                     if e.input_size != 0 || !e.template.is_empty() {
                         bail!("{n}: a detector has no input_size or template");
+                    }
+                }
+                Kind::Mesh => {
+                    if e.input_size != crate::faces::mesh::SIZE || !e.template.is_empty() {
+                        bail!("{n}: a face mesh takes {} pixels and has no template", crate::faces::mesh::SIZE);
                     }
                 }
             }

@@ -38,6 +38,7 @@ pub fn list_table() -> Result<String> {
                 match e.kind {
                     Kind::Enhancer => format!("{0}x{0}", e.input_size),
                     Kind::Detector => "any/32".into(),
+                    Kind::Mesh => format!("{0}x{0}", e.input_size),
                 },
                 match e.batch {
                     Batch::Fixed1 => "fixed 1".into(),
@@ -132,6 +133,8 @@ pub enum ModelFacts {
         shape: Vec<i64>,
         outputs: usize,
     },
+    /// The face mesh's I/O checks out.
+    Mesh,
 }
 
 /// The result of `verify PATH`.
@@ -185,6 +188,19 @@ pub fn verify_path(path: &Path) -> Result<FileReport> {
 /// CenterFace's through the detector's own check, as `--detector` does. Errors name the file.
 pub(crate) fn read_facts(path: &Path, kind: Option<Kind>) -> Result<ModelFacts> {
     let session = crate::runtime::cpu_session(path, 1, "model")?;
+    let mesh = match kind {
+        Some(k) => k == Kind::Mesh,
+        None => session
+            .metadata()
+            .ok()
+            .and_then(|m| m.custom("gpen_video.kind"))
+            .is_some_and(|k| k == "face mesh"),
+    };
+    if mesh {
+        crate::faces::mesh::Mesher::new(session)
+            .with_context(|| format!("{} does not fit the face mesh's I/O", path.display()))?;
+        return Ok(ModelFacts::Mesh);
+    }
     let detector = match kind {
         Some(k) => k == Kind::Detector,
         None => {
@@ -261,6 +277,15 @@ impl fmt::Display for FileReport {
                 for (k, v) in meta {
                     writeln!(f, "  {k:<10} {v}")?;
                 }
+            }
+            ModelFacts::Mesh => {
+                writeln!(f, "  kind       face mesh (I/O: ok)")?;
+                writeln!(
+                    f,
+                    "  input      float32 [N,3,{0},{0}], RGB in [0,1]",
+                    crate::faces::mesh::SIZE
+                )?;
+                writeln!(f, "  outputs    468 points x (x, y, z); face-presence logit")?;
             }
             ModelFacts::Detector { input, shape, outputs } => {
                 let dims: Vec<String> = shape
