@@ -282,3 +282,32 @@ fn a_missing_mesh_is_named_and_none_runs_without() {
     let text = std::fs::read_to_string(&json).unwrap();
     assert!(text.contains("landmarks") && !text.contains("outline"), "{text}");
 }
+
+/// Without the face-mesh file (a copy of the binary run from a folder without the set-up's
+/// models) the run is not an error: it says once that it falls back to the detector's points
+/// and the ellipse, and restores the faces.
+#[test]
+fn without_the_mesh_file_the_run_falls_back_and_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let bin = d.join("bin/gpen-video");
+    std::fs::create_dir_all(bin.parent().unwrap()).unwrap();
+    std::fs::copy(env!("CARGO_BIN_EXE_gpen-video"), &bin).unwrap();
+    let out = d.join("o.mp4");
+    let r = std::process::Command::new(&bin)
+        .current_dir(d)
+        .arg(asset("samples/test/astronaut.mp4"))
+        .arg(&out)
+        .args(["--quiet", "--frames", "5", "--model"])
+        .arg(asset("models/standin/negate-256.onnx"))
+        .arg("--detector")
+        .arg(asset("models/centerface.onnx"))
+        .env("ORT_DYLIB_PATH", asset(".deps/lib/libonnxruntime.so"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&r.stderr);
+    assert!(r.status.success(), "{err}");
+    assert_eq!(err.matches("no face mesh").count(), 1, "{err}");
+    assert!(err.contains("ellipse") && err.contains("scripts/setup.sh"), "{err}");
+    assert!(err.contains("5 faces"), "{err}");
+}

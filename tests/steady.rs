@@ -129,7 +129,10 @@ fn still_faces_in_a_noisy_clip_hold_still() {
     let plain = points_of(dir.path(), &input, "still-no-mesh.mp4", &[&"--mesh", &"none"]);
     assert_eq!(frames.len(), 40);
     assert!(frames.iter().all(|f| f.len() == 2), "two faces on every frame");
-    assert!(plain.iter().all(|f| f.len() == 2), "two faces on every frame without the mesh");
+    assert!(
+        plain.iter().all(|f| f.len() == 2),
+        "two faces on every frame without the mesh"
+    );
     for (i, want_eye) in [(0, 53.0), (1, 31.0)] {
         let track: Vec<&Points> = frames.iter().map(|f| &f[i]).collect();
         let (rms, eye) = jitter(&track);

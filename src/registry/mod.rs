@@ -210,7 +210,10 @@ impl Registry {
                 }
                 Kind::Mesh => {
                     if e.input_size != crate::faces::mesh::SIZE || !e.template.is_empty() {
-                        bail!("{n}: a face mesh takes {} pixels and has no template", crate::faces::mesh::SIZE);
+                        bail!(
+                            "{n}: a face mesh takes {} pixels and has no template",
+                            crate::faces::mesh::SIZE
+                        );
                     }
                 }
             }
