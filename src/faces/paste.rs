@@ -55,8 +55,9 @@ const FACE_FEATHER: f64 = 0.3;
 /// it ramps from zero `MESH_FEATHER_OUT` of the feather outside the outline to one inside.
 const MESH_FEATHER: f64 = 0.06;
 const MESH_FEATHER_OUT: f64 = 0.25;
-/// Crop pixels per table cell of a mesh mask (made per face, so made small).
-const MESH_STEP: usize = 4;
+/// Table cells along each side of a mesh mask (made per face, so made small: a cell is half
+/// the feather or less at any crop size, the feather being about 15 of the 512-pixel crop).
+const MESH_CELLS: usize = 64;
 
 /// A soft mask over the crop, tabulated per crop pixel (`size x size`), read bilinearly.
 #[derive(Clone, Debug)]
@@ -166,7 +167,7 @@ impl Mask {
             / 2.0;
         let feather = (MESH_FEATHER * area.sqrt()).max(2.0);
         let out = MESH_FEATHER_OUT * feather;
-        let step = MESH_STEP.min(size.max(1));
+        let step = (size / MESH_CELLS).max(1);
         let n = size.div_ceil(step);
         let mut table = std::mem::take(&mut self.table);
         table.clear();
