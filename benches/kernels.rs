@@ -70,11 +70,34 @@ fn main() {
             change: &change,
             to_crop,
             region: region.expect("on the frame"),
+            mask: None,
         }];
         let mut scratch = Scratch::default();
         let paste = median_ms(runs, || {
             black_box(changes(&faces, &mask, 1.0, &mut scratch, &mut Vec::new));
         });
         println!("paste's change,     {what:<28} {paste:>8.2}");
+        // The mesh mask: a face outline of 36 points (an oval round the template's face), made
+        // per face, then the paste through it.
+        let outline: Vec<[f32; 2]> = (0..36)
+            .map(|k| {
+                let a = k as f32 / 36.0 * std::f32::consts::TAU;
+                let s = size as f32;
+                [s * (0.5 + 0.3 * a.sin()), s * (0.55 - 0.38 * a.cos())]
+            })
+            .collect();
+        let mut own = Mask::polygon(size, &outline);
+        let build = median_ms(runs, || {
+            own.set_polygon(size, &outline);
+            black_box(&own);
+        });
+        let faces = [Paste {
+            mask: Some(&own),
+            ..faces[0]
+        }];
+        let paste_mesh = median_ms(runs, || {
+            black_box(changes(&faces, &mask, 1.0, &mut scratch, &mut Vec::new));
+        });
+        println!("mesh mask: make {build:>8.2}, paste through it {paste_mesh:>8.2}  ({what})");
     }
 }

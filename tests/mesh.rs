@@ -202,7 +202,7 @@ fn the_mesh_mask_follows_turned_faces() {
         let margin = (x1 - x0) / 10.0;
         for y in (y0 as usize)..(y1 as usize) {
             for x in (0..512).filter(|&x| (x as f64) < x0 - margin || (x as f64) > x1 + margin) {
-                if x < 106 || x >= 406 {
+                if !(106..406).contains(&x) {
                     let i = (y * 512 + x) * 3;
                     assert_eq!(
                         before[i..i + 3],

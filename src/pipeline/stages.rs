@@ -311,7 +311,8 @@ fn paste_frame(
     // Each restored face: its change, where it goes and, with the mesh mask, which of the
     // thread's spare masks (remade in place from its outline) it is pasted through.
     let mut used = 0;
-    let crops: Vec<(Vec<f32>, Affine, Option<Rect>, Option<usize>)> = ff
+    type Restored = (Vec<f32>, Affine, Option<Rect>, Option<usize>);
+    let crops: Vec<Restored> = ff
         .faces
         .iter_mut()
         .filter_map(|job| {
