@@ -66,9 +66,9 @@ pub struct Mask {
     /// Crop pixels per table cell (the table is `size / step` square).
     step: usize,
     table: Vec<f32>,
-    /// An ellipse (crop pixels) outside which the mask is zero, where it has one: the paste
+    /// A shape (crop pixels) outside which the mask is zero, where it has one: the paste
     /// visits only the pixels of each row that fall inside it.
-    support: Option<Ellipse>,
+    support: Option<Support>,
 }
 
 /// An ellipse in crop pixels: its centre, the unit vector of its first axis and its two
@@ -78,6 +78,44 @@ struct Ellipse {
     centre: (f64, f64),
     axis: (f64, f64),
     semi: (f64, f64),
+}
+
+/// Where a mask can be non-zero.
+#[derive(Clone, Debug)]
+enum Support {
+    Ellipse(Ellipse),
+    /// A polygon (crop pixels), grown beyond the mask's reach.
+    Polygon(Vec<(f64, f64)>),
+}
+
+impl Support {
+    /// The range of `t` for which the point `p + t d` may lie inside (None if the line misses).
+    fn span(&self, p: (f64, f64), d: (f64, f64)) -> Option<(f64, f64)> {
+        match self {
+            Support::Ellipse(e) => e.span(p, d),
+            Support::Polygon(pts) => {
+                // Every crossing of the line with an edge: the inside lies between the first
+                // and the last.
+                let (mut lo, mut hi) = (f64::INFINITY, f64::NEG_INFINITY);
+                for (i, &a) in pts.iter().enumerate() {
+                    let b = pts[(i + 1) % pts.len()];
+                    let e = (b.0 - a.0, b.1 - a.1);
+                    let den = d.0 * e.1 - d.1 * e.0;
+                    if den.abs() < 1e-12 {
+                        continue;
+                    }
+                    let w = (a.0 - p.0, a.1 - p.1);
+                    let t = (w.0 * e.1 - w.1 * e.0) / den;
+                    let s = (w.0 * d.1 - w.1 * d.0) / den;
+                    if (0.0..=1.0).contains(&s) {
+                        lo = lo.min(t);
+                        hi = hi.max(t);
+                    }
+                }
+                (lo <= hi).then_some((lo, hi))
+            }
+        }
+    }
 }
 
 impl Ellipse {
@@ -172,30 +210,58 @@ impl Mask {
         let mut table = std::mem::take(&mut self.table);
         table.clear();
         table.resize(n * n, 0.0);
-        for (i, cell) in table.iter_mut().enumerate() {
-            let (u, v) = (((i % n) * step) as f64, ((i / n) * step) as f64);
-            let d = signed_distance(&pts, (u, v));
+        let value = |d: f64, u: f64, v: f64| -> f32 {
             if d > -out {
-                *cell = (smoothstep((d + out) / (feather + out)) * Self::box_at(size, u, v) as f64) as f32;
+                (smoothstep((d + out) / (feather + out)) * Self::box_at(size, u, v) as f64) as f32
+            } else {
+                0.0
+            }
+        };
+        // Blocks of cells: the distance changes by at most the distance moved, so a block
+        // whose centre lies farther from the outline than the feather's reach plus half its
+        // diagonal is wholly inside (one, within the box mask) or wholly outside (zero).
+        const BLOCK: usize = 8;
+        let reach = (BLOCK as f64 * step as f64) * std::f64::consts::FRAC_1_SQRT_2 + 1.0;
+        for by in (0..n).step_by(BLOCK) {
+            for bx in (0..n).step_by(BLOCK) {
+                let (ex, ey) = ((bx + BLOCK).min(n), (by + BLOCK).min(n));
+                let centre = (
+                    (bx + ex - 1) as f64 * step as f64 / 2.0,
+                    (by + ey - 1) as f64 * step as f64 / 2.0,
+                );
+                let dc = if pts.len() < 3 {
+                    f64::NEG_INFINITY
+                } else {
+                    signed_distance(&pts, centre)
+                };
+                for y in by..ey {
+                    for x in bx..ex {
+                        let (u, v) = ((x * step) as f64, (y * step) as f64);
+                        table[y * n + x] = if dc < -(out + reach) {
+                            0.0
+                        } else if dc > feather + reach {
+                            Self::box_at(size, u, v)
+                        } else {
+                            value(signed_distance(&pts, (u, v)), u, v)
+                        };
+                    }
+                }
             }
         }
-        // Zero beyond the outline by more than `out` and one table cell (two to spare).
-        let (mut lo, mut hi) = ((f64::INFINITY, f64::INFINITY), (f64::NEG_INFINITY, f64::NEG_INFINITY));
-        for p in &pts {
-            lo = (lo.0.min(p.0), lo.1.min(p.1));
-            hi = (hi.0.max(p.0), hi.1.max(p.1));
-        }
-        let margin = out + 2.0 * step as f64 + 2.0;
-        // The ellipse through the corners of the grown bounding box holds it.
-        let semi = (
-            ((hi.1 - lo.1) / 2.0 + margin) * std::f64::consts::SQRT_2,
-            ((hi.0 - lo.0) / 2.0 + margin) * std::f64::consts::SQRT_2,
-        );
-        let support = (!pts.is_empty()).then_some(Ellipse {
-            centre: ((lo.0 + hi.0) / 2.0, (lo.1 + hi.1) / 2.0),
-            axis: (0.0, 1.0),
-            semi,
-        });
+        // Zero beyond the outline by more than `out` and one table cell: the outline with each
+        // point pushed out from the centre by that and more holds every non-zero value.
+        let margin = 1.5 * (out + 2.0 * step as f64 + 2.0);
+        let k = pts.len().max(1) as f64;
+        let c = pts.iter().fold((0.0, 0.0), |c, p| (c.0 + p.0 / k, c.1 + p.1 / k));
+        let grown: Vec<(f64, f64)> = pts
+            .iter()
+            .map(|p| {
+                let (dx, dy) = (p.0 - c.0, p.1 - c.1);
+                let r = dx.hypot(dy).max(1e-9);
+                (p.0 + dx / r * margin, p.1 + dy / r * margin)
+            })
+            .collect();
+        let support = (pts.len() >= 3).then_some(Support::Polygon(grown));
         *self = Self {
             size,
             step,
@@ -217,11 +283,11 @@ impl Mask {
         let (cx, cy) = (ex + dx * centre, ey + dy * centre);
         // Zero at every table sample outside the ellipse, so zero beyond it by more than the
         // one crop pixel a bilinear read reaches (two to spare).
-        let support = Ellipse {
+        let support = Support::Ellipse(Ellipse {
             centre: (cx, cy),
             axis: (dx, dy),
             semi: (semi_v + 2.0, semi_u + 2.0),
-        };
+        });
         let mask = Self::tabulate(size, |u, v| {
             let (px, py) = (u - cx, v - cy);
             let along = px * dx + py * dy;
@@ -616,6 +682,66 @@ mod tests {
         }
         // Symmetric.
         assert!((m.at(40.0, 256.0) - m.at(471.0, 256.0)).abs() < 1e-6);
+    }
+
+    #[test]
+    fn the_mesh_mask_fills_its_outline_feathers_inside_and_its_support_holds_it() {
+        let size = 256;
+        // A face-like outline, turned and lopsided.
+        let outline: Vec<[f32; 2]> = (0..36)
+            .map(|k| {
+                let a = k as f32 / 36.0 * std::f32::consts::TAU;
+                let r = 1.0 + 0.15 * (2.0 * a).sin();
+                [128.0 + 60.0 * r * a.sin() + 10.0 * a.cos(), 140.0 - 85.0 * r * a.cos()]
+            })
+            .collect();
+        let m = Mask::polygon(size, &outline);
+        let pts: Vec<(f64, f64)> = outline.iter().map(|p| (p[0] as f64, p[1] as f64)).collect();
+        // The block shortcut gives every cell the value the distance gives it.
+        let n = size.div_ceil(m.step);
+        let area = pts
+            .iter()
+            .zip(pts.iter().cycle().skip(1))
+            .map(|(a, b)| a.0 * b.1 - b.0 * a.1)
+            .sum::<f64>()
+            .abs()
+            / 2.0;
+        let feather = MESH_FEATHER * area.sqrt();
+        let out = MESH_FEATHER_OUT * feather;
+        for y in 0..n {
+            for x in 0..n {
+                let (u, v) = ((x * m.step) as f64, (y * m.step) as f64);
+                let d = signed_distance(&pts, (u, v));
+                let want = if d > -out {
+                    (smoothstep((d + out) / (feather + out)) * Mask::box_at(size, u, v) as f64) as f32
+                } else {
+                    0.0
+                };
+                assert_eq!(m.table[y * n + x], want, "cell ({x}, {y})");
+                if d > feather {
+                    assert_eq!(
+                        want,
+                        Mask::box_at(size, u, v),
+                        "deep inside is one (within the box mask)"
+                    );
+                }
+            }
+        }
+        // Every point where the mask is not zero lies inside the support along any line.
+        let Some(support) = &m.support else {
+            panic!("a polygon mask has a support")
+        };
+        for v in 0..size {
+            for u in 0..size {
+                let (uf, vf) = (u as f64 + 0.5, v as f64 + 0.5);
+                if m.at(uf, vf) > 0.0 {
+                    for d in [(1.0, 0.0), (0.6, 0.8), (-0.3, 1.0)] {
+                        let (a, b) = support.span((uf, vf), d).expect("the line meets the support");
+                        assert!(a <= 0.0 && b >= 0.0, "({u}, {v}) outside the support along {d:?}");
+                    }
+                }
+            }
+        }
     }
 
     #[test]
