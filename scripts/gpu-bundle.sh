@@ -80,7 +80,10 @@ rm -rf "$out"
 stage=$out/stage/gpen-bundle
 mkdir -p "$stage"/{bin,lib,lib-fallback,ort,models,samples} "$out/tools/lib"
 cp "$bin" "$stage/bin/"
-cp models/centerface.onnx "${models[@]}" "$stage/models/"
+# The face mesh goes too when the set-up made it (the run falls back to the ellipse without it).
+mesh=()
+[ -f models/face-mesh.onnx ] && mesh=(models/face-mesh.onnx)
+cp models/centerface.onnx "${mesh[@]}" "${models[@]}" "$stage/models/"
 cp "$sample" "$stage/samples/"
 "$py" - "$whl" "$stage/ort" <<'PY'
 import os, sys, zipfile
