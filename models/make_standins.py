@@ -4,6 +4,9 @@ In: an output folder. Out: ONNX files whose input `input` and output `output` ar
 [N,3,S,S] in [-1,1], like GPEN-BFR:
   identity-512.onnx / identity-256.onnx  a 1x1 convolution with the identity matrix (dynamic batch)
   negate-512.onnx / negate-256.onnx       y = -x: a known, visible change (colours inverted)
+  texture-256.onnx                        y = x + 0.15 sin(40 x): noise-sensitive detail (flickers
+                                          on a still, noisy face, like a GAN's)
+  stable-256.onnx                         y = 0.95 x + 0.03: a change smooth in the input (stable)
   identity-512-batch1.onnx                identity with the batch fixed at 1 (like the official export)
   bad-shape.onnx                          input [N,3,512,256]: not square, must be refused
   nan-256.onnx                            y = (x - x) / (x - x): NaN everywhere (a broken model)
@@ -30,6 +33,21 @@ def build(name: str, kind: str, size: int, batch="N", width=None) -> onnx.ModelP
         nodes.append(helper.make_node("Conv", ["input", "w"], ["output"], kernel_shape=[1, 1]))
     elif kind == "negate":
         nodes.append(helper.make_node("Neg", ["input"], ["output"]))
+    elif kind == "texture":
+        # y = x + 0.15 sin(40 x): detail that follows every small change of the input, as a
+        # GAN's invented texture does on a noisy face (it differs from frame to frame).
+        inits.append(numpy_helper.from_array(np.array(40.0, np.float32), "freq"))
+        inits.append(numpy_helper.from_array(np.array(0.15, np.float32), "amp"))
+        nodes.append(helper.make_node("Mul", ["input", "freq"], ["phase"]))
+        nodes.append(helper.make_node("Sin", ["phase"], ["wave"]))
+        nodes.append(helper.make_node("Mul", ["wave", "amp"], ["detail"]))
+        nodes.append(helper.make_node("Add", ["input", "detail"], ["output"]))
+    elif kind == "stable":
+        # y = 0.95 x + 0.03: a change smooth in the input (stable from frame to frame).
+        inits.append(numpy_helper.from_array(np.array(0.95, np.float32), "gain"))
+        inits.append(numpy_helper.from_array(np.array(0.03, np.float32), "lift"))
+        nodes.append(helper.make_node("Mul", ["input", "gain"], ["scaled"]))
+        nodes.append(helper.make_node("Add", ["scaled", "lift"], ["output"]))
     elif kind == "nan":
         nodes.append(helper.make_node("Sub", ["input", "input"], ["zero"]))
         nodes.append(helper.make_node("Div", ["zero", "zero"], ["output"]))
@@ -55,6 +73,8 @@ def main(out: str) -> None:
         "identity-256.onnx": ("identity", 256, "N", None),
         "negate-512.onnx": ("negate", 512, "N", None),
         "negate-256.onnx": ("negate", 256, "N", None),
+        "texture-256.onnx": ("texture", 256, "N", None),
+        "stable-256.onnx": ("stable", 256, "N", None),
         "identity-512-batch1.onnx": ("identity", 512, 1, None),
         "bad-shape.onnx": ("identity", 512, "N", 256),
         "nan-256.onnx": ("nan", 256, "N", None),

@@ -41,6 +41,8 @@ pub struct Treatment {
     /// The face mesh's presence probability below which a detection is dropped as not a face
     /// (0 keeps every detection).
     pub face_check: f32,
+    /// Memory, in frames, of the temporal filter of the model's change (0: off; videos only).
+    pub temporal: f32,
     /// A before/after view instead of the restored picture alone.
     pub compare: Option<Compare>,
     pub encode: EncodeSettings,
@@ -58,6 +60,7 @@ impl Default for Treatment {
             smooth: defaults::SMOOTH,
             mask: MaskKind::default(),
             face_check: crate::faces::mesh::PRESENCE,
+            temporal: crate::faces::temporal::MEMORY,
             compare: None,
             encode: EncodeSettings::default(),
             max_frames: None,
@@ -317,6 +320,13 @@ impl Settings {
                 )
             })?,
         };
+        if !(0.0..=crate::faces::temporal::MAX_MEMORY).contains(&t.temporal) {
+            bail!(
+                "--temporal must be between 0 (off) and {} frames, got {}",
+                crate::faces::temporal::MAX_MEMORY,
+                t.temporal
+            );
+        }
         if !(0.0..=1.0).contains(&t.face_check) {
             bail!(
                 "--face-check must be between 0 (keep every detection) and 1, got {}",
@@ -440,6 +450,7 @@ impl Settings {
             smooth: t.smooth,
             mask: t.mask,
             face_check: t.face_check,
+            temporal: t.temporal,
             compare: t.compare,
             encode: t.encode.clone(),
             hwaccel_cuda: self.hwaccel_cuda,

@@ -114,6 +114,8 @@ pub struct Job {
     pub mask: crate::faces::paste::MaskKind,
     /// The face mesh's presence threshold (see [`crate::config::Treatment::face_check`]).
     pub face_check: f32,
+    /// Memory of the temporal filter in frames (0: off).
+    pub temporal: f32,
     /// A before/after view instead of the restored picture alone.
     pub compare: Option<crate::media::compare::Compare>,
     pub encode: EncodeSettings,

@@ -138,6 +138,11 @@ pub struct FaceJob {
     /// The mesh outline in the model's crop (placed by the mesh's own five points, so the
     /// smoothing of the points does not move it), for the mesh paste mask.
     pub outline_crop: Option<Vec<[f32; 2]>>,
+    /// The face's track (from the smoother), if it was linked to one.
+    pub track: Option<u64>,
+    /// Luma (levels) of the crop given to the model at half resolution, for the temporal
+    /// filter (empty without it).
+    pub luma: Vec<f32>,
 }
 
 impl FaceJob {
@@ -150,6 +155,8 @@ impl FaceJob {
             crop: Vec::new(),
             restored: None,
             outline_crop: None,
+            track: None,
+            luma: Vec::new(),
         }
     }
 }

@@ -219,6 +219,11 @@ struct RunArgs {
     /// How much of the restored face to blend in: 0 keeps the original, 1 the restored face.
     #[arg(long, default_value_t = defaults::BLEND, value_name = "0..1", help_heading = "Output")]
     blend: f32,
+    /// Temporal filter of the model's change: how many frames of detail it averages along each
+    /// face's track (where the face's own pixels did not change), so restored detail does not
+    /// shimmer; a real change (a mouth opening) is followed at once. 0 turns it off. Videos only.
+    #[arg(long, value_name = "FRAMES", default_value_t = gpen_video::faces::temporal::MEMORY, help_heading = "Output")]
+    temporal: f32,
     /// Temporal smoothing of each tracked face's points before alignment: the Gaussian's sigma
     /// in frames (the output runs 2 sigma frames behind the detector). 0 turns it off.
     #[arg(long, default_value_t = defaults::SMOOTH, value_name = "FRAMES", help_heading = "Output")]
@@ -301,6 +306,7 @@ impl RunArgs {
             smooth: self.smooth,
             mask: self.mask,
             face_check: self.face_check,
+            temporal: self.temporal,
             compare: self.compare,
             // crf and preset reach the encoders that have them (media/encode.rs).
             encode: EncodeSettings {
@@ -536,6 +542,7 @@ mod tests {
         ("mask", Some("box")),
         ("mesh", Some("none")),
         ("face_check", Some("0.7")),
+        ("temporal", Some("2")),
         ("compare", Some("side")),
         ("codec", Some("mpeg4")),
         ("crf", Some("20")),

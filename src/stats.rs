@@ -179,6 +179,8 @@ pub struct Summary {
     pub workers: Vec<WorkerStat>,
     /// Peak resident memory of the process so far, in bytes (Linux).
     pub peak_rss: Option<u64>,
+    /// The restoration's flicker inside faces, when the temporal filter ran.
+    pub flicker: Option<crate::faces::temporal::Flicker>,
 }
 
 impl Summary {
@@ -213,6 +215,14 @@ impl Summary {
             faces_per_s: self.faces_per_s(),
             peak_rss_bytes: self.peak_rss,
             faces_not_finite: self.faces_not_finite(),
+            flicker: self.flicker.map(|f| FlickerJson {
+                output_levels: f.output(),
+                unfiltered_levels: f.unfiltered(),
+                input_levels: f.input_rms(),
+                kept: f.kept(),
+                pairs: f.pairs,
+                filtered: f.filtered,
+            }),
             stages: self
                 .stages
                 .iter()
@@ -266,8 +276,29 @@ struct SummaryJson<'a> {
     peak_rss_bytes: Option<u64>,
     /// Faces left as they were because the model returned NaN or infinity for them.
     faces_not_finite: u64,
+    /// The restoration's flicker inside faces (with the temporal filter).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    flicker: Option<FlickerJson>,
     stages: Vec<StageJson>,
     workers: Vec<WorkerJson<'a>>,
+}
+
+/// [`crate::faces::temporal::Flicker`] as JSON: levels of frame-to-frame RMS change inside
+/// faces, in crop space along each track.
+#[derive(Serialize)]
+struct FlickerJson {
+    /// The output's change beyond the input's: the restoration's own flicker.
+    output_levels: f64,
+    /// The same without the temporal filter.
+    unfiltered_levels: f64,
+    /// The input's own frame-to-frame change.
+    input_levels: f64,
+    /// Share of the model's change the filter kept (mean absolute value).
+    kept: f64,
+    /// Consecutive crop pairs measured.
+    pairs: u64,
+    /// Whether the filter ran (`--temporal` above 0) or only measured.
+    filtered: bool,
 }
 
 #[derive(Serialize)]
@@ -327,6 +358,23 @@ impl fmt::Display for Summary {
                 f,
                 "  {} faces kept as they were: the model returned NaN or infinity for them",
                 self.faces_not_finite()
+            )?;
+        }
+        if let Some(fl) = self.flicker.filter(|fl| fl.pairs > 0) {
+            let filter = if fl.filtered {
+                format!(
+                    "{:.2} without the temporal filter, which kept {:.0} % of the model's change",
+                    fl.unfiltered(),
+                    100.0 * fl.kept()
+                )
+            } else {
+                "temporal filter off".into()
+            };
+            writeln!(
+                f,
+                "  flicker inside faces: the restored detail changes {:+.2} levels more from frame to frame than the input's {:.2} ({filter})",
+                fl.output(),
+                fl.input_rms(),
             )?;
         }
         writeln!(

@@ -9,3 +9,4 @@ pub mod enhance;
 pub mod mesh;
 pub mod paste;
 pub mod smooth;
+pub mod temporal;

@@ -83,12 +83,19 @@ impl Smoother {
     /// Takes the next frame; hands every frame whose look-ahead is complete to `emit`, in order
     /// (`emit` returns false to stop: the receiver has gone).
     pub fn push(&mut self, ff: FaceFrame, emit: &mut impl FnMut(FaceFrame) -> bool) -> bool {
-        if self.radius == 0 {
-            return emit(ff);
-        }
         let n = ff.frame.index;
         let cut = ff.frame.picture.source().is_some_and(|s| self.scene_cut(s));
         let ids = self.link(n, &ff.faces.iter().map(|j| &j.face).collect::<Vec<_>>(), cut);
+        if self.radius == 0 {
+            // No smoothing: the faces are only linked into tracks (the temporal filter follows
+            // them).
+            let mut ff = ff;
+            for (job, id) in ff.faces.iter_mut().zip(ids) {
+                job.track = Some(id);
+            }
+            self.prune(n);
+            return emit(ff);
+        }
         self.held.push_back((ff, ids));
         while self.held.front().is_some_and(|(f, _)| f.frame.index + self.radius <= n) {
             if !self.emit_front(emit) {
@@ -113,6 +120,7 @@ impl Smoother {
         let (mut ff, ids) = self.held.pop_front().expect("checked by the caller");
         let n = ff.frame.index;
         for (job, id) in ff.faces.iter_mut().zip(ids) {
+            job.track = Some(id);
             if let Some(t) = self.tracks.iter().find(|t| t.id == id) {
                 smooth_face(&mut job.face, &t.samples, n, self.sigma, self.radius);
             }

@@ -86,6 +86,8 @@ fn run_inner(
     let middle = Middle {
         mask: job.mask,
         face_check: job.face_check,
+        // Always measured; filtered when its memory is above 0.
+        temporal: Some(job.temporal),
         blend: job.blend,
         compare: job.compare,
         smoother: Some(Smoother::new(job.smooth)),
@@ -152,7 +154,7 @@ pub fn collect_crops(engine: &mut Engine, job: &Job, want: usize, max_frames: u6
     std::thread::scope(|s| {
         let decode = s.spawn(|| stages::decode(decoder, turn, (&rgb, &det), Some(max_frames), cancel, dec_tx));
         let detect = s.spawn(|| stages::detect(detector, &det, dec_rx, det_tx));
-        let align = s.spawn(|| stages::align(&template, size, &crop, 1, det_rx, align_tx));
+        let align = s.spawn(|| stages::align(&template, size, (&crop, None), 1, det_rx, align_tx));
         let mut crops = Vec::new();
         for ff in &align_rx {
             crops.extend(ff.faces.into_iter().map(|f| f.crop));

@@ -178,6 +178,30 @@ pub fn mesh(
     Ok((stat, dropped.into_inner()))
 }
 
+/// Filters each track's change over time (see [`crate::faces::temporal`]); frames leave in
+/// order. The crops' luma goes back to `luma_pool`. Returns the stage's statistics and the
+/// run's flicker figures.
+pub fn temporal(
+    memory: f32,
+    (template, size): (&str, usize),
+    luma_pool: &Pool<Vec<f32>>,
+    rx: Receiver<FaceFrame>,
+    tx: Sender<FaceFrame>,
+) -> Result<(StageStat, crate::faces::temporal::Flicker)> {
+    let mut clock = Clock::new("temporal", DEPTH);
+    let mut filter = crate::faces::temporal::Temporal::new(memory, size, &template_named(template, size));
+    while let Some(mut ff) = recv(&rx, &mut clock) {
+        clock.time(|| filter.filter(ff.frame.index, &mut ff.faces));
+        for job in &mut ff.faces {
+            luma_pool.put(std::mem::take(&mut job.luma));
+        }
+        if tx.send(ff).is_err() {
+            break;
+        }
+    }
+    Ok((clock.finish(), filter.flicker))
+}
+
 /// Smooths each tracked face's points over time (see [`crate::faces::smooth`]); frames leave in
 /// order, `smoother`'s look-ahead later. The smoother is the job's own.
 pub fn smooth(mut smoother: Smoother, rx: Receiver<FaceFrame>, tx: Sender<FaceFrame>) -> Result<StageStat> {
@@ -213,7 +237,7 @@ pub fn smooth(mut smoother: Smoother, rx: Receiver<FaceFrame>, tx: Sender<FaceFr
 pub fn align(
     template: &str,
     size: usize,
-    crop_pool: &Pool<Vec<f32>>,
+    (crop_pool, luma_pool): (&Pool<Vec<f32>>, Option<&Pool<Vec<f32>>>),
     threads: usize,
     rx: Receiver<FaceFrame>,
     tx: Sender<FaceFrame>,
@@ -223,6 +247,11 @@ pub fn align(
         for job in &mut ff.faces {
             let mut crop = crop_pool.get();
             let (to_crop, region) = align_face(&mut ff.frame, &job.face, (&tpl, size), &mut crop, scratch);
+            if let Some(pool) = luma_pool {
+                let mut luma = pool.get();
+                crate::faces::align::crop_luma_half(&crop, size, &mut luma);
+                job.luma = luma;
+            }
             (job.to_crop, job.region, job.crop) = (to_crop, region, crop);
         }
         Ok(())

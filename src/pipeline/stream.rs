@@ -90,6 +90,7 @@ fn run_inner(
     let middle = Middle {
         mask: first.mask,
         face_check: first.face_check,
+        temporal: None,
         blend: first.blend,
         compare: first.compare,
         smoother: None,

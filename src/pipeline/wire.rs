@@ -4,8 +4,8 @@
 //! `FaceFrame`s); out, the run's `Summary` and what the encode stage handed back.
 //!
 //! ```text
-//!  decode ─> detect ─> [mesh] ─> [smooth] ─> align ─> dispatch ═╦═> worker 0 ═╦═> dispatch ─> paste ─> encode
-//!  (caller's)                                                     ╚═> worker 1 ═╝                        (caller's)
+//!  decode ─> detect ─> [mesh] ─> [smooth] ─> align ─> dispatch ═╦═> worker 0 ═╦═> dispatch ─> [temporal] ─> paste ─> encode
+//!  (caller's)                                                     ╚═> worker 1 ═╝                                     (caller's)
 //! ```
 //! A video run and an image stream both run through [`wire`]; only their real differences
 //! stay with them: how frames are decoded and written, smoothing (videos only) and the
@@ -40,6 +40,8 @@ pub(crate) struct Pools {
     pub restored: Pool<Vec<f32>>,
     /// The paste's change buffers, from paste to encode (sizes of face regions, not crops).
     pub change: Pool<Vec<f32>>,
+    /// Half-resolution luma of the crops, from alignment to the temporal filter.
+    pub luma: Pool<Vec<f32>>,
 }
 
 impl Pools {
@@ -56,6 +58,7 @@ impl Pools {
             crop: Pool::new(crops),
             restored: Pool::new(crops),
             change: Pool::new(frames),
+            luma: Pool::new(crops),
         }
     }
 }
@@ -65,6 +68,9 @@ pub(crate) struct Middle {
     pub mask: MaskKind,
     /// The face mesh's presence threshold (with a mesh).
     pub face_check: f32,
+    /// Memory of the temporal filter of the model's change, when it runs (videos; it needs the
+    /// smoother's tracks).
+    pub temporal: Option<f32>,
     pub blend: f32,
     pub compare: Option<Compare>,
     /// Each tracked face's points smoothed over time; `None` in an image stream, where every
@@ -103,6 +109,7 @@ pub(crate) fn wire<T: Send>(
     let Middle {
         mask,
         face_check,
+        temporal,
         blend,
         compare,
         smoother,
@@ -121,6 +128,9 @@ pub(crate) fn wire<T: Send>(
     let smooth_queue = smoother.as_ref().map(|_| queue());
     let (align_tx, align_rx) = queue();
     let (enh_tx, enh_rx) = queue();
+    // The temporal filter needs the smoother's tracks.
+    let temporal = temporal.filter(|_| smoother.is_some());
+    let temporal_queue = temporal.is_some().then(&mut queue);
     let (paste_tx, paste_rx) = queue();
     let (batch_tx, batch_rx) = bounded::<Batch>(2 * n_workers);
     let (done_tx, done_rx) = unbounded::<Result<Restored>>();
@@ -149,7 +159,8 @@ pub(crate) fn wire<T: Send>(
             (Some(smoother), Some((tx, rx))) => (Some(s.spawn(move || stages::smooth(smoother, mesh_out, tx))), rx),
             _ => (None, mesh_out),
         };
-        let align = s.spawn(move || stages::align(tpl, size, &p.crop, threads, align_in, align_tx));
+        let luma = temporal.is_some().then_some(&p.luma);
+        let align = s.spawn(move || stages::align(tpl, size, (&p.crop, luma), threads, align_in, align_tx));
         let worker_threads: Vec<_> = workers
             .iter_mut()
             .map(|w| {
@@ -163,6 +174,14 @@ pub(crate) fn wire<T: Send>(
                 align_rx, &batch_tx, &done_rx, &enh_tx, batch, n_workers, &p.crop, idle_flush,
             )
         });
+        // With the temporal filter, the dispatcher's frames go through it to the paste.
+        let (temporal, paste_in) = match (temporal, temporal_queue) {
+            (Some(memory), Some((tx, rx))) => (
+                Some(s.spawn(move || stages::temporal(memory, (tpl, size), &p.luma, enh_rx, tx))),
+                rx,
+            ),
+            _ => (None, enh_rx),
+        };
         let paste = s.spawn(move || {
             stages::paste_back(
                 (size, tpl, mask),
@@ -170,7 +189,7 @@ pub(crate) fn wire<T: Send>(
                 compare,
                 (&p.restored, &p.change),
                 threads,
-                enh_rx,
+                paste_in,
                 paste_tx,
             )
         });
@@ -195,6 +214,12 @@ pub(crate) fn wire<T: Send>(
             worker_stats.push(joined("enhance worker", t.join())?);
         }
         add_gpu_memory(&mut worker_stats, &worker_targets);
+        let mut flicker = None;
+        if let Some(temporal) = temporal {
+            let (stage, f) = joined("temporal", temporal.join())?;
+            stages.push(stage);
+            flicker = Some(f);
+        }
         stages.push(joined("paste", paste.join())?);
         let encoded = joined("encode", encode.join())?;
         let frames = encoded.stage.items;
@@ -211,6 +236,7 @@ pub(crate) fn wire<T: Send>(
             stages,
             workers: worker_stats,
             peak_rss: peak_rss(),
+            flicker,
         };
         Ok((summary, encoded.extra))
     })

@@ -1,0 +1,277 @@
+//! The temporal filter of the model's change: in, each frame's restored faces in order, each
+//! with its track (from the smoother), the half-resolution luma of the crop it was given and the
+//! model's change; out, the change filtered along the track in crop space, and the run's
+//! flicker figures.
+//!
+//! A GAN restorer invents slightly different detail for each frame of the same face (noise and
+//! compression differ), and that shimmers. The crops of one track are aligned to one template
+//! by smoothed points, so a crop pixel is the same point of the face from frame to frame: the
+//! change there is averaged over time (an exponential average, `memory` frames long), each
+//! pixel's history weighted by how alike its input is now and a frame ago. Detail the input
+//! does not support averages away; where the input really changed (a mouth opens, an eye
+//! blinks, a hand enters) the history's weight is zero and the new change is taken at once. A
+//! new track (a cut, a new or lost face) starts afresh.
+
+use std::collections::HashMap;
+
+use crate::frame::FaceJob;
+
+/// Default memory of the filter, in frames (`--temporal`).
+pub const MEMORY: f32 = 4.0;
+/// The largest memory.
+pub const MAX_MEMORY: f32 = 30.0;
+/// Input luma difference (levels, half-resolution crop) up to which a pixel's history keeps its
+/// full weight (sensor noise stays below it), and from which it has none (a real change).
+const ALIKE: f32 = 10.0;
+const CHANGED: f32 = 30.0;
+
+/// The flicker figures of a run: inside faces, in crop space, frame to frame along each track
+/// (so neither camera nor face motion counts).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Flicker {
+    /// Whether the filter ran (a memory above 0), or only measured.
+    pub filtered: bool,
+    /// Pairs of consecutive crops of one track, and the face pixels summed over them.
+    pub pairs: u64,
+    cells: u64,
+    /// Sums of squared frame-to-frame changes: of the input, of the output, and of what the
+    /// output would be without the filter.
+    input_sq: f64,
+    output_sq: f64,
+    raw_sq: f64,
+    /// Sums of the absolute change pasted after the filter and given by the model.
+    kept_abs: f64,
+    model_abs: f64,
+}
+
+impl Flicker {
+    fn rms(&self, sq: f64) -> f64 {
+        (sq / self.cells.max(1) as f64).sqrt()
+    }
+
+    /// Frame-to-frame RMS change of the input inside faces, in levels.
+    pub fn input_rms(&self) -> f64 {
+        self.rms(self.input_sq)
+    }
+
+    /// The restoration's flicker: the output's frame-to-frame RMS change inside faces minus the
+    /// input's, in levels.
+    pub fn output(&self) -> f64 {
+        self.rms(self.output_sq) - self.input_rms()
+    }
+
+    /// The flicker the model's change would have had without the filter.
+    pub fn unfiltered(&self) -> f64 {
+        self.rms(self.raw_sq) - self.input_rms()
+    }
+
+    /// Share of the model's change (mean absolute value) the filter kept.
+    pub fn kept(&self) -> f64 {
+        if self.model_abs > 0.0 {
+            self.kept_abs / self.model_abs
+        } else {
+            1.0
+        }
+    }
+}
+
+/// One track's state: the previous frame's input luma, the filtered change pasted then, and
+/// the luma of its output with and without the filter (for the figures).
+struct Track {
+    frame: u64,
+    luma: Vec<f32>,
+    change: Vec<f32>,
+    out: Vec<f32>,
+    raw: Vec<f32>,
+}
+
+/// The filter of one run.
+pub struct Temporal {
+    memory: f32,
+    size: usize,
+    /// Half-resolution cells inside the face (the template's face ellipse), for the figures.
+    face: Vec<bool>,
+    tracks: HashMap<u64, Track>,
+    spare: Vec<Track>,
+    /// This frame's output luma with and without the filter, and the history weights.
+    out_now: Vec<f32>,
+    raw_now: Vec<f32>,
+    weights: Vec<f32>,
+    pub flicker: Flicker,
+}
+
+/// Mean luma (levels) of each 2x2 block of packed RGB `rgb` (`size` square), offset by `base`
+/// (a luma plane of the same half size) when given.
+fn half_luma(rgb: &[f32], size: usize, base: Option<&[f32]>, out: &mut Vec<f32>) {
+    let h = size / 2;
+    out.clear();
+    out.resize(h * h, 0.0);
+    for y in 0..h {
+        for x in 0..h {
+            let mut s = 0.0;
+            for (dx, dy) in [(0, 0), (1, 0), (0, 1), (1, 1)] {
+                let p = &rgb[((2 * y + dy) * size + 2 * x + dx) * 3..][..3];
+                s += 0.299 * p[0] + 0.587 * p[1] + 0.114 * p[2];
+            }
+            out[y * h + x] = s / 4.0 + base.map_or(0.0, |b| b[y * h + x]);
+        }
+    }
+}
+
+impl Temporal {
+    /// A filter of `memory` frames for crops of `size` aligned to `template` (crop pixels).
+    pub fn new(memory: f32, size: usize, template: &[[f32; 2]; 5]) -> Self {
+        let mask = crate::faces::paste::Mask::face(size, template);
+        let h = size / 2;
+        let face = (0..h * h)
+            .map(|i| mask.at((2 * (i % h)) as f64 + 0.5, (2 * (i / h)) as f64 + 0.5) >= 0.5)
+            .collect();
+        Self {
+            memory: memory.max(0.0),
+            size,
+            face,
+            tracks: HashMap::new(),
+            spare: Vec::new(),
+            out_now: Vec::new(),
+            raw_now: Vec::new(),
+            weights: Vec::new(),
+            flicker: Flicker {
+                filtered: memory > 0.0,
+                ..Flicker::default()
+            },
+        }
+    }
+
+    /// Filters the changes of frame `index`'s faces in place. Faces without a track, a
+    /// change or an input luma pass unchanged; tracks not seen in this frame end.
+    pub fn filter(&mut self, index: u64, faces: &mut [FaceJob]) {
+        let (size, h) = (self.size, self.size / 2);
+        let w_max = self.memory;
+        let mut seen = Vec::with_capacity(faces.len());
+        for job in faces.iter_mut() {
+            let (Some(id), Some(change)) = (job.track, job.restored.as_mut()) else {
+                continue;
+            };
+            if job.luma.len() != h * h || change.len() != size * size * 3 {
+                continue;
+            }
+            seen.push(id);
+            let prev = self.tracks.remove(&id).filter(|t| t.frame + 1 == index);
+            let mut t = prev.unwrap_or_else(|| {
+                self.spare.pop().unwrap_or(Track {
+                    frame: 0,
+                    luma: Vec::new(),
+                    change: Vec::new(),
+                    out: Vec::new(),
+                    raw: Vec::new(),
+                })
+            });
+            let continues = t.frame + 1 == index && t.luma.len() == h * h && t.change.len() == change.len();
+            let model_abs: f64 = change.iter().map(|v| v.abs() as f64).sum();
+            // The output's luma without the filter, for the figures.
+            half_luma(change, size, Some(&job.luma), &mut self.raw_now);
+            if continues && w_max > 0.0 {
+                // Each cell's history weight from how alike its input is to a frame ago.
+                let weights = &mut self.weights;
+                weights.clear();
+                weights.extend(job.luma.iter().zip(&t.luma).map(|(a, b)| {
+                    let d = (a - b).abs();
+                    let g = ((CHANGED - d) / (CHANGED - ALIKE)).clamp(0.0, 1.0);
+                    w_max * g * g * (3.0 - 2.0 * g)
+                }));
+                for y in 0..size {
+                    let wrow = &weights[(y / 2) * h..][..h];
+                    let row = y * size * 3;
+                    for x in 0..size {
+                        let w = wrow[x / 2];
+                        if w > 0.0 {
+                            let k = 1.0 / (1.0 + w);
+                            for c in 0..3 {
+                                let i = row + 3 * x + c;
+                                change[i] = (change[i] + w * t.change[i]) * k;
+                            }
+                        }
+                    }
+                }
+            }
+            let kept_abs: f64 = change.iter().map(|v| v.abs() as f64).sum();
+            half_luma(change, size, Some(&job.luma), &mut self.out_now);
+            let (out_now, raw_now, prev_out, raw) = (&self.out_now, &self.raw_now, &t.out, &t.raw);
+            if continues {
+                let f = &mut self.flicker;
+                f.pairs += 1;
+                for (i, inside) in self.face.iter().enumerate() {
+                    if *inside {
+                        let d_in = (job.luma[i] - t.luma[i]) as f64;
+                        let d_out = (out_now[i] - prev_out[i]) as f64;
+                        let d_raw = (raw_now[i] - raw[i]) as f64;
+                        f.input_sq += d_in * d_in;
+                        f.output_sq += d_out * d_out;
+                        f.raw_sq += d_raw * d_raw;
+                        f.cells += 1;
+                    }
+                }
+            }
+            self.flicker.kept_abs += kept_abs;
+            self.flicker.model_abs += model_abs;
+            std::mem::swap(&mut t.out, &mut self.out_now);
+            std::mem::swap(&mut t.raw, &mut self.raw_now);
+            t.change.clear();
+            t.change.extend_from_slice(change);
+            std::mem::swap(&mut t.luma, &mut job.luma);
+            t.frame = index;
+            self.tracks.insert(id, t);
+        }
+        // Tracks not continued in this frame are over.
+        let over: Vec<u64> = self.tracks.keys().filter(|id| !seen.contains(id)).copied().collect();
+        for id in over {
+            if let Some(t) = self.tracks.remove(&id) {
+                self.spare.push(t);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::frame::Face;
+
+    fn job(track: u64, luma: f32, change: impl Fn(usize) -> f32, size: usize) -> FaceJob {
+        let mut j = FaceJob::detected(Face::default());
+        j.track = Some(track);
+        j.luma = vec![luma; (size / 2) * (size / 2)];
+        j.restored = Some((0..size * size * 3).map(change).collect());
+        j
+    }
+
+    #[test]
+    fn detail_the_input_does_not_support_averages_away_and_a_real_change_is_taken_at_once() {
+        let size = 16;
+        let tpl = crate::faces::align::template(size);
+        let mut t = Temporal::new(4.0, size, &tpl);
+        // Alternating detail on a still input: the filtered change swings far less.
+        let mut swings = Vec::new();
+        let mut last = None;
+        for n in 0..20u64 {
+            let sign = if n % 2 == 0 { 1.0 } else { -1.0 };
+            let mut faces = [job(7, 100.0, |_| 10.0 * sign, size)];
+            t.filter(n, &mut faces);
+            let v = faces[0].restored.as_ref().unwrap()[0];
+            if let Some(l) = last {
+                swings.push((v - l as f32).abs());
+            }
+            last = Some(v);
+        }
+        assert!(*swings.last().unwrap() < 20.0 / 3.0, "{swings:?}");
+        assert!(t.flicker.output() < t.flicker.unfiltered() / 3.0, "{:?}", t.flicker);
+        // The input changes for real: the new change is taken as it is.
+        let mut faces = [job(7, 200.0, |_| 30.0, size)];
+        t.filter(20, &mut faces);
+        assert_eq!(faces[0].restored.as_ref().unwrap()[0], 30.0);
+        // A new track starts afresh, and zero stays zero.
+        let mut faces = [job(8, 200.0, |_| 0.0, size)];
+        t.filter(21, &mut faces);
+        assert!(faces[0].restored.as_ref().unwrap().iter().all(|v| *v == 0.0));
+    }
+}
