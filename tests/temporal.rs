@@ -176,3 +176,61 @@ fn a_pan_keeps_the_stable_change() {
     println!("pan: the filtered output is within {worst:.1} dB of the unfiltered one inside the face");
     assert!(worst >= 40.0, "{worst:.1} dB");
 }
+
+/// Every report gives the flicker: the run's summary (in words), `--stats-json` and the batch
+/// report; with the filter off it is measured too.
+#[test]
+fn every_report_gives_the_flicker() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let input = clip(d, "noisy.mp4", "140", "noise=alls=12:allf=t", 12);
+    let model = asset("models/standin/texture-256.onnx");
+    let stats = d.join("stats.json");
+    let err = ok(&gpen(&[
+        &input,
+        &d.join("o.mp4"),
+        &"--model",
+        &model,
+        &"--stats-json",
+        &stats,
+    ]));
+    assert!(
+        err.contains("flicker inside faces") && err.contains("without the temporal filter"),
+        "{err}"
+    );
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&stats).unwrap()).unwrap();
+    let f = &v["flicker"];
+    assert!(f["filtered"].as_bool().unwrap(), "{v}");
+    assert!(
+        f["output_levels"].as_f64().unwrap() < f["unfiltered_levels"].as_f64().unwrap(),
+        "{v}"
+    );
+    assert!(
+        f["kept"].as_f64().unwrap() < 1.0 && f["pairs"].as_u64().unwrap() >= 10,
+        "{v}"
+    );
+    let err = ok(&gpen(&[
+        &input,
+        &d.join("off.mp4"),
+        &"--model",
+        &model,
+        &"--temporal",
+        &"0",
+    ]));
+    assert!(err.contains("temporal filter off"), "{err}");
+
+    let (in_dir, out_dir, report) = (d.join("in"), d.join("out"), d.join("report.json"));
+    std::fs::create_dir_all(&in_dir).unwrap();
+    std::fs::copy(&input, in_dir.join("a.mp4")).unwrap();
+    ok(&gpen(&[
+        &"batch",
+        &in_dir,
+        &out_dir,
+        &"--model",
+        &model,
+        &"--report",
+        &report,
+    ]));
+    let r: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    assert!(r["done"][0]["flicker"].as_f64().is_some(), "{r}");
+}

@@ -305,6 +305,7 @@ fn record(
         frames,
         faces,
         seconds,
+        flicker: None,
     };
     Ok((done, entry))
 }
@@ -325,12 +326,14 @@ fn run_clip(
     });
     // A failed run may leave a session in a bad state: the next clip loads fresh ones.
     let summary = run.inspect_err(|_| *cached = None)?;
-    record(
+    let (mut done, entry) = record(
         ctx,
         clip,
         stamp,
         summary.frames,
         summary.faces,
         summary.wall.as_secs_f64(),
-    )
+    )?;
+    done.flicker = summary.flicker.filter(|f| f.pairs > 0).map(|f| f.output());
+    Ok((done, entry))
 }

@@ -12,6 +12,10 @@ pub struct ClipDone {
     pub frames: u64,
     pub faces: u64,
     pub seconds: f64,
+    /// The restoration's flicker inside faces (levels of frame-to-frame change beyond the
+    /// input's), for videos with tracked faces.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub flicker: Option<f64>,
 }
 
 /// A clip this run skipped or failed, and why.

@@ -63,6 +63,9 @@ pub struct BenchRow {
     /// GPU memory held on the busiest GPU at the end, where the driver reports it.
     pub gpu_mib: Option<u64>,
     pub runs: usize,
+    /// The restoration's flicker inside faces (levels of frame-to-frame change beyond the
+    /// input's, median over the runs), for pipeline rows.
+    pub flicker: Option<f64>,
 }
 
 #[derive(Clone, Debug, Default, Serialize)]
@@ -226,6 +229,15 @@ fn bench_source(o: &BenchOptions, src: &Path, tmp: &Path, report: &mut BenchRepo
             peak_mib: peak_rss().map(|b| b >> 20),
             gpu_mib: last.workers.iter().filter_map(|w| w.device_mib).max(),
             runs: runs.len(),
+            flicker: {
+                let f: Vec<f64> = runs
+                    .iter()
+                    .filter_map(|s| s.flicker)
+                    .filter(|f| f.pairs > 0)
+                    .map(|f| f.output())
+                    .collect();
+                (!f.is_empty()).then(|| median(f))
+            },
         });
     }
     if with_ceiling {
@@ -242,6 +254,7 @@ fn bench_source(o: &BenchOptions, src: &Path, tmp: &Path, report: &mut BenchRepo
             peak_mib: peak_rss().map(|b| b >> 20),
             gpu_mib: gpu_memory_by_index().iter().map(|(_, m)| *m).max().filter(|m| *m > 0),
             runs: o.repeat.max(1),
+            flicker: None,
         });
     }
     let model_ceiling = report
@@ -397,7 +410,7 @@ pub(crate) fn ceiling(
 impl BenchReport {
     pub fn table(&self) -> String {
         let mut out = format!(
-            "{:<24} {:<9} {:<12} {:>5} {:>6} {:>6} {:>8} {:>8} {:>9} {:>9} {:>8}\n",
+            "{:<24} {:<9} {:<12} {:>5} {:>6} {:>6} {:>8} {:>8} {:>9} {:>9} {:>8} {:>8}\n",
             "source",
             "measure",
             "device",
@@ -408,11 +421,12 @@ impl BenchReport {
             "faces/s",
             "ms/batch",
             "peak MiB",
-            "GPU MiB"
+            "GPU MiB",
+            "flicker"
         );
         for r in &self.rows {
             out += &format!(
-                "{:<24} {:<9} {:<12} {:>5} {:>6} {:>6} {:>8} {:>8.2} {:>9.1} {:>9} {:>8}\n",
+                "{:<24} {:<9} {:<12} {:>5} {:>6} {:>6} {:>8} {:>8.2} {:>9.1} {:>9} {:>8} {:>8}\n",
                 r.source,
                 r.kind,
                 r.device,
@@ -423,8 +437,12 @@ impl BenchReport {
                 r.faces_per_s,
                 r.ms_per_batch,
                 r.peak_mib.map_or("-".into(), |m| m.to_string()),
-                r.gpu_mib.map_or("-".into(), |m| m.to_string())
+                r.gpu_mib.map_or("-".into(), |m| m.to_string()),
+                r.flicker.map_or("-".into(), |f| format!("{f:+.2}"))
             );
+        }
+        if self.rows.iter().any(|r| r.flicker.is_some()) {
+            out += "flicker: how many levels more the restored faces change from frame to frame than the input's faces (inside faces, along each track; 0 is none added)\n";
         }
         for e in &self.efficiency {
             out += &format!(
