@@ -17,7 +17,17 @@ use crate::output::PendingFile;
 struct FrameRecord<'a> {
     frame: u64,
     regions: Vec<Rect>,
-    faces: Vec<&'a Face>,
+    faces: Vec<FaceRecord<'a>>,
+}
+
+/// A face and its track: the same number on every frame of one track (a new one after a cut,
+/// a jump or a loss), absent for a face not linked to one (pictures).
+#[derive(Serialize)]
+struct FaceRecord<'a> {
+    #[serde(flatten)]
+    face: &'a Face,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    track: Option<u64>,
 }
 
 /// Streams frame records into a pending file.
@@ -44,7 +54,13 @@ impl FacesSink {
         let record = FrameRecord {
             frame: index,
             regions: faces.iter().filter_map(|f| f.region).collect(),
-            faces: faces.iter().map(|f| &f.face).collect(),
+            faces: faces
+                .iter()
+                .map(|f| FaceRecord {
+                    face: &f.face,
+                    track: f.track,
+                })
+                .collect(),
         };
         let sep: &[u8] = if self.frames == 0 { b"\n" } else { b",\n" };
         self.file
