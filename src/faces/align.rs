@@ -616,6 +616,26 @@ pub fn mip_level(scale: f64, max: u32) -> u32 {
     }
 }
 
+/// Luma (levels) of each 2x2 block of an NCHW crop in [-1, 1] of `size`, for the temporal
+/// filter's likeness test.
+pub fn crop_luma_half(crop: &[f32], size: usize, out: &mut Vec<f32>) {
+    let (h, plane) = (size / 2, size * size);
+    out.clear();
+    out.resize(h * h, 0.0);
+    // (v + 1) * 127.5 per channel, weighted and averaged over four pixels.
+    let k = 127.5 / 4.0;
+    for y in 0..h {
+        for x in 0..h {
+            let mut s = 0.0;
+            for (dx, dy) in [(0, 0), (1, 0), (0, 1), (1, 1)] {
+                let i = (2 * y + dy) * size + 2 * x + dx;
+                s += 0.299 * crop[i] + 0.587 * crop[plane + i] + 0.114 * crop[2 * plane + i] + 1.0;
+            }
+            out[y * h + x] = s * k;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -835,25 +855,5 @@ mod tests {
         let mut back = Vec::new();
         tensor_to_rgb(&t, size, &mut back);
         assert_eq!(back, rgb);
-    }
-}
-
-/// Luma (levels) of each 2x2 block of an NCHW crop in [-1, 1] of `size`, for the temporal
-/// filter's likeness test.
-pub fn crop_luma_half(crop: &[f32], size: usize, out: &mut Vec<f32>) {
-    let (h, plane) = (size / 2, size * size);
-    out.clear();
-    out.resize(h * h, 0.0);
-    // (v + 1) * 127.5 per channel, weighted and averaged over four pixels.
-    let k = 127.5 / 4.0;
-    for y in 0..h {
-        for x in 0..h {
-            let mut s = 0.0;
-            for (dx, dy) in [(0, 0), (1, 0), (0, 1), (1, 1)] {
-                let i = (2 * y + dy) * size + 2 * x + dx;
-                s += 0.299 * crop[i] + 0.587 * crop[plane + i] + 0.114 * crop[2 * plane + i] + 1.0;
-            }
-            out[y * h + x] = s * k;
-        }
     }
 }

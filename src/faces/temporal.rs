@@ -259,7 +259,7 @@ mod tests {
             t.filter(n, &mut faces);
             let v = faces[0].restored.as_ref().unwrap()[0];
             if let Some(l) = last {
-                swings.push((v - l as f32).abs());
+                swings.push((v - l).abs());
             }
             last = Some(v);
         }
