@@ -252,7 +252,7 @@ mod tests {
         let mut t = Temporal::new(4.0, size, &tpl);
         // Alternating detail on a still input: the filtered change swings far less.
         let mut swings = Vec::new();
-        let mut last = None;
+        let mut last: Option<f32> = None;
         for n in 0..20u64 {
             let sign = if n % 2 == 0 { 1.0 } else { -1.0 };
             let mut faces = [job(7, 100.0, |_| 10.0 * sign, size)];
