@@ -70,9 +70,10 @@ fn restore(dir: &Path, input: &Path, model: &str, memory: &str) -> Vec<Vec<u8>> 
     rgb_frames(&out).2
 }
 
-/// The face's central region in the clips (the portrait's face at 360 px, overlaid at x0).
+/// The face's central region in the clips (the portrait's face at 360 px, overlaid at x0: its
+/// box is about x0 + 129..x0 + 188, 88..164).
 fn face_pixels(x0: usize) -> impl Iterator<Item = (usize, usize)> {
-    (80..200).flat_map(move |y| (x0 + 150..x0 + 230).map(move |x| (x, y)))
+    (92..160).flat_map(move |y| (x0 + 134..x0 + 184).map(move |x| (x, y)))
 }
 
 fn luma(f: &[u8], x: usize, y: usize) -> f64 {
@@ -120,13 +121,15 @@ fn a_noisy_still_face_stops_shimmering() {
         .zip(&b)
         .flat_map(|(fa, fb)| face_pixels(140).map(move |(x, y)| (luma(fa, x, y) - luma(fb, x, y)).abs()))
         .sum::<f64>()
-        / (a.len() * 120 * 80) as f64;
+        / (a.len() * 68 * 50) as f64;
     println!("stable model, filter on against off: {mean:.3} levels");
     assert!(mean < 1.0, "the stable model's output moved {mean:.3} levels");
 }
 
-/// A region of the face switches at frame 15 (a bright patch on the cheek): with the filter,
-/// the output there is the unfiltered one again within 2 frames (no ghost of the old face).
+/// A region of the face switches at frame 15 (a bright patch on the cheek; the negate stand-in
+/// makes the change there very different before and after): with the filter, the output in the
+/// patch is the unfiltered one from the switch on (no ghost of the old face, no lag), and the
+/// rest of the face keeps its filtered detail.
 #[test]
 fn a_sudden_change_is_followed_at_once() {
     let dir = tempfile::tempdir().unwrap();
@@ -135,24 +138,28 @@ fn a_sudden_change_is_followed_at_once() {
         d,
         "switch.mp4",
         "140",
-        "drawbox=x=330:y=150:w=40:h=30:color=white@1:t=fill:enable='gte(n,15)'",
+        "drawbox=x=284:y=128:w=24:h=16:color=white@1:t=fill:enable='gte(n,15)'",
         24,
     );
     let (off, on) = (
-        restore(d, &input, "stable-256.onnx", "0"),
-        restore(d, &input, "stable-256.onnx", "4"),
+        restore(d, &input, "negate-256.onnx", "0"),
+        restore(d, &input, "negate-256.onnx", "4"),
     );
-    for n in 16..24 {
+    for n in 15..24 {
         let mut worst: f64 = 0.0;
-        for y in 155..175 {
-            for x in 335..365 {
+        for y in 130..142 {
+            for x in 286..306 {
                 worst = worst.max((luma(&on[n], x, y) - luma(&off[n], x, y)).abs());
             }
         }
-        assert!(
-            worst <= 3.0,
-            "frame {n}: {worst:.1} levels from the unfiltered output in the switched patch"
-        );
+        println!("frame {n}: {worst:.2} levels from the unfiltered output in the switched patch");
+        // Within 2 frames at the most; measured: from the switching frame itself.
+        if n >= 16 {
+            assert!(
+                worst <= 2.0,
+                "frame {n}: {worst:.1} levels from the unfiltered output in the switched patch"
+            );
+        }
     }
 }
 

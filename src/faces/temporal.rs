@@ -171,11 +171,22 @@ impl Temporal {
             // The output's luma without the filter, for the figures.
             half_luma(change, size, Some(&job.luma), &mut self.raw_now);
             if continues && w_max > 0.0 {
-                // Each cell's history weight from how alike its input is to a frame ago.
+                // Each cell's history weight from how alike its input is to a frame ago: the
+                // largest difference over the cell and its eight neighbours, so the edge of a
+                // changed region (where the paste's resampling reaches) is not half-kept.
+                let diff = &mut self.out_now;
+                diff.clear();
+                diff.extend(job.luma.iter().zip(&t.luma).map(|(a, b)| (a - b).abs()));
                 let weights = &mut self.weights;
                 weights.clear();
-                weights.extend(job.luma.iter().zip(&t.luma).map(|(a, b)| {
-                    let d = (a - b).abs();
+                weights.extend((0..h * h).map(|i| {
+                    let (x, y) = (i % h, i / h);
+                    let mut d: f32 = 0.0;
+                    for yy in y.saturating_sub(1)..(y + 2).min(h) {
+                        for xx in x.saturating_sub(1)..(x + 2).min(h) {
+                            d = d.max(diff[yy * h + xx]);
+                        }
+                    }
                     let g = ((CHANGED - d) / (CHANGED - ALIKE)).clamp(0.0, 1.0);
                     w_max * g * g * (3.0 - 2.0 * g)
                 }));
