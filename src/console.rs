@@ -46,15 +46,19 @@ pub fn print_text(text: &str) -> bool {
 }
 
 /// The log's field formatter: `name=value` pairs (the message bare), each value's control
-/// characters escaped. The level's colours, written by the event formatter, are kept.
+/// characters (and in values, newlines) escaped; `log.*` fields left out. The level's colours,
+/// written by the event formatter, are kept.
 pub fn log_fields() -> impl for<'w> tracing_subscriber::fmt::FormatFields<'w> + 'static {
     use tracing_subscriber::field::MakeExt;
     tracing_subscriber::fmt::format::debug_fn(|w, field, value| {
         let v = escape_controls(&format!("{value:?}")).into_owned();
-        if field.name() == "message" {
-            write!(w, "{v}")
-        } else {
-            write!(w, "{}={v}", field.name())
+        match field.name() {
+            "message" => write!(w, "{v}"),
+            // The `log` crate's bookkeeping (events from crates that log), as the default
+            // formatter leaves it out.
+            name if name.starts_with("log.") => Ok(()),
+            // A value (a file name) cannot start a line of its own.
+            name => write!(w, "{name}={}", v.replace('\n', "\\n")),
         }
     })
     .delimited(" ")

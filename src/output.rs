@@ -114,7 +114,6 @@ impl Partial {
     }
 }
 
-/// Whether `path` still names the file open as `file`.
 /// A process's claim on an output it is about to make: `.NAME.claim` beside it, locked while
 /// held and removed when dropped, so concurrent `batch` processes over the same folders each
 /// restore a clip once. Lock files are tied to their process: a crashed holder's claim is
@@ -165,6 +164,7 @@ impl Drop for Claim {
     }
 }
 
+/// Whether `path` still names the file open as `file`.
 fn same_inode(file: &std::fs::File, path: &Path) -> bool {
     use std::os::unix::fs::MetadataExt;
     match (file.metadata(), std::fs::metadata(path)) {

@@ -80,6 +80,19 @@ fn a_transparent_picture_keeps_its_alpha_where_the_output_holds_it() {
         err.contains("an alpha channel") && err.contains(".jpg file cannot hold it") && err.contains(".png"),
         "{err}"
     );
+    // A palette picture with nothing transparent is not warned about.
+    let pal = d.join("pal.png");
+    ffmpeg(&[
+        "-i",
+        s(&asset("samples/astronaut.png")),
+        "-vf",
+        "scale=256:-2",
+        "-pix_fmt",
+        "pal8",
+        s(&pal),
+    ]);
+    let err = ok(&gpen(&[&pal, &d.join("p.jpg"), &"--model", &model]));
+    assert!(!err.contains("alpha"), "{err}");
 }
 
 /// A VP9 video with alpha: the alpha is dropped with a warning that says how to merge it back,

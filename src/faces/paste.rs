@@ -139,6 +139,29 @@ impl Ellipse {
     }
 }
 
+/// The convex hull of `pts` (Andrew's monotone chain), counter-clockwise in image axes.
+fn convex_hull(pts: &[(f64, f64)]) -> Vec<(f64, f64)> {
+    let mut p = pts.to_vec();
+    p.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.total_cmp(&b.1)));
+    p.dedup();
+    if p.len() < 3 {
+        return p;
+    }
+    let cross = |o: (f64, f64), a: (f64, f64), b: (f64, f64)| (a.0 - o.0) * (b.1 - o.1) - (a.1 - o.1) * (b.0 - o.0);
+    let mut hull: Vec<(f64, f64)> = Vec::with_capacity(2 * p.len());
+    for pass in [p.clone(), p.iter().rev().copied().collect()] {
+        let start = hull.len();
+        for q in pass {
+            while hull.len() >= start + 2 && cross(hull[hull.len() - 2], hull[hull.len() - 1], q) <= 0.0 {
+                hull.pop();
+            }
+            hull.push(q);
+        }
+        hull.pop();
+    }
+    hull
+}
+
 /// Distance from `p` to the polygon `pts`' outline, positive inside, negative outside.
 fn signed_distance(pts: &[(f64, f64)], p: (f64, f64)) -> f64 {
     let (mut best, mut inside) = (f64::INFINITY, false);
@@ -248,17 +271,21 @@ impl Mask {
                 }
             }
         }
-        // Zero beyond the outline by more than `out` and one table cell: the outline with each
-        // point pushed out from the centre by that and more holds every non-zero value.
+        // Zero beyond the outline by more than `out` and one table cell: the outline's convex
+        // hull (a folded or notched outline included) with each corner pushed out from the
+        // centre by that and more holds every non-zero value.
         let margin = 1.5 * (out + 2.0 * step as f64 + 2.0);
-        let k = pts.len().max(1) as f64;
-        let c = pts.iter().fold((0.0, 0.0), |c, p| (c.0 + p.0 / k, c.1 + p.1 / k));
-        let grown: Vec<(f64, f64)> = pts
+        let hull = convex_hull(&pts);
+        let k = hull.len().max(1) as f64;
+        let c = hull.iter().fold((0.0, 0.0), |c, p| (c.0 + p.0 / k, c.1 + p.1 / k));
+        let grown: Vec<(f64, f64)> = hull
             .iter()
             .map(|p| {
                 let (dx, dy) = (p.0 - c.0, p.1 - c.1);
                 let r = dx.hypot(dy).max(1e-9);
-                (p.0 + dx / r * margin, p.1 + dy / r * margin)
+                // A hull side leans away from its corners' rays (by less than 60 degrees for
+                // an outline round its centre): twice the margin along the ray covers it.
+                (p.0 + dx / r * margin * 2.0, p.1 + dy / r * margin * 2.0)
             })
             .collect();
         let support = (pts.len() >= 3).then_some(Support::Polygon(grown));
@@ -682,6 +709,35 @@ mod tests {
         }
         // Symmetric.
         assert!((m.at(40.0, 256.0) - m.at(471.0, 256.0)).abs() < 1e-6);
+    }
+
+    #[test]
+    fn the_support_of_a_notched_or_folded_outline_holds_its_mask() {
+        // A star (deep notches) and an outline folded over itself.
+        let star: Vec<[f32; 2]> = (0..36)
+            .map(|k| {
+                let a = k as f32 / 36.0 * std::f32::consts::TAU;
+                let r = if k % 2 == 0 { 90.0 } else { 45.0 };
+                [128.0 + r * a.sin(), 128.0 - r * a.cos()]
+            })
+            .collect();
+        let mut folded = star.clone();
+        folded.swap(5, 20);
+        for outline in [star, folded] {
+            let m = Mask::polygon(256, &outline);
+            let support = m.support.as_ref().expect("a support");
+            for v in 0..256 {
+                for u in 0..256 {
+                    let (uf, vf) = (u as f64 + 0.5, v as f64 + 0.5);
+                    if m.at(uf, vf) > 0.0 {
+                        for d in [(1.0, 0.0), (0.6, 0.8), (-0.3, 1.0)] {
+                            let (a, b) = support.span((uf, vf), d).expect("the line meets the support");
+                            assert!(a <= 0.0 && b >= 0.0, "({u}, {v}) outside the support along {d:?}");
+                        }
+                    }
+                }
+            }
+        }
     }
 
     #[test]

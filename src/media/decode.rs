@@ -83,9 +83,19 @@ impl SourceInfo {
     }
 }
 
-/// Whether pictures of `params` carry an alpha channel (RGBA PNG and TIFF, WebP with alpha,
-/// palette PNG with transparency).
+/// Whether a video's pictures carry an alpha channel (RGBA, YUVA: VP9 alpha decoded by libvpx,
+/// ProRes 4444, PNG-in-MOV); palettes and GIF (decoded to BGRA) count as opaque.
 pub fn has_alpha(params: &ffmpeg::codec::Parameters) -> bool {
+    has_alpha_channel(params)
+        && params.id() != ffmpeg::codec::Id::GIF
+        && ffmpeg::codec::context::Context::from_parameters(params.clone())
+            .and_then(|c| c.decoder().video())
+            .is_ok_and(|d| d.format() != ffmpeg::format::Pixel::PAL8)
+}
+
+/// Whether the decoder's pixel format can carry alpha at all (palettes included: a palette PNG
+/// may have transparent entries, or none).
+pub fn has_alpha_channel(params: &ffmpeg::codec::Parameters) -> bool {
     ffmpeg::codec::context::Context::from_parameters(params.clone())
         .and_then(|c| c.decoder().video())
         .ok()
@@ -277,13 +287,28 @@ impl Decoder {
         max_frames: Option<u64>,
         emit: impl FnMut(Frame) -> bool,
     ) -> Result<DecodeReport> {
-        // FFmpeg's reason for a file cut short ("invalid data") is replaced by what its bytes
-        // show, when they show it.
-        self.run_frames(pools, max_frames, emit)
-            .map_err(|e| match crate::media::sniff::explain(&self.info.path) {
+        // FFmpeg's reason for a file it could not read through ("invalid data", a read or
+        // flush failure) is replaced by what the file's bytes show, when they show it; other
+        // failures (the GPU, the truncation check, conversions) keep their own.
+        self.run_frames(pools, max_frames, emit).map_err(|e| {
+            let text = format!("{e:#}");
+            let unreadable = [
+                "Invalid data",
+                "read error",
+                "flushing the decoder failed",
+                "decoding failed",
+                "no video frame could be decoded",
+            ]
+            .iter()
+            .any(|k| text.contains(k));
+            match unreadable
+                .then(|| crate::media::sniff::explain(&self.info.path))
+                .flatten()
+            {
                 Some(why) => anyhow!("{}: {why}; no output written", self.info.path.display()),
                 None => e,
-            })
+            }
+        })
     }
 
     fn run_frames(

@@ -286,6 +286,8 @@ impl SideStreams {
 pub struct Encoder {
     octx: ffmpeg::format::context::Output,
     enc: encoder::video::Encoder,
+    /// Interlaced coding: whether the top field comes first.
+    fields: Option<bool>,
     /// The source's planar format -> the encoder's, when the encoder does not take it.
     scaler: Option<SendScaler>,
     /// RGB24 -> the encoder's format, for frames whose output is RGB.
@@ -368,9 +370,11 @@ impl Encoder {
         }
         // SAFETY: `src.params` holds valid codec parameters; `field_order` is a plain field.
         let field_order = unsafe { (*src.params.as_ptr()).field_order };
-        use ffmpeg::ffi::AVFieldOrder::{AV_FIELD_PROGRESSIVE, AV_FIELD_UNKNOWN};
+        use ffmpeg::ffi::AVFieldOrder::{AV_FIELD_PROGRESSIVE, AV_FIELD_TB, AV_FIELD_TT, AV_FIELD_UNKNOWN};
+        let mut fields = None;
         if !matches!(field_order, AV_FIELD_PROGRESSIVE | AV_FIELD_UNKNOWN) {
             if name == "libx264" {
+                fields = Some(matches!(field_order, AV_FIELD_TT | AV_FIELD_TB));
                 // Interlaced coding, its field order (x264 reads top-first from it) kept.
                 // SAFETY: plain fields of the unopened context; the flags keep those set above.
                 unsafe {
@@ -379,7 +383,6 @@ impl Encoder {
                     (*ctx.as_mut_ptr()).field_order = field_order;
                 }
             } else {
-                use ffmpeg::ffi::AVFieldOrder::{AV_FIELD_TB, AV_FIELD_TT};
                 let order = if matches!(field_order, AV_FIELD_TT | AV_FIELD_TB) {
                     "top field first"
                 } else {
@@ -457,6 +460,7 @@ impl Encoder {
         Ok(Self {
             octx,
             enc,
+            fields,
             scaler: None,
             rgb_scaler: None,
             pix,
@@ -570,6 +574,15 @@ impl Encoder {
         // Encode as the encoder decides, not where the source had its keyframes.
         picture.set_kind(ffmpeg::picture::Type::None);
         picture.set_pts(Some(pts));
+        if let Some(top_first) = self.fields {
+            // x264 takes the field order from each picture (frames copied or converted on the
+            // way here lose the decoder's flags).
+            // SAFETY: `picture` is a valid frame we hold; these are plain int fields.
+            unsafe {
+                (*picture.as_mut_ptr()).interlaced_frame = 1;
+                (*picture.as_mut_ptr()).top_field_first = i32::from(top_first);
+            }
+        }
         self.enc
             .send_frame(picture)
             .with_context(|| format!("encoding frame {}", frame.index))?;

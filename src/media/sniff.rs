@@ -45,7 +45,7 @@ pub fn explain(path: &Path) -> Option<String> {
 
 /// "a W x H picture (N megapixels) ..." when it is larger than FFmpeg decodes.
 fn too_large(w: u64, h: u64) -> Option<String> {
-    ((w + 128) * (h + 128) >= FFMPEG_MAX_PIXELS).then(|| {
+    ((w + 128).saturating_mul(h + 128) >= FFMPEG_MAX_PIXELS).then(|| {
         format!(
             "a {w}x{h} picture ({} megapixels), larger than FFmpeg decodes (about {} megapixels at most, e.g. 16000x16000): scale it down first (e.g. magick {{in}} -resize 50% smaller.png) and restore that",
             w * h / 1_000_000,
@@ -151,21 +151,23 @@ fn iso_bmff(head: &[u8], size: u64) -> Option<String> {
         if len == 1 {
             len = u64::from_be_bytes(head.get(i + 8..i + 16)?.try_into().ok()?);
         } else if len == 0 {
-            len = size - at;
+            len = size.saturating_sub(at);
         }
         if len < 8 {
             break;
         }
         moov |= kind == b"moov";
-        if at + len > size {
+        // A size past any file (a crafted header) is a box that runs past this one's end.
+        let end = at.checked_add(len).unwrap_or(u64::MAX);
+        if end > size {
             cut_in_mdat = kind == b"mdat";
             break;
         }
-        if kind == b"mdat" && at + len == size {
+        if kind == b"mdat" && end == size {
             // The media data runs to the very end: nothing after it, so no index there.
             cut_in_mdat = !moov;
         }
-        at += len;
+        at = end;
         if at as usize >= head.len() {
             // The rest of the boxes lie beyond what was read (moov after a long mdat): walk on
             // by seeking is not needed for the verdict below.
@@ -232,5 +234,17 @@ mod tests {
         whole.extend_from_slice(&8u32.to_be_bytes());
         whole.extend_from_slice(b"moov");
         assert_eq!(with(&whole, explain), None);
+        // A 64-bit box size at the edge of u64 ends the walk (it wrapped round to the start).
+        let mut crafted = b"\0\0\0\x18ftypisom\0\0\0\0isomavc1".to_vec();
+        crafted.extend_from_slice(&1u32.to_be_bytes());
+        crafted.extend_from_slice(b"free");
+        crafted.extend_from_slice(&(u64::MAX - 23).to_be_bytes());
+        crafted.extend_from_slice(&[0; 64]);
+        assert_eq!(with(&crafted, explain), None);
+        // An IHDR of 0xFFFFFFFF square does not overflow.
+        let mut png = b"\x89PNG\r\n\x1a\n\0\0\0\x0dIHDR".to_vec();
+        png.extend_from_slice(&[0xff; 8]);
+        png.extend_from_slice(&[8, 2, 0, 0, 0, 0, 0, 0, 0]);
+        assert!(with(&png, explain).unwrap().contains("larger than FFmpeg decodes"));
     }
 }

@@ -107,6 +107,8 @@ pub struct StillWriter {
     pix: Pixel,
     /// The source's alpha is written too (its orientation with it).
     alpha: Option<u8>,
+    /// The source may have transparency the output format cannot hold (checked at write).
+    alpha_lost: bool,
     /// JPEG's fixed quantiser (in lambda units), if any.
     qscale_lambda: Option<i32>,
     scaler: Option<SendScaler>,
@@ -131,15 +133,13 @@ impl StillWriter {
             .and_then(|v| v.formats().map(|f| f.collect()))
             .unwrap_or_default();
         let mut pix = pixel_for(name, &formats);
-        let mut alpha = None;
-        if crate::media::decode::has_alpha(&src.params) {
+        let (mut alpha, mut alpha_lost) = (None, false);
+        // A palette may have transparent entries or none: whether anything is transparent is
+        // known once the picture is read again (at write).
+        if crate::media::decode::has_alpha_channel(&src.params) {
             match alpha_pixel_for(&formats) {
                 Some(p) => (pix, alpha) = (p, Some(src.orientation)),
-                None => tracing::warn!(
-                    file = %src.path.display(),
-                    "the picture has transparency (an alpha channel) and a .{} file cannot hold it: its transparent pixels are written as the colours stored under them. Choose .png, .webp or .tiff to keep it",
-                    ext_of(path)
-                ),
+                None => alpha_lost = true,
             }
         }
         // Stills go through 8-bit RGB: say so for a deeper source (a 16-bit PNG or TIFF).
@@ -188,6 +188,7 @@ impl StillWriter {
             enc: Some(enc),
             pix,
             alpha,
+            alpha_lost,
             qscale_lambda,
             scaler: None,
             full: Vec::new(),
@@ -228,6 +229,13 @@ impl StillWriter {
             }
             _ => &frame.rgb,
         };
+        if self.alpha_lost && read_alpha(&self.source, 1).is_ok_and(|a| a.iter().any(|&v| v < 255)) {
+            tracing::warn!(
+                file = %self.source.display(),
+                "the picture has transparency (an alpha channel) and a .{} file cannot hold it: its transparent pixels are written as the colours stored under them. Choose .png, .webp or .tiff to keep it",
+                ext_of(&self.path)
+            );
+        }
         let alpha = match self.alpha {
             Some(o) => {
                 let a = read_alpha(&self.source, o)?;

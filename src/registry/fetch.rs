@@ -376,6 +376,8 @@ fn download(url: &str, dest: &Path, progress: bool) -> Result<Download> {
     let host = host_of(url);
     let mirror_hint =
         format!("or put the file there by hand, or point --url / {URL_BASE_ENV} at a mirror you can reach");
+    // Installed before the request, so a Ctrl-C while it connects is heard once the body flows.
+    let interrupts = crate::interrupt::install()?;
     let resp = request(url, stall, &mirror_hint)?;
     let body = resp.into_body();
     let expected = body.content_length();
@@ -399,7 +401,6 @@ fn download(url: &str, dest: &Path, progress: bool) -> Result<Download> {
     let total = expected.map_or("?".to_string(), |n| n.to_string());
     // The body is read on its own thread, so a Ctrl-C or SIGTERM is heard while a read waits
     // on the network: the partial file is removed and the command ends at once.
-    let interrupts = crate::interrupt::install()?;
     let (tx, rx) = crossbeam_channel::bounded::<std::io::Result<Vec<u8>>>(4);
     std::thread::spawn(move || {
         let mut buf = vec![0u8; 256 * 1024];
@@ -423,7 +424,13 @@ fn download(url: &str, dest: &Path, progress: bool) -> Result<Download> {
         let chunk = match rx.recv_timeout(Duration::from_millis(100)) {
             Ok(c) => c,
             Err(crossbeam_channel::RecvTimeoutError::Timeout) => continue,
-            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => break,
+            // The reader ends only after sending its last chunk: gone without one, it failed.
+            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => {
+                bar.abandon();
+                bail!(
+                    "download of {url} broke off after {got} of {total} bytes: nothing was kept; run the command again"
+                );
+            }
         };
         let chunk = match chunk {
             Ok(c) if c.is_empty() => break,
