@@ -158,7 +158,7 @@ fn iso_bmff(head: &[u8], size: u64) -> Option<String> {
         }
         moov |= kind == b"moov";
         // A size past any file (a crafted header) is a box that runs past this one's end.
-        let end = at.checked_add(len).unwrap_or(u64::MAX);
+        let end = at.saturating_add(len);
         if end > size {
             cut_in_mdat = kind == b"mdat";
             break;
