@@ -80,20 +80,22 @@ fn the_warm_pipeline_reuses_its_picture_and_tensor_buffers() {
     };
     run(20);
     // Each run fills its pools during its first frames, and more if a stall lets the pipeline
-    // deepen later (on a busy machine: up to about 20 buffers more, however long the run);
-    // without pools every frame would allocate a picture, a detection copy, a crop, a restored
-    // crop and the paste's change: 600 large buffers more for 120 frames more.
+    // deepen later (on a busy machine: up to about 20 buffers more, however long the run, and
+    // a queue of frames more with the temporal filter's stage); without pools every frame would
+    // allocate a picture, a detection copy, a crop, its luma, a restored crop and the paste's
+    // change: 720 large buffers more for 120 frames more.
     let ((short_bytes, short_large), (long_bytes, long_large)) = (run(20), run(140));
     let per_frame = (long_bytes as f64 - short_bytes as f64) / 120.0;
     eprintln!(
         "20 frames: {short_large} large buffers, {short_bytes} bytes in small ones; 140 frames: {long_large}, {long_bytes}; {per_frame:.0} small bytes per frame"
     );
-    // Each extra thread of the two pool stages (align, paste) lets up to three more frames be
-    // in flight (one in work, two in its reorder buffer), each with up to five large buffers
-    // (picture, detection copy, crop, restored crop, change), which a stall may make once.
-    let deeper = 2 * 3 * (engine.pool_threads - 1) * 5;
+    // Each extra thread of the pool stages (mesh, align, paste) lets up to three more frames be
+    // in flight (one in work, two in its reorder buffer), each with up to six large buffers
+    // (picture, detection copy, crop, its luma, restored crop, change), which a stall may make
+    // once.
+    let deeper = 3 * 3 * (engine.pool_threads - 1) * 6;
     assert!(
-        long_large <= short_large + 30 + deeper as u64,
+        long_large <= short_large + 40 + deeper as u64,
         "large buffers allocated past warm-up: {short_large} in 20 frames, {long_large} in 140 (pools of {} threads)",
         engine.pool_threads
     );

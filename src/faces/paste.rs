@@ -69,6 +69,9 @@ pub struct Mask {
     /// A shape (crop pixels) outside which the mask is zero, where it has one: the paste
     /// visits only the pixels of each row that fall inside it.
     support: Option<Support>,
+    /// Scratch of the mesh mask, kept for its next face: the outline, and its points sorted.
+    points: Vec<(f64, f64)>,
+    sorted: Vec<(f64, f64)>,
 }
 
 /// An ellipse in crop pixels: its centre, the unit vector of its first axis and its two
@@ -140,18 +143,21 @@ impl Ellipse {
 }
 
 /// The convex hull of `pts` (Andrew's monotone chain), counter-clockwise in image axes.
-fn convex_hull(pts: &[(f64, f64)]) -> Vec<(f64, f64)> {
-    let mut p = pts.to_vec();
+/// `p` (sorted and deduplicated in place) is the point set; the hull goes into `hull`.
+fn convex_hull(p: &mut Vec<(f64, f64)>, hull: &mut Vec<(f64, f64)>) {
     p.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.total_cmp(&b.1)));
     p.dedup();
+    hull.clear();
     if p.len() < 3 {
-        return p;
+        hull.extend_from_slice(p);
+        return;
     }
     let cross = |o: (f64, f64), a: (f64, f64), b: (f64, f64)| (a.0 - o.0) * (b.1 - o.1) - (a.1 - o.1) * (b.0 - o.0);
-    let mut hull: Vec<(f64, f64)> = Vec::with_capacity(2 * p.len());
-    for pass in [p.clone(), p.iter().rev().copied().collect()] {
+    // Lower chain left to right, then upper chain right to left.
+    for pass in 0..2 {
         let start = hull.len();
-        for q in pass {
+        for i in 0..p.len() {
+            let q = if pass == 0 { p[i] } else { p[p.len() - 1 - i] };
             while hull.len() >= start + 2 && cross(hull[hull.len() - 2], hull[hull.len() - 1], q) <= 0.0 {
                 hull.pop();
             }
@@ -159,7 +165,6 @@ fn convex_hull(pts: &[(f64, f64)]) -> Vec<(f64, f64)> {
         }
         hull.pop();
     }
-    hull
 }
 
 /// Distance from `p` to the polygon `pts`' outline, positive inside, negative outside.
@@ -211,6 +216,8 @@ impl Mask {
             step: 1,
             table: Vec::new(),
             support: None,
+            points: Vec::new(),
+            sorted: Vec::new(),
         };
         m.set_polygon(size, outline);
         m
@@ -218,7 +225,10 @@ impl Mask {
 
     /// Makes this mask [`Mask::polygon`]'s, reusing its table.
     pub fn set_polygon(&mut self, size: usize, outline: &[[f32; 2]]) {
-        let pts: Vec<(f64, f64)> = outline.iter().map(|p| (p[0] as f64, p[1] as f64)).collect();
+        // The mask's own buffers are reused: it is remade for every face of every frame.
+        let mut pts = std::mem::take(&mut self.points);
+        pts.clear();
+        pts.extend(outline.iter().map(|p| (p[0] as f64, p[1] as f64)));
         let area = pts
             .iter()
             .zip(pts.iter().cycle().skip(1))
@@ -275,25 +285,32 @@ impl Mask {
         // hull (a folded or notched outline included) with each corner pushed out from the
         // centre by that and more holds every non-zero value.
         let margin = 1.5 * (out + 2.0 * step as f64 + 2.0);
-        let hull = convex_hull(&pts);
-        let k = hull.len().max(1) as f64;
-        let c = hull.iter().fold((0.0, 0.0), |c, p| (c.0 + p.0 / k, c.1 + p.1 / k));
-        let grown: Vec<(f64, f64)> = hull
-            .iter()
-            .map(|p| {
-                let (dx, dy) = (p.0 - c.0, p.1 - c.1);
-                let r = dx.hypot(dy).max(1e-9);
-                // A hull side leans away from its corners' rays (by less than 60 degrees for
-                // an outline round its centre): twice the margin along the ray covers it.
-                (p.0 + dx / r * margin * 2.0, p.1 + dy / r * margin * 2.0)
-            })
-            .collect();
-        let support = (pts.len() >= 3).then_some(Support::Polygon(grown));
+        let mut grown = match self.support.take() {
+            Some(Support::Polygon(v)) => v,
+            _ => Vec::new(),
+        };
+        let enough = pts.len() >= 3;
+        let mut sorted = std::mem::take(&mut self.sorted);
+        sorted.clear();
+        sorted.extend_from_slice(&pts);
+        convex_hull(&mut sorted, &mut grown);
+        let k = grown.len().max(1) as f64;
+        let c = grown.iter().fold((0.0, 0.0), |c, p| (c.0 + p.0 / k, c.1 + p.1 / k));
+        for p in grown.iter_mut() {
+            let (dx, dy) = (p.0 - c.0, p.1 - c.1);
+            let r = dx.hypot(dy).max(1e-9);
+            // A hull side leans away from its corners' rays (by less than 60 degrees for an
+            // outline round its centre): twice the margin along the ray covers it.
+            *p = (p.0 + dx / r * margin * 2.0, p.1 + dy / r * margin * 2.0);
+        }
+        let support = enough.then_some(Support::Polygon(grown));
         *self = Self {
             size,
             step,
             table,
             support,
+            points: pts,
+            sorted,
         };
     }
 
@@ -344,6 +361,8 @@ impl Mask {
             step: 1,
             table,
             support: None,
+            points: Vec::new(),
+            sorted: Vec::new(),
         }
     }
 
