@@ -833,3 +833,38 @@ fn two_unsharded_batches_at_once_do_each_clip_once() {
     assert!(st.success(), "{err}");
     assert!(names(&r, "done").is_empty(), "{err}");
 }
+
+/// A clip whose claim another process holds is not left undone when that process lets go
+/// without finishing it (it failed or was stopped): the batch waits for the claim once its own
+/// clips are done, then restores the clip itself.
+#[test]
+fn a_clip_another_process_gave_up_is_restored_after_all() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (input, output) = (tmp.path().join("in"), tmp.path().join("out"));
+    make_clips(&input, &["a.mp4", "b.mp4", "c.mp4"], 6);
+    std::fs::create_dir_all(&output).unwrap();
+    // "Another process" holds b.mp4's claim, then gives it up without an output.
+    let claim = std::fs::File::create(output.join(".b.mp4.claim")).unwrap();
+    claim.lock().unwrap();
+    let report = tmp.path().join("r.json");
+    let child = batch_cmd(&input, &output, &["--report", report.to_str().unwrap()], &[])
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    while !(output.join("a.mp4").exists() && output.join("c.mp4").exists()) {
+        assert!(start.elapsed() < Duration::from_secs(120), "a and c never appeared");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        !output.join("b.mp4").exists(),
+        "b was restored while its claim was held"
+    );
+    drop(claim);
+    let out = finish(child, Duration::from_secs(120));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    let r: Value = serde_json::from_str(&std::fs::read_to_string(report).unwrap()).unwrap();
+    assert_eq!(names(&r, "done"), set(&["a.mp4", "b.mp4", "c.mp4"]), "{err}");
+    complete(&input, &output, &set(&["a.mp4", "b.mp4", "c.mp4"]));
+}

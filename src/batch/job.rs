@@ -81,13 +81,13 @@ pub(crate) struct JobContext {
 
 /// Takes `clip`'s claim, or says why it is skipped: another batch process over the same
 /// folders is restoring it, or has finished it since this one scanned them.
-fn claim(ctx: &JobContext, clip: &Clip) -> Result<std::result::Result<Claim, String>> {
+fn claim(ctx: &JobContext, clip: &Clip) -> Result<Taken> {
     let (input, output) = (ctx.in_dir.join(&clip.rel), ctx.out_dir.join(&clip.rel));
     if let Some(dir) = output.parent() {
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create folder {}", dir.display()))?;
     }
     let Some(claim) = Claim::take(&output)? else {
-        return Ok(Err("being restored by another batch process".into()));
+        return Ok(Taken::Held);
     };
     // Only an output that exists can have been finished meanwhile.
     if output.exists() {
@@ -96,20 +96,43 @@ fn claim(ctx: &JobContext, clip: &Clip) -> Result<std::result::Result<Claim, Str
         if manifest::vouched(&all, &clip.key, stamp, &ctx.settings_hash, &output)
             && (!ctx.force || manifest::finished_after(&all, &clip.key, ctx.started_unix_ms))
         {
-            return Ok(Err("finished by another batch process".into()));
+            return Ok(Taken::Finished);
         }
     }
-    Ok(Ok(claim))
+    Ok(Taken::Mine(claim))
 }
 
-/// The claim on `clip`, or `None` when the clip is skipped or failed (the event is sent).
-fn claim_or_say(job: usize, ctx: &JobContext, clip: &Clip, events: &Sender<Event>) -> Option<Claim> {
+/// What taking a clip's claim found.
+enum Taken {
+    Mine(Claim),
+    /// Another batch process is restoring it now.
+    Held,
+    /// Another batch process finished it since this one's scan.
+    Finished,
+}
+
+/// Why a clip is reported skipped when another process held it to the end.
+const HELD: &str = "being restored by another batch process";
+
+/// The claim on `clip`, or `None` when the clip is skipped, failed (the event is sent) or held
+/// by another process (then it goes into `held`, to be tried again once the queues are empty).
+fn claim_or_say(
+    job: usize,
+    ctx: &JobContext,
+    clip: &Clip,
+    events: &Sender<Event>,
+    held: &Mutex<Vec<Clip>>,
+) -> Option<Claim> {
     let event = match claim(ctx, clip) {
-        Ok(Ok(c)) => return Some(c),
-        Ok(Err(reason)) => Event::Skipped {
+        Ok(Taken::Mine(c)) => return Some(c),
+        Ok(Taken::Held) => {
+            held.lock().unwrap_or_else(|e| e.into_inner()).push(clip.clone());
+            return None;
+        }
+        Ok(Taken::Finished) => Event::Skipped {
             job,
             clip: clip.key.clone(),
-            reason,
+            reason: "finished by another batch process".into(),
         },
         Err(e) => Event::Failed {
             job,
@@ -124,34 +147,75 @@ fn claim_or_say(job: usize, ctx: &JobContext, clip: &Clip, events: &Sender<Event
 /// One job: takes clips until none is left or a stop is asked for.
 pub(crate) fn job_loop(job: usize, ctx: &JobContext, settings: Settings, queues: &Queues, events: &Sender<Event>) {
     let mut cached: Option<Engine> = None;
-    stream_images(job, ctx, &settings, &queues.images, &mut cached, events);
+    let held = Mutex::new(Vec::new());
+    stream_images(job, ctx, &settings, &queues.images, &mut cached, events, &held);
     let clips = &queues.videos;
     loop {
         if ctx.ints.requested() {
             break;
         }
         let Ok(clip) = clips.try_recv() else { break };
-        let Some(claim) = claim_or_say(job, ctx, &clip, events) else {
+        let Some(claim) = claim_or_say(job, ctx, &clip, events, &held) else {
             continue;
         };
-        let event = match run_clip(job, ctx, &settings, &clip, &mut cached, events) {
-            Ok((done, entry)) => Event::Done {
-                job,
-                done,
-                entry,
-                claim: Some(claim),
-            },
-            Err(e) if is_cancelled(&e) => Event::Cancelled { job, clip: clip.key },
-            Err(e) => Event::Failed {
-                job,
-                clip: clip.key,
-                reason: format!("{e:#}"),
-            },
-        };
-        if events.send(event).is_err() {
-            break;
+        if !run_claimed(job, ctx, &settings, (clip, claim), &mut cached, events) {
+            return;
         }
     }
+    // The clips another process held: waited for, then restored here if that process did not
+    // finish them (it failed or was stopped), or reported skipped if it did.
+    let mut waiting = held.into_inner().unwrap_or_else(|e| e.into_inner());
+    while !waiting.is_empty() {
+        if ctx.ints.requested() {
+            for clip in waiting {
+                let _ = events.send(Event::Skipped {
+                    job,
+                    clip: clip.key,
+                    reason: HELD.into(),
+                });
+            }
+            return;
+        }
+        let again = Mutex::new(Vec::new());
+        for clip in std::mem::take(&mut waiting) {
+            if let Some(claim) = claim_or_say(job, ctx, &clip, events, &again) {
+                if !run_claimed(job, ctx, &settings, (clip, claim), &mut cached, events) {
+                    return;
+                }
+            }
+        }
+        waiting = again.into_inner().unwrap_or_else(|e| e.into_inner());
+        if !waiting.is_empty() {
+            std::thread::sleep(std::time::Duration::from_millis(250));
+        }
+    }
+}
+
+/// Restores a clip whose claim this job holds and says how it ended; false when the
+/// coordinator has gone.
+fn run_claimed(
+    job: usize,
+    ctx: &JobContext,
+    settings: &Settings,
+    (clip, claim): (Clip, Claim),
+    cached: &mut Option<Engine>,
+    events: &Sender<Event>,
+) -> bool {
+    let event = match run_clip(job, ctx, settings, &clip, cached, events) {
+        Ok((done, entry)) => Event::Done {
+            job,
+            done,
+            entry,
+            claim: Some(claim),
+        },
+        Err(e) if is_cancelled(&e) => Event::Cancelled { job, clip: clip.key },
+        Err(e) => Event::Failed {
+            job,
+            clip: clip.key,
+            reason: format!("{e:#}"),
+        },
+    };
+    events.send(event).is_ok()
 }
 
 /// Streams still images from `images` through the job's engine until the queue is empty or a
@@ -163,6 +227,7 @@ fn stream_images(
     images: &Receiver<Clip>,
     cached: &mut Option<Engine>,
     events: &Sender<Event>,
+    held: &Mutex<Vec<Clip>>,
 ) {
     // The clips of the stream running, by their number in it.
     let taken: Mutex<Vec<(Clip, Stamp, Option<Claim>)>> = Mutex::new(Vec::new());
@@ -172,7 +237,7 @@ fn stream_images(
                 return None;
             }
             let clip = images.try_recv().ok()?;
-            let Some(claim) = claim_or_say(job, ctx, &clip, events) else {
+            let Some(claim) = claim_or_say(job, ctx, &clip, events, held) else {
                 continue;
             };
             match prepare(job, ctx, settings, &clip, events) {

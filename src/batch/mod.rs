@@ -14,7 +14,8 @@
 //! starts; twice: they are cancelled. Before a clip starts, its job takes the clip's claim (a
 //! locked file beside the output, `output::Claim`) and looks again whether another process
 //! finished it meanwhile, so batches started together on the same folders without shards share
-//! the clips instead of each doing all. See `clips` for which files are clips and how shards
+//! the clips instead of each doing all (a clip another process holds is waited for at the end and
+//! restored here if that process lets go of it unfinished). See `clips` for which files are clips and how shards
 //! split them, `manifest` for what "finished" means.
 
 pub mod clips;
