@@ -65,7 +65,7 @@ impl Flicker {
         self.rms(self.raw_sq) - self.input_rms()
     }
 
-    /// Share of the model's change (mean absolute value) the filter kept.
+    /// Share of the model's change (mean absolute value of its luma) the filter kept.
     pub fn kept(&self) -> f64 {
         if self.model_abs > 0.0 {
             self.kept_abs / self.model_abs
@@ -167,7 +167,6 @@ impl Temporal {
                 })
             });
             let continues = t.frame + 1 == index && t.luma.len() == h * h && t.change.len() == change.len();
-            let model_abs: f64 = change.iter().map(|v| v.abs() as f64).sum();
             // The output's luma without the filter, for the figures.
             half_luma(change, size, Some(&job.luma), &mut self.raw_now);
             if continues && w_max > 0.0 {
@@ -190,24 +189,32 @@ impl Temporal {
                     let g = ((CHANGED - d) / (CHANGED - ALIKE)).clamp(0.0, 1.0);
                     w_max * g * g * (3.0 - 2.0 * g)
                 }));
+                // Per cell, the history's share: w / (1 + w).
+                for w in weights.iter_mut() {
+                    *w /= 1.0 + *w;
+                }
+                // new = now + share * (history - now), two pixels (six values) a cell per row.
                 for y in 0..size {
                     let wrow = &weights[(y / 2) * h..][..h];
                     let row = y * size * 3;
-                    for x in 0..size {
-                        let w = wrow[x / 2];
-                        if w > 0.0 {
-                            let k = 1.0 / (1.0 + w);
-                            for c in 0..3 {
-                                let i = row + 3 * x + c;
-                                change[i] = (change[i] + w * t.change[i]) * k;
+                    let (now, past) = (&mut change[row..row + size * 3], &t.change[row..row + size * 3]);
+                    for ((n6, p6), &share) in now.chunks_exact_mut(6).zip(past.chunks_exact(6)).zip(wrow) {
+                        if share > 0.0 {
+                            for (n, p) in n6.iter_mut().zip(p6) {
+                                *n += share * (p - *n);
                             }
                         }
                     }
                 }
             }
-            let kept_abs: f64 = change.iter().map(|v| v.abs() as f64).sum();
             half_luma(change, size, Some(&job.luma), &mut self.out_now);
             let (out_now, raw_now, prev_out, raw) = (&self.out_now, &self.raw_now, &t.out, &t.raw);
+            // The model's change and what is kept of it, in luma at half resolution.
+            let (mut kept_abs, mut model_abs) = (0.0f64, 0.0f64);
+            for ((o, r), l) in out_now.iter().zip(raw_now).zip(&job.luma) {
+                kept_abs += (o - l).abs() as f64;
+                model_abs += (r - l).abs() as f64;
+            }
             if continues {
                 let f = &mut self.flicker;
                 f.pairs += 1;
