@@ -30,25 +30,19 @@ fn listener() -> (u16, Arc<AtomicUsize>) {
 
 /// A small clip of `size` (a test pattern, no face) at `path`.
 fn clip(path: &Path, size: &str, frames: u32) {
-    tool(
-        "ffmpeg",
-        &[
-            "-v",
-            "error",
-            "-y",
-            "-f",
-            "lavfi",
-            "-i",
-            &format!("testsrc2=s={size}:r=25"),
-            "-frames:v",
-            &frames.to_string(),
-            "-c:v",
-            "libx264",
-            "-pix_fmt",
-            "yuv420p",
-            path.to_str().unwrap(),
-        ],
-    );
+    ffmpeg(&[
+        "-f",
+        "lavfi",
+        "-i",
+        &format!("testsrc2=s={size}:r=25"),
+        "-frames:v",
+        &frames.to_string(),
+        "-c:v",
+        "libx264",
+        "-pix_fmt",
+        "yuv420p",
+        path.to_str().unwrap(),
+    ]);
 }
 
 /// An HLS playlist saved as `upload.mp4` that lists a secret segment by a relative path, by a

@@ -11,10 +11,6 @@ use std::path::{Path, PathBuf};
 
 use common::*;
 
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
-
 /// The portrait's head turned by a perspective warp (`corners`: where the crop's corners land,
 /// as FFmpeg's perspective filter takes them), on a flat 512x384 wall.
 fn turned(dir: &Path, name: &str, corners: &str) -> PathBuf {
@@ -22,25 +18,19 @@ fn turned(dir: &Path, name: &str, corners: &str) -> PathBuf {
     let graph = format!(
         "[1:v]crop=300:300:110:0,perspective={corners}:sense=destination:eval=init[p];[0:v][p]overlay=106:42,format=rgb24"
     );
-    tool(
-        "ffmpeg",
-        &[
-            "-v",
-            "error",
-            "-y",
-            "-f",
-            "lavfi",
-            "-i",
-            "color=c=0x6a7f8c:s=512x384",
-            "-i",
-            s(&asset("samples/astronaut.png")),
-            "-filter_complex",
-            &graph,
-            "-frames:v",
-            "1",
-            s(&out),
-        ],
-    );
+    ffmpeg(&[
+        "-f",
+        "lavfi",
+        "-i",
+        "color=c=0x6a7f8c:s=512x384",
+        "-i",
+        arg(&asset("samples/astronaut.png")),
+        "-filter_complex",
+        &graph,
+        "-frames:v",
+        "1",
+        arg(&out),
+    ]);
     out
 }
 
@@ -48,7 +38,7 @@ fn turned(dir: &Path, name: &str, corners: &str) -> PathBuf {
 fn rgb(f: &Path) -> Vec<u8> {
     tool(
         "ffmpeg",
-        &["-v", "error", "-i", s(f), "-f", "rawvideo", "-pix_fmt", "rgb24", "-"],
+        &["-v", "error", "-i", arg(f), "-f", "rawvideo", "-pix_fmt", "rgb24", "-"],
     )
 }
 
@@ -236,7 +226,7 @@ fn detections_that_are_not_faces_are_dropped() {
             "1",
             "-vf",
             "format=rgb24",
-            s(&tex),
+            arg(&tex),
         ],
     );
     let model = asset("models/standin/negate-256.onnx");

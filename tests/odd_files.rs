@@ -10,16 +10,6 @@ use std::path::Path;
 
 use common::*;
 
-fn ffmpeg(args: &[&str]) {
-    let mut all = vec!["-v", "error", "-y"];
-    all.extend_from_slice(args);
-    tool("ffmpeg", &all);
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
-
 /// A stream-copied trim (`-ss 0.37 -t 1.2 -c copy`, which writes an edit list whose start is
 /// not a keyframe) restores: the frames FFmpeg shows, with their timestamps, and the audio.
 /// A file genuinely cut short is still called truncated (bad_inputs_fail_clearly_... in e2e).
@@ -28,7 +18,7 @@ fn a_stream_copied_trim_with_an_edit_list_restores_as_ffmpeg_decodes_it() {
     let dir = tempfile::tempdir().unwrap();
     let (trim, out) = (dir.path().join("trim.mp4"), dir.path().join("out.mp4"));
     let src = asset("samples/test/astronaut.mp4");
-    ffmpeg(&["-ss", "0.37", "-i", s(&src), "-t", "1.2", "-c", "copy", s(&trim)]);
+    ffmpeg(&["-ss", "0.37", "-i", arg(&src), "-t", "1.2", "-c", "copy", arg(&trim)]);
     let err = ok(&gpen(&[
         &trim,
         &out,
@@ -48,7 +38,17 @@ fn a_stream_copied_trim_with_an_edit_list_restores_as_ffmpeg_decodes_it() {
 fn alpha_of(f: &Path) -> Vec<u8> {
     tool(
         "ffmpeg",
-        &["-v", "error", "-i", s(f), "-vf", "alphaextract", "-f", "rawvideo", "-"],
+        &[
+            "-v",
+            "error",
+            "-i",
+            arg(f),
+            "-vf",
+            "alphaextract",
+            "-f",
+            "rawvideo",
+            "-",
+        ],
     )
 }
 
@@ -61,10 +61,10 @@ fn a_transparent_picture_keeps_its_alpha_where_the_output_holds_it() {
     let rgba = d.join("rgba.png");
     ffmpeg(&[
         "-i",
-        s(&asset("samples/astronaut.png")),
+        arg(&asset("samples/astronaut.png")),
         "-vf",
         "scale=256:-2,format=rgba,geq=r='r(X,Y)':g='g(X,Y)':b='b(X,Y)':a='if(lt(X,W/3),0,if(lt(X,2*W/3),128,255))'",
-        s(&rgba),
+        arg(&rgba),
     ]);
     let want = alpha_of(&rgba);
     assert!(want.contains(&0) && want.contains(&128) && want.contains(&255));
@@ -84,12 +84,12 @@ fn a_transparent_picture_keeps_its_alpha_where_the_output_holds_it() {
     let pal = d.join("pal.png");
     ffmpeg(&[
         "-i",
-        s(&asset("samples/astronaut.png")),
+        arg(&asset("samples/astronaut.png")),
         "-vf",
         "scale=256:-2",
         "-pix_fmt",
         "pal8",
-        s(&pal),
+        arg(&pal),
     ]);
     let err = ok(&gpen(&[&pal, &d.join("p.jpg"), &"--model", &model]));
     assert!(!err.contains("alpha"), "{err}");
@@ -110,10 +110,10 @@ fn a_vp9_alpha_video_says_its_alpha_is_dropped_and_does_not_claim_it() {
         "5",
         "-c:v",
         "libvpx-vp9",
-        s(&input),
+        arg(&input),
     ]);
     let tags = |f: &Path| {
-        let raw = tool("ffprobe", &["-v", "error", "-show_entries", "stream_tags", s(f)]);
+        let raw = tool("ffprobe", &["-v", "error", "-show_entries", "stream_tags", arg(f)]);
         String::from_utf8_lossy(&raw).to_ascii_lowercase()
     };
     assert!(tags(&input).contains("alpha_mode=1"), "{}", tags(&input));
@@ -124,7 +124,7 @@ fn a_vp9_alpha_video_says_its_alpha_is_dropped_and_does_not_claim_it() {
         &asset("models/standin/identity-256.onnx"),
     ]));
     assert!(err.contains("alpha channel") && err.contains("alphamerge"), "{err}");
-    let raw = tool("ffprobe", &["-v", "error", "-show_entries", "stream_tags", s(&out)]);
+    let raw = tool("ffprobe", &["-v", "error", "-show_entries", "stream_tags", arg(&out)]);
     assert!(
         !String::from_utf8_lossy(&raw)
             .to_ascii_lowercase()
@@ -153,7 +153,7 @@ fn chapters_and_field_order_are_kept() {
         "+ildct+ilme",
         "-c:v",
         "libx264",
-        s(&inter),
+        arg(&inter),
     ]);
     assert_eq!(probe_video(&inter, "stream=field_order").trim(), "tt");
     std::fs::write(
@@ -163,20 +163,20 @@ fn chapters_and_field_order_are_kept() {
     .unwrap();
     ffmpeg(&[
         "-i",
-        s(&inter),
+        arg(&inter),
         "-i",
-        s(&meta),
+        arg(&meta),
         "-map_metadata",
         "1",
         "-map_chapters",
         "1",
         "-c",
         "copy",
-        s(&chap),
+        arg(&chap),
     ]);
     let model = asset("models/standin/identity-256.onnx");
     let chapters = |f: &Path| {
-        let raw = tool("ffprobe", &["-v", "error", "-show_chapters", "-of", "compact", s(f)]);
+        let raw = tool("ffprobe", &["-v", "error", "-show_chapters", "-of", "compact", arg(f)]);
         String::from_utf8_lossy(&raw)
             .lines()
             .map(|l| {
@@ -210,14 +210,20 @@ fn audio_with_cover_art_is_not_a_video() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let (jpg, mp3, withcover) = (d.join("cover.jpg"), d.join("song.mp3"), d.join("withcover.mp4"));
-    ffmpeg(&["-i", s(&asset("samples/astronaut.png")), "-vf", "scale=256:-2", s(&jpg)]);
+    ffmpeg(&[
+        "-i",
+        arg(&asset("samples/astronaut.png")),
+        "-vf",
+        "scale=256:-2",
+        arg(&jpg),
+    ]);
     ffmpeg(&[
         "-f",
         "lavfi",
         "-i",
         "sine=d=1",
         "-i",
-        s(&jpg),
+        arg(&jpg),
         "-map",
         "0",
         "-map",
@@ -230,16 +236,16 @@ fn audio_with_cover_art_is_not_a_video() {
         "attached_pic",
         "-id3v2_version",
         "3",
-        s(&mp3),
+        arg(&mp3),
     ]);
     let model = asset("models/standin/identity-256.onnx");
     fails(&mp3, &d.join("o.mp4"), &[&"--model", &model], "only cover art");
     let src = asset("samples/test/astronaut.mp4");
     ffmpeg(&[
         "-i",
-        s(&src),
+        arg(&src),
         "-i",
-        s(&jpg),
+        arg(&jpg),
         "-map",
         "0:v",
         "-map",
@@ -248,7 +254,7 @@ fn audio_with_cover_art_is_not_a_video() {
         "copy",
         "-disposition:v:1",
         "attached_pic",
-        s(&withcover),
+        arg(&withcover),
     ]);
     let out = d.join("o2.mp4");
     ok(&gpen(&[&withcover, &out, &"--model", &model]));
@@ -262,10 +268,10 @@ fn control_characters_in_names_are_escaped() {
     let name = dir.path().join("bell\u{7}\u{1b}[31mred.png");
     ffmpeg(&[
         "-i",
-        s(&asset("samples/astronaut.png")),
+        arg(&asset("samples/astronaut.png")),
         "-vf",
         "scale=256:-2",
-        s(&name),
+        arg(&name),
     ]);
     let model = asset("models/standin/identity-256.onnx");
     for out in [dir.path().join("o.mp4"), dir.path().join("o.png")] {
@@ -313,7 +319,7 @@ fn damaged_and_unusual_files_are_named_for_what_they_are() {
 
     // A JPEG whose frame header was overwritten.
     let jpg = d.join("a.jpg");
-    ffmpeg(&["-i", s(&portrait), "-vf", "scale=256:-2", s(&jpg)]);
+    ffmpeg(&["-i", arg(&portrait), "-vf", "scale=256:-2", arg(&jpg)]);
     let mut bytes = std::fs::read(&jpg).unwrap();
     let sof = bytes.windows(2).position(|w| w == [0xff, 0xc0]).unwrap();
     bytes[sof..sof + 12].fill(0);
@@ -334,7 +340,7 @@ fn damaged_and_unusual_files_are_named_for_what_they_are() {
         "libwebp_anim",
         "-loop",
         "0",
-        s(&anim),
+        arg(&anim),
     ]);
     fails(&anim, &out, &m, "an animated WebP, which FFmpeg cannot decode");
 
@@ -357,7 +363,7 @@ fn damaged_and_unusual_files_are_named_for_what_they_are() {
 
     // A PNG cut in half.
     let png = d.join("a.png");
-    ffmpeg(&["-i", s(&portrait), "-vf", "scale=256:-2", s(&png)]);
+    ffmpeg(&["-i", arg(&portrait), "-vf", "scale=256:-2", arg(&png)]);
     let bytes = std::fs::read(&png).unwrap();
     let half = d.join("half.png");
     std::fs::write(&half, &bytes[..bytes.len() / 2]).unwrap();
@@ -374,7 +380,7 @@ fn damaged_and_unusual_files_are_named_for_what_they_are() {
         "50",
         "-c:v",
         "libx264",
-        s(&mp4),
+        arg(&mp4),
     ]);
     let bytes = std::fs::read(&mp4).unwrap();
     let cut = d.join("cut.mp4");
@@ -388,14 +394,14 @@ fn damaged_and_unusual_files_are_named_for_what_they_are() {
     let avif = d.join("a.avif");
     ffmpeg(&[
         "-i",
-        s(&png),
+        arg(&png),
         "-c:v",
         "libaom-av1",
         "-still-picture",
         "1",
         "-cpu-used",
         "8",
-        s(&avif),
+        arg(&avif),
     ]);
     ok(&gpen(&[&avif, &out, &"--model", &model]));
     assert_eq!(probe_video(&out, "stream=codec_name").trim(), "png");

@@ -57,12 +57,6 @@ fn jitter(track: &[&Points]) -> (f64, f64) {
     ((se / (5.0 * n)).sqrt(), eye_distance(&mean))
 }
 
-fn ffmpeg(args: &[&str]) {
-    let mut all = vec!["-v", "error", "-y"];
-    all.extend_from_slice(args);
-    tool("ffmpeg", &all);
-}
-
 /// Runs the identity stand-in on `input` with `extra` flags; every face's points per frame.
 fn points_of(dir: &Path, input: &Path, name: &str, extra: &[&dyn AsRef<std::ffi::OsStr>]) -> Vec<Vec<Points>> {
     let model = asset("models/standin/identity-256.onnx");

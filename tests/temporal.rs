@@ -11,40 +11,30 @@ use std::path::{Path, PathBuf};
 
 use common::*;
 
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
-
 /// A 640x480 clip of `frames` frames: the portrait (360 px) over a plain background, moved by
 /// the overlay's `x` expression, through `post` (more filters, or "null").
 fn clip(dir: &Path, name: &str, x: &str, post: &str, frames: u32) -> PathBuf {
     let out = dir.join(name);
     let graph = format!("[1:v]scale=360:360[a];[0:v][a]overlay=x='{x}':y=40,{post},format=yuv420p");
-    tool(
-        "ffmpeg",
-        &[
-            "-v",
-            "error",
-            "-y",
-            "-f",
-            "lavfi",
-            "-i",
-            "color=c=0x405060:s=640x480:r=25",
-            "-i",
-            s(&asset("samples/astronaut.png")),
-            "-filter_complex",
-            &graph,
-            "-frames:v",
-            &frames.to_string(),
-            "-c:v",
-            "libx264",
-            "-preset",
-            "ultrafast",
-            "-crf",
-            "8",
-            s(&out),
-        ],
-    );
+    ffmpeg(&[
+        "-f",
+        "lavfi",
+        "-i",
+        "color=c=0x405060:s=640x480:r=25",
+        "-i",
+        arg(&asset("samples/astronaut.png")),
+        "-filter_complex",
+        &graph,
+        "-frames:v",
+        &frames.to_string(),
+        "-c:v",
+        "libx264",
+        "-preset",
+        "ultrafast",
+        "-crf",
+        "8",
+        arg(&out),
+    ]);
     out
 }
 

@@ -744,15 +744,21 @@ mod tests {
         folded.swap(5, 20);
         for outline in [star, folded] {
             let m = Mask::polygon(256, &outline);
-            let support = m.support.as_ref().expect("a support");
-            for v in 0..256 {
-                for u in 0..256 {
-                    let (uf, vf) = (u as f64 + 0.5, v as f64 + 0.5);
-                    if m.at(uf, vf) > 0.0 {
-                        for d in [(1.0, 0.0), (0.6, 0.8), (-0.3, 1.0)] {
-                            let (a, b) = support.span((uf, vf), d).expect("the line meets the support");
-                            assert!(a <= 0.0 && b >= 0.0, "({u}, {v}) outside the support along {d:?}");
-                        }
+            assert_support_holds_the_mask(&m);
+        }
+    }
+
+    /// Every point where `m` is not zero lies inside its support, along lines of three
+    /// directions through it.
+    fn assert_support_holds_the_mask(m: &Mask) {
+        let support = m.support.as_ref().expect("a polygon mask has a support");
+        for v in 0..m.size {
+            for u in 0..m.size {
+                let (uf, vf) = (u as f64 + 0.5, v as f64 + 0.5);
+                if m.at(uf, vf) > 0.0 {
+                    for d in [(1.0, 0.0), (0.6, 0.8), (-0.3, 1.0)] {
+                        let (a, b) = support.span((uf, vf), d).expect("the line meets the support");
+                        assert!(a <= 0.0 && b >= 0.0, "({u}, {v}) outside the support along {d:?}");
                     }
                 }
             }
@@ -803,20 +809,7 @@ mod tests {
             }
         }
         // Every point where the mask is not zero lies inside the support along any line.
-        let Some(support) = &m.support else {
-            panic!("a polygon mask has a support")
-        };
-        for v in 0..size {
-            for u in 0..size {
-                let (uf, vf) = (u as f64 + 0.5, v as f64 + 0.5);
-                if m.at(uf, vf) > 0.0 {
-                    for d in [(1.0, 0.0), (0.6, 0.8), (-0.3, 1.0)] {
-                        let (a, b) = support.span((uf, vf), d).expect("the line meets the support");
-                        assert!(a <= 0.0 && b >= 0.0, "({u}, {v}) outside the support along {d:?}");
-                    }
-                }
-            }
-        }
+        assert_support_holds_the_mask(&m);
     }
 
     #[test]

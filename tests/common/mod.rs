@@ -51,6 +51,18 @@ pub fn ok(out: &Output) -> String {
     err
 }
 
+/// Runs FFmpeg quietly, overwriting its output; a failure fails the test with its message.
+pub fn ffmpeg(args: &[&str]) {
+    let mut all = vec!["-v", "error", "-y"];
+    all.extend_from_slice(args);
+    tool("ffmpeg", &all);
+}
+
+/// A path as a command-line argument (the tests' paths are UTF-8).
+pub fn arg(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
 pub fn tool(prog: &str, args: &[&str]) -> Vec<u8> {
     let out = Command::new(prog)
         .args(args)
