@@ -147,7 +147,6 @@ impl Temporal {
     pub fn filter(&mut self, index: u64, faces: &mut [FaceJob]) {
         let (size, h) = (self.size, self.size / 2);
         let w_max = self.memory;
-        let mut seen = Vec::with_capacity(faces.len());
         for job in faces.iter_mut() {
             let (Some(id), Some(change)) = (job.track, job.restored.as_mut()) else {
                 continue;
@@ -155,7 +154,6 @@ impl Temporal {
             if job.luma.len() != h * h || change.len() != size * size * 3 {
                 continue;
             }
-            seen.push(id);
             let prev = self.tracks.remove(&id).filter(|t| t.frame + 1 == index);
             let mut t = prev.unwrap_or_else(|| {
                 self.spare.pop().unwrap_or(Track {
@@ -240,13 +238,9 @@ impl Temporal {
             t.frame = index;
             self.tracks.insert(id, t);
         }
-        // Tracks not continued in this frame are over.
-        let over: Vec<u64> = self.tracks.keys().filter(|id| !seen.contains(id)).copied().collect();
-        for id in over {
-            if let Some(t) = self.tracks.remove(&id) {
-                self.spare.push(t);
-            }
-        }
+        // Tracks not continued in this frame are over (a track seen now was stamped `index`).
+        self.spare
+            .extend(self.tracks.extract_if(|_, t| t.frame != index).map(|(_, t)| t));
     }
 }
 
