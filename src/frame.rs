@@ -24,6 +24,9 @@ pub struct Frame {
     pub det_size: (usize, usize),
     /// Which picture of an image stream the frame is (0 in a single run).
     pub item: usize,
+    /// A segment's warm-up frame: it goes through the pipeline to rebuild what earlier frames
+    /// leave behind (tracks, the temporal filter) but is not written.
+    pub warm: bool,
     /// What the output is made from (and what of the decoded picture is kept).
     pub picture: Picture,
 }
@@ -95,6 +98,7 @@ impl Frame {
             det: Vec::new(),
             det_size: (0, 0),
             item: 0,
+            warm: false,
             picture: Picture::Rgb,
         }
     }

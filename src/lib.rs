@@ -17,6 +17,7 @@ pub mod output;
 pub mod pipeline;
 pub mod registry;
 pub mod runtime;
+pub mod segment;
 pub mod stats;
 
 /// Initialises FFmpeg once and keeps its own logging to errors.

@@ -10,7 +10,7 @@ use anyhow::bail;
 use clap::{Args, Parser, Subcommand};
 use gpen_video::bench::portraits;
 use gpen_video::bench::{self, BenchOptions, Stage};
-use gpen_video::config::{self, find_asset, Device, Options, Settings, Treatment};
+use gpen_video::config::{find_asset, Device, Options, Settings, Treatment};
 use gpen_video::console::{eprint_line, print_text};
 use gpen_video::defaults;
 use gpen_video::engine::CancelToken;
@@ -56,6 +56,28 @@ struct Cli {
     /// Write the run's statistics (stages, workers) as JSON to PATH.
     #[arg(long, value_name = "PATH", help_heading = "Output")]
     stats_json: Option<PathBuf>,
+    #[command(flatten)]
+    segment: SegmentArg,
+    /// Segments of a long video restored at once, each its own pipeline (on CUDA one GPU each,
+    /// round robin; on the CPU the cores are split). A video of one segment runs as one.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=256), help_heading = "Long videos")]
+    jobs: u16,
+    /// Start a long video afresh: drop the segments an earlier run of this OUT finished.
+    #[arg(long, help_heading = "Long videos")]
+    force: bool,
+}
+
+/// How long videos are cut.
+#[derive(Args, Debug)]
+struct SegmentArg {
+    /// A video longer than this many seconds is cut at keyframes into segments of about this
+    /// length, restored one by one (or N at once with --jobs, or across machines with batch
+    /// --shard) and joined into OUT; finished segments are kept beside OUT in
+    /// `.OUT.segments/`, so a rerun after a crash or Ctrl-C redoes only the unfinished ones.
+    /// Each segment starts with about a hundred warm-up frames (decoded, not written), so its
+    /// faces are those one run finds. 0: never cut.
+    #[arg(long = "segment", value_name = "SECONDS", default_value_t = defaults::SEGMENT_SECONDS, help_heading = "Long videos")]
+    seconds: f64,
 }
 
 #[derive(Subcommand, Debug)]
@@ -116,6 +138,8 @@ struct BatchArgs {
     /// Number of shards for `--shard auto` (default: JOB_COMPLETIONS or SLURM_ARRAY_TASK_COUNT).
     #[arg(long, value_name = "N", help_heading = "Batch")]
     shard_count: Option<usize>,
+    #[command(flatten)]
+    segment: SegmentArg,
     #[command(flatten)]
     run: RunArgs,
 }
@@ -360,7 +384,15 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     // Ctrl-C stops the run (also while models load); the partial output is removed and the
     // exit code is 130.
     let interrupts = gpen_video::interrupt::install()?;
-    let (settings, job, mut engine) = config::resolve(&o, CancelToken::from_flag(interrupts.soft.clone()))?;
+    let settings = Settings::resolve(&o)?;
+    let job = settings.job(&o.input, &o.output, CancelToken::from_flag(interrupts.soft.clone()))?;
+    if !(cli.segment.seconds >= 0.0 && cli.segment.seconds.is_finite()) {
+        bail!("--segment must be 0 (never cut) or more seconds, got {}", cli.segment.seconds);
+    }
+    if let Some(work) = gpen_video::segment::Work::open(&settings, &job, cli.segment.seconds, cli.force)? {
+        return run_segmented(&settings, &job, &work, cli.jobs as usize, o.threads.is_some(), quiet, &interrupts);
+    }
+    let mut engine = settings.engine(&job)?;
     tracing::info!(
         input = %o.input.display(),
         size = %format!("{}x{}", job.source.width, job.source.height),
@@ -405,6 +437,101 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     eprint_line(&format!("{}: {summary}", o.output.display()));
     if let Some(path) = &settings.stats_json {
         gpen_video::output::write_atomic(path, (summary.to_json() + "\n").as_bytes())?;
+    }
+    Ok(())
+}
+
+/// A long video in segments: restores the unfinished ones (`jobs` at once), joins OUT.
+fn run_segmented(
+    settings: &Settings,
+    job: &gpen_video::engine::Job,
+    work: &gpen_video::segment::Work,
+    jobs: usize,
+    threads_given: bool,
+    quiet: bool,
+    interrupts: &gpen_video::interrupt::Interrupts,
+) -> anyhow::Result<()> {
+    let total = work.segments().len();
+    tracing::info!(
+        input = %job.source.path.display(),
+        size = %format!("{}x{}", job.source.width, job.source.height),
+        model = %settings.recipe.model.path().display(),
+        segments = total,
+        jobs,
+        "starting"
+    );
+    let bar = if !quiet && std::io::stderr().is_terminal() {
+        let bar = ProgressBar::new(work.frames());
+        bar.set_style(
+            ProgressStyle::with_template(
+                "{spinner} [{elapsed_precise}] {wide_bar} {pos}/{len} frames  {msg}  {per_sec}  ETA {eta}",
+            )
+            .expect("valid template"),
+        );
+        bar
+    } else {
+        ProgressBar::hidden()
+    };
+    let all = |_: &gpen_video::segment::plan::Segment| true;
+    let share = gpen_video::segment::Share {
+        jobs,
+        threads_given,
+        mine: &all,
+        wait: true,
+    };
+    let done = gpen_video::segment::run(settings, job, work, &share, &|frames, segs| {
+        bar.set_position(frames);
+        bar.set_message(format!("{segs}/{total} segments"));
+    });
+    if done.as_ref().is_ok_and(|d| d.joined.is_some()) {
+        hold_after_output();
+    }
+    let out = job.output.display();
+    if interrupts.requested() && done.is_err() {
+        bar.abandon();
+        eprint_line(&format!(
+            "interrupted: {out} not written; the finished segments are kept in {}: run the same command again to resume",
+            work.dir().display()
+        ));
+        std::process::exit(i32::from(interrupts.exit_code()));
+    }
+    let done = done.map_err(|e| {
+        e.context(format!(
+            "{out} not written; the finished segments are kept in {}: run the same command again to resume",
+            work.dir().display()
+        ))
+    })?;
+    bar.finish_and_clear();
+    eprint_line(&format!("{out}: {}", gpen_video::segment::describe(&done, total)));
+    for (record, summary) in &done.restored {
+        tracing::info!(segment = record.number + 1, "{summary}");
+    }
+    if let Some(path) = &settings.stats_json {
+        let segments: Vec<serde_json::Value> = done
+            .restored
+            .iter()
+            .map(|(r, s)| {
+                serde_json::json!({
+                    "segment": r.number,
+                    "frames": r.frames,
+                    "warm_frames": r.warm_frames,
+                    "wall_s": r.wall_s,
+                    "summary": serde_json::from_str::<serde_json::Value>(&s.to_json()).unwrap_or_default(),
+                })
+            })
+            .collect();
+        let json = serde_json::json!({
+            "segments": total,
+            "restored_here": segments,
+            "kept": done.kept,
+            "joined": done.joined.as_ref().map(|j| serde_json::json!({
+                "frames": j.frames, "faces": j.faces, "warm_frames": j.warm_frames, "join_s": j.join.as_secs_f64(),
+            })),
+        });
+        gpen_video::output::write_atomic(path, (json.to_string() + "\n").as_bytes())?;
+    }
+    if done.joined.is_none() {
+        bail!("{out} not joined: other segments are not done (another process holds them)");
     }
     Ok(())
 }

@@ -26,7 +26,7 @@ pub fn same_file(a: &Path, b: &Path) -> bool {
 }
 
 /// The folder a file path is in (`.` for a bare name).
-fn folder_of(path: &Path) -> PathBuf {
+pub fn folder_of(path: &Path) -> PathBuf {
     match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => PathBuf::from("."),

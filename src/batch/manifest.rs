@@ -52,7 +52,7 @@ pub struct Manifest {
 }
 
 /// What identifies an input file's content cheaply: size and modification time.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Stamp {
     pub size: u64,
     pub mtime_ns: i64,

@@ -190,10 +190,9 @@ const SCENE_BLOCKS: usize = 16;
 /// What the detector remembers between frames.
 #[derive(Default)]
 struct Tracking {
-    /// Full detection at least every this many frames; 1 runs it on every frame.
+    /// Full detection on every frame whose index is a multiple of this (and whenever a face
+    /// is lost or the scene changes); 1 runs it on every frame.
     every: u32,
-    /// Frames since the last full detection.
-    since_full: u32,
     /// Boxes of the previous frame's faces, in upright detection-copy pixels.
     boxes: Vec<[f32; 4]>,
     /// Block averages of the previous detection copy, and the current one's being built.
@@ -317,7 +316,6 @@ impl Detector {
         let t = &mut self.track;
         t.boxes.clear();
         t.summary.clear();
-        t.since_full = 0;
     }
 
     /// The detection copy's size (stored orientation) when the model's input size is fixed:
@@ -344,12 +342,18 @@ impl Detector {
     }
 
     /// Detects faces in `det` (packed RGB24 at `self.size`) and maps them to a frame of
-    /// `frame_w x frame_h` (stored orientation). Consecutive calls are consecutive frames.
-    pub fn detect(&mut self, det: &[u8], frame_w: usize, frame_h: usize) -> Result<Vec<Face>> {
+    /// `frame_w x frame_h` (stored orientation). Consecutive calls are consecutive frames;
+    /// `index` is the frame's place in the video.
+    ///
+    /// What is found depends on a few frames before only, never on where decoding began: the
+    /// full passes fall on frame indices (multiples of `every`), not on a count since the last
+    /// one, and the windows are snapped to a grid, so a run started some frames earlier (a
+    /// segment's warm-up) finds the faces a run from the first frame finds.
+    pub fn detect(&mut self, det: &[u8], frame_w: usize, frame_h: usize, index: u64) -> Result<Vec<Face>> {
         let scene_cut = self.track.every > 1 && self.scene_changed(det);
         let boxes = std::mem::take(&mut self.track.boxes);
         let t = &self.track;
-        let mut full = t.every <= 1 || boxes.is_empty() || t.since_full + 1 >= t.every || scene_cut;
+        let mut full = t.every <= 1 || boxes.is_empty() || index % u64::from(t.every) == 0 || scene_cut;
         // Faces in upright detection-copy pixels. A tracked face is always located through its
         // window, even on frames with a full pass, so its points come from one estimator and do
         // not jump each time the full pass runs.
@@ -401,7 +405,6 @@ impl Detector {
         if full {
             self.fill_full(det);
             self.track.full_runs += 1;
-            self.track.since_full = 0;
             // New faces only: the tracked ones were found in their windows.
             let tracked = found.len();
             for f in self.infer(self.input_size)? {
@@ -409,8 +412,6 @@ impl Detector {
                     found.push(f);
                 }
             }
-        } else {
-            self.track.since_full += 1;
         }
         let mut found = nms(found, self.nms_iou);
         if found.len() > self.max_faces {
@@ -525,8 +526,16 @@ impl Detector {
             let (y0, nh) = snap(cy - half, cy + half, ch);
             return ((x0, y0, 1.0), (nw, nh));
         }
+        // A larger face is shrunk into a window of at most TRACK_INPUT model pixels. Its side
+        // (in steps of 16 copy pixels) and corner (in steps of the model's stride of 4 window
+        // pixels) are snapped, so nearby boxes give the same window: what is found then no
+        // longer carries every earlier frame's rounding along.
+        let side = (side / 16.0).ceil() * 16.0;
         let n = (((side.min(TRACK_INPUT)) / 32.0).ceil() as usize).max(1) * 32;
-        ((cx - side / 2.0, cy - side / 2.0, side / n as f32), (n, n))
+        let k = side / n as f32;
+        let step = 4.0 * k;
+        let snap = |v: f32| (v / step).round() * step;
+        ((snap(cx - side / 2.0), snap(cy - side / 2.0), k), (n, n))
     }
 
     /// Fills `input` (one `nw x nh` model input) with the window of the upright copy whose

@@ -11,6 +11,13 @@
 //! does not support averages away; where the input really changed (a mouth opens, an eye
 //! blinks, a hand enters) the history's weight is zero and the new change is taken at once. A
 //! new track (a cut, a new or lost face) starts afresh.
+//!
+//! The average forgets for good: two averages run side by side, each started afresh every
+//! `2 span` frames at fixed frame indices, half a cycle apart, and a frame takes the one that
+//! has run at least `span` frames (far longer than the memory, so the switch is not seen: the
+//! history it drops weighs under 0.2 %). A frame's output thus depends on at most `2 span`
+//! frames before it, and a segment that starts that many frames earlier (its warm-up) rebuilds
+//! exactly what a run from the first frame has.
 
 use std::collections::HashMap;
 
@@ -75,12 +82,31 @@ impl Flicker {
     }
 }
 
-/// One track's state: the previous frame's input luma, the filtered change pasted then, and
+/// Frames each of the two averages runs before it is used (see the module's text): six times
+/// the memory's time constant, whose weight then is `(m / (1 + m))^span` (0.12 % at 4).
+pub fn span(memory: f32) -> u64 {
+    (6.0 * (memory.max(0.0) + 1.0)).ceil() as u64
+}
+
+/// Frames before a frame that its filtered change can depend on: a segment's warm-up needs
+/// this many (0 when the filter does not run).
+pub fn reach(memory: f32) -> u64 {
+    if memory > 0.0 {
+        2 * span(memory)
+    } else {
+        0
+    }
+}
+
+/// One track's state: the previous frame's input luma, the two averages of the change, and
 /// the luma of its output with and without the filter (for the figures).
 struct Track {
     frame: u64,
     luma: Vec<f32>,
+    /// The averages restarted at multiples of `2 span` (`change`) and half a cycle later
+    /// (`change_b`).
     change: Vec<f32>,
+    change_b: Vec<f32>,
     out: Vec<f32>,
     raw: Vec<f32>,
 }
@@ -88,6 +114,7 @@ struct Track {
 /// The filter of one run.
 pub struct Temporal {
     memory: f32,
+    span: u64,
     size: usize,
     /// Half-resolution cells inside the face (the template's face ellipse), for the figures.
     face: Vec<bool>,
@@ -128,6 +155,7 @@ impl Temporal {
             .collect();
         Self {
             memory: memory.max(0.0),
+            span: span(memory),
             size,
             face,
             tracks: HashMap::new(),
@@ -143,8 +171,10 @@ impl Temporal {
     }
 
     /// Filters the changes of frame `index`'s faces in place. Faces without a track, a
-    /// change or an input luma pass unchanged; tracks not seen in this frame end.
-    pub fn filter(&mut self, index: u64, faces: &mut [FaceJob]) {
+    /// change or an input luma pass unchanged; tracks not seen in this frame end. A frame
+    /// that is only `warming` (a segment's warm-up, not written) builds the state but does not
+    /// count in the figures.
+    pub fn filter(&mut self, index: u64, faces: &mut [FaceJob], warming: bool) {
         let (size, h) = (self.size, self.size / 2);
         let w_max = self.memory;
         for job in faces.iter_mut() {
@@ -160,11 +190,12 @@ impl Temporal {
                     frame: 0,
                     luma: Vec::new(),
                     change: Vec::new(),
+                    change_b: Vec::new(),
                     out: Vec::new(),
                     raw: Vec::new(),
                 })
             });
-            let continues = t.frame + 1 == index && t.luma.len() == h * h && t.change.len() == change.len();
+            let continues = t.frame + 1 == index && t.luma.len() == h * h;
             // The output's luma without the filter, for the figures.
             half_luma(change, size, Some(&job.luma), &mut self.raw_now);
             if continues && w_max > 0.0 {
@@ -191,19 +222,42 @@ impl Temporal {
                 for w in weights.iter_mut() {
                     *w /= 1.0 + *w;
                 }
-                // new = now + share * (history - now), two pixels (six values) a cell per row.
+            }
+            // Each average: afresh at its restart (or a new track), else now + share *
+            // (history - now), two pixels (six values) a cell per row; the frame takes the one
+            // that has run at least `span` frames.
+            let cycle = 2 * self.span;
+            let phase = index % cycle;
+            let filtering = continues && w_max > 0.0;
+            // Without a memory there is no history to keep.
+            let averages = if w_max > 0.0 { 2 } else { 0 };
+            for (history, restart) in [(&mut t.change, phase == 0), (&mut t.change_b, phase == self.span)]
+                .into_iter()
+                .take(averages)
+            {
+                if !filtering || restart || history.len() != change.len() {
+                    history.clear();
+                    history.extend_from_slice(change);
+                    continue;
+                }
                 for y in 0..size {
-                    let wrow = &weights[(y / 2) * h..][..h];
+                    let wrow = &self.weights[(y / 2) * h..][..h];
                     let row = y * size * 3;
-                    let (now, past) = (&mut change[row..row + size * 3], &t.change[row..row + size * 3]);
-                    for ((n6, p6), &share) in now.chunks_exact_mut(6).zip(past.chunks_exact(6)).zip(wrow) {
+                    let (now, past) = (&change[row..row + size * 3], &mut history[row..row + size * 3]);
+                    for ((n6, p6), &share) in now.chunks_exact(6).zip(past.chunks_exact_mut(6)).zip(wrow) {
                         if share > 0.0 {
-                            for (n, p) in n6.iter_mut().zip(p6) {
-                                *n += share * (p - *n);
+                            for (n, p) in n6.iter().zip(p6) {
+                                *p = *n + share * (*p - *n);
                             }
+                        } else {
+                            p6.copy_from_slice(n6);
                         }
                     }
                 }
+            }
+            if filtering {
+                let used = if phase < self.span { &t.change_b } else { &t.change };
+                change.copy_from_slice(used);
             }
             half_luma(change, size, Some(&job.luma), &mut self.out_now);
             let (out_now, raw_now, prev_out, raw) = (&self.out_now, &self.raw_now, &t.out, &t.raw);
@@ -213,7 +267,7 @@ impl Temporal {
                 kept_abs += (o - l).abs() as f64;
                 model_abs += (r - l).abs() as f64;
             }
-            if continues {
+            if continues && !warming {
                 let f = &mut self.flicker;
                 f.pairs += 1;
                 for (i, inside) in self.face.iter().enumerate() {
@@ -228,12 +282,12 @@ impl Temporal {
                     }
                 }
             }
-            self.flicker.kept_abs += kept_abs;
-            self.flicker.model_abs += model_abs;
+            if !warming {
+                self.flicker.kept_abs += kept_abs;
+                self.flicker.model_abs += model_abs;
+            }
             std::mem::swap(&mut t.out, &mut self.out_now);
             std::mem::swap(&mut t.raw, &mut self.raw_now);
-            t.change.clear();
-            t.change.extend_from_slice(change);
             std::mem::swap(&mut t.luma, &mut job.luma);
             t.frame = index;
             self.tracks.insert(id, t);
@@ -268,7 +322,7 @@ mod tests {
         for n in 0..20u64 {
             let sign = if n % 2 == 0 { 1.0 } else { -1.0 };
             let mut faces = [job(7, 100.0, |_| 10.0 * sign, size)];
-            t.filter(n, &mut faces);
+            t.filter(n, &mut faces, false);
             let v = faces[0].restored.as_ref().unwrap()[0];
             if let Some(l) = last {
                 swings.push((v - l).abs());
@@ -279,11 +333,11 @@ mod tests {
         assert!(t.flicker.output() < t.flicker.unfiltered() / 3.0, "{:?}", t.flicker);
         // The input changes for real: the new change is taken as it is.
         let mut faces = [job(7, 200.0, |_| 30.0, size)];
-        t.filter(20, &mut faces);
+        t.filter(20, &mut faces, false);
         assert_eq!(faces[0].restored.as_ref().unwrap()[0], 30.0);
         // A new track starts afresh, and zero stays zero.
         let mut faces = [job(8, 200.0, |_| 0.0, size)];
-        t.filter(21, &mut faces);
+        t.filter(21, &mut faces, false);
         assert!(faces[0].restored.as_ref().unwrap().iter().all(|v| *v == 0.0));
     }
 }

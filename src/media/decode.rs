@@ -205,6 +205,21 @@ pub struct DecodeReport {
     pub discarded_packets: u64,
 }
 
+/// The part of a video one segment decodes: from the keyframe at `seek` (the start when
+/// `None`), frames before `warm_from` are decoded and dropped, frames from `warm_from` to
+/// `start` are sent as warm-up ([`Frame::warm`]), frames from `start` to `end` as the
+/// segment's own, and frames from `end` to `until` as its look-ahead (warm too). Frames are numbered by their place in `pts`, the display-order timestamps of
+/// every frame of the video (from [`crate::segment::plan::scan`]).
+#[derive(Clone, Debug)]
+pub struct Span {
+    pub seek: Option<i64>,
+    pub warm_from: u64,
+    pub start: u64,
+    pub end: u64,
+    pub until: u64,
+    pub pts: std::sync::Arc<Vec<i64>>,
+}
+
 /// Decodes the source's video stream frame by frame.
 pub struct Decoder {
     info: SourceInfo,
@@ -213,6 +228,7 @@ pub struct Decoder {
     /// Frames of planar YUV sources are marked [`Frame::planes`] (their output is made from
     /// their own planes): set for video outputs.
     planes: bool,
+    span: Option<Span>,
 }
 
 /// A CUDA device context for FFmpeg's hwaccel (NVDEC), freed on drop.
@@ -266,7 +282,14 @@ impl Decoder {
             det_size,
             hwaccel,
             planes: false,
+            span: None,
         }
+    }
+
+    /// Decodes only `span` (a segment and its warm-up).
+    pub fn with_span(mut self, span: Span) -> Self {
+        self.span = Some(span);
+        self
     }
 
     /// Marks the frames of planar YUV sources for an output made from their own planes.
@@ -322,9 +345,47 @@ impl Decoder {
         let (mut ictx, mut dec, _hw) = self.open()?;
         let mut convert = Convert::new(self, pools);
         let mut report = DecodeReport::default();
+        let span = self.span.as_ref();
+        if let Some(ts) = span.and_then(|s| s.seek) {
+            // SAFETY: `ictx` is an open demuxer; the stream index is one of its streams.
+            let r = unsafe {
+                ffmpeg::ffi::av_seek_frame(
+                    ictx.as_mut_ptr(),
+                    info.stream_index as i32,
+                    ts,
+                    ffmpeg::ffi::AVSEEK_FLAG_BACKWARD,
+                )
+            };
+            if r < 0 {
+                bail!("{path}: cannot seek to a segment's keyframe ({})", ffmpeg::Error::from(r));
+            }
+        }
+        // A segment's next frame number, and whether its last frame was reached.
+        let mut next_index = span.map_or(0, |s| s.warm_from);
         let mut drain = |dec: &mut ffmpeg::decoder::Video, report: &mut DecodeReport| -> Result<bool> {
             while dec.receive_frame(&mut convert.yuv).is_ok() {
-                let frame = convert.frame(report.frames)?;
+                let index = match span {
+                    None => report.frames,
+                    Some(s) => {
+                        let pts = convert.yuv.timestamp().or(convert.yuv.pts());
+                        let Some(i) = pts.and_then(|p| s.pts.binary_search(&p).ok()) else {
+                            bail!(
+                                "{path}: a frame with timestamp {pts:?} is not among those the segment plan found: the file changed since it was planned; run again with --force"
+                            );
+                        };
+                        let i = i as u64;
+                        if i < s.warm_from {
+                            continue;
+                        }
+                        if i >= s.until {
+                            return Ok(false);
+                        }
+                        next_index = i + 1;
+                        i
+                    }
+                };
+                let mut frame = convert.frame(index)?;
+                frame.warm = span.is_some_and(|s| index < s.start || index >= s.end);
                 report.frames += 1;
                 if !emit(frame) || max_frames.is_some_and(|m| report.frames >= m) {
                     return Ok(false);
@@ -375,6 +436,16 @@ impl Decoder {
             ),
         }
         if !drain(&mut dec, &mut report)? {
+            return Ok(report);
+        }
+        drop(drain);
+        if let Some(s) = span {
+            if next_index < s.until {
+                bail!(
+                    "{path}: truncated: decoding stopped at frame {next_index} of a segment that ends at frame {}; no output written",
+                    s.until
+                );
+            }
             return Ok(report);
         }
         self.check_complete(&report, convert.last_pts)?;
@@ -551,6 +622,7 @@ impl<'a> Convert<'a> {
             det: det_buf,
             det_size: (dw, dh),
             item: 0,
+            warm: false,
             picture,
         })
     }

@@ -282,9 +282,16 @@ impl SideStreams {
     }
 }
 
+/// Where the encoder's packets go: the output file (muxed with the source's other streams), or
+/// a segment's packet file (video only, joined into the output later by [`Muxer`]).
+enum Out {
+    File(Box<Muxer>),
+    Packets(crate::segment::packets::PacketWriter),
+}
+
 /// Encodes frames (their own planes with the paste's changes, or RGB) into the output file.
 pub struct Encoder {
-    octx: ffmpeg::format::context::Output,
+    out: Out,
     enc: encoder::video::Encoder,
     /// Interlaced coding: whether the top field comes first.
     fields: Option<bool>,
@@ -301,116 +308,147 @@ pub struct Encoder {
     /// Reusable frame (the source's format) that changes are added into when the decoder
     /// still holds the decoded picture.
     work: Option<VideoFrame>,
-    side: SideStreams,
     enc_tb: Rational,
-    ost_tb: Rational,
     last_pts: Option<i64>,
-    /// End time (seconds) of the latest video packet written.
-    last_video_time: Option<f64>,
     pub frames: u64,
 }
 
-impl Encoder {
-    /// Creates `path` (its container chosen from its extension) for `src`'s picture size,
-    /// time base and streams.
-    pub fn create(path: &Path, src: &SourceInfo, settings: &EncodeSettings) -> Result<Self> {
-        let mut tried = Vec::new();
-        match Self::create_skipping(path, src, settings, &[], &mut tried) {
-            Err(e) if !tried.is_empty() => {
-                let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("");
-                // The retry warns for each stream it leaves out.
-                tracing::debug!(streams = ?tried, "the .{ext} muxer refused stream(s) it could not vouch for ({e:#})");
-                Self::create_skipping(path, src, settings, &tried, &mut Vec::new())
+/// The video encoder opened for a source: what [`Encoder`] and the join's [`Muxer`] share.
+struct Opened {
+    enc: encoder::video::Encoder,
+    codec: ffmpeg::Codec,
+    pix: Pixel,
+    fields: Option<bool>,
+    matrix: (Matrix, bool),
+}
+
+/// Whether the muxer of `.ext` wants the codec's headers out of band (mp4, mkv, mov).
+fn global_header(ext: &str) -> bool {
+    let fmt = guess_format(ext);
+    // SAFETY: a non-null `fmt` is a static muxer description from FFmpeg.
+    !fmt.is_null() && unsafe { (*fmt).flags } & ffmpeg::ffi::AVFMT_GLOBALHEADER != 0
+}
+
+/// Opens the encoder a file ending in `.ext` gets for `src`: its size, time base, colour
+/// description, pixel format and field order, with `settings`' options.
+fn open_encoder(src: &SourceInfo, settings: &EncodeSettings, ext: &str) -> Result<Opened> {
+    crate::init_ffmpeg();
+    let name = codec_for(settings, ext);
+    let codec = encoder::find_by_name(&name).ok_or_else(|| anyhow!("video encoder `{name}` not found"))?;
+    // Keep the source's colour description, pixel aspect ratio and, where the encoder
+    // takes it, its pixel format (depth and chroma layout).
+    let described = codec::context::Context::from_parameters(src.params.clone())
+        .and_then(|c| c.decoder().video())
+        .with_context(|| format!("reading the colour description of {}", src.path.display()))?;
+    let pix = output_format(&codec, described.format(), &name);
+    let (w, h) = (src.width as u32, src.height as u32);
+    let mut ctx = codec::context::Context::new_with_codec(codec).encoder().video()?;
+    ctx.set_width(w);
+    ctx.set_height(h);
+    ctx.set_format(pix);
+    ctx.set_time_base(src.time_base);
+    if src.avg_frame_rate.numerator() > 0 {
+        ctx.set_frame_rate(Some(src.avg_frame_rate));
+    }
+    if global_header(ext) {
+        ctx.set_flags(codec::Flags::GLOBAL_HEADER);
+    }
+    ctx.set_colorspace(described.color_space());
+    ctx.set_color_range(described.color_range());
+    ctx.set_aspect_ratio(described.aspect_ratio());
+    // SAFETY: `ctx` is a live, not yet opened encoder context we own; ffmpeg-next has no
+    // setter for these two plain enum fields.
+    unsafe {
+        (*ctx.as_mut_ptr()).color_primaries = described.color_primaries().into();
+        (*ctx.as_mut_ptr()).color_trc = described.color_transfer_characteristic().into();
+    }
+    // SAFETY: `src.params` holds valid codec parameters; `field_order` is a plain field.
+    let field_order = unsafe { (*src.params.as_ptr()).field_order };
+    use ffmpeg::ffi::AVFieldOrder::{AV_FIELD_PROGRESSIVE, AV_FIELD_TB, AV_FIELD_TT, AV_FIELD_UNKNOWN};
+    let mut fields = None;
+    if !matches!(field_order, AV_FIELD_PROGRESSIVE | AV_FIELD_UNKNOWN) {
+        if name == "libx264" {
+            fields = Some(matches!(field_order, AV_FIELD_TT | AV_FIELD_TB));
+            // Interlaced coding, its field order (x264 reads top-first from it) kept.
+            // SAFETY: plain fields of the unopened context; the flags keep those set above.
+            unsafe {
+                (*ctx.as_mut_ptr()).flags |= ffmpeg::ffi::AV_CODEC_FLAG_INTERLACED_DCT as i32
+                    | ffmpeg::ffi::AV_CODEC_FLAG_INTERLACED_ME as i32;
+                (*ctx.as_mut_ptr()).field_order = field_order;
             }
-            r => r,
+        } else {
+            let order = if matches!(field_order, AV_FIELD_TT | AV_FIELD_TB) {
+                "top field first"
+            } else {
+                "bottom field first"
+            };
+            tracing::warn!(
+                file = %src.path.display(),
+                "the video is interlaced ({order}) and {name} writes it as progressive frames; use --codec libx264 to keep its fields and their order"
+            );
         }
     }
+    let opts = encoder_options(&name, settings);
+    let odd = Planar::of(pix).is_some_and(|p| (p.hshift > 0 && w % 2 == 1) || (p.vshift > 0 && h % 2 == 1));
+    let enc = ctx.open_as_with(codec, opts).with_context(|| {
+        if odd {
+            format!(
+                "cannot open encoder {name} for {w}x{h}: 4:2:0 video needs an even width and height. Use --codec libx264rgb (any size), or crop the source first (ffmpeg -vf crop=trunc(iw/2)*2:trunc(ih/2)*2)"
+            )
+        } else {
+            format!("cannot open encoder {name} for {w}x{h} {pix:?} (check --crf and --preset)")
+        }
+    })?;
+    Ok(Opened {
+        enc,
+        codec,
+        pix,
+        fields,
+        // Untagged, the source picture's size decides (not a side-by-side view's).
+        matrix: (
+            Matrix::from_tag(
+                described.color_space(),
+                described.width() as usize,
+                described.height() as usize,
+            ),
+            described.color_range() == ffmpeg::color::Range::JPEG,
+        ),
+    })
+}
 
-    /// [`Encoder::create`] leaving out the source streams in `skip`; the streams whose muxer
-    /// answer was "unknown" are listed in `tried`.
-    fn create_skipping(
+/// The output file: the encoded video stream (its packets handed in, from the encoder or from
+/// a segment's packet file), the source's audio and subtitles copied and interleaved, its
+/// metadata, stream side data and chapters.
+pub struct Muxer {
+    octx: ffmpeg::format::context::Output,
+    side: SideStreams,
+    ost_tb: Rational,
+    /// End time (seconds) of the latest video packet written.
+    last_video_time: Option<f64>,
+}
+
+impl Muxer {
+    /// Creates `path` for `src` with a video stream described by `opened` (whose codec headers
+    /// are replaced by `extradata` when given: a joined segment's own).
+    fn create(
         path: &Path,
         src: &SourceInfo,
-        settings: &EncodeSettings,
+        opened: &Opened,
+        extradata: Option<&[u8]>,
         skip: &[usize],
         tried: &mut Vec<usize>,
     ) -> Result<Self> {
-        crate::init_ffmpeg();
         let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("");
-        let name = codec_for(settings, ext);
-        let codec = encoder::find_by_name(&name).ok_or_else(|| anyhow!("video encoder `{name}` not found"))?;
         let mut octx = ffmpeg::format::output(path).with_context(|| format!("cannot create {}", path.display()))?;
-        let global = octx.format().flags().contains(ffmpeg::format::Flags::GLOBAL_HEADER);
-        // Keep the source's colour description, pixel aspect ratio and, where the encoder
-        // takes it, its pixel format (depth and chroma layout).
-        let described = codec::context::Context::from_parameters(src.params.clone())
-            .and_then(|c| c.decoder().video())
-            .with_context(|| format!("reading the colour description of {}", src.path.display()))?;
-        let pix = output_format(&codec, described.format(), &name);
-        let (w, h) = (src.width as u32, src.height as u32);
-        let mut ctx = codec::context::Context::new_with_codec(codec).encoder().video()?;
-        ctx.set_width(w);
-        ctx.set_height(h);
-        ctx.set_format(pix);
-        ctx.set_time_base(src.time_base);
-        if src.avg_frame_rate.numerator() > 0 {
-            ctx.set_frame_rate(Some(src.avg_frame_rate));
-        }
-        if global {
-            ctx.set_flags(codec::Flags::GLOBAL_HEADER);
-        }
-        ctx.set_colorspace(described.color_space());
-        ctx.set_color_range(described.color_range());
-        ctx.set_aspect_ratio(described.aspect_ratio());
-        // SAFETY: `ctx` is a live, not yet opened encoder context we own; ffmpeg-next has no
-        // setter for these two plain enum fields.
-        unsafe {
-            (*ctx.as_mut_ptr()).color_primaries = described.color_primaries().into();
-            (*ctx.as_mut_ptr()).color_trc = described.color_transfer_characteristic().into();
-        }
-        // SAFETY: `src.params` holds valid codec parameters; `field_order` is a plain field.
-        let field_order = unsafe { (*src.params.as_ptr()).field_order };
-        use ffmpeg::ffi::AVFieldOrder::{AV_FIELD_PROGRESSIVE, AV_FIELD_TB, AV_FIELD_TT, AV_FIELD_UNKNOWN};
-        let mut fields = None;
-        if !matches!(field_order, AV_FIELD_PROGRESSIVE | AV_FIELD_UNKNOWN) {
-            if name == "libx264" {
-                fields = Some(matches!(field_order, AV_FIELD_TT | AV_FIELD_TB));
-                // Interlaced coding, its field order (x264 reads top-first from it) kept.
-                // SAFETY: plain fields of the unopened context; the flags keep those set above.
-                unsafe {
-                    (*ctx.as_mut_ptr()).flags |= ffmpeg::ffi::AV_CODEC_FLAG_INTERLACED_DCT as i32
-                        | ffmpeg::ffi::AV_CODEC_FLAG_INTERLACED_ME as i32;
-                    (*ctx.as_mut_ptr()).field_order = field_order;
-                }
-            } else {
-                let order = if matches!(field_order, AV_FIELD_TT | AV_FIELD_TB) {
-                    "top field first"
-                } else {
-                    "bottom field first"
-                };
-                tracing::warn!(
-                    file = %src.path.display(),
-                    "the video is interlaced ({order}) and {name} writes it as progressive frames; use --codec libx264 to keep its fields and their order"
-                );
-            }
-        }
-        let opts = encoder_options(&name, settings);
-        let odd = Planar::of(pix).is_some_and(|p| (p.hshift > 0 && w % 2 == 1) || (p.vshift > 0 && h % 2 == 1));
-        let enc = ctx.open_as_with(codec, opts).with_context(|| {
-            if odd {
-                format!(
-                    "cannot open encoder {name} for {w}x{h}: 4:2:0 video needs an even width and height. Use --codec libx264rgb (any size), or crop the source first (ffmpeg -vf crop=trunc(iw/2)*2:trunc(ih/2)*2)"
-                )
-            } else {
-                format!("cannot open encoder {name} for {w}x{h} {pix:?} (check --crf and --preset)")
-            }
-        })?;
         // One demuxer of the source for its metadata and for copying its other streams.
         let ictx = crate::media::input::open_input(&src.path)
             .with_context(|| format!("cannot reopen {}", src.path.display()))?;
         {
-            let mut ost = octx.add_stream(codec)?;
-            ost.set_parameters(&enc);
+            let mut ost = octx.add_stream(opened.codec)?;
+            ost.set_parameters(&opened.enc);
+            if let Some(extra) = extradata {
+                set_extradata(&mut ost, extra)?;
+            }
             ost.set_time_base(src.time_base);
             if src.avg_frame_rate.numerator() > 0 {
                 ost.set_avg_frame_rate(src.avg_frame_rate);
@@ -459,30 +497,128 @@ impl Encoder {
         let ost_tb = octx.stream(0).expect("video stream added").time_base();
         Ok(Self {
             octx,
-            enc,
-            fields,
+            side,
+            ost_tb,
+            last_video_time: None,
+        })
+    }
+
+    /// [`Muxer::create`], retried without the source streams the muxer could not vouch for
+    /// when it refuses them.
+    fn create_retrying(path: &Path, src: &SourceInfo, opened: &Opened, extradata: Option<&[u8]>) -> Result<Self> {
+        let mut tried = Vec::new();
+        match Self::create(path, src, opened, extradata, &[], &mut tried) {
+            Err(e) if !tried.is_empty() => {
+                let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("");
+                // The retry warns for each stream it leaves out.
+                tracing::debug!(streams = ?tried, "the .{ext} muxer refused stream(s) it could not vouch for ({e:#})");
+                // The first attempt left a file behind; the retry creates it anew.
+                Self::create(path, src, opened, extradata, &tried, &mut Vec::new())
+            }
+            r => r,
+        }
+    }
+
+    /// Opens `path` to join segments of `src` encoded with `settings`: the video stream is
+    /// described as the encoder describes it, with the segments' own codec headers.
+    pub fn for_join(path: &Path, src: &SourceInfo, settings: &EncodeSettings, extradata: &[u8]) -> Result<Self> {
+        let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("");
+        let opened = open_encoder(src, settings, ext)?;
+        let extra = (opened.enc_extradata() != extradata).then_some(extradata);
+        Self::create_retrying(path, src, &opened, extra)
+    }
+
+    /// Writes one video packet whose timestamps are in `tb`, after the side packets due
+    /// before it.
+    pub fn write_video(&mut self, mut p: Packet, tb: Rational) -> Result<()> {
+        p.rescale_ts(tb, self.ost_tb);
+        let t = p.dts().or(p.pts()).map(|ts| ts as f64 * f64::from(self.ost_tb));
+        self.side.write_until(&mut self.octx, t)?;
+        if let Some(end) = p.pts().map(|ts| (ts + p.duration()) as f64 * f64::from(self.ost_tb)) {
+            self.last_video_time = Some(self.last_video_time.map_or(end, |l: f64| l.max(end)));
+        }
+        p.set_stream(0);
+        p.set_position(-1);
+        p.write_interleaved(&mut self.octx).context("writing a video packet")
+    }
+
+    /// Writes the remaining audio/subtitle packets (only up to the last video frame when
+    /// `cut`, i.e. the run stopped early on purpose) and the trailer.
+    pub fn finish(mut self, cut: bool) -> Result<()> {
+        let until = if cut { self.last_video_time } else { None };
+        self.side.write_until(&mut self.octx, until)?;
+        self.octx.write_trailer().context("writing the trailer")
+    }
+}
+
+impl Opened {
+    /// The encoder's codec headers (empty when it has none out of band).
+    fn enc_extradata(&self) -> &[u8] {
+        // SAFETY: the encoder context is open; `extradata` is null or `extradata_size` bytes.
+        unsafe {
+            let ctx = self.enc.as_ptr();
+            if (*ctx).extradata.is_null() || (*ctx).extradata_size <= 0 {
+                &[]
+            } else {
+                std::slice::from_raw_parts((*ctx).extradata, (*ctx).extradata_size as usize)
+            }
+        }
+    }
+}
+
+/// Replaces the codec headers of `ost` with `extra`.
+fn set_extradata(ost: &mut ffmpeg::format::stream::StreamMut, extra: &[u8]) -> Result<()> {
+    // SAFETY: `ost`'s parameters are live; the new buffer is allocated by FFmpeg with the
+    // padding it requires, filled, and owned by the parameters (the old one freed first).
+    unsafe {
+        let par = (*ost.as_mut_ptr()).codecpar;
+        ffmpeg::ffi::av_freep(std::ptr::addr_of_mut!((*par).extradata).cast());
+        (*par).extradata_size = 0;
+        let buf = ffmpeg::ffi::av_mallocz(extra.len() + ffmpeg::ffi::AV_INPUT_BUFFER_PADDING_SIZE as usize) as *mut u8;
+        if buf.is_null() {
+            bail!("out of memory copying the codec headers");
+        }
+        std::ptr::copy_nonoverlapping(extra.as_ptr(), buf, extra.len());
+        (*par).extradata = buf;
+        (*par).extradata_size = extra.len() as i32;
+    }
+    Ok(())
+}
+
+impl Encoder {
+    /// Creates `path` (its container chosen from its extension) for `src`'s picture size,
+    /// time base and streams.
+    pub fn create(path: &Path, src: &SourceInfo, settings: &EncodeSettings) -> Result<Self> {
+        let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("");
+        let opened = open_encoder(src, settings, ext)?;
+        let muxer = Muxer::create_retrying(path, src, &opened, None)?;
+        Ok(Self::with_out(opened, Out::File(Box::new(muxer)), src))
+    }
+
+    /// An encoder for one segment of `src` whose packets go to the packet file `path`, encoded
+    /// as a file ending in `.ext` (OUT's) encodes them, so that the segments join into it.
+    pub fn for_segment(path: &Path, src: &SourceInfo, settings: &EncodeSettings, ext: &str) -> Result<Self> {
+        let opened = open_encoder(src, settings, ext)?;
+        let packets = crate::segment::packets::PacketWriter::create(path, opened.enc_extradata())?;
+        Ok(Self::with_out(opened, Out::Packets(packets), src))
+    }
+
+    fn with_out(opened: Opened, out: Out, src: &SourceInfo) -> Self {
+        Self {
+            out,
+            enc: opened.enc,
+            fields: opened.fields,
             scaler: None,
             rgb_scaler: None,
-            pix,
-            // Untagged, the source picture's size decides (not a side-by-side view's).
-            matrix: (
-                Matrix::from_tag(
-                    described.color_space(),
-                    described.width() as usize,
-                    described.height() as usize,
-                ),
-                described.color_range() == ffmpeg::color::Range::JPEG,
-            ),
+            pix: opened.pix,
+            matrix: opened.matrix,
             rgb: None,
             yuv: VideoFrame::empty(),
             work: None,
-            side,
             enc_tb: src.time_base,
-            ost_tb,
             last_pts: None,
-            last_video_time: None,
             frames: 0,
-        })
+        }
     }
 
     /// Encodes one frame at its source timestamp. When the decoded picture is already in the
@@ -593,26 +729,25 @@ impl Encoder {
     fn drain(&mut self) -> Result<()> {
         let mut p = Packet::empty();
         while self.enc.receive_packet(&mut p).is_ok() {
-            p.rescale_ts(self.enc_tb, self.ost_tb);
-            let t = p.dts().or(p.pts()).map(|ts| ts as f64 * f64::from(self.ost_tb));
-            self.side.write_until(&mut self.octx, t)?;
-            if let Some(end) = p.pts().map(|ts| (ts + p.duration()) as f64 * f64::from(self.ost_tb)) {
-                self.last_video_time = Some(self.last_video_time.map_or(end, |l: f64| l.max(end)));
+            let packet = std::mem::replace(&mut p, Packet::empty());
+            match &mut self.out {
+                Out::File(m) => m.write_video(packet, self.enc_tb)?,
+                Out::Packets(w) => w.write(&packet)?,
             }
-            p.set_stream(0);
-            p.write_interleaved(&mut self.octx).context("writing a video packet")?;
         }
         Ok(())
     }
 
-    /// Flushes the encoder, writes the remaining audio/subtitle packets (only up to the last
-    /// video frame when `cut`, i.e. the run stopped early on purpose) and the trailer.
+    /// Flushes the encoder and finishes the file: for an output file the remaining
+    /// audio/subtitle packets (only up to the last video frame when `cut`, i.e. the run stopped
+    /// early on purpose) and the trailer.
     pub fn finish(mut self, cut: bool) -> Result<u64> {
         self.enc.send_eof()?;
         self.drain()?;
-        let until = if cut { self.last_video_time } else { None };
-        self.side.write_until(&mut self.octx, until)?;
-        self.octx.write_trailer().context("writing the trailer")?;
+        match self.out {
+            Out::File(m) => m.finish(cut)?,
+            Out::Packets(w) => w.finish()?,
+        }
         Ok(self.frames)
     }
 }

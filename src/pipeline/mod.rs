@@ -74,15 +74,96 @@ fn run_inner(
     let start = Instant::now();
     let out_name = job.output.display().to_string();
     // Built before any thread starts: an output that cannot be created fails here.
-    // A side-by-side view is twice the source's width.
-    let mut out_src = job.source.clone();
-    let (w, h) = job.source.upright_size();
-    (out_src.width, out_src.height) = Compare::output_size(job.compare, w, h);
+    let out_src = output_source(job);
     let encoder = Writer::create(partial, &out_src, &job.encode).with_context(|| format!("output {out_name}"))?;
     let faces_sink = job.faces_json.as_deref().map(sink::FacesSink::create).transpose()?;
     // An image stream may have left the detector at another picture's size.
     engine.detector.start(engine.key.det_size);
     let (decoder, turn) = decoder_for(job, engine.detector.size);
+    run_wired(engine, job, (decoder, turn, job.max_frames), (encoder, faces_sink), start, progress)
+}
+
+/// The source as the output shows it: a side-by-side view is twice the source's width.
+fn output_source(job: &Job) -> crate::media::decode::SourceInfo {
+    let mut out_src = job.source.clone();
+    let (w, h) = job.source.upright_size();
+    (out_src.width, out_src.height) = Compare::output_size(job.compare, w, h);
+    out_src
+}
+
+/// Where one segment of a long video is written (see [`crate::segment`]).
+pub struct SegmentOut<'a> {
+    /// The packet file being written (a temporary name the caller renames).
+    pub packets: &'a std::path::Path,
+    /// The segment's faces record (moved into place when it succeeds).
+    pub faces: &'a std::path::Path,
+    /// What of the source the segment decodes.
+    pub span: crate::media::decode::Span,
+    /// OUT's extension: the segment is encoded as that container wants it.
+    pub ext: &'a str,
+}
+
+/// What a segment's run hands back: its summary and its faces record, not yet in place, with
+/// the record of the warm-up frame just before the segment (to link tracks across the join).
+pub struct SegmentDone {
+    pub summary: Summary,
+    pub faces: FacesRecord,
+}
+
+/// A segment's faces record on its way into place.
+pub struct FacesRecord(sink::FacesSink);
+
+impl FacesRecord {
+    /// The record line of the frame just before the segment (a warm-up frame), if it ran.
+    pub fn tail(&self) -> Option<&str> {
+        self.0.tail()
+    }
+
+    /// Moves the record into place.
+    pub fn commit(self) -> Result<()> {
+        self.0.commit()
+    }
+}
+
+/// Runs one segment of `job`'s source: its warm-up frames and its own, the own ones encoded
+/// into the packet file `out.packets`. The engine stays usable for another segment.
+pub fn run_segment(
+    engine: &mut Engine,
+    job: &Job,
+    out: SegmentOut<'_>,
+    progress: &(dyn Fn(u64) + Sync),
+) -> Result<SegmentDone> {
+    let start = Instant::now();
+    let out_src = output_source(job);
+    let encoder = crate::media::encode::Encoder::for_segment(out.packets, &out_src, &job.encode, out.ext)
+        .with_context(|| format!("segment file {}", out.packets.display()))?;
+    let faces_sink = sink::FacesSink::create(out.faces)?;
+    engine.detector.start(engine.key.det_size);
+    let (decoder, turn) = decoder_for(job, engine.detector.size);
+    let decoder = decoder.with_span(out.span);
+    let (summary, faces) = run_wired(
+        engine,
+        job,
+        (decoder, turn, None),
+        (Writer::Video(Box::new(encoder)), Some(faces_sink)),
+        start,
+        progress,
+    )?;
+    Ok(SegmentDone {
+        summary,
+        faces: FacesRecord(faces.expect("a segment always records its faces")),
+    })
+}
+
+/// Runs the wired pipeline from `decoder` to `encoder` (and the faces record).
+fn run_wired(
+    engine: &mut Engine,
+    job: &Job,
+    (decoder, turn, max_frames): (Decoder, Option<stages::Turn>, Option<u64>),
+    (encoder, faces_sink): (Writer, Option<sink::FacesSink>),
+    start: Instant,
+    progress: &(dyn Fn(u64) + Sync),
+) -> Result<(Summary, Option<sink::FacesSink>)> {
     let middle = Middle {
         mask: job.mask,
         face_check: job.face_check,
@@ -93,7 +174,7 @@ fn run_inner(
         smoother: Some(Smoother::new(job.smooth)),
         idle_flush: true,
     };
-    let (max_frames, cancel, output) = (job.max_frames, &job.cancel, job.output.as_path());
+    let (cancel, output) = (&job.cancel, job.output.as_path());
     wire(
         engine,
         middle,

@@ -35,6 +35,8 @@ pub struct FacesSink {
     file: PendingFile,
     frames: u64,
     path: String,
+    /// The record line of the latest warm-up frame seen (a segment's, before its own frames).
+    tail: Option<String>,
 }
 
 impl FacesSink {
@@ -46,11 +48,12 @@ impl FacesSink {
             file,
             frames: 0,
             path: path.display().to_string(),
+            tail: None,
         })
     }
 
-    /// Appends one frame (one line).
-    pub fn frame(&mut self, index: u64, faces: &[FaceJob]) -> Result<()> {
+    /// One frame's record line.
+    fn line(index: u64, faces: &[FaceJob]) -> Result<String> {
         let record = FrameRecord {
             frame: index,
             regions: faces.iter().filter_map(|f| f.region).collect(),
@@ -62,10 +65,31 @@ impl FacesSink {
                 })
                 .collect(),
         };
+        Ok(serde_json::to_string(&record)?)
+    }
+
+    /// Keeps a warm-up frame's record (not written): the last one kept is the frame just
+    /// before a segment, whose tracks the join links to the previous segment's.
+    pub fn warm_frame(&mut self, index: u64, faces: &[FaceJob]) -> Result<()> {
+        // Look-ahead frames come after the segment's own: only the warm-up's count.
+        if self.frames == 0 {
+            self.tail = Some(Self::line(index, faces)?);
+        }
+        Ok(())
+    }
+
+    /// The record line of the last warm-up frame.
+    pub fn tail(&self) -> Option<&str> {
+        self.tail.as_deref()
+    }
+
+    /// Appends one frame (one line).
+    pub fn frame(&mut self, index: u64, faces: &[FaceJob]) -> Result<()> {
+        let line = Self::line(index, faces)?;
         let sep: &[u8] = if self.frames == 0 { b"\n" } else { b",\n" };
         self.file
             .write_all(sep)
-            .and_then(|()| serde_json::to_writer(&mut self.file, &record).map_err(std::io::Error::other))
+            .and_then(|()| self.file.write_all(line.as_bytes()))
             .with_context(|| format!("writing {}", self.path))?;
         self.frames += 1;
         Ok(())

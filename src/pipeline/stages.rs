@@ -90,7 +90,7 @@ pub fn detect(
             item = Some(frame.item);
         }
         let faces = clock
-            .time(|| detector.detect(&frame.det, frame.width, frame.height))
+            .time(|| detector.detect(&frame.det, frame.width, frame.height, frame.index))
             .with_context(|| format!("detect stage, frame {}", frame.index))?;
         det_pool.put(std::mem::take(&mut frame.det));
         let faces = faces.into_iter().map(FaceJob::detected).collect();
@@ -191,7 +191,7 @@ pub fn temporal(
     let mut clock = Clock::new("temporal", DEPTH);
     let mut filter = crate::faces::temporal::Temporal::new(memory, size, &template_named(template, size));
     while let Some(mut ff) = recv(&rx, &mut clock) {
-        clock.time(|| filter.filter(ff.frame.index, &mut ff.faces));
+        clock.time(|| filter.filter(ff.frame.index, &mut ff.faces, ff.frame.warm));
         for job in &mut ff.faces {
             luma_pool.put(std::mem::take(&mut job.luma));
         }
@@ -314,6 +314,15 @@ pub fn paste_back(
     let kind = mask;
     let mask = Mask::build(kind, size, &template_named(template, size));
     let work = |(scratch, masks): &mut (Scratch, Vec<Mask>), ff: &mut FaceFrame| {
+        if ff.frame.warm {
+            // A warm-up frame is not written: nothing to paste.
+            for job in &mut ff.faces {
+                if let Some(r) = job.restored.take() {
+                    restored_pool.put(r);
+                }
+            }
+            return Ok(());
+        }
         paste_frame(
             ff,
             (&mask, kind, masks),
@@ -424,6 +433,14 @@ pub fn encode(
     let (mut n_faces, mut with_faces) = (0u64, 0u64);
     let out = output.display();
     while let Some(FaceFrame { mut frame, faces: jobs }) = recv(&rx, &mut clock) {
+        if frame.warm {
+            // A segment's warm-up frame: it built the state, it is not written.
+            if let Some(sink) = &mut faces {
+                sink.warm_frame(frame.index, &jobs)?;
+            }
+            rgb_pool.put(std::mem::take(&mut frame.rgb));
+            continue;
+        }
         if cancel.is_cancelled() {
             return Err(Cancelled {
                 frames: frame.index,

@@ -1,0 +1,610 @@
+//! One long video in segments: in, a job (source, OUT, settings) and how to cut and share it;
+//! out, OUT joined from segments restored by this process's jobs, or by other processes sharing
+//! the folder, resumable after a crash.
+//!
+//! ```text
+//!  plan (packets read once: frame timestamps, keyframes) -> segments cut at keyframes
+//!  each segment: seek to a keyframe before it, warm-up frames through the pipeline (not
+//!                written), its own frames encoded into a packet file (`packets.rs`)
+//!  join: every segment done -> their packets muxed into OUT with the source's audio,
+//!        subtitles, metadata and chapters (`media::encode::Muxer`), the faces records joined
+//! ```
+//! The work lives in a hidden folder beside OUT (`.NAME.segments/`): `plan.json` (the settings
+//! hash, the input's size and time, the plan), and per finished segment its packet file, its
+//! faces record and its record `NNNNN.json`, written last: a segment is done when its record
+//! vouches for its packet file. A segment being made is claimed (`output::Claim`), so jobs and
+//! processes sharing the folder each make it once; the join is claimed too, and runs only from
+//! a whole set, once: the folder goes when OUT is in place.
+
+pub mod packets;
+pub mod plan;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
+
+use crate::batch::manifest::Stamp;
+use crate::config::Settings;
+use crate::engine::{Engine, Job};
+use crate::media::decode::Span;
+use crate::output::{write_atomic, Claim, Partial, PendingFile};
+use crate::stats::Summary;
+use plan::{Scan, Segment};
+
+/// Version of the work folder's files.
+const VERSION: u32 = 1;
+
+/// `plan.json`: what the segments were planned for, and the plan.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+struct PlanFile {
+    version: u32,
+    /// Hash of everything that decides the output (`batch::manifest::settings_hash`).
+    settings: String,
+    input: Stamp,
+    /// OUT's extension: the segments are encoded for its container.
+    ext: String,
+    segments: Vec<Segment>,
+    scan: Scan,
+}
+
+/// A finished segment's record (`NNNNN.json`).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Record {
+    pub number: usize,
+    pub frames: u64,
+    pub faces: u64,
+    pub frames_with_faces: u64,
+    pub warm_frames: u64,
+    /// Size of the packet file it vouches for.
+    pub bytes: u64,
+    pub wall_s: f64,
+    /// The faces record line of the warm-up frame just before the segment.
+    pub tail: Option<String>,
+}
+
+/// A long video's work folder and plan.
+pub struct Work {
+    dir: PathBuf,
+    plan: PlanFile,
+    pts: Arc<Vec<i64>>,
+}
+
+/// The hidden work folder of `output`'s segments.
+pub fn work_dir(output: &Path) -> PathBuf {
+    let name = output.file_name().map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+    crate::output::folder_of(output).join(format!(".{name}.segments"))
+}
+
+impl Work {
+    /// Opens the work folder of `job` (made with settings hashed as `settings`), planning its
+    /// segments of about `seconds` (the scan is kept in the folder and read again on a rerun).
+    /// `None` when the video is one segment: it runs as a whole, with no folder. A folder
+    /// planned for other settings, another input or another cut is emptied and planned anew;
+    /// so is any with `force`.
+    pub fn open(settings: &Settings, job: &Job, seconds: f64, force: bool) -> Result<Option<Work>> {
+        let src = &job.source;
+        if seconds <= 0.0 || crate::media::kind::is_still(&job.output) || crate::media::kind::is_still_input(&src.path)
+        {
+            return Ok(None);
+        }
+        // Too short to cut, by what the header says (no scan needed).
+        if src.duration_s.is_some_and(|d| d < 1.5 * seconds) && !work_dir(&job.output).exists() {
+            return Ok(None);
+        }
+        let hash = crate::batch::manifest::settings_hash(&settings.recipe);
+        let input = Stamp::of(&src.path)?;
+        let ext = job
+            .output
+            .extension()
+            .map_or_else(String::new, |e| e.to_string_lossy().into_owned());
+        let dir = work_dir(&job.output);
+        let plan_path = dir.join("plan.json");
+        let old: Option<PlanFile> = std::fs::read(&plan_path)
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok());
+        // The scan depends only on the input: a rerun reads it back.
+        let scan = match old.as_ref().filter(|p| p.version == VERSION && p.input == input) {
+            Some(p) => p.scan.clone(),
+            None => match plan::scan(src, &job.cancel)? {
+                Some(s) => s,
+                None => {
+                    tracing::info!(
+                        input = %src.path.display(),
+                        "the video's frames have no timestamps to cut by: it runs as one segment"
+                    );
+                    return Ok(None);
+                }
+            },
+        };
+        let t = &settings.recipe.treatment;
+        let warm = (plan::warm_up(t), plan::look_ahead(t));
+        let frames = job.max_frames.unwrap_or(u64::MAX);
+        let segments = plan::cut(&scan, f64::from(src.time_base), seconds, frames, warm);
+        if segments.len() < 2 {
+            if dir.exists() {
+                remove_work(&dir);
+            }
+            return Ok(None);
+        }
+        let plan = PlanFile {
+            version: VERSION,
+            settings: hash,
+            input,
+            ext,
+            segments,
+            scan,
+        };
+        if force || old.as_ref() != Some(&plan) {
+            if dir.exists() {
+                if !force {
+                    tracing::info!(
+                        dir = %dir.display(),
+                        "the finished segments there were made for other settings, another input or another cut: starting afresh"
+                    );
+                }
+                clear_segments(&dir);
+            }
+            std::fs::create_dir_all(&dir).with_context(|| format!("cannot create the work folder {}", dir.display()))?;
+            write_atomic(&plan_path, &serde_json::to_vec(&plan)?)?;
+        }
+        // What a killed run left half-written.
+        for ext in [".seg", ".json", ".faces"] {
+            crate::output::remove_stale(&dir, ".", ext);
+        }
+        let pts = Arc::new(plan.scan.pts.clone());
+        Ok(Some(Work { dir, plan, pts }))
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn segments(&self) -> &[Segment] {
+        &self.plan.segments
+    }
+
+    /// Frames the segments write in all.
+    pub fn frames(&self) -> u64 {
+        self.plan.segments.last().map_or(0, |s| s.end)
+    }
+
+    fn seg_path(&self, n: usize) -> PathBuf {
+        self.dir.join(plan::file_name(n))
+    }
+
+    fn record_path(&self, n: usize) -> PathBuf {
+        self.dir.join(format!("{n:05}.json"))
+    }
+
+    fn faces_path(&self, n: usize) -> PathBuf {
+        self.dir.join(format!("{n:05}.faces"))
+    }
+
+    /// The record of segment `n` if it is done: written, and its packet file as it vouches.
+    pub fn record(&self, n: usize) -> Option<Record> {
+        let r: Record = serde_json::from_slice(&std::fs::read(self.record_path(n)).ok()?).ok()?;
+        let bytes = std::fs::metadata(self.seg_path(n)).ok()?.len();
+        (r.number == n && r.bytes == bytes && self.faces_path(n).exists()).then_some(r)
+    }
+
+    /// Restores segment `seg` of `job` on `engine` (the caller holds its claim) and records it.
+    pub fn restore(
+        &self,
+        engine: &mut Engine,
+        job: &Job,
+        seg: &Segment,
+        progress: &(dyn Fn(u64) + Sync),
+    ) -> Result<(Record, Summary)> {
+        let start = Instant::now();
+        let n = seg.number;
+        let seg_path = self.seg_path(n);
+        let partial = Partial::beside(&seg_path)?;
+        let span = Span {
+            seek: seg.seek,
+            warm_from: seg.warm_from,
+            start: seg.start,
+            end: seg.end,
+            until: seg.until,
+            pts: self.pts.clone(),
+        };
+        let faces_path = self.faces_path(n);
+        let out = crate::pipeline::SegmentOut {
+            packets: partial.path(),
+            faces: &faces_path,
+            span,
+            ext: &self.plan.ext,
+        };
+        let done = match crate::pipeline::run_segment(engine, job, out, progress) {
+            Ok(d) => d,
+            Err(e) => {
+                partial.discard();
+                return Err(e.context(format!("segment {} of {} (frames {}..{})", n + 1, self.plan.segments.len(), seg.start, seg.end)));
+            }
+        };
+        if done.summary.frames != seg.frames() {
+            partial.discard();
+            bail!(
+                "segment {} wrote {} frames where the plan has {}: the file changed since it was planned; run again with --force",
+                n + 1,
+                done.summary.frames,
+                seg.frames()
+            );
+        }
+        let tail = done.faces.tail().map(str::to_string);
+        partial.rename_to(&seg_path)?;
+        done.faces.commit()?;
+        let record = Record {
+            number: n,
+            frames: done.summary.frames,
+            faces: done.summary.faces,
+            frames_with_faces: done.summary.frames_with_faces,
+            warm_frames: seg.warm_frames(),
+            bytes: std::fs::metadata(&seg_path)?.len(),
+            wall_s: start.elapsed().as_secs_f64(),
+            tail,
+        };
+        write_atomic(&self.record_path(n), &serde_json::to_vec(&record)?)?;
+        Ok((record, done.summary))
+    }
+
+    /// Joins the segments into `job`'s OUT when every one is done and no one else is joining:
+    /// `Ok(None)` when the set is not whole, another process holds the join, or OUT was joined
+    /// already (the folder is gone).
+    pub fn join(&self, job: &Job) -> Result<Option<Joined>> {
+        let start = Instant::now();
+        if !self.dir.exists() {
+            return Ok(None);
+        }
+        let Some(_claim) = Claim::take(&self.dir.join("join"))? else {
+            return Ok(None);
+        };
+        // Another process may have joined while this one waited for the claim.
+        if !self.dir.join("plan.json").exists() {
+            return Ok(None);
+        }
+        let Some(records) = self.segments().iter().map(|s| self.record(s.number)).collect::<Option<Vec<_>>>() else {
+            return Ok(None);
+        };
+        let src = &job.source;
+        let mut out_src = src.clone();
+        let (w, h) = src.upright_size();
+        (out_src.width, out_src.height) = crate::media::compare::Compare::output_size(job.compare, w, h);
+        let partial = Partial::beside(&job.output)?;
+        let result = (|| -> Result<u64> {
+            let first = packets::PacketReader::open(&self.seg_path(0))?;
+            let mut muxer = crate::media::encode::Muxer::for_join(partial.path(), &out_src, &job.encode, &first.extradata)
+                .with_context(|| format!("output {}", job.output.display()))?;
+            drop(first);
+            let mut packets = 0u64;
+            for seg in self.segments() {
+                let mut r = packets::PacketReader::open(&self.seg_path(seg.number))?;
+                while let Some(p) = r.next_packet()? {
+                    muxer.write_video(p, src.time_base)?;
+                    packets += 1;
+                }
+            }
+            let cut = job.max_frames.is_some_and(|m| m <= self.frames());
+            muxer.finish(cut)?;
+            Ok(packets)
+        })();
+        if let Err(e) = result {
+            partial.discard();
+            return Err(e);
+        }
+        let faces = match &job.faces_json {
+            Some(path) => Some(self.join_faces(path, &records)?),
+            None => None,
+        };
+        partial.rename_to(&job.output)?;
+        if let Some(f) = faces {
+            f.commit()?;
+        }
+        let joined = Joined {
+            frames: records.iter().map(|r| r.frames).sum(),
+            faces: records.iter().map(|r| r.faces).sum(),
+            warm_frames: records.iter().map(|r| r.warm_frames).sum(),
+            segments: records.len(),
+            join: start.elapsed(),
+        };
+        remove_work(&self.dir);
+        Ok(Some(joined))
+    }
+
+    /// Joins the segments' faces records into `path` (pending until committed), numbering
+    /// tracks as one run does: a track alive at a segment's start keeps the number the
+    /// previous segment gave it (found by its face on the frame before), and new tracks take
+    /// the next numbers in order.
+    fn join_faces(&self, path: &Path, records: &[Record]) -> Result<PendingFile> {
+        use std::io::Write;
+        let mut out = PendingFile::create(path)?;
+        out.write_all(b"[")?;
+        let mut next = 0u64;
+        let mut last_line: Option<String> = None;
+        let mut wrote = false;
+        for (seg, record) in self.segments().iter().zip(records) {
+            let text = std::fs::read_to_string(self.faces_path(seg.number))
+                .with_context(|| format!("reading the faces record of segment {}", seg.number + 1))?;
+            let mut map: HashMap<u64, u64> = HashMap::new();
+            if let (Some(tail), Some(prev)) = (&record.tail, &last_line) {
+                link_tracks(tail, prev, &mut map)?;
+            }
+            for line in text.lines() {
+                let line = line.strip_suffix(',').unwrap_or(line);
+                if !line.starts_with('{') {
+                    continue;
+                }
+                let line = renumber(line, |local| {
+                    *map.entry(local).or_insert_with(|| {
+                        next += 1;
+                        next - 1
+                    })
+                });
+                out.write_all(if wrote { b",\n" } else { b"\n" })?;
+                out.write_all(line.as_bytes())?;
+                wrote = true;
+                last_line = Some(line);
+            }
+            // Numbers already given stay taken (a track linked from before keeps its own).
+            next = next.max(map.values().max().map_or(0, |m| m + 1));
+        }
+        out.write_all(b"\n]\n")?;
+        Ok(out)
+    }
+}
+
+/// Links the tracks of a segment's warm-up frame `tail` (its own numbers) to the numbers the
+/// previous segment's record gave the same faces on that frame (`prev`, already renumbered).
+fn link_tracks(tail: &str, prev: &str, map: &mut HashMap<u64, u64>) -> Result<()> {
+    let (tail, prev): (serde_json::Value, serde_json::Value) = (serde_json::from_str(tail)?, serde_json::from_str(prev)?);
+    if tail["frame"] != prev["frame"] {
+        return Ok(());
+    }
+    let faces = |v: &serde_json::Value| v["faces"].as_array().cloned().unwrap_or_default();
+    let prev_faces = faces(&prev);
+    for f in faces(&tail) {
+        let Some(local) = f["track"].as_u64() else { continue };
+        if let Some(global) = prev_faces
+            .iter()
+            .find(|g| g["bbox"] == f["bbox"])
+            .and_then(|g| g["track"].as_u64())
+        {
+            map.insert(local, global);
+        } else {
+            tracing::debug!(track = local, "a track at a segment's start has no match before it");
+        }
+    }
+    Ok(())
+}
+
+/// `line` with every `"track":N` renumbered by `f`.
+fn renumber(line: &str, mut f: impl FnMut(u64) -> u64) -> String {
+    const KEY: &str = "\"track\":";
+    let mut out = String::with_capacity(line.len());
+    let mut rest = line;
+    while let Some(i) = rest.find(KEY) {
+        out.push_str(&rest[..i + KEY.len()]);
+        rest = &rest[i + KEY.len()..];
+        let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+        match rest[..digits].parse::<u64>() {
+            Ok(n) => out.push_str(&f(n).to_string()),
+            Err(_) => out.push_str(&rest[..digits]),
+        }
+        rest = &rest[digits..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// Removes the segments' files from a work folder (a new plan starts).
+fn clear_segments(dir: &Path) {
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if !name.ends_with(".claim") {
+                std::fs::remove_file(e.path()).ok();
+            }
+        }
+    }
+}
+
+/// Removes a work folder once OUT is joined.
+fn remove_work(dir: &Path) {
+    if let Err(e) = std::fs::remove_dir_all(dir) {
+        tracing::warn!(dir = %dir.display(), "cannot remove the segments' work folder ({e}); it can be deleted");
+    }
+}
+
+/// What a join made.
+#[derive(Clone, Debug)]
+pub struct Joined {
+    pub frames: u64,
+    pub faces: u64,
+    pub warm_frames: u64,
+    pub segments: usize,
+    pub join: Duration,
+}
+
+/// How segments are shared out to the jobs of one process.
+pub struct Share<'a> {
+    /// Segments run at once, each its own pipeline and engine.
+    pub jobs: usize,
+    /// Whether `--threads` was given (then it is per job).
+    pub threads_given: bool,
+    /// Which segments this process takes (a shard's share; all for a single run).
+    pub mine: &'a (dyn Fn(&Segment) -> bool + Sync),
+    /// Wait for segments of `mine` that another process holds (a single run), or leave them
+    /// (a shard: the other process joins).
+    pub wait: bool,
+}
+
+/// What a process did of a long video.
+#[derive(Default)]
+pub struct Done {
+    /// Segments restored here, with their summaries.
+    pub restored: Vec<(Record, Summary)>,
+    /// Segments of `mine` found done already (an earlier run, another process).
+    pub kept: usize,
+    /// The join, when this process made it.
+    pub joined: Option<Joined>,
+}
+
+/// Restores the segments of `work` that `share` gives this process, `share.jobs` at a time
+/// (each job its own engine, GPUs shared out as batch does), then joins OUT if the set is
+/// whole. `progress` is called with the frames finished so far (segments done before
+/// included) and the segments done.
+pub fn run(
+    settings: &Settings,
+    job: &Job,
+    work: &Work,
+    share: &Share<'_>,
+    progress: &(dyn Fn(u64, usize) + Sync),
+) -> Result<Done> {
+    let mine: Vec<&Segment> = work.segments().iter().filter(|s| (share.mine)(s)).collect();
+    let pending: Vec<&Segment> = mine.iter().copied().filter(|s| work.record(s.number).is_none()).collect();
+    let kept = mine.len() - pending.len();
+    let frames_done = AtomicU64::new(
+        work.segments()
+            .iter()
+            .filter_map(|s| work.record(s.number))
+            .map(|r| r.frames)
+            .sum(),
+    );
+    let segs_done = AtomicU64::new((work.segments().len() - work.segments().iter().filter(|s| work.record(s.number).is_none()).count()) as u64);
+    progress(frames_done.load(Ordering::Relaxed), segs_done.load(Ordering::Relaxed) as usize);
+    let restored = Mutex::new(Vec::new());
+    let failure: Mutex<Option<anyhow::Error>> = Mutex::new(None);
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    if !pending.is_empty() {
+        let per_job = settings.per_job(Some(share.jobs.max(1)), pending.len(), share.threads_given);
+        std::thread::scope(|s| {
+            for js in &per_job {
+                let own_job = job.clone();
+                let (pending, restored, failure, stop) = (&pending, &restored, &failure, &stop);
+                let (frames_done, segs_done) = (&frames_done, &segs_done);
+                s.spawn(move || {
+                    let job = &own_job;
+                    let mut engine: Option<Engine> = None;
+                    let r = (|| -> Result<()> {
+                        loop {
+                            if stop.load(Ordering::Relaxed) || job.cancel.is_cancelled() {
+                                return Ok(());
+                            }
+                            let Some((seg, claim)) = next_segment(work, pending)? else {
+                                if share.wait && pending.iter().any(|s| work.record(s.number).is_none()) {
+                                    std::thread::sleep(Duration::from_millis(200));
+                                    continue;
+                                }
+                                return Ok(());
+                            };
+                            let engine = js.engine_for(&mut engine, job)?;
+                            let last = AtomicU64::new(0);
+                            let tick = |n: u64| {
+                                let before = last.swap(n, Ordering::Relaxed);
+                                let total = frames_done.fetch_add(n.saturating_sub(before), Ordering::Relaxed) + n.saturating_sub(before);
+                                progress(total, segs_done.load(Ordering::Relaxed) as usize);
+                            };
+                            let (record, summary) = work.restore(engine, job, seg, &tick)?;
+                            drop(claim);
+                            let segs = segs_done.fetch_add(1, Ordering::Relaxed) + 1;
+                            progress(frames_done.load(Ordering::Relaxed), segs as usize);
+                            restored.lock().unwrap_or_else(|e| e.into_inner()).push((record, summary));
+                        }
+                    })();
+                    if let Err(e) = r {
+                        stop.store(true, Ordering::Relaxed);
+                        let mut f = failure.lock().unwrap_or_else(|e| e.into_inner());
+                        // A cancelled job's error only when nothing really failed.
+                        let cancelled = e.is::<crate::engine::Cancelled>();
+                        if f.is_none() || (!cancelled && f.as_ref().is_some_and(|x| x.is::<crate::engine::Cancelled>())) {
+                            *f = Some(e);
+                        }
+                    }
+                });
+            }
+        });
+    }
+    if let Some(e) = failure.into_inner().unwrap_or_else(|e| e.into_inner()) {
+        return Err(e);
+    }
+    if job.cancel.is_cancelled() {
+        return Err(crate::engine::Cancelled {
+            frames: frames_done.load(Ordering::Relaxed),
+            input: job.source.path.display().to_string(),
+        }
+        .into());
+    }
+    let mut restored = restored.into_inner().unwrap_or_else(|e| e.into_inner());
+    restored.sort_by_key(|(r, _)| r.number);
+    let joined = work.join(job)?;
+    Ok(Done { restored, kept, joined })
+}
+
+/// The first pending segment not done and not claimed by another job or process, with its
+/// claim.
+fn next_segment<'a>(work: &Work, pending: &[&'a Segment]) -> Result<Option<(&'a Segment, Claim)>> {
+    for seg in pending {
+        if work.record(seg.number).is_some() {
+            continue;
+        }
+        if let Some(claim) = Claim::take(&work.seg_path(seg.number))? {
+            // Done while the claim was being taken.
+            if work.record(seg.number).is_some() {
+                continue;
+            }
+            return Ok(Some((seg, claim)));
+        }
+    }
+    Ok(None)
+}
+
+/// A line for the end of a segmented run.
+pub fn describe(done: &Done, total: usize) -> String {
+    let here = done.restored.len();
+    let mut s = format!("{here} of {total} segments restored here");
+    if done.kept > 0 {
+        s += &format!(", {} kept from an earlier run or another process", done.kept);
+    }
+    match &done.joined {
+        Some(j) => s += &format!(
+            "; joined {} frames ({} faces) in {:.2} s; warm-up {} frames",
+            j.frames,
+            j.faces,
+            j.join.as_secs_f64(),
+            j.warm_frames
+        ),
+        None => s += "; not joined yet (other segments are not done)",
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tracks_are_renumbered_in_place() {
+        let line = r#"{"frame":3,"regions":[],"faces":[{"bbox":[1,2,3,4],"track":7},{"track":12,"x":"\"track\":"}]}"#;
+        let got = renumber(line, |n| n * 10);
+        assert_eq!(
+            got,
+            r#"{"frame":3,"regions":[],"faces":[{"bbox":[1,2,3,4],"track":70},{"track":120,"x":"\"track\":"}]}"#
+        );
+    }
+
+    #[test]
+    fn tracks_link_by_their_face_on_the_frame_before() {
+        let tail = r#"{"frame":9,"faces":[{"bbox":[1.5,2,3,4],"track":0},{"bbox":[9,9,9,9],"track":1}]}"#;
+        let prev = r#"{"frame":9,"faces":[{"bbox":[9,9,9,9],"track":4},{"bbox":[1.5,2,3,4],"track":5}]}"#;
+        let mut map = HashMap::new();
+        link_tracks(tail, prev, &mut map).unwrap();
+        assert_eq!(map, HashMap::from([(0, 5), (1, 4)]));
+        let mut map = HashMap::new();
+        link_tracks(tail, r#"{"frame":8,"faces":[]}"#, &mut map).unwrap();
+        assert!(map.is_empty(), "another frame links nothing");
+    }
+}
