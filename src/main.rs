@@ -76,7 +76,7 @@ struct SegmentArg {
     /// `.OUT.segments/`, so a rerun after a crash or Ctrl-C redoes only the unfinished ones.
     /// Each segment starts with about a hundred warm-up frames (decoded, not written), so its
     /// faces are those one run finds. 0: never cut.
-    #[arg(long = "segment", value_name = "SECONDS", default_value_t = defaults::SEGMENT_SECONDS, help_heading = "Long videos")]
+    #[arg(long = "segment", value_name = "SECONDS", default_value_t = defaults::SEGMENT_SECONDS, value_parser = parse_segment, help_heading = "Long videos")]
     seconds: f64,
 }
 
@@ -295,6 +295,13 @@ fn parse_level(s: &str, what: &str) -> Result<u32, String> {
     }
 }
 
+fn parse_segment(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(v) if v.is_finite() && v >= 0.0 => Ok(v),
+        _ => Err(format!("`{s}` is not a length in seconds: give 0 (never cut) or more")),
+    }
+}
+
 fn parse_crf(s: &str) -> Result<u32, String> {
     parse_level(
         s,
@@ -386,9 +393,6 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     let interrupts = gpen_video::interrupt::install()?;
     let settings = Settings::resolve(&o)?;
     let job = settings.job(&o.input, &o.output, CancelToken::from_flag(interrupts.soft.clone()))?;
-    if !(cli.segment.seconds >= 0.0 && cli.segment.seconds.is_finite()) {
-        bail!("--segment must be 0 (never cut) or more seconds, got {}", cli.segment.seconds);
-    }
     if let Some(work) = gpen_video::segment::Work::open(&settings, &job, cli.segment.seconds, cli.force)? {
         return run_segmented(&settings, &job, &work, cli.jobs as usize, o.threads.is_some(), quiet, &interrupts);
     }
@@ -632,6 +636,7 @@ fn run_batch(b: BatchArgs) -> ExitCode {
             shard: b.shard,
             shard_count: b.shard_count,
             quiet: b.run.quiet,
+            segment: b.segment.seconds,
             base: b.run.options(PathBuf::new(), PathBuf::new())?,
         };
         Ok(gpen_video::batch::run(&opts, &interrupts)?.exit_code())

@@ -164,6 +164,12 @@ impl Shard {
         fnv1a64(clip.key.as_bytes()) % self.count as u64 == self.index as u64
     }
 
+    /// Whether segment `number` of a long clip is this shard's: a long clip's segments are
+    /// dealt out to every shard in turn, starting with the shard that owns the clip.
+    pub fn owns_segment(&self, clip_key: &str, number: usize) -> bool {
+        (fnv1a64(clip_key.as_bytes()) + number as u64) % self.count as u64 == self.index as u64
+    }
+
     /// Parses `K/N` (0-based K), or `auto`: K from `JOB_COMPLETION_INDEX` (Kubernetes Indexed
     /// Jobs) or `SLURM_ARRAY_TASK_ID` (Slurm job arrays numbered from 0), N from `count`
     /// (`--shard-count`), else `JOB_COMPLETIONS` or `SLURM_ARRAY_TASK_COUNT`. `env` reads a

@@ -77,6 +77,12 @@ pub(crate) struct JobContext {
     pub(crate) force: bool,
     /// When this run started, milliseconds since the Unix epoch.
     pub(crate) started_unix_ms: u64,
+    /// Length of a long video's segments in seconds (0: never cut).
+    pub(crate) segment: f64,
+    pub(crate) shard: Option<crate::batch::clips::Shard>,
+    /// With a shard, the long videos whose segments every shard shares (no clip claim: each
+    /// segment is claimed).
+    pub(crate) long: std::sync::Arc<std::collections::BTreeSet<String>>,
 }
 
 /// Takes `clip`'s claim, or says why it is skipped: another batch process over the same
@@ -155,6 +161,13 @@ pub(crate) fn job_loop(job: usize, ctx: &JobContext, settings: Settings, queues:
             break;
         }
         let Ok(clip) = clips.try_recv() else { break };
+        if ctx.long.contains(&clip.key) {
+            // Shared with the other shards segment by segment.
+            if !run_shared(job, ctx, &settings, clip, &mut cached, events) {
+                return;
+            }
+            continue;
+        }
         let Some(claim) = claim_or_say(job, ctx, &clip, events, &held) else {
             continue;
         };
@@ -191,6 +204,39 @@ pub(crate) fn job_loop(job: usize, ctx: &JobContext, settings: Settings, queues:
     }
 }
 
+/// Restores this shard's segments of a long clip every shard shares and says how it ended
+/// (done when this shard joined it, skipped when another shard will); false when the
+/// coordinator has gone.
+fn run_shared(
+    job: usize,
+    ctx: &JobContext,
+    settings: &Settings,
+    clip: Clip,
+    cached: &mut Option<Engine>,
+    events: &Sender<Event>,
+) -> bool {
+    let event = match run_clip(job, ctx, settings, &clip, cached, events) {
+        Ok(Ran::Done(done, entry)) => Event::Done {
+            job,
+            done,
+            entry,
+            claim: None,
+        },
+        Ok(Ran::NotJoined(reason)) => Event::Skipped {
+            job,
+            clip: clip.key,
+            reason,
+        },
+        Err(e) if is_cancelled(&e) => Event::Cancelled { job, clip: clip.key },
+        Err(e) => Event::Failed {
+            job,
+            clip: clip.key,
+            reason: format!("{e:#}"),
+        },
+    };
+    events.send(event).is_ok()
+}
+
 /// Restores a clip whose claim this job holds and says how it ended; false when the
 /// coordinator has gone.
 fn run_claimed(
@@ -202,11 +248,16 @@ fn run_claimed(
     events: &Sender<Event>,
 ) -> bool {
     let event = match run_clip(job, ctx, settings, &clip, cached, events) {
-        Ok((done, entry)) => Event::Done {
+        Ok(Ran::Done(done, entry)) => Event::Done {
             job,
             done,
             entry,
             claim: Some(claim),
+        },
+        Ok(Ran::NotJoined(reason)) => Event::Skipped {
+            job,
+            clip: clip.key,
+            reason,
         },
         Err(e) if is_cancelled(&e) => Event::Cancelled { job, clip: clip.key },
         Err(e) => Event::Failed {
@@ -371,11 +422,22 @@ fn record(
         faces,
         seconds,
         flicker: None,
+        segments: None,
     };
     Ok((done, entry))
 }
 
-/// Restores one clip; returns what the coordinator records.
+/// How a clip's run ended.
+enum Ran {
+    /// Finished: what the coordinator records.
+    Done(ClipDone, Entry),
+    /// A long clip's segments were done here, but others are not yet: the shard that finishes
+    /// the last one joins it.
+    NotJoined(String),
+}
+
+/// Restores one clip (a long one in segments: this shard's share, joined when the set is
+/// whole); returns what the coordinator records.
 fn run_clip(
     job: usize,
     ctx: &JobContext,
@@ -383,8 +445,44 @@ fn run_clip(
     clip: &Clip,
     cached: &mut Option<Engine>,
     events: &Sender<Event>,
-) -> Result<(ClipDone, Entry)> {
+) -> Result<Ran> {
     let (job_spec, stamp) = prepare(job, ctx, settings, clip, events)?;
+    // A sharded batch's --force cannot be told apart from another shard's fresh segments: only
+    // an unsharded one starts a long clip afresh.
+    let force = ctx.force && ctx.shard.is_none();
+    if let Some(work) = crate::segment::Work::open(settings, &job_spec, ctx.segment, force)? {
+        let start = std::time::Instant::now();
+        let shard = ctx.shard;
+        let key = clip.key.clone();
+        let mine = move |s: &crate::segment::plan::Segment| shard.is_none_or(|sh| sh.owns_segment(&key, s.number));
+        let share = crate::segment::Share {
+            jobs: 1,
+            threads_given: true,
+            mine: &mine,
+            wait: shard.is_none(),
+        };
+        let total = work.segments().len();
+        let done = crate::segment::run(settings, &job_spec, &work, &share, &|frames, _| {
+            let _ = events.send(Event::Progress { job, frames });
+        })
+        .inspect_err(|_| *cached = None)?;
+        let Some(joined) = &done.joined else {
+            return Ok(Ran::NotJoined(format!(
+                "{}; the shard that finishes the last segment joins it",
+                crate::segment::describe(&done, total)
+            )));
+        };
+        let (mut note, entry) = record(
+            ctx,
+            clip,
+            stamp,
+            joined.frames,
+            joined.faces,
+            start.elapsed().as_secs_f64(),
+        )?;
+        note.segments = Some(crate::segment::describe(&done, total));
+        return Ok(Ran::Done(note, entry));
+    }
     let engine = settings.engine_for(cached, &job_spec)?;
     let run = crate::pipeline::run(engine, &job_spec, &|frames| {
         let _ = events.send(Event::Progress { job, frames });
@@ -400,5 +498,5 @@ fn run_clip(
         summary.wall.as_secs_f64(),
     )?;
     done.flicker = summary.flicker.filter(|f| f.pairs > 0).map(|f| f.output());
-    Ok((done, entry))
+    Ok(Ran::Done(done, entry))
 }

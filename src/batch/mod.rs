@@ -65,6 +65,9 @@ pub struct BatchOptions {
     pub shard_count: Option<usize>,
     /// No progress bars.
     pub quiet: bool,
+    /// Length of a long video's segments in seconds (0: never cut). With a shard, the segments
+    /// of a long video are shared out to every shard, and the one that finishes the last joins.
+    pub segment: f64,
     /// Settings for every clip; `input` and `output` are set per clip.
     pub base: Options,
 }
@@ -98,7 +101,7 @@ pub fn run(o: &BatchOptions, ints: &Interrupts) -> Result<Report> {
         not_video: scan.not_video.clone(),
         ..Default::default()
     };
-    let todo = select(o, shard, scan.clips, &all, &settings_hash, &mut report);
+    let (todo, long) = select(o, shard, scan.clips, &all, &settings_hash, &mut report);
     let per_job = base.per_job(o.jobs, todo.len(), o.base.threads.is_some());
     report.jobs = per_job.len();
     say_plan(&report, shard, todo.len(), per_job.len());
@@ -115,6 +118,9 @@ pub fn run(o: &BatchOptions, ints: &Interrupts) -> Result<Report> {
         settings_hash: settings_hash.clone(),
         force: o.force,
         started_unix_ms: manifest::now_unix_ms(),
+        segment: o.segment,
+        shard,
+        long: std::sync::Arc::new(long),
     };
     for (i, settings) in per_job.into_iter().enumerate() {
         let name = match settings.targets.first() {
@@ -303,7 +309,9 @@ fn finish(
 }
 
 /// The clips this process runs: those of its shard that no manifest vouches for (all of them
-/// with `--force`); the others are counted or listed in `report`.
+/// with `--force`); the others are counted or listed in `report`. With a shard, a long video
+/// (cut into segments) is every shard's: each takes its share of the segments. Returns the
+/// clips and the keys of those long videos.
 fn select(
     o: &BatchOptions,
     shard: Option<Shard>,
@@ -311,10 +319,13 @@ fn select(
     all: &[(PathBuf, Manifest)],
     settings_hash: &str,
     report: &mut Report,
-) -> Vec<Clip> {
+) -> (Vec<Clip>, BTreeSet<String>) {
     let mut todo = Vec::new();
+    let mut long = BTreeSet::new();
     for clip in clips {
-        if shard.is_some_and(|s| !s.owns(&clip)) {
+        if shard.is_some() && is_long(&o.in_dir.join(&clip.rel), o.segment) {
+            long.insert(clip.key.clone());
+        } else if shard.is_some_and(|s| !s.owns(&clip)) {
             report.other_shards += 1;
             continue;
         }
@@ -333,7 +344,18 @@ fn select(
             todo.push(clip);
         }
     }
-    todo
+    (todo, long)
+}
+
+/// Whether `input` is a video long enough to be cut into segments of `seconds` (by what its
+/// header says).
+fn is_long(input: &Path, seconds: f64) -> bool {
+    seconds > 0.0
+        && !crate::media::still::is_still(input)
+        && crate::media::decode::probe(input)
+            .ok()
+            .and_then(|s| s.duration_s)
+            .is_some_and(|d| d >= 1.5 * seconds)
 }
 
 /// The coordinator: the only owner of the report, the manifest and the bars. Takes the jobs'

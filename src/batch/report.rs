@@ -16,6 +16,9 @@ pub struct ClipDone {
     /// input's), for videos with tracked faces.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub flicker: Option<f64>,
+    /// A long video restored in segments: what this process did of them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub segments: Option<String>,
 }
 
 /// A clip this run skipped or failed, and why.

@@ -139,8 +139,11 @@ impl Work {
             segments,
             scan,
         };
-        if force || old.as_ref() != Some(&plan) {
-            if dir.exists() {
+        // A folder with no plan yet may be another process's, planning the same: only a plan
+        // that differs is stale.
+        let stale = old.as_ref().is_some_and(|o| o != &plan);
+        if force || old.is_none() || stale {
+            if dir.exists() && (force || stale) {
                 if !force {
                     tracing::info!(
                         dir = %dir.display(),

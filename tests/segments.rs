@@ -1,0 +1,285 @@
+//! Long videos in segments end to end: in, clips made from the shipped portrait (a moving face
+//! under noise, audio, subtitles, a variable frame rate, a display rotation) and the stand-in
+//! models; out, the joined file compared with what one run writes (frames, timestamps, side
+//! streams, faces record), a run killed in its third segment resumed, and two batch shards on
+//! one clip.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::*;
+
+/// A clip of `frames` frames at about 25 frames/s (every seventh frame half a frame late, so
+/// the rate varies), a keyframe every `gop` frames, with audio and a subtitle, stored sideways
+/// and turned upright by its display matrix.
+fn clip(dir: &Path, frames: u32, gop: u32) -> PathBuf {
+    let upright = dir.join("upright.mp4");
+    let srt = dir.join("subs.srt");
+    std::fs::write(&srt, "1\n00:00:00,500 --> 00:00:02,000\nhello\n\n2\n00:00:05,000 --> 00:00:06,000\nagain\n").unwrap();
+    let graph = "[1:v]scale=180:180,noise=alls=6:allf=t[a];[0:v][a]overlay=x='60+30*sin(t)':y=20,settb=1/12800,setpts='(N+0.5*floor(N/7))*512',format=yuv420p[v]";
+    let (frames, gop) = (frames.to_string(), gop.to_string());
+    let x264 = [
+        "-c:v",
+        "libx264",
+        "-preset",
+        "ultrafast",
+        "-g",
+        &gop,
+        "-keyint_min",
+        &gop,
+        "-x264-params",
+        "scenecut=0",
+    ];
+    let mut args = vec![
+        "-f",
+        "lavfi",
+        "-i",
+        "color=c=0x405060:s=320x240:r=25",
+        "-i",
+        arg(&asset("samples/astronaut.png")),
+        "-f",
+        "lavfi",
+        "-i",
+        "sine=f=440:r=48000",
+        "-i",
+        arg(&srt),
+        "-filter_complex",
+        graph,
+        "-map",
+        "[v]",
+        "-map",
+        "2:a",
+        "-map",
+        "3:s",
+        "-frames:v",
+        &frames,
+        "-fps_mode",
+        "passthrough",
+    ];
+    args.extend(x264);
+    args.extend(["-c:a", "aac", "-c:s", "mov_text", "-shortest", arg(&upright)]);
+    ffmpeg(&args);
+    let sideways = dir.join("sideways.mp4");
+    let mut args = vec!["-i", arg(&upright), "-map", "0", "-vf", "transpose=1", "-fps_mode", "passthrough"];
+    args.extend(x264);
+    args.extend(["-c:a", "copy", "-c:s", "copy", arg(&sideways)]);
+    ffmpeg(&args);
+    let out = dir.join("long.mp4");
+    ffmpeg(&["-i", arg(&sideways), "-map", "0", "-c", "copy", "-metadata:s:v", "rotate=90", arg(&out)]);
+    out
+}
+
+/// Restores `input` into `out` with `model` and a lossless encoder, cut into segments of
+/// `segment` seconds (0: one run); its stats JSON.
+fn restore(input: &Path, out: &Path, model: &str, segment: &str, extra: &[&str]) -> String {
+    let faces = out.with_extension("json");
+    let stats = out.with_extension("stats");
+    let model = asset(&format!("models/{model}"));
+    let mut args: Vec<&dyn AsRef<std::ffi::OsStr>> = vec![
+        &input, &out, &"--model", &model, &"--codec", &"libx264", &"--crf", &"0", &"--segment", &segment,
+        &"--faces-json", &faces, &"--stats-json", &stats,
+    ];
+    args.extend(extra.iter().map(|e| e as &dyn AsRef<std::ffi::OsStr>));
+    ok(&gpen(&args));
+    std::fs::read_to_string(&stats).unwrap()
+}
+
+fn json(text: &str) -> serde_json::Value {
+    serde_json::from_str(text).unwrap()
+}
+
+/// Everything a viewer gets from `f`: each frame decoded (hash and time), the audio and
+/// subtitle packets, the display rotation.
+fn contents(f: &Path) -> (Vec<String>, Vec<i64>, Vec<String>, Vec<String>, String) {
+    (
+        framemd5(f, "0:v", false),
+        video_pts(f),
+        packet_md5(f, "0:a"),
+        packet_md5(f, "0:s"),
+        probe_video(f, "stream_side_data=rotation"),
+    )
+}
+
+#[test]
+fn a_long_clip_in_four_segments_joins_into_what_one_run_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = clip(dir.path(), 300, 25);
+    for model in ["standin/identity-256.onnx", "standin/negate-256.onnx"] {
+        let one = dir.path().join("one.mp4");
+        let joined = dir.path().join("joined.mp4");
+        let single = json(&restore(&input, &one, model, "0", &[]));
+        assert_eq!(single["frames"], 300, "one run: {single}");
+        let stats = json(&restore(&input, &joined, model, "2.4", &[]));
+        assert_eq!(stats["segments"], 4, "{stats}");
+        assert_eq!(stats["restored_here"].as_array().unwrap().len(), 4);
+        let warm: Vec<u64> = stats["restored_here"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["warm_frames"].as_u64().unwrap())
+            .collect();
+        assert!(warm[3] > 100, "the last segment rebuilds its state from warm-up frames: {warm:?}");
+        assert_eq!(stats["joined"]["frames"], 300);
+        let (a, b) = (contents(&one), contents(&joined));
+        assert_eq!(a.0.len(), 300);
+        assert!(a.4.contains("-90") || a.4.contains("90"), "rotation kept: {}", a.4);
+        assert!(!a.2.is_empty() && a.3.len() == 2, "audio and both subtitles");
+        assert_eq!(a.1, b.1, "{model}: frame timestamps");
+        assert_eq!(a.2, b.2, "{model}: audio packets");
+        assert_eq!(a.3, b.3, "{model}: subtitle packets");
+        assert_eq!(a.4, b.4, "{model}: display rotation");
+        let differ: Vec<usize> = (0..300).filter(|&i| a.0[i] != b.0[i]).collect();
+        assert!(differ.is_empty(), "{model}: frames {differ:?} differ from one run's");
+        assert_eq!(
+            std::fs::read_to_string(one.with_extension("json")).unwrap(),
+            std::fs::read_to_string(joined.with_extension("json")).unwrap(),
+            "{model}: the faces record, tracks numbered as one run numbers them"
+        );
+        assert!(
+            !gpen_video::segment::work_dir(&joined).exists(),
+            "the segments are removed once joined"
+        );
+    }
+}
+
+#[test]
+fn the_random_weight_gpen_joins_within_one_level_and_with_the_same_faces() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = clip(dir.path(), 80, 10);
+    let (one, joined) = (dir.path().join("one.mp4"), dir.path().join("joined.mp4"));
+    let model = "gpen-bfr-256-random.onnx";
+    restore(&input, &one, model, "0", &[]);
+    let stats = json(&restore(&input, &joined, model, "0.8", &["--jobs", "2"]));
+    assert_eq!(stats["segments"], 4, "{stats}");
+    let (a, b) = (rgb_frames(&one), rgb_frames(&joined));
+    assert_eq!(a.2.len(), 80);
+    assert_eq!(a.2.len(), b.2.len());
+    let most = a
+        .2
+        .iter()
+        .zip(&b.2)
+        .flat_map(|(x, y)| x.iter().zip(y).map(|(p, q)| p.abs_diff(*q)))
+        .max()
+        .unwrap();
+    assert!(most <= 1, "joined frames within one level of one run's: {most}");
+    assert_eq!(video_pts(&one), video_pts(&joined));
+    assert_eq!(
+        std::fs::read_to_string(one.with_extension("json")).unwrap(),
+        std::fs::read_to_string(joined.with_extension("json")).unwrap()
+    );
+}
+
+#[test]
+fn a_run_killed_in_its_third_segment_redoes_only_the_third_and_fourth() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = clip(dir.path(), 300, 25);
+    let model = asset("models/standin/negate-256.onnx");
+    let out = dir.path().join("out.mp4");
+    let work = gpen_video::segment::work_dir(&out);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_gpen-video"))
+        .args([arg(&input), arg(&out), "--model", arg(&model), "--codec", "libx264", "--crf", "0"])
+        .args(["--segment", "2.4", "--quiet"])
+        .env("ORT_DYLIB_PATH", asset(".deps/lib/libonnxruntime.so"))
+        .env("RUST_LOG", "warn")
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let start = std::time::Instant::now();
+    while !work.join("00001.json").exists() {
+        assert!(child.try_wait().unwrap().is_none(), "the run ended before its second segment was done");
+        assert!(start.elapsed().as_secs() < 240, "no second segment after 4 minutes");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    // kill -9: no chance to tidy up.
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(work.join("00000.json").exists() && !work.join("00002.json").exists());
+    assert!(!out.exists(), "no output from a partial set");
+    let stats = out.with_extension("stats");
+    ok(&gpen(&[
+        &input, &out, &"--model", &model, &"--codec", &"libx264", &"--crf", &"0", &"--segment", &"2.4",
+        &"--stats-json", &stats,
+    ]));
+    let stats = json(&std::fs::read_to_string(&stats).unwrap());
+    let redone: Vec<u64> = stats["restored_here"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["segment"].as_u64().unwrap())
+        .collect();
+    assert_eq!(redone, vec![2, 3], "{stats}");
+    assert_eq!(stats["kept"], 2);
+    let one = dir.path().join("one.mp4");
+    ok(&gpen(&[
+        &input, &one, &"--model", &model, &"--codec", &"libx264", &"--crf", &"0", &"--segment", &"0",
+    ]));
+    assert_eq!(framemd5(&one, "0:v", false), framemd5(&out, "0:v", false));
+    assert!(!work.exists());
+}
+
+#[test]
+fn two_batch_shards_on_one_long_clip_finish_it_once_joined_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let (input_dir, out_dir) = (dir.path().join("in"), dir.path().join("out"));
+    std::fs::create_dir_all(&input_dir).unwrap();
+    let made = clip(dir.path(), 300, 25);
+    std::fs::rename(&made, input_dir.join("film.mp4")).unwrap();
+    let model = asset("models/standin/negate-256.onnx");
+    let shard = |k: usize| {
+        let report = dir.path().join(format!("report-{k}.json"));
+        let child = Command::new(env!("CARGO_BIN_EXE_gpen-video"))
+            .args(["batch", arg(&input_dir), arg(&out_dir), "--model", arg(&model)])
+            .args(["--codec", "libx264", "--crf", "0", "--segment", "2.4", "--quiet"])
+            .args(["--shard", &format!("{k}/2"), "--report", arg(&report)])
+            .env("ORT_DYLIB_PATH", asset(".deps/lib/libonnxruntime.so"))
+            .env("RUST_LOG", "warn")
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        (child, report)
+    };
+    let runs = [shard(0), shard(1)];
+    let mut reports = Vec::new();
+    for (child, report) in runs {
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        reports.push(json(&std::fs::read_to_string(report).unwrap()));
+    }
+    let done: Vec<&serde_json::Value> = reports.iter().flat_map(|r| r["done"].as_array().unwrap()).collect();
+    assert_eq!(done.len(), 1, "joined once: {reports:?}");
+    // Each segment restored exactly once, by one shard or the other.
+    let notes: Vec<String> = reports
+        .iter()
+        .flat_map(|r| {
+            r["done"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|d| d["segments"].as_str().unwrap().to_string())
+                .chain(r["skipped"].as_array().unwrap().iter().map(|s| s["reason"].as_str().unwrap().to_string()))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    let here: u64 = notes
+        .iter()
+        .map(|n| n.split(" of 4 segments restored here").next().unwrap().parse::<u64>().unwrap())
+        .sum();
+    assert_eq!(here, 4, "{notes:?}");
+    let joined = out_dir.join("film.mp4");
+    let one = dir.path().join("one.mp4");
+    ok(&gpen(&[
+        &input_dir.join("film.mp4"), &one, &"--model", &model, &"--codec", &"libx264", &"--crf", &"0",
+        &"--segment", &"0",
+    ]));
+    assert_eq!(framemd5(&one, "0:v", false), framemd5(&joined, "0:v", false));
+    assert_eq!(packet_md5(&one, "0:a"), packet_md5(&joined, "0:a"));
+    // A resubmission redoes nothing.
+    for k in 0..2 {
+        let (child, report) = shard(k);
+        assert!(child.wait_with_output().unwrap().status.success());
+        let r = json(&std::fs::read_to_string(report).unwrap());
+        assert!(r["done"].as_array().unwrap().is_empty(), "{r}");
+    }
+}
