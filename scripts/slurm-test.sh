@@ -3,8 +3,10 @@
 # slurmctld and slurmd on 127.0.0.1 ports with a generated slurm.conf in a temporary folder,
 # submits the landed script unchanged as a 2-task array on the CPU (DEVICE=cpu, --gres=none)
 # over a folder of three test clips, checks that every clip is done exactly once (the shards'
-# reports and manifests), resubmits and checks that nothing is redone, and stops every daemon
-# it started, also on failure (their logs are printed then).
+# reports and manifests), resubmits and checks that nothing is redone; then over one long clip
+# cut into segments (--segment), which both tasks share: one joined output, equal frame for
+# frame to a single run's (lossless), each segment restored once, nothing redone on resubmit.
+# It stops every daemon it started, also on failure (their logs are printed then).
 #
 #   scripts/slurm-test.sh        # after scripts/setup.sh; builds the release binary if needed
 #
@@ -146,9 +148,10 @@ clips=(group.mkv noface.mp4 rotated.mp4)
 script=$(realpath "${SLURM_TEST_SCRIPT:-deploy/slurm-array.sbatch}")
 submit() {
   # The landed script as it is; the CPU settings come from the environment and the command
-  # line, as on a cluster without GPUs.
-  IN=$tmp/in OUT=$tmp/out MODEL=$root/models/standin/identity-256.onnx DEVICE=cpu \
-    EXTRA_FLAGS="--threads 1 --preset ultrafast -q" PATH="$root/target/release:$PATH" \
+  # line, as on a cluster without GPUs. $2 and $3: the folders (default in/ and out/), $4 more
+  # flags.
+  IN=${2:-$tmp/in} OUT=${3:-$tmp/out} MODEL=$root/models/standin/identity-256.onnx DEVICE=cpu \
+    EXTRA_FLAGS="--threads 1 --preset ultrafast -q ${4:-}" PATH="$root/target/release:$PATH" \
     timeout 300 sbatch --wait --array=0-1 --gres=none --cpus-per-task=1 --mem=1G \
     --time=00:10:00 --chdir="$tmp" --output="$tmp/job-$1-%A_%a.txt" \
     "$script" >"$tmp/sbatch-$1.txt" 2>&1 ||
@@ -159,7 +162,7 @@ submit() {
 # SPEC", and in round 1 "manifest K ok|differs" (whether the shard's manifest records exactly
 # the clips its report says it did).
 summary() {
-  python3 - "$tmp/out" "$1" <<'PY'
+  python3 - "${2:-$tmp/out}" "$1" <<'PY'
 import json, sys, pathlib
 out, first = pathlib.Path(sys.argv[1]), sys.argv[2] == "1"
 for k in (0, 1):
@@ -168,8 +171,13 @@ for k in (0, 1):
     done = [d["clip"] for d in r["done"]]
     for c in done:
         print("done", k, c)
+    for d in r["done"]:
+        if d.get("segments"):
+            print("segments", k, d["segments"].split(" ")[0])
     for s in r["skipped"]:
         print("skipped", k, s["clip"])
+        if "segments restored here" in s["reason"]:
+            print("segments", k, s["reason"].split(" ")[0])
     for s in r["failed"]:
         print("failed", k, s["clip"], s["reason"])
     if first:
@@ -214,3 +222,36 @@ done
 after=$(cd "$tmp/out" && stat -c '%n %i %s %Y' "${clips[@]}")
 [ "$before" = "$after" ] || fail "round 2: outputs changed: $before vs $after"
 log "ok: 3 clips done exactly once by a 2-task array (${t1} s), nothing redone on resubmit (${t2} s)"
+
+# --- one long clip, its segments shared by both tasks ----------------------------------------
+mkdir -p "$tmp/long-in" "$tmp/long-out"
+ffmpeg -v error -y -f lavfi -i color=c=0x405060:s=320x240:r=25 -i samples/astronaut.png \
+  -f lavfi -i sine=f=440:r=48000 \
+  -filter_complex "[1:v]scale=180:180,noise=alls=6:allf=t[a];[0:v][a]overlay=x='60+30*sin(t)':y=20,format=yuv420p[v]" \
+  -map '[v]' -map 2:a -frames:v 300 -c:v libx264 -preset ultrafast -g 25 -x264-params scenecut=0 \
+  -c:a aac -shortest "$tmp/long-in/film.mp4"
+long_flags="--crf 0 --segment 2.4"
+start=$(date +%s)
+submit 3 "$tmp/long-in" "$tmp/long-out" "$long_flags"
+t3=$(($(date +%s) - start))
+s3=$(summary 3 "$tmp/long-out") || fail "long clip: reports or manifests do not add up"
+printf '%s\n' "$s3" >&2
+n=$(grep -c '^done [01] film.mp4$' <<<"$s3" || true)
+[ "$n" = 1 ] || fail "long clip: joined $n times (expected exactly once)"
+! grep -q '^failed ' <<<"$s3" || fail "long clip: a task failed"
+segs=$(awk '$1 == "segments" { n += $3 } END { print n + 0 }' <<<"$s3")
+tasks=$(grep -c '^segments ' <<<"$s3" || true)
+[ "$tasks" = 2 ] || fail "long clip: $tasks tasks restored segments (expected both)"
+[ "$segs" = 4 ] || fail "long clip: $segs segments restored in all (expected each of 4 once)"
+ls -A "$tmp/long-out" | grep -q '\.segments$' && fail "long clip: the work folder was left behind"
+target/release/gpen-video "$tmp/long-in/film.mp4" "$tmp/single.mp4" --model models/standin/identity-256.onnx \
+  --device cpu --threads 1 --preset ultrafast -q --crf 0 --segment 0 2>/dev/null
+md5() { ffmpeg -v error -i "$1" -map 0:v -f framemd5 - | grep -v '^#'; }
+[ "$(md5 "$tmp/single.mp4")" = "$(md5 "$tmp/long-out/film.mp4")" ] ||
+  fail "long clip: the joined output's frames differ from a single run's"
+before=$(stat -c '%i %s %Y' "$tmp/long-out/film.mp4")
+submit 4 "$tmp/long-in" "$tmp/long-out" "$long_flags"
+s4=$(summary 4 "$tmp/long-out") || fail "long clip, round 2: reports do not add up"
+! grep -q '^done ' <<<"$s4" || fail "long clip: redone after resubmitting"
+[ "$before" = "$(stat -c '%i %s %Y' "$tmp/long-out/film.mp4")" ] || fail "long clip: the output changed on resubmit"
+log "ok: one long clip in 4 segments shared by a 2-task array and joined once, equal to a single run (${t3} s); nothing redone on resubmit"

@@ -394,7 +394,15 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     let settings = Settings::resolve(&o)?;
     let job = settings.job(&o.input, &o.output, CancelToken::from_flag(interrupts.soft.clone()))?;
     if let Some(work) = gpen_video::segment::Work::open(&settings, &job, cli.segment.seconds, cli.force)? {
-        return run_segmented(&settings, &job, &work, cli.jobs as usize, o.threads.is_some(), quiet, &interrupts);
+        return run_segmented(
+            &settings,
+            &job,
+            &work,
+            cli.jobs as usize,
+            o.threads.is_some(),
+            quiet,
+            &interrupts,
+        );
     }
     let mut engine = settings.engine(&job)?;
     tracing::info!(

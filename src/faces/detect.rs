@@ -353,7 +353,7 @@ impl Detector {
         let scene_cut = self.track.every > 1 && self.scene_changed(det);
         let boxes = std::mem::take(&mut self.track.boxes);
         let t = &self.track;
-        let mut full = t.every <= 1 || boxes.is_empty() || index % u64::from(t.every) == 0 || scene_cut;
+        let mut full = t.every <= 1 || boxes.is_empty() || index.is_multiple_of(u64::from(t.every)) || scene_cut;
         // Faces in upright detection-copy pixels. A tracked face is always located through its
         // window, even on frames with a full pass, so its points come from one estimator and do
         // not jump each time the full pass runs.

@@ -357,7 +357,10 @@ impl Decoder {
                 )
             };
             if r < 0 {
-                bail!("{path}: cannot seek to a segment's keyframe ({})", ffmpeg::Error::from(r));
+                bail!(
+                    "{path}: cannot seek to a segment's keyframe ({})",
+                    ffmpeg::Error::from(r)
+                );
             }
         }
         // A segment's next frame number, and whether its last frame was reached.
@@ -438,7 +441,6 @@ impl Decoder {
         if !drain(&mut dec, &mut report)? {
             return Ok(report);
         }
-        drop(drain);
         if let Some(s) = span {
             if next_index < s.until {
                 bail!(

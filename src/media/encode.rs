@@ -372,8 +372,8 @@ fn open_encoder(src: &SourceInfo, settings: &EncodeSettings, ext: &str) -> Resul
             // Interlaced coding, its field order (x264 reads top-first from it) kept.
             // SAFETY: plain fields of the unopened context; the flags keep those set above.
             unsafe {
-                (*ctx.as_mut_ptr()).flags |= ffmpeg::ffi::AV_CODEC_FLAG_INTERLACED_DCT as i32
-                    | ffmpeg::ffi::AV_CODEC_FLAG_INTERLACED_ME as i32;
+                (*ctx.as_mut_ptr()).flags |=
+                    ffmpeg::ffi::AV_CODEC_FLAG_INTERLACED_DCT as i32 | ffmpeg::ffi::AV_CODEC_FLAG_INTERLACED_ME as i32;
                 (*ctx.as_mut_ptr()).field_order = field_order;
             }
         } else {

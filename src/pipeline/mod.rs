@@ -80,7 +80,14 @@ fn run_inner(
     // An image stream may have left the detector at another picture's size.
     engine.detector.start(engine.key.det_size);
     let (decoder, turn) = decoder_for(job, engine.detector.size);
-    run_wired(engine, job, (decoder, turn, job.max_frames), (encoder, faces_sink), start, progress)
+    run_wired(
+        engine,
+        job,
+        (decoder, turn, job.max_frames),
+        (encoder, faces_sink),
+        start,
+        progress,
+    )
 }
 
 /// The source as the output shows it: a side-by-side view is twice the source's width.

@@ -76,7 +76,9 @@ pub struct Work {
 
 /// The hidden work folder of `output`'s segments.
 pub fn work_dir(output: &Path) -> PathBuf {
-    let name = output.file_name().map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+    let name = output
+        .file_name()
+        .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
     crate::output::folder_of(output).join(format!(".{name}.segments"))
 }
 
@@ -152,7 +154,8 @@ impl Work {
                 }
                 clear_segments(&dir);
             }
-            std::fs::create_dir_all(&dir).with_context(|| format!("cannot create the work folder {}", dir.display()))?;
+            std::fs::create_dir_all(&dir)
+                .with_context(|| format!("cannot create the work folder {}", dir.display()))?;
             write_atomic(&plan_path, &serde_json::to_vec(&plan)?)?;
         }
         // What a killed run left half-written.
@@ -226,7 +229,13 @@ impl Work {
             Ok(d) => d,
             Err(e) => {
                 partial.discard();
-                return Err(e.context(format!("segment {} of {} (frames {}..{})", n + 1, self.plan.segments.len(), seg.start, seg.end)));
+                return Err(e.context(format!(
+                    "segment {} of {} (frames {}..{})",
+                    n + 1,
+                    self.plan.segments.len(),
+                    seg.start,
+                    seg.end
+                )));
             }
         };
         if done.summary.frames != seg.frames() {
@@ -270,7 +279,12 @@ impl Work {
         if !self.dir.join("plan.json").exists() {
             return Ok(None);
         }
-        let Some(records) = self.segments().iter().map(|s| self.record(s.number)).collect::<Option<Vec<_>>>() else {
+        let Some(records) = self
+            .segments()
+            .iter()
+            .map(|s| self.record(s.number))
+            .collect::<Option<Vec<_>>>()
+        else {
             return Ok(None);
         };
         let src = &job.source;
@@ -280,8 +294,9 @@ impl Work {
         let partial = Partial::beside(&job.output)?;
         let result = (|| -> Result<u64> {
             let first = packets::PacketReader::open(&self.seg_path(0))?;
-            let mut muxer = crate::media::encode::Muxer::for_join(partial.path(), &out_src, &job.encode, &first.extradata)
-                .with_context(|| format!("output {}", job.output.display()))?;
+            let mut muxer =
+                crate::media::encode::Muxer::for_join(partial.path(), &out_src, &job.encode, &first.extradata)
+                    .with_context(|| format!("output {}", job.output.display()))?;
             drop(first);
             let mut packets = 0u64;
             for seg in self.segments() {
@@ -363,7 +378,8 @@ impl Work {
 /// Links the tracks of a segment's warm-up frame `tail` (its own numbers) to the numbers the
 /// previous segment's record gave the same faces on that frame (`prev`, already renumbered).
 fn link_tracks(tail: &str, prev: &str, map: &mut HashMap<u64, u64>) -> Result<()> {
-    let (tail, prev): (serde_json::Value, serde_json::Value) = (serde_json::from_str(tail)?, serde_json::from_str(prev)?);
+    let (tail, prev): (serde_json::Value, serde_json::Value) =
+        (serde_json::from_str(tail)?, serde_json::from_str(prev)?);
     if tail["frame"] != prev["frame"] {
         return Ok(());
     }
@@ -468,7 +484,11 @@ pub fn run(
     progress: &(dyn Fn(u64, usize) + Sync),
 ) -> Result<Done> {
     let mine: Vec<&Segment> = work.segments().iter().filter(|s| (share.mine)(s)).collect();
-    let pending: Vec<&Segment> = mine.iter().copied().filter(|s| work.record(s.number).is_none()).collect();
+    let pending: Vec<&Segment> = mine
+        .iter()
+        .copied()
+        .filter(|s| work.record(s.number).is_none())
+        .collect();
     let kept = mine.len() - pending.len();
     let frames_done = AtomicU64::new(
         work.segments()
@@ -477,8 +497,18 @@ pub fn run(
             .map(|r| r.frames)
             .sum(),
     );
-    let segs_done = AtomicU64::new((work.segments().len() - work.segments().iter().filter(|s| work.record(s.number).is_none()).count()) as u64);
-    progress(frames_done.load(Ordering::Relaxed), segs_done.load(Ordering::Relaxed) as usize);
+    let segs_done = AtomicU64::new(
+        (work.segments().len()
+            - work
+                .segments()
+                .iter()
+                .filter(|s| work.record(s.number).is_none())
+                .count()) as u64,
+    );
+    progress(
+        frames_done.load(Ordering::Relaxed),
+        segs_done.load(Ordering::Relaxed) as usize,
+    );
     let restored = Mutex::new(Vec::new());
     let failure: Mutex<Option<anyhow::Error>> = Mutex::new(None);
     let stop = std::sync::atomic::AtomicBool::new(false);
@@ -508,14 +538,18 @@ pub fn run(
                             let last = AtomicU64::new(0);
                             let tick = |n: u64| {
                                 let before = last.swap(n, Ordering::Relaxed);
-                                let total = frames_done.fetch_add(n.saturating_sub(before), Ordering::Relaxed) + n.saturating_sub(before);
+                                let total = frames_done.fetch_add(n.saturating_sub(before), Ordering::Relaxed)
+                                    + n.saturating_sub(before);
                                 progress(total, segs_done.load(Ordering::Relaxed) as usize);
                             };
                             let (record, summary) = work.restore(engine, job, seg, &tick)?;
                             drop(claim);
                             let segs = segs_done.fetch_add(1, Ordering::Relaxed) + 1;
                             progress(frames_done.load(Ordering::Relaxed), segs as usize);
-                            restored.lock().unwrap_or_else(|e| e.into_inner()).push((record, summary));
+                            restored
+                                .lock()
+                                .unwrap_or_else(|e| e.into_inner())
+                                .push((record, summary));
                         }
                     })();
                     if let Err(e) = r {
@@ -523,7 +557,8 @@ pub fn run(
                         let mut f = failure.lock().unwrap_or_else(|e| e.into_inner());
                         // A cancelled job's error only when nothing really failed.
                         let cancelled = e.is::<crate::engine::Cancelled>();
-                        if f.is_none() || (!cancelled && f.as_ref().is_some_and(|x| x.is::<crate::engine::Cancelled>())) {
+                        if f.is_none() || (!cancelled && f.as_ref().is_some_and(|x| x.is::<crate::engine::Cancelled>()))
+                        {
                             *f = Some(e);
                         }
                     }
@@ -573,13 +608,15 @@ pub fn describe(done: &Done, total: usize) -> String {
         s += &format!(", {} kept from an earlier run or another process", done.kept);
     }
     match &done.joined {
-        Some(j) => s += &format!(
-            "; joined {} frames ({} faces) in {:.2} s; warm-up {} frames",
-            j.frames,
-            j.faces,
-            j.join.as_secs_f64(),
-            j.warm_frames
-        ),
+        Some(j) => {
+            s += &format!(
+                "; joined {} frames ({} faces) in {:.2} s; warm-up {} frames",
+                j.frames,
+                j.faces,
+                j.join.as_secs_f64(),
+                j.warm_frames
+            )
+        }
         None => s += "; not joined yet (other segments are not done)",
     }
     s

@@ -154,7 +154,10 @@ mod tests {
         let mut r = PacketReader::open(&path).unwrap();
         assert_eq!(r.extradata, b"headers");
         let q = r.next_packet().unwrap().unwrap();
-        assert_eq!((q.pts(), q.dts(), q.duration(), q.is_key()), (Some(-3), None, 512, true));
+        assert_eq!(
+            (q.pts(), q.dts(), q.duration(), q.is_key()),
+            (Some(-3), None, 512, true)
+        );
         assert_eq!(q.data(), Some(&b"abc"[..]));
         let e = r.next_packet().unwrap().unwrap();
         assert_eq!(e.size(), 0);

@@ -64,7 +64,7 @@ pub fn scan(src: &SourceInfo, cancel: &CancelToken) -> Result<Option<Scan>> {
             continue;
         }
         n += 1;
-        if n % 4096 == 0 && cancel.is_cancelled() {
+        if n.is_multiple_of(4096) && cancel.is_cancelled() {
             bail!("interrupted while planning segments");
         }
         // SAFETY: `packet` holds a packet just read; `flags` is a plain field.
@@ -171,9 +171,17 @@ mod tests {
         let starts: Vec<u64> = segs.iter().map(|s| s.start).collect();
         assert_eq!(starts, vec![0, 24, 48, 72]);
         assert_eq!(segs.last().unwrap().end, 100);
-        assert_eq!((segs[0].until, segs[3].until), (29, 100), "a look-ahead, none past the end");
+        assert_eq!(
+            (segs[0].until, segs[3].until),
+            (29, 100),
+            "a look-ahead, none past the end"
+        );
         assert_eq!(segs[0].seek, None);
-        assert_eq!((segs[1].warm_from, segs[1].seek), (0, None), "the warm-up reaches the start");
+        assert_eq!(
+            (segs[1].warm_from, segs[1].seek),
+            (0, None),
+            "the warm-up reaches the start"
+        );
         assert_eq!((segs[2].warm_from, segs[2].seek), (18, Some(120)));
         assert!(segs.windows(2).all(|w| w[0].end == w[1].start));
         // A short last piece joins the one before; short videos and 0 are one segment.
