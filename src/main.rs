@@ -542,7 +542,7 @@ fn run_segmented(
         });
         gpen_video::output::write_atomic(path, (json.to_string() + "\n").as_bytes())?;
     }
-    if done.joined.is_none() {
+    if done.joined.is_none() && !done.joined_elsewhere {
         bail!("{out} not joined: other segments are not done (another process holds them)");
     }
     Ok(())

@@ -373,7 +373,7 @@ impl Decoder {
                         let pts = convert.yuv.timestamp().or(convert.yuv.pts());
                         let Some(i) = pts.and_then(|p| s.pts.binary_search(&p).ok()) else {
                             bail!(
-                                "{path}: a frame with timestamp {pts:?} is not among those the segment plan found: the file changed since it was planned; run again with --force"
+                                "{path}: a decoded frame's timestamp ({pts:?}) is not among its packets' (the segment plan's): the file changed since it was planned (run again with --force), or its timestamps cannot be cut by (run it as one with --segment 0)"
                             );
                         };
                         let i = i as u64;

@@ -470,6 +470,8 @@ pub struct Done {
     pub kept: usize,
     /// The join, when this process made it.
     pub joined: Option<Joined>,
+    /// Another process joined OUT while this one waited.
+    pub joined_elsewhere: bool,
 }
 
 /// Restores the segments of `work` that `share` gives this process, `share.jobs` at a time
@@ -578,8 +580,32 @@ pub fn run(
     }
     let mut restored = restored.into_inner().unwrap_or_else(|e| e.into_inner());
     restored.sort_by_key(|(r, _)| r.number);
-    let joined = work.join(job)?;
-    Ok(Done { restored, kept, joined })
+    let mut joined = work.join(job)?;
+    let mut joined_elsewhere = false;
+    // A run that waits for the whole set waits for another process's join too (it holds the
+    // join's claim): the folder goes when OUT is in place; a join given up is taken over.
+    while share.wait && joined.is_none() && work.dir().exists() {
+        if job.cancel.is_cancelled() {
+            return Err(crate::engine::Cancelled {
+                frames: frames_done.load(Ordering::Relaxed),
+                input: job.source.path.display().to_string(),
+            }
+            .into());
+        }
+        if work.segments().iter().any(|s| work.record(s.number).is_none()) {
+            // A segment's record vanished (a new plan by another process): nothing to join.
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+        joined = work.join(job)?;
+        joined_elsewhere = joined.is_none() && !work.dir().exists();
+    }
+    Ok(Done {
+        restored,
+        kept,
+        joined,
+        joined_elsewhere,
+    })
 }
 
 /// The first pending segment not done and not claimed by another job or process, with its
@@ -617,6 +643,7 @@ pub fn describe(done: &Done, total: usize) -> String {
                 j.warm_frames
             )
         }
+        None if done.joined_elsewhere => s += "; joined by another process",
         None => s += "; not joined yet (other segments are not done)",
     }
     s
