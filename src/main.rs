@@ -490,6 +490,8 @@ fn run_segmented(
         threads_given,
         mine: &all,
         wait: true,
+        // Ctrl-C cancels the segments in flight (the job's cancel token).
+        stop: &|| false,
     };
     let done = gpen_video::segment::run(settings, job, work, &share, &|frames, segs| {
         bar.set_position(frames);

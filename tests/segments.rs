@@ -379,3 +379,88 @@ fn two_batch_shards_on_one_long_clip_finish_it_once_joined_once() {
         assert!(r["done"].as_array().unwrap().is_empty(), "{r}");
     }
 }
+
+#[test]
+fn ctrl_c_keeps_the_finished_segments_and_other_settings_or_force_start_afresh() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = clip(dir.path(), 300, 25);
+    let model = asset("models/standin/identity-256.onnx");
+    let out = dir.path().join("out.mp4");
+    let work = gpen_video::segment::work_dir(&out);
+    let child = Command::new(env!("CARGO_BIN_EXE_gpen-video"))
+        .args([
+            arg(&input),
+            arg(&out),
+            "--model",
+            arg(&model),
+            "--segment",
+            "2.4",
+            "--quiet",
+        ])
+        .env("ORT_DYLIB_PATH", asset(".deps/lib/libonnxruntime.so"))
+        .env("RUST_LOG", "warn")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = std::time::Instant::now();
+    while !work.join("00000.json").exists() {
+        assert!(start.elapsed().as_secs() < 240, "no first segment after 4 minutes");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    tool("kill", &["-INT", &child.id().to_string()]);
+    let done = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&done.stderr);
+    assert_eq!(done.status.code(), Some(130), "{err}");
+    assert!(
+        err.contains("not written") && err.contains("run the same command again to resume"),
+        "{err}"
+    );
+    assert!(!out.exists() && work.join("00000.json").exists());
+    let run = |extra: &[&str]| {
+        let stats = dir.path().join("stats.json");
+        let mut args: Vec<&dyn AsRef<std::ffi::OsStr>> = vec![
+            &input,
+            &out,
+            &"--model",
+            &model,
+            &"--segment",
+            &"2.4",
+            &"--stats-json",
+            &stats,
+        ];
+        args.extend(extra.iter().map(|e| e as &dyn AsRef<std::ffi::OsStr>));
+        ok(&gpen(&args));
+        let s = json(&std::fs::read_to_string(&stats).unwrap());
+        (
+            s["restored_here"].as_array().unwrap().len(),
+            s["kept"].as_u64().unwrap(),
+        )
+    };
+    // Another setting: what was made for the old one is not used.
+    assert_eq!(run(&["--blend", "0.5"]), (4, 0));
+    assert!(out.exists() && !work.exists());
+    // --force starts afresh even where the settings are the same.
+    std::fs::remove_file(&out).unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_gpen-video"))
+        .args([
+            arg(&input),
+            arg(&out),
+            "--model",
+            arg(&model),
+            "--segment",
+            "2.4",
+            "--quiet",
+        ])
+        .env("ORT_DYLIB_PATH", asset(".deps/lib/libonnxruntime.so"))
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut child = child;
+    while !work.join("00001.json").exists() {
+        assert!(start.elapsed().as_secs() < 480, "no second segment");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert_eq!(run(&["--force"]), (4, 0));
+}

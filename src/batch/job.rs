@@ -460,6 +460,9 @@ fn run_clip(
             threads_given: true,
             mine: &mine,
             wait: shard.is_none(),
+            // The first Ctrl-C: the segment in flight finishes, the clip stops there (its
+            // finished segments are kept for the next run).
+            stop: &|| ctx.ints.requested(),
         };
         let total = work.segments().len();
         let done = crate::segment::run(settings, &job_spec, &work, &share, &|frames, _| {

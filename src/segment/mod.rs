@@ -56,6 +56,10 @@ struct PlanFile {
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Record {
     pub number: usize,
+    /// The plan it was made for: the settings hash and the frames it covers.
+    pub settings: String,
+    pub start: u64,
+    pub end: u64,
     pub frames: u64,
     pub faces: u64,
     pub frames_with_faces: u64,
@@ -195,7 +199,9 @@ impl Work {
     pub fn record(&self, n: usize) -> Option<Record> {
         let r: Record = serde_json::from_slice(&std::fs::read(self.record_path(n)).ok()?).ok()?;
         let bytes = std::fs::metadata(self.seg_path(n)).ok()?.len();
-        (r.number == n && r.bytes == bytes && self.faces_path(n).exists()).then_some(r)
+        let seg = self.plan.segments.get(n)?;
+        let planned = r.settings == self.plan.settings && (r.start, r.end) == (seg.start, seg.end);
+        (r.number == n && planned && r.bytes == bytes && self.faces_path(n).exists()).then_some(r)
     }
 
     /// Restores segment `seg` of `job` on `engine` (the caller holds its claim) and records it.
@@ -252,6 +258,9 @@ impl Work {
         done.faces.commit()?;
         let record = Record {
             number: n,
+            settings: self.plan.settings.clone(),
+            start: seg.start,
+            end: seg.end,
             frames: done.summary.frames,
             faces: done.summary.faces,
             frames_with_faces: done.summary.frames_with_faces,
@@ -299,9 +308,19 @@ impl Work {
                     .with_context(|| format!("output {}", job.output.display()))?;
             drop(first);
             let mut packets = 0u64;
+            let mut last_dts: Option<i64> = None;
             for seg in self.segments() {
                 let mut r = packets::PacketReader::open(&self.seg_path(seg.number))?;
-                while let Some(p) = r.next_packet()? {
+                while let Some(mut p) = r.next_packet()? {
+                    // Each segment's encoder starts its decode times a reorder delay before its
+                    // first picture; with a variable frame rate that can reach back past the
+                    // previous segment's last: such a packet is decoded just after it.
+                    if let (Some(d), Some(l)) = (p.dts(), last_dts) {
+                        if d <= l {
+                            p.set_dts(Some(l + 1));
+                        }
+                    }
+                    last_dts = p.dts().or(last_dts);
                     muxer.write_video(p, src.time_base)?;
                     packets += 1;
                 }
@@ -459,6 +478,9 @@ pub struct Share<'a> {
     /// Wait for segments of `mine` that another process holds (a single run), or leave them
     /// (a shard: the other process joins).
     pub wait: bool,
+    /// Asked to stop softly (batch's first Ctrl-C): the segments in flight finish, no new one
+    /// starts.
+    pub stop: &'a (dyn Fn() -> bool + Sync),
 }
 
 /// What a process did of a long video.
@@ -526,7 +548,7 @@ pub fn run(
                     let mut engine: Option<Engine> = None;
                     let r = (|| -> Result<()> {
                         loop {
-                            if stop.load(Ordering::Relaxed) || job.cancel.is_cancelled() {
+                            if stop.load(Ordering::Relaxed) || job.cancel.is_cancelled() || (share.stop)() {
                                 return Ok(());
                             }
                             let Some((seg, claim)) = next_segment(work, pending)? else {
@@ -571,7 +593,8 @@ pub fn run(
     if let Some(e) = failure.into_inner().unwrap_or_else(|e| e.into_inner()) {
         return Err(e);
     }
-    if job.cancel.is_cancelled() {
+    let stopped = (share.stop)() && mine.iter().any(|s| work.record(s.number).is_none());
+    if job.cancel.is_cancelled() || stopped {
         return Err(crate::engine::Cancelled {
             frames: frames_done.load(Ordering::Relaxed),
             input: job.source.path.display().to_string(),
