@@ -190,6 +190,47 @@ fn a_long_clip_in_four_segments_joins_into_what_one_run_writes() {
     }
 }
 
+/// A face large enough that the detector tracks it in a window it shrinks (not one cut at the
+/// copy's own scale): the windows are snapped to a grid, so a segment's warm-up settles on the
+/// single run's (without the snap, half the frames differed).
+#[test]
+fn a_large_face_tracked_in_a_shrunk_window_joins_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("big.mp4");
+    ffmpeg(&[
+        "-f",
+        "lavfi",
+        "-i",
+        "color=c=0x405060:s=640x480:r=25",
+        "-i",
+        arg(&asset("samples/astronaut.png")),
+        "-filter_complex",
+        "[1:v]scale=560:560,noise=alls=6:allf=t[a];[0:v][a]overlay=x='40+30*sin(t)':y='-40+10*sin(t/2)',format=yuv420p[v]",
+        "-map",
+        "[v]",
+        "-frames:v",
+        "300",
+        "-c:v",
+        "libx264",
+        "-preset",
+        "ultrafast",
+        "-g",
+        "25",
+        "-x264-params",
+        "scenecut=0",
+        arg(&input),
+    ]);
+    let (one, joined) = (dir.path().join("one.mkv"), dir.path().join("joined.mkv"));
+    restore(&input, &one, "standin/negate-256.onnx", "0", &[]);
+    let stats = json(&restore(&input, &joined, "standin/negate-256.onnx", "2.4", &[]));
+    assert_eq!(stats["segments"], 4, "{stats}");
+    let faces = std::fs::read_to_string(one.with_extension("json")).unwrap();
+    let side = faces_json(&one.with_extension("json"))[0].1[0];
+    assert!(side[3] - side[1] > 100.0, "a large face: {side:?}");
+    assert_eq!(faces, std::fs::read_to_string(joined.with_extension("json")).unwrap());
+    assert_eq!(framemd5(&one, "0:v", false), framemd5(&joined, "0:v", false));
+}
+
 #[test]
 fn the_random_weight_gpen_joins_within_one_level_and_with_the_same_faces() {
     let dir = tempfile::tempdir().unwrap();
