@@ -495,6 +495,21 @@ impl Settings {
         }
     }
 
+    /// Loads an engine for streams of still images that are not known yet (a service): the
+    /// detector is sized for each picture as it comes (`pipeline::run_images`).
+    pub fn engine_for_images(&self) -> Result<Engine> {
+        let d = self.recipe.treatment.detection.det_size;
+        let key = EngineKey {
+            model: self.recipe.model.0.clone(),
+            detector: self.recipe.detector.0.clone(),
+            mesh: self.recipe.mesh.as_ref().map(|m| m.0.clone()),
+            targets: self.targets.clone(),
+            det_size: det_size(d, d, d),
+            rotation: 0,
+        };
+        Engine::load(self.engine_spec(key))
+    }
+
     /// Loads the sessions `job` needs.
     pub fn engine(&self, job: &Job) -> Result<Engine> {
         Engine::load(self.engine_spec(self.engine_key(job)))

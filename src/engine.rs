@@ -148,6 +148,7 @@ impl Engine {
                 enhancer,
                 fault: s.faults.get(i).cloned().unwrap_or_default(),
                 skip_model: false,
+                live: Default::default(),
             });
         }
         let info = workers[0].enhancer.info.clone();

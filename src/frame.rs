@@ -27,6 +27,9 @@ pub struct Frame {
     /// A segment's warm-up frame: it goes through the pipeline to rebuild what earlier frames
     /// leave behind (tracks, the temporal filter) but is not written.
     pub warm: bool,
+    /// This picture's own blend and compare view, where they differ from the stream's (a
+    /// service's requests each bring theirs).
+    pub view: Option<(f32, Option<crate::media::compare::Compare>)>,
     /// What the output is made from (and what of the decoded picture is kept).
     pub picture: Picture,
 }
@@ -99,6 +102,7 @@ impl Frame {
             det_size: (0, 0),
             item: 0,
             warm: false,
+            view: None,
             picture: Picture::Rgb,
         }
     }

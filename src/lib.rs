@@ -18,6 +18,7 @@ pub mod pipeline;
 pub mod registry;
 pub mod runtime;
 pub mod segment;
+pub mod serve;
 pub mod stats;
 
 /// Initialises FFmpeg once and keeps its own logging to errors.

@@ -100,6 +100,49 @@ enum Cmd {
     /// in flight; twice: stop).
     #[command(allow_negative_numbers = true)]
     Batch(BatchArgs),
+    /// Restore photos over HTTP: POST an image to /v1/restore and get it back restored (in its
+    /// own format, or ?format=png|jpg|webp|tiff|bmp; ?blend=0..1, ?compare=side|split, ?json=1 for
+    /// a JSON record of faces and timings). One engine is loaded at start; the faces of
+    /// concurrent requests fill the model's batches. GET /healthz (200 once the model is loaded)
+    /// and GET /metrics (Prometheus). SIGTERM or Ctrl-C: stop accepting, answer the requests in
+    /// flight, exit 0.
+    #[command(allow_negative_numbers = true)]
+    Serve(ServeArgs),
+}
+
+#[derive(Args, Debug)]
+struct ServeArgs {
+    /// Address and port to listen on (0.0.0.0:8080 for every interface; port 0 picks a free one).
+    #[arg(
+        long,
+        value_name = "ADDR:PORT",
+        default_value = "127.0.0.1:8080",
+        help_heading = "Service"
+    )]
+    listen: std::net::SocketAddr,
+    /// Longest a face waits for others to fill its batch, in milliseconds (a lone request is
+    /// sent on after it).
+    #[arg(long, value_name = "MS", default_value_t = 5, help_heading = "Service")]
+    max_wait_ms: u64,
+    /// Requests accepted at once (waiting or being restored); more are answered 503 with
+    /// Retry-After.
+    #[arg(long, value_name = "N", default_value_t = 64, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=100000), help_heading = "Service")]
+    queue: usize,
+    /// Largest request body, in megabytes (413 above it).
+    #[arg(long, value_name = "MB", default_value_t = 50, value_parser = clap::value_parser!(u64).range(1..=4096), help_heading = "Service")]
+    max_body_mb: u64,
+    /// Largest picture, in pixels, read from its header before anything is decoded (413 above
+    /// it: a decompression bomb is never allocated).
+    #[arg(long, value_name = "PIXELS", default_value_t = 40_000_000, help_heading = "Service")]
+    max_pixels: u64,
+    /// Seconds a client has to send its whole image (408 after: slow clients are cut off).
+    #[arg(long, value_name = "S", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..), help_heading = "Service")]
+    read_timeout_s: u64,
+    /// Seconds from a request's arrival to its answer (504 after).
+    #[arg(long, value_name = "S", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..), help_heading = "Service")]
+    deadline_s: u64,
+    #[command(flatten)]
+    run: RunArgs,
 }
 
 #[derive(Args, Debug)]
@@ -368,6 +411,7 @@ fn main() -> ExitCode {
         Some(Cmd::Models { cmd }) => registry::run(cmd),
         Some(Cmd::Bench(b)) => run_bench(b),
         Some(Cmd::Batch(b)) => return run_batch(b),
+        Some(Cmd::Serve(s)) => run_serve(s),
         None => run(cli),
     };
     match result {
@@ -451,6 +495,22 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         gpen_video::output::write_atomic(path, (summary.to_json() + "\n").as_bytes())?;
     }
     Ok(())
+}
+
+/// `gpen-video serve`: the engine's settings resolved once, then the service until a signal.
+fn run_serve(s: ServeArgs) -> anyhow::Result<()> {
+    let interrupts = gpen_video::interrupt::install()?;
+    let settings = Settings::resolve(&s.run.options(PathBuf::new(), PathBuf::new())?)?;
+    let opts = gpen_video::serve::ServeOptions {
+        listen: s.listen,
+        max_wait: std::time::Duration::from_millis(s.max_wait_ms),
+        queue: s.queue,
+        max_body: (s.max_body_mb * 1024 * 1024) as usize,
+        max_pixels: s.max_pixels,
+        read_timeout: std::time::Duration::from_secs(s.read_timeout_s),
+        deadline: std::time::Duration::from_secs(s.deadline_s),
+    };
+    gpen_video::serve::run(settings, opts, &interrupts)
 }
 
 /// A long video in segments: restores the unfinished ones (`jobs` at once), joins OUT.

@@ -354,7 +354,7 @@ fn stream_images(
         let batch = engine.batch;
         match crate::pipeline::run_images(
             engine,
-            settings.recipe.treatment.detection.det_size,
+            (settings.recipe.treatment.detection.det_size, None),
             first,
             &mut take,
             &done,

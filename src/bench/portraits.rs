@@ -206,7 +206,7 @@ fn stream(engine: &mut Engine, long_side: usize, jobs: &[Job]) -> Result<Summary
                 .get_or_insert(format!("{e:#}"));
         }
     };
-    let summary = pipeline::run_images(engine, long_side, jobs[0].clone(), &mut next, &done)?;
+    let summary = pipeline::run_images(engine, (long_side, None), jobs[0].clone(), &mut next, &done)?;
     if let Some(e) = failed.into_inner().expect("no panic holds it") {
         bail!("{e}");
     }

@@ -245,6 +245,26 @@ pub struct Worker {
     /// The model is not run: every crop's change is zero, what a model that returns its input
     /// gives, at no cost. `gpen-video bench` times the stages around the model this way.
     pub skip_model: bool,
+    /// Running counts others may read while the worker runs (a service's metrics).
+    pub live: std::sync::Arc<Live>,
+}
+
+/// A worker's running counts: batches, faces, time busy.
+#[derive(Debug, Default)]
+pub struct Live {
+    pub batches: std::sync::atomic::AtomicU64,
+    pub faces: std::sync::atomic::AtomicU64,
+    pub busy_us: std::sync::atomic::AtomicU64,
+}
+
+impl Live {
+    /// Counts one batch of `faces` that took `busy`.
+    pub fn add(&self, faces: u64, busy: std::time::Duration) {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.batches.fetch_add(1, Relaxed);
+        self.faces.fetch_add(faces, Relaxed);
+        self.busy_us.fetch_add(busy.as_micros() as u64, Relaxed);
+    }
 }
 
 #[cfg(test)]

@@ -625,6 +625,7 @@ impl<'a> Convert<'a> {
             det_size: (dw, dh),
             item: 0,
             warm: false,
+            view: None,
             picture,
         })
     }

@@ -46,10 +46,23 @@ pub(crate) struct DispatchStat {
     pub held_max: usize,
 }
 
+/// When a partial batch goes out (besides the end of the stream and too many frames waiting).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Flush {
+    /// Never: an image stream of a folder (the gap between two pictures is no sign of an end).
+    Never,
+    /// After a short wait with every worker idle (a video).
+    Idle,
+    /// Once its first crop has waited this long and a worker is free (a service: a lone
+    /// request is not held, and under load the batches fill while the workers are busy).
+    After(Duration),
+}
+
 /// Gathers crops across frames into batches, hands each to whichever worker is free, and
 /// releases frames in order once all their faces are back. A partial batch goes out at the end
-/// of the stream, when too many frames wait, or (with `idle_flush`) after a short wait with
-/// every worker idle. An image stream has no idle flush: the gap between two pictures (opening,
+/// of the stream, when too many frames wait, or as `flush` says: after a short wait with
+/// every worker idle (a video), once its first crop has waited a set time (a service). An image
+/// stream of a folder has no flush: the gap between two pictures (opening,
 /// decoding a whole photo) is no sign that the stream has ended, and a partial batch sent in it
 /// would split the batches of every picture.
 #[allow(clippy::too_many_arguments)]
@@ -61,7 +74,7 @@ pub(crate) fn dispatch(
     batch: usize,
     n_workers: usize,
     crop_pool: &Pool<Vec<f32>>,
-    idle_flush: bool,
+    flush: Flush,
 ) -> Result<DispatchStat> {
     let mut clock = Clock::new("dispatch", DEPTH);
     let mut batcher = Batcher::new(batch, held_frames(batch, n_workers));
@@ -70,6 +83,8 @@ pub(crate) fn dispatch(
     let mut held_max = 0usize;
     // Mean gap between frames arriving, smoothed.
     let (mut gap, mut last_arrival) = (PARTIAL_WAIT.0, Instant::now());
+    // Since when crops have waited for a batch.
+    let mut pending_since: Option<Instant> = None;
     loop {
         // Finished frames leave first, so a batcher full only of them is not taken for one
         // stuck with a partial batch.
@@ -109,10 +124,17 @@ pub(crate) fn dispatch(
         // Full: leave frames upstream, so the bounded queues hold the decoder back.
         held_max = held_max.max(batcher.held());
         let input = if end || batcher.is_full() { &never() } else { &align_rx };
-        let wait = if idle_flush && batcher.pending() > 0 && in_flight == 0 {
-            (gap * 3).clamp(PARTIAL_WAIT.0, PARTIAL_WAIT.1)
-        } else {
-            Duration::from_secs(3600)
+        if batcher.pending() == 0 {
+            pending_since = None;
+        } else if pending_since.is_none() {
+            pending_since = Some(Instant::now());
+        }
+        let wait = match (flush, pending_since) {
+            (Flush::Idle, Some(_)) if in_flight == 0 => (gap * 3).clamp(PARTIAL_WAIT.0, PARTIAL_WAIT.1),
+            // Only to a worker that is free: while they are all busy, crops gather into a
+            // full batch anyway.
+            (Flush::After(d), Some(t)) if in_flight < n_workers => d.saturating_sub(t.elapsed()),
+            _ => Duration::from_secs(3600),
         };
         clock.queue(align_rx.len());
         select! {
@@ -199,6 +221,7 @@ pub(crate) fn work(
             Ok(d) => {
                 stat.batches += 1;
                 stat.faces += d.keys.len() as u64;
+                worker.live.add(d.keys.len() as u64, t.elapsed());
                 stat.nonfinite += d.restored.iter().filter(|r| r.is_none()).count() as u64;
                 if done.send(Ok(d)).is_err() {
                     break;
@@ -372,7 +395,7 @@ mod tests {
 
     /// Runs `dispatch` on frames of one face each arriving `gap` apart, with one worker that
     /// answers at once; returns the size of every batch it sent.
-    fn dispatched(n: u64, gap: Duration, idle_flush: bool) -> Vec<usize> {
+    fn dispatched(n: u64, gap: Duration, flush: Flush) -> Vec<usize> {
         let (align_tx, align_rx) = crossbeam_channel::bounded::<FaceFrame>(DEPTH);
         let (job_tx, job_rx) = crossbeam_channel::bounded::<Batch>(2);
         let (done_tx, done_rx) = crossbeam_channel::unbounded::<Result<Restored>>();
@@ -399,7 +422,7 @@ mod tests {
                 }
                 sizes
             });
-            dispatch(align_rx, &job_tx, &done_rx, &enh_tx, 4, 1, &pool, idle_flush).unwrap();
+            dispatch(align_rx, &job_tx, &done_rx, &enh_tx, 4, 1, &pool, flush).unwrap();
             drop(job_tx);
             assert_eq!(enh_rx.try_iter().count() as u64, n, "every frame comes out");
             worker.join().unwrap()
@@ -411,7 +434,17 @@ mod tests {
         // Pictures 150 ms apart (a large photo to open and decode): a video's dispatcher sends
         // what it has once every worker has been idle a few frame gaps; a stream's waits.
         let gap = Duration::from_millis(150);
-        assert_eq!(dispatched(9, gap, false), vec![4, 4, 1]);
+        assert_eq!(dispatched(9, gap, Flush::Never), vec![4, 4, 1]);
+    }
+
+    #[test]
+    fn a_service_holds_a_lone_crop_only_its_wait_and_fills_batches_from_a_burst() {
+        // Requests 150 ms apart, a 20 ms wait: each goes out alone, without waiting for more.
+        let lone = dispatched(3, Duration::from_millis(150), Flush::After(Duration::from_millis(20)));
+        assert_eq!(lone, vec![1, 1, 1]);
+        // A burst (1 ms apart) within the wait fills whole batches.
+        let burst = dispatched(8, Duration::from_millis(1), Flush::After(Duration::from_millis(200)));
+        assert_eq!(burst, vec![4, 4]);
     }
 
     #[test]

@@ -179,7 +179,7 @@ fn run_wired(
         blend: job.blend,
         compare: job.compare,
         smoother: Some(Smoother::new(job.smooth)),
-        idle_flush: true,
+        flush: dispatch::Flush::Idle,
     };
     let (cancel, output) = (&job.cancel, job.output.as_path());
     wire(

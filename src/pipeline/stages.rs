@@ -323,6 +323,7 @@ pub fn paste_back(
             }
             return Ok(());
         }
+        let (blend, compare) = ff.frame.view.unwrap_or((blend, compare));
         paste_frame(
             ff,
             (&mask, kind, masks),

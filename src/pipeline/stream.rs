@@ -21,6 +21,7 @@ use std::time::Instant;
 use anyhow::{anyhow, Context, Result};
 use crossbeam_channel::{Receiver, Sender};
 
+use super::dispatch::Flush;
 use super::wire::{wire, Encoded, Middle, DEPTH};
 use crate::engine::{Cancelled, Engine, Job};
 use crate::faces::detect::det_size;
@@ -35,12 +36,16 @@ use crate::stats::{Clock, StageStat, Summary};
 pub struct ImageDone {
     pub output: PathBuf,
     pub faces: u64,
+    /// Each face's box (x1, y1, x2, y2, picture pixels as stored).
+    pub boxes: Vec<[f32; 4]>,
     /// From the moment its decoding started to its rename.
     pub seconds: f64,
 }
 
 /// What each picture reports: its number in the stream (0 for `first`, then in the order
 /// `next` gave them) and its outcome.
+///
+/// Each picture is pasted with its own job's blend and compare view; the mask is `first`'s.
 pub type Outcome<'a> = &'a (dyn Fn(usize, Result<ImageDone>) + Sync);
 
 /// The pictures pulled and not yet reported, with when each started.
@@ -48,18 +53,20 @@ type Table = Mutex<HashMap<usize, (Job, Instant)>>;
 
 /// Runs `first` and every job `next` gives (until it returns `None` or a job's cancel token
 /// is set) through `engine` as one stream; `long_side` is the detection copy's long side
-/// (`--det-size`). Blend, mask and the compare view are `first`'s, for every picture. `done`
+/// (`--det-size`). The mask is `first`'s for every picture; blend and the compare view each
+/// picture's own. A partial batch goes out when `flush` says (`None`: only at the end or when
+/// too many pictures wait, as a folder is streamed). `done`
 /// hears exactly once of every picture taken. Fails only when the stream as a whole broke
 /// (the model failed); the pictures it took with it are reported failed first.
 pub fn run_images(
     engine: &mut Engine,
-    long_side: usize,
+    (long_side, flush): (usize, Option<std::time::Duration>),
     first: Job,
     next: &mut (dyn FnMut() -> Option<Job> + Send),
     done: Outcome,
 ) -> Result<Summary> {
     let table: Table = Mutex::new(HashMap::new());
-    let result = run_inner(engine, long_side, first, next, done, &table);
+    let result = run_inner(engine, (long_side, flush), first, next, done, &table);
     let left: Vec<usize> = table
         .lock()
         .expect("no panic holds it")
@@ -78,7 +85,7 @@ pub fn run_images(
 
 fn run_inner(
     engine: &mut Engine,
-    long_side: usize,
+    (long_side, flush): (usize, Option<std::time::Duration>),
     first: Job,
     next: &mut (dyn FnMut() -> Option<Job> + Send),
     done: Outcome,
@@ -94,7 +101,7 @@ fn run_inner(
         blend: first.blend,
         compare: first.compare,
         smoother: None,
-        idle_flush: false,
+        flush: flush.map_or(Flush::Never, Flush::After),
     };
     let (summary, ()) = wire(
         engine,
@@ -138,6 +145,7 @@ fn decode(
             upright
         };
         let decoder = Decoder::new(job.source.clone(), stored, job.hwaccel_cuda);
+        let (blend, compare) = (job.blend, job.compare);
         table.lock().expect("no panic holds it").insert(k, (job, t));
         let (mut sent, mut gone) = (false, false);
         // A still has one picture; the first frame is the one written.
@@ -146,6 +154,7 @@ fn decode(
                 crate::media::orient::turn_frame(o, &mut f, stored, pools);
             }
             f.item = k;
+            f.view = Some((blend, compare));
             clock.add(t.elapsed(), crate::stats::thread_cpu_time().saturating_sub(c));
             clock.count(1);
             sent = true;
@@ -192,6 +201,7 @@ fn encode(rgb_pool: &Pool<Vec<u8>>, table: &Table, done: Outcome, rx: Receiver<F
                 .map(|()| ImageDone {
                     output: job.output.clone(),
                     faces: faces.len() as u64,
+                    boxes: faces.iter().map(|f| f.face.bbox).collect(),
                     seconds: t.elapsed().as_secs_f64(),
                 })
         };

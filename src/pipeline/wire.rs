@@ -76,9 +76,8 @@ pub(crate) struct Middle {
     /// Each tracked face's points smoothed over time; `None` in an image stream, where every
     /// picture is a scene of its own.
     pub smoother: Option<Smoother>,
-    /// Whether the dispatcher sends a partial batch while every worker is idle (see
-    /// [`dispatch::dispatch`]).
-    pub idle_flush: bool,
+    /// When the dispatcher sends a partial batch (see [`dispatch::dispatch`]).
+    pub flush: dispatch::Flush,
 }
 
 /// What an encode stage reports: its clock, the faces it wrote, the frames with faces, and
@@ -113,7 +112,7 @@ pub(crate) fn wire<T: Send>(
         blend,
         compare,
         smoother,
-        idle_flush,
+        flush,
     } = middle;
     // Every frame queue is made here, counted as it is made: the pools are sized from them.
     let (dec_tx, dec_rx) = bounded::<Frame>(DEPTH);
@@ -170,9 +169,7 @@ pub(crate) fn wire<T: Send>(
             .collect();
         drop((batch_rx, done_tx));
         let dispatch = s.spawn(move || {
-            dispatch::dispatch(
-                align_rx, &batch_tx, &done_rx, &enh_tx, batch, n_workers, &p.crop, idle_flush,
-            )
+            dispatch::dispatch(align_rx, &batch_tx, &done_rx, &enh_tx, batch, n_workers, &p.crop, flush)
         });
         // With the temporal filter, the dispatcher's frames go through it to the paste.
         let (temporal, paste_in) = match (temporal, temporal_queue) {

@@ -1,0 +1,586 @@
+//! `gpen-video serve`: in, HTTP requests carrying images (and the run's settings, loaded once);
+//! out, each image restored, answered in its own format or the one asked for, with the faces
+//! found and timings, plus health and Prometheus metrics.
+//!
+//! ```text
+//!  HTTP (axum on tokio)            engine thread (one Engine, one image stream at a time)
+//!  POST /v1/restore ─ limits ─> channel ─> run_images: decode ─> detect ─> ... ─> encode ─> reply
+//!   body read with a deadline,   (queue     crops of concurrent requests fill the model's
+//!   size and pixels checked      bounded)   batches; a lone one waits at most --max-wait-ms
+//! ```
+//! Every request's picture goes through the very pipeline `batch` streams a folder's stills
+//! through (`pipeline::run_images`): the body is written to a private temporary folder, restored
+//! into another file there, read back and removed. So the bytes answered are what `gpen-video IN
+//! OUT` writes for the same picture and settings. Limits come before any decoding: the body's
+//! size (413), the picture's pixels read from its header (413: a decompression bomb is never
+//! allocated), the queue (503 with Retry-After), the time to send the body (408) and to answer
+//! (504); an unreadable picture is a 400 that says why. SIGTERM or Ctrl-C: no new connection,
+//! the requests in flight are answered, exit 0.
+
+pub mod metrics;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, Context, Result};
+use axum::body::Body;
+use axum::extract::{DefaultBodyLimit, Query, Request, State};
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use serde::Deserialize;
+
+use crate::config::Settings;
+use crate::engine::{CancelToken, Engine, Job};
+use crate::faces::enhance::Live;
+use crate::interrupt::Interrupts;
+use crate::media::compare::Compare;
+use crate::pipeline::ImageDone;
+use metrics::{Metrics, Outcome};
+
+/// How the service runs, besides the run settings.
+#[derive(Clone, Debug)]
+pub struct ServeOptions {
+    pub listen: SocketAddr,
+    /// Longest a crop waits for others to fill its batch.
+    pub max_wait: Duration,
+    /// Requests accepted at once (queued or in the pipeline); more get 503.
+    pub queue: usize,
+    pub max_body: usize,
+    pub max_pixels: u64,
+    /// Time a client has to send its whole body.
+    pub read_timeout: Duration,
+    /// Time from a request's arrival to its answer.
+    pub deadline: Duration,
+}
+
+/// A picture on its way to the engine, and where its result goes.
+struct Submit {
+    job: Job,
+    reply: tokio::sync::oneshot::Sender<Result<ImageDone>>,
+}
+
+/// What the handlers share.
+struct App {
+    settings: Settings,
+    opts: ServeOptions,
+    metrics: Metrics,
+    tx: Mutex<Option<crossbeam_channel::Sender<Submit>>>,
+    ready: AtomicBool,
+    /// The workers' running counts (filled once the engine is loaded).
+    workers: Mutex<Vec<(String, Arc<Live>)>>,
+    batch: AtomicU64,
+    dir: tempfile::TempDir,
+    next_id: AtomicU64,
+}
+
+/// The query of `POST /v1/restore`.
+#[derive(Debug, Default, Deserialize)]
+struct RestoreQuery {
+    format: Option<String>,
+    blend: Option<f32>,
+    compare: Option<String>,
+    json: Option<u8>,
+}
+
+/// Image formats the service takes and answers, by the extension its writer goes by.
+const FORMATS: [(&str, &str); 5] = [
+    ("png", "image/png"),
+    ("jpg", "image/jpeg"),
+    ("webp", "image/webp"),
+    ("tiff", "image/tiff"),
+    ("bmp", "image/bmp"),
+];
+
+/// Serves until SIGTERM or Ctrl-C, then answers the requests in flight and returns.
+pub fn run(settings: Settings, opts: ServeOptions, ints: &Interrupts) -> Result<()> {
+    let dir = tempfile::Builder::new()
+        .prefix("gpen-video-serve-")
+        .tempdir()
+        .context("cannot make a temporary folder for the requests' pictures")?;
+    let (tx, rx) = crossbeam_channel::unbounded::<Submit>();
+    let app = Arc::new(App {
+        settings,
+        opts: opts.clone(),
+        metrics: Metrics::default(),
+        tx: Mutex::new(Some(tx)),
+        ready: AtomicBool::new(false),
+        workers: Mutex::new(Vec::new()),
+        batch: AtomicU64::new(0),
+        dir,
+        next_id: AtomicU64::new(0),
+    });
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    let listener = runtime
+        .block_on(tokio::net::TcpListener::bind(opts.listen))
+        .with_context(|| format!("cannot listen on {}", opts.listen))?;
+    let local = listener.local_addr()?;
+    let engine_app = app.clone();
+    let engine = std::thread::Builder::new()
+        .name("engine".into())
+        .spawn(move || engine_loop(&engine_app, &rx))
+        .context("cannot start the engine thread")?;
+    crate::console::eprint!(
+        "gpen-video serve: listening on http://{local} (POST /v1/restore, GET /healthz, GET /metrics)"
+    );
+    let router = Router::new()
+        .route("/v1/restore", post(restore))
+        .route("/healthz", get(healthz))
+        .route("/metrics", get(metrics_page))
+        .layer(DefaultBodyLimit::disable())
+        .with_state(app.clone());
+    let soft = ints.soft.clone();
+    let served = runtime.block_on(async move {
+        axum::serve(listener, router)
+            .with_graceful_shutdown(async move {
+                while !soft.load(Ordering::SeqCst) {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                tracing::info!("stopping: no new connections; answering the requests in flight");
+            })
+            .await
+    });
+    // Every handler has answered: the engine's stream ends with its channel.
+    app.tx.lock().unwrap_or_else(|e| e.into_inner()).take();
+    let engine = engine
+        .join()
+        .map_err(|_| anyhow!("internal error: the engine thread panicked"))?;
+    served.context("the HTTP server failed")?;
+    engine?;
+    crate::console::eprint!("gpen-video serve: stopped");
+    Ok(())
+}
+
+/// Loads the engine, then runs image streams of the submitted pictures until the channel
+/// closes; a stream the model broke is followed by one on fresh sessions.
+fn engine_loop(app: &App, rx: &crossbeam_channel::Receiver<Submit>) -> Result<()> {
+    let mut engine = match app.settings.engine_for_images() {
+        Ok(e) => e,
+        Err(e) => {
+            // Nothing can be served: every request is answered with the reason.
+            let why = format!("{e:#}");
+            tracing::error!("cannot load the engine: {why}");
+            for s in rx {
+                let _ = s
+                    .reply
+                    .send(Err(anyhow!("the service could not load its model: {why}")));
+            }
+            return Err(e);
+        }
+    };
+    publish_workers(app, &engine);
+    app.ready.store(true, Ordering::SeqCst);
+    tracing::info!(model = %app.settings.recipe.model.path().display(), batch = engine.batch, workers = engine.workers.len(), "ready");
+    let long_side = app.settings.recipe.treatment.detection.det_size;
+    while let Ok(first) = rx.recv() {
+        let replies: Mutex<HashMap<usize, tokio::sync::oneshot::Sender<Result<ImageDone>>>> =
+            Mutex::new(HashMap::from([(0, first.reply)]));
+        let mut k = 0usize;
+        let mut next = || {
+            let s = rx.recv().ok()?;
+            k += 1;
+            replies.lock().unwrap_or_else(|e| e.into_inner()).insert(k, s.reply);
+            Some(s.job)
+        };
+        let done = |k: usize, r: Result<ImageDone>| {
+            if let Some(reply) = replies.lock().unwrap_or_else(|e| e.into_inner()).remove(&k) {
+                let _ = reply.send(r);
+            }
+        };
+        let r = crate::pipeline::run_images(
+            &mut engine,
+            (long_side, Some(app.opts.max_wait)),
+            first.job,
+            &mut next,
+            &done,
+        );
+        if let Err(e) = r {
+            tracing::warn!("the image stream broke ({e:#}); loading fresh sessions");
+            engine = app.settings.engine_for_images()?;
+            publish_workers(app, &engine);
+        }
+    }
+    Ok(())
+}
+
+fn publish_workers(app: &App, engine: &Engine) {
+    *app.workers.lock().unwrap_or_else(|e| e.into_inner()) = engine
+        .workers
+        .iter()
+        .map(|w| (w.target.to_string(), w.live.clone()))
+        .collect();
+    app.batch.store(engine.batch as u64, Ordering::Relaxed);
+}
+
+async fn healthz(State(app): State<Arc<App>>) -> Response {
+    if app.ready.load(Ordering::SeqCst) {
+        (StatusCode::OK, "ready\n").into_response()
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "loading the model\n").into_response()
+    }
+}
+
+async fn metrics_page(State(app): State<Arc<App>>) -> Response {
+    let workers = app.workers.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let page = app.metrics.render(
+        &workers,
+        app.batch.load(Ordering::Relaxed) as usize,
+        app.opts.queue as u64,
+    );
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], page).into_response()
+}
+
+/// A request's answer before it is logged and counted.
+struct Answer {
+    status: StatusCode,
+    outcome: Outcome,
+    response: Response,
+    faces: u64,
+}
+
+impl Answer {
+    fn error(status: StatusCode, outcome: Outcome, message: impl Into<String>) -> Answer {
+        let mut response = (status, format!("{}\n", message.into())).into_response();
+        if status == StatusCode::SERVICE_UNAVAILABLE {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        Answer {
+            status,
+            outcome,
+            response,
+            faces: 0,
+        }
+    }
+}
+
+/// Holds a place in the queue; gives it back when dropped.
+struct Place<'a>(&'a AtomicU64);
+
+impl Drop for Place<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// The request's files in the temporary folder, removed when dropped.
+struct Files(Vec<PathBuf>);
+
+impl Drop for Files {
+    fn drop(&mut self) {
+        for f in &self.0 {
+            let _ = std::fs::remove_file(f);
+        }
+    }
+}
+
+async fn restore(
+    State(app): State<Arc<App>>,
+    query: Result<Query<RestoreQuery>, axum::extract::rejection::QueryRejection>,
+    req: Request,
+) -> Response {
+    let start = Instant::now();
+    let answer = match query {
+        Ok(Query(q)) => answer(&app, q, req.into_body(), start).await,
+        Err(e) => Answer::error(
+            StatusCode::BAD_REQUEST,
+            Outcome::BadRequest,
+            format!("{e}: the query takes format=png|jpg|webp|tiff|bmp, blend=0..1, compare=side|split, json=1"),
+        ),
+    };
+    let ms = start.elapsed().as_secs_f64() * 1e3;
+    let bytes = axum::body::HttpBody::size_hint(answer.response.body())
+        .exact()
+        .unwrap_or(0);
+    app.metrics.record(answer.outcome, start.elapsed(), answer.faces);
+    tracing::info!(
+        method = "POST",
+        path = "/v1/restore",
+        status = answer.status.as_u16(),
+        bytes,
+        faces = answer.faces,
+        ms = format!("{ms:.1}"),
+        "request"
+    );
+    answer.response
+}
+
+async fn answer(app: &Arc<App>, q: RestoreQuery, body: Body, start: Instant) -> Answer {
+    if !app.ready.load(Ordering::SeqCst) {
+        return Answer::error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            Outcome::Busy,
+            "loading the model; try again shortly",
+        );
+    }
+    let opts = &app.opts;
+    // A place in the queue first: a full service refuses before reading anything.
+    if app.metrics.in_flight.fetch_add(1, Ordering::SeqCst) >= opts.queue as u64 {
+        app.metrics.in_flight.fetch_sub(1, Ordering::SeqCst);
+        return Answer::error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            Outcome::Busy,
+            format!("busy: {} requests are being restored; retry after a second", opts.queue),
+        );
+    }
+    let _place = Place(&app.metrics.in_flight);
+    let bytes = match tokio::time::timeout(opts.read_timeout, axum::body::to_bytes(body, opts.max_body)).await {
+        Err(_) => {
+            return Answer::error(
+                StatusCode::REQUEST_TIMEOUT,
+                Outcome::SlowClient,
+                format!("the image did not arrive within {} s", opts.read_timeout.as_secs_f64()),
+            )
+        }
+        Ok(Err(e)) => {
+            let text = format!("{e}");
+            if std::error::Error::source(&e).is_some_and(|s| s.to_string().contains("length limit"))
+                || text.contains("length limit")
+            {
+                return Answer::error(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    Outcome::TooLarge,
+                    format!("the body is larger than {} bytes (--max-body-mb)", opts.max_body),
+                );
+            }
+            return Answer::error(
+                StatusCode::BAD_REQUEST,
+                Outcome::BadRequest,
+                format!("the image was not received whole ({text})"),
+            );
+        }
+        Ok(Ok(b)) => b,
+    };
+    if bytes.is_empty() {
+        return Answer::error(
+            StatusCode::BAD_REQUEST,
+            Outcome::BadRequest,
+            "empty body: send the image's bytes (JPEG, PNG, WebP, TIFF or BMP)",
+        );
+    }
+    let in_ext = match imagesize::image_type(&bytes) {
+        Ok(imagesize::ImageType::Png) => "png",
+        Ok(imagesize::ImageType::Jpeg) => "jpg",
+        Ok(imagesize::ImageType::Webp) => "webp",
+        Ok(imagesize::ImageType::Tiff) => "tiff",
+        Ok(imagesize::ImageType::Bmp) => "bmp",
+        _ => {
+            return Answer::error(
+                StatusCode::BAD_REQUEST,
+                Outcome::BadRequest,
+                "not a picture this service takes: send JPEG, PNG, WebP, TIFF or BMP bytes",
+            )
+        }
+    };
+    match imagesize::blob_size(&bytes) {
+        Ok(size) if (size.width as u64) * (size.height as u64) > opts.max_pixels => {
+            return Answer::error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                Outcome::TooLarge,
+                format!(
+                    "a {}x{} picture ({:.1} megapixels) is larger than this service takes ({:.1}, --max-pixels); scale it down first",
+                    size.width,
+                    size.height,
+                    (size.width as u64 * size.height as u64) as f64 / 1e6,
+                    opts.max_pixels as f64 / 1e6
+                ),
+            )
+        }
+        Ok(_) => {}
+        Err(_) => {
+            return Answer::error(
+                StatusCode::BAD_REQUEST,
+                Outcome::BadRequest,
+                "the picture's header is damaged: its size cannot be read",
+            )
+        }
+    }
+    let out_ext = match q.format.as_deref().map(str::to_ascii_lowercase) {
+        None => in_ext.to_string(),
+        Some(f) if f == "jpeg" => "jpg".into(),
+        Some(f) if f == "tif" => "tiff".into(),
+        Some(f) if FORMATS.iter().any(|(e, _)| *e == f) => f,
+        Some(f) => {
+            return Answer::error(
+                StatusCode::BAD_REQUEST,
+                Outcome::BadRequest,
+                format!("format={f}: give png, jpg, webp, tiff or bmp"),
+            )
+        }
+    };
+    let compare = match q.compare.as_deref() {
+        None => None,
+        Some("side") => Some(Compare::Side),
+        Some("split") => Some(Compare::Split),
+        Some(c) => {
+            return Answer::error(
+                StatusCode::BAD_REQUEST,
+                Outcome::BadRequest,
+                format!("compare={c}: give side or split"),
+            )
+        }
+    };
+    if let Some(b) = q.blend.filter(|b| !(0.0..=1.0).contains(b)) {
+        return Answer::error(
+            StatusCode::BAD_REQUEST,
+            Outcome::BadRequest,
+            format!("blend={b}: give a value from 0 to 1"),
+        );
+    }
+    let id = app.next_id.fetch_add(1, Ordering::Relaxed);
+    let input = app.dir.path().join(format!("in-{id}.{in_ext}"));
+    let output = app.dir.path().join(format!("out-{id}.{out_ext}"));
+    let _files = Files(vec![input.clone(), output.clone()]);
+    if let Err(e) = tokio::fs::write(&input, &bytes).await {
+        return Answer::error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            Outcome::Error,
+            format!("cannot keep the upload: {e}"),
+        );
+    }
+    drop(bytes);
+    // Probing opens the picture with FFmpeg: off the async threads.
+    let cancel = CancelToken::new();
+    let job = {
+        let (app, input, output, cancel) = (app.clone(), input.clone(), output.clone(), cancel.clone());
+        tokio::task::spawn_blocking(move || app.settings.job(&input, &output, cancel)).await
+    };
+    let mut job = match job {
+        Ok(Ok(j)) => j,
+        Ok(Err(e)) => {
+            return Answer::error(
+                StatusCode::BAD_REQUEST,
+                Outcome::BadRequest,
+                format!(
+                    "the picture cannot be read: {}",
+                    private(&format!("{e:#}"), app.dir.path())
+                ),
+            )
+        }
+        Err(_) => return Answer::error(StatusCode::INTERNAL_SERVER_ERROR, Outcome::Error, "internal error"),
+    };
+    if let Some(b) = q.blend {
+        job.blend = b;
+    }
+    job.compare = compare;
+    let (reply, result) = tokio::sync::oneshot::channel();
+    let sent = app
+        .tx
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .as_ref()
+        .is_some_and(|tx| tx.send(Submit { job, reply }).is_ok());
+    if !sent {
+        return Answer::error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            Outcome::Busy,
+            "the service is stopping",
+        );
+    }
+    let left = opts.deadline.saturating_sub(start.elapsed());
+    let done = match tokio::time::timeout(left, result).await {
+        Err(_) => {
+            // Its picture is dropped where the pipeline meets it next.
+            cancel.cancel();
+            return Answer::error(
+                StatusCode::GATEWAY_TIMEOUT,
+                Outcome::Timeout,
+                format!("not restored within {} s (--deadline-s)", opts.deadline.as_secs_f64()),
+            );
+        }
+        Ok(Err(_)) => return Answer::error(StatusCode::INTERNAL_SERVER_ERROR, Outcome::Error, "the engine stopped"),
+        Ok(Ok(Err(e))) => {
+            let text = private(&format!("{e:#}"), app.dir.path());
+            return if text.contains("decode stage") {
+                Answer::error(
+                    StatusCode::BAD_REQUEST,
+                    Outcome::BadRequest,
+                    format!("the picture cannot be decoded: {text}"),
+                )
+            } else {
+                Answer::error(StatusCode::INTERNAL_SERVER_ERROR, Outcome::Error, text)
+            };
+        }
+        Ok(Ok(Ok(d))) => d,
+    };
+    let image = match tokio::fs::read(&done.output).await {
+        Ok(b) => b,
+        Err(e) => {
+            return Answer::error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                Outcome::Error,
+                format!("cannot read the restored picture: {e}"),
+            )
+        }
+    };
+    let ms = start.elapsed().as_secs_f64() * 1e3;
+    let faces = done.faces;
+    let mime = FORMATS
+        .iter()
+        .find(|(e, _)| *e == out_ext)
+        .map_or("application/octet-stream", |f| f.1);
+    let response = if q.json == Some(1) {
+        let record = serde_json::json!({
+            "faces": done.boxes.iter().map(|b| serde_json::json!({"bbox": b})).collect::<Vec<_>>(),
+            "format": out_ext,
+            "bytes": image.len(),
+            "pipeline_ms": done.seconds * 1e3,
+            "total_ms": ms,
+        });
+        ([(header::CONTENT_TYPE, "application/json")], record.to_string() + "\n").into_response()
+    } else {
+        let mut r = ([(header::CONTENT_TYPE, mime)], image).into_response();
+        let h = r.headers_mut();
+        h.insert("x-faces", HeaderValue::from(faces));
+        if let Ok(v) = HeaderValue::from_str(&format!("total;dur={ms:.1}, pipeline;dur={:.1}", done.seconds * 1e3)) {
+            h.insert("server-timing", v);
+        }
+        if let Ok(v) = HeaderValue::from_str(&serde_json::to_string(&done.boxes).unwrap_or_default()) {
+            h.insert("x-face-boxes", v);
+        }
+        r
+    };
+    Answer {
+        status: StatusCode::OK,
+        outcome: Outcome::Ok,
+        response,
+        faces,
+    }
+}
+
+/// `text` with the service's temporary folder named as "the upload" (a client never sees this
+/// machine's paths).
+fn private(text: &str, dir: &Path) -> String {
+    let d = dir.display().to_string();
+    let mut out = text.to_string();
+    while let Some(i) = out.find(&d) {
+        // The folder and the file name after it.
+        let end = out[i + d.len()..]
+            .find(|c: char| c.is_whitespace() || c == ':' || c == ',' || c == ')')
+            .map_or(out.len(), |j| i + d.len() + j);
+        out.replace_range(i..end, "the upload");
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_never_name_the_temporary_folder() {
+        let dir = Path::new("/tmp/gpen-video-serve-x1");
+        let t = private("decode stage, input /tmp/gpen-video-serve-x1/in-3.png: broken (x)", dir);
+        assert_eq!(t, "decode stage, input the upload: broken (x)");
+    }
+}

@@ -1,0 +1,344 @@
+//! `gpen-video serve` end to end: in, the real binary serving on a loopback port and a real
+//! HTTP client (ureq, and raw sockets for what a client should not do); out, the restored bytes
+//! compared with `gpen-video IN OUT`'s, the batches concurrent requests fill, each bad request's
+//! status with the service still serving after it, and a SIGTERM under load.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use common::*;
+
+/// A running service: the child and its address.
+struct Server {
+    child: Child,
+    addr: String,
+    log: std::sync::Arc<std::sync::Mutex<String>>,
+}
+
+impl Server {
+    fn start(extra: &[&str]) -> Server {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_gpen-video"))
+            .args(["serve", "--listen", "127.0.0.1:0"])
+            .args(extra)
+            .env("ORT_DYLIB_PATH", asset(".deps/lib/libonnxruntime.so"))
+            .env("RUST_LOG", "gpen_video=info")
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut err = BufReader::new(child.stderr.take().unwrap());
+        let mut line = String::new();
+        let addr = loop {
+            line.clear();
+            assert!(err.read_line(&mut line).unwrap() > 0, "serve ended before listening");
+            if let Some(rest) = line.split("listening on http://").nth(1) {
+                break rest.split_whitespace().next().unwrap().to_string();
+            }
+        };
+        // The rest of the log, kept for the checks (and so the pipe never fills).
+        let log = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let sink = log.clone();
+        std::thread::spawn(move || {
+            for l in err.lines().map_while(Result::ok) {
+                sink.lock().unwrap().push_str(&(l + "\n"));
+            }
+        });
+        let server = Server { child, addr, log };
+        for _ in 0..600 {
+            if server.get("/healthz").0 == 200 {
+                return server;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("not ready after 30 s");
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    fn get(&self, path: &str) -> (u16, String) {
+        match ureq::get(&self.url(path))
+            .config()
+            .http_status_as_error(false)
+            .build()
+            .call()
+        {
+            Ok(mut r) => (r.status().as_u16(), r.body_mut().read_to_string().unwrap_or_default()),
+            Err(_) => (0, String::new()),
+        }
+    }
+
+    /// POSTs `body` to `path`: the status, the body and the Retry-After and X-Faces headers.
+    fn post(&self, path: &str, body: &[u8]) -> (u16, Vec<u8>, Option<String>, Option<String>) {
+        let r = ureq::post(&self.url(path))
+            .config()
+            .http_status_as_error(false)
+            .build()
+            .send(body)
+            .expect("the service answers");
+        let header = |n: &str| r.headers().get(n).and_then(|v| v.to_str().ok()).map(str::to_string);
+        let (retry, faces) = (header("retry-after"), header("x-faces"));
+        let status = r.status().as_u16();
+        let mut body = Vec::new();
+        r.into_body().into_reader().read_to_end(&mut body).unwrap();
+        (status, body, retry, faces)
+    }
+
+    fn metric(&self, name: &str) -> f64 {
+        let page = self.get("/metrics").1;
+        page.lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("{name} not in {page}"))
+    }
+
+    /// Sends SIGTERM; the exit code.
+    fn stop(mut self) -> Option<i32> {
+        tool("kill", &["-TERM", &self.child.id().to_string()]);
+        self.child.wait().unwrap().code()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+    }
+}
+
+/// The shipped portrait scaled to `side`, as `ext`.
+fn portrait(dir: &Path, side: u32, ext: &str) -> PathBuf {
+    let out = dir.join(format!("portrait-{side}.{ext}"));
+    ffmpeg(&[
+        "-i",
+        arg(&asset("samples/astronaut.png")),
+        "-vf",
+        &format!("scale={side}:{side}"),
+        arg(&out),
+    ]);
+    out
+}
+
+fn model(name: &str) -> String {
+    arg(&asset(&format!("models/{name}"))).to_string()
+}
+
+#[test]
+fn restored_bytes_equal_a_single_run_in_every_format_asked() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = model("standin/negate-256.onnx");
+    let server = Server::start(&["--model", &m]);
+    for (ext, query, out_ext, extra) in [
+        ("png", "", "png", vec![]),
+        ("jpg", "?format=png", "png", vec![]),
+        (
+            "png",
+            "?blend=0.5&compare=split",
+            "png",
+            vec!["--blend", "0.5", "--compare", "split"],
+        ),
+        ("jpg", "", "jpg", vec![]),
+    ] {
+        let input = portrait(dir.path(), 512, ext);
+        let (status, body, _, faces) = server.post(&format!("/v1/restore{query}"), &std::fs::read(&input).unwrap());
+        assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+        assert_eq!(faces.as_deref(), Some("1"));
+        let out = dir.path().join(format!("single.{out_ext}"));
+        let mut args: Vec<&dyn AsRef<std::ffi::OsStr>> = vec![&input, &out, &"--model", &m];
+        args.extend(extra.iter().map(|e| e as &dyn AsRef<std::ffi::OsStr>));
+        ok(&gpen(&args));
+        assert!(
+            body == std::fs::read(&out).unwrap(),
+            "{ext} {query}: the service's bytes are the CLI's"
+        );
+    }
+    let (status, body, _, _) = server.post(
+        "/v1/restore?json=1",
+        &std::fs::read(portrait(dir.path(), 512, "png")).unwrap(),
+    );
+    assert_eq!(status, 200);
+    let record: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(record["faces"].as_array().unwrap().len(), 1, "{record}");
+    assert!(record["total_ms"].as_f64().unwrap() > 0.0);
+    assert_eq!(server.stop(), Some(0));
+}
+
+#[test]
+fn concurrent_clients_fill_the_batches() {
+    let dir = tempfile::tempdir().unwrap();
+    let image = std::fs::read(portrait(dir.path(), 256, "png")).unwrap();
+    let server = Server::start(&["--model", &model("gpen-bfr-256-random.onnx"), "--batch", "4"]);
+    std::thread::scope(|s| {
+        for _ in 0..16 {
+            s.spawn(|| {
+                for _ in 0..6 {
+                    let (status, body, _, _) = server.post("/v1/restore", &image);
+                    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+                }
+            });
+        }
+    });
+    let fill = server.metric("gpen_worker_batch_fill");
+    assert!(fill >= 0.9, "16 clients' faces fill the batches of 4: mean fill {fill}");
+    assert_eq!(server.metric("gpen_requests_total{outcome=\"ok\"}"), 96.0);
+    // A lone request is not held for company.
+    let t = std::time::Instant::now();
+    assert_eq!(server.post("/v1/restore", &image).0, 200);
+    assert!(t.elapsed() < Duration::from_secs(5));
+}
+
+/// Sends `head` (a request line and headers) and `body` on a raw connection, then closes its
+/// sending side after `pause`; the status line of the answer.
+fn raw(addr: &str, head: &str, body: &[u8], pause: Duration) -> String {
+    let mut c = TcpStream::connect(addr).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    c.write_all(head.as_bytes()).unwrap();
+    c.write_all(body).unwrap();
+    std::thread::sleep(pause);
+    let _ = c.shutdown(std::net::Shutdown::Write);
+    let mut answer = String::new();
+    let _ = c.read_to_string(&mut answer);
+    answer.lines().next().unwrap_or_default().to_string()
+}
+
+#[test]
+fn bad_requests_get_their_status_and_the_service_goes_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = std::fs::read(portrait(dir.path(), 256, "png")).unwrap();
+    let server = Server::start(&[
+        "--model",
+        &model("standin/identity-256.onnx"),
+        "--read-timeout-s",
+        "1",
+        "--max-body-mb",
+        "2",
+    ]);
+    let still_serving = |what: &str| {
+        let (status, _, _, _) = server.post("/v1/restore", &good);
+        assert_eq!(status, 200, "after {what}");
+    };
+    // A decompression bomb: a valid PNG header announcing 50000 x 50000 pixels in 60 bytes.
+    let mut bomb = good[..16].to_vec();
+    bomb.extend(50000u32.to_be_bytes());
+    bomb.extend(50000u32.to_be_bytes());
+    bomb.extend(&good[24..64]);
+    let (status, body, _, _) = server.post("/v1/restore", &bomb);
+    assert_eq!(status, 413, "{}", String::from_utf8_lossy(&body));
+    assert!(String::from_utf8_lossy(&body).contains("50000x50000"));
+    still_serving("a bomb");
+    let (status, body, _, _) = server.post("/v1/restore", b"this is not a picture");
+    assert_eq!(status, 400);
+    assert!(String::from_utf8_lossy(&body).contains("JPEG, PNG"));
+    still_serving("garbage");
+    let (status, body, _, _) = server.post("/v1/restore", b"");
+    assert_eq!(
+        (status, String::from_utf8_lossy(&body).contains("empty body")),
+        (400, true)
+    );
+    still_serving("an empty body");
+    // A whole PNG cut short: its header reads, its pixels do not.
+    let (status, body, _, _) = server.post("/v1/restore", &good[..good.len() / 2]);
+    assert_eq!(status, 400, "{}", String::from_utf8_lossy(&body));
+    still_serving("a cut picture");
+    // A body larger than --max-body-mb (sent only until the answer can come).
+    let head = format!(
+        "POST /v1/restore HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n",
+        3 << 20
+    );
+    let status = raw(&server.addr, &head, &vec![0u8; (2 << 20) + 4096], Duration::ZERO);
+    assert!(status.contains(" 413 "), "{status}");
+    still_serving("a large body");
+    let (status, _, _, _) = server.post("/v1/restore?compare=sideways", &good);
+    assert_eq!(status, 400);
+    // An upload that stops: fewer bytes than its Content-Length, then the connection closes.
+    let head = format!(
+        "POST /v1/restore HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n",
+        good.len()
+    );
+    let status = raw(&server.addr, &head, &good[..1000], Duration::ZERO);
+    assert!(status.is_empty() || status.contains(" 400 "), "{status}");
+    still_serving("a truncated upload");
+    // A slow sender: part of the body, then nothing for longer than --read-timeout-s.
+    let status = raw(&server.addr, &head, &good[..1000], Duration::from_millis(2500));
+    assert!(status.contains(" 408 "), "{status}");
+    still_serving("a slow sender");
+    assert!(server.metric("gpen_requests_total{outcome=\"slow_client\"}") >= 1.0);
+    assert_eq!(server.stop(), Some(0));
+}
+
+#[test]
+fn a_full_queue_answers_503_and_sigterm_loses_no_accepted_request() {
+    let dir = tempfile::tempdir().unwrap();
+    let image = std::fs::read(portrait(dir.path(), 256, "png")).unwrap();
+    let server = Server::start(&["--model", &model("gpen-bfr-256-random.onnx"), "--queue", "4"]);
+    // Twelve at once into a queue of four: some wait, the rest are told to come back.
+    let answers: Vec<(u16, Option<String>)> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..12)
+            .map(|_| {
+                s.spawn(|| {
+                    let (status, _, retry, _) = server.post("/v1/restore", &image);
+                    (status, retry)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let busy = answers.iter().filter(|a| a.0 == 503).count();
+    assert!(busy >= 1, "{answers:?}");
+    assert!(
+        answers
+            .iter()
+            .all(|a| a.0 == 200 || (a.0 == 503 && a.1.as_deref() == Some("1"))),
+        "{answers:?}"
+    );
+    assert_eq!(
+        server.post("/v1/restore", &image).0,
+        200,
+        "serving again once the queue drains"
+    );
+
+    // SIGTERM while eight clients keep sending: every request the service accepted is answered
+    // 200; the later ones are refused at the door (no connection), never dropped half-way.
+    let server = Server::start(&["--model", &model("gpen-bfr-256-random.onnx")]);
+    let addr = server.addr.clone();
+    let pid = server.child.id().to_string();
+    let results: Vec<Vec<u16>> = std::thread::scope(|s| {
+        let clients: Vec<_> = (0..8)
+            .map(|_| {
+                let image = &image;
+                let addr = &addr;
+                s.spawn(move || {
+                    let mut got = Vec::new();
+                    for _ in 0..20 {
+                        let r = ureq::post(&format!("http://{addr}/v1/restore"))
+                            .config()
+                            .http_status_as_error(false)
+                            .build()
+                            .send(&image[..]);
+                        match r {
+                            Ok(r) => got.push(r.status().as_u16()),
+                            Err(_) => break,
+                        }
+                    }
+                    got
+                })
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(1500));
+        tool("kill", &["-TERM", &pid]);
+        clients.into_iter().map(|c| c.join().unwrap()).collect()
+    });
+    let all: Vec<u16> = results.concat();
+    assert!(!all.is_empty() && all.iter().all(|s| *s == 200), "{results:?}");
+    let log = server.log.clone();
+    let mut server = server;
+    let code = server.child.wait().unwrap().code();
+    assert_eq!(code, Some(0), "{}", log.lock().unwrap());
+    let answered = log.lock().unwrap().matches("status=200").count();
+    assert_eq!(answered, all.len(), "every accepted request was answered and logged");
+}
