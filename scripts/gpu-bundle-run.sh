@@ -5,7 +5,8 @@
 # pip packages (found, not assumed), prints nvidia-smi, then runs in one go: bench at batches 1,
 # 4, 16 in fp32 and fp16 (CUDA), the feeder (every stage but the model: what the CPU side
 # feeds the GPU, core-ms per face per stage), one NVDEC run, the whole-file run of the sample
-# and one TensorRT run (cold, then from its engine cache: engine build time apart), and prints
+# the service (serve-check.py: images/s and P50/P99 at concurrency 1, 4, 16, then SIGTERM) and
+# one TensorRT run (cold, then from its engine cache: engine build time apart), and prints
 # a table. A step
 # that fails is reported with its message and the rest still runs. Exit 0 when it got to the
 # table, 2 when every GPU step failed on --device cuda:N.
@@ -250,6 +251,15 @@ wm=$m16 wf=(--fp16)
 step whole-file "$device" 16 "$out/whole-file.stats.json" "$step_timeout" -- \
   "${gv[@]}" "$sample" "$out/whole-file.mp4" --model "$wm" "${wf[@]}" --batch 16 "${whole[@]}" \
   --stats-json "$out/whole-file.stats.json" "${common[@]}"
+# The service: a portrait posted at concurrency 1, 4 and 16 (images/s, P50/P99 latency, batch
+# fill), then SIGTERM, which must end it with exit 0 (serve-check.py).
+if command -v python3 >/dev/null && [ -f "$B/serve-check.py" ]; then
+  sreq=64
+  [ "$gpu" != "$device" ] && sreq=8
+  step serve "$device" 4 "$out/serve.json" "$step_timeout" -- \
+    python3 "$B/serve-check.py" --image "$B/portraits/portrait.jpg" --json "$out/serve.json" \
+    --requests "$sreq" -- "${gv[@]}" --model "$wm" "${wf[@]}" --batch 4 --device "$device" --detector "$det"
+fi
 # TensorRT last (the slowest to start): a cold run builds the engine into the cache beside the
 # model, the warm run loads it; the difference is the build time.
 rm -rf "${m16%.onnx}.trt-cache"

@@ -85,6 +85,10 @@ mesh=()
 [ -f models/face-mesh.onnx ] && mesh=(models/face-mesh.onnx)
 cp models/centerface.onnx "${mesh[@]}" "${models[@]}" "$stage/models/"
 cp "$sample" "$stage/samples/"
+# The service check's portrait and script (run.sh's serve step).
+mkdir -p "$stage/portraits"
+ffmpeg -v error -y -i samples/astronaut.png -vf scale=512:512 -q:v 3 "$stage/portraits/portrait.jpg"
+cp scripts/serve-check.py "$stage/serve-check.py"
 "$py" - "$whl" "$stage/ort" <<'PY'
 import os, sys, zipfile
 whl, dest = sys.argv[1], sys.argv[2]

@@ -535,6 +535,20 @@ pub fn resolve(o: &Options, cancel: CancelToken) -> Result<(Settings, Job, Engin
     Ok((settings, job, engine))
 }
 
+/// Version of [`settings_hash`]'s input: raised when what is hashed changes shape.
+const HASH_VERSION: u32 = 2;
+
+/// Hash of everything that decides an output: the [`Recipe`] (the model and detector files by
+/// path, size and mtime, and every setting that changes pixels or streams), hashed whole as
+/// JSON. Not the device or the number of jobs, which change only how fast. Batch's manifests
+/// and a long video's segments are vouched for by it.
+pub fn settings_hash(recipe: &Recipe) -> String {
+    use sha2::Digest;
+    let json = serde_json::to_vec(&(HASH_VERSION, recipe)).expect("a recipe always serialises");
+    let digest = sha2::Sha256::digest(&json);
+    hex::encode(&digest[..16])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

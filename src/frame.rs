@@ -7,6 +7,26 @@ use serde::Serialize;
 
 use crate::geom::{Affine, Rect};
 
+/// The before/after view written instead of the restored picture (`--compare`; made by
+/// `media::compare`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Compare {
+    /// Original on the left, restored on the right: twice the source's width.
+    Side,
+    /// Left half of the picture original, right half restored: the source's size.
+    Split,
+}
+
+impl std::fmt::Display for Compare {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Compare::Side => "side",
+            Compare::Split => "split",
+        })
+    }
+}
+
 /// One decoded video frame in packed RGB24, with where it sits in the source.
 pub struct Frame {
     /// Position in decode order of output frames (0-based).
@@ -29,7 +49,7 @@ pub struct Frame {
     pub warm: bool,
     /// This picture's own blend and compare view, where they differ from the stream's (a
     /// service's requests each bring theirs).
-    pub view: Option<(f32, Option<crate::media::compare::Compare>)>,
+    pub view: Option<(f32, Option<Compare>)>,
     /// What the output is made from (and what of the decoded picture is kept).
     pub picture: Picture,
 }

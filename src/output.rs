@@ -478,6 +478,24 @@ impl Drop for PendingFile {
     }
 }
 
+/// What identifies an input file's content cheaply: size and modification time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Stamp {
+    pub size: u64,
+    pub mtime_ns: i64,
+}
+
+impl Stamp {
+    pub fn of(path: &Path) -> Result<Stamp> {
+        use std::os::unix::fs::MetadataExt;
+        let m = std::fs::metadata(path).with_context(|| format!("cannot read input {}", path.display()))?;
+        Ok(Stamp {
+            size: m.len(),
+            mtime_ns: m.mtime().saturating_mul(1_000_000_000).saturating_add(m.mtime_nsec()),
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

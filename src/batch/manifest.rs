@@ -15,10 +15,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, Context, Result};
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 
 use crate::batch::clips::Shard;
-use crate::config::Recipe;
 
 const PREFIX: &str = ".gpen-video-manifest";
 const VERSION: u32 = 1;
@@ -51,22 +49,7 @@ pub struct Manifest {
     pub clips: BTreeMap<String, Entry>,
 }
 
-/// What identifies an input file's content cheaply: size and modification time.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Stamp {
-    pub size: u64,
-    pub mtime_ns: i64,
-}
-
-impl Stamp {
-    pub fn of(path: &Path) -> Result<Stamp> {
-        let m = std::fs::metadata(path).with_context(|| format!("cannot read input {}", path.display()))?;
-        Ok(Stamp {
-            size: m.len(),
-            mtime_ns: m.mtime().saturating_mul(1_000_000_000).saturating_add(m.mtime_nsec()),
-        })
-    }
-}
+pub use crate::output::Stamp;
 
 /// The manifest file this process writes in `out_dir`.
 pub fn path_for(out_dir: &Path, shard: Option<Shard>) -> PathBuf {
@@ -207,16 +190,7 @@ pub fn vouched(manifests: &[(PathBuf, Manifest)], key: &str, input: Stamp, setti
 
 /// Version of what [`settings_hash`] hashes: a new version redoes every clip once. 2: the
 /// whole [`Recipe`] as JSON (before, a hand-written list that missed `--max-faces`).
-const HASH_VERSION: u32 = 2;
-
-/// Hash of everything that decides a clip's output: the [`Recipe`] (the model and detector
-/// files by path, size and mtime, and every setting that changes pixels or streams), hashed
-/// whole as JSON. Not the device or the number of jobs, which change only how fast.
-pub fn settings_hash(recipe: &Recipe) -> String {
-    let json = serde_json::to_vec(&(HASH_VERSION, recipe)).expect("a recipe always serialises");
-    let digest = Sha256::digest(&json);
-    hex::encode(&digest[..16])
-}
+pub use crate::config::settings_hash;
 
 /// Milliseconds since the Unix epoch, now.
 pub fn now_unix_ms() -> u64 {
@@ -228,6 +202,7 @@ pub fn now_unix_ms() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Recipe;
 
     #[test]
     fn the_settings_hash_covers_the_model_file_and_takes_any_path() {

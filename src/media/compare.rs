@@ -6,24 +6,8 @@
 use crate::frame::{Frame, Picture};
 use crate::geom::Rect;
 
-/// The before/after view written instead of the restored picture.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, clap::ValueEnum, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Compare {
-    /// Original on the left, restored on the right: twice the source's width.
-    Side,
-    /// Left half of the picture original, right half restored: the source's size.
-    Split,
-}
-
-impl std::fmt::Display for Compare {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Compare::Side => "side",
-            Compare::Split => "split",
-        })
-    }
-}
+// The view itself is a plain value that travels with frames: it lives in `frame`.
+pub use crate::frame::Compare;
 
 impl Compare {
     /// The output's picture size for a source of `width` x `height`.

@@ -209,7 +209,7 @@ pub struct DecodeReport {
 /// `None`), frames before `warm_from` are decoded and dropped, frames from `warm_from` to
 /// `start` are sent as warm-up ([`Frame::warm`]), frames from `start` to `end` as the
 /// segment's own, and frames from `end` to `until` as its look-ahead (warm too). Frames are numbered by their place in `pts`, the display-order timestamps of
-/// every frame of the video (from [`crate::segment::plan::scan`]).
+/// every frame of the video (the segment plan's scan of its packets).
 #[derive(Clone, Debug)]
 pub struct Span {
     pub seek: Option<i64>,

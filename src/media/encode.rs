@@ -286,7 +286,7 @@ impl SideStreams {
 /// a segment's packet file (video only, joined into the output later by [`Muxer`]).
 enum Out {
     File(Box<Muxer>),
-    Packets(crate::segment::packets::PacketWriter),
+    Packets(crate::media::packets::PacketWriter),
 }
 
 /// Encodes frames (their own planes with the paste's changes, or RGB) into the output file.
@@ -599,7 +599,7 @@ impl Encoder {
     /// as a file ending in `.ext` (OUT's) encodes them, so that the segments join into it.
     pub fn for_segment(path: &Path, src: &SourceInfo, settings: &EncodeSettings, ext: &str) -> Result<Self> {
         let opened = open_encoder(src, settings, ext)?;
-        let packets = crate::segment::packets::PacketWriter::create(path, opened.enc_extradata())?;
+        let packets = crate::media::packets::PacketWriter::create(path, opened.enc_extradata())?;
         Ok(Self::with_out(opened, Out::Packets(packets), src))
     }
 

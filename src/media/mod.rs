@@ -9,5 +9,6 @@ pub mod encode;
 pub mod input;
 pub mod kind;
 pub mod orient;
+pub mod packets;
 pub mod sniff;
 pub mod still;

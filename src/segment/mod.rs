@@ -5,7 +5,7 @@
 //! ```text
 //!  plan (packets read once: frame timestamps, keyframes) -> segments cut at keyframes
 //!  each segment: seek to a keyframe before it, warm-up frames through the pipeline (not
-//!                written), its own frames encoded into a packet file (`packets.rs`)
+//!                written), its own frames encoded into a packet file (`media::packets`)
 //!  join: every segment done -> their packets muxed into OUT with the source's audio,
 //!        subtitles, metadata and chapters (`media::encode::Muxer`), the faces records joined
 //! ```
@@ -16,7 +16,6 @@
 //! processes sharing the folder each make it once; the join is claimed too, and runs only from
 //! a whole set, once: the folder goes when OUT is in place.
 
-pub mod packets;
 pub mod plan;
 
 use std::collections::HashMap;
@@ -28,11 +27,10 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 
-use crate::batch::manifest::Stamp;
 use crate::config::Settings;
 use crate::engine::{Engine, Job};
 use crate::media::decode::Span;
-use crate::output::{write_atomic, Claim, Partial, PendingFile};
+use crate::output::{write_atomic, Claim, Partial, PendingFile, Stamp};
 use crate::stats::Summary;
 use plan::{Scan, Segment};
 
@@ -43,7 +41,7 @@ const VERSION: u32 = 1;
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 struct PlanFile {
     version: u32,
-    /// Hash of everything that decides the output (`batch::manifest::settings_hash`).
+    /// Hash of everything that decides the output (`config::settings_hash`).
     settings: String,
     input: Stamp,
     /// OUT's extension: the segments are encoded for its container.
@@ -102,7 +100,7 @@ impl Work {
         if src.duration_s.is_some_and(|d| d < 1.5 * seconds) && !work_dir(&job.output).exists() {
             return Ok(None);
         }
-        let hash = crate::batch::manifest::settings_hash(&settings.recipe);
+        let hash = crate::config::settings_hash(&settings.recipe);
         let input = Stamp::of(&src.path)?;
         let ext = job
             .output
@@ -302,7 +300,7 @@ impl Work {
         (out_src.width, out_src.height) = crate::media::compare::Compare::output_size(job.compare, w, h);
         let partial = Partial::beside(&job.output)?;
         let result = (|| -> Result<u64> {
-            let first = packets::PacketReader::open(&self.seg_path(0))?;
+            let first = crate::media::packets::PacketReader::open(&self.seg_path(0))?;
             let mut muxer =
                 crate::media::encode::Muxer::for_join(partial.path(), &out_src, &job.encode, &first.extradata)
                     .with_context(|| format!("output {}", job.output.display()))?;
@@ -310,7 +308,7 @@ impl Work {
             let mut packets = 0u64;
             let mut last_dts: Option<i64> = None;
             for seg in self.segments() {
-                let mut r = packets::PacketReader::open(&self.seg_path(seg.number))?;
+                let mut r = crate::media::packets::PacketReader::open(&self.seg_path(seg.number))?;
                 while let Some(mut p) = r.next_packet()? {
                     // Each segment's encoder starts its decode times a reorder delay before its
                     // first picture; with a variable frame rate that can reach back past the
