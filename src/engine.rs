@@ -86,6 +86,11 @@ impl CancelToken {
     pub fn is_cancelled(&self) -> bool {
         self.0.load(Ordering::Relaxed)
     }
+
+    /// The flag itself, for what travels with a frame (`Frame::dropped`).
+    pub fn flag(&self) -> Arc<AtomicBool> {
+        self.0.clone()
+    }
 }
 
 /// The error of a job stopped by its cancel token (not a failure of the job itself).

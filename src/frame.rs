@@ -50,6 +50,9 @@ pub struct Frame {
     /// This picture's own blend and compare view, where they differ from the stream's (a
     /// service's requests each bring theirs).
     pub view: Option<(f32, Option<Compare>)>,
+    /// Set when the picture is no longer wanted (a service's request past its deadline): its
+    /// faces are not sent to the model.
+    pub dropped: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
     /// What the output is made from (and what of the decoded picture is kept).
     pub picture: Picture,
 }
@@ -123,6 +126,7 @@ impl Frame {
             item: 0,
             warm: false,
             view: None,
+            dropped: None,
             picture: Picture::Rgb,
         }
     }

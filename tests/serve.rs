@@ -301,6 +301,29 @@ fn a_full_queue_answers_503_and_sigterm_loses_no_accepted_request() {
         200,
         "serving again once the queue drains"
     );
+    drop(server);
+
+    // A deadline shorter than the wait: those not restored in time get 504, and the service
+    // goes on.
+    let server = Server::start(&["--model", &model("gpen-bfr-256-random.onnx"), "--deadline-s", "1"]);
+    let statuses: Vec<u16> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..24)
+            .map(|_| s.spawn(|| server.post("/v1/restore", &image).0))
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert!(
+        statuses.contains(&504) && statuses.iter().all(|s| *s == 200 || *s == 504),
+        "{statuses:?}"
+    );
+    assert!(server.metric("gpen_requests_total{outcome=\"timeout\"}") >= 1.0);
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(
+        server.post("/v1/restore", &image).0,
+        200,
+        "serving after deadlines passed"
+    );
+    drop(server);
 
     // SIGTERM while eight clients keep sending: every request the service accepted is answered
     // 200; the later ones are refused at the door (no connection), never dropped half-way.

@@ -626,6 +626,7 @@ impl<'a> Convert<'a> {
             item: 0,
             warm: false,
             view: None,
+            dropped: None,
             picture,
         })
     }

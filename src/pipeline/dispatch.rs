@@ -139,9 +139,13 @@ pub(crate) fn dispatch(
         clock.queue(align_rx.len());
         select! {
             recv(input) -> m => match m {
-                Ok(f) => {
+                Ok(mut f) => {
                     gap = (gap * 7 + last_arrival.elapsed()) / 8;
                     last_arrival = Instant::now();
+                    // A picture no longer wanted costs the model nothing.
+                    if f.frame.dropped.as_ref().is_some_and(|d| d.load(std::sync::atomic::Ordering::Relaxed)) {
+                        f.faces.drain(..).for_each(|j| crop_pool.put(j.crop));
+                    }
                     batcher.push(f);
                 }
                 Err(_) => end = true,

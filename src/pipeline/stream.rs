@@ -132,8 +132,10 @@ fn decode(
         };
         let input = job.source.path.display().to_string();
         if job.cancel.is_cancelled() {
+            // Not wanted any more (a stop, a request past its deadline): the stream goes on
+            // with the next, if `next` gives one.
             done(k, Err(Cancelled { frames: 0, input }.into()));
-            break;
+            continue;
         }
         let (t, c) = (Instant::now(), crate::stats::thread_cpu_time());
         let o = job.source.orientation;
@@ -145,7 +147,7 @@ fn decode(
             upright
         };
         let decoder = Decoder::new(job.source.clone(), stored, job.hwaccel_cuda);
-        let (blend, compare) = (job.blend, job.compare);
+        let (blend, compare, dropped) = (job.blend, job.compare, job.cancel.flag());
         table.lock().expect("no panic holds it").insert(k, (job, t));
         let (mut sent, mut gone) = (false, false);
         // A still has one picture; the first frame is the one written.
@@ -155,6 +157,7 @@ fn decode(
             }
             f.item = k;
             f.view = Some((blend, compare));
+            f.dropped = Some(dropped.clone());
             clock.add(t.elapsed(), crate::stats::thread_cpu_time().saturating_sub(c));
             clock.count(1);
             sent = true;

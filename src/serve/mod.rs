@@ -138,7 +138,17 @@ pub fn run(settings: Settings, opts: ServeOptions, ints: &Interrupts) -> Result<
         .route("/metrics", get(metrics_page))
         .layer(DefaultBodyLimit::disable())
         .with_state(app.clone());
-    let soft = ints.soft.clone();
+    let (soft, hard, signal) = (ints.soft.clone(), ints.hard.clone(), ints.signal.clone());
+    // A second signal: stop at once, as a run does.
+    runtime.spawn(async move {
+        while !hard.load(Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        crate::console::eprint!(
+            "gpen-video serve: stopped at once (second signal); requests in flight were not answered"
+        );
+        std::process::exit(128 + signal.load(Ordering::SeqCst));
+    });
     let served = runtime.block_on(async move {
         axum::serve(listener, router)
             .with_graceful_shutdown(async move {
