@@ -317,12 +317,12 @@ fn a_full_queue_answers_503_and_sigterm_loses_no_accepted_request() {
         "{statuses:?}"
     );
     assert!(server.metric("gpen_requests_total{outcome=\"timeout\"}") >= 1.0);
-    std::thread::sleep(Duration::from_secs(2));
-    assert_eq!(
-        server.post("/v1/restore", &image).0,
-        200,
-        "serving after deadlines passed"
-    );
+    // Once what was accepted has drained, a request is restored in time again.
+    let again = (0..40).any(|_| {
+        std::thread::sleep(Duration::from_millis(250));
+        server.post("/v1/restore", &image).0 == 200
+    });
+    assert!(again, "serving after deadlines passed");
     drop(server);
 
     // SIGTERM while eight clients keep sending: every request the service accepted is answered
