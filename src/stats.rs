@@ -24,6 +24,24 @@ pub struct StageStat {
 }
 
 impl StageStat {
+    /// The stage `name` run by several threads: their statistics added up.
+    pub fn sum(name: &'static str, queue_cap: usize, parts: impl IntoIterator<Item = StageStat>) -> StageStat {
+        let mut total = StageStat {
+            name,
+            queue_cap,
+            ..Default::default()
+        };
+        for st in parts {
+            total.threads += st.threads.max(1);
+            total.busy += st.busy;
+            total.cpu += st.cpu;
+            total.items += st.items;
+            total.queue_sum += st.queue_sum;
+            total.queue_samples += st.queue_samples;
+        }
+        total
+    }
+
     /// Mean input-queue occupancy as a share of its capacity.
     pub fn queue_fill(&self) -> f64 {
         if self.queue_samples == 0 || self.queue_cap == 0 {

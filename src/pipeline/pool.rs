@@ -132,21 +132,11 @@ pub fn ordered<T: Send, S>(
     if let Some(e) = failure.into_inner().unwrap_or_else(|e| e.into_inner()) {
         return Err(e);
     }
-    let mut total = StageStat {
-        name,
-        queue_cap,
-        threads,
-        ..Default::default()
-    };
-    for st in stats {
-        let st = st.map_err(|_| anyhow!("internal error: a thread of the {name} stage panicked"))?;
-        total.busy += st.busy;
-        total.cpu += st.cpu;
-        total.items += st.items;
-        total.queue_sum += st.queue_sum;
-        total.queue_samples += st.queue_samples;
-    }
-    Ok(total)
+    let stats = stats
+        .into_iter()
+        .map(|st| st.map_err(|_| anyhow!("internal error: a thread of the {name} stage panicked")))
+        .collect::<Result<Vec<_>>>()?;
+    Ok(StageStat::sum(name, queue_cap, stats))
 }
 
 #[cfg(test)]

@@ -103,39 +103,54 @@ fn run_inner(
         smoother: None,
         flush: flush.map_or(Flush::Never, Flush::After),
     };
+    // Pictures are opened and written on as many threads as the pool stages have: a photo's
+    // decoding or PNG encoding takes longer than its model share on a GPU.
+    let threads = engine.pool_threads;
     let (summary, ()) = wire(
         engine,
         middle,
         start,
-        move |p, tx| decode(first, next, (long_side, fixed), (&p.rgb, &p.det), table, done, tx),
-        move |p, rx| encode(&p.rgb, table, done, rx),
+        move |p, tx| decode(first, next, (long_side, fixed), (&p.rgb, &p.det), threads, table, done, tx),
+        move |p, rx| encode(&p.rgb, threads, table, done, rx),
     )?;
     Ok(summary)
 }
 
-/// Opens the pictures one after another and sends each one's (first) frame on, numbered;
-/// a picture that cannot be decoded is reported failed here and the stream goes on.
+/// Opens the pictures and sends each one's (first) frame on, numbered in the order `next`
+/// gave them, on `threads` threads (a picture each at a time: frames leave as they are ready,
+/// the detector starts afresh on each); a picture that cannot be decoded is reported failed
+/// here and the stream goes on.
+#[allow(clippy::too_many_arguments)]
 fn decode(
     first: Job,
     next: &mut (dyn FnMut() -> Option<Job> + Send),
     (long_side, fixed): (usize, Option<(usize, usize)>),
     pools: (&Pool<Vec<u8>>, &Pool<Vec<u8>>),
+    threads: usize,
     table: &Table,
     done: Outcome,
     tx: Sender<Frame>,
 ) -> Result<StageStat> {
-    let mut clock = Clock::new("decode", 0);
-    let mut pending = Some(first);
-    for k in 0.. {
-        let Some(job) = pending.take().or_else(&mut *next) else {
-            break;
-        };
+    // The next picture and its number, taken under one lock.
+    let source = Mutex::new((Some(first), next, 0usize));
+    let gone = std::sync::atomic::AtomicBool::new(false);
+    let take = || -> Option<(usize, Job)> {
+        if gone.load(std::sync::atomic::Ordering::Relaxed) {
+            return None;
+        }
+        let mut s = source.lock().unwrap_or_else(|e| e.into_inner());
+        let (pending, next, k) = &mut *s;
+        let job = pending.take().or_else(&mut **next)?;
+        *k += 1;
+        Some((*k - 1, job))
+    };
+    let one = |clock: &mut Clock, k: usize, job: Job| {
         let input = job.source.path.display().to_string();
         if job.cancel.is_cancelled() {
             // Not wanted any more (a stop, a request past its deadline): the stream goes on
             // with the next, if `next` gives one.
             done(k, Err(Cancelled { frames: 0, input }.into()));
-            continue;
+            return;
         }
         let (t, c) = (Instant::now(), crate::stats::thread_cpu_time());
         let o = job.source.orientation;
@@ -149,7 +164,7 @@ fn decode(
         let decoder = Decoder::new(job.source.clone(), stored, job.hwaccel_cuda);
         let (blend, compare, dropped) = (job.blend, job.compare, job.cancel.flag());
         table.lock().expect("no panic holds it").insert(k, (job, t));
-        let (mut sent, mut gone) = (false, false);
+        let mut sent = false;
         // A still has one picture; the first frame is the one written.
         let run = decoder.run(pools, Some(1), |mut f| {
             if o > 1 {
@@ -161,7 +176,9 @@ fn decode(
             clock.add(t.elapsed(), crate::stats::thread_cpu_time().saturating_sub(c));
             clock.count(1);
             sent = true;
-            gone = tx.send(f).is_err();
+            if tx.send(f).is_err() {
+                gone.store(true, std::sync::atomic::Ordering::Relaxed);
+            }
             false
         });
         if let Err(e) = run {
@@ -170,56 +187,82 @@ fn decode(
                 done(k, Err(e.context(format!("decode stage, input {input}"))));
             }
         }
-        if gone {
-            break;
-        }
-    }
-    Ok(clock.finish())
+    };
+    let stats: Vec<StageStat> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads.max(1))
+            .map(|_| {
+                s.spawn(|| {
+                    let mut clock = Clock::new("decode", 0);
+                    while let Some((k, job)) = take() {
+                        one(&mut clock, k, job);
+                    }
+                    clock.finish()
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join()).collect::<std::thread::Result<_>>()
+    })
+    .map_err(|_| anyhow!("internal error: a thread of the decode stage panicked"))?;
+    Ok(StageStat::sum("decode", 0, stats))
 }
 
 /// Writes each picture into its own output as it comes (under a temporary name, renamed when
-/// complete) and reports it; frame buffers go back to `rgb_pool`. Counts the faces restored
-/// and the pictures with faces.
-fn encode(rgb_pool: &Pool<Vec<u8>>, table: &Table, done: Outcome, rx: Receiver<FaceFrame>) -> Result<Encoded<()>> {
-    let mut clock = Clock::new("encode", DEPTH);
-    let (mut n_faces, mut with_faces) = (0u64, 0u64);
-    while let Ok(FaceFrame { mut frame, faces }) = {
-        clock.queue(rx.len());
-        rx.recv()
-    } {
-        let k = frame.item;
-        let Some((job, t)) = table.lock().expect("no panic holds it").remove(&k) else {
-            continue;
-        };
-        let outcome = if job.cancel.is_cancelled() {
-            Err(Cancelled {
-                frames: 0,
-                input: job.source.path.display().to_string(),
+/// complete) and reports it, on `threads` threads; frame buffers go back to `rgb_pool`. Counts
+/// the faces restored and the pictures with faces.
+fn encode(
+    rgb_pool: &Pool<Vec<u8>>,
+    threads: usize,
+    table: &Table,
+    done: Outcome,
+    rx: Receiver<FaceFrame>,
+) -> Result<Encoded<()>> {
+    let run = || {
+        let mut clock = Clock::new("encode", DEPTH);
+        let (mut n_faces, mut with_faces) = (0u64, 0u64);
+        while let Ok(FaceFrame { mut frame, faces }) = {
+            clock.queue(rx.len());
+            rx.recv()
+        } {
+            let k = frame.item;
+            let Some((job, t)) = table.lock().expect("no panic holds it").remove(&k) else {
+                continue;
+            };
+            let outcome = if job.cancel.is_cancelled() {
+                Err(Cancelled {
+                    frames: 0,
+                    input: job.source.path.display().to_string(),
+                }
+                .into())
+            } else {
+                clock
+                    .time(|| write_picture(&job, &mut frame))
+                    .with_context(|| format!("encode stage, output {}", job.output.display()))
+                    .map(|()| ImageDone {
+                        output: job.output.clone(),
+                        faces: faces.len() as u64,
+                        boxes: faces.iter().map(|f| f.face.bbox).collect(),
+                        seconds: t.elapsed().as_secs_f64(),
+                    })
+            };
+            if outcome.is_ok() {
+                clock.count(1);
+                n_faces += faces.len() as u64;
+                with_faces += u64::from(!faces.is_empty());
             }
-            .into())
-        } else {
-            clock
-                .time(|| write_picture(&job, &mut frame))
-                .with_context(|| format!("encode stage, output {}", job.output.display()))
-                .map(|()| ImageDone {
-                    output: job.output.clone(),
-                    faces: faces.len() as u64,
-                    boxes: faces.iter().map(|f| f.face.bbox).collect(),
-                    seconds: t.elapsed().as_secs_f64(),
-                })
-        };
-        if outcome.is_ok() {
-            clock.count(1);
-            n_faces += faces.len() as u64;
-            with_faces += u64::from(!faces.is_empty());
+            done(k, outcome);
+            rgb_pool.put(std::mem::take(&mut frame.rgb));
         }
-        done(k, outcome);
-        rgb_pool.put(std::mem::take(&mut frame.rgb));
-    }
+        (clock.finish(), n_faces, with_faces)
+    };
+    let parts: Vec<(StageStat, u64, u64)> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads.max(1)).map(|_| s.spawn(run)).collect();
+        handles.into_iter().map(|h| h.join()).collect::<std::thread::Result<_>>()
+    })
+    .map_err(|_| anyhow!("internal error: a thread of the encode stage panicked"))?;
     Ok(Encoded {
-        stage: clock.finish(),
-        faces: n_faces,
-        frames_with_faces: with_faces,
+        faces: parts.iter().map(|p| p.1).sum(),
+        frames_with_faces: parts.iter().map(|p| p.2).sum(),
+        stage: StageStat::sum("encode", DEPTH, parts.into_iter().map(|p| p.0)),
         extra: (),
     })
 }
