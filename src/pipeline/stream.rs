@@ -110,7 +110,18 @@ fn run_inner(
         engine,
         middle,
         start,
-        move |p, tx| decode(first, next, (long_side, fixed), (&p.rgb, &p.det), threads, table, done, tx),
+        move |p, tx| {
+            decode(
+                first,
+                next,
+                (long_side, fixed),
+                (&p.rgb, &p.det),
+                threads,
+                table,
+                done,
+                tx,
+            )
+        },
         move |p, rx| encode(&p.rgb, threads, table, done, rx),
     )?;
     Ok(summary)
@@ -200,7 +211,10 @@ fn decode(
                 })
             })
             .collect();
-        handles.into_iter().map(|h| h.join()).collect::<std::thread::Result<_>>()
+        handles
+            .into_iter()
+            .map(|h| h.join())
+            .collect::<std::thread::Result<_>>()
     })
     .map_err(|_| anyhow!("internal error: a thread of the decode stage panicked"))?;
     Ok(StageStat::sum("decode", 0, stats))
@@ -256,7 +270,10 @@ fn encode(
     };
     let parts: Vec<(StageStat, u64, u64)> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..threads.max(1)).map(|_| s.spawn(run)).collect();
-        handles.into_iter().map(|h| h.join()).collect::<std::thread::Result<_>>()
+        handles
+            .into_iter()
+            .map(|h| h.join())
+            .collect::<std::thread::Result<_>>()
     })
     .map_err(|_| anyhow!("internal error: a thread of the encode stage panicked"))?;
     Ok(Encoded {
