@@ -268,6 +268,19 @@ fn bad_requests_get_their_status_and_the_service_goes_on() {
     assert!(status.contains(" 408 "), "{status}");
     still_serving("a slow sender");
     assert!(server.metric("gpen_requests_total{outcome=\"slow_client\"}") >= 1.0);
+    // A client that never finishes its headers is cut off too (it would hold a connection).
+    let mut c = TcpStream::connect(&server.addr).unwrap();
+    c.write_all(b"POST /v1/restore HTTP/1.1\r\nHost: x\r\n").unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let t = std::time::Instant::now();
+    let mut buf = [0u8; 256];
+    // The server ends the connection (read returns) well before the client's own 10 s timeout.
+    let read = c.read(&mut buf);
+    assert!(
+        t.elapsed() < Duration::from_secs(9),
+        "the connection was not closed after the header deadline: {read:?}"
+    );
+    still_serving("a client that never finished its headers");
     assert_eq!(server.stop(), Some(0));
 }
 

@@ -159,16 +159,13 @@ pub fn run(settings: Settings, opts: ServeOptions, ints: &Interrupts) -> Result<
         );
         std::process::exit(128 + signal.load(Ordering::SeqCst));
     });
-    let served = runtime.block_on(async move {
-        axum::serve(listener, router)
-            .with_graceful_shutdown(async move {
-                while !soft.load(Ordering::SeqCst) {
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-                tracing::info!("stopping: no new connections; answering the requests in flight");
-            })
-            .await
-    });
+    let header_timeout = opts.read_timeout;
+    let served = runtime.block_on(serve_connections(listener, router, header_timeout, async move {
+        while !soft.load(Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        tracing::info!("stopping: no new connections; answering the requests in flight");
+    }));
     // Every handler has answered: the engine's stream ends with its channel.
     app.tx.lock().unwrap_or_else(|e| e.into_inner()).take();
     let engine = engine
@@ -177,6 +174,48 @@ pub fn run(settings: Settings, opts: ServeOptions, ints: &Interrupts) -> Result<
     served.context("the HTTP server failed")?;
     engine?;
     crate::console::eprint!("gpen-video serve: stopped");
+    Ok(())
+}
+
+/// Accepts connections until `stop` resolves, each served by hyper's HTTP/1 with a deadline
+/// on its headers (`header_timeout`: a client that never finishes them is cut off), then waits
+/// for the connections in flight to answer what they accepted.
+async fn serve_connections(
+    listener: tokio::net::TcpListener,
+    router: Router,
+    header_timeout: Duration,
+    stop: impl std::future::Future<Output = ()>,
+) -> std::io::Result<()> {
+    use hyper_util::rt::{TokioIo, TokioTimer};
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let mut stop = std::pin::pin!(stop);
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let stream = match accepted {
+                    Ok((s, _)) => s,
+                    // Out of file descriptors and the like: wait and go on.
+                    Err(e) => {
+                        tracing::warn!("accepting a connection failed: {e}");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        continue;
+                    }
+                };
+                let service = hyper_util::service::TowerToHyperService::new(router.clone());
+                let mut http = hyper::server::conn::http1::Builder::new();
+                http.timer(TokioTimer::new()).header_read_timeout(header_timeout);
+                let conn = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
+                tokio::spawn(async move {
+                    if let Err(e) = conn.await {
+                        tracing::debug!("connection ended: {e}");
+                    }
+                });
+            }
+            () = &mut stop => break,
+        }
+    }
+    drop(listener);
+    graceful.shutdown().await;
     Ok(())
 }
 
