@@ -135,7 +135,8 @@ struct ServeArgs {
     /// it: a decompression bomb is never allocated).
     #[arg(long, value_name = "PIXELS", default_value_t = 40_000_000, help_heading = "Service")]
     max_pixels: u64,
-    /// Seconds a client has to send its whole image (408 after: slow clients are cut off).
+    /// Seconds a client has to send its headers (the connection is closed after) and then its
+    /// whole image (408 after): slow clients are cut off.
     #[arg(long, value_name = "S", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..), help_heading = "Service")]
     read_timeout_s: u64,
     /// Seconds from a request's arrival to its answer (504 after).
