@@ -449,6 +449,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             &interrupts,
         );
     }
+    if cli.jobs > 1 && !gpen_video::media::kind::is_still(&o.output) {
+        tracing::info!("the video is one segment (under 1.5 x --segment): --jobs {} has nothing to share out", cli.jobs);
+    }
     let mut engine = settings.engine(&job)?;
     tracing::info!(
         input = %o.input.display(),
