@@ -450,7 +450,10 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         );
     }
     if cli.jobs > 1 && !gpen_video::media::kind::is_still(&o.output) {
-        tracing::info!("the video is one segment (under 1.5 x --segment): --jobs {} has nothing to share out", cli.jobs);
+        tracing::info!(
+            "the video is one segment (under 1.5 x --segment): --jobs {} has nothing to share out",
+            cli.jobs
+        );
     }
     let mut engine = settings.engine(&job)?;
     tracing::info!(
