@@ -140,6 +140,37 @@ fn contents(f: &Path) -> (Vec<String>, Vec<i64>, Vec<String>, Vec<String>, Strin
     )
 }
 
+/// Starts the binary with `args` (no progress bar, warnings only); its stderr piped when
+/// `keep_err` (a test reads it), else dropped.
+fn start(args: &[&str], keep_err: bool) -> std::process::Child {
+    Command::new(env!("CARGO_BIN_EXE_gpen-video"))
+        .args(args)
+        .arg("--quiet")
+        .env("ORT_DYLIB_PATH", asset(".deps/lib/libonnxruntime.so"))
+        .env("RUST_LOG", "warn")
+        .stderr(if keep_err {
+            std::process::Stdio::piped()
+        } else {
+            std::process::Stdio::null()
+        })
+        .spawn()
+        .unwrap()
+}
+
+/// Waits until `file` appears while `child` runs (at most 4 minutes).
+fn wait_for(child: &mut std::process::Child, file: &Path) {
+    let start = std::time::Instant::now();
+    while !file.exists() {
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the run ended before {} appeared",
+            file.display()
+        );
+        assert!(start.elapsed().as_secs() < 240, "no {} after 4 minutes", file.display());
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
 #[test]
 fn a_long_clip_in_four_segments_joins_into_what_one_run_writes() {
     let dir = tempfile::tempdir().unwrap();
@@ -264,8 +295,8 @@ fn a_run_killed_in_its_third_segment_redoes_only_the_third_and_fourth() {
     let model = asset("models/standin/negate-256.onnx");
     let out = dir.path().join("out.mp4");
     let work = gpen_video::segment::work_dir(&out);
-    let mut child = Command::new(env!("CARGO_BIN_EXE_gpen-video"))
-        .args([
+    let mut child = start(
+        &[
             arg(&input),
             arg(&out),
             "--model",
@@ -274,43 +305,18 @@ fn a_run_killed_in_its_third_segment_redoes_only_the_third_and_fourth() {
             "libx264",
             "--crf",
             "0",
-        ])
-        .args(["--segment", "2.4", "--quiet"])
-        .env("ORT_DYLIB_PATH", asset(".deps/lib/libonnxruntime.so"))
-        .env("RUST_LOG", "warn")
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let start = std::time::Instant::now();
-    while !work.join("00001.json").exists() {
-        assert!(
-            child.try_wait().unwrap().is_none(),
-            "the run ended before its second segment was done"
-        );
-        assert!(start.elapsed().as_secs() < 240, "no second segment after 4 minutes");
-        std::thread::sleep(std::time::Duration::from_millis(5));
-    }
+            "--segment",
+            "2.4",
+        ],
+        false,
+    );
+    wait_for(&mut child, &work.join("00001.json"));
     // kill -9: no chance to tidy up.
     child.kill().unwrap();
     child.wait().unwrap();
     assert!(work.join("00000.json").exists() && !work.join("00002.json").exists());
     assert!(!out.exists(), "no output from a partial set");
-    let stats = out.with_extension("stats");
-    ok(&gpen(&[
-        &input,
-        &out,
-        &"--model",
-        &model,
-        &"--codec",
-        &"libx264",
-        &"--crf",
-        &"0",
-        &"--segment",
-        &"2.4",
-        &"--stats-json",
-        &stats,
-    ]));
-    let stats = json(&std::fs::read_to_string(&stats).unwrap());
+    let stats = json(&restore(&input, &out, "standin/negate-256.onnx", "2.4", &[]));
     let redone: Vec<u64> = stats["restored_here"]
         .as_array()
         .unwrap()
@@ -320,18 +326,7 @@ fn a_run_killed_in_its_third_segment_redoes_only_the_third_and_fourth() {
     assert_eq!(redone, vec![2, 3], "{stats}");
     assert_eq!(stats["kept"], 2);
     let one = dir.path().join("one.mp4");
-    ok(&gpen(&[
-        &input,
-        &one,
-        &"--model",
-        &model,
-        &"--codec",
-        &"libx264",
-        &"--crf",
-        &"0",
-        &"--segment",
-        &"0",
-    ]));
+    restore(&input, &one, "standin/negate-256.onnx", "0", &[]);
     assert_eq!(framemd5(&one, "0:v", false), framemd5(&out, "0:v", false));
     assert!(!work.exists());
 }
@@ -346,15 +341,27 @@ fn two_batch_shards_on_one_long_clip_finish_it_once_joined_once() {
     let model = asset("models/standin/negate-256.onnx");
     let shard = |k: usize| {
         let report = dir.path().join(format!("report-{k}.json"));
-        let child = Command::new(env!("CARGO_BIN_EXE_gpen-video"))
-            .args(["batch", arg(&input_dir), arg(&out_dir), "--model", arg(&model)])
-            .args(["--codec", "libx264", "--crf", "0", "--segment", "2.4", "--quiet"])
-            .args(["--shard", &format!("{k}/2"), "--report", arg(&report)])
-            .env("ORT_DYLIB_PATH", asset(".deps/lib/libonnxruntime.so"))
-            .env("RUST_LOG", "warn")
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
+        let shard = format!("{k}/2");
+        let child = start(
+            &[
+                "batch",
+                arg(&input_dir),
+                arg(&out_dir),
+                "--model",
+                arg(&model),
+                "--codec",
+                "libx264",
+                "--crf",
+                "0",
+                "--segment",
+                "2.4",
+                "--shard",
+                &shard,
+                "--report",
+                arg(&report),
+            ],
+            true,
+        );
         (child, report)
     };
     let runs = [shard(0), shard(1)];
@@ -398,18 +405,7 @@ fn two_batch_shards_on_one_long_clip_finish_it_once_joined_once() {
     assert_eq!(here, 4, "{notes:?}");
     let joined = out_dir.join("film.mp4");
     let one = dir.path().join("one.mp4");
-    ok(&gpen(&[
-        &input_dir.join("film.mp4"),
-        &one,
-        &"--model",
-        &model,
-        &"--codec",
-        &"libx264",
-        &"--crf",
-        &"0",
-        &"--segment",
-        &"0",
-    ]));
+    restore(&input_dir.join("film.mp4"), &one, "standin/negate-256.onnx", "0", &[]);
     assert_eq!(framemd5(&one, "0:v", false), framemd5(&joined, "0:v", false));
     assert_eq!(packet_md5(&one, "0:a"), packet_md5(&joined, "0:a"));
     // A resubmission redoes nothing.
@@ -428,26 +424,9 @@ fn ctrl_c_keeps_the_finished_segments_and_other_settings_or_force_start_afresh()
     let model = asset("models/standin/identity-256.onnx");
     let out = dir.path().join("out.mp4");
     let work = gpen_video::segment::work_dir(&out);
-    let child = Command::new(env!("CARGO_BIN_EXE_gpen-video"))
-        .args([
-            arg(&input),
-            arg(&out),
-            "--model",
-            arg(&model),
-            "--segment",
-            "2.4",
-            "--quiet",
-        ])
-        .env("ORT_DYLIB_PATH", asset(".deps/lib/libonnxruntime.so"))
-        .env("RUST_LOG", "warn")
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let start = std::time::Instant::now();
-    while !work.join("00000.json").exists() {
-        assert!(start.elapsed().as_secs() < 240, "no first segment after 4 minutes");
-        std::thread::sleep(std::time::Duration::from_millis(5));
-    }
+    let args = [arg(&input), arg(&out), "--model", arg(&model), "--segment", "2.4"];
+    let mut child = start(&args, true);
+    wait_for(&mut child, &work.join("00000.json"));
     tool("kill", &["-INT", &child.id().to_string()]);
     let done = child.wait_with_output().unwrap();
     let err = String::from_utf8_lossy(&done.stderr);
@@ -482,25 +461,8 @@ fn ctrl_c_keeps_the_finished_segments_and_other_settings_or_force_start_afresh()
     assert!(out.exists() && !work.exists());
     // --force starts afresh even where the settings are the same.
     std::fs::remove_file(&out).unwrap();
-    let child = Command::new(env!("CARGO_BIN_EXE_gpen-video"))
-        .args([
-            arg(&input),
-            arg(&out),
-            "--model",
-            arg(&model),
-            "--segment",
-            "2.4",
-            "--quiet",
-        ])
-        .env("ORT_DYLIB_PATH", asset(".deps/lib/libonnxruntime.so"))
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut child = child;
-    while !work.join("00001.json").exists() {
-        assert!(start.elapsed().as_secs() < 480, "no second segment");
-        std::thread::sleep(std::time::Duration::from_millis(5));
-    }
+    let mut child = start(&args, false);
+    wait_for(&mut child, &work.join("00001.json"));
     child.kill().unwrap();
     child.wait().unwrap();
     assert_eq!(run(&["--force"]), (4, 0));

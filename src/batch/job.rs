@@ -163,7 +163,7 @@ pub(crate) fn job_loop(job: usize, ctx: &JobContext, settings: Settings, queues:
         let Ok(clip) = clips.try_recv() else { break };
         if ctx.long.contains(&clip.key) {
             // Shared with the other shards segment by segment.
-            if !run_shared(job, ctx, &settings, clip, &mut cached, events) {
+            if !run_claimed(job, ctx, &settings, (clip, None), &mut cached, events) {
                 return;
             }
             continue;
@@ -171,7 +171,7 @@ pub(crate) fn job_loop(job: usize, ctx: &JobContext, settings: Settings, queues:
         let Some(claim) = claim_or_say(job, ctx, &clip, events, &held) else {
             continue;
         };
-        if !run_claimed(job, ctx, &settings, (clip, claim), &mut cached, events) {
+        if !run_claimed(job, ctx, &settings, (clip, Some(claim)), &mut cached, events) {
             return;
         }
     }
@@ -192,7 +192,7 @@ pub(crate) fn job_loop(job: usize, ctx: &JobContext, settings: Settings, queues:
         let again = Mutex::new(Vec::new());
         for clip in std::mem::take(&mut waiting) {
             if let Some(claim) = claim_or_say(job, ctx, &clip, events, &again) {
-                if !run_claimed(job, ctx, &settings, (clip, claim), &mut cached, events) {
+                if !run_claimed(job, ctx, &settings, (clip, Some(claim)), &mut cached, events) {
                     return;
                 }
             }
@@ -204,46 +204,14 @@ pub(crate) fn job_loop(job: usize, ctx: &JobContext, settings: Settings, queues:
     }
 }
 
-/// Restores this shard's segments of a long clip every shard shares and says how it ended
-/// (done when this shard joined it, skipped when another shard will); false when the
-/// coordinator has gone.
-fn run_shared(
-    job: usize,
-    ctx: &JobContext,
-    settings: &Settings,
-    clip: Clip,
-    cached: &mut Option<Engine>,
-    events: &Sender<Event>,
-) -> bool {
-    let event = match run_clip(job, ctx, settings, &clip, cached, events) {
-        Ok(Ran::Done(done, entry)) => Event::Done {
-            job,
-            done,
-            entry,
-            claim: None,
-        },
-        Ok(Ran::NotJoined(reason)) => Event::Skipped {
-            job,
-            clip: clip.key,
-            reason,
-        },
-        Err(e) if is_cancelled(&e) => Event::Cancelled { job, clip: clip.key },
-        Err(e) => Event::Failed {
-            job,
-            clip: clip.key,
-            reason: format!("{e:#}"),
-        },
-    };
-    events.send(event).is_ok()
-}
-
-/// Restores a clip whose claim this job holds and says how it ended; false when the
-/// coordinator has gone.
+/// Restores a clip whose claim this job holds (none for a long clip every shard shares: its
+/// segments are claimed one by one) and says how it ended: done, skipped when another shard
+/// joins it, failed or cancelled; false when the coordinator has gone.
 fn run_claimed(
     job: usize,
     ctx: &JobContext,
     settings: &Settings,
-    (clip, claim): (Clip, Claim),
+    (clip, claim): (Clip, Option<Claim>),
     cached: &mut Option<Engine>,
     events: &Sender<Event>,
 ) -> bool {
@@ -252,7 +220,7 @@ fn run_claimed(
             job,
             done,
             entry,
-            claim: Some(claim),
+            claim,
         },
         Ok(Ran::NotJoined(reason)) => Event::Skipped {
             job,
