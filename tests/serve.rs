@@ -255,6 +255,8 @@ fn bad_requests_get_their_status_and_the_service_goes_on() {
     still_serving("a large body");
     let (status, _, _, _) = server.post("/v1/restore?compare=sideways", &good);
     assert_eq!(status, 400);
+    let (status, body, _, _) = server.post("/v1/restore?blend=lots", &good);
+    assert_eq!(status, 400, "{}", String::from_utf8_lossy(&body));
     // An upload that stops: fewer bytes than its Content-Length, then the connection closes.
     let head = format!(
         "POST /v1/restore HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n",

@@ -351,11 +351,14 @@ async fn restore(
     let start = Instant::now();
     let answer = match query {
         Ok(Query(q)) => answer(&app, q, req.into_body(), start).await,
-        Err(e) => Answer::error(
-            StatusCode::BAD_REQUEST,
-            Outcome::BadRequest,
-            format!("{e}: the query takes format=png|jpg|webp|tiff|bmp, blend=0..1, compare=side|split, json=1"),
-        ),
+        Err(e) => {
+            discard(req.into_body(), &app.opts).await;
+            Answer::error(
+                StatusCode::BAD_REQUEST,
+                Outcome::BadRequest,
+                format!("{e}: the query takes format=png|jpg|webp|tiff|bmp, blend=0..1, compare=side|split, json=1"),
+            )
+        }
     };
     let ms = start.elapsed().as_secs_f64() * 1e3;
     let bytes = axum::body::HttpBody::size_hint(answer.response.body())
@@ -374,18 +377,37 @@ async fn restore(
     answer.response
 }
 
+/// Reads and drops what a refused request still sends (at most `--max-body-mb`, within
+/// `--read-timeout-s`), so the client, still writing, gets the answer instead of a broken
+/// connection; nothing of it is kept.
+async fn discard(mut body: Body, opts: &ServeOptions) {
+    use axum::body::HttpBody;
+    let _ = tokio::time::timeout(opts.read_timeout, async {
+        let mut seen = 0usize;
+        while let Some(Ok(frame)) = std::future::poll_fn(|cx| std::pin::Pin::new(&mut body).poll_frame(cx)).await {
+            seen += frame.data_ref().map_or(0, |d| d.len());
+            if seen > opts.max_body {
+                break;
+            }
+        }
+    })
+    .await;
+}
+
 async fn answer(app: &Arc<App>, q: RestoreQuery, body: Body, start: Instant) -> Answer {
+    let opts = &app.opts;
     if !app.ready.load(Ordering::SeqCst) {
+        discard(body, opts).await;
         return Answer::error(
             StatusCode::SERVICE_UNAVAILABLE,
             Outcome::Busy,
             "loading the model; try again shortly",
         );
     }
-    let opts = &app.opts;
-    // A place in the queue first: a full service refuses before reading anything.
+    // A place in the queue first: a full service refuses without keeping anything.
     if app.metrics.in_flight.fetch_add(1, Ordering::SeqCst) >= opts.queue as u64 {
         app.metrics.in_flight.fetch_sub(1, Ordering::SeqCst);
+        discard(body, opts).await;
         return Answer::error(
             StatusCode::SERVICE_UNAVAILABLE,
             Outcome::Busy,
