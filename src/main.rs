@@ -70,8 +70,8 @@ struct Cli {
 /// How long videos are cut.
 #[derive(Args, Debug)]
 struct SegmentArg {
-    /// A video longer than this many seconds is cut at keyframes into segments of about this
-    /// length, restored one by one (or N at once with --jobs, or across machines with batch
+    /// A video longer than one and a half times this many seconds is cut at keyframes into
+    /// segments of about this length, restored one by one (or N at once with --jobs, or across machines with batch
     /// --shard) and joined into OUT; finished segments are kept beside OUT in
     /// `.OUT.segments/`, so a rerun after a crash or Ctrl-C redoes only the unfinished ones.
     /// Each segment starts with about a hundred warm-up frames (decoded, not written), so its
