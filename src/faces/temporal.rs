@@ -145,6 +145,30 @@ fn half_luma(rgb: &[f32], size: usize, base: Option<&[f32]>, out: &mut Vec<f32>)
     }
 }
 
+/// One average's step over a crop of `size` (packed RGB, half-resolution `shares`): history =
+/// now + share * (history - now), two pixels (six values) a cell per row; with `WRITE` the
+/// result is also the frame's change (`now`).
+fn average<const WRITE: bool>(now: &mut [f32], history: &mut [f32], shares: &[f32], size: usize) {
+    let h = size / 2;
+    for y in 0..size {
+        let srow = &shares[(y / 2) * h..][..h];
+        let row = y * size * 3..(y + 1) * size * 3;
+        let (now, past) = (&mut now[row.clone()], &mut history[row]);
+        for ((n6, p6), &share) in now.chunks_exact_mut(6).zip(past.chunks_exact_mut(6)).zip(srow) {
+            if share > 0.0 {
+                for (n, p) in n6.iter_mut().zip(p6) {
+                    *p = *n + share * (*p - *n);
+                    if WRITE {
+                        *n = *p;
+                    }
+                }
+            } else {
+                p6.copy_from_slice(n6);
+            }
+        }
+    }
+}
+
 impl Temporal {
     /// A filter of `memory` frames for crops of `size` aligned to `template` (crop pixels).
     pub fn new(memory: f32, size: usize, template: &[[f32; 2]; 5]) -> Self {
@@ -224,40 +248,28 @@ impl Temporal {
                 }
             }
             // Each average: afresh at its restart (or a new track), else now + share *
-            // (history - now), two pixels (six values) a cell per row; the frame takes the one
-            // that has run at least `span` frames.
-            let cycle = 2 * self.span;
-            let phase = index % cycle;
+            // (history - now); the frame takes the one that has run at least `span` frames.
+            // That one is updated last and writes the frame's change in the same pass (the other
+            // has read the model's change by then): no separate copy of the crop.
+            let phase = index % (2 * self.span);
             let filtering = continues && w_max > 0.0;
+            let (a, b) = (&mut t.change, &mut t.change_b);
+            let (other, used) = if phase < self.span {
+                ((a, phase == 0), (b, phase == self.span))
+            } else {
+                ((b, phase == self.span), (a, phase == 0))
+            };
             // Without a memory there is no history to keep.
             let averages = if w_max > 0.0 { 2 } else { 0 };
-            for (history, restart) in [(&mut t.change, phase == 0), (&mut t.change_b, phase == self.span)]
-                .into_iter()
-                .take(averages)
-            {
+            for (k, (history, restart)) in [other, used].into_iter().enumerate().take(averages) {
                 if !filtering || restart || history.len() != change.len() {
                     history.clear();
                     history.extend_from_slice(change);
-                    continue;
+                } else if k == 0 {
+                    average::<false>(change, history, &self.weights, size);
+                } else {
+                    average::<true>(change, history, &self.weights, size);
                 }
-                for y in 0..size {
-                    let wrow = &self.weights[(y / 2) * h..][..h];
-                    let row = y * size * 3;
-                    let (now, past) = (&change[row..row + size * 3], &mut history[row..row + size * 3]);
-                    for ((n6, p6), &share) in now.chunks_exact(6).zip(past.chunks_exact_mut(6)).zip(wrow) {
-                        if share > 0.0 {
-                            for (n, p) in n6.iter().zip(p6) {
-                                *p = *n + share * (*p - *n);
-                            }
-                        } else {
-                            p6.copy_from_slice(n6);
-                        }
-                    }
-                }
-            }
-            if filtering {
-                let used = if phase < self.span { &t.change_b } else { &t.change };
-                change.copy_from_slice(used);
             }
             half_luma(change, size, Some(&job.luma), &mut self.out_now);
             let (out_now, raw_now, prev_out, raw) = (&self.out_now, &self.raw_now, &t.out, &t.raw);
@@ -309,6 +321,32 @@ mod tests {
         j.luma = vec![luma; (size / 2) * (size / 2)];
         j.restored = Some((0..size * size * 3).map(change).collect());
         j
+    }
+
+    /// What a segment's warm-up relies on: a filter that starts `reach` frames before a frame
+    /// gives that frame bit for bit what a filter running from the first frame gives, even at the
+    /// longest memory on a still face (every history at its full weight), where a single
+    /// exponential average would still carry 6 parts in a million of the frames before.
+    #[test]
+    fn a_filter_started_its_reach_early_matches_one_started_at_the_first_frame() {
+        let (size, memory) = (16, MAX_MEMORY);
+        let tpl = crate::faces::align::template(size);
+        let (mut from_start, mut late) = (Temporal::new(memory, size, &tpl), Temporal::new(memory, size, &tpl));
+        let reach = reach(memory);
+        let begin = 3 * reach + 5;
+        // Detail that changes every frame (a hash of frame and value), on an input that does not.
+        let change = |n: u64| move |i: usize| ((n as usize * 7919 + i * 104_729) % 2001) as f32 / 10.0 - 100.0;
+        for n in 0..begin + 2 * reach + 50 {
+            let mut a = [job(1, 100.0, change(n), size)];
+            from_start.filter(n, &mut a, false);
+            if n >= begin {
+                let mut b = [job(1, 100.0, change(n), size)];
+                late.filter(n, &mut b, n < begin + reach);
+                if n >= begin + reach {
+                    assert!(a[0].restored == b[0].restored, "frame {n} differs");
+                }
+            }
+        }
     }
 
     #[test]
