@@ -505,28 +505,13 @@ pub fn run(
     share: &Share<'_>,
     progress: &(dyn Fn(u64, usize) + Sync),
 ) -> Result<Done> {
+    // Each segment's record read once: what is done before this run starts.
+    let records: Vec<Option<Record>> = work.segments().iter().map(|s| work.record(s.number)).collect();
     let mine: Vec<&Segment> = work.segments().iter().filter(|s| (share.mine)(s)).collect();
-    let pending: Vec<&Segment> = mine
-        .iter()
-        .copied()
-        .filter(|s| work.record(s.number).is_none())
-        .collect();
+    let pending: Vec<&Segment> = mine.iter().copied().filter(|s| records[s.number].is_none()).collect();
     let kept = mine.len() - pending.len();
-    let frames_done = AtomicU64::new(
-        work.segments()
-            .iter()
-            .filter_map(|s| work.record(s.number))
-            .map(|r| r.frames)
-            .sum(),
-    );
-    let segs_done = AtomicU64::new(
-        (work.segments().len()
-            - work
-                .segments()
-                .iter()
-                .filter(|s| work.record(s.number).is_none())
-                .count()) as u64,
-    );
+    let frames_done = AtomicU64::new(records.iter().flatten().map(|r| r.frames).sum());
+    let segs_done = AtomicU64::new(records.iter().flatten().count() as u64);
     progress(
         frames_done.load(Ordering::Relaxed),
         segs_done.load(Ordering::Relaxed) as usize,
