@@ -14,59 +14,13 @@ use serde::Serialize;
 
 use crate::defaults;
 use crate::engine::{CancelToken, Engine, EngineKey, EngineSpec, Job};
-use crate::faces::detect::{det_size, DetectSettings};
+use crate::faces::detect::det_size;
 use crate::faces::enhance::Fault;
 use crate::faces::paste::MaskKind;
-use crate::media::compare::Compare;
 use crate::media::decode::probe;
-use crate::media::encode::EncodeSettings;
-use crate::output::{accept_output, check_encoder, check_side_output, partial_pattern, remove_stale};
+use crate::output::{accept_output, check_side_output, partial_pattern, remove_stale};
 use crate::runtime::Target;
-
-/// How every frame of a job is treated: all that changes what a job writes, besides its input
-/// and the model and detector files. A new option that changes the output is a field here (and
-/// its flag in main.rs); the manifest's hash then covers it by itself.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct Treatment {
-    /// Crops per model call asked for (a fixed-batch model runs its own size).
-    pub batch: usize,
-    /// Half precision: TensorRT's fp16 mode, or an fp16-exported model on CUDA.
-    pub fp16: bool,
-    pub detection: DetectSettings,
-    pub blend: f32,
-    /// Landmark smoothing over time: sigma in frames, 0 for off.
-    pub smooth: f32,
-    /// The paste mask: the face's mesh outline, the ellipse or the whole crop.
-    pub mask: MaskKind,
-    /// The face mesh's presence probability below which a detection is dropped as not a face
-    /// (0 keeps every detection).
-    pub face_check: f32,
-    /// Memory, in frames, of the temporal filter of the model's change (0: off; videos only).
-    pub temporal: f32,
-    /// A before/after view instead of the restored picture alone.
-    pub compare: Option<Compare>,
-    pub encode: EncodeSettings,
-    /// Stop after this many frames.
-    pub max_frames: Option<u64>,
-}
-
-impl Default for Treatment {
-    fn default() -> Self {
-        Self {
-            batch: defaults::BATCH as usize,
-            fp16: false,
-            detection: DetectSettings::default(),
-            blend: defaults::BLEND,
-            smooth: defaults::SMOOTH,
-            mask: MaskKind::default(),
-            face_check: crate::faces::mesh::PRESENCE,
-            temporal: crate::faces::temporal::MEMORY,
-            compare: None,
-            encode: EncodeSettings::default(),
-            max_frames: None,
-        }
-    }
-}
+pub use crate::treatment::Treatment;
 
 /// A model or detector file as a recipe names it. Serialised as its absolute path, size and
 /// modification time, so a file replaced under the same name changes the recipe's hash.
@@ -106,7 +60,7 @@ pub struct Recipe {
     /// The face mesh, when there is one (MediaPipe's face landmark model).
     pub mesh: Option<Asset>,
     #[serde(flatten)]
-    pub treatment: Treatment,
+    pub treatment: std::sync::Arc<Treatment>,
 }
 
 /// Where the model runs, as typed.
@@ -269,35 +223,7 @@ impl Settings {
     /// Checks the options and resolves everything that does not depend on a source.
     pub fn resolve(o: &Options) -> Result<Settings> {
         let t = &o.treatment;
-        if !(0.0..=1.0).contains(&t.blend) {
-            bail!("--blend must be between 0 and 1, got {}", t.blend);
-        }
-        if !(0.0..=crate::faces::smooth::MAX_SIGMA).contains(&t.smooth) {
-            bail!(
-                "--smooth must be between 0 (off) and {} frames, got {}",
-                crate::faces::smooth::MAX_SIGMA,
-                t.smooth
-            );
-        }
-        if t.batch == 0 {
-            bail!("--batch must be at least 1");
-        }
-        let d = &t.detection;
-        // NaN fails every comparison, so each range is written to accept only good values.
-        if !(d.threshold > 0.0 && d.threshold <= 1.0) {
-            bail!(
-                "--det-threshold must be above 0 and at most 1, got {} (0 would take every detector cell for a face)",
-                d.threshold
-            );
-        }
-        if d.det_size < 32 {
-            bail!("--det-size must be at least 32 pixels, got {}", d.det_size);
-        }
-        if d.max_faces == 0 {
-            bail!("--max-faces must be at least 1");
-        }
-
-        check_encoder(&t.encode)?;
+        t.check()?;
         if o.hwaccel_cuda {
             crate::media::decode::check_cuda_hwaccel()?;
         }
@@ -320,19 +246,6 @@ impl Settings {
                 )
             })?,
         };
-        if !(0.0..=crate::faces::temporal::MAX_MEMORY).contains(&t.temporal) {
-            bail!(
-                "--temporal must be between 0 (off) and {} frames, got {}",
-                crate::faces::temporal::MAX_MEMORY,
-                t.temporal
-            );
-        }
-        if !(0.0..=1.0).contains(&t.face_check) {
-            bail!(
-                "--face-check must be between 0 (keep every detection) and 1, got {}",
-                t.face_check
-            );
-        }
         let mesh = match &o.mesh {
             Some(p) if p.as_os_str() == "none" => None,
             Some(p) if p.is_file() => Some(p.clone()),
@@ -360,7 +273,7 @@ impl Settings {
                 model: Asset(model),
                 detector: Asset(detector),
                 mesh: mesh.map(Asset),
-                treatment: t,
+                treatment: std::sync::Arc::new(t),
             },
             faults: Vec::new(),
             targets: Vec::new(),
@@ -445,14 +358,9 @@ impl Settings {
         Ok(Job {
             source,
             output: output.to_path_buf(),
-            max_frames: t.max_frames,
-            blend: t.blend,
-            smooth: t.smooth,
-            mask: t.mask,
-            face_check: t.face_check,
-            temporal: t.temporal,
-            compare: t.compare,
-            encode: t.encode.clone(),
+            to_memory: false,
+            treatment: self.recipe.treatment.clone(),
+            view: None,
             hwaccel_cuda: self.hwaccel_cuda,
             faces_json: self.faces_json.clone(),
             cancel,
@@ -587,7 +495,7 @@ mod tests {
                 model: Asset("m.onnx".into()),
                 detector: Asset("d.onnx".into()),
                 mesh: None,
-                treatment: Treatment::default(),
+                treatment: Default::default(),
             },
             targets: Vec::new(),
             threads_per_worker: 1,

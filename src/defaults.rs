@@ -3,7 +3,7 @@
 //! It imports nothing, so every part may read it.
 
 /// Crops per model call.
-pub const BATCH: u16 = 4;
+pub const BATCH: usize = 4;
 /// Long side of the detection copy.
 pub const DET_SIZE: usize = 640;
 /// Minimum detector score.
@@ -16,12 +16,25 @@ pub const MAX_FACES: usize = 32;
 pub const DETECT_EVERY: u32 = 5;
 /// How much of the restored face is blended in.
 pub const BLEND: f32 = 1.0;
+/// The paste mask (`--mask`): the face's own outline from the mesh.
+pub const MASK: &str = "mesh";
+/// The face mesh's presence probability below which a detection is dropped (MediaPipe's own
+/// threshold).
+pub const FACE_CHECK: f32 = 0.5;
+/// Memory of the temporal filter of the model's change, in frames (0: off).
+pub const TEMPORAL: f32 = 4.0;
+/// Longest memory the temporal filter takes, in frames.
+pub const TEMPORAL_MAX: f32 = 30.0;
+/// Largest smoothing sigma, in frames.
+pub const SMOOTH_MAX: f32 = 15.0;
 /// Temporal smoothing of each tracked face's points: the Gaussian's sigma, in frames (0: off).
 pub const SMOOTH: f32 = 6.0;
 /// Length of a long video's segments, in seconds (`--segment`): each is restored on its own
 /// (in parallel with `--jobs`, across machines with `batch --shard`) and kept when a run stops,
 /// at the cost of a warm-up of about a hundred frames each (3 % at 25 frames/s).
 pub const SEGMENT_SECONDS: f64 = 180.0;
+/// Long videos: segments restored at once by one process (`--jobs`).
+pub const SEGMENT_JOBS: u16 = 1;
 /// The video encoder when none is given (a .webm output takes the first of `WEBM_CODECS`).
 pub const CODEC: &str = "libx264";
 /// x264/x265 constant rate factor.
@@ -43,3 +56,23 @@ pub const MESH: &str = "models/face-mesh.onnx";
 /// Most threads of a pool stage (alignment, paste): one per core up to this many. Past it the
 /// stages around the model are no longer what limits a run, and each thread holds a frame.
 pub const POOL_THREADS_MAX: usize = 16;
+
+/// `bench`: counted runs per source, after one warm-up run.
+pub const BENCH_REPEAT: usize = 3;
+/// `bench`: the sources timed when none are given (the set-up makes them).
+pub const BENCH_SOURCES: [&str; 2] = ["samples/astronaut-1080p.mp4", "samples/group-1080p.mp4"];
+
+/// `serve`: where it listens.
+pub const LISTEN: &str = "127.0.0.1:8080";
+/// `serve`: longest a face waits for others to fill its batch, in milliseconds.
+pub const MAX_WAIT_MS: u64 = 5;
+/// `serve`: requests accepted at once (waiting or being restored).
+pub const QUEUE: usize = 64;
+/// `serve`: largest request body, in megabytes.
+pub const MAX_BODY_MB: u64 = 50;
+/// `serve`: largest picture, in pixels, read from its header before decoding.
+pub const MAX_PIXELS: u64 = 40_000_000;
+/// `serve`: seconds a client has to send its headers and then its body.
+pub const READ_TIMEOUT_S: u64 = 10;
+/// `serve`: seconds from a request's arrival to its answer.
+pub const DEADLINE_S: u64 = 30;

@@ -11,9 +11,10 @@ use anyhow::{bail, Context, Result};
 
 use crate::faces::detect::{DetectSettings, Detector};
 use crate::faces::enhance::{Enhancer, Fault, ModelInfo, Worker};
+use crate::frame::View;
 use crate::media::decode::SourceInfo;
-use crate::media::encode::EncodeSettings;
 use crate::runtime::{SessionOptions, Target};
+use crate::treatment::Treatment;
 
 /// What an engine was built for: a job whose key is equal runs on it unchanged.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -106,28 +107,40 @@ pub fn is_cancelled(e: &anyhow::Error) -> bool {
     e.chain().any(|c| c.is::<Cancelled>())
 }
 
-/// One clip's work.
+/// One clip's work: its source, its output and the treatment it runs under, held whole.
 #[derive(Clone)]
 pub struct Job {
     pub source: SourceInfo,
     pub output: PathBuf,
-    /// Stop after this many frames.
-    pub max_frames: Option<u64>,
-    pub blend: f32,
-    /// Landmark smoothing sigma in frames (0: off).
-    pub smooth: f32,
-    pub mask: crate::faces::paste::MaskKind,
-    /// The face mesh's presence threshold (see [`crate::config::Treatment::face_check`]).
-    pub face_check: f32,
-    /// Memory of the temporal filter in frames (0: off).
-    pub temporal: f32,
-    /// A before/after view instead of the restored picture alone.
-    pub compare: Option<crate::media::compare::Compare>,
-    pub encode: EncodeSettings,
+    /// The restored picture is kept in memory instead of written to `output` (a service's
+    /// request; `output` then only names its format).
+    pub to_memory: bool,
+    /// Everything that changes what the job writes, shared with the run's other jobs.
+    pub treatment: Arc<Treatment>,
+    /// This picture's own view, where a request asked for one (else the treatment's).
+    pub view: Option<View>,
     pub hwaccel_cuda: bool,
     /// Where each frame's faces are streamed as JSON.
     pub faces_json: Option<PathBuf>,
     pub cancel: CancelToken,
+}
+
+impl Job {
+    /// How the job's pictures are shown: its own view, else the treatment's.
+    pub fn view(&self) -> View {
+        self.view.unwrap_or_else(|| self.treatment.view())
+    }
+
+    /// The same job under a treatment `change` makes of this one's (a benchmark's warm-up run,
+    /// its fastest encoder preset).
+    pub fn with_treatment(&self, change: impl FnOnce(&mut Treatment)) -> Job {
+        let mut t = (*self.treatment).clone();
+        change(&mut t);
+        Job {
+            treatment: Arc::new(t),
+            ..self.clone()
+        }
+    }
 }
 
 impl Engine {

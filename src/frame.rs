@@ -27,6 +27,15 @@ impl std::fmt::Display for Compare {
     }
 }
 
+/// How one picture is shown: its blend of the restored face (0 the original, 1 the restored)
+/// and its before/after view. The treatment gives every picture's; a service's request may
+/// bring its own (`?blend=`, `?compare=`), which its frame then carries.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct View {
+    pub blend: f32,
+    pub compare: Option<Compare>,
+}
+
 /// One decoded video frame in packed RGB24, with where it sits in the source.
 pub struct Frame {
     /// Position in decode order of output frames (0-based).
@@ -49,7 +58,7 @@ pub struct Frame {
     pub warm: bool,
     /// This picture's own blend and compare view, where they differ from the stream's (a
     /// service's requests each bring theirs).
-    pub view: Option<(f32, Option<Compare>)>,
+    pub view: Option<View>,
     /// Set when the picture is no longer wanted (a service's request past its deadline): its
     /// faces are not sent to the model.
     pub dropped: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,

@@ -20,6 +20,7 @@ pub mod runtime;
 pub mod segment;
 pub mod serve;
 pub mod stats;
+pub mod treatment;
 
 /// Initialises FFmpeg once and keeps its own logging to errors.
 pub fn init_ffmpeg() {

@@ -14,8 +14,6 @@ use gpen_video::config::{find_asset, Device, Options, Settings, Treatment};
 use gpen_video::console::{eprint_line, print_text};
 use gpen_video::defaults;
 use gpen_video::engine::CancelToken;
-use gpen_video::faces::detect::DetectSettings;
-use gpen_video::media::encode::{EncodeSettings, WEBM_CODECS};
 use gpen_video::pipeline;
 use gpen_video::registry::{self, ModelsCmd};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -60,7 +58,7 @@ struct Cli {
     segment: SegmentArg,
     /// Segments of a long video restored at once, each its own pipeline (on CUDA one GPU each,
     /// round robin; on the CPU the cores are split). A video of one segment runs as one.
-    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=256), help_heading = "Long videos")]
+    #[arg(long, value_name = "N", default_value_t = defaults::SEGMENT_JOBS, value_parser = clap::value_parser!(u16).range(1..=256), help_heading = "Long videos")]
     jobs: u16,
     /// Start a long video afresh: drop the segments an earlier run of this OUT finished.
     #[arg(long, help_heading = "Long videos")]
@@ -116,31 +114,31 @@ struct ServeArgs {
     #[arg(
         long,
         value_name = "ADDR:PORT",
-        default_value = "127.0.0.1:8080",
+        default_value = defaults::LISTEN,
         help_heading = "Service"
     )]
     listen: std::net::SocketAddr,
     /// Longest a face waits for others to fill its batch, in milliseconds (a lone request is
     /// sent on after it).
-    #[arg(long, value_name = "MS", default_value_t = 5, help_heading = "Service")]
+    #[arg(long, value_name = "MS", default_value_t = defaults::MAX_WAIT_MS, help_heading = "Service")]
     max_wait_ms: u64,
     /// Requests accepted at once (waiting or being restored); more are answered 503 with
     /// Retry-After.
-    #[arg(long, value_name = "N", default_value_t = 64, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=100000), help_heading = "Service")]
+    #[arg(long, value_name = "N", default_value_t = defaults::QUEUE, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=100000), help_heading = "Service")]
     queue: usize,
     /// Largest request body, in megabytes (413 above it).
-    #[arg(long, value_name = "MB", default_value_t = 50, value_parser = clap::value_parser!(u64).range(1..=4096), help_heading = "Service")]
+    #[arg(long, value_name = "MB", default_value_t = defaults::MAX_BODY_MB, value_parser = clap::value_parser!(u64).range(1..=4096), help_heading = "Service")]
     max_body_mb: u64,
     /// Largest picture, in pixels, read from its header before anything is decoded (413 above
     /// it: a decompression bomb is never allocated).
-    #[arg(long, value_name = "PIXELS", default_value_t = 40_000_000, help_heading = "Service")]
+    #[arg(long, value_name = "PIXELS", default_value_t = defaults::MAX_PIXELS, help_heading = "Service")]
     max_pixels: u64,
     /// Seconds a client has to send its headers (the connection is closed after) and then its
     /// whole image (408 after): slow clients are cut off.
-    #[arg(long, value_name = "S", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..), help_heading = "Service")]
+    #[arg(long, value_name = "S", default_value_t = defaults::READ_TIMEOUT_S, value_parser = clap::value_parser!(u64).range(1..), help_heading = "Service")]
     read_timeout_s: u64,
     /// Seconds from a request's arrival to its answer (504 after).
-    #[arg(long, value_name = "S", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..), help_heading = "Service")]
+    #[arg(long, value_name = "S", default_value_t = defaults::DEADLINE_S, value_parser = clap::value_parser!(u64).range(1..), help_heading = "Service")]
     deadline_s: u64,
     #[command(flatten)]
     run: RunArgs,
@@ -194,7 +192,7 @@ struct BenchArgs {
     #[arg(value_name = "SOURCES")]
     sources: Vec<PathBuf>,
     /// Counted runs per source, after one warm-up run.
-    #[arg(long, default_value_t = 3, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1000))]
+    #[arg(long, default_value_t = defaults::BENCH_REPEAT, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1000))]
     repeat: usize,
     /// What to time: all (pipeline, enhance-only ceiling and feeder), pipeline, enhance, or
     /// feeder (every stage but the model: what the CPU side can feed a GPU).
@@ -221,7 +219,8 @@ struct BenchArgs {
     run: RunArgs,
 }
 
-/// Options shared by a run and a benchmark.
+/// Options shared by a run and a benchmark: the files and devices, and the treatment (every
+/// flag that changes the output, `config::Treatment`).
 #[derive(Args, Debug)]
 struct RunArgs {
     /// Enhancer model: a registry name (see `gpen-video models list`) or an ONNX file with input
@@ -233,26 +232,15 @@ struct RunArgs {
     /// enhancement worker per GPU; batches go to whichever is free.
     #[arg(long, default_value = "cpu", value_parser = parse_device, help_heading = "Model")]
     device: Device,
-    /// Face crops per model call, gathered across consecutive frames (a model with a fixed
-    /// batch dimension runs its own size).
-    #[arg(long, default_value_t = defaults::BATCH, value_parser = clap::value_parser!(u16).range(1..=256), help_heading = "Model")]
-    batch: u16,
     /// CPU threads for ONNX Runtime (default: all cores).
     #[arg(long, value_name = "N", help_heading = "Model")]
     threads: Option<usize>,
     /// Use ONNX Runtime's TensorRT provider (engine cache beside the model) before CUDA.
     #[arg(long, help_heading = "Model")]
     trt: bool,
-    /// Half precision: TensorRT's fp16 mode with --trt, else the model must be an fp16 export.
-    #[arg(long, help_heading = "Model")]
-    fp16: bool,
     /// Decode on the GPU with FFmpeg's hwaccel (only `cuda`).
     #[arg(long, value_name = "KIND", value_parser = ["cuda"], help_heading = "Input")]
     hwaccel: Option<String>,
-    /// Stop after this many frames.
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..), help_heading = "Input")]
-    frames: Option<u64>,
-
     /// Face detector: a CenterFace ONNX file with dynamic input size (default: models/centerface.onnx).
     #[arg(long, value_name = "PATH", help_heading = "Detection")]
     detector: Option<PathBuf>,
@@ -261,65 +249,8 @@ struct RunArgs {
     /// faces are aligned by points from the mesh and pasted through their own outline.
     #[arg(long, value_name = "PATH|none", help_heading = "Detection")]
     mesh: Option<PathBuf>,
-    /// Drop a detection when the face mesh's face-presence probability is below this (0 keeps
-    /// every detection).
-    #[arg(long, value_name = "0..1", default_value_t = gpen_video::faces::mesh::PRESENCE, help_heading = "Detection")]
-    face_check: f32,
-    /// Long side, in pixels, of the downscaled copy the detector sees.
-    #[arg(long, default_value_t = defaults::DET_SIZE, value_name = "PX", help_heading = "Detection")]
-    det_size: usize,
-    /// Minimum detector score for a face.
-    #[arg(long, default_value_t = defaults::DET_THRESHOLD, help_heading = "Detection")]
-    det_threshold: f32,
-    /// Look for faces in the whole frame every N frames; in between, only around the faces of
-    /// the previous frame (much cheaper). A whole-frame pass also runs on a scene change, when no
-    /// face is tracked and when a tracked face is lost. 1 searches every frame.
-    #[arg(long, value_name = "N", default_value_t = defaults::DETECT_EVERY,
-          value_parser = clap::value_parser!(u32).range(1..=1000), help_heading = "Detection")]
-    detect_every: u32,
-
-    /// Restore at most N faces per frame, the best-scoring ones (a warning says when a frame
-    /// had more).
-    #[arg(long, value_name = "N", default_value_t = defaults::MAX_FACES,
-          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1000), help_heading = "Detection")]
-    max_faces: usize,
-
-    /// How much of the restored face to blend in: 0 keeps the original, 1 the restored face.
-    #[arg(long, default_value_t = defaults::BLEND, value_name = "0..1", help_heading = "Output")]
-    blend: f32,
-    /// Temporal filter of the model's change: how many frames of detail it averages along each
-    /// face's track (where the face's own pixels did not change), so restored detail does not
-    /// shimmer; a real change (a mouth opening) is followed at once. 0 turns it off. Videos only.
-    #[arg(long, value_name = "FRAMES", default_value_t = gpen_video::faces::temporal::MEMORY, help_heading = "Output")]
-    temporal: f32,
-    /// Temporal smoothing of each tracked face's points before alignment: the Gaussian's sigma
-    /// in frames (the output runs 2 sigma frames behind the detector). 0 turns it off.
-    #[arg(long, default_value_t = defaults::SMOOTH, value_name = "FRAMES", help_heading = "Output")]
-    smooth: f32,
-    /// Paste mask: `mesh` (each face's own outline from the face mesh, forehead to chin; the
-    /// ellipse without a mesh), `face` (an ellipse over face, forehead and hairline placed by
-    /// the template) or `box` (the whole crop). All feathered.
-    #[arg(long, default_value_t = gpen_video::faces::paste::MaskKind::default(), value_enum, help_heading = "Output")]
-    mask: gpen_video::faces::paste::MaskKind,
-    /// Write a before/after view instead of the restored picture alone: `side` (original left,
-    /// restored right, twice the width) or `split` (left half original, right half restored).
-    #[arg(long, value_enum, value_name = "VIEW", help_heading = "Output")]
-    compare: Option<gpen_video::media::compare::Compare>,
-    #[arg(long, value_name = "NAME", help_heading = "Output", help = format!(
-        "FFmpeg video encoder [default: {}; for .webm the first of {} this FFmpeg has]",
-        defaults::CODEC, WEBM_CODECS.join(", ")))]
-    codec: Option<String>,
-    #[arg(long, value_name = "N", help_heading = "Output", value_parser = parse_crf, help = format!(
-        "Constant rate factor: lower is better quality and larger files [default: {} for x264/x265, {} for VP9; AV1 encoders their own]",
-        defaults::CRF, defaults::CRF_VP9))]
-    crf: Option<u32>,
-    #[arg(long, value_name = "NAME", help_heading = "Output",
-          help = format!("x264/x265 preset, ultrafast ... veryslow [default: {}]", defaults::PRESET))]
-    preset: Option<String>,
-    #[arg(long, value_name = "N", help_heading = "Output", value_parser = parse_quality, help = format!(
-        "JPEG and WebP image outputs: quality 1 (smallest file) to 100 (best picture) [default: {}]. PNG, TIFF and BMP outputs are lossless",
-        defaults::QUALITY))]
-    quality: Option<u32>,
+    #[command(flatten)]
+    treatment: Treatment,
     /// No progress bar.
     #[arg(long, short, help_heading = "Output")]
     quiet: bool,
@@ -329,32 +260,11 @@ fn parse_device(s: &str) -> Result<Device, String> {
     s.parse()
 }
 
-/// A whole number of 0 or more, with a message that says what the flag wants (clap's own
-/// names the range of the integer type: `0..=4294967295`).
-fn parse_level(s: &str, what: &str) -> Result<u32, String> {
-    match s.trim().parse::<i64>() {
-        Ok(n) if n < 0 => Err(format!("{n} is below 0: {what}")),
-        Ok(n) => u32::try_from(n).map_err(|_| format!("{n} is too large: {what}")),
-        Err(_) => Err(format!("`{s}` is not a whole number: {what}")),
-    }
-}
-
 fn parse_segment(s: &str) -> Result<f64, String> {
     match s.trim().parse::<f64>() {
         Ok(v) if v.is_finite() && v >= 0.0 => Ok(v),
         _ => Err(format!("`{s}` is not a length in seconds: give 0 (never cut) or more")),
     }
-}
-
-fn parse_crf(s: &str) -> Result<u32, String> {
-    parse_level(
-        s,
-        "give 0 (best quality, largest file) or more; each encoder has its own maximum",
-    )
-}
-
-fn parse_quality(s: &str) -> Result<u32, String> {
-    parse_level(s, "give 1 (smallest file) to 100 (best picture)")
 }
 
 impl RunArgs {
@@ -367,31 +277,7 @@ impl RunArgs {
         o.threads = self.threads;
         o.trt = self.trt;
         o.hwaccel_cuda = self.hwaccel.is_some();
-        o.treatment = Treatment {
-            batch: self.batch as usize,
-            fp16: self.fp16,
-            detection: DetectSettings {
-                det_size: self.det_size,
-                threshold: self.det_threshold,
-                every: self.detect_every,
-                max_faces: self.max_faces,
-                ..DetectSettings::default()
-            },
-            blend: self.blend,
-            smooth: self.smooth,
-            mask: self.mask,
-            face_check: self.face_check,
-            temporal: self.temporal,
-            compare: self.compare,
-            // crf and preset reach the encoders that have them (media/encode.rs).
-            encode: EncodeSettings {
-                codec: self.codec,
-                crf: self.crf,
-                preset: self.preset,
-                quality: self.quality,
-            },
-            max_frames: self.frames,
-        };
+        o.treatment = self.treatment;
         Ok(o)
     }
 }
@@ -465,7 +351,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         workers = engine.workers.len(),
         "starting"
     );
-    let total = job.source.frames_to_run(job.max_frames);
+    let total = job.source.frames_to_run(job.treatment.max_frames);
     let bar = if !quiet && std::io::stderr().is_terminal() {
         let bar = ProgressBar::new(total.unwrap_or(0));
         bar.set_style(
@@ -636,10 +522,7 @@ fn run_bench(b: BenchArgs) -> anyhow::Result<()> {
         bail!("--price-per-hour goes with --portraits");
     }
     let sources = if b.sources.is_empty() {
-        ["samples/astronaut-1080p.mp4", "samples/group-1080p.mp4"]
-            .iter()
-            .filter_map(|s| find_asset(s))
-            .collect()
+        defaults::BENCH_SOURCES.iter().filter_map(|s| find_asset(s)).collect()
     } else {
         b.sources
     };

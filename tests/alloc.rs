@@ -7,7 +7,7 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use gpen_video::config::{resolve, Options};
-use gpen_video::engine::{CancelToken, Job};
+use gpen_video::engine::CancelToken;
 use gpen_video::pipeline;
 
 struct Counting;
@@ -66,10 +66,7 @@ fn the_warm_pipeline_reuses_its_picture_and_tensor_buffers() {
     o.detector = Some(root.join("models/centerface.onnx"));
     let (_, base, mut engine) = resolve(&o, CancelToken::new()).unwrap();
     let mut run = |frames: u64| {
-        let job = Job {
-            max_frames: Some(frames),
-            ..base.clone()
-        };
+        let job = base.with_treatment(|t| t.max_frames = Some(frames));
         let (bytes, large) = (BYTES.load(Ordering::Relaxed), LARGE.load(Ordering::Relaxed));
         let s = pipeline::run(&mut engine, &job, &|_| ()).unwrap();
         assert_eq!(s.frames, frames);

@@ -356,7 +356,7 @@ fn prepare(
     let _ = events.send(Event::Started {
         job,
         clip: clip.key.clone(),
-        frames: spec.source.frames_to_run(spec.max_frames),
+        frames: spec.source.frames_to_run(spec.treatment.max_frames),
     });
     Ok((spec, stamp))
 }

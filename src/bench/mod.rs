@@ -178,10 +178,7 @@ fn bench_source(o: &BenchOptions, src: &Path, tmp: &Path, report: &mut BenchRepo
     // Warm-up, not counted: sessions allocate their memory and pick kernels on the first
     // batches.
     if with_pipeline {
-        let warm_up = Job {
-            max_frames: Some((4 * batch * engine.workers.len()).max(8) as u64),
-            ..job.clone()
-        };
+        let warm_up = job.with_treatment(|t| t.max_frames = Some((4 * batch * engine.workers.len()).max(8) as u64));
         pipeline::run(&mut engine, &warm_up, &|_| ())?;
     }
     if with_ceiling {
@@ -294,13 +291,7 @@ fn process_cpu() -> Duration {
 /// Times the pipeline with the model skipped (see [`Feeder`]), `repeat` runs at the job's
 /// encoder settings and as many with the fastest preset, in turn.
 fn feed(engine: &mut Engine, job: &Job, repeat: usize, name: &str, log: &dyn Fn(&str)) -> Result<Feeder> {
-    let fast = Job {
-        encode: crate::media::encode::EncodeSettings {
-            preset: Some("ultrafast".into()),
-            ..job.encode.clone()
-        },
-        ..job.clone()
-    };
+    let fast = job.with_treatment(|t| t.encode.preset = Some("ultrafast".into()));
     for w in &mut engine.workers {
         w.skip_model = true;
     }

@@ -226,11 +226,8 @@ fn bench_batch(
     log: &dyn Fn(&str),
 ) -> Result<PortraitRow> {
     let mut settings = o.settings.clone();
-    (
-        settings.recipe.treatment.batch,
-        settings.faces_json,
-        settings.stats_json,
-    ) = (batch, None, None);
+    std::sync::Arc::make_mut(&mut settings.recipe.treatment).batch = batch;
+    (settings.faces_json, settings.stats_json) = (None, None);
     let jobs: Vec<Job> = inputs
         .iter()
         .enumerate()

@@ -34,17 +34,54 @@ pub const ARCFACE_128_TEMPLATE: [[f64; 2]; 5] = [
 
 /// The FFHQ template scaled to a crop of `size` pixels.
 pub fn template(size: usize) -> [[f32; 2]; 5] {
-    template_named("ffhq", size)
+    Template::Ffhq.points(size)
 }
 
-/// A template by name (`ffhq` or `arcface_128`; anything else is FFHQ) scaled to `size`.
-pub fn template_named(name: &str, size: usize) -> [[f32; 2]; 5] {
-    let t = if name == "arcface_128" {
-        ARCFACE_128_TEMPLATE
-    } else {
-        FFHQ_TEMPLATE
-    };
-    t.map(|[x, y]| [(x * size as f64) as f32, (y * size as f64) as f32])
+/// The five-point template a model was trained with: resolved once, from the model file's
+/// `gpen_video.template` metadata or the registry, when the model is loaded.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Template {
+    /// FFHQ's (GPEN-BFR-512 and 1024, facexlib, facefusion).
+    #[default]
+    Ffhq,
+    /// The tighter arcface_128 facefusion pairs with GPEN-BFR-256.
+    Arcface128,
+}
+
+impl Template {
+    /// Every template by its name, as model files and the registry write it.
+    pub const NAMES: [(&'static str, Template); 2] = [("ffhq", Template::Ffhq), ("arcface_128", Template::Arcface128)];
+
+    /// The template's points scaled to a crop of `size` pixels.
+    pub fn points(self, size: usize) -> [[f32; 2]; 5] {
+        let t = match self {
+            Template::Ffhq => FFHQ_TEMPLATE,
+            Template::Arcface128 => ARCFACE_128_TEMPLATE,
+        };
+        t.map(|[x, y]| [(x * size as f64) as f32, (y * size as f64) as f32])
+    }
+
+    pub fn name(self) -> &'static str {
+        Self::NAMES.iter().find(|(_, t)| *t == self).map_or("ffhq", |(n, _)| n)
+    }
+}
+
+impl std::str::FromStr for Template {
+    type Err = String;
+    /// A template by name; an unknown name is an error naming the choices.
+    fn from_str(s: &str) -> Result<Self, String> {
+        Self::NAMES
+            .iter()
+            .find(|(n, _)| *n == s)
+            .map(|(_, t)| *t)
+            .ok_or_else(|| {
+                let names: Vec<&str> = Self::NAMES.iter().map(|(n, _)| *n).collect();
+                format!(
+                    "unknown alignment template `{s}` (the choices are {})",
+                    names.join(", ")
+                )
+            })
+    }
 }
 
 /// Bilinear sample of packed RGB24 at (x, y), edges replicated. Returns the three channels.

@@ -108,30 +108,34 @@ pub fn display_to_storage(x: f32, y: f32, rotation: u32, (w, h): (usize, usize))
 }
 
 /// How faces are looked for: what the detector is built with (part of every job's recipe).
-#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+/// Each field is its own flag (the doc comment its help).
+#[derive(Clone, Debug, PartialEq, serde::Serialize, clap::Args)]
 pub struct DetectSettings {
-    /// Long side of the detection copy, in pixels.
+    /// Long side, in pixels, of the downscaled copy the detector sees.
+    #[arg(long, default_value_t = crate::defaults::DET_SIZE, value_name = "PX", help_heading = "Detection")]
     pub det_size: usize,
-    /// Minimum score for a face.
+    /// Minimum detector score for a face.
+    #[arg(long = "det-threshold", id = "det_threshold", default_value_t = crate::defaults::DET_THRESHOLD, help_heading = "Detection")]
     pub threshold: f32,
-    /// Overlap above which two detections are one face.
+    /// Overlap above which two detections are one face (no flag).
+    #[arg(skip = crate::defaults::NMS_IOU)]
     pub nms_iou: f32,
-    /// Full detection every this many frames; faces are tracked in between (1: every frame).
+    /// Look for faces in the whole frame every N frames; in between, only around the faces of
+    /// the previous frame (much cheaper). A whole-frame pass also runs on a scene change, when no
+    /// face is tracked and when a tracked face is lost. 1 searches every frame.
+    #[arg(long = "detect-every", id = "detect_every", value_name = "N", default_value_t = crate::defaults::DETECT_EVERY,
+          value_parser = clap::value_parser!(u32).range(1..=1000), help_heading = "Detection")]
     pub every: u32,
-    /// At most this many faces per frame, the best-scoring ones.
+    /// Restore at most N faces per frame, the best-scoring ones (a warning says when a frame
+    /// had more).
+    #[arg(long, value_name = "N", default_value_t = crate::defaults::MAX_FACES,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1000), help_heading = "Detection")]
     pub max_faces: usize,
 }
 
 impl Default for DetectSettings {
     fn default() -> Self {
-        use crate::defaults as d;
-        Self {
-            det_size: d::DET_SIZE,
-            threshold: d::DET_THRESHOLD,
-            nms_iou: d::NMS_IOU,
-            every: d::DETECT_EVERY,
-            max_faces: d::MAX_FACES,
-        }
+        crate::config::Treatment::default().detection
     }
 }
 

@@ -2,6 +2,7 @@
 //! facts read from the file, the session wrapper with its bound buffers, and a worker (one
 //! session on one device).
 
+use crate::faces::align::Template;
 use anyhow::{bail, Result};
 use ort::memory::{AllocationDevice, Allocator, AllocatorType, MemoryInfo, MemoryType};
 use ort::session::{IoBinding, Session};
@@ -23,7 +24,7 @@ pub struct ModelInfo {
     /// The file's `gpen_video.precision` metadata (`fp16` for half-precision exports).
     pub precision: Option<String>,
     /// Alignment template the model was trained with (`gpen_video.template`; default ffhq).
-    pub template: String,
+    pub template: Template,
 }
 
 impl ModelInfo {
@@ -70,7 +71,8 @@ impl ModelInfo {
         let template = meta
             .as_ref()
             .and_then(|m| m.custom("gpen_video.template"))
-            .unwrap_or_else(|| "ffhq".into());
+            .map_or(Ok(Template::Ffhq), |name| name.parse::<Template>())
+            .map_err(|e| anyhow::anyhow!("its gpen_video.template metadata: {e}"))?;
         Ok(Self {
             input,
             output,

@@ -16,8 +16,6 @@ use crate::geom::Affine;
 pub const SIZE: usize = 192;
 /// Points of the mesh.
 pub const POINTS: usize = 468;
-/// Default face-presence threshold (MediaPipe's own).
-pub const PRESENCE: f32 = 0.5;
 /// The crop around a detection, as a multiple of its box's longer side (MediaPipe enlarges
 /// its detection rectangle 1.5 times).
 const ROI_SCALE: f64 = 1.5;

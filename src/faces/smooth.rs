@@ -21,7 +21,7 @@ use crate::frame::{Face, FaceFrame};
 /// cut inside a shot, a different face in the same place): its track is ended.
 pub const JUMP: f32 = 0.35;
 /// The largest `--smooth` sigma, in frames (the look-ahead holds twice as many frames).
-pub const MAX_SIGMA: f32 = 15.0;
+pub const MAX_SIGMA: f32 = crate::defaults::SMOOTH_MAX;
 /// Speed (share of the eye distance per frame) at which the smoothing window has narrowed to
 /// sigma / sqrt(2).
 const SPEED: f64 = 0.01;

@@ -23,10 +23,8 @@ use std::collections::HashMap;
 
 use crate::frame::FaceJob;
 
-/// Default memory of the filter, in frames (`--temporal`).
-pub const MEMORY: f32 = 4.0;
-/// The largest memory.
-pub const MAX_MEMORY: f32 = 30.0;
+/// The largest memory (`--temporal`).
+pub const MAX_MEMORY: f32 = crate::defaults::TEMPORAL_MAX;
 /// Input luma difference (levels, half-resolution crop) up to which a pixel's history keeps its
 /// full weight (sensor noise stays below it), and from which it has none (a real change).
 const ALIKE: f32 = 10.0;

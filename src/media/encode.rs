@@ -21,16 +21,49 @@ use crate::defaults::{CODEC as DEFAULT_CODEC, CRF as DEFAULT_CRF, CRF_VP9, PRESE
 pub const WEBM_CODECS: [&str; 3] = ["libvpx-vp9", "libaom-av1", "libsvtav1"];
 
 /// Encoder choices from the command line: `None` is the default for the container.
-#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
+/// Each field is its own flag (crf and preset reach the encoders that have them).
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, clap::Args)]
 pub struct EncodeSettings {
     /// FFmpeg encoder name; by default libx264, or a VP9/AV1 encoder for .webm.
+    #[arg(long, value_name = "NAME", help_heading = "Output", help = format!(
+        "FFmpeg video encoder [default: {}; for .webm the first of {} this FFmpeg has]",
+        crate::defaults::CODEC, WEBM_CODECS.join(", ")))]
     pub codec: Option<String>,
     /// Constant rate factor (x264/x265 default 18; VP9 31; AV1 encoders their own scale).
+    #[arg(long, value_name = "N", help_heading = "Output", value_parser = parse_crf, help = format!(
+        "Constant rate factor: lower is better quality and larger files [default: {} for x264/x265, {} for VP9; AV1 encoders their own]",
+        crate::defaults::CRF, crate::defaults::CRF_VP9))]
     pub crf: Option<u32>,
     /// x264/x265 preset (default medium).
+    #[arg(long, value_name = "NAME", help_heading = "Output",
+          help = format!("x264/x265 preset, ultrafast ... veryslow [default: {}]", crate::defaults::PRESET))]
     pub preset: Option<String>,
     /// JPEG and WebP still outputs: 1 to 100 (default `defaults::QUALITY`).
+    #[arg(long, value_name = "N", help_heading = "Output", value_parser = parse_quality, help = format!(
+        "JPEG and WebP image outputs: quality 1 (smallest file) to 100 (best picture) [default: {}]. PNG, TIFF and BMP outputs are lossless",
+        crate::defaults::QUALITY))]
     pub quality: Option<u32>,
+}
+
+/// A whole number of 0 or more, with a message that says what the flag wants (clap's own
+/// names the range of the integer type: `0..=4294967295`).
+fn parse_level(s: &str, what: &str) -> Result<u32, String> {
+    match s.trim().parse::<i64>() {
+        Ok(n) if n < 0 => Err(format!("{n} is below 0: {what}")),
+        Ok(n) => u32::try_from(n).map_err(|_| format!("{n} is too large: {what}")),
+        Err(_) => Err(format!("`{s}` is not a whole number: {what}")),
+    }
+}
+
+fn parse_crf(s: &str) -> Result<u32, String> {
+    parse_level(
+        s,
+        "give 0 (best quality, largest file) or more; each encoder has its own maximum",
+    )
+}
+
+fn parse_quality(s: &str) -> Result<u32, String> {
+    parse_level(s, "give 1 (smallest file) to 100 (best picture)")
 }
 
 /// The FFmpeg options an encoder gets: crf and preset only where that encoder has them.

@@ -28,8 +28,7 @@ pub use stages::align_face;
 pub use stream::{run_images, ImageDone, Outcome};
 
 use crate::engine::{Engine, Job};
-use crate::faces::smooth::Smoother;
-use crate::frame::{FaceFrame, Frame, Pool};
+use crate::frame::{FaceFrame, Frame};
 use crate::media::compare::Compare;
 use crate::media::decode::Decoder;
 use crate::media::still::Writer;
@@ -75,7 +74,8 @@ fn run_inner(
     let out_name = job.output.display().to_string();
     // Built before any thread starts: an output that cannot be created fails here.
     let out_src = output_source(job);
-    let encoder = Writer::create(partial, &out_src, &job.encode).with_context(|| format!("output {out_name}"))?;
+    let encoder =
+        Writer::create(partial, &out_src, &job.treatment.encode).with_context(|| format!("output {out_name}"))?;
     let faces_sink = job.faces_json.as_deref().map(sink::FacesSink::create).transpose()?;
     // An image stream may have left the detector at another picture's size.
     engine.detector.start(engine.key.det_size);
@@ -83,7 +83,7 @@ fn run_inner(
     run_wired(
         engine,
         job,
-        (decoder, turn, job.max_frames),
+        (decoder, turn, job.treatment.max_frames),
         (encoder, faces_sink),
         start,
         progress,
@@ -94,7 +94,7 @@ fn run_inner(
 fn output_source(job: &Job) -> crate::media::decode::SourceInfo {
     let mut out_src = job.source.clone();
     let (w, h) = job.source.upright_size();
-    (out_src.width, out_src.height) = Compare::output_size(job.compare, w, h);
+    (out_src.width, out_src.height) = Compare::output_size(job.view().compare, w, h);
     out_src
 }
 
@@ -142,7 +142,7 @@ pub fn run_segment(
 ) -> Result<SegmentDone> {
     let start = Instant::now();
     let out_src = output_source(job);
-    let encoder = crate::media::encode::Encoder::for_segment(out.packets, &out_src, &job.encode, out.ext)
+    let encoder = crate::media::encode::Encoder::for_segment(out.packets, &out_src, &job.treatment.encode, out.ext)
         .with_context(|| format!("segment file {}", out.packets.display()))?;
     let faces_sink = sink::FacesSink::create(out.faces)?;
     engine.detector.start(engine.key.det_size);
@@ -172,13 +172,8 @@ fn run_wired(
     progress: &(dyn Fn(u64) + Sync),
 ) -> Result<(Summary, Option<sink::FacesSink>)> {
     let middle = Middle {
-        mask: job.mask,
-        face_check: job.face_check,
-        // Always measured; filtered when its memory is above 0.
-        temporal: Some(job.temporal),
-        blend: job.blend,
-        compare: job.compare,
-        smoother: Some(Smoother::new(job.smooth)),
+        treatment: job.treatment.clone(),
+        video: true,
         flush: dispatch::Flush::Idle,
     };
     let (cancel, output) = (&job.cancel, job.output.as_path());
@@ -229,20 +224,28 @@ fn decoder_for(job: &Job, det: (usize, usize)) -> (Decoder, Option<stages::Turn>
 /// times the enhancer alone on).
 pub fn collect_crops(engine: &mut Engine, job: &Job, want: usize, max_frames: u64) -> Result<Vec<Vec<f32>>> {
     let size = engine.info.size;
-    let template = engine.info.template.clone();
     // An image stream may have left the detector at another picture's size.
     engine.detector.start(engine.key.det_size);
     let (decoder, turn) = decoder_for(job, engine.detector.size);
     let detector = &mut engine.detector;
-    let (rgb, det, crop) = (Pool::new(DEPTH), Pool::new(DEPTH), Pool::new(0));
+    let pools = wire::Pools::new(DEPTH, 0);
+    let ctx = wire::StageCtx {
+        treatment: &job.treatment,
+        size,
+        template: engine.info.template.points(size),
+        pools: &pools,
+        threads: 1,
+        temporal: false,
+    };
+    let (rgb, det, ctx) = (&pools.rgb, &pools.det, &ctx);
     let (dec_tx, dec_rx) = bounded::<Frame>(DEPTH);
     let (det_tx, det_rx) = bounded::<FaceFrame>(DEPTH);
     let (align_tx, align_rx) = bounded::<FaceFrame>(DEPTH);
     let cancel = &job.cancel;
     std::thread::scope(|s| {
-        let decode = s.spawn(|| stages::decode(decoder, turn, (&rgb, &det), Some(max_frames), cancel, dec_tx));
-        let detect = s.spawn(|| stages::detect(detector, &det, dec_rx, det_tx));
-        let align = s.spawn(|| stages::align(&template, size, (&crop, None), 1, det_rx, align_tx));
+        let decode = s.spawn(|| stages::decode(decoder, turn, (rgb, det), Some(max_frames), cancel, dec_tx));
+        let detect = s.spawn(|| stages::detect(detector, det, dec_rx, det_tx));
+        let align = s.spawn(|| stages::align(ctx, det_rx, align_tx));
         let mut crops = Vec::new();
         for ff in &align_rx {
             crops.extend(ff.faces.into_iter().map(|f| f.crop));

@@ -10,16 +10,16 @@ use crossbeam_channel::{Receiver, Sender};
 
 use super::pool;
 use super::sink::FacesSink;
+use super::wire::StageCtx;
 use super::DEPTH;
 use crate::engine::{CancelToken, Cancelled};
-use crate::faces::align::{filtered, push_texels, template_named, warp_cubic_loading, warp_face, WarpScratch};
+use crate::faces::align::{filtered, push_texels, warp_cubic_loading, warp_face, WarpScratch};
 use crate::faces::detect::{DetectCounts, Detector};
 use crate::faces::mesh::{self, Mesher};
 use crate::faces::paste::{apply_rgb, changes, Mask, MaskKind, Paste, Scratch};
 use crate::faces::smooth::Smoother;
-use crate::frame::{Face, FaceFrame, FaceJob, Frame, Picture, Pool};
+use crate::frame::{Face, FaceFrame, FaceJob, Frame, Picture, Pool, View};
 use crate::geom::{crop_footprint, fit_similarity, Affine, Rect};
-use crate::media::compare::Compare;
 use crate::media::decode::Decoder;
 use crate::media::still::Writer;
 use crate::stats::{thread_cpu_time, Clock, StageStat};
@@ -107,14 +107,13 @@ pub fn detect(
 /// and their outline, in frame pixels (for the record) and in the crop of `size` aligned to
 /// `template` by those points (for the mesh mask). Returns the stage's statistics and how many
 /// detections were dropped.
-pub fn mesh(
+pub(crate) fn mesh(
     meshers: &mut [Mesher],
-    face_check: f32,
-    (template, size): (&str, usize),
+    ctx: &StageCtx,
     rx: Receiver<FaceFrame>,
     tx: Sender<FaceFrame>,
 ) -> Result<(StageStat, u64)> {
-    let tpl = template_named(template, size);
+    let (tpl, face_check) = (&ctx.template, ctx.treatment.face_check);
     let threads = meshers.len();
     let free = std::sync::Mutex::new(meshers.iter_mut().collect::<Vec<_>>());
     let dropped = std::sync::atomic::AtomicU64::new(0);
@@ -158,7 +157,7 @@ pub fn mesh(
             }
             let five = found.five_points();
             let outline = found.outline();
-            let to_tpl = fit_similarity(&five, &tpl);
+            let to_tpl = fit_similarity(&five, tpl);
             job.outline_crop = Some(
                 outline
                     .iter()
@@ -181,15 +180,14 @@ pub fn mesh(
 /// Filters each track's change over time (see [`crate::faces::temporal`]); frames leave in
 /// order. The crops' luma goes back to `luma_pool`. Returns the stage's statistics and the
 /// run's flicker figures.
-pub fn temporal(
-    memory: f32,
-    (template, size): (&str, usize),
-    luma_pool: &Pool<Vec<f32>>,
+pub(crate) fn temporal(
+    ctx: &StageCtx,
     rx: Receiver<FaceFrame>,
     tx: Sender<FaceFrame>,
 ) -> Result<(StageStat, crate::faces::temporal::Flicker)> {
     let mut clock = Clock::new("temporal", DEPTH);
-    let mut filter = crate::faces::temporal::Temporal::new(memory, size, &template_named(template, size));
+    let luma_pool = &ctx.pools.luma;
+    let mut filter = crate::faces::temporal::Temporal::new(ctx.treatment.temporal, ctx.size, &ctx.template);
     while let Some(mut ff) = recv(&rx, &mut clock) {
         clock.time(|| filter.filter(ff.frame.index, &mut ff.faces, ff.frame.warm));
         for job in &mut ff.faces {
@@ -232,21 +230,16 @@ pub fn smooth(mut smoother: Smoother, rx: Receiver<FaceFrame>, tx: Sender<FaceFr
     Ok(clock.finish())
 }
 
-/// Aligns every face to the model's template and warps its crop (buffers from `crop_pool`), on
-/// `threads` threads; frames leave in order.
-pub fn align(
-    template: &str,
-    size: usize,
-    (crop_pool, luma_pool): (&Pool<Vec<f32>>, Option<&Pool<Vec<f32>>>),
-    threads: usize,
-    rx: Receiver<FaceFrame>,
-    tx: Sender<FaceFrame>,
-) -> Result<StageStat> {
-    let tpl = template_named(template, size);
+/// Aligns every face to the model's template and warps its crop (buffers from the crop pool;
+/// with the temporal filter, the crop's half-resolution luma too), on the pool stages' threads;
+/// frames leave in order.
+pub(crate) fn align(ctx: &StageCtx, rx: Receiver<FaceFrame>, tx: Sender<FaceFrame>) -> Result<StageStat> {
+    let (tpl, size, crop_pool) = (&ctx.template, ctx.size, &ctx.pools.crop);
+    let luma_pool = ctx.temporal.then_some(&ctx.pools.luma);
     let work = |scratch: &mut WarpScratch, ff: &mut FaceFrame| {
         for job in &mut ff.faces {
             let mut crop = crop_pool.get();
-            let (to_crop, region) = align_face(&mut ff.frame, &job.face, (&tpl, size), &mut crop, scratch);
+            let (to_crop, region) = align_face(&mut ff.frame, &job.face, (tpl, size), &mut crop, scratch);
             if let Some(pool) = luma_pool {
                 let mut luma = pool.get();
                 crate::faces::align::crop_luma_half(&crop, size, &mut luma);
@@ -256,7 +249,7 @@ pub fn align(
         }
         Ok(())
     };
-    pool::ordered("align", DEPTH, threads, WarpScratch::default, work, rx, tx)
+    pool::ordered("align", DEPTH, ctx.threads, WarpScratch::default, work, rx, tx)
 }
 
 /// Aligns one face of `f` to the template: makes sure the frame's RGB covers the face, warps
@@ -297,22 +290,16 @@ pub fn align_face(
     (to_crop, r)
 }
 
-/// Blends each frame's restored crops into it through the `mask` shape for the model's
-/// `template` (nothing at `blend` 0; overlapping faces by the larger mask), made the `compare`
-/// view if asked, on `threads` threads (frames leave in order); restored crops go back to
-/// `restored_pool`, the changes' buffers come from `change_pool` (and go back from the encode
-/// stage), the faces travel on for the record.
-pub fn paste_back(
-    (size, template, mask): (usize, &str, MaskKind),
-    blend: f32,
-    compare: Option<Compare>,
-    (restored_pool, change_pool): (&Pool<Vec<f32>>, &Pool<Vec<f32>>),
-    threads: usize,
-    rx: Receiver<FaceFrame>,
-    tx: Sender<FaceFrame>,
-) -> Result<StageStat> {
-    let kind = mask;
-    let mask = Mask::build(kind, size, &template_named(template, size));
+/// Blends each frame's restored crops into it through the treatment's mask shape for the
+/// model's template (nothing at blend 0; overlapping faces by the larger mask), made the compare
+/// view if asked (each frame's own view where it carries one), on the pool stages' threads
+/// (frames leave in order); restored crops go back to their pool, the changes' buffers come
+/// from theirs (and go back from the encode stage), the faces travel on for the record.
+pub(crate) fn paste_back(ctx: &StageCtx, rx: Receiver<FaceFrame>, tx: Sender<FaceFrame>) -> Result<StageStat> {
+    let (restored_pool, change_pool) = (&ctx.pools.restored, &ctx.pools.change);
+    let kind = ctx.treatment.mask;
+    let mask = Mask::build(kind, ctx.size, &ctx.template);
+    let view = ctx.treatment.view();
     let work = |(scratch, masks): &mut (Scratch, Vec<Mask>), ff: &mut FaceFrame| {
         if ff.frame.warm {
             // A warm-up frame is not written: nothing to paste.
@@ -323,26 +310,18 @@ pub fn paste_back(
             }
             return Ok(());
         }
-        let (blend, compare) = ff.frame.view.unwrap_or((blend, compare));
-        paste_frame(
-            ff,
-            (&mask, kind, masks),
-            blend,
-            compare,
-            scratch,
-            (restored_pool, change_pool),
-        );
+        let view = ff.frame.view.unwrap_or(view);
+        paste_frame(ff, (&mask, kind, masks), view, scratch, (restored_pool, change_pool));
         Ok(())
     };
-    pool::ordered("paste", DEPTH, threads, Default::default, work, rx, tx)
+    pool::ordered("paste", DEPTH, ctx.threads, Default::default, work, rx, tx)
 }
 
 /// Pastes one frame's restored faces (see [`paste_back`]).
 fn paste_frame(
     ff: &mut FaceFrame,
     (mask, kind, masks): (&Mask, MaskKind, &mut Vec<Mask>),
-    blend: f32,
-    compare: Option<Compare>,
+    View { blend, compare }: View,
     scratch: &mut Scratch,
     (restored_pool, change_pool): (&Pool<Vec<f32>>, &Pool<Vec<f32>>),
 ) {
@@ -515,7 +494,7 @@ mod tests {
             rgb: vec![0; w * h * 3],
             ..Frame::blank(0)
         };
-        let tpl = template_named("ffhq", size);
+        let tpl = crate::faces::align::template(size);
         for (angle, scale, tx, ty) in [
             (0.05, 0.8, 100.0, 60.0),
             (0.2, 1.1, 250.0, -30.0),

@@ -95,12 +95,8 @@ fn run_inner(
     engine.detector.reset();
     let fixed = engine.detector.fixed_size();
     let middle = Middle {
-        mask: first.mask,
-        face_check: first.face_check,
-        temporal: None,
-        blend: first.blend,
-        compare: first.compare,
-        smoother: None,
+        treatment: first.treatment.clone(),
+        video: false,
         flush: flush.map_or(Flush::Never, Flush::After),
     };
     // Pictures are opened and written on as many threads as the pool stages have: a photo's
@@ -173,7 +169,7 @@ fn decode(
             upright
         };
         let decoder = Decoder::new(job.source.clone(), stored, job.hwaccel_cuda);
-        let (blend, compare, dropped) = (job.blend, job.compare, job.cancel.flag());
+        let (view, dropped) = (job.view(), job.cancel.flag());
         table.lock().expect("no panic holds it").insert(k, (job, t));
         let mut sent = false;
         // A still has one picture; the first frame is the one written.
@@ -182,7 +178,7 @@ fn decode(
                 crate::media::orient::turn_frame(o, &mut f, stored, pools);
             }
             f.item = k;
-            f.view = Some((blend, compare));
+            f.view = Some(view);
             f.dropped = Some(dropped.clone());
             clock.add(t.elapsed(), crate::stats::thread_cpu_time().saturating_sub(c));
             clock.count(1);
@@ -291,8 +287,8 @@ fn write_picture(job: &Job, frame: &mut Frame) -> Result<()> {
     let written = (|| {
         let mut out_src = job.source.clone();
         let (w, h) = job.source.upright_size();
-        (out_src.width, out_src.height) = crate::media::compare::Compare::output_size(job.compare, w, h);
-        let mut writer = Writer::create(partial.path(), &out_src, &job.encode)?;
+        (out_src.width, out_src.height) = crate::media::compare::Compare::output_size(job.view().compare, w, h);
+        let mut writer = Writer::create(partial.path(), &out_src, &job.treatment.encode)?;
         writer.write(frame)?;
         writer.finish(false)
     })();

@@ -1,32 +1,32 @@
-//! The one wiring of the pipeline: in, an `Engine`, what sets the middle stages apart
-//! (`Middle`: mask, blend, compare view, smoothing or none, idle flush or none) and the two
-//! ends a caller brings (a decode stage that sends `Frame`s, an encode stage that receives
-//! `FaceFrame`s); out, the run's `Summary` and what the encode stage handed back.
+//! The one wiring of the pipeline: in, an `Engine`, the treatment whole and what sets a run
+//! apart (`Middle`: a video, or a stream of pictures with its flush), and the two ends a caller
+//! brings (a decode stage that sends `Frame`s, an encode stage that receives `FaceFrame`s);
+//! out, the run's `Summary` and what the encode stage handed back.
 //!
 //! ```text
-//!  decode ─> detect ─> [mesh] ─> [smooth] ─> align ─> dispatch ═╦═> worker 0 ═╦═> dispatch ─> [temporal] ─> paste ─> encode
-//!  (caller's)                                                     ╚═> worker 1 ═╝                                     (caller's)
+//!  decode ─> detect ─> [mesh] ─> [smooth] ─> align ─> enhance (dispatch ═╦═ worker 0 ═╦═) ─> [temporal] ─> paste ─> encode
+//!  (caller's)                                                            ╚═ worker 1 ═╝                            (caller's)
 //! ```
-//! A video run and an image stream both run through [`wire`]; only their real differences
-//! stay with them: how frames are decoded and written, smoothing (videos only) and the
-//! dispatcher's idle flush (videos only). Every stage is a scoped thread joined to the next by
-//! a bounded channel of `DEPTH` items; the pools are sized from the queues and stages built
-//! here, so a new stage changes the count by itself.
+//! The line is data: [`plan`] lists the stages a run builds (the optional ones each by one
+//! line), the pools are sized from that list ([`Pools::for_plan`]), and [`Line::then`] spawns
+//! each stage on a scoped thread joined to the one before by a bounded channel of `DEPTH`
+//! frames. Every stage borrows what it reads from one [`StageCtx`] built here.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{anyhow, Result};
 use crossbeam_channel::{bounded, unbounded, Receiver, Sender};
 
-use super::dispatch::{self, held_frames, Batch, Restored};
+use super::dispatch::{self, held_frames, Batch, Flush, Restored};
 use super::stages;
 use crate::engine::Engine;
-use crate::faces::paste::MaskKind;
 use crate::faces::smooth::Smoother;
+use crate::faces::temporal::Flicker;
 use crate::frame::{FaceFrame, Frame, Pool};
-use crate::media::compare::Compare;
 use crate::runtime::Target;
 use crate::stats::{gpu_memory_by_index, peak_rss, StageStat, Summary, WorkerStat};
+use crate::treatment::Treatment;
 
 /// Frames in flight between two stages.
 pub(crate) const DEPTH: usize = 4;
@@ -45,13 +45,8 @@ pub(crate) struct Pools {
 }
 
 impl Pools {
-    /// Pools for `queues` frame queues of `DEPTH` between `stages` stages, with what the
-    /// smoother (`smooth_held` frames) and the dispatcher hold besides.
-    fn new(queues: usize, stages: usize, smooth_held: usize, batch: usize, n_workers: usize) -> Self {
-        // Every queue full, one frame in (or blocked sending from) each stage, one spare.
-        let frames = queues * DEPTH + stages + 1 + smooth_held + held_frames(batch, n_workers);
-        // One crop per face of the frames in flight, plus the batches at the workers.
-        let crops = frames + 2 * batch * n_workers;
+    /// Pools for `frames` frames in flight and `crops` crops.
+    pub(crate) fn new(frames: usize, crops: usize) -> Self {
         Self {
             rgb: Pool::new(frames),
             det: Pool::new(frames),
@@ -61,23 +56,40 @@ impl Pools {
             luma: Pool::new(crops),
         }
     }
+
+    /// Pools for the stages of `plan`: every queue full, one frame in each stage (and what it
+    /// holds besides), the decode and encode stages' own, one spare; one crop per face of those
+    /// frames plus the batches at the workers.
+    fn for_plan(plan: &[Step], ctx: &Sizes) -> Self {
+        let frames = DEPTH + 1 + plan.iter().map(|s| s.holds(ctx)).sum::<usize>() + 1 + 1;
+        Self::new(frames, frames + 2 * ctx.batch * ctx.workers)
+    }
 }
 
-/// What sets the middle of a pipeline apart.
+/// What sets a run's middle apart.
 pub(crate) struct Middle {
-    pub mask: MaskKind,
-    /// The face mesh's presence threshold (with a mesh).
-    pub face_check: f32,
-    /// Memory of the temporal filter of the model's change, when it runs (videos; it needs the
-    /// smoother's tracks).
-    pub temporal: Option<f32>,
-    pub blend: f32,
-    pub compare: Option<Compare>,
-    /// Each tracked face's points smoothed over time; `None` in an image stream, where every
-    /// picture is a scene of its own.
-    pub smoother: Option<Smoother>,
+    /// Everything that changes the output, whole.
+    pub treatment: Arc<Treatment>,
+    /// A video: its faces' points smoothed over time and its change filtered along their
+    /// tracks. A stream of pictures has neither: every picture is a scene of its own.
+    pub video: bool,
     /// When the dispatcher sends a partial batch (see [`dispatch::dispatch`]).
-    pub flush: dispatch::Flush,
+    pub flush: Flush,
+}
+
+/// What every stage of one pipeline reads: the treatment, the model's crop side and template
+/// points, the pools and the width of the pool stages.
+pub(crate) struct StageCtx<'a> {
+    pub treatment: &'a Treatment,
+    /// The model's crop side.
+    pub size: usize,
+    /// The model's alignment template scaled to the crop.
+    pub template: [[f32; 2]; 5],
+    pub pools: &'a Pools,
+    /// Threads of each pool stage (alignment, paste).
+    pub threads: usize,
+    /// Whether the temporal filter runs (alignment then keeps each crop's luma for it).
+    pub temporal: bool,
 }
 
 /// What an encode stage reports: its clock, the faces it wrote, the frames with faces, and
@@ -89,10 +101,89 @@ pub(crate) struct Encoded<T> {
     pub extra: T,
 }
 
-/// Runs `decode -> detect -> [smooth] -> align -> dispatch/workers -> paste -> encode` on
-/// `engine` to the end of `decode`'s frames. `start` is when the run began (for the wall
-/// time). The first failing stage in pipeline order is the error reported; later ones only
-/// saw it stop.
+/// A middle stage, in pipeline order.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Step {
+    Detect,
+    Mesh,
+    Smooth,
+    Align,
+    Enhance,
+    Temporal,
+    Paste,
+}
+
+/// What the frame count of a stage depends on.
+struct Sizes {
+    threads: usize,
+    mesh_threads: usize,
+    smooth_held: usize,
+    batch: usize,
+    workers: usize,
+}
+
+impl Step {
+    /// Frames the stage may hold: its input queue, the one it works on, and what it keeps
+    /// besides (a pool stage's other threads and their reorder buffer, the smoother's
+    /// look-ahead, the dispatcher's frames waiting for their faces).
+    fn holds(self, s: &Sizes) -> usize {
+        DEPTH
+            + 1
+            + match self {
+                Step::Align | Step::Paste => 3 * (s.threads - 1),
+                Step::Mesh => 3 * (s.mesh_threads - 1),
+                Step::Smooth => s.smooth_held,
+                Step::Enhance => held_frames(s.batch, s.workers),
+                Step::Detect | Step::Temporal => 0,
+            }
+    }
+}
+
+/// The stages a run builds: the optional ones each by one line.
+fn plan(engine: &Engine, middle: &Middle) -> Vec<Step> {
+    let mut steps = vec![Step::Detect];
+    steps.extend((!engine.meshers.is_empty()).then_some(Step::Mesh));
+    steps.extend(middle.video.then_some(Step::Smooth));
+    steps.extend([Step::Align, Step::Enhance]);
+    // Always measured in a video; filtered when its memory is above 0.
+    steps.extend(middle.video.then_some(Step::Temporal));
+    steps.push(Step::Paste);
+    steps
+}
+
+/// What a middle stage hands back when joined.
+enum Out {
+    Stage(StageStat),
+    /// The mesh stage and the detections it dropped.
+    Mesh(StageStat, u64),
+    Temporal(StageStat, Flicker),
+    Enhance(dispatch::DispatchStat, Vec<WorkerStat>),
+}
+
+/// The line of stages being built inside one thread scope: the receiving end of the last
+/// stage's queue, and each stage's thread in pipeline order.
+struct Line<'s> {
+    rx: Receiver<FaceFrame>,
+    joins: Vec<(&'static str, std::thread::ScopedJoinHandle<'s, Result<Out>>)>,
+}
+
+impl<'s> Line<'s> {
+    /// Adds the stage `name`, run by `f` from the line's end into a new queue.
+    fn then<'e>(
+        &mut self,
+        s: &'s std::thread::Scope<'s, 'e>,
+        name: &'static str,
+        f: impl FnOnce(Receiver<FaceFrame>, Sender<FaceFrame>) -> Result<Out> + Send + 's,
+    ) {
+        let (tx, rx) = bounded::<FaceFrame>(DEPTH);
+        let input = std::mem::replace(&mut self.rx, rx);
+        self.joins.push((name, s.spawn(move || f(input, tx))));
+    }
+}
+
+/// Runs `decode -> detect -> ... -> paste -> encode` on `engine` to the end of `decode`'s
+/// frames. `start` is when the run began (for the wall time). The first failing stage in
+/// pipeline order is the error reported; later ones only saw it stop.
 pub(crate) fn wire<T: Send>(
     engine: &mut Engine,
     middle: Middle,
@@ -100,142 +191,144 @@ pub(crate) fn wire<T: Send>(
     decode: impl FnOnce(&Pools, Sender<Frame>) -> Result<StageStat> + Send,
     encode: impl FnOnce(&Pools, Receiver<FaceFrame>) -> Result<Encoded<T>> + Send,
 ) -> Result<(Summary, T)> {
-    let (size, batch, threads) = (engine.info.size, engine.batch, engine.pool_threads);
-    let template = engine.info.template.clone();
-    let worker_targets: Vec<Target> = engine.workers.iter().map(|w| w.target.clone()).collect();
-    let n_workers = engine.workers.len();
-    let (detector, workers, meshers) = (&mut engine.detector, &mut engine.workers, &mut engine.meshers);
-    let Middle {
-        mask,
-        face_check,
-        temporal,
-        blend,
-        compare,
-        smoother,
-        flush,
-    } = middle;
-    // Every frame queue is made here, counted as it is made: the pools are sized from them.
-    let (dec_tx, dec_rx) = bounded::<Frame>(DEPTH);
-    let mut queues = 1;
-    let mut queue = || {
-        queues += 1;
-        bounded::<FaceFrame>(DEPTH)
+    let steps = plan(engine, &middle);
+    let smoother = middle.video.then(|| Smoother::new(middle.treatment.smooth));
+    let sizes = Sizes {
+        threads: engine.pool_threads,
+        mesh_threads: engine.meshers.len().max(1),
+        smooth_held: smoother.as_ref().map_or(0, Smoother::capacity),
+        batch: engine.batch,
+        workers: engine.workers.len(),
     };
-    let (det_tx, det_rx) = queue();
-    let mesh_queue = (!meshers.is_empty()).then(&mut queue);
-    let mesh_threads = meshers.len().max(1);
-    let smooth_queue = smoother.as_ref().map(|_| queue());
-    let (align_tx, align_rx) = queue();
-    let (enh_tx, enh_rx) = queue();
-    // The temporal filter needs the smoother's tracks.
-    let temporal = temporal.filter(|_| smoother.is_some());
-    let temporal_queue = temporal.is_some().then(&mut queue);
-    let (paste_tx, paste_rx) = queue();
-    let (batch_tx, batch_rx) = bounded::<Batch>(2 * n_workers);
-    let (done_tx, done_rx) = unbounded::<Result<Restored>>();
-    // One stage drains each queue, and the encode stage ends the line; each extra thread of
-    // the two pool stages holds a frame, and its reorder buffer up to about two more (see
-    // `pool::ordered`).
-    let smooth_held = smoother.as_ref().map_or(0, Smoother::capacity);
-    let stages = queues + 1 + 2 * 3 * (threads - 1) + 3 * (mesh_threads - 1);
-    let pools = Pools::new(queues, stages, smooth_held, batch, n_workers);
-    let tpl = template.as_str();
-
+    let pools = Pools::for_plan(&steps, &sizes);
+    let worker_targets: Vec<Target> = engine.workers.iter().map(|w| w.target.clone()).collect();
+    let ctx = StageCtx {
+        treatment: &middle.treatment,
+        size: engine.info.size,
+        template: engine.info.template.points(engine.info.size),
+        pools: &pools,
+        threads: engine.pool_threads,
+        temporal: steps.contains(&Step::Temporal),
+    };
+    let (ctx, flush, batch) = (&ctx, middle.flush, engine.batch);
+    // Each taken by the one stage that runs it.
+    let detector = &mut engine.detector;
+    let (mut meshers, mut workers, mut smoother) = (Some(&mut engine.meshers), Some(&mut engine.workers), smoother);
     std::thread::scope(|s| {
-        let p = &pools;
-        let decode = s.spawn(move || decode(p, dec_tx));
-        let detect = s.spawn(move || stages::detect(detector, &p.det, dec_rx, det_tx));
-        // Without a mesh, detection feeds smoothing directly.
-        let (mesh, mesh_out) = match mesh_queue {
-            Some((tx, rx)) => (
-                Some(s.spawn(move || stages::mesh(meshers, face_check, (tpl, size), det_rx, tx))),
-                rx,
-            ),
-            None => (None, det_rx),
+        let (dec_tx, dec_rx) = bounded::<Frame>(DEPTH);
+        let decode = s.spawn(move || decode(ctx.pools, dec_tx));
+        // The detect stage turns frames into face frames: the line starts after it.
+        let (det_tx, det_rx) = bounded::<FaceFrame>(DEPTH);
+        let detect = s.spawn(move || stages::detect(detector, &ctx.pools.det, dec_rx, det_tx));
+        let mut line = Line {
+            rx: det_rx,
+            joins: Vec::new(),
         };
-        // Without smoothing, it feeds alignment.
-        let (smooth, align_in) = match (smoother, smooth_queue) {
-            (Some(smoother), Some((tx, rx))) => (Some(s.spawn(move || stages::smooth(smoother, mesh_out, tx))), rx),
-            _ => (None, mesh_out),
+        for step in steps.iter().skip(1) {
+            match step {
+                Step::Mesh => {
+                    let meshers = meshers.take().expect("one mesh stage");
+                    line.then(s, "mesh", move |rx, tx| {
+                        stages::mesh(meshers, ctx, rx, tx).map(|(st, n)| Out::Mesh(st, n))
+                    });
+                }
+                Step::Smooth => {
+                    let smoother = smoother.take().expect("planned with a smoother");
+                    line.then(s, "smooth", move |rx, tx| {
+                        stages::smooth(smoother, rx, tx).map(Out::Stage)
+                    });
+                }
+                Step::Align => line.then(s, "align", move |rx, tx| stages::align(ctx, rx, tx).map(Out::Stage)),
+                Step::Enhance => {
+                    let workers = workers.take().expect("one enhance stage");
+                    line.then(s, "dispatch", move |rx, tx| enhance(workers, batch, ctx, flush, rx, tx));
+                }
+                Step::Temporal => line.then(s, "temporal", move |rx, tx| {
+                    stages::temporal(ctx, rx, tx).map(|(st, f)| Out::Temporal(st, f))
+                }),
+                Step::Paste => line.then(s, "paste", move |rx, tx| {
+                    stages::paste_back(ctx, rx, tx).map(Out::Stage)
+                }),
+                Step::Detect => unreachable!("the first stage"),
+            }
+        }
+        let Line { rx, joins } = line;
+        let encode = s.spawn(move || encode(ctx.pools, rx));
+
+        let decode = joined("decode", decode.join())?;
+        let (detect, counts) = joined("detect", detect.join())?;
+        let mut summary = Summary {
+            detect: counts,
+            stages: vec![decode, detect],
+            ..Summary::default()
         };
-        let luma = temporal.is_some().then_some(&p.luma);
-        let align = s.spawn(move || stages::align(tpl, size, (&p.crop, luma), threads, align_in, align_tx));
-        let worker_threads: Vec<_> = workers
+        for (name, h) in joins {
+            summary.add(joined(name, h.join())?, &worker_targets);
+        }
+        let encoded = joined("encode", encode.join())?;
+        summary.frames = encoded.stage.items;
+        summary.faces = encoded.faces;
+        summary.frames_with_faces = encoded.frames_with_faces;
+        summary.stages.push(encoded.stage);
+        summary.wall = start.elapsed();
+        summary.peak_rss = peak_rss();
+        Ok((summary, encoded.extra))
+    })
+}
+
+impl Summary {
+    /// Adds a joined middle stage's figures.
+    fn add(&mut self, out: Out, targets: &[Target]) {
+        match out {
+            Out::Stage(st) => self.stages.push(st),
+            Out::Mesh(st, not_faces) => {
+                self.stages.push(st);
+                self.detect.not_faces = not_faces;
+            }
+            Out::Temporal(st, flicker) => {
+                self.stages.push(st);
+                self.flicker = Some(flicker);
+            }
+            Out::Enhance(d, mut workers) => {
+                self.stages.push(d.stage);
+                (self.batches, self.held_max) = (d.batches, d.held_max);
+                add_gpu_memory(&mut workers, targets);
+                self.workers = workers;
+            }
+        }
+    }
+}
+
+/// The dispatcher on this thread and one thread per enhancement worker: crops gathered into
+/// batches, each to whichever worker is free, frames out in order once their faces are back.
+fn enhance(
+    workers: &mut [crate::faces::enhance::Worker],
+    batch: usize,
+    ctx: &StageCtx,
+    flush: Flush,
+    rx: Receiver<FaceFrame>,
+    tx: Sender<FaceFrame>,
+) -> Result<Out> {
+    let n = workers.len();
+    let (batch_tx, batch_rx) = bounded::<Batch>(2 * n);
+    let (done_tx, done_rx) = unbounded::<Result<Restored>>();
+    std::thread::scope(|s| {
+        let threads: Vec<_> = workers
             .iter_mut()
             .map(|w| {
                 let (rx, tx) = (batch_rx.clone(), done_tx.clone());
-                s.spawn(move || dispatch::work(w, batch, size, &rx, &tx, &p.restored))
+                s.spawn(move || dispatch::work(w, batch, ctx.size, &rx, &tx, &ctx.pools.restored))
             })
             .collect();
         drop((batch_rx, done_tx));
-        let dispatch = s.spawn(move || {
-            dispatch::dispatch(align_rx, &batch_tx, &done_rx, &enh_tx, batch, n_workers, &p.crop, flush)
-        });
-        // With the temporal filter, the dispatcher's frames go through it to the paste.
-        let (temporal, paste_in) = match (temporal, temporal_queue) {
-            (Some(memory), Some((tx, rx))) => (
-                Some(s.spawn(move || stages::temporal(memory, (tpl, size), &p.luma, enh_rx, tx))),
-                rx,
-            ),
-            _ => (None, enh_rx),
-        };
-        let paste = s.spawn(move || {
-            stages::paste_back(
-                (size, tpl, mask),
-                blend,
-                compare,
-                (&p.restored, &p.change),
-                threads,
-                paste_in,
-                paste_tx,
-            )
-        });
-        let encode = s.spawn(move || encode(p, paste_rx));
-
-        let mut stages = vec![joined("decode", decode.join())?];
-        let (detect, mut detect_counts) = joined("detect", detect.join())?;
-        stages.push(detect);
-        if let Some(mesh) = mesh {
-            let (stage, not_faces) = joined("mesh", mesh.join())?;
-            stages.push(stage);
-            detect_counts.not_faces = not_faces;
-        }
-        if let Some(smooth) = smooth {
-            stages.push(joined("smooth", smooth.join())?);
-        }
-        stages.push(joined("align", align.join())?);
-        let dispatch = joined("dispatch", dispatch.join())?;
-        stages.push(dispatch.stage);
-        let mut worker_stats = Vec::new();
-        for t in worker_threads {
-            worker_stats.push(joined("enhance worker", t.join())?);
-        }
-        add_gpu_memory(&mut worker_stats, &worker_targets);
-        let mut flicker = None;
-        if let Some(temporal) = temporal {
-            let (stage, f) = joined("temporal", temporal.join())?;
-            stages.push(stage);
-            flicker = Some(f);
-        }
-        stages.push(joined("paste", paste.join())?);
-        let encoded = joined("encode", encode.join())?;
-        let frames = encoded.stage.items;
-        stages.push(encoded.stage);
-
-        let summary = Summary {
-            frames,
-            faces: encoded.faces,
-            frames_with_faces: encoded.frames_with_faces,
-            batches: dispatch.batches,
-            held_max: dispatch.held_max,
-            detect: detect_counts,
-            wall: start.elapsed(),
-            stages,
-            workers: worker_stats,
-            peak_rss: peak_rss(),
-            flicker,
-        };
-        Ok((summary, encoded.extra))
+        let stat = dispatch::dispatch(rx, &batch_tx, &done_rx, &tx, batch, n, &ctx.pools.crop, flush);
+        drop(batch_tx);
+        let stat = stat?;
+        let workers = threads
+            .into_iter()
+            .map(|t| joined("enhance worker", t.join()))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Out::Enhance(stat, workers))
     })
 }
 

@@ -199,8 +199,8 @@ impl Registry {
                     if e.input_size == 0 || e.template.is_empty() {
                         bail!("{n}: an enhancer needs input_size and template");
                     }
-                    if !matches!(e.template.as_str(), "ffhq" | "arcface_128") {
-                        bail!("{n}: unknown template `{}` (ffhq or arcface_128)", e.template);
+                    if let Err(why) = e.template.parse::<crate::faces::align::Template>() {
+                        bail!("{n}: {why}");
                     }
                 }
                 Kind::Detector => {

@@ -127,7 +127,7 @@ impl Work {
         };
         let t = &settings.recipe.treatment;
         let warm = (plan::warm_up(t), plan::look_ahead(t));
-        let frames = job.max_frames.unwrap_or(u64::MAX);
+        let frames = job.treatment.max_frames.unwrap_or(u64::MAX);
         let segments = plan::cut(&scan, f64::from(src.time_base), seconds, frames, warm);
         if segments.len() < 2 {
             if dir.exists() {
@@ -297,13 +297,17 @@ impl Work {
         let src = &job.source;
         let mut out_src = src.clone();
         let (w, h) = src.upright_size();
-        (out_src.width, out_src.height) = crate::media::compare::Compare::output_size(job.compare, w, h);
+        (out_src.width, out_src.height) = crate::media::compare::Compare::output_size(job.view().compare, w, h);
         let partial = Partial::beside(&job.output)?;
         let result = (|| -> Result<u64> {
             let first = crate::media::packets::PacketReader::open(&self.seg_path(0))?;
-            let mut muxer =
-                crate::media::encode::Muxer::for_join(partial.path(), &out_src, &job.encode, &first.extradata)
-                    .with_context(|| format!("output {}", job.output.display()))?;
+            let mut muxer = crate::media::encode::Muxer::for_join(
+                partial.path(),
+                &out_src,
+                &job.treatment.encode,
+                &first.extradata,
+            )
+            .with_context(|| format!("output {}", job.output.display()))?;
             drop(first);
             let mut packets = 0u64;
             let mut last_dts: Option<i64> = None;
@@ -323,7 +327,7 @@ impl Work {
                     packets += 1;
                 }
             }
-            let cut = job.max_frames.is_some_and(|m| m <= self.frames());
+            let cut = job.treatment.max_frames.is_some_and(|m| m <= self.frames());
             muxer.finish(cut)?;
             Ok(packets)
         })();

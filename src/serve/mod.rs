@@ -550,10 +550,10 @@ async fn answer(app: &Arc<App>, q: RestoreQuery, body: Body, start: Instant) -> 
         }
         Err(_) => return Answer::error(StatusCode::INTERNAL_SERVER_ERROR, Outcome::Error, "internal error"),
     };
-    if let Some(b) = q.blend {
-        job.blend = b;
-    }
-    job.compare = compare;
+    job.view = Some(crate::frame::View {
+        blend: q.blend.unwrap_or(job.treatment.blend),
+        compare,
+    });
     let (reply, result) = tokio::sync::oneshot::channel();
     let sent = app
         .tx

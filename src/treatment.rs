@@ -1,0 +1,132 @@
+//! The treatment: in, the flags that change what a job writes (parsed by clap from this one
+//! declaration); out, one checked value, `Treatment`, that jobs and engines hold whole (an
+//! `Arc`) and every stage reads its part of.
+
+use anyhow::{bail, Result};
+use serde::Serialize;
+
+use crate::defaults;
+use crate::faces::detect::DetectSettings;
+use crate::faces::paste::MaskKind;
+use crate::frame::{Compare, View};
+use crate::media::encode::EncodeSettings;
+use crate::output::check_encoder;
+
+/// How every frame of a job is treated: all that changes what a job writes, besides its input
+/// and the model, detector and mesh files. Each field is its own command-line flag (its help is
+/// the doc comment, its default in `defaults.rs`), checked once by [`Treatment::check`], and
+/// carried whole (an `Arc`, in every `Job`) to the stages, which read what they need from it;
+/// the manifest's hash covers every field by itself. A new option that changes the output is a
+/// field here, its default, the stage that acts on it and its line in the hash test's `FLAGS`.
+#[derive(Clone, Debug, PartialEq, Serialize, clap::Args)]
+pub struct Treatment {
+    /// Face crops per model call, gathered across consecutive frames (a model with a fixed
+    /// batch dimension runs its own size).
+    #[arg(long, value_name = "N", default_value_t = defaults::BATCH,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=256), help_heading = "Model")]
+    pub batch: usize,
+    /// Half precision: TensorRT's fp16 mode with --trt, else the model must be an fp16 export.
+    #[arg(long, help_heading = "Model")]
+    pub fp16: bool,
+    #[command(flatten)]
+    pub detection: DetectSettings,
+    /// How much of the restored face to blend in: 0 keeps the original, 1 the restored face.
+    #[arg(long, default_value_t = defaults::BLEND, value_name = "0..1", help_heading = "Output")]
+    pub blend: f32,
+    /// Temporal smoothing of each tracked face's points before alignment: the Gaussian's sigma
+    /// in frames (the output runs 2 sigma frames behind the detector). 0 turns it off.
+    #[arg(long, default_value_t = defaults::SMOOTH, value_name = "FRAMES", help_heading = "Output")]
+    pub smooth: f32,
+    /// Paste mask: `mesh` (each face's own outline from the face mesh, forehead to chin; the
+    /// ellipse without a mesh), `face` (an ellipse over face, forehead and hairline placed by
+    /// the template) or `box` (the whole crop). All feathered.
+    #[arg(long, default_value = defaults::MASK, value_enum, help_heading = "Output")]
+    pub mask: MaskKind,
+    /// Drop a detection when the face mesh's face-presence probability is below this (0 keeps
+    /// every detection).
+    #[arg(long, value_name = "0..1", default_value_t = defaults::FACE_CHECK, help_heading = "Detection")]
+    pub face_check: f32,
+    /// Temporal filter of the model's change: how many frames of detail it averages along each
+    /// face's track (where the face's own pixels did not change), so restored detail does not
+    /// shimmer; a real change (a mouth opening) is followed at once. 0 turns it off. Videos only.
+    #[arg(long, value_name = "FRAMES", default_value_t = defaults::TEMPORAL, help_heading = "Output")]
+    pub temporal: f32,
+    /// Write a before/after view instead of the restored picture alone: `side` (original left,
+    /// restored right, twice the width) or `split` (left half original, right half restored).
+    #[arg(long, value_enum, value_name = "VIEW", help_heading = "Output")]
+    pub compare: Option<Compare>,
+    #[command(flatten)]
+    pub encode: EncodeSettings,
+    /// Stop after this many frames.
+    #[arg(long = "frames", id = "frames", value_name = "N", value_parser = clap::value_parser!(u64).range(1..), help_heading = "Input")]
+    pub max_frames: Option<u64>,
+}
+
+/// The treatment's flags alone, parsed from nothing: every default, from `defaults.rs`.
+#[derive(clap::Parser)]
+struct DefaultTreatment {
+    #[command(flatten)]
+    treatment: Treatment,
+}
+
+impl Default for Treatment {
+    fn default() -> Self {
+        <DefaultTreatment as clap::Parser>::parse_from(["gpen-video"]).treatment
+    }
+}
+
+impl Treatment {
+    /// How each picture is shown: the blend and the compare view (a request may override it,
+    /// see `engine::Job::view`).
+    pub fn view(&self) -> View {
+        View {
+            blend: self.blend,
+            compare: self.compare,
+        }
+    }
+
+    /// Checks every range (NaN fails every comparison, so each range accepts only good values).
+    pub fn check(&self) -> Result<()> {
+        let in_range = |v: f32, lo: f32, hi: f32| (lo..=hi).contains(&v);
+        if !in_range(self.blend, 0.0, 1.0) {
+            bail!("--blend must be between 0 and 1, got {}", self.blend);
+        }
+        if !in_range(self.smooth, 0.0, defaults::SMOOTH_MAX) {
+            bail!(
+                "--smooth must be between 0 (off) and {} frames, got {}",
+                defaults::SMOOTH_MAX,
+                self.smooth
+            );
+        }
+        if !in_range(self.temporal, 0.0, defaults::TEMPORAL_MAX) {
+            bail!(
+                "--temporal must be between 0 (off) and {} frames, got {}",
+                defaults::TEMPORAL_MAX,
+                self.temporal
+            );
+        }
+        if !in_range(self.face_check, 0.0, 1.0) {
+            bail!(
+                "--face-check must be between 0 (keep every detection) and 1, got {}",
+                self.face_check
+            );
+        }
+        if self.batch == 0 {
+            bail!("--batch must be at least 1");
+        }
+        let d = &self.detection;
+        if !(d.threshold > 0.0 && d.threshold <= 1.0) {
+            bail!(
+                "--det-threshold must be above 0 and at most 1, got {} (0 would take every detector cell for a face)",
+                d.threshold
+            );
+        }
+        if d.det_size < 32 {
+            bail!("--det-size must be at least 32 pixels, got {}", d.det_size);
+        }
+        if d.max_faces == 0 {
+            bail!("--max-faces must be at least 1");
+        }
+        check_encoder(&self.encode)
+    }
+}
