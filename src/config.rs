@@ -13,7 +13,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use serde::Serialize;
 
 use crate::defaults;
-use crate::engine::{CancelToken, Engine, EngineKey, EngineSpec, Job};
+use crate::engine::{CancelToken, Engine, EngineKey, EngineSpec, Job, Kind, KindExt};
 use crate::faces::detect::det_size;
 use crate::faces::enhance::Fault;
 use crate::faces::paste::MaskKind;
@@ -337,7 +337,7 @@ impl Settings {
     /// One clip's work: the source probed, OUT and the side outputs checked, nothing loaded.
     pub fn job(&self, input: &Path, output: &Path, cancel: CancelToken) -> Result<Job> {
         crate::output::check_not_pattern(input, "input")?;
-        let source = probe(input)?;
+        let source = probe(input).kind(Kind::BadInput)?;
         let t = &self.recipe.treatment;
         accept_output(input, output, &t.encode)?;
         // What an earlier run of this output left when it was killed (a live run's is kept).
@@ -363,6 +363,29 @@ impl Settings {
             view: None,
             hwaccel_cuda: self.hwaccel_cuda,
             faces_json: self.faces_json.clone(),
+            cancel,
+        })
+    }
+
+    /// A picture that lives in memory (a service's upload, `in_ext` its format) restored into
+    /// memory as `out_ext`: nothing is read from or written to the file system.
+    pub fn job_in_memory(
+        &self,
+        bytes: std::sync::Arc<[u8]>,
+        in_ext: &str,
+        out_ext: &str,
+        cancel: CancelToken,
+    ) -> Result<Job> {
+        let source =
+            crate::media::decode::probe_memory(Path::new(&format!("upload.{in_ext}")), bytes).kind(Kind::BadInput)?;
+        Ok(Job {
+            source,
+            output: PathBuf::from(format!("restored.{out_ext}")),
+            to_memory: true,
+            treatment: self.recipe.treatment.clone(),
+            view: None,
+            hwaccel_cuda: false,
+            faces_json: None,
             cancel,
         })
     }

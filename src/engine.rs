@@ -107,6 +107,86 @@ pub fn is_cancelled(e: &anyhow::Error) -> bool {
     e.chain().any(|c| c.is::<Cancelled>())
 }
 
+/// What kind of failure an error is, whatever its words: a service answers by it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// The input cannot be read (not a picture or video, damaged, refused).
+    BadInput,
+    /// The input or what was asked of it is larger than allowed.
+    TooLarge,
+    /// Stopped on purpose (Ctrl-C, a stop, a request no longer wanted).
+    Cancelled,
+    /// Not done within its deadline.
+    Deadline,
+    /// No room for more work now; try again later.
+    Busy,
+    /// The client did not send its input in time.
+    Slow,
+    /// The model or the machine failed (what an error without a kind is).
+    Engine,
+    /// Writing an output failed.
+    Io,
+}
+
+/// An error marked with its [`Kind`]; it reads as the error it wraps.
+#[derive(Debug)]
+pub struct Failure {
+    pub kind: Kind,
+    inner: anyhow::Error,
+}
+
+impl Failure {
+    /// A new error of `kind` saying `message`.
+    pub fn error(kind: Kind, message: impl Into<String>) -> anyhow::Error {
+        Failure {
+            kind,
+            inner: anyhow::Error::msg(message.into()),
+        }
+        .into()
+    }
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(&self.inner, f)
+    }
+}
+
+impl std::error::Error for Failure {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.inner.chain().nth(1)
+    }
+}
+
+/// Marks an error with its kind.
+pub trait KindExt<T> {
+    fn kind(self, kind: Kind) -> Result<T>;
+}
+
+impl<T> KindExt<T> for Result<T> {
+    fn kind(self, kind: Kind) -> Result<T> {
+        self.map_err(|inner| Failure { kind, inner }.into())
+    }
+}
+
+/// The kind of `e`: the first mark in its chain, a [`Cancelled`], an input refused for naming
+/// other resources (bad input), else an engine failure.
+pub fn kind_of(e: &anyhow::Error) -> Kind {
+    e.chain()
+        .find_map(|c| {
+            if let Some(f) = c.downcast_ref::<Failure>() {
+                Some(f.kind)
+            } else if c.is::<Cancelled>() {
+                Some(Kind::Cancelled)
+            } else if c.is::<crate::media::input::Refused>() {
+                Some(Kind::BadInput)
+            } else {
+                None
+            }
+        })
+        .unwrap_or(Kind::Engine)
+}
+
 /// One clip's work: its source, its output and the treatment it runs under, held whole.
 #[derive(Clone)]
 pub struct Job {

@@ -22,9 +22,15 @@ struct Server {
 
 impl Server {
     fn start(extra: &[&str]) -> Server {
+        Self::start_env(extra, &[])
+    }
+
+    /// [`Server::start`] with `env` set besides.
+    fn start_env(extra: &[&str], env: &[(&str, &Path)]) -> Server {
         let mut child = Command::new(env!("CARGO_BIN_EXE_gpen-video"))
             .args(["serve", "--listen", "127.0.0.1:0"])
             .args(extra)
+            .envs(env.iter().copied())
             .env("ORT_DYLIB_PATH", asset(".deps/lib/libonnxruntime.so"))
             .env("RUST_LOG", "gpen_video=info")
             .stderr(Stdio::piped())
@@ -379,4 +385,53 @@ fn a_full_queue_answers_503_and_sigterm_loses_no_accepted_request() {
     assert_eq!(code, Some(0), "{}", log.lock().unwrap());
     let answered = log.lock().unwrap().matches("status=200").count();
     assert_eq!(answered, all.len(), "every accepted request was answered and logged");
+}
+
+/// Every file and folder under `dir`, at any depth.
+fn files_under(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap().map(Result::unwrap) {
+        out.push(e.path());
+        if e.file_type().unwrap().is_dir() {
+            out.extend(files_under(&e.path()));
+        }
+    }
+    out
+}
+
+#[test]
+fn a_request_leaves_nothing_on_disk_even_when_its_client_leaves() {
+    let dir = tempfile::tempdir().unwrap();
+    // The service's temporary folder: no request may leave anything in it.
+    let tmp = tempfile::tempdir().unwrap();
+    let image = std::fs::read(portrait(dir.path(), 256, "png")).unwrap();
+    let server = Server::start_env(
+        &["--model", &model("standin/identity-256.onnx")],
+        &[("TMPDIR", tmp.path())],
+    );
+    // What the service made before any request (ONNX Runtime keeps a small id file there).
+    let before = files_under(tmp.path());
+    let (status, body, _, _) = server.post("/v1/restore?format=jpg", &image);
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    assert!(body.starts_with(&[0xff, 0xd8]), "a JPEG answer");
+    // Clients that send a whole picture and leave while it is being restored.
+    let head = format!(
+        "POST /v1/restore HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n",
+        image.len()
+    );
+    for pause in [0, 5, 20, 60] {
+        let mut c = TcpStream::connect(&server.addr).unwrap();
+        c.write_all(head.as_bytes()).unwrap();
+        c.write_all(&image).unwrap();
+        std::thread::sleep(Duration::from_millis(pause));
+        drop(c);
+    }
+    // A bad picture and a refused one leave nothing either.
+    assert_eq!(server.post("/v1/restore", &image[..image.len() / 2]).0, 400);
+    // Whatever the requests left behind is there once they are answered.
+    assert_eq!(server.post("/v1/restore", &image).0, 200, "still serving");
+    std::thread::sleep(Duration::from_millis(500));
+    let left = files_under(tmp.path());
+    assert_eq!(left, before, "the requests left files behind");
+    assert_eq!(server.stop(), Some(0));
 }

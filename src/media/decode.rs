@@ -32,7 +32,11 @@ pub fn read_packet(
 /// What the pipeline needs to know about a source before any frame is decoded.
 #[derive(Clone)]
 pub struct SourceInfo {
+    /// The file; for a source in memory, only its name (for messages and its extension).
     pub path: PathBuf,
+    /// The whole file, when it lives in memory (a service's upload): it is read from here and
+    /// `path` is never opened.
+    pub bytes: Option<std::sync::Arc<[u8]>>,
     pub stream_index: usize,
     pub width: usize,
     pub height: usize,
@@ -106,15 +110,30 @@ pub fn has_alpha_channel(params: &ffmpeg::codec::Parameters) -> bool {
 
 /// Opens `path`, picks the best video stream and checks a decoder exists for it.
 pub fn probe(path: &Path) -> Result<SourceInfo> {
-    crate::init_ffmpeg();
     let meta = std::fs::metadata(path).map_err(|e| anyhow!("cannot read input {}: {e}", path.display()))?;
     if !meta.is_file() {
         bail!("input {} is not a file", path.display());
     }
-    let ictx = crate::media::input::open_input(path).map_err(|e| {
+    probe_source(path, None)
+}
+
+/// [`probe`] of a file in memory, `name` naming it (for messages and its extension): nothing
+/// is read from the file system.
+pub fn probe_memory(name: &Path, bytes: std::sync::Arc<[u8]>) -> Result<SourceInfo> {
+    probe_source(name, Some(bytes))
+}
+
+/// What [`probe`] and [`probe_memory`] share: the source opened, its stream chosen.
+fn probe_source(path: &Path, bytes: Option<std::sync::Arc<[u8]>>) -> Result<SourceInfo> {
+    crate::init_ffmpeg();
+    let explain = || match &bytes {
+        Some(b) => crate::media::sniff::explain_bytes(b, path),
+        None => crate::media::sniff::explain(path),
+    };
+    let ictx = crate::media::input::open_source(path, bytes.as_ref()).map_err(|e| {
         if e.is::<crate::media::input::Refused>() {
             e
-        } else if let Some(why) = crate::media::sniff::explain(path) {
+        } else if let Some(why) = explain() {
             anyhow!("input {}: {why}", path.display())
         } else {
             anyhow!("input {} is not a readable video ({e})", path.display())
@@ -142,7 +161,7 @@ pub fn probe(path: &Path) -> Result<SourceInfo> {
         .and_then(|c| c.decoder().video())
         .with_context(|| format!("input {}: no decoder for its video stream", path.display()))?;
     if dec.width() == 0 || dec.height() == 0 {
-        match crate::media::sniff::explain(path) {
+        match explain() {
             Some(why) => bail!("input {}: {why}", path.display()),
             None => bail!(
                 "input {}: FFmpeg could not read its picture size: the file is damaged, or not the kind of file its name says",
@@ -174,8 +193,14 @@ pub fn probe(path: &Path) -> Result<SourceInfo> {
             }
         })
         .unwrap_or(0);
+    let orientation = match (&bytes, crate::media::kind::is_still_input(path)) {
+        (_, false) => 1,
+        (Some(b), true) => crate::media::orient::exif_orientation_of(b),
+        (None, true) => crate::media::orient::exif_orientation(path),
+    };
     Ok(SourceInfo {
         path: path.to_path_buf(),
+        bytes,
         stream_index: stream.index(),
         width: dec.width() as usize,
         height: dec.height() as usize,
@@ -186,11 +211,7 @@ pub fn probe(path: &Path) -> Result<SourceInfo> {
         codec,
         params,
         rotation,
-        orientation: if crate::media::kind::is_still_input(path) {
-            crate::media::orient::exif_orientation(path)
-        } else {
-            1
-        },
+        orientation,
     })
 }
 
@@ -456,9 +477,10 @@ impl Decoder {
 
     /// The source's demuxer and its video decoder (frame-threaded; on NVDEC with `hwaccel`,
     /// whose device is returned to outlive the decoder's use of it).
-    fn open(&self) -> Result<(ffmpeg::format::context::Input, ffmpeg::decoder::Video, Option<HwDevice>)> {
+    fn open(&self) -> Result<(crate::media::input::Opened, ffmpeg::decoder::Video, Option<HwDevice>)> {
         let path = self.info.path.display();
-        let ictx = crate::media::input::open_input(&self.info.path).with_context(|| format!("cannot open {path}"))?;
+        let ictx = crate::media::input::open_source(&self.info.path, self.info.bytes.as_ref())
+            .with_context(|| format!("cannot open {path}"))?;
         let mut ctx = ffmpeg::codec::context::Context::from_parameters(self.info.params.clone())?;
         let hw = if self.hwaccel { Some(HwDevice::cuda()?) } else { None };
         if let Some(hw) = &hw {

@@ -14,6 +14,7 @@ use std::cell::RefCell;
 use std::ffi::{CStr, CString};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
+use std::sync::Arc;
 
 use anyhow::{anyhow, Result};
 use ffmpeg_next as ffmpeg;
@@ -108,6 +109,172 @@ unsafe extern "C" fn open_only_the_named_file(
     }
 }
 
+/// A demuxer opened here: over a file, or over bytes in memory with the I/O context that
+/// reads them (freed after the demuxer is closed).
+pub struct Opened {
+    // Declared first: dropped (closed) before the memory it reads.
+    input: ffmpeg::format::context::Input,
+    _memory: Option<MemoryIo>,
+}
+
+impl std::ops::Deref for Opened {
+    type Target = ffmpeg::format::context::Input;
+    fn deref(&self) -> &Self::Target {
+        &self.input
+    }
+}
+
+impl std::ops::DerefMut for Opened {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.input
+    }
+}
+
+/// Bytes read by an FFmpeg I/O context: what it has read up to.
+struct Cursor {
+    data: Arc<[u8]>,
+    pos: usize,
+}
+
+/// An FFmpeg I/O context reading a [`Cursor`], both freed when dropped.
+struct MemoryIo {
+    ctx: *mut ffi::AVIOContext,
+    cursor: *mut Cursor,
+}
+
+// SAFETY: the context and the cursor are owned by this value alone and used only by the demuxer
+// that reads them, on whichever one thread holds it.
+unsafe impl Send for MemoryIo {}
+
+impl MemoryIo {
+    /// An I/O context over `data` (read and seek; no write).
+    fn new(data: Arc<[u8]>) -> Result<MemoryIo> {
+        const BUFFER: usize = 64 * 1024;
+        let cursor = Box::into_raw(Box::new(Cursor { data, pos: 0 }));
+        // SAFETY: the buffer is av_malloc'd as avio_alloc_context requires (it may replace it;
+        // the context's own `buffer` is what is freed); the callbacks get `cursor`, alive until
+        // the context is freed in `drop`.
+        unsafe {
+            let buffer = ffi::av_malloc(BUFFER) as *mut u8;
+            if buffer.is_null() {
+                drop(Box::from_raw(cursor));
+                return Err(ffmpeg::Error::Other { errno: libc::ENOMEM }.into());
+            }
+            let ctx = ffi::avio_alloc_context(
+                buffer,
+                BUFFER as libc::c_int,
+                0,
+                cursor as *mut libc::c_void,
+                Some(read_memory),
+                None,
+                Some(seek_memory),
+            );
+            if ctx.is_null() {
+                ffi::av_free(buffer as *mut libc::c_void);
+                drop(Box::from_raw(cursor));
+                return Err(ffmpeg::Error::Other { errno: libc::ENOMEM }.into());
+            }
+            Ok(MemoryIo { ctx, cursor })
+        }
+    }
+}
+
+impl Drop for MemoryIo {
+    fn drop(&mut self) {
+        // SAFETY: the context was made by avio_alloc_context and the demuxer reading it is
+        // closed (it never frees a custom context); its buffer is av_malloc'd; the cursor is
+        // the box made in `new`, no longer read by anything.
+        unsafe {
+            ffi::av_freep(&mut (*self.ctx).buffer as *mut *mut u8 as *mut libc::c_void);
+            ffi::avio_context_free(&mut self.ctx);
+            drop(Box::from_raw(self.cursor));
+        }
+    }
+}
+
+/// FFmpeg's read callback over a [`Cursor`].
+///
+/// # Safety
+/// `opaque` is the cursor the context was made with; `buf` has room for `size` bytes.
+unsafe extern "C" fn read_memory(opaque: *mut libc::c_void, buf: *mut u8, size: libc::c_int) -> libc::c_int {
+    // SAFETY: see the function's contract.
+    let c = unsafe { &mut *(opaque as *mut Cursor) };
+    let left = c.data.len().saturating_sub(c.pos);
+    if left == 0 {
+        return ffi::AVERROR_EOF;
+    }
+    let n = left.min(size.max(0) as usize);
+    // SAFETY: `n` bytes are left at `pos` and `buf` holds at least `n`.
+    unsafe { std::ptr::copy_nonoverlapping(c.data.as_ptr().add(c.pos), buf, n) };
+    c.pos += n;
+    n as libc::c_int
+}
+
+/// FFmpeg's seek callback over a [`Cursor`] (`AVSEEK_SIZE` answers the length).
+///
+/// # Safety
+/// `opaque` is the cursor the context was made with.
+unsafe extern "C" fn seek_memory(opaque: *mut libc::c_void, offset: i64, whence: libc::c_int) -> i64 {
+    // SAFETY: see the function's contract.
+    let c = unsafe { &mut *(opaque as *mut Cursor) };
+    let len = c.data.len() as i64;
+    if whence & ffi::AVSEEK_SIZE != 0 {
+        return len;
+    }
+    let base = match whence & !ffi::AVSEEK_FORCE {
+        libc::SEEK_SET => 0,
+        libc::SEEK_CUR => c.pos as i64,
+        libc::SEEK_END => len,
+        _ => return -i64::from(libc::EINVAL),
+    };
+    match base.checked_add(offset) {
+        Some(to) if (0..=len).contains(&to) => {
+            c.pos = to as usize;
+            to
+        }
+        _ => -i64::from(libc::EINVAL),
+    }
+}
+
+/// Opens a source: the file `path`, exactly that file, or when `bytes` is given, those bytes
+/// (`path` then only names them in messages); either way no other resource is ever opened.
+pub fn open_source(path: &Path, bytes: Option<&Arc<[u8]>>) -> Result<Opened> {
+    match bytes {
+        None => open_input(path).map(|input| Opened { input, _memory: None }),
+        Some(b) => open_memory(path, b.clone()),
+    }
+}
+
+/// Opens `data` in memory (named `name` in messages): FFmpeg reads it through a custom I/O
+/// context, finds its format by its content, and may open nothing else.
+fn open_memory(name: &Path, data: Arc<[u8]>) -> Result<Opened> {
+    crate::init_ffmpeg();
+    let memory = MemoryIo::new(data)?;
+    let mut opts = ffmpeg::Dictionary::new();
+    opts.set("pattern_type", "none");
+    // SAFETY: as in `open_input`; the format context reads `memory`'s I/O context, which it does
+    // not own (AVFMT_FLAG_CUSTOM_IO) and which outlives it in the returned `Opened` (or is
+    // freed below on failure, after avformat_open_input freed the format context).
+    unsafe {
+        let ps = ffi::avformat_alloc_context();
+        if ps.is_null() {
+            return Err(ffmpeg::Error::Other { errno: libc::ENOMEM }.into());
+        }
+        (*ps).pb = memory.ctx;
+        (*ps).flags |= ffi::AVFMT_FLAG_CUSTOM_IO;
+        // Nothing but the bytes: every other resource is refused.
+        (*ps).io_open = Some(open_only_the_named_file);
+        ALLOWED.with(|a| *a.borrow_mut() = None);
+        REFUSED.with(|r| r.borrow_mut().clear());
+        let url = CString::default();
+        let input = finish_open(ps, &url, opts, name)?;
+        Ok(Opened {
+            input,
+            _memory: Some(memory),
+        })
+    }
+}
+
 /// Opens `path` for reading, exactly that file (see the module's notes). A file that asked for
 /// other resources fails with [`Refused`]; anything else FFmpeg reports fails with its
 /// `ffmpeg::Error`.
@@ -124,7 +291,7 @@ pub fn open_input(path: &Path) -> Result<ffmpeg::format::context::Input> {
     // on failure; on success it is closed here or owned by the returned `Input`. The opener
     // set is a plain function; the URL and the options outlive the calls that read them.
     unsafe {
-        let mut ps = ffi::avformat_alloc_context();
+        let ps = ffi::avformat_alloc_context();
         if ps.is_null() {
             return Err(ffmpeg::Error::Other { errno: libc::ENOMEM }.into());
         }
@@ -135,6 +302,24 @@ pub fn open_input(path: &Path) -> Result<ffmpeg::format::context::Input> {
         (*ps).io_open = Some(open_only_the_named_file);
         ALLOWED.with(|a| *a.borrow_mut() = Some((url.clone(), default)));
         REFUSED.with(|r| r.borrow_mut().clear());
+        finish_open(ps, &url, opts, path)
+    }
+}
+
+/// Opens the format context `ps` (its opener already set) on `url` with `opts`, finds its
+/// streams, and checks it asked for no other resource (then it fails with [`Refused`], naming
+/// `path`).
+///
+/// # Safety
+/// `ps` is a freshly allocated format context, handed over: freed here on any failure.
+unsafe fn finish_open(
+    mut ps: *mut ffi::AVFormatContext,
+    url: &CString,
+    opts: ffmpeg::Dictionary,
+    path: &Path,
+) -> Result<ffmpeg::format::context::Input> {
+    // SAFETY: see the function's contract; the options are owned again after the call.
+    unsafe {
         let mut o = opts.disown();
         let mut r = ffi::avformat_open_input(&mut ps, url.as_ptr(), std::ptr::null_mut(), &mut o);
         ffmpeg::Dictionary::own(o);

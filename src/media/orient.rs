@@ -9,7 +9,16 @@ use crate::frame::Frame;
 /// The EXIF Orientation of `path` (1 to 8; 1, upright, when it has none or it cannot be read).
 pub fn exif_orientation(path: &Path) -> u8 {
     let Ok(file) = std::fs::File::open(path) else { return 1 };
-    let Ok(exif) = exif::Reader::new().read_from_container(&mut std::io::BufReader::new(file)) else {
+    orientation_in(&mut std::io::BufReader::new(file))
+}
+
+/// [`exif_orientation`] of a picture in memory.
+pub fn exif_orientation_of(bytes: &[u8]) -> u8 {
+    orientation_in(&mut std::io::Cursor::new(bytes))
+}
+
+fn orientation_in<R: std::io::BufRead + std::io::Seek>(reader: &mut R) -> u8 {
+    let Ok(exif) = exif::Reader::new().read_from_container(reader) else {
         return 1;
     };
     exif.get_field(exif::Tag::Orientation, exif::In::PRIMARY)

@@ -29,18 +29,31 @@ pub fn explain(path: &Path) -> Option<String> {
         0
     };
     let tail = &tail[..tail_len];
-    let why = if head.starts_with(b"\x89PNG\r\n\x1a\n") {
-        png(&head, tail, size)
+    let why = why_not(&head, tail, size);
+    why.map(|w| w.replace("{in}", &path.display().to_string()))
+}
+
+/// [`explain`] of a file in memory named `name`.
+pub fn explain_bytes(bytes: &[u8], name: &Path) -> Option<String> {
+    let head = &bytes[..bytes.len().min(HEAD)];
+    let tail = &bytes[bytes.len().saturating_sub(16)..];
+    let tail = if bytes.len() >= 16 { tail } else { &[] };
+    why_not(head, tail, bytes.len() as u64).map(|w| w.replace("{in}", &name.display().to_string()))
+}
+
+/// Why a file with this start, end and size is not readable, if it can be told.
+fn why_not(head: &[u8], tail: &[u8], size: u64) -> Option<String> {
+    if head.starts_with(b"\x89PNG\r\n\x1a\n") {
+        png(head, tail, size)
     } else if head.starts_with(&[0xff, 0xd8]) {
-        jpeg(&head)
+        jpeg(head)
     } else if head.len() >= 12 && &head[..4] == b"RIFF" && &head[8..12] == b"WEBP" {
-        webp(&head)
+        webp(head)
     } else if head.len() >= 12 && &head[4..8] == b"ftyp" {
-        iso_bmff(&head, size)
+        iso_bmff(head, size)
     } else {
         None
-    };
-    why.map(|w| w.replace("{in}", &path.display().to_string()))
+    }
 }
 
 /// "a W x H picture (N megapixels) ..." when it is larger than FFmpeg decodes.

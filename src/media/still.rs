@@ -6,6 +6,7 @@
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use anyhow::{anyhow, bail, Context, Result};
 use ffmpeg::format::Pixel;
@@ -55,8 +56,8 @@ fn alpha_pixel_for(formats: &[Pixel]) -> Option<Pixel> {
 
 /// The alpha channel of the first picture of `path` (one byte a pixel, turned upright for
 /// EXIF orientation `o`): read again from the source, since the restoration works in RGB.
-fn read_alpha(path: &Path, o: u8) -> Result<Vec<u8>> {
-    let mut ictx = crate::media::input::open_input(path)?;
+fn read_alpha((path, bytes): (&Path, Option<&Arc<[u8]>>), o: u8) -> Result<Vec<u8>> {
+    let mut ictx = crate::media::input::open_source(path, bytes)?;
     let stream = ictx
         .streams()
         .best(ffmpeg::media::Type::Video)
@@ -114,8 +115,13 @@ pub struct StillWriter {
     scaler: Option<SendScaler>,
     /// The full RGB picture (for sources the decoder converted only in face regions).
     full: Vec<u8>,
-    /// The source file, whose EXIF and ICC blocks are carried over.
+    /// The source file (and its bytes, for a source in memory), whose EXIF and ICC blocks are
+    /// carried over.
     source: PathBuf,
+    source_bytes: Option<Arc<[u8]>>,
+    /// The picture is kept here instead of written to `path` (see [`StillWriter::in_memory`]).
+    memory: Option<Vec<u8>>,
+    to_memory: bool,
     pub frames: u64,
 }
 
@@ -193,8 +199,29 @@ impl StillWriter {
             scaler: None,
             full: Vec::new(),
             source: src.path.clone(),
+            source_bytes: src.bytes.clone(),
+            memory: None,
+            to_memory: false,
             frames: 0,
         })
+    }
+
+    /// A writer that keeps the encoded picture in memory ([`StillWriter::take_encoded`]) and
+    /// writes no file; `name`'s extension picks the format.
+    pub fn in_memory(name: &Path, src: &SourceInfo, settings: &EncodeSettings) -> Result<Self> {
+        let mut w = Self::create(name, src, settings)?;
+        w.to_memory = true;
+        Ok(w)
+    }
+
+    /// The encoded picture of a writer made [`StillWriter::in_memory`], once written.
+    pub fn take_encoded(&mut self) -> Option<Vec<u8>> {
+        self.memory.take()
+    }
+
+    /// The source's name and, in memory, its bytes.
+    fn source(&self) -> (&Path, Option<&Arc<[u8]>>) {
+        (&self.source, self.source_bytes.as_ref())
     }
 
     /// Encodes `frame` into the file; only the first frame of a source is written (a still
@@ -229,7 +256,7 @@ impl StillWriter {
             }
             _ => &frame.rgb,
         };
-        if self.alpha_lost && read_alpha(&self.source, 1).is_ok_and(|a| a.iter().any(|&v| v < 255)) {
+        if self.alpha_lost && read_alpha(self.source(), 1).is_ok_and(|a| a.iter().any(|&v| v < 255)) {
             tracing::warn!(
                 file = %self.source.display(),
                 "the picture has transparency (an alpha channel) and a .{} file cannot hold it: its transparent pixels are written as the colours stored under them. Choose .png, .webp or .tiff to keep it",
@@ -238,7 +265,7 @@ impl StillWriter {
         }
         let alpha = match self.alpha {
             Some(o) => {
-                let a = read_alpha(&self.source, o)?;
+                let a = read_alpha(self.source(), o)?;
                 if a.len() != w * h {
                     bail!(
                         "{}: its alpha channel does not match the picture's size",
@@ -298,7 +325,11 @@ impl StillWriter {
         if bytes.is_empty() {
             bail!("the {name} encoder gave no picture");
         }
-        let bytes = with_metadata(&self.source, bytes);
+        let bytes = with_metadata(self.source(), bytes);
+        if self.to_memory {
+            self.memory = Some(bytes);
+            return Ok(());
+        }
         let mut f = std::fs::OpenOptions::new()
             .write(true)
             .truncate(true)
@@ -322,9 +353,13 @@ impl StillWriter {
 /// `encoded` with the EXIF and ICC blocks of the `source` file, where both formats hold them
 /// (JPEG, PNG and WebP; TIFF and BMP carry none). The EXIF orientation is reset to upright: the
 /// picture was turned upright before it was encoded.
-fn with_metadata(source: &Path, encoded: Vec<u8>) -> Vec<u8> {
+fn with_metadata((source, bytes): (&Path, Option<&Arc<[u8]>>), encoded: Vec<u8>) -> Vec<u8> {
     use img_parts::{Bytes, DynImage, ImageEXIF, ImageICC};
-    let Ok(Some(src)) = std::fs::read(source).map(|b| DynImage::from_bytes(b.into()).ok().flatten()) else {
+    let read = match bytes {
+        Some(b) => Ok(Bytes::copy_from_slice(b)),
+        None => std::fs::read(source).map(Bytes::from),
+    };
+    let Ok(Some(src)) = read.map(|b| DynImage::from_bytes(b).ok().flatten()) else {
         return encoded;
     };
     let (icc, exif) = (src.icc_profile(), src.exif());
@@ -395,6 +430,26 @@ impl Writer {
             StillWriter::create(path, src, settings).map(|w| Writer::Still(Box::new(w)))
         } else {
             Encoder::create(path, src, settings).map(|e| Writer::Video(Box::new(e)))
+        }
+    }
+
+    /// A still writer that keeps its picture in memory (see [`StillWriter::in_memory`]); a
+    /// video name is an error.
+    pub fn in_memory(name: &Path, src: &SourceInfo, settings: &EncodeSettings) -> Result<Self> {
+        if !is_still(name) {
+            bail!(
+                "{} is not a still-image name: only pictures are restored in memory",
+                name.display()
+            );
+        }
+        StillWriter::in_memory(name, src, settings).map(|w| Writer::Still(Box::new(w)))
+    }
+
+    /// The picture of a writer kept in memory, once written (`None` for a video).
+    pub fn take_encoded(&mut self) -> Option<Vec<u8>> {
+        match self {
+            Writer::Video(_) => None,
+            Writer::Still(s) => s.take_encoded(),
         }
     }
 

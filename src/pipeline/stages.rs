@@ -12,7 +12,7 @@ use super::pool;
 use super::sink::FacesSink;
 use super::wire::StageCtx;
 use super::DEPTH;
-use crate::engine::{CancelToken, Cancelled};
+use crate::engine::{CancelToken, Cancelled, Kind, KindExt};
 use crate::faces::align::{filtered, push_texels, warp_cubic_loading, warp_face, WarpScratch};
 use crate::faces::detect::{DetectCounts, Detector};
 use crate::faces::mesh::{self, Mesher};
@@ -60,7 +60,8 @@ pub fn decode(
             (t, c) = (Instant::now(), thread_cpu_time());
             ok
         })
-        .with_context(|| format!("decode stage, input {input}"))?;
+        .with_context(|| format!("decode stage, input {input}"))
+        .kind(Kind::BadInput)?;
     let stat = clock.finish();
     if cancelled {
         return Err(Cancelled {
@@ -430,7 +431,8 @@ pub fn encode(
         }
         clock
             .time(|| encoder.write(&mut frame))
-            .with_context(|| format!("encode stage, output {out}, frame {}", frame.index))?;
+            .with_context(|| format!("encode stage, output {out}, frame {}", frame.index))
+            .kind(Kind::Io)?;
         clock.count(1);
         n_faces += jobs.len() as u64;
         with_faces += u64::from(!jobs.is_empty());
@@ -446,7 +448,8 @@ pub fn encode(
     let cut = max_frames.is_some_and(|m| encoder.frames() >= m);
     clock
         .time(|| encoder.finish(cut))
-        .with_context(|| format!("encode stage, finishing {out}"))?;
+        .with_context(|| format!("encode stage, finishing {out}"))
+        .kind(Kind::Io)?;
     Ok(EncodeStat {
         stage: clock.finish(),
         faces: n_faces,

@@ -23,7 +23,7 @@ use crossbeam_channel::{Receiver, Sender};
 
 use super::dispatch::Flush;
 use super::wire::{wire, Encoded, Middle, DEPTH};
-use crate::engine::{Cancelled, Engine, Job};
+use crate::engine::{Cancelled, Engine, Job, Kind, KindExt};
 use crate::faces::detect::det_size;
 use crate::frame::{FaceFrame, Frame, Pool};
 use crate::media::decode::Decoder;
@@ -40,6 +40,8 @@ pub struct ImageDone {
     pub boxes: Vec<[f32; 4]>,
     /// From the moment its decoding started to its rename.
     pub seconds: f64,
+    /// The restored picture's bytes, for a job that keeps it in memory (`Job::to_memory`).
+    pub bytes: Option<Vec<u8>>,
 }
 
 /// What each picture reports: its number in the stream (0 for `first`, then in the order
@@ -191,7 +193,10 @@ fn decode(
         if let Err(e) = run {
             if !sent {
                 table.lock().expect("no panic holds it").remove(&k);
-                done(k, Err(e.context(format!("decode stage, input {input}"))));
+                done(
+                    k,
+                    Err(e.context(format!("decode stage, input {input}"))).kind(Kind::BadInput),
+                );
             }
         }
     };
@@ -247,8 +252,10 @@ fn encode(
                 clock
                     .time(|| write_picture(&job, &mut frame))
                     .with_context(|| format!("encode stage, output {}", job.output.display()))
-                    .map(|()| ImageDone {
+                    .kind(Kind::Io)
+                    .map(|bytes| ImageDone {
                         output: job.output.clone(),
+                        bytes,
                         faces: faces.len() as u64,
                         boxes: faces.iter().map(|f| f.face.bbox).collect(),
                         seconds: t.elapsed().as_secs_f64(),
@@ -281,19 +288,27 @@ fn encode(
 }
 
 /// Writes `frame` as `job`'s output: under a temporary name beside it, renamed when complete,
-/// removed on any error.
-fn write_picture(job: &Job, frame: &mut Frame) -> Result<()> {
+/// removed on any error; or for a job kept in memory, its bytes.
+fn write_picture(job: &Job, frame: &mut Frame) -> Result<Option<Vec<u8>>> {
+    let mut out_src = job.source.clone();
+    let (w, h) = job.source.upright_size();
+    (out_src.width, out_src.height) = crate::media::compare::Compare::output_size(job.view().compare, w, h);
+    let encode = &job.treatment.encode;
+    if job.to_memory {
+        let mut writer = Writer::in_memory(&job.output, &out_src, encode)?;
+        writer.write(frame)?;
+        let bytes = writer.take_encoded();
+        writer.finish(false)?;
+        return Ok(bytes);
+    }
     let partial = Partial::beside(&job.output)?;
     let written = (|| {
-        let mut out_src = job.source.clone();
-        let (w, h) = job.source.upright_size();
-        (out_src.width, out_src.height) = crate::media::compare::Compare::output_size(job.view().compare, w, h);
-        let mut writer = Writer::create(partial.path(), &out_src, &job.treatment.encode)?;
+        let mut writer = Writer::create(partial.path(), &out_src, encode)?;
         writer.write(frame)?;
         writer.finish(false)
     })();
     match written {
-        Ok(_) => partial.rename_to(&job.output),
+        Ok(_) => partial.rename_to(&job.output).map(|()| None),
         Err(e) => {
             partial.discard();
             Err(e)

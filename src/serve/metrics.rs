@@ -55,8 +55,6 @@ pub struct Metrics {
     buckets: [AtomicU64; BUCKETS.len() + 1],
     latency_us: AtomicU64,
     faces: AtomicU64,
-    /// Requests accepted and not yet answered (queued or in the pipeline).
-    pub in_flight: AtomicU64,
 }
 
 impl Metrics {
@@ -76,7 +74,9 @@ impl Metrics {
     /// The Prometheus text page: requests by outcome, the latency histogram of restored
     /// images, faces restored, the queue's depth, and per enhancement worker its batches,
     /// faces, mean batch fill (of `batch` crops) and faces per busy second.
-    pub fn render(&self, workers: &[(String, Arc<Live>)], batch: usize, capacity: u64) -> String {
+    /// The page; `queue` is the requests in flight and the most the service takes.
+    pub fn render(&self, workers: &[(String, Arc<Live>)], batch: usize, queue: (u64, u64)) -> String {
+        let (in_flight, capacity) = queue;
         let mut out = String::new();
         let w = &mut out;
         let _ = writeln!(w, "# HELP gpen_requests_total Restore requests by how they ended.");
@@ -106,7 +106,7 @@ impl Metrics {
         let _ = writeln!(w, "gpen_faces_total {}", self.faces.load(Relaxed));
         let _ = writeln!(w, "# HELP gpen_queue_depth Requests accepted and not yet answered.");
         let _ = writeln!(w, "# TYPE gpen_queue_depth gauge");
-        let _ = writeln!(w, "gpen_queue_depth {}", self.in_flight.load(Relaxed));
+        let _ = writeln!(w, "gpen_queue_depth {in_flight}");
         let _ = writeln!(w, "# HELP gpen_queue_capacity Requests accepted at once before 503.");
         let _ = writeln!(w, "# TYPE gpen_queue_capacity gauge");
         let _ = writeln!(w, "gpen_queue_capacity {capacity}");
@@ -164,7 +164,7 @@ mod tests {
         m.record(Outcome::Busy, Duration::ZERO, 0);
         let live = Arc::new(Live::default());
         live.add(3, Duration::from_millis(100));
-        let page = m.render(&[("cpu0".into(), live)], 4, 64);
+        let page = m.render(&[("cpu0".into(), live)], 4, (0, 64));
         assert!(page.contains("gpen_requests_total{outcome=\"ok\"} 2"), "{page}");
         assert!(page.contains("gpen_requests_total{outcome=\"busy\"} 1"));
         assert!(page.contains("gpen_request_seconds_bucket{le=\"0.05\"} 1"));

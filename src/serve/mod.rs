@@ -21,12 +21,13 @@ pub mod metrics;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Context, Result};
+
+use crate::engine::{kind_of, Failure, Kind};
 use axum::body::Body;
 use axum::extract::{DefaultBodyLimit, Query, Request, State};
 use axum::http::{header, HeaderValue, StatusCode};
@@ -75,8 +76,8 @@ struct App {
     /// The workers' running counts (filled once the engine is loaded).
     workers: Mutex<Vec<(String, Arc<Live>)>>,
     batch: AtomicU64,
-    dir: tempfile::TempDir,
-    next_id: AtomicU64,
+    /// The `--queue` places: a request holds one from its admission to its answer.
+    places: Arc<tokio::sync::Semaphore>,
 }
 
 /// The query of `POST /v1/restore`.
@@ -108,11 +109,8 @@ pub fn run(settings: Settings, opts: ServeOptions, ints: &Interrupts) -> Result<
     unsafe {
         libc::mallopt(libc::M_ARENA_MAX, 2);
     }
-    let dir = tempfile::Builder::new()
-        .prefix("gpen-video-serve-")
-        .tempdir()
-        .context("cannot make a temporary folder for the requests' pictures")?;
-    let (tx, rx) = crossbeam_channel::unbounded::<Submit>();
+    // Every request waiting for the engine holds a place, so the channel never holds more.
+    let (tx, rx) = crossbeam_channel::bounded::<Submit>(opts.queue);
     let app = Arc::new(App {
         settings,
         opts: opts.clone(),
@@ -121,8 +119,7 @@ pub fn run(settings: Settings, opts: ServeOptions, ints: &Interrupts) -> Result<
         ready: AtomicBool::new(false),
         workers: Mutex::new(Vec::new()),
         batch: AtomicU64::new(0),
-        dir,
-        next_id: AtomicU64::new(0),
+        places: Arc::new(tokio::sync::Semaphore::new(opts.queue)),
     });
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -290,57 +287,283 @@ async fn healthz(State(app): State<Arc<App>>) -> Response {
 
 async fn metrics_page(State(app): State<Arc<App>>) -> Response {
     let workers = app.workers.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let in_flight = app.opts.queue.saturating_sub(app.places.available_permits()) as u64;
     let page = app.metrics.render(
         &workers,
         app.batch.load(Ordering::Relaxed) as usize,
-        app.opts.queue as u64,
+        (in_flight, app.opts.queue as u64),
     );
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], page).into_response()
 }
 
-/// A request's answer before it is logged and counted.
-struct Answer {
-    status: StatusCode,
-    outcome: Outcome,
-    response: Response,
-    faces: u64,
+/// Takes one of the service's `--queue` places, or fails busy: a full service refuses before
+/// reading anything.
+fn take_place(app: &App) -> Result<tokio::sync::OwnedSemaphorePermit> {
+    app.places.clone().try_acquire_owned().map_err(|_| {
+        Failure::error(
+            Kind::Busy,
+            format!(
+                "busy: {} requests are being restored; retry after a second",
+                app.opts.queue
+            ),
+        )
+    })
 }
 
-impl Answer {
-    fn error(status: StatusCode, outcome: Outcome, message: impl Into<String>) -> Answer {
-        let mut response = (status, format!("{}\n", message.into())).into_response();
-        if status == StatusCode::SERVICE_UNAVAILABLE {
-            response
-                .headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-        }
-        Answer {
-            status,
-            outcome,
-            response,
-            faces: 0,
-        }
+/// The HTTP status and the metrics outcome of an error of `kind`: the one place a failure
+/// becomes a status.
+fn status_of(kind: Kind) -> (StatusCode, Outcome) {
+    match kind {
+        Kind::BadInput => (StatusCode::BAD_REQUEST, Outcome::BadRequest),
+        Kind::TooLarge => (StatusCode::PAYLOAD_TOO_LARGE, Outcome::TooLarge),
+        Kind::Busy | Kind::Cancelled => (StatusCode::SERVICE_UNAVAILABLE, Outcome::Busy),
+        Kind::Slow => (StatusCode::REQUEST_TIMEOUT, Outcome::SlowClient),
+        Kind::Deadline => (StatusCode::GATEWAY_TIMEOUT, Outcome::Timeout),
+        Kind::Engine | Kind::Io => (StatusCode::INTERNAL_SERVER_ERROR, Outcome::Error),
     }
 }
 
-/// Holds a place in the queue; gives it back when dropped.
-struct Place<'a>(&'a AtomicU64);
+/// What a request asked for besides its picture, checked.
+struct Ask {
+    /// The answer's format (its writer's extension); `None`: the upload's own.
+    format: Option<&'static str>,
+    view: Option<crate::frame::View>,
+    json: bool,
+}
 
-impl Drop for Place<'_> {
+impl Ask {
+    fn of(q: &RestoreQuery, treatment: &crate::treatment::Treatment) -> Result<Ask> {
+        let bad = |m: String| Failure::error(Kind::BadInput, m);
+        let format = match q.format.as_deref().map(str::to_ascii_lowercase).as_deref() {
+            None => None,
+            Some("jpeg") => Some("jpg"),
+            Some("tif") => Some("tiff"),
+            Some(f) => Some(
+                FORMATS
+                    .iter()
+                    .find(|(e, _)| *e == f)
+                    .map(|(e, _)| *e)
+                    .ok_or_else(|| bad(format!("format={f}: give png, jpg, webp, tiff or bmp")))?,
+            ),
+        };
+        let compare = match q.compare.as_deref() {
+            None => None,
+            Some("side") => Some(Compare::Side),
+            Some("split") => Some(Compare::Split),
+            Some(c) => return Err(bad(format!("compare={c}: give side or split"))),
+        };
+        if let Some(b) = q.blend.filter(|b| !(0.0..=1.0).contains(b)) {
+            return Err(bad(format!("blend={b}: give a value from 0 to 1")));
+        }
+        let view = (q.blend.is_some() || compare.is_some()).then(|| crate::frame::View {
+            blend: q.blend.unwrap_or(treatment.blend),
+            compare: compare.or(treatment.compare),
+        });
+        Ok(Ask {
+            format,
+            view,
+            json: q.json == Some(1),
+        })
+    }
+}
+
+/// Reads the whole body within `--read-timeout-s` and `--max-body-mb`.
+async fn receive(body: Body, opts: &ServeOptions) -> Result<axum::body::Bytes> {
+    let bytes = match tokio::time::timeout(opts.read_timeout, axum::body::to_bytes(body, opts.max_body)).await {
+        Err(_) => {
+            return Err(Failure::error(
+                Kind::Slow,
+                format!("the image did not arrive within {} s", opts.read_timeout.as_secs_f64()),
+            ))
+        }
+        // axum says a body over the limit only in words: its error's source is http-body's
+        // `LengthLimitError`.
+        Ok(Err(e)) if std::error::Error::source(&e).is_some_and(|s| s.is::<http_body_util::LengthLimitError>()) => {
+            return Err(Failure::error(
+                Kind::TooLarge,
+                format!("the body is larger than {} bytes (--max-body-mb)", opts.max_body),
+            ))
+        }
+        Ok(Err(e)) => {
+            return Err(Failure::error(
+                Kind::BadInput,
+                format!("the image was not received whole ({e})"),
+            ))
+        }
+        Ok(Ok(b)) => b,
+    };
+    if bytes.is_empty() {
+        return Err(Failure::error(
+            Kind::BadInput,
+            "empty body: send the image's bytes (JPEG, PNG, WebP, TIFF or BMP)",
+        ));
+    }
+    Ok(bytes)
+}
+
+/// The picture's format (its writer's extension) and size from its header, before anything is
+/// decoded: a picture over `--max-pixels` is refused without being allocated.
+fn check_picture(bytes: &[u8], max_pixels: u64) -> Result<&'static str> {
+    let ext = match imagesize::image_type(bytes) {
+        Ok(imagesize::ImageType::Png) => "png",
+        Ok(imagesize::ImageType::Jpeg) => "jpg",
+        Ok(imagesize::ImageType::Webp) => "webp",
+        Ok(imagesize::ImageType::Tiff) => "tiff",
+        Ok(imagesize::ImageType::Bmp) => "bmp",
+        _ => {
+            return Err(Failure::error(
+                Kind::BadInput,
+                "not a picture this service takes: send JPEG, PNG, WebP, TIFF or BMP bytes",
+            ))
+        }
+    };
+    let size = imagesize::blob_size(bytes).map_err(|_| {
+        Failure::error(
+            Kind::BadInput,
+            "the picture's header is damaged: its size cannot be read",
+        )
+    })?;
+    let pixels = size.width as u64 * size.height as u64;
+    if pixels > max_pixels {
+        return Err(Failure::error(
+            Kind::TooLarge,
+            format!(
+                "a {}x{} picture ({:.1} megapixels) is larger than this service takes ({:.1}, --max-pixels); scale it down first",
+                size.width,
+                size.height,
+                pixels as f64 / 1e6,
+                max_pixels as f64 / 1e6
+            ),
+        ));
+    }
+    Ok(ext)
+}
+
+/// The request's query checked and a place in the queue taken, or why not.
+fn admit(
+    app: &App,
+    query: Result<Query<RestoreQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<(Ask, tokio::sync::OwnedSemaphorePermit)> {
+    if !app.ready.load(Ordering::SeqCst) {
+        return Err(Failure::error(Kind::Busy, "loading the model; try again shortly"));
+    }
+    let Query(q) = query.map_err(|e| {
+        Failure::error(
+            Kind::BadInput,
+            format!("{e}: the query takes format=png|jpg|webp|tiff|bmp, blend=0..1, compare=side|split, json=1"),
+        )
+    })?;
+    let ask = Ask::of(&q, &app.settings.recipe.treatment)?;
+    Ok((ask, take_place(app)?))
+}
+
+/// Restores one request's picture, in memory from its body to the answer's bytes. A refused
+/// request's body is read and dropped first (see [`discard`]).
+async fn restore_one(
+    app: &Arc<App>,
+    query: Result<Query<RestoreQuery>, axum::extract::rejection::QueryRejection>,
+    body: Body,
+    start: Instant,
+) -> Result<Restored> {
+    let opts = &app.opts;
+    let (ask, _place) = match admit(app, query) {
+        Ok(a) => a,
+        Err(e) => {
+            discard(body, opts).await;
+            return Err(e);
+        }
+    };
+    let bytes = receive(body, opts).await?;
+    let in_ext = check_picture(&bytes, opts.max_pixels)?;
+    let format = ask.format.unwrap_or(in_ext);
+    // Probing opens the picture with FFmpeg: off the async threads.
+    let cancel = CancelToken::new();
+    let job = {
+        let (app, cancel) = (app.clone(), cancel.clone());
+        let bytes: Arc<[u8]> = Arc::from(&bytes[..]);
+        tokio::task::spawn_blocking(move || app.settings.job_in_memory(bytes, in_ext, format, cancel))
+            .await
+            .map_err(|_| Failure::error(Kind::Engine, "internal error"))?
+    };
+    let mut job = job.context("the picture cannot be read")?;
+    job.view = ask.view;
+    let (reply, result) = tokio::sync::oneshot::channel();
+    let sent = app
+        .tx
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .as_ref()
+        .is_some_and(|tx| tx.try_send(Submit { job, reply }).is_ok());
+    if !sent {
+        return Err(Failure::error(Kind::Busy, "the service is stopping"));
+    }
+    // The picture's request is cancelled when this future is dropped (a client that left) or
+    // its deadline passes: it is dropped where the pipeline meets it next.
+    let _cancel_on_drop = CancelOnDrop(cancel);
+    let left = opts.deadline.saturating_sub(start.elapsed());
+    let done = match tokio::time::timeout(left, result).await {
+        Err(_) => {
+            return Err(Failure::error(
+                Kind::Deadline,
+                format!("not restored within {} s (--deadline-s)", opts.deadline.as_secs_f64()),
+            ))
+        }
+        Ok(Err(_)) => return Err(Failure::error(Kind::Engine, "the engine stopped")),
+        Ok(Ok(r)) => r?,
+    };
+    Ok(Restored {
+        done,
+        format,
+        json: ask.json,
+    })
+}
+
+/// Cancels its token when dropped.
+struct CancelOnDrop(CancelToken);
+
+impl Drop for CancelOnDrop {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::SeqCst);
+        self.0.cancel();
     }
 }
 
-/// The request's files in the temporary folder, removed when dropped.
-struct Files(Vec<PathBuf>);
+/// A restored picture and how to answer it.
+struct Restored {
+    done: ImageDone,
+    format: &'static str,
+    json: bool,
+}
 
-impl Drop for Files {
-    fn drop(&mut self) {
-        for f in &self.0 {
-            let _ = std::fs::remove_file(f);
-        }
+/// The answer to a restored picture: the picture in its format with the faces and timings in
+/// headers, or with `?json=1` a JSON record of them.
+fn respond(r: Restored, start: Instant) -> Response {
+    let ms = start.elapsed().as_secs_f64() * 1e3;
+    let Restored { done, format, json } = r;
+    let image = done.bytes.unwrap_or_default();
+    if json {
+        let record = serde_json::json!({
+            "faces": done.boxes.iter().map(|b| serde_json::json!({"bbox": b})).collect::<Vec<_>>(),
+            "format": format,
+            "bytes": image.len(),
+            "pipeline_ms": done.seconds * 1e3,
+            "total_ms": ms,
+        });
+        return ([(header::CONTENT_TYPE, "application/json")], record.to_string() + "\n").into_response();
     }
+    let mime = FORMATS
+        .iter()
+        .find(|(e, _)| *e == format)
+        .map_or("application/octet-stream", |f| f.1);
+    let mut r = ([(header::CONTENT_TYPE, mime)], image).into_response();
+    let h = r.headers_mut();
+    h.insert("x-faces", HeaderValue::from(done.faces));
+    if let Ok(v) = HeaderValue::from_str(&format!("total;dur={ms:.1}, pipeline;dur={:.1}", done.seconds * 1e3)) {
+        h.insert("server-timing", v);
+    }
+    if let Ok(v) = HeaderValue::from_str(&serde_json::to_string(&done.boxes).unwrap_or_default()) {
+        h.insert("x-face-boxes", v);
+    }
+    r
 }
 
 async fn restore(
@@ -349,32 +572,33 @@ async fn restore(
     req: Request,
 ) -> Response {
     let start = Instant::now();
-    let answer = match query {
-        Ok(Query(q)) => answer(&app, q, req.into_body(), start).await,
+    let (response, outcome, faces) = match restore_one(&app, query, req.into_body(), start).await {
+        Ok(r) => {
+            let faces = r.done.faces;
+            (respond(r, start), Outcome::Ok, faces)
+        }
         Err(e) => {
-            discard(req.into_body(), &app.opts).await;
-            Answer::error(
-                StatusCode::BAD_REQUEST,
-                Outcome::BadRequest,
-                format!("{e}: the query takes format=png|jpg|webp|tiff|bmp, blend=0..1, compare=side|split, json=1"),
-            )
+            let (response, outcome) = refuse(&e);
+            (response, outcome, 0)
         }
     };
-    let ms = start.elapsed().as_secs_f64() * 1e3;
-    let bytes = axum::body::HttpBody::size_hint(answer.response.body())
-        .exact()
-        .unwrap_or(0);
-    app.metrics.record(answer.outcome, start.elapsed(), answer.faces);
+    log_request(&app, start, &response, outcome, faces);
+    response
+}
+
+/// Logs and counts a request's answer.
+fn log_request(app: &App, start: Instant, response: &Response, outcome: Outcome, faces: u64) {
+    let bytes = axum::body::HttpBody::size_hint(response.body()).exact().unwrap_or(0);
+    app.metrics.record(outcome, start.elapsed(), faces);
     tracing::info!(
         method = "POST",
         path = "/v1/restore",
-        status = answer.status.as_u16(),
+        status = response.status().as_u16(),
         bytes,
-        faces = answer.faces,
-        ms = format!("{ms:.1}"),
+        faces,
+        ms = format!("{:.1}", start.elapsed().as_secs_f64() * 1e3),
         "request"
     );
-    answer.response
 }
 
 /// Reads and drops what a refused request still sends (at most `--max-body-mb`, within
@@ -394,264 +618,16 @@ async fn discard(mut body: Body, opts: &ServeOptions) {
     .await;
 }
 
-async fn answer(app: &Arc<App>, q: RestoreQuery, body: Body, start: Instant) -> Answer {
-    let opts = &app.opts;
-    if !app.ready.load(Ordering::SeqCst) {
-        discard(body, opts).await;
-        return Answer::error(
-            StatusCode::SERVICE_UNAVAILABLE,
-            Outcome::Busy,
-            "loading the model; try again shortly",
-        );
+/// The answer to a failed request: its status by its kind, the error in words.
+fn refuse(e: &anyhow::Error) -> (Response, Outcome) {
+    let (status, outcome) = status_of(kind_of(e));
+    let mut response = (status, format!("{e:#}\n")).into_response();
+    if status == StatusCode::SERVICE_UNAVAILABLE {
+        response
+            .headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
     }
-    // A place in the queue first: a full service refuses without keeping anything.
-    if app.metrics.in_flight.fetch_add(1, Ordering::SeqCst) >= opts.queue as u64 {
-        app.metrics.in_flight.fetch_sub(1, Ordering::SeqCst);
-        discard(body, opts).await;
-        return Answer::error(
-            StatusCode::SERVICE_UNAVAILABLE,
-            Outcome::Busy,
-            format!("busy: {} requests are being restored; retry after a second", opts.queue),
-        );
-    }
-    let _place = Place(&app.metrics.in_flight);
-    let bytes = match tokio::time::timeout(opts.read_timeout, axum::body::to_bytes(body, opts.max_body)).await {
-        Err(_) => {
-            return Answer::error(
-                StatusCode::REQUEST_TIMEOUT,
-                Outcome::SlowClient,
-                format!("the image did not arrive within {} s", opts.read_timeout.as_secs_f64()),
-            )
-        }
-        Ok(Err(e)) => {
-            let text = format!("{e}");
-            if std::error::Error::source(&e).is_some_and(|s| s.to_string().contains("length limit"))
-                || text.contains("length limit")
-            {
-                return Answer::error(
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    Outcome::TooLarge,
-                    format!("the body is larger than {} bytes (--max-body-mb)", opts.max_body),
-                );
-            }
-            return Answer::error(
-                StatusCode::BAD_REQUEST,
-                Outcome::BadRequest,
-                format!("the image was not received whole ({text})"),
-            );
-        }
-        Ok(Ok(b)) => b,
-    };
-    if bytes.is_empty() {
-        return Answer::error(
-            StatusCode::BAD_REQUEST,
-            Outcome::BadRequest,
-            "empty body: send the image's bytes (JPEG, PNG, WebP, TIFF or BMP)",
-        );
-    }
-    let in_ext = match imagesize::image_type(&bytes) {
-        Ok(imagesize::ImageType::Png) => "png",
-        Ok(imagesize::ImageType::Jpeg) => "jpg",
-        Ok(imagesize::ImageType::Webp) => "webp",
-        Ok(imagesize::ImageType::Tiff) => "tiff",
-        Ok(imagesize::ImageType::Bmp) => "bmp",
-        _ => {
-            return Answer::error(
-                StatusCode::BAD_REQUEST,
-                Outcome::BadRequest,
-                "not a picture this service takes: send JPEG, PNG, WebP, TIFF or BMP bytes",
-            )
-        }
-    };
-    match imagesize::blob_size(&bytes) {
-        Ok(size) if (size.width as u64) * (size.height as u64) > opts.max_pixels => {
-            return Answer::error(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                Outcome::TooLarge,
-                format!(
-                    "a {}x{} picture ({:.1} megapixels) is larger than this service takes ({:.1}, --max-pixels); scale it down first",
-                    size.width,
-                    size.height,
-                    (size.width as u64 * size.height as u64) as f64 / 1e6,
-                    opts.max_pixels as f64 / 1e6
-                ),
-            )
-        }
-        Ok(_) => {}
-        Err(_) => {
-            return Answer::error(
-                StatusCode::BAD_REQUEST,
-                Outcome::BadRequest,
-                "the picture's header is damaged: its size cannot be read",
-            )
-        }
-    }
-    let out_ext = match q.format.as_deref().map(str::to_ascii_lowercase) {
-        None => in_ext.to_string(),
-        Some(f) if f == "jpeg" => "jpg".into(),
-        Some(f) if f == "tif" => "tiff".into(),
-        Some(f) if FORMATS.iter().any(|(e, _)| *e == f) => f,
-        Some(f) => {
-            return Answer::error(
-                StatusCode::BAD_REQUEST,
-                Outcome::BadRequest,
-                format!("format={f}: give png, jpg, webp, tiff or bmp"),
-            )
-        }
-    };
-    let compare = match q.compare.as_deref() {
-        None => None,
-        Some("side") => Some(Compare::Side),
-        Some("split") => Some(Compare::Split),
-        Some(c) => {
-            return Answer::error(
-                StatusCode::BAD_REQUEST,
-                Outcome::BadRequest,
-                format!("compare={c}: give side or split"),
-            )
-        }
-    };
-    if let Some(b) = q.blend.filter(|b| !(0.0..=1.0).contains(b)) {
-        return Answer::error(
-            StatusCode::BAD_REQUEST,
-            Outcome::BadRequest,
-            format!("blend={b}: give a value from 0 to 1"),
-        );
-    }
-    let id = app.next_id.fetch_add(1, Ordering::Relaxed);
-    let input = app.dir.path().join(format!("in-{id}.{in_ext}"));
-    let output = app.dir.path().join(format!("out-{id}.{out_ext}"));
-    let _files = Files(vec![input.clone(), output.clone()]);
-    if let Err(e) = tokio::fs::write(&input, &bytes).await {
-        return Answer::error(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            Outcome::Error,
-            format!("cannot keep the upload: {e}"),
-        );
-    }
-    drop(bytes);
-    // Probing opens the picture with FFmpeg: off the async threads.
-    let cancel = CancelToken::new();
-    let job = {
-        let (app, input, output, cancel) = (app.clone(), input.clone(), output.clone(), cancel.clone());
-        tokio::task::spawn_blocking(move || app.settings.job(&input, &output, cancel)).await
-    };
-    let mut job = match job {
-        Ok(Ok(j)) => j,
-        Ok(Err(e)) => {
-            return Answer::error(
-                StatusCode::BAD_REQUEST,
-                Outcome::BadRequest,
-                format!(
-                    "the picture cannot be read: {}",
-                    private(&format!("{e:#}"), app.dir.path())
-                ),
-            )
-        }
-        Err(_) => return Answer::error(StatusCode::INTERNAL_SERVER_ERROR, Outcome::Error, "internal error"),
-    };
-    job.view = Some(crate::frame::View {
-        blend: q.blend.unwrap_or(job.treatment.blend),
-        compare,
-    });
-    let (reply, result) = tokio::sync::oneshot::channel();
-    let sent = app
-        .tx
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .as_ref()
-        .is_some_and(|tx| tx.send(Submit { job, reply }).is_ok());
-    if !sent {
-        return Answer::error(
-            StatusCode::SERVICE_UNAVAILABLE,
-            Outcome::Busy,
-            "the service is stopping",
-        );
-    }
-    let left = opts.deadline.saturating_sub(start.elapsed());
-    let done = match tokio::time::timeout(left, result).await {
-        Err(_) => {
-            // Its picture is dropped where the pipeline meets it next.
-            cancel.cancel();
-            return Answer::error(
-                StatusCode::GATEWAY_TIMEOUT,
-                Outcome::Timeout,
-                format!("not restored within {} s (--deadline-s)", opts.deadline.as_secs_f64()),
-            );
-        }
-        Ok(Err(_)) => return Answer::error(StatusCode::INTERNAL_SERVER_ERROR, Outcome::Error, "the engine stopped"),
-        Ok(Ok(Err(e))) => {
-            let text = private(&format!("{e:#}"), app.dir.path());
-            return if text.contains("decode stage") {
-                Answer::error(
-                    StatusCode::BAD_REQUEST,
-                    Outcome::BadRequest,
-                    format!("the picture cannot be decoded: {text}"),
-                )
-            } else {
-                Answer::error(StatusCode::INTERNAL_SERVER_ERROR, Outcome::Error, text)
-            };
-        }
-        Ok(Ok(Ok(d))) => d,
-    };
-    let image = match tokio::fs::read(&done.output).await {
-        Ok(b) => b,
-        Err(e) => {
-            return Answer::error(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                Outcome::Error,
-                format!("cannot read the restored picture: {e}"),
-            )
-        }
-    };
-    let ms = start.elapsed().as_secs_f64() * 1e3;
-    let faces = done.faces;
-    let mime = FORMATS
-        .iter()
-        .find(|(e, _)| *e == out_ext)
-        .map_or("application/octet-stream", |f| f.1);
-    let response = if q.json == Some(1) {
-        let record = serde_json::json!({
-            "faces": done.boxes.iter().map(|b| serde_json::json!({"bbox": b})).collect::<Vec<_>>(),
-            "format": out_ext,
-            "bytes": image.len(),
-            "pipeline_ms": done.seconds * 1e3,
-            "total_ms": ms,
-        });
-        ([(header::CONTENT_TYPE, "application/json")], record.to_string() + "\n").into_response()
-    } else {
-        let mut r = ([(header::CONTENT_TYPE, mime)], image).into_response();
-        let h = r.headers_mut();
-        h.insert("x-faces", HeaderValue::from(faces));
-        if let Ok(v) = HeaderValue::from_str(&format!("total;dur={ms:.1}, pipeline;dur={:.1}", done.seconds * 1e3)) {
-            h.insert("server-timing", v);
-        }
-        if let Ok(v) = HeaderValue::from_str(&serde_json::to_string(&done.boxes).unwrap_or_default()) {
-            h.insert("x-face-boxes", v);
-        }
-        r
-    };
-    Answer {
-        status: StatusCode::OK,
-        outcome: Outcome::Ok,
-        response,
-        faces,
-    }
-}
-
-/// `text` with the service's temporary folder named as "the upload" (a client never sees this
-/// machine's paths).
-fn private(text: &str, dir: &Path) -> String {
-    let d = dir.display().to_string();
-    let mut out = text.to_string();
-    while let Some(i) = out.find(&d) {
-        // The folder and the file name after it.
-        let end = out[i + d.len()..]
-            .find(|c: char| c.is_whitespace() || c == ':' || c == ',' || c == ')')
-            .map_or(out.len(), |j| i + d.len() + j);
-        out.replace_range(i..end, "the upload");
-    }
-    out
+    (response, outcome)
 }
 
 #[cfg(test)]
@@ -659,9 +635,19 @@ mod tests {
     use super::*;
 
     #[test]
-    fn messages_never_name_the_temporary_folder() {
-        let dir = Path::new("/tmp/gpen-video-serve-x1");
-        let t = private("decode stage, input /tmp/gpen-video-serve-x1/in-3.png: broken (x)", dir);
-        assert_eq!(t, "decode stage, input the upload: broken (x)");
+    fn every_kind_of_failure_has_its_status() {
+        let status = |k| status_of(k).0.as_u16();
+        assert_eq!(status(Kind::BadInput), 400);
+        assert_eq!(status(Kind::TooLarge), 413);
+        assert_eq!(status(Kind::Busy), 503);
+        assert_eq!(status(Kind::Slow), 408);
+        assert_eq!(status(Kind::Deadline), 504);
+        assert_eq!(status(Kind::Engine), 500);
+        let e = Failure::error(Kind::TooLarge, "big").context("the upload");
+        assert_eq!(
+            refuse(&e).0.status().as_u16(),
+            413,
+            "a kind survives the context put on it"
+        );
     }
 }
