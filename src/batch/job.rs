@@ -248,9 +248,8 @@ fn stream_images(
     events: &Sender<Event>,
     held: &Mutex<Vec<Clip>>,
 ) {
-    // The clips of the stream running, by their number in it.
-    let taken: Mutex<Vec<(Clip, Stamp, Option<Claim>)>> = Mutex::new(Vec::new());
-    let mut take = || -> Option<Job> {
+    // Each picture goes with its clip, stamp and claim (the stream answers by them).
+    let mut take = || -> Option<(Job, (Clip, Stamp, Option<Claim>))> {
         loop {
             if ctx.ints.requested() {
                 return None;
@@ -260,13 +259,7 @@ fn stream_images(
                 continue;
             };
             match prepare(job, ctx, settings, &clip, events) {
-                Ok((spec, stamp)) => {
-                    taken
-                        .lock()
-                        .expect("no panic holds it")
-                        .push((clip, stamp, Some(claim)));
-                    return Some(spec);
-                }
+                Ok((spec, stamp)) => return Some((spec, (clip, stamp, Some(claim)))),
                 Err(e) => {
                     let reason = format!("{e:#}");
                     let _ = events.send(Event::Failed {
@@ -278,12 +271,7 @@ fn stream_images(
             }
         }
     };
-    let done = |k: usize, outcome: Result<crate::pipeline::ImageDone>| {
-        let (clip, stamp, claim) = {
-            let mut t = taken.lock().expect("no panic holds it");
-            let e = &mut t[k];
-            (e.0.clone(), e.1, e.2.take())
-        };
+    let done = |(clip, stamp, claim): (Clip, Stamp, Option<Claim>), outcome: Result<crate::pipeline::ImageDone>| {
         let event = match outcome.and_then(|d| record(ctx, &clip, stamp, 1, d.faces, d.seconds)) {
             Ok((done, entry)) => {
                 let _ = events.send(Event::Progress { job, frames: 1 });
@@ -304,18 +292,10 @@ fn stream_images(
         let _ = events.send(event);
     };
     while let Some(first) = take() {
-        // A new stream numbers its pictures from 0 again: `first` is its 0 (every picture of
-        // an earlier stream has been reported).
-        {
-            let mut t = taken.lock().expect("no panic holds it");
-            let first_clip = t.pop().expect("take() just pushed it");
-            t.clear();
-            t.push(first_clip);
-        }
-        let engine = match settings.engine_for(cached, &first) {
+        let engine = match settings.engine_for(cached, &first.0) {
             Ok(e) => e,
             Err(e) => {
-                done(0, Err(e));
+                done(first.1, Err(e));
                 continue;
             }
         };

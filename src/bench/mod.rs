@@ -208,35 +208,7 @@ fn bench_source(o: &BenchOptions, src: &Path, tmp: &Path, report: &mut BenchRepo
         }
     }
 
-    if let Some(last) = runs.last() {
-        report.rows.push(BenchRow {
-            source: name.clone(),
-            kind: "pipeline",
-            device: device.clone(),
-            batch,
-            frames: last.frames,
-            faces: last.faces,
-            fps: Some(median(runs.iter().map(Summary::fps).collect())),
-            faces_per_s: median(runs.iter().map(Summary::faces_per_s).collect()),
-            ms_per_batch: median(
-                runs.iter()
-                    .flat_map(|s| s.workers.iter().map(|w| w.ms_per_batch()))
-                    .collect(),
-            ),
-            peak_mib: peak_rss().map(|b| b >> 20),
-            gpu_mib: last.workers.iter().filter_map(|w| w.device_mib).max(),
-            runs: runs.len(),
-            flicker: {
-                let f: Vec<f64> = runs
-                    .iter()
-                    .filter_map(|s| s.flicker)
-                    .filter(|f| f.pairs > 0)
-                    .map(|f| f.output())
-                    .collect();
-                (!f.is_empty()).then(|| median(f))
-            },
-        });
-    }
+    report.rows.extend(pipeline_row(&name, &device, batch, &runs));
     if with_ceiling {
         report.rows.push(BenchRow {
             source: name.clone(),
@@ -274,6 +246,36 @@ fn bench_source(o: &BenchOptions, src: &Path, tmp: &Path, report: &mut BenchRepo
         });
     }
     Ok(())
+}
+
+/// The pipeline's row of a source: medians over its counted `runs` (none without runs).
+fn pipeline_row(name: &str, device: &str, batch: usize, runs: &[Summary]) -> Option<BenchRow> {
+    let last = runs.last()?;
+    let flicker: Vec<f64> = runs
+        .iter()
+        .filter_map(|s| s.flicker)
+        .filter(|f| f.pairs > 0)
+        .map(|f| f.output())
+        .collect();
+    Some(BenchRow {
+        source: name.to_string(),
+        kind: "pipeline",
+        device: device.to_string(),
+        batch,
+        frames: last.frames,
+        faces: last.faces,
+        fps: Some(median(runs.iter().map(Summary::fps).collect())),
+        faces_per_s: median(runs.iter().map(Summary::faces_per_s).collect()),
+        ms_per_batch: median(
+            runs.iter()
+                .flat_map(|s| s.workers.iter().map(|w| w.ms_per_batch()))
+                .collect(),
+        ),
+        peak_mib: peak_rss().map(|b| b >> 20),
+        gpu_mib: last.workers.iter().filter_map(|w| w.device_mib).max(),
+        runs: runs.len(),
+        flicker: (!flicker.is_empty()).then(|| median(flicker)),
+    })
 }
 
 /// CPU time of the whole process so far (every thread's user and system time).

@@ -197,8 +197,8 @@ fn stream(engine: &mut Engine, long_side: usize, jobs: &[Job]) -> Result<Summary
     // Owned: the stream's decoder takes them on its own thread.
     let rest: Vec<Job> = jobs[1..].to_vec();
     let mut rest = rest.into_iter();
-    let mut next = || rest.next();
-    let done = |_: usize, r: Result<pipeline::ImageDone>| {
+    let mut next = || rest.next().map(|j| (j, ()));
+    let done = |(), r: Result<pipeline::ImageDone>| {
         if let Err(e) = r {
             failed
                 .lock()
@@ -206,7 +206,7 @@ fn stream(engine: &mut Engine, long_side: usize, jobs: &[Job]) -> Result<Summary
                 .get_or_insert(format!("{e:#}"));
         }
     };
-    let summary = pipeline::run_images(engine, (long_side, None), jobs[0].clone(), &mut next, &done)?;
+    let summary = pipeline::run_images(engine, (long_side, None), (jobs[0].clone(), ()), &mut next, &done)?;
     if let Some(e) = failed.into_inner().expect("no panic holds it") {
         bail!("{e}");
     }

@@ -347,3 +347,36 @@ unsafe fn finish_open(
         Ok(ffmpeg::format::context::Input::wrap(ps))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bytes_in_memory_open_nothing_else() {
+        let dir = tempfile::tempdir().unwrap();
+        let secret = dir.path().join("secret.mp4");
+        std::fs::write(&secret, b"not for strangers").unwrap();
+        let name = Path::new("upload.png");
+        for list in [
+            format!("ffconcat version 1.0\nfile '{}'\n", secret.display()),
+            format!(
+                "#EXTM3U\n#EXT-X-TARGETDURATION:1\n#EXTINF:1,\nfile:{}\n#EXT-X-ENDLIST\n",
+                secret.display()
+            ),
+        ] {
+            let bytes: Arc<[u8]> = Arc::from(list.as_bytes());
+            let err = open_source(name, Some(&bytes))
+                .err()
+                .expect("a list in memory is refused");
+            if let Some(r) = err.downcast_ref::<Refused>() {
+                assert!(r.asked.iter().any(|a| a.contains("secret.mp4")), "{r}");
+            }
+        }
+        // Garbage is an error when probed, never a panic.
+        for garbage in [&b""[..], b"\x89PNG\r\n\x1a\n", &[0u8; 4096]] {
+            let bytes: Arc<[u8]> = Arc::from(garbage);
+            assert!(crate::media::decode::probe_memory(name, bytes).is_err(), "{garbage:?}");
+        }
+    }
+}

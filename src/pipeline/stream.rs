@@ -44,14 +44,15 @@ pub struct ImageDone {
     pub bytes: Option<Vec<u8>>,
 }
 
-/// What each picture reports: its number in the stream (0 for `first`, then in the order
-/// `next` gave them) and its outcome.
+/// What each picture reports: the tag it came with (whatever its caller answers it by: a
+/// request's reply, a batch's clip) and its outcome.
 ///
 /// Each picture is pasted with its own job's blend and compare view; the mask is `first`'s.
-pub type Outcome<'a> = &'a (dyn Fn(usize, Result<ImageDone>) + Sync);
+pub type Outcome<'a, R> = &'a (dyn Fn(R, Result<ImageDone>) + Sync);
 
-/// The pictures pulled and not yet reported, with when each started.
-type Table = Mutex<HashMap<usize, (Job, Instant)>>;
+/// The pictures pulled and not yet reported, by their number in the stream: each one's job,
+/// when it started and its tag. The stream's one table: callers keep none.
+type Table<R> = Mutex<HashMap<usize, (Job, Instant, R)>>;
 
 /// Runs `first` and every job `next` gives (until it returns `None` or a job's cancel token
 /// is set) through `engine` as one stream; `long_side` is the detection copy's long side
@@ -60,44 +61,44 @@ type Table = Mutex<HashMap<usize, (Job, Instant)>>;
 /// too many pictures wait, as a folder is streamed). `done`
 /// hears exactly once of every picture taken. Fails only when the stream as a whole broke
 /// (the model failed); the pictures it took with it are reported failed first.
-pub fn run_images(
+pub fn run_images<R: Send>(
     engine: &mut Engine,
     (long_side, flush): (usize, Option<std::time::Duration>),
-    first: Job,
-    next: &mut (dyn FnMut() -> Option<Job> + Send),
-    done: Outcome,
+    first: (Job, R),
+    next: &mut (dyn FnMut() -> Option<(Job, R)> + Send),
+    done: Outcome<R>,
 ) -> Result<Summary> {
-    let table: Table = Mutex::new(HashMap::new());
+    let table: Table<R> = Mutex::new(HashMap::new());
     let result = run_inner(engine, (long_side, flush), first, next, done, &table);
-    let left: Vec<usize> = table
+    let left: Vec<R> = table
         .lock()
         .expect("no panic holds it")
         .drain()
-        .map(|(k, _)| k)
+        .map(|(_, (_, _, r))| r)
         .collect();
-    for k in left {
+    for r in left {
         let why = match &result {
             Err(e) => anyhow!("{e:#}"),
             Ok(_) => anyhow!("internal error: the picture was lost in the stream"),
         };
-        done(k, Err(why));
+        done(r, Err(why));
     }
     result
 }
 
-fn run_inner(
+fn run_inner<R: Send>(
     engine: &mut Engine,
     (long_side, flush): (usize, Option<std::time::Duration>),
-    first: Job,
-    next: &mut (dyn FnMut() -> Option<Job> + Send),
-    done: Outcome,
-    table: &Table,
+    first: (Job, R),
+    next: &mut (dyn FnMut() -> Option<(Job, R)> + Send),
+    done: Outcome<R>,
+    table: &Table<R>,
 ) -> Result<Summary> {
     let start = Instant::now();
     engine.detector.reset();
     let fixed = engine.detector.fixed_size();
     let middle = Middle {
-        treatment: first.treatment.clone(),
+        treatment: first.0.treatment.clone(),
         video: false,
         flush: flush.map_or(Flush::Never, Flush::After),
     };
@@ -130,20 +131,20 @@ fn run_inner(
 /// the detector starts afresh on each); a picture that cannot be decoded is reported failed
 /// here and the stream goes on.
 #[allow(clippy::too_many_arguments)]
-fn decode(
-    first: Job,
-    next: &mut (dyn FnMut() -> Option<Job> + Send),
+fn decode<R: Send>(
+    first: (Job, R),
+    next: &mut (dyn FnMut() -> Option<(Job, R)> + Send),
     (long_side, fixed): (usize, Option<(usize, usize)>),
     pools: (&Pool<Vec<u8>>, &Pool<Vec<u8>>),
     threads: usize,
-    table: &Table,
-    done: Outcome,
+    table: &Table<R>,
+    done: Outcome<R>,
     tx: Sender<Frame>,
 ) -> Result<StageStat> {
     // The next picture and its number, taken under one lock.
     let source = Mutex::new((Some(first), next, 0usize));
     let gone = std::sync::atomic::AtomicBool::new(false);
-    let take = || -> Option<(usize, Job)> {
+    let take = || -> Option<(usize, (Job, R))> {
         if gone.load(std::sync::atomic::Ordering::Relaxed) {
             return None;
         }
@@ -153,12 +154,12 @@ fn decode(
         *k += 1;
         Some((*k - 1, job))
     };
-    let one = |clock: &mut Clock, k: usize, job: Job| {
+    let one = |clock: &mut Clock, k: usize, (job, tag): (Job, R)| {
         let input = job.source.path.display().to_string();
         if job.cancel.is_cancelled() {
             // Not wanted any more (a stop, a request past its deadline): the stream goes on
             // with the next, if `next` gives one.
-            done(k, Err(Cancelled { frames: 0, input }.into()));
+            done(tag, Err(Cancelled { frames: 0, input }.into()));
             return;
         }
         let (t, c) = (Instant::now(), crate::stats::thread_cpu_time());
@@ -172,7 +173,7 @@ fn decode(
         };
         let decoder = Decoder::new(job.source.clone(), stored, job.hwaccel_cuda);
         let (view, dropped) = (job.view(), job.cancel.flag());
-        table.lock().expect("no panic holds it").insert(k, (job, t));
+        table.lock().expect("no panic holds it").insert(k, (job, t, tag));
         let mut sent = false;
         // A still has one picture; the first frame is the one written.
         let run = decoder.run(pools, Some(1), |mut f| {
@@ -191,10 +192,14 @@ fn decode(
             false
         });
         if let Err(e) = run {
-            if !sent {
-                table.lock().expect("no panic holds it").remove(&k);
+            let taken = if sent {
+                None
+            } else {
+                table.lock().expect("no panic holds it").remove(&k)
+            };
+            if let Some((_, _, tag)) = taken {
                 done(
-                    k,
+                    tag,
                     Err(e.context(format!("decode stage, input {input}"))).kind(Kind::BadInput),
                 );
             }
@@ -224,11 +229,11 @@ fn decode(
 /// Writes each picture into its own output as it comes (under a temporary name, renamed when
 /// complete) and reports it, on `threads` threads; frame buffers go back to `rgb_pool`. Counts
 /// the faces restored and the pictures with faces.
-fn encode(
+fn encode<R: Send>(
     rgb_pool: &Pool<Vec<u8>>,
     threads: usize,
-    table: &Table,
-    done: Outcome,
+    table: &Table<R>,
+    done: Outcome<R>,
     rx: Receiver<FaceFrame>,
 ) -> Result<Encoded<()>> {
     let run = || {
@@ -239,7 +244,7 @@ fn encode(
             rx.recv()
         } {
             let k = frame.item;
-            let Some((job, t)) = table.lock().expect("no panic holds it").remove(&k) else {
+            let Some((job, t, tag)) = table.lock().expect("no panic holds it").remove(&k) else {
                 continue;
             };
             let outcome = if job.cancel.is_cancelled() {
@@ -266,7 +271,7 @@ fn encode(
                 n_faces += faces.len() as u64;
                 with_faces += u64::from(!faces.is_empty());
             }
-            done(k, outcome);
+            done(tag, outcome);
             rgb_pool.put(std::mem::take(&mut frame.rgb));
         }
         (clock.finish(), n_faces, with_faces)

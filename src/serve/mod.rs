@@ -19,7 +19,6 @@
 
 pub mod metrics;
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -60,10 +59,13 @@ pub struct ServeOptions {
     pub deadline: Duration,
 }
 
+/// Where a picture's result goes.
+type Reply = tokio::sync::oneshot::Sender<Result<ImageDone>>;
+
 /// A picture on its way to the engine, and where its result goes.
 struct Submit {
     job: Job,
-    reply: tokio::sync::oneshot::Sender<Result<ImageDone>>,
+    reply: Reply,
 }
 
 /// What the handlers share.
@@ -238,24 +240,15 @@ fn engine_loop(app: &App, rx: &crossbeam_channel::Receiver<Submit>) -> Result<()
     tracing::info!(model = %app.settings.recipe.model.path().display(), batch = engine.batch, workers = engine.workers.len(), "ready");
     let long_side = app.settings.recipe.treatment.detection.det_size;
     while let Ok(first) = rx.recv() {
-        let replies: Mutex<HashMap<usize, tokio::sync::oneshot::Sender<Result<ImageDone>>>> =
-            Mutex::new(HashMap::from([(0, first.reply)]));
-        let mut k = 0usize;
-        let mut next = || {
-            let s = rx.recv().ok()?;
-            k += 1;
-            replies.lock().unwrap_or_else(|e| e.into_inner()).insert(k, s.reply);
-            Some(s.job)
-        };
-        let done = |k: usize, r: Result<ImageDone>| {
-            if let Some(reply) = replies.lock().unwrap_or_else(|e| e.into_inner()).remove(&k) {
-                let _ = reply.send(r);
-            }
+        // Each picture carries its reply: the stream answers it when the picture is done.
+        let mut next = || rx.recv().ok().map(|s| (s.job, s.reply));
+        let done = |reply: Reply, r: Result<ImageDone>| {
+            let _ = reply.send(r);
         };
         let r = crate::pipeline::run_images(
             &mut engine,
             (long_side, Some(app.opts.max_wait)),
-            first.job,
+            (first.job, first.reply),
             &mut next,
             &done,
         );
