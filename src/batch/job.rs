@@ -237,6 +237,9 @@ fn run_claimed(
     events.send(event).is_ok()
 }
 
+/// What an image stream answers each picture by: its clip, its input's stamp and its claim.
+type Picture = (Clip, Stamp, Option<Claim>);
+
 /// Streams still images from `images` through the job's engine until the queue is empty or a
 /// stop is asked for; a stream the model broke is followed by a new one on fresh sessions.
 fn stream_images(
@@ -249,7 +252,7 @@ fn stream_images(
     held: &Mutex<Vec<Clip>>,
 ) {
     // Each picture goes with its clip, stamp and claim (the stream answers by them).
-    let mut take = || -> Option<(Job, (Clip, Stamp, Option<Claim>))> {
+    let mut take = || -> Option<(Job, Picture)> {
         loop {
             if ctx.ints.requested() {
                 return None;
@@ -271,7 +274,7 @@ fn stream_images(
             }
         }
     };
-    let done = |(clip, stamp, claim): (Clip, Stamp, Option<Claim>), outcome: Result<crate::pipeline::ImageDone>| {
+    let done = |(clip, stamp, claim): Picture, outcome: Result<crate::pipeline::ImageDone>| {
         let event = match outcome.and_then(|d| record(ctx, &clip, stamp, 1, d.faces, d.seconds)) {
             Ok((done, entry)) => {
                 let _ = events.send(Event::Progress { job, frames: 1 });
