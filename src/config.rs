@@ -101,7 +101,7 @@ impl FromStr for Device {
 
 impl Device {
     /// The sessions this device stands for: `cuda:all` becomes every GPU in `visible`.
-    pub fn targets(&self, visible: &[u32]) -> Result<Vec<Target>> {
+    pub(crate) fn targets(&self, visible: &[u32]) -> Result<Vec<Target>> {
         let targets: Vec<Target> = match self {
             Device::Cpu(n) => (0..*n).map(Target::Cpu).collect(),
             Device::Cuda(ids) if ids.is_empty() => {
@@ -212,7 +212,7 @@ fn say_no_mesh_once() {
 }
 
 /// GPUs the NVIDIA driver exposes, for `cuda:all`.
-pub fn visible_gpus() -> Vec<u32> {
+pub(crate) fn visible_gpus() -> Vec<u32> {
     let n = std::fs::read_dir("/proc/driver/nvidia/gpus")
         .map(|d| d.count())
         .unwrap_or(0);
@@ -302,7 +302,7 @@ impl Settings {
     /// The settings of each of `jobs` clips run at once (at most `clips`): one job on the CPU
     /// unless asked, the cores split between CPU jobs; on CUDA one job per GPU, each on one GPU
     /// (round robin when there are more jobs than GPUs).
-    pub fn per_job(&self, jobs: Option<usize>, clips: usize, threads_given: bool) -> Vec<Settings> {
+    pub(crate) fn per_job(&self, jobs: Option<usize>, clips: usize, threads_given: bool) -> Vec<Settings> {
         let gpus: Vec<Target> = self
             .targets
             .iter()
@@ -369,7 +369,7 @@ impl Settings {
 
     /// A picture that lives in memory (a service's upload, `in_ext` its format) restored into
     /// memory as `out_ext`: nothing is read from or written to the file system.
-    pub fn job_in_memory(
+    pub(crate) fn job_in_memory(
         &self,
         bytes: std::sync::Arc<[u8]>,
         in_ext: &str,
@@ -396,7 +396,7 @@ impl Settings {
     }
 
     /// What an engine for `job` is built for.
-    pub fn engine_key(&self, job: &Job) -> EngineKey {
+    pub(crate) fn engine_key(&self, job: &Job) -> EngineKey {
         EngineKey {
             model: self.recipe.model.0.clone(),
             detector: self.recipe.detector.0.clone(),
@@ -428,7 +428,7 @@ impl Settings {
 
     /// Loads an engine for streams of still images that are not known yet (a service): the
     /// detector is sized for each picture as it comes (`pipeline::run_images`).
-    pub fn engine_for_images(&self) -> Result<Engine> {
+    pub(crate) fn engine_for_images(&self) -> Result<Engine> {
         let d = self.recipe.treatment.detection.det_size;
         let key = EngineKey {
             model: self.recipe.model.0.clone(),
@@ -447,7 +447,7 @@ impl Settings {
     }
 
     /// The engine in `cache` if it was built for what `job` needs, else a new one put there.
-    pub fn engine_for<'a>(&self, cache: &'a mut Option<Engine>, job: &Job) -> Result<&'a mut Engine> {
+    pub(crate) fn engine_for<'a>(&self, cache: &'a mut Option<Engine>, job: &Job) -> Result<&'a mut Engine> {
         let key = self.engine_key(job);
         if cache.as_ref().is_some_and(|e| e.key == key) {
             return Ok(cache.as_mut().expect("checked"));

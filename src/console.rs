@@ -8,7 +8,7 @@ use std::io::Write;
 
 /// `text` with its control characters (but newlines and tabs) written as `\x1b`-style escapes,
 /// so a file name holding ESC or BEL cannot ring, recolour or rewrite the terminal.
-pub fn escape_controls(text: &str) -> Cow<'_, str> {
+pub(crate) fn escape_controls(text: &str) -> Cow<'_, str> {
     let control = |c: char| c.is_control() && c != '\n' && c != '\t';
     if !text.chars().any(control) {
         return Cow::Borrowed(text);

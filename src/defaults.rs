@@ -3,32 +3,32 @@
 //! It imports nothing, so every part may read it.
 
 /// Crops per model call.
-pub const BATCH: usize = 4;
+pub(crate) const BATCH: usize = 4;
 /// Long side of the detection copy.
-pub const DET_SIZE: usize = 640;
+pub(crate) const DET_SIZE: usize = 640;
 /// Minimum detector score.
-pub const DET_THRESHOLD: f32 = 0.5;
+pub(crate) const DET_THRESHOLD: f32 = 0.5;
 /// Overlap above which two detections are one face.
-pub const NMS_IOU: f32 = 0.3;
+pub(crate) const NMS_IOU: f32 = 0.3;
 /// At most this many faces per frame (the best-scoring ones).
-pub const MAX_FACES: usize = 32;
+pub(crate) const MAX_FACES: usize = 32;
 /// Full detection every this many frames (tracking in between).
-pub const DETECT_EVERY: u32 = 5;
+pub(crate) const DETECT_EVERY: u32 = 5;
 /// How much of the restored face is blended in.
-pub const BLEND: f32 = 1.0;
+pub(crate) const BLEND: f32 = 1.0;
 /// The paste mask (`--mask`): the face's own outline from the mesh.
-pub const MASK: &str = "mesh";
+pub(crate) const MASK: &str = "mesh";
 /// The face mesh's presence probability below which a detection is dropped (MediaPipe's own
 /// threshold).
-pub const FACE_CHECK: f32 = 0.5;
+pub(crate) const FACE_CHECK: f32 = 0.5;
 /// Memory of the temporal filter of the model's change, in frames (0: off).
-pub const TEMPORAL: f32 = 4.0;
+pub(crate) const TEMPORAL: f32 = 4.0;
 /// Longest memory the temporal filter takes, in frames.
-pub const TEMPORAL_MAX: f32 = 30.0;
+pub(crate) const TEMPORAL_MAX: f32 = 30.0;
 /// Largest smoothing sigma, in frames.
-pub const SMOOTH_MAX: f32 = 15.0;
+pub(crate) const SMOOTH_MAX: f32 = 15.0;
 /// Temporal smoothing of each tracked face's points: the Gaussian's sigma, in frames (0: off).
-pub const SMOOTH: f32 = 6.0;
+pub(crate) const SMOOTH: f32 = 6.0;
 /// Length of a long video's segments, in seconds (`--segment`): each is restored on its own
 /// (in parallel with `--jobs`, across machines with `batch --shard`) and kept when a run stops,
 /// at the cost of a warm-up of about a hundred frames each (3 % at 25 frames/s).
@@ -36,26 +36,26 @@ pub const SEGMENT_SECONDS: f64 = 180.0;
 /// Long videos: segments restored at once by one process (`--jobs`).
 pub const SEGMENT_JOBS: u16 = 1;
 /// The video encoder when none is given (a .webm output takes the first of `WEBM_CODECS`).
-pub const CODEC: &str = "libx264";
+pub(crate) const CODEC: &str = "libx264";
 /// x264/x265 constant rate factor.
-pub const CRF: u32 = 18;
+pub(crate) const CRF: u32 = 18;
 /// VP9's constant rate factor (its scale differs from x264's).
-pub const CRF_VP9: u32 = 31;
+pub(crate) const CRF_VP9: u32 = 31;
 /// x264/x265 preset.
-pub const PRESET: &str = "medium";
+pub(crate) const PRESET: &str = "medium";
 /// `--quality` for JPEG and WebP outputs (1 to 100, higher is better).
-pub const QUALITY: u32 = 92;
+pub(crate) const QUALITY: u32 = 92;
 /// The default enhancer: the official GPEN-BFR-512 if the user put it in models/, else the
 /// set-up's identity stand-in.
-pub const MODELS: [&str; 2] = ["models/GPEN-BFR-512.onnx", "models/standin/identity-512.onnx"];
+pub(crate) const MODELS: [&str; 2] = ["models/GPEN-BFR-512.onnx", "models/standin/identity-512.onnx"];
 /// The CenterFace detector the set-up installs.
-pub const DETECTOR: &str = "models/centerface.onnx";
+pub(crate) const DETECTOR: &str = "models/centerface.onnx";
 /// The face mesh the set-up makes (MediaPipe's face landmark model as ONNX).
-pub const MESH: &str = "models/face-mesh.onnx";
+pub(crate) const MESH: &str = "models/face-mesh.onnx";
 
 /// Most threads of a pool stage (alignment, paste): one per core up to this many. Past it the
 /// stages around the model are no longer what limits a run, and each thread holds a frame.
-pub const POOL_THREADS_MAX: usize = 16;
+pub(crate) const POOL_THREADS_MAX: usize = 16;
 
 /// `bench`: counted runs per source, after one warm-up run.
 pub const BENCH_REPEAT: usize = 3;

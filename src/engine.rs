@@ -84,7 +84,7 @@ impl CancelToken {
         self.0.store(true, Ordering::SeqCst);
     }
 
-    pub fn is_cancelled(&self) -> bool {
+    pub(crate) fn is_cancelled(&self) -> bool {
         self.0.load(Ordering::Relaxed)
     }
 
@@ -97,13 +97,13 @@ impl CancelToken {
 /// The error of a job stopped by its cancel token (not a failure of the job itself).
 #[derive(Debug, thiserror::Error)]
 #[error("cancelled after {frames} frames of {input}; no output written")]
-pub struct Cancelled {
+pub(crate) struct Cancelled {
     pub frames: u64,
     pub input: String,
 }
 
 /// Whether `e` (or any error it wraps) is a [`Cancelled`].
-pub fn is_cancelled(e: &anyhow::Error) -> bool {
+pub(crate) fn is_cancelled(e: &anyhow::Error) -> bool {
     e.chain().any(|c| c.is::<Cancelled>())
 }
 
@@ -130,7 +130,7 @@ pub enum Kind {
 
 /// An error marked with its [`Kind`]; it reads as the error it wraps.
 #[derive(Debug)]
-pub struct Failure {
+pub(crate) struct Failure {
     pub kind: Kind,
     inner: anyhow::Error,
 }
@@ -159,7 +159,7 @@ impl std::error::Error for Failure {
 }
 
 /// Marks an error with its kind.
-pub trait KindExt<T> {
+pub(crate) trait KindExt<T> {
     fn kind(self, kind: Kind) -> Result<T>;
 }
 
@@ -171,7 +171,7 @@ impl<T> KindExt<T> for Result<T> {
 
 /// The kind of `e`: the first mark in its chain, a [`Cancelled`], an input refused for naming
 /// other resources (bad input), else an engine failure.
-pub fn kind_of(e: &anyhow::Error) -> Kind {
+pub(crate) fn kind_of(e: &anyhow::Error) -> Kind {
     e.chain()
         .find_map(|c| {
             if let Some(f) = c.downcast_ref::<Failure>() {
@@ -207,7 +207,7 @@ pub struct Job {
 
 impl Job {
     /// How the job's pictures are shown: its own view, else the treatment's.
-    pub fn view(&self) -> View {
+    pub(crate) fn view(&self) -> View {
         self.view.unwrap_or_else(|| self.treatment.view())
     }
 

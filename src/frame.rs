@@ -103,7 +103,7 @@ impl Picture {
     }
 
     /// The decoded picture, when `rgb` holds only the regions filled from it so far.
-    pub fn partial_source(&self) -> Option<&VideoFrame> {
+    pub(crate) fn partial_source(&self) -> Option<&VideoFrame> {
         match self {
             Picture::RgbOf {
                 source, partial: true, ..
@@ -116,14 +116,14 @@ impl Picture {
     }
 
     /// Whether the output is the decoded picture's planes plus the paste's changes.
-    pub fn is_planes(&self) -> bool {
+    pub(crate) fn is_planes(&self) -> bool {
         matches!(self, Picture::Planes { .. })
     }
 }
 
 impl Frame {
     /// A frame with no picture: for tests of stages that look only at faces and order.
-    pub fn blank(index: u64) -> Frame {
+    pub(crate) fn blank(index: u64) -> Frame {
         Frame {
             index,
             pts: Some(index as i64),
@@ -165,7 +165,7 @@ pub struct Face {
 
 /// One face on its way through the stages: found by detection, aligned (its transform, frame
 /// footprint and crop), then restored.
-pub struct FaceJob {
+pub(crate) struct FaceJob {
     pub face: Face,
     /// Frame -> crop transform (identity until aligned).
     pub to_crop: Affine,
@@ -204,7 +204,7 @@ impl FaceJob {
 
 /// The envelope every stage from detection onward passes on: a frame with its faces (an empty
 /// list for frames without faces).
-pub struct FaceFrame {
+pub(crate) struct FaceFrame {
     pub frame: Frame,
     pub faces: Vec<FaceJob>,
 }

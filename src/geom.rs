@@ -42,7 +42,7 @@ impl Rect {
 
     /// Grown by `margin` on every side, clipped to the picture, the start rounded down to even
     /// (so a 4:2:0 chroma sample is never cut in half).
-    pub fn grown_even(&self, margin: usize, width: usize, height: usize) -> Rect {
+    pub(crate) fn grown_even(&self, margin: usize, width: usize, height: usize) -> Rect {
         Rect::new(
             self.x0.saturating_sub(margin) & !1,
             self.y0.saturating_sub(margin) & !1,
@@ -75,15 +75,15 @@ impl Serialize for Rect {
 pub struct Affine(pub [f64; 6]);
 
 impl Affine {
-    pub const IDENTITY: Affine = Affine([1.0, 0.0, 0.0, 0.0, 1.0, 0.0]);
+    pub(crate) const IDENTITY: Affine = Affine([1.0, 0.0, 0.0, 0.0, 1.0, 0.0]);
 
-    pub fn apply(&self, x: f64, y: f64) -> (f64, f64) {
+    pub(crate) fn apply(&self, x: f64, y: f64) -> (f64, f64) {
         let m = &self.0;
         (m[0] * x + m[1] * y + m[2], m[3] * x + m[4] * y + m[5])
     }
 
     /// The inverse map, or `None` when the matrix is singular.
-    pub fn inverse(&self) -> Option<Affine> {
+    pub(crate) fn inverse(&self) -> Option<Affine> {
         let [a, b, c, d, e, f] = self.0;
         let det = a * e - b * d;
         if det.abs() < 1e-12 {

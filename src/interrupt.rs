@@ -16,7 +16,7 @@ use anyhow::{Context, Result};
 use signal_hook::consts::{SIGINT, SIGTERM};
 
 /// Exit status for a run stopped by Ctrl-C (128 + SIGINT), the shell convention.
-pub const EXIT_INTERRUPTED: u8 = 130;
+pub(crate) const EXIT_INTERRUPTED: u8 = 130;
 
 /// The two stop requests. Clones share the same flags.
 #[derive(Clone, Debug, Default)]
@@ -50,7 +50,7 @@ impl Interrupts {
     }
 
     /// An immediate stop was asked for.
-    pub fn hard_requested(&self) -> bool {
+    pub(crate) fn hard_requested(&self) -> bool {
         self.hard.load(Ordering::SeqCst)
     }
 }

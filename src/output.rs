@@ -17,7 +17,7 @@ use crate::media::kind::{is_other_image, is_still, is_still_input};
 use crate::media::still::encoder_for as still_encoder;
 
 /// Whether two paths name the same existing file (hard links and `./x` vs `x` included).
-pub fn same_file(a: &Path, b: &Path) -> bool {
+pub(crate) fn same_file(a: &Path, b: &Path) -> bool {
     use std::os::unix::fs::MetadataExt;
     match (std::fs::metadata(a), std::fs::metadata(b)) {
         (Ok(x), Ok(y)) => x.dev() == y.dev() && x.ino() == y.ino(),
@@ -26,7 +26,7 @@ pub fn same_file(a: &Path, b: &Path) -> bool {
 }
 
 /// The folder a file path is in (`.` for a bare name).
-pub fn folder_of(path: &Path) -> PathBuf {
+pub(crate) fn folder_of(path: &Path) -> PathBuf {
     match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => PathBuf::from("."),
@@ -52,7 +52,7 @@ fn unique_tag() -> String {
 /// under a name no other process can pick, and locked (an advisory lock, held until this is
 /// dropped) so that [`remove_stale`] in another process, on this machine or another one on the
 /// same storage, never takes it for a dead run's leftover.
-pub struct Partial {
+pub(crate) struct Partial {
     path: PathBuf,
     /// Holds the lock.
     file: std::fs::File,
@@ -103,13 +103,13 @@ impl Partial {
     }
 
     /// Moves the finished file into place as `dest` (the lock is released after).
-    pub fn rename_to(self, dest: &Path) -> Result<()> {
+    pub(crate) fn rename_to(self, dest: &Path) -> Result<()> {
         std::fs::rename(&self.path, dest)
             .with_context(|| format!("cannot move the finished file into place as {}", dest.display()))
     }
 
     /// Removes the unfinished file.
-    pub fn discard(self) {
+    pub(crate) fn discard(self) {
         std::fs::remove_file(&self.path).ok();
     }
 }
@@ -119,7 +119,7 @@ impl Partial {
 /// restore a clip once. Lock files are tied to their process: a crashed holder's claim is
 /// free again at once.
 #[derive(Debug)]
-pub struct Claim {
+pub(crate) struct Claim {
     path: PathBuf,
     /// Holds the lock.
     _file: std::fs::File,
@@ -174,7 +174,7 @@ fn same_inode(file: &std::fs::File, path: &Path) -> bool {
 }
 
 /// The prefix and suffix of `output`'s partial files, for [`remove_stale`].
-pub fn partial_pattern(output: &Path) -> (String, String) {
+pub(crate) fn partial_pattern(output: &Path) -> (String, String) {
     let name = output
         .file_name()
         .map_or(String::new(), |n| n.to_string_lossy().into_owned());
@@ -187,7 +187,7 @@ pub fn partial_pattern(output: &Path) -> (String, String) {
 /// Removes the files in `dir` named `PREFIX...SUFFIX` that no live writer holds: what a
 /// crashed or killed run left half-written. A file whose lock is held (a run in flight, here or
 /// on another machine sharing the folder) is kept.
-pub fn remove_stale(dir: &Path, prefix: &str, suffix: &str) {
+pub(crate) fn remove_stale(dir: &Path, prefix: &str, suffix: &str) {
     let Ok(entries) = std::fs::read_dir(dir) else { return };
     for e in entries.flatten() {
         let name = e.file_name().to_string_lossy().into_owned();
@@ -223,7 +223,7 @@ fn check_folder(dir: &Path, what: &str) -> Result<()> {
 
 /// Whether a file name holds a printf-style number pattern (`%d`, `%03d`) that FFmpeg's image
 /// muxers and demuxers would expand into a sequence of files.
-pub fn has_sequence_pattern(path: &Path) -> bool {
+pub(crate) fn has_sequence_pattern(path: &Path) -> bool {
     let name = path
         .file_name()
         .map_or(String::new(), |n| n.to_string_lossy().into_owned());
@@ -240,7 +240,7 @@ pub fn has_sequence_pattern(path: &Path) -> bool {
 }
 
 /// Refuses a name FFmpeg would read as an image-sequence pattern (`what`: input or output).
-pub fn check_not_pattern(path: &Path, what: &str) -> Result<()> {
+pub(crate) fn check_not_pattern(path: &Path, what: &str) -> Result<()> {
     if has_sequence_pattern(path) {
         bail!(
             "{what} {} looks like an image-sequence pattern (`%d`): gpen-video reads and writes single video files; rename it without `%`",
@@ -253,7 +253,7 @@ pub fn check_not_pattern(path: &Path, what: &str) -> Result<()> {
 /// Accepts or refuses OUT for a job reading `input` and encoding with `s`: the one place that
 /// decides, called by a run, `batch` and `bench` (through `Settings::job`) before any work. The
 /// settings themselves (codec, crf, quality) were checked once by [`check_encoder`].
-pub fn accept_output(input: &Path, output: &Path, s: &EncodeSettings) -> Result<()> {
+pub(crate) fn accept_output(input: &Path, output: &Path, s: &EncodeSettings) -> Result<()> {
     check_path(input, output)?;
     if is_still(output) {
         check_still(output)
@@ -264,7 +264,7 @@ pub fn accept_output(input: &Path, output: &Path, s: &EncodeSettings) -> Result<
 
 /// Checks the encoder settings themselves (before any source is looked at): the encoder
 /// exists and is a video encoder, its crf and `--quality` are in range.
-pub fn check_encoder(s: &EncodeSettings) -> Result<()> {
+pub(crate) fn check_encoder(s: &EncodeSettings) -> Result<()> {
     crate::init_ffmpeg();
     check_quality(s.quality)?;
     if let Some(name) = &s.codec {
@@ -427,7 +427,7 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
 
 /// A file being written under a temporary name beside its final path ([`Partial`]);
 /// [`PendingFile::commit`] renames it into place, and dropping it uncommitted removes it.
-pub struct PendingFile {
+pub(crate) struct PendingFile {
     path: PathBuf,
     partial: Option<Partial>,
     file: Option<std::io::BufWriter<std::fs::File>>,
@@ -448,7 +448,7 @@ impl PendingFile {
     }
 
     /// Flushes the file and moves it into place.
-    pub fn commit(mut self) -> Result<()> {
+    pub(crate) fn commit(mut self) -> Result<()> {
         let file = self.file.take().expect("not committed yet");
         let file = file
             .into_inner()

@@ -66,7 +66,7 @@ pub fn init() -> Result<&'static Environment> {
 }
 
 /// Turns an ort error (whose builder variants are not `Send`) into an anyhow error.
-pub fn ort_err<E: std::fmt::Display>(e: E) -> anyhow::Error {
+pub(crate) fn ort_err<E: std::fmt::Display>(e: E) -> anyhow::Error {
     anyhow!("{e}")
 }
 

@@ -57,7 +57,7 @@ impl StageStat {
 }
 
 /// CPU time this thread has used so far (Linux: its own clock; elsewhere zero).
-pub fn thread_cpu_time() -> Duration {
+pub(crate) fn thread_cpu_time() -> Duration {
     let mut t = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: `t` is a valid, writable timespec for the duration of the call, and
     // CLOCK_THREAD_CPUTIME_ID is a clock every Linux kernel this runs on provides.
@@ -70,7 +70,7 @@ pub fn thread_cpu_time() -> Duration {
 }
 
 /// Measures the time a stage spends working (not waiting on its channels).
-pub struct Clock {
+pub(crate) struct Clock {
     stat: StageStat,
 }
 
@@ -96,7 +96,7 @@ impl Clock {
     }
 
     /// Adds time measured by the caller: wall time and this thread's CPU time.
-    pub fn add(&mut self, wall: Duration, cpu: Duration) {
+    pub(crate) fn add(&mut self, wall: Duration, cpu: Duration) {
         self.stat.busy += wall;
         self.stat.cpu += cpu;
     }
@@ -134,7 +134,7 @@ pub struct WorkerStat {
 }
 
 /// GPU memory used by this process on each GPU index, from `nvidia-smi` (empty without one).
-pub fn gpu_memory_by_index() -> Vec<(u32, u64)> {
+pub(crate) fn gpu_memory_by_index() -> Vec<(u32, u64)> {
     let query = |args: &[&str]| {
         std::process::Command::new("nvidia-smi")
             .args(args)
@@ -349,7 +349,7 @@ struct WorkerJson<'a> {
 }
 
 /// Peak resident set size of this process (VmHWM), in bytes.
-pub fn peak_rss() -> Option<u64> {
+pub(crate) fn peak_rss() -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
     let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
     let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;

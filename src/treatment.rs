@@ -78,7 +78,7 @@ impl Default for Treatment {
 impl Treatment {
     /// How each picture is shown: the blend and the compare view (a request may override it,
     /// see `engine::Job::view`).
-    pub fn view(&self) -> View {
+    pub(crate) fn view(&self) -> View {
         View {
             blend: self.blend,
             compare: self.compare,

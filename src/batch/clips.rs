@@ -9,7 +9,7 @@ use globset::{GlobBuilder, GlobSet, GlobSetBuilder};
 use walkdir::WalkDir;
 
 /// Extensions (lower case) taken as videos; any other file is listed as skipped.
-pub const VIDEO_EXTENSIONS: [&str; 14] = [
+pub(crate) const VIDEO_EXTENSIONS: [&str; 14] = [
     "mp4", "mkv", "mov", "avi", "webm", "m4v", "mpg", "mpeg", "ts", "mts", "m2ts", "wmv", "flv", "3gp",
 ];
 
@@ -31,14 +31,14 @@ pub struct Scan {
     pub not_video: Vec<String>,
 }
 
-pub fn is_video(path: &Path) -> bool {
+pub(crate) fn is_video(path: &Path) -> bool {
     path.extension()
         .and_then(|e| e.to_str())
         .is_some_and(|e| VIDEO_EXTENSIONS.contains(&e.to_ascii_lowercase().as_str()))
 }
 
 /// Whether a batch runs `path`: a video, or a still image (written as the same kind of image).
-pub fn is_clip(path: &Path) -> bool {
+pub(crate) fn is_clip(path: &Path) -> bool {
     is_video(path) || crate::media::still::is_still(path)
 }
 
@@ -49,7 +49,7 @@ pub fn is_clip(path: &Path) -> bool {
 /// of `globs` (when some are given) is left out silently. A symbolic link to a file outside
 /// `dir` is left out with a warning unless `follow_out` (on a shared upload folder a link can
 /// name anyone's file).
-pub fn scan(
+pub(crate) fn scan(
     dir: &Path,
     (recursive, follow_out): (bool, bool),
     globs: &[String],
@@ -140,7 +140,7 @@ fn glob_match(pattern: &str, text: &str) -> bool {
 }
 
 /// FNV-1a, 64 bits: a hash that is the same on every machine and every run.
-pub fn fnv1a64(bytes: &[u8]) -> u64 {
+pub(crate) fn fnv1a64(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
         (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
     })
@@ -160,13 +160,13 @@ impl std::fmt::Display for Shard {
 }
 
 impl Shard {
-    pub fn owns(&self, clip: &Clip) -> bool {
+    pub(crate) fn owns(&self, clip: &Clip) -> bool {
         fnv1a64(clip.key.as_bytes()) % self.count as u64 == self.index as u64
     }
 
     /// Whether segment `number` of a long clip is this shard's: a long clip's segments are
     /// dealt out to every shard in turn, starting with the shard that owns the clip.
-    pub fn owns_segment(&self, clip_key: &str, number: usize) -> bool {
+    pub(crate) fn owns_segment(&self, clip_key: &str, number: usize) -> bool {
         (fnv1a64(clip_key.as_bytes()) + number as u64) % self.count as u64 == self.index as u64
     }
 

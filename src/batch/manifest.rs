@@ -52,7 +52,7 @@ pub struct Manifest {
 pub use crate::output::Stamp;
 
 /// The manifest file this process writes in `out_dir`.
-pub fn path_for(out_dir: &Path, shard: Option<Shard>) -> PathBuf {
+pub(crate) fn path_for(out_dir: &Path, shard: Option<Shard>) -> PathBuf {
     out_dir.join(match shard {
         None => format!("{PREFIX}.json"),
         Some(s) => format!("{PREFIX}.shard-{}-of-{}.json", s.index, s.count),
@@ -81,7 +81,7 @@ impl Manifest {
 
     /// Every manifest in `out_dir` (all shards' and the unsharded one). One that cannot be read
     /// is left out with a warning: its clips are redone rather than trusted.
-    pub fn load_all(out_dir: &Path) -> Result<Vec<(PathBuf, Manifest)>> {
+    pub(crate) fn load_all(out_dir: &Path) -> Result<Vec<(PathBuf, Manifest)>> {
         let mut found = Vec::new();
         let entries = match std::fs::read_dir(out_dir) {
             Ok(e) => e,
@@ -110,7 +110,7 @@ impl Manifest {
     /// [`Manifest::save`] for a file other processes may write too (concurrent batches over
     /// the same folders without shards): under a lock beside it, the entries on disk that this
     /// one lacks, or holds older, are taken in first, so no process drops another's clips.
-    pub fn save_shared(&mut self, path: &Path) -> Result<()> {
+    pub(crate) fn save_shared(&mut self, path: &Path) -> Result<()> {
         let mut lock_name = path.file_name().unwrap_or_default().to_os_string();
         lock_name.push(".lock");
         let lock_path = path.with_file_name(lock_name);
@@ -137,7 +137,7 @@ impl Manifest {
 
     /// Writes the manifest to `path` atomically: a temporary file beside it, flushed to disk,
     /// renamed over the old one, and the folder flushed, so a crash leaves the old or the new.
-    pub fn save(&self, path: &Path) -> Result<()> {
+    pub(crate) fn save(&self, path: &Path) -> Result<()> {
         let dir = path
             .parent()
             .filter(|p| !p.as_os_str().is_empty())
@@ -162,7 +162,7 @@ impl Manifest {
 }
 
 /// Whether some manifest records `key` as finished after `unix_ms`.
-pub fn finished_after(manifests: &[(PathBuf, Manifest)], key: &str, unix_ms: u64) -> bool {
+pub(crate) fn finished_after(manifests: &[(PathBuf, Manifest)], key: &str, unix_ms: u64) -> bool {
     manifests
         .iter()
         .any(|(_, m)| m.clips.get(key).is_some_and(|e| e.finished_unix_ms > unix_ms))
@@ -193,7 +193,7 @@ pub fn vouched(manifests: &[(PathBuf, Manifest)], key: &str, input: Stamp, setti
 pub use crate::config::settings_hash;
 
 /// Milliseconds since the Unix epoch, now.
-pub fn now_unix_ms() -> u64 {
+pub(crate) fn now_unix_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)

@@ -104,7 +104,7 @@ impl Report {
 
 impl Report {
     /// Adds one image stream's figures to the batch's.
-    pub fn add_images(&mut self, s: &ImageStream) {
+    pub(crate) fn add_images(&mut self, s: &ImageStream) {
         let all = self.images.get_or_insert_with(|| ImageStream {
             batch: s.batch,
             ..Default::default()
@@ -128,7 +128,7 @@ impl ClipNote {
 
 impl Report {
     /// Prints the counts and every clip's fate to stderr.
-    pub fn print_summary(&self) {
+    pub(crate) fn print_summary(&self) {
         let r = self;
         let mut line = format!(
             "batch: {} done, {} skipped, {} failed",

@@ -19,13 +19,13 @@ use crate::pipeline;
 use crate::stats::{gpu_memory_by_index, peak_rss, Summary};
 
 /// Side of the generated portraits.
-pub const PORTRAIT_SIDE: usize = 1024;
+pub(crate) const PORTRAIT_SIDE: usize = 1024;
 /// Portraits generated when no folder is given.
 pub const DEFAULT_IMAGES: usize = 32;
 /// Batch sizes tried when none are given.
 pub const DEFAULT_BATCHES: [usize; 4] = [1, 4, 8, 16];
 /// The portrait the generated ones are made from (NASA, public domain; the set-up installs it).
-pub const SOURCE_PORTRAIT: &str = "samples/astronaut.png";
+pub(crate) const SOURCE_PORTRAIT: &str = "samples/astronaut.png";
 
 #[derive(Clone, Debug)]
 pub struct PortraitOptions {

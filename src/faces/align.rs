@@ -11,11 +11,11 @@ use crate::geom::{Affine, Rect};
 
 /// Frame pixels per crop pixel from which the warp filters first (below it, one bilinear
 /// sample per crop pixel reads every frame pixel at least once).
-pub const PREFILTER_RATIO: f64 = 1.5;
+pub(crate) const PREFILTER_RATIO: f64 = 1.5;
 
 /// The FFHQ five-point template, normalised to the crop size (x, y): left eye, right eye, nose,
 /// left mouth corner, right mouth corner (as facexlib and facefusion use it).
-pub const FFHQ_TEMPLATE: [[f64; 2]; 5] = [
+pub(crate) const FFHQ_TEMPLATE: [[f64; 2]; 5] = [
     [0.376_916_76, 0.468_646_64],
     [0.622_856_97, 0.469_128_13],
     [0.501_238_6, 0.613_319_04],
@@ -24,7 +24,7 @@ pub const FFHQ_TEMPLATE: [[f64; 2]; 5] = [
 ];
 
 /// The tighter arcface_128 template facefusion pairs with GPEN-BFR-256.
-pub const ARCFACE_128_TEMPLATE: [[f64; 2]; 5] = [
+pub(crate) const ARCFACE_128_TEMPLATE: [[f64; 2]; 5] = [
     [0.361_676_56, 0.403_877_34],
     [0.636_967_19, 0.402_354_69],
     [0.500_196_87, 0.560_442_19],
@@ -50,7 +50,8 @@ pub enum Template {
 
 impl Template {
     /// Every template by its name, as model files and the registry write it.
-    pub const NAMES: [(&'static str, Template); 2] = [("ffhq", Template::Ffhq), ("arcface_128", Template::Arcface128)];
+    pub(crate) const NAMES: [(&'static str, Template); 2] =
+        [("ffhq", Template::Ffhq), ("arcface_128", Template::Arcface128)];
 
     /// The template's points scaled to a crop of `size` pixels.
     pub fn points(self, size: usize) -> [[f32; 2]; 5] {
@@ -86,13 +87,14 @@ impl std::str::FromStr for Template {
 
 /// Bilinear sample of packed RGB24 at (x, y), edges replicated. Returns the three channels.
 #[inline]
-pub fn sample_rgb(rgb: &[u8], width: usize, height: usize, x: f64, y: f64) -> [f32; 3] {
+#[cfg(test)]
+pub(crate) fn sample_rgb(rgb: &[u8], width: usize, height: usize, x: f64, y: f64) -> [f32; 3] {
     sample_rgb_f32(rgb, width, height, x as f32, y as f32)
 }
 
-/// [`sample_rgb`] in f32, the form the per-pixel loops use.
+/// A bilinear sample in f32, the form the per-pixel loops use.
 #[inline(always)]
-pub fn sample_rgb_f32(rgb: &[u8], width: usize, height: usize, x: f32, y: f32) -> [f32; 3] {
+pub(crate) fn sample_rgb_f32(rgb: &[u8], width: usize, height: usize, x: f32, y: f32) -> [f32; 3] {
     let xf = x.clamp(0.0, (width - 1) as f32);
     let yf = y.clamp(0.0, (height - 1) as f32);
     // Non-negative after the clamp, so truncation is floor.
@@ -129,14 +131,14 @@ fn cubic_weights(t: f32) -> [f32; 4] {
 /// sampling halves it between pixels, so a warp into the crop and back keeps what the model
 /// did not change; exact at pixel centres.
 #[inline(always)]
-pub fn sample_rgb_cubic_f32(rgb: &[u8], width: usize, height: usize, x: f32, y: f32) -> [f32; 3] {
+pub(crate) fn sample_rgb_cubic_f32(rgb: &[u8], width: usize, height: usize, x: f32, y: f32) -> [f32; 3] {
     sample_cubic3(rgb, width, height, x, y).map(|v| v.clamp(0.0, 255.0))
 }
 
 /// Bicubic (Catmull-Rom) sample of any packed three-channel picture (RGB24, or a signed
 /// change field in f32) at (x, y), edges replicated, not clamped.
 #[inline(always)]
-pub fn sample_cubic3<T: Copy + Into<f32>>(px: &[T], width: usize, height: usize, x: f32, y: f32) -> [f32; 3] {
+pub(crate) fn sample_cubic3<T: Copy + Into<f32>>(px: &[T], width: usize, height: usize, x: f32, y: f32) -> [f32; 3] {
     let xf = x.clamp(0.0, (width - 1) as f32);
     let yf = y.clamp(0.0, (height - 1) as f32);
     // Non-negative after the clamp, so truncation is floor.
@@ -199,7 +201,7 @@ fn bilinear_rgb_inside(rgb: &[u8], width: usize, x: f32, y: f32) -> f32x4 {
 /// Whether [`cubic3_taps`] may read the neighbourhood of (x, y) in a packed three-channel
 /// picture of `width x height`: inside it with a pixel to spare on the right.
 #[inline(always)]
-pub fn cubic3_inside(width: usize, height: usize, x: f32, y: f32) -> bool {
+pub(crate) fn cubic3_inside(width: usize, height: usize, x: f32, y: f32) -> bool {
     x >= 1.0 && y >= 1.0 && x < width as f32 - 3.0 && y < height as f32 - 2.0
 }
 
@@ -208,7 +210,7 @@ pub fn cubic3_inside(width: usize, height: usize, x: f32, y: f32) -> bool {
 /// down the rows (the same order of operations, so the same value; lane 3 is junk). Each tap is
 /// one four-lane load: see [`cubic3_inside`].
 #[inline(always)]
-pub fn cubic3_taps(px: &[f32], width: usize, (x0, y0): (usize, usize), wx: [f32; 4], wy: [f32; 4]) -> f32x4 {
+pub(crate) fn cubic3_taps(px: &[f32], width: usize, (x0, y0): (usize, usize), wx: [f32; 4], wy: [f32; 4]) -> f32x4 {
     let wx = wx.map(f32x4::splat);
     let row = width * 3;
     let base = (y0 - 1) * row + (x0 - 1) * 3;
@@ -266,7 +268,7 @@ pub struct WarpScratch {
 
 impl WarpScratch {
     /// The texel buffer, for [`warp_cubic_loading`].
-    pub fn texels(&mut self) -> &mut Vec<f32x4> {
+    pub(crate) fn texels(&mut self) -> &mut Vec<f32x4> {
         &mut self.texels
     }
 }
@@ -287,7 +289,7 @@ fn load_texels(rgb: &[u8], width: usize, r: Rect, out: &mut Vec<f32x4>) {
 
 /// [`warp_to_tensor`] for a face whose crop covers `region` of the frame (its footprint, where
 /// `rgb` holds the picture with two pixels to spare): see [`warp_cubic_loading`].
-pub fn warp_cubic(
+pub(crate) fn warp_cubic(
     rgb: &[u8],
     (width, height): (usize, usize),
     to_crop: &Affine,
@@ -301,7 +303,7 @@ pub fn warp_cubic(
 }
 
 /// Appends a row of packed RGB24 to `out` as texels (R, G, B, 0 in f32).
-pub fn push_texels(row: &[u8], out: &mut Vec<f32x4>) {
+pub(crate) fn push_texels(row: &[u8], out: &mut Vec<f32x4>) {
     out.extend(
         row.chunks_exact(3)
             .map(|p| f32x4::new([p[0] as f32, p[1] as f32, p[2] as f32, 0.0])),
@@ -314,7 +316,7 @@ pub fn push_texels(row: &[u8], out: &mut Vec<f32x4>) {
 /// by two pixels, and each sample reads sixteen four-lane texels with no bounds work: the same
 /// sums in the same order as [`sample_cubic3`], so the same crop. Samples at the frame's edge
 /// take a clamped sampler over the same texels.
-pub fn warp_cubic_loading(
+pub(crate) fn warp_cubic_loading(
     load: &mut dyn FnMut(Rect, &mut Vec<f32x4>),
     (width, height): (usize, usize),
     to_crop: &Affine,
@@ -440,7 +442,7 @@ fn cubic_texels_clamped(tex: &[f32x4], r: Rect, (width, height): (usize, usize),
 
 /// [`cubic_weights`] of four points at once (the same operations lane by lane).
 #[inline(always)]
-pub fn cubic_weights4(t: f32x4) -> [f32x4; 4] {
+pub(crate) fn cubic_weights4(t: f32x4) -> [f32x4; 4] {
     let (t2, t3) = (t * t, t * t * t);
     let (half, two, three) = (f32x4::splat(0.5), f32x4::splat(2.0), f32x4::splat(3.0));
     [
@@ -600,7 +602,7 @@ pub fn warp_face(
 /// Maps one NCHW item in [-1, 1] back to packed RGB24 with clamping and rounding (the tests'
 /// view of a crop; the pipeline passes on [`tensor_change`]).
 #[cfg(test)]
-pub fn tensor_to_rgb(t: &[f32], size: usize, out: &mut Vec<u8>) {
+pub(crate) fn tensor_to_rgb(t: &[f32], size: usize, out: &mut Vec<u8>) {
     let plane = size * size;
     out.clear();
     out.reserve(plane * 3);
@@ -615,7 +617,7 @@ pub fn tensor_to_rgb(t: &[f32], size: usize, out: &mut Vec<u8>) {
 /// What the model changed in one crop: `restored` (its output) minus `given` (its input), both
 /// NCHW items in [-1, 1], as packed RGB in levels (0..255 scale), the output clamped to the
 /// picture's range first. Zero where the model gave its input back.
-pub fn tensor_change(restored: &[f32], given: &[f32], size: usize, out: &mut Vec<f32>) {
+pub(crate) fn tensor_change(restored: &[f32], given: &[f32], size: usize, out: &mut Vec<f32>) {
     let plane = size * size;
     out.clear();
     out.resize(plane * 3, 0.0);
@@ -645,7 +647,7 @@ pub fn tensor_change(restored: &[f32], given: &[f32], size: usize, out: &mut Vec
 
 /// The mip level to sample when one frame pixel covers `scale` crop pixels: the largest `k`
 /// with `2^k <= scale` (0 for faces as large as the crop or larger), at most `max`.
-pub fn mip_level(scale: f64, max: u32) -> u32 {
+pub(crate) fn mip_level(scale: f64, max: u32) -> u32 {
     if scale < 2.0 || !scale.is_finite() {
         0
     } else {
@@ -655,7 +657,7 @@ pub fn mip_level(scale: f64, max: u32) -> u32 {
 
 /// Luma (levels) of each 2x2 block of an NCHW crop in [-1, 1] of `size`, for the temporal
 /// filter's likeness test.
-pub fn crop_luma_half(crop: &[f32], size: usize, out: &mut Vec<f32>) {
+pub(crate) fn crop_luma_half(crop: &[f32], size: usize, out: &mut Vec<f32>) {
     let (h, plane) = (size / 2, size * size);
     out.clear();
     out.resize(h * h, 0.0);

@@ -37,7 +37,7 @@ pub fn iou(a: &[f32; 4], b: &[f32; 4]) -> f32 {
 
 /// Greedy non-maximum suppression: keeps the best-scoring face of each overlapping group
 /// (IoU >= `threshold`), best first.
-pub fn nms(mut faces: Vec<Face>, threshold: f32) -> Vec<Face> {
+pub(crate) fn nms(mut faces: Vec<Face>, threshold: f32) -> Vec<Face> {
     faces.sort_by(|a, b| b.score.total_cmp(&a.score));
     let mut kept: Vec<Face> = Vec::with_capacity(faces.len());
     for f in faces {
@@ -50,7 +50,7 @@ pub fn nms(mut faces: Vec<Face>, threshold: f32) -> Vec<Face> {
 
 /// Decodes CenterFace's four maps (heatmap, log-scale, offset, landmarks; each `h x w` at a
 /// quarter of the input size) into faces in input pixels, as the reference implementation does.
-pub fn decode_maps(
+pub(crate) fn decode_maps(
     heat: &[f32],
     scale: &[f32],
     offset: &[f32],
@@ -97,7 +97,7 @@ pub fn decode_maps(
 
 /// Maps a point of a picture shown rotated by `rotation` degrees counterclockwise (a multiple
 /// of 90, as a display matrix says) back to the stored picture of `w x h` pixels.
-pub fn display_to_storage(x: f32, y: f32, rotation: u32, (w, h): (usize, usize)) -> (f32, f32) {
+pub(crate) fn display_to_storage(x: f32, y: f32, rotation: u32, (w, h): (usize, usize)) -> (f32, f32) {
     let (wl, hl) = (w as f32 - 1.0, h as f32 - 1.0);
     match rotation {
         90 => (wl - y, x),
@@ -285,13 +285,13 @@ impl Detector {
 
     /// Full detection every `every` frames (at least 1) and tracking in between. A model with
     /// a fixed input size cannot look at windows, so it runs a full pass on every frame.
-    pub fn with_tracking(mut self, every: u32) -> Self {
+    pub(crate) fn with_tracking(mut self, every: u32) -> Self {
         self.track.every = if self.dynamic { every.max(1) } else { 1 };
         self
     }
 
     /// Keeps at most `n` faces per frame (at least 1).
-    pub fn with_max_faces(mut self, n: usize) -> Self {
+    pub(crate) fn with_max_faces(mut self, n: usize) -> Self {
         self.max_faces = n.max(1);
         self
     }
@@ -315,7 +315,7 @@ impl Detector {
 
     /// The next picture of an image stream, its detection copy `size`: a new scene of its own
     /// (no face is tracked into it), the counts go on.
-    pub fn next_picture(&mut self, size: (usize, usize)) {
+    pub(crate) fn next_picture(&mut self, size: (usize, usize)) {
         self.set_size(size);
         let t = &mut self.track;
         t.boxes.clear();
@@ -324,7 +324,7 @@ impl Detector {
 
     /// The detection copy's size (stored orientation) when the model's input size is fixed:
     /// every picture is shrunk to it, whatever its own size.
-    pub fn fixed_size(&self) -> Option<(usize, usize)> {
+    pub(crate) fn fixed_size(&self) -> Option<(usize, usize)> {
         self.fixed.then_some(self.size)
     }
 

@@ -148,7 +148,7 @@ impl Enhancer {
     }
 
     /// Largest batch a call may take, given the wanted batch size.
-    pub fn max_batch(&self, wanted: usize) -> usize {
+    pub(crate) fn max_batch(&self, wanted: usize) -> usize {
         self.info.fixed_batch.unwrap_or(wanted.max(1))
     }
 
@@ -211,7 +211,7 @@ pub struct Fault {
 }
 
 impl Fault {
-    pub fn from_env(worker: usize) -> Fault {
+    pub(crate) fn from_env(worker: usize) -> Fault {
         std::env::var("GPEN_VIDEO_FAULTS")
             .map(|v| Self::parse(&v, worker))
             .unwrap_or_default()
@@ -261,7 +261,7 @@ pub struct Live {
 
 impl Live {
     /// Counts one batch of `faces` that took `busy`.
-    pub fn add(&self, faces: u64, busy: std::time::Duration) {
+    pub(crate) fn add(&self, faces: u64, busy: std::time::Duration) {
         use std::sync::atomic::Ordering::Relaxed;
         self.batches.fetch_add(1, Relaxed);
         self.faces.fetch_add(faces, Relaxed);

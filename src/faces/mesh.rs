@@ -13,15 +13,15 @@ use crate::frame::Face;
 use crate::geom::Affine;
 
 /// The model's input side in pixels.
-pub const SIZE: usize = 192;
+pub(crate) const SIZE: usize = 192;
 /// Points of the mesh.
-pub const POINTS: usize = 468;
+pub(crate) const POINTS: usize = 468;
 /// The crop around a detection, as a multiple of its box's longer side (MediaPipe enlarges
 /// its detection rectangle 1.5 times).
 const ROI_SCALE: f64 = 1.5;
 
 /// MediaPipe's face outline, in order round the face (10: top of the forehead, 152: chin).
-pub const OUTLINE: [usize; 36] = [
+pub(crate) const OUTLINE: [usize; 36] = [
     10, 338, 297, 332, 284, 251, 389, 356, 454, 323, 361, 288, 397, 365, 379, 378, 400, 377, 152, 148, 176, 149, 150,
     136, 172, 58, 132, 93, 234, 127, 162, 21, 54, 103, 67, 109,
 ];
@@ -47,7 +47,7 @@ pub struct Mesh {
 impl Mesh {
     /// Left eye, right eye, nose tip, left and right mouth corners (as seen), as the detector
     /// gives them and the alignment templates expect.
-    pub fn five_points(&self) -> [[f32; 2]; 5] {
+    pub(crate) fn five_points(&self) -> [[f32; 2]; 5] {
         let mean = |idx: &[usize]| {
             let (sx, sy) = idx.iter().fold((0.0f32, 0.0f32), |(sx, sy), &i| {
                 (sx + self.points[i][0], sy + self.points[i][1])
@@ -71,7 +71,7 @@ impl Mesh {
 
 /// The frame -> mesh-crop transform for a detected face: a square of [`ROI_SCALE`] times the
 /// box's longer side round the box's centre, turned so the eyes are level.
-pub fn roi(face: &Face) -> Affine {
+pub(crate) fn roi(face: &Face) -> Affine {
     let [x0, y0, x1, y1] = face.bbox.map(f64::from);
     let (cx, cy) = ((x0 + x1) / 2.0, (y0 + y1) / 2.0);
     let side = ROI_SCALE * (x1 - x0).max(y1 - y0).max(1.0);

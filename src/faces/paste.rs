@@ -395,7 +395,7 @@ impl Mask {
 
 /// Crop pixels per frame pixel from which the paste reads a mip level (level k from
 /// `MIP_FROM * 2^(k-1)` crop pixels per frame pixel).
-pub const MIP_FROM: f64 = 3.0;
+pub(crate) const MIP_FROM: f64 = 3.0;
 
 /// One face to paste: what the model changed in its crop (restored minus the crop it was given,
 /// packed RGB levels in f32, the mask's size: see [`crate::faces::align::tensor_change`]) and where it
@@ -490,7 +490,7 @@ enum Cells {
 }
 
 /// Adds `changes` to a packed RGB24 frame `width` wide, rounding to the nearest level.
-pub fn apply_rgb(frame: &mut [u8], width: usize, changes: &[Change]) {
+pub(crate) fn apply_rgb(frame: &mut [u8], width: usize, changes: &[Change]) {
     for ch in changes {
         let r = ch.rect;
         for y in r.y0..r.y1 {
@@ -506,7 +506,14 @@ pub fn apply_rgb(frame: &mut [u8], width: usize, changes: &[Change]) {
 
 /// Pastes `faces` into a packed RGB24 frame (see [`changes`]): the tests' one-call form.
 #[cfg(test)]
-pub fn paste_all(frame: &mut [u8], width: usize, faces: &[Paste], mask: &Mask, blend: f32, scratch: &mut Scratch) {
+pub(crate) fn paste_all(
+    frame: &mut [u8],
+    width: usize,
+    faces: &[Paste],
+    mask: &Mask,
+    blend: f32,
+    scratch: &mut Scratch,
+) {
     let c = changes(faces, mask, blend, scratch, &mut Vec::new);
     apply_rgb(frame, width, &c);
 }
@@ -525,7 +532,7 @@ pub fn paste(frame: &mut [u8], width: usize, change: &[f32], to_crop: &Affine, r
 
 /// Halves a packed three-channel f32 picture of `w x h` by 2x2 box averages (odd edges repeat
 /// the last pixel).
-pub fn halve_f32(src: &[f32], w: usize, h: usize, out: &mut Vec<f32>) -> (usize, usize) {
+pub(crate) fn halve_f32(src: &[f32], w: usize, h: usize, out: &mut Vec<f32>) -> (usize, usize) {
     let (hw, hh) = (w.div_ceil(2).max(1), h.div_ceil(2).max(1));
     out.clear();
     out.reserve(hw * hh * 3);

@@ -19,9 +19,7 @@ use crate::frame::{Face, FaceFrame};
 
 /// A face moving more than this share of its eye distance between two frames has jumped (a
 /// cut inside a shot, a different face in the same place): its track is ended.
-pub const JUMP: f32 = 0.35;
-/// The largest `--smooth` sigma, in frames (the look-ahead holds twice as many frames).
-pub const MAX_SIGMA: f32 = crate::defaults::SMOOTH_MAX;
+pub(crate) const JUMP: f32 = 0.35;
 /// Speed (share of the eye distance per frame) at which the smoothing window has narrowed to
 /// sigma / sqrt(2).
 const SPEED: f64 = 0.01;
@@ -46,7 +44,7 @@ struct Track {
 }
 
 /// The smoothing state of one job: tracks, the frames held for look-ahead, the cut detector.
-pub struct Smoother {
+pub(crate) struct Smoother {
     sigma: f32,
     radius: u64,
     tracks: Vec<Track>,
@@ -76,7 +74,7 @@ impl Smoother {
     }
 
     /// Frames this smoother can hold at once.
-    pub fn capacity(&self) -> usize {
+    pub(crate) fn capacity(&self) -> usize {
         self.radius as usize + 1
     }
 

@@ -23,8 +23,6 @@ use std::collections::HashMap;
 
 use crate::frame::FaceJob;
 
-/// The largest memory (`--temporal`).
-pub const MAX_MEMORY: f32 = crate::defaults::TEMPORAL_MAX;
 /// Input luma difference (levels, half-resolution crop) up to which a pixel's history keeps its
 /// full weight (sensor noise stays below it), and from which it has none (a real change).
 const ALIKE: f32 = 10.0;
@@ -55,7 +53,7 @@ impl Flicker {
     }
 
     /// Frame-to-frame RMS change of the input inside faces, in levels.
-    pub fn input_rms(&self) -> f64 {
+    pub(crate) fn input_rms(&self) -> f64 {
         self.rms(self.input_sq)
     }
 
@@ -82,7 +80,7 @@ impl Flicker {
 
 /// Frames each of the two averages runs before it is used (see the module's text): six times
 /// the memory's time constant, whose weight then is `(m / (1 + m))^span` (0.12 % at 4).
-pub fn span(memory: f32) -> u64 {
+pub(crate) fn span(memory: f32) -> u64 {
     (6.0 * (memory.max(0.0) + 1.0)).ceil() as u64
 }
 
@@ -110,7 +108,7 @@ struct Track {
 }
 
 /// The filter of one run.
-pub struct Temporal {
+pub(crate) struct Temporal {
     memory: f32,
     span: u64,
     size: usize,
@@ -327,7 +325,7 @@ mod tests {
     /// exponential average would still carry 6 parts in a million of the frames before.
     #[test]
     fn a_filter_started_its_reach_early_matches_one_started_at_the_first_frame() {
-        let (size, memory) = (16, MAX_MEMORY);
+        let (size, memory) = (16, crate::defaults::TEMPORAL_MAX);
         let tpl = crate::faces::align::template(size);
         let (mut from_start, mut late) = (Temporal::new(memory, size, &tpl), Temporal::new(memory, size, &tpl));
         let reach = reach(memory);

@@ -16,7 +16,7 @@ use crate::geom::Rect;
 /// The YCbCr matrix of a picture (limited range): what its stream says, else the usual
 /// default by size (BT.709 for HD and larger, BT.601 below), the same both ways.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Matrix {
+pub(crate) enum Matrix {
     Bt601,
     Bt709,
     Bt2020,
@@ -24,7 +24,7 @@ pub enum Matrix {
 
 impl Matrix {
     /// The matrix a stream tagged `space` (maybe unspecified) of `width x height` uses.
-    pub fn from_tag(space: ffmpeg::color::Space, width: usize, height: usize) -> Self {
+    pub(crate) fn from_tag(space: ffmpeg::color::Space, width: usize, height: usize) -> Self {
         use ffmpeg::color::Space;
         match space {
             Space::BT709 | Space::SMPTE240M => Matrix::Bt709,
@@ -84,7 +84,7 @@ impl Matrix {
 /// into `tmp`, an FFmpeg frame with the aligned and padded rows its SIMD code may write past the
 /// line end, and the rows are copied out: writing straight into a tight buffer corrupts memory
 /// for widths whose rows are not a multiple of the vector size.
-pub fn scale_packed(
+pub(crate) fn scale_packed(
     scaler: &mut Scaler,
     src: &VideoFrame,
     tmp: &mut VideoFrame,
@@ -105,12 +105,12 @@ pub fn scale_packed(
 /// An swscale context owned by one thread at a time. ffmpeg-next marks it `!Send` because it
 /// holds a raw pointer, but libswscale keeps no thread-local state: moving it is sound as long as
 /// it is never used from two threads at once, which ownership here guarantees.
-pub struct SendScaler(pub Scaler);
+pub(crate) struct SendScaler(pub Scaler);
 // SAFETY: see above; the context is only ever used through `&mut self` of its single owner.
 unsafe impl Send for SendScaler {}
 
 /// Converts `input` into `output` (same size) with the scaler in `slot`, made on first use.
-pub fn convert(
+pub(crate) fn convert(
     slot: &mut Option<SendScaler>,
     from: Pixel,
     to: Pixel,
@@ -151,13 +151,13 @@ pub fn ensure_rgb(f: &mut Frame, region: Rect) {
 
 /// Makes `f.rgb` the whole picture and the output, dropping the decoded picture (a still
 /// turned upright, a side-by-side view).
-pub fn into_rgb(f: &mut Frame) {
+pub(crate) fn into_rgb(f: &mut Frame) {
     ensure_rgb(f, Rect::new(0, 0, f.width, f.height));
     f.picture = Picture::Rgb;
 }
 
 #[cfg(test)]
-pub fn rgb_to_yuv420p_region(rgb: &[u8], width: usize, height: usize, yuv: &mut VideoFrame, r: Rect) {
+pub(crate) fn rgb_to_yuv420p_region(rgb: &[u8], width: usize, height: usize, yuv: &mut VideoFrame, r: Rect) {
     let Rect { x0, y0, x1, y1 } = r.even(width, height);
     let (ys, us, vs) = (yuv.stride(0), yuv.stride(1), yuv.stride(2));
     let px = |x: usize, y: usize| {
@@ -200,7 +200,7 @@ pub fn rgb_to_yuv420p_region(rgb: &[u8], width: usize, height: usize, yuv: &mut 
 /// Converts one region of a yuv420p picture to packed RGB24 (limited range, the picture's
 /// [`Matrix`], chroma interpolated bilinearly with MPEG-2 siting): the inverse of [`rgb_to_yuv420p_region`], used
 /// so only face regions are ever converted.
-pub fn yuv420p_to_rgb_region(yuv: &VideoFrame, rgb: &mut [u8], width: usize, height: usize, r: Rect) {
+pub(crate) fn yuv420p_to_rgb_region(yuv: &VideoFrame, rgb: &mut [u8], width: usize, height: usize, r: Rect) {
     let Rect { x0, x1, .. } = r.clip(width, height);
     yuv420p_rgb_rows(yuv, (width, height), r, |y, row| {
         rgb[(y * width + x0) * 3..(y * width + x1) * 3].copy_from_slice(row);
@@ -210,7 +210,12 @@ pub fn yuv420p_to_rgb_region(yuv: &VideoFrame, rgb: &mut [u8], width: usize, hei
 /// Converts region `r` of a yuv420p picture of `width x height` as [`yuv420p_to_rgb_region`]
 /// does, handing each row of packed RGB24 to `row` (its y, then its bytes), top to bottom: what
 /// the crop warp reads, without the frame's RGB buffer.
-pub fn yuv420p_rgb_rows(yuv: &VideoFrame, (width, height): (usize, usize), r: Rect, mut row: impl FnMut(usize, &[u8])) {
+pub(crate) fn yuv420p_rgb_rows(
+    yuv: &VideoFrame,
+    (width, height): (usize, usize),
+    r: Rect,
+    mut row: impl FnMut(usize, &[u8]),
+) {
     let Rect { x0, y0, x1, y1 } = r.clip(width, height);
     if x0 >= x1 || y0 >= y1 {
         return;
@@ -278,7 +283,7 @@ pub fn yuv420p_rgb_rows(yuv: &VideoFrame, (width, height): (usize, usize), r: Re
 /// bits up), and whether Cb and Cr share one interleaved plane (NV12 and P010, what GPU decoders
 /// give).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Planar {
+pub(crate) struct Planar {
     pub hshift: u32,
     pub vshift: u32,
     pub bits: u32,
@@ -315,7 +320,7 @@ impl Planar {
 }
 
 /// Whether a picture's YUV is full range (JPEG levels): its tag, or a yuvj format.
-pub fn is_full_range(frame: &VideoFrame) -> bool {
+pub(crate) fn is_full_range(frame: &VideoFrame) -> bool {
     frame.color_range() == ffmpeg::color::Range::JPEG
         || matches!(frame.format(), Pixel::YUVJ420P | Pixel::YUVJ422P | Pixel::YUVJ444P)
 }
@@ -370,7 +375,7 @@ fn add_sample(plane: &mut [u8], stride: usize, s: Samples, (x, y): (usize, usize
 /// range and [`Matrix`]: each luma sample takes its pixel's change, each chroma sample the mean
 /// change over the pixels it covers. Samples whose change is under half a step keep their
 /// values exactly. Returns false (and changes nothing) for a format [`Planar`] does not describe.
-pub fn add_changes(pic: &mut VideoFrame, changes: &[Change]) -> bool {
+pub(crate) fn add_changes(pic: &mut VideoFrame, changes: &[Change]) -> bool {
     let Some(layout) = Planar::of(pic.format()) else {
         return false;
     };
@@ -442,7 +447,7 @@ pub fn add_changes(pic: &mut VideoFrame, changes: &[Change]) -> bool {
 
 /// Sets a scaler between YUV and RGB to the YUV side's `matrix` and range (`full` or limited;
 /// swscale otherwise assumes BT.601 whatever the stream says), `to_rgb` the direction.
-pub fn set_matrix(scaler: &mut Scaler, matrix: Matrix, full: bool, to_rgb: bool) {
+pub(crate) fn set_matrix(scaler: &mut Scaler, matrix: Matrix, full: bool, to_rgb: bool) {
     let cs = match matrix {
         Matrix::Bt601 => ffmpeg::ffi::SWS_CS_ITU601,
         Matrix::Bt709 => ffmpeg::ffi::SWS_CS_ITU709,

@@ -11,7 +11,7 @@ pub use crate::frame::Compare;
 
 impl Compare {
     /// The output's picture size for a source of `width` x `height`.
-    pub fn output_size(view: Option<Compare>, width: usize, height: usize) -> (usize, usize) {
+    pub(crate) fn output_size(view: Option<Compare>, width: usize, height: usize) -> (usize, usize) {
         match view {
             Some(Compare::Side) => (2 * width, height),
             _ => (width, height),
@@ -20,7 +20,7 @@ impl Compare {
 }
 
 /// What [`before_paste`] kept of the original picture.
-pub enum Kept {
+pub(crate) enum Kept {
     /// The whole original picture (side by side).
     Whole(Vec<u8>),
     /// The left-half parts of the regions about to be pasted (split).
@@ -47,7 +47,7 @@ fn copy_in(rgb: &mut [u8], width: usize, r: Rect, part: &[u8]) {
 
 /// Keeps what `view` needs of `frame`'s original picture before `regions` are pasted. For
 /// side by side the whole picture is made RGB first (the encoder then takes it whole).
-pub fn before_paste(view: Compare, frame: &mut Frame, regions: &[Rect]) -> Kept {
+pub(crate) fn before_paste(view: Compare, frame: &mut Frame, regions: &[Rect]) -> Kept {
     let (w, h) = (frame.width, frame.height);
     match view {
         Compare::Split if frame.picture.is_planes() => Kept::LeftUnchanged,
@@ -69,7 +69,7 @@ pub fn before_paste(view: Compare, frame: &mut Frame, regions: &[Rect]) -> Kept 
 }
 
 /// Makes the pasted `frame` the before/after view from what [`before_paste`] kept.
-pub fn after_paste(frame: &mut Frame, kept: Kept) {
+pub(crate) fn after_paste(frame: &mut Frame, kept: Kept) {
     let (w, h) = (frame.width, frame.height);
     match kept {
         Kept::LeftUnchanged => {

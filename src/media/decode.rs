@@ -69,7 +69,7 @@ impl std::fmt::Debug for SourceInfo {
 
 impl SourceInfo {
     /// Frame count for progress: declared, else estimated from duration and rate.
-    pub fn estimated_frames(&self) -> Option<u64> {
+    pub(crate) fn estimated_frames(&self) -> Option<u64> {
         self.declared_frames.or_else(|| {
             let fps = f64::from(self.avg_frame_rate);
             self.duration_s.filter(|_| fps > 0.0).map(|d| (d * fps).round() as u64)
@@ -82,14 +82,14 @@ impl SourceInfo {
     }
 
     /// The picture's size as shown (after its EXIF orientation).
-    pub fn upright_size(&self) -> (usize, usize) {
+    pub(crate) fn upright_size(&self) -> (usize, usize) {
         crate::media::orient::upright_size(self.orientation, self.width, self.height)
     }
 }
 
 /// Whether a video's pictures carry an alpha channel (RGBA, YUVA: VP9 alpha decoded by libvpx,
 /// ProRes 4444, PNG-in-MOV); palettes and GIF (decoded to BGRA) count as opaque.
-pub fn has_alpha(params: &ffmpeg::codec::Parameters) -> bool {
+pub(crate) fn has_alpha(params: &ffmpeg::codec::Parameters) -> bool {
     has_alpha_channel(params)
         && params.id() != ffmpeg::codec::Id::GIF
         && ffmpeg::codec::context::Context::from_parameters(params.clone())
@@ -99,7 +99,7 @@ pub fn has_alpha(params: &ffmpeg::codec::Parameters) -> bool {
 
 /// Whether the decoder's pixel format can carry alpha at all (palettes included: a palette PNG
 /// may have transparent entries, or none).
-pub fn has_alpha_channel(params: &ffmpeg::codec::Parameters) -> bool {
+pub(crate) fn has_alpha_channel(params: &ffmpeg::codec::Parameters) -> bool {
     ffmpeg::codec::context::Context::from_parameters(params.clone())
         .and_then(|c| c.decoder().video())
         .ok()
@@ -119,7 +119,7 @@ pub fn probe(path: &Path) -> Result<SourceInfo> {
 
 /// [`probe`] of a file in memory, `name` naming it (for messages and its extension): nothing
 /// is read from the file system.
-pub fn probe_memory(name: &Path, bytes: std::sync::Arc<[u8]>) -> Result<SourceInfo> {
+pub(crate) fn probe_memory(name: &Path, bytes: std::sync::Arc<[u8]>) -> Result<SourceInfo> {
     probe_source(name, Some(bytes))
 }
 
@@ -232,7 +232,7 @@ pub struct DecodeReport {
 /// segment's own, and frames from `end` to `until` as its look-ahead (warm too). Frames are numbered by their place in `pts`, the display-order timestamps of
 /// every frame of the video (the segment plan's scan of its packets).
 #[derive(Clone, Debug)]
-pub struct Span {
+pub(crate) struct Span {
     pub seek: Option<i64>,
     pub warm_from: u64,
     pub start: u64,
@@ -287,7 +287,7 @@ impl Drop for HwDevice {
 }
 
 /// Checks that FFmpeg can open a CUDA device for decoding.
-pub fn check_cuda_hwaccel() -> Result<()> {
+pub(crate) fn check_cuda_hwaccel() -> Result<()> {
     HwDevice::cuda().map(drop)
 }
 
@@ -308,13 +308,13 @@ impl Decoder {
     }
 
     /// Decodes only `span` (a segment and its warm-up).
-    pub fn with_span(mut self, span: Span) -> Self {
+    pub(crate) fn with_span(mut self, span: Span) -> Self {
         self.span = Some(span);
         self
     }
 
     /// Marks the frames of planar YUV sources for an output made from their own planes.
-    pub fn with_planes(mut self, planes: bool) -> Self {
+    pub(crate) fn with_planes(mut self, planes: bool) -> Self {
         self.planes = planes;
         self
     }

@@ -18,7 +18,7 @@ use crate::media::decode::SourceInfo;
 use crate::defaults::{CODEC as DEFAULT_CODEC, CRF as DEFAULT_CRF, CRF_VP9, PRESET as DEFAULT_PRESET};
 
 /// Encoders tried, in order, for WebM outputs when no `--codec` is given.
-pub const WEBM_CODECS: [&str; 3] = ["libvpx-vp9", "libaom-av1", "libsvtav1"];
+pub(crate) const WEBM_CODECS: [&str; 3] = ["libvpx-vp9", "libaom-av1", "libsvtav1"];
 
 /// Encoder choices from the command line: `None` is the default for the container.
 /// Each field is its own flag (crf and preset reach the encoders that have them).
@@ -93,7 +93,7 @@ fn encoder_options(codec: &str, s: &EncodeSettings) -> Dictionary<'static> {
 }
 
 /// The largest constant rate factor `codec` takes (x264 and x265: 51; VP9 and AV1: 63).
-pub fn max_crf(codec: &str) -> u32 {
+pub(crate) fn max_crf(codec: &str) -> u32 {
     match codec {
         "libvpx-vp9" | "libaom-av1" | "libsvtav1" => 63,
         _ => 51,
@@ -112,13 +112,13 @@ fn guess_format(ext: &str) -> *const ffmpeg::ffi::AVOutputFormat {
 }
 
 /// Whether FFmpeg has a muxer for files ending in `.ext`.
-pub fn container_known(ext: &str) -> bool {
+pub(crate) fn container_known(ext: &str) -> bool {
     !guess_format(ext).is_null()
 }
 
 /// What the muxer of `.ext` says of a stream of `id`: `Some(true)` it takes it, `Some(false)`
 /// it does not, `None` it cannot tell (then only writing the header tells).
-pub fn container_takes(ext: &str, id: codec::Id) -> Option<bool> {
+pub(crate) fn container_takes(ext: &str, id: codec::Id) -> Option<bool> {
     let fmt = guess_format(ext);
     if fmt.is_null() {
         return Some(false);
@@ -132,7 +132,7 @@ pub fn container_takes(ext: &str, id: codec::Id) -> Option<bool> {
 }
 
 /// A container that surely keeps a stream of `id`, to name in a message.
-pub fn container_for(id: codec::Id) -> Option<&'static str> {
+pub(crate) fn container_for(id: codec::Id) -> Option<&'static str> {
     ["mkv", "mp4", "mov", "webm", "ts"]
         .into_iter()
         .find(|ext| container_takes(ext, id) == Some(true))
@@ -140,7 +140,7 @@ pub fn container_for(id: codec::Id) -> Option<&'static str> {
 
 /// The encoder a file ending in `.ext` gets: the one asked for, else libx264, or for WebM the
 /// first VP9/AV1 encoder this FFmpeg has.
-pub fn codec_for(s: &EncodeSettings, ext: &str) -> String {
+pub(crate) fn codec_for(s: &EncodeSettings, ext: &str) -> String {
     if let Some(c) = &s.codec {
         return c.clone();
     }
@@ -323,7 +323,7 @@ enum Out {
 }
 
 /// Encodes frames (their own planes with the paste's changes, or RGB) into the output file.
-pub struct Encoder {
+pub(crate) struct Encoder {
     out: Out,
     enc: encoder::video::Encoder,
     /// Interlaced coding: whether the top field comes first.
@@ -452,7 +452,7 @@ fn open_encoder(src: &SourceInfo, settings: &EncodeSettings, ext: &str) -> Resul
 /// The output file: the encoded video stream (its packets handed in, from the encoder or from
 /// a segment's packet file), the source's audio and subtitles copied and interleaved, its
 /// metadata, stream side data and chapters.
-pub struct Muxer {
+pub(crate) struct Muxer {
     octx: ffmpeg::format::context::Output,
     side: SideStreams,
     ost_tb: Rational,
@@ -554,7 +554,7 @@ impl Muxer {
 
     /// Opens `path` to join segments of `src` encoded with `settings`: the video stream is
     /// described as the encoder describes it, with the segments' own codec headers.
-    pub fn for_join(path: &Path, src: &SourceInfo, settings: &EncodeSettings, extradata: &[u8]) -> Result<Self> {
+    pub(crate) fn for_join(path: &Path, src: &SourceInfo, settings: &EncodeSettings, extradata: &[u8]) -> Result<Self> {
         let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("");
         let opened = open_encoder(src, settings, ext)?;
         let extra = (opened.enc_extradata() != extradata).then_some(extradata);
@@ -563,7 +563,7 @@ impl Muxer {
 
     /// Writes one video packet whose timestamps are in `tb`, after the side packets due
     /// before it.
-    pub fn write_video(&mut self, mut p: Packet, tb: Rational) -> Result<()> {
+    pub(crate) fn write_video(&mut self, mut p: Packet, tb: Rational) -> Result<()> {
         p.rescale_ts(tb, self.ost_tb);
         let t = p.dts().or(p.pts()).map(|ts| ts as f64 * f64::from(self.ost_tb));
         self.side.write_until(&mut self.octx, t)?;
@@ -630,7 +630,7 @@ impl Encoder {
 
     /// An encoder for one segment of `src` whose packets go to the packet file `path`, encoded
     /// as a file ending in `.ext` (OUT's) encodes them, so that the segments join into it.
-    pub fn for_segment(path: &Path, src: &SourceInfo, settings: &EncodeSettings, ext: &str) -> Result<Self> {
+    pub(crate) fn for_segment(path: &Path, src: &SourceInfo, settings: &EncodeSettings, ext: &str) -> Result<Self> {
         let opened = open_encoder(src, settings, ext)?;
         let packets = crate::media::packets::PacketWriter::create(path, opened.enc_extradata())?;
         Ok(Self::with_out(opened, Out::Packets(packets), src))

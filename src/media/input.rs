@@ -111,7 +111,7 @@ unsafe extern "C" fn open_only_the_named_file(
 
 /// A demuxer opened here: over a file, or over bytes in memory with the I/O context that
 /// reads them (freed after the demuxer is closed).
-pub struct Opened {
+pub(crate) struct Opened {
     // Declared first: dropped (closed) before the memory it reads.
     input: ffmpeg::format::context::Input,
     _memory: Option<MemoryIo>,
@@ -238,7 +238,7 @@ unsafe extern "C" fn seek_memory(opaque: *mut libc::c_void, offset: i64, whence:
 
 /// Opens a source: the file `path`, exactly that file, or when `bytes` is given, those bytes
 /// (`path` then only names them in messages); either way no other resource is ever opened.
-pub fn open_source(path: &Path, bytes: Option<&Arc<[u8]>>) -> Result<Opened> {
+pub(crate) fn open_source(path: &Path, bytes: Option<&Arc<[u8]>>) -> Result<Opened> {
     match bytes {
         None => open_input(path).map(|input| Opened { input, _memory: None }),
         Some(b) => open_memory(path, b.clone()),
@@ -278,7 +278,7 @@ fn open_memory(name: &Path, data: Arc<[u8]>) -> Result<Opened> {
 /// Opens `path` for reading, exactly that file (see the module's notes). A file that asked for
 /// other resources fails with [`Refused`]; anything else FFmpeg reports fails with its
 /// `ffmpeg::Error`.
-pub fn open_input(path: &Path) -> Result<ffmpeg::format::context::Input> {
+pub(crate) fn open_input(path: &Path) -> Result<ffmpeg::format::context::Input> {
     crate::init_ffmpeg();
     let mut bytes = b"file:".to_vec();
     bytes.extend_from_slice(path.as_os_str().as_bytes());

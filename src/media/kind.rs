@@ -12,7 +12,7 @@ pub const OTHER_IMAGE_EXTENSIONS: [&str; 5] = ["gif", "jxl", "avif", "heic", "he
 
 /// Extensions of pictures read as stills (into a still output) but not written: AVIF, and
 /// HEIC/HEIF, which FFmpeg builds without HEIF support refuse with a message saying so.
-pub const STILL_INPUT_ONLY_EXTENSIONS: [&str; 3] = ["avif", "heic", "heif"];
+pub(crate) const STILL_INPUT_ONLY_EXTENSIONS: [&str; 3] = ["avif", "heic", "heif"];
 
 /// The extension of `path`, lower case ("" for none).
 pub fn ext_of(path: &Path) -> String {
@@ -28,7 +28,7 @@ pub fn is_still(path: &Path) -> bool {
 }
 
 /// Whether input `path` is a still picture (one gpen-video writes, or AVIF/HEIC).
-pub fn is_still_input(path: &Path) -> bool {
+pub(crate) fn is_still_input(path: &Path) -> bool {
     is_still(path) || STILL_INPUT_ONLY_EXTENSIONS.contains(&ext_of(path).as_str())
 }
 

@@ -7,13 +7,13 @@ use std::path::Path;
 use crate::frame::Frame;
 
 /// The EXIF Orientation of `path` (1 to 8; 1, upright, when it has none or it cannot be read).
-pub fn exif_orientation(path: &Path) -> u8 {
+pub(crate) fn exif_orientation(path: &Path) -> u8 {
     let Ok(file) = std::fs::File::open(path) else { return 1 };
     orientation_in(&mut std::io::BufReader::new(file))
 }
 
 /// [`exif_orientation`] of a picture in memory.
-pub fn exif_orientation_of(bytes: &[u8]) -> u8 {
+pub(crate) fn exif_orientation_of(bytes: &[u8]) -> u8 {
     orientation_in(&mut std::io::Cursor::new(bytes))
 }
 
@@ -28,12 +28,12 @@ fn orientation_in<R: std::io::BufRead + std::io::Seek>(reader: &mut R) -> u8 {
 }
 
 /// Whether orientation `o` swaps width and height (a quarter turn, with or without a mirror).
-pub fn swaps(o: u8) -> bool {
+pub(crate) fn swaps(o: u8) -> bool {
     (5..=8).contains(&o)
 }
 
 /// The upright size of a picture stored as `width` x `height` with orientation `o`.
-pub fn upright_size(o: u8, width: usize, height: usize) -> (usize, usize) {
+pub(crate) fn upright_size(o: u8, width: usize, height: usize) -> (usize, usize) {
     if swaps(o) {
         (height, width)
     } else {
@@ -68,7 +68,7 @@ pub fn upright(o: u8, src: &[u8], w: usize, h: usize, dst: &mut Vec<u8>) {
 
 /// Turns `frame` upright for orientation `o` (its detection copy, stored `det` in size, too);
 /// spare buffers come from and go back to the pools.
-pub fn turn_frame(
+pub(crate) fn turn_frame(
     o: u8,
     frame: &mut Frame,
     det: (usize, usize),

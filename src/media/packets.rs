@@ -19,7 +19,7 @@ const MAGIC: &[u8; 8] = b"GPVSEG1\n";
 const NONE: i64 = i64::MIN;
 
 /// Writes packets to a segment file.
-pub struct PacketWriter {
+pub(crate) struct PacketWriter {
     out: BufWriter<File>,
     path: PathBuf,
 }
@@ -70,7 +70,7 @@ impl PacketWriter {
 }
 
 /// Reads a segment file's packets in order.
-pub struct PacketReader {
+pub(crate) struct PacketReader {
     input: BufReader<File>,
     path: PathBuf,
     /// The codec headers the segment's encoder gave.
@@ -103,7 +103,7 @@ impl PacketReader {
     }
 
     /// The next packet, `None` at the end.
-    pub fn next_packet(&mut self) -> Result<Option<Packet>> {
+    pub(crate) fn next_packet(&mut self) -> Result<Option<Packet>> {
         let mut head = [0u8; 32];
         match self.input.read_exact(&mut head[..1]) {
             Ok(()) => {}

@@ -15,7 +15,7 @@ const HEAD: usize = 64 * 1024;
 
 /// The cause of FFmpeg's failure on `path`, in words, with what to do; `None` when its bytes
 /// show nothing wrong (the caller keeps FFmpeg's own reason).
-pub fn explain(path: &Path) -> Option<String> {
+pub(crate) fn explain(path: &Path) -> Option<String> {
     let mut f = std::fs::File::open(path).ok()?;
     let size = f.metadata().ok()?.len();
     let mut head = Vec::with_capacity(HEAD);
@@ -34,7 +34,7 @@ pub fn explain(path: &Path) -> Option<String> {
 }
 
 /// [`explain`] of a file in memory named `name`.
-pub fn explain_bytes(bytes: &[u8], name: &Path) -> Option<String> {
+pub(crate) fn explain_bytes(bytes: &[u8], name: &Path) -> Option<String> {
     let head = &bytes[..bytes.len().min(HEAD)];
     let tail = &bytes[bytes.len().saturating_sub(16)..];
     let tail = if bytes.len() >= 16 { tail } else { &[] };

@@ -25,7 +25,7 @@ use crate::defaults::QUALITY as DEFAULT_QUALITY;
 pub use crate::media::kind::{ext_of, is_other_image, is_still, OTHER_IMAGE_EXTENSIONS, STILL_EXTENSIONS};
 
 /// The FFmpeg image encoder for a still output named `path`.
-pub fn encoder_for(path: &Path) -> Option<&'static str> {
+pub(crate) fn encoder_for(path: &Path) -> Option<&'static str> {
     match ext_of(path).as_str() {
         "png" => Some("png"),
         "jpg" | "jpeg" => Some("mjpeg"),
@@ -101,7 +101,7 @@ fn read_alpha((path, bytes): (&Path, Option<&Arc<[u8]>>), o: u8) -> Result<Vec<u
 }
 
 /// Writes one still image: the first frame it is given, encoded whole.
-pub struct StillWriter {
+pub(crate) struct StillWriter {
     path: PathBuf,
     name: &'static str,
     enc: Option<encoder::video::Encoder>,
@@ -208,14 +208,14 @@ impl StillWriter {
 
     /// A writer that keeps the encoded picture in memory ([`StillWriter::take_encoded`]) and
     /// writes no file; `name`'s extension picks the format.
-    pub fn in_memory(name: &Path, src: &SourceInfo, settings: &EncodeSettings) -> Result<Self> {
+    pub(crate) fn in_memory(name: &Path, src: &SourceInfo, settings: &EncodeSettings) -> Result<Self> {
         let mut w = Self::create(name, src, settings)?;
         w.to_memory = true;
         Ok(w)
     }
 
     /// The encoded picture of a writer made [`StillWriter::in_memory`], once written.
-    pub fn take_encoded(&mut self) -> Option<Vec<u8>> {
+    pub(crate) fn take_encoded(&mut self) -> Option<Vec<u8>> {
         self.memory.take()
     }
 
@@ -417,7 +417,7 @@ fn set_orientation_upright(tiff: &mut [u8]) {
 }
 
 /// What the encode stage writes into: a video file or one still image.
-pub enum Writer {
+pub(crate) enum Writer {
     Video(Box<Encoder>),
     Still(Box<StillWriter>),
 }
@@ -435,7 +435,7 @@ impl Writer {
 
     /// A still writer that keeps its picture in memory (see [`StillWriter::in_memory`]); a
     /// video name is an error.
-    pub fn in_memory(name: &Path, src: &SourceInfo, settings: &EncodeSettings) -> Result<Self> {
+    pub(crate) fn in_memory(name: &Path, src: &SourceInfo, settings: &EncodeSettings) -> Result<Self> {
         if !is_still(name) {
             bail!(
                 "{} is not a still-image name: only pictures are restored in memory",
@@ -446,7 +446,7 @@ impl Writer {
     }
 
     /// The picture of a writer kept in memory, once written (`None` for a video).
-    pub fn take_encoded(&mut self) -> Option<Vec<u8>> {
+    pub(crate) fn take_encoded(&mut self) -> Option<Vec<u8>> {
         match self {
             Writer::Video(_) => None,
             Writer::Still(s) => s.take_encoded(),

@@ -48,7 +48,7 @@ pub(crate) struct DispatchStat {
 
 /// When a partial batch goes out (besides the end of the stream and too many frames waiting).
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub enum Flush {
+pub(crate) enum Flush {
     /// Never: an image stream of a folder (the gap between two pictures is no sign of an end).
     Never,
     /// After a short wait with every worker idle (a video).
@@ -286,7 +286,7 @@ impl Batcher {
     }
 
     /// The next batch to run, if one is due: full, or partial when `end` or too much is held.
-    pub fn due(&mut self, end: bool) -> Option<Vec<(u64, usize)>> {
+    pub(crate) fn due(&mut self, end: bool) -> Option<Vec<(u64, usize)>> {
         let due = self.pending.len() >= self.batch || (!self.pending.is_empty() && (end || self.is_full()));
         due.then(|| {
             let n = self.pending.len().min(self.batch);
@@ -295,7 +295,7 @@ impl Batcher {
     }
 
     /// The held frame with sequence `seq`.
-    pub fn frame_mut(&mut self, seq: u64) -> &mut FaceFrame {
+    pub(crate) fn frame_mut(&mut self, seq: u64) -> &mut FaceFrame {
         &mut self.held[(seq - self.base) as usize]
     }
 
@@ -306,7 +306,7 @@ impl Batcher {
     }
 
     /// The oldest frame, if all its faces are back.
-    pub fn pop_ready(&mut self) -> Option<FaceFrame> {
+    pub(crate) fn pop_ready(&mut self) -> Option<FaceFrame> {
         if *self.waiting.front()? > 0 {
             return None;
         }
@@ -320,12 +320,12 @@ impl Batcher {
     }
 
     /// Holds as many frames as it may: take no more until some leave.
-    pub fn is_full(&self) -> bool {
+    pub(crate) fn is_full(&self) -> bool {
         self.held.len() >= self.max_hold
     }
 
     /// Faces waiting for a batch.
-    pub fn pending(&self) -> usize {
+    pub(crate) fn pending(&self) -> usize {
         self.pending.len()
     }
 }

@@ -99,7 +99,7 @@ fn output_source(job: &Job) -> crate::media::decode::SourceInfo {
 }
 
 /// Where one segment of a long video is written (see [`crate::segment`]).
-pub struct SegmentOut<'a> {
+pub(crate) struct SegmentOut<'a> {
     /// The packet file being written (a temporary name the caller renames).
     pub packets: &'a std::path::Path,
     /// The segment's faces record (moved into place when it succeeds).
@@ -112,29 +112,29 @@ pub struct SegmentOut<'a> {
 
 /// What a segment's run hands back: its summary and its faces record, not yet in place, with
 /// the record of the warm-up frame just before the segment (to link tracks across the join).
-pub struct SegmentDone {
+pub(crate) struct SegmentDone {
     pub summary: Summary,
     pub faces: FacesRecord,
 }
 
 /// A segment's faces record on its way into place.
-pub struct FacesRecord(sink::FacesSink);
+pub(crate) struct FacesRecord(sink::FacesSink);
 
 impl FacesRecord {
     /// The record line of the frame just before the segment (a warm-up frame), if it ran.
-    pub fn tail(&self) -> Option<&str> {
+    pub(crate) fn tail(&self) -> Option<&str> {
         self.0.tail()
     }
 
     /// Moves the record into place.
-    pub fn commit(self) -> Result<()> {
+    pub(crate) fn commit(self) -> Result<()> {
         self.0.commit()
     }
 }
 
 /// Runs one segment of `job`'s source: its warm-up frames and its own, the own ones encoded
 /// into the packet file `out.packets`. The engine stays usable for another segment.
-pub fn run_segment(
+pub(crate) fn run_segment(
     engine: &mut Engine,
     job: &Job,
     out: SegmentOut<'_>,
@@ -222,7 +222,7 @@ fn decoder_for(job: &Job, det: (usize, usize)) -> (Decoder, Option<stages::Turn>
 /// The aligned crops of the first faces of `job`'s source, at most `want` of them from at most
 /// `max_frames` frames, made by the pipeline's own decode, detect and align stages (what bench
 /// times the enhancer alone on).
-pub fn collect_crops(engine: &mut Engine, job: &Job, want: usize, max_frames: u64) -> Result<Vec<Vec<f32>>> {
+pub(crate) fn collect_crops(engine: &mut Engine, job: &Job, want: usize, max_frames: u64) -> Result<Vec<Vec<f32>>> {
     let size = engine.info.size;
     // An image stream may have left the detector at another picture's size.
     engine.detector.start(engine.key.det_size);

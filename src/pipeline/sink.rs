@@ -31,7 +31,7 @@ struct FaceRecord<'a> {
 }
 
 /// Streams frame records into a pending file.
-pub struct FacesSink {
+pub(crate) struct FacesSink {
     file: PendingFile,
     frames: u64,
     path: String,
@@ -70,7 +70,7 @@ impl FacesSink {
 
     /// Keeps a warm-up frame's record (not written): the last one kept is the frame just
     /// before a segment, whose tracks the join links to the previous segment's.
-    pub fn warm_frame(&mut self, index: u64, faces: &[FaceJob]) -> Result<()> {
+    pub(crate) fn warm_frame(&mut self, index: u64, faces: &[FaceJob]) -> Result<()> {
         // Look-ahead frames come after the segment's own: only the warm-up's count.
         if self.frames == 0 {
             self.tail = Some(Self::line(index, faces)?);
@@ -79,7 +79,7 @@ impl FacesSink {
     }
 
     /// The record line of the last warm-up frame.
-    pub fn tail(&self) -> Option<&str> {
+    pub(crate) fn tail(&self) -> Option<&str> {
         self.tail.as_deref()
     }
 
@@ -96,7 +96,7 @@ impl FacesSink {
     }
 
     /// Closes the array and moves the file into place.
-    pub fn commit(mut self) -> Result<()> {
+    pub(crate) fn commit(mut self) -> Result<()> {
         self.file
             .write_all(b"\n]\n")
             .with_context(|| format!("writing {}", self.path))?;

@@ -31,7 +31,7 @@ fn recv<T>(rx: &Receiver<T>, clock: &mut Clock) -> Option<T> {
 }
 
 /// A still's EXIF orientation and its detection copy's stored size.
-pub type Turn = (u8, (usize, usize));
+pub(crate) type Turn = (u8, (usize, usize));
 
 /// Decodes frames into `tx` (turned upright by `turn`: a still's EXIF orientation and its
 /// detection copy's stored size) until the source ends, `max_frames` are out, the receiver is gone
@@ -388,7 +388,7 @@ fn paste_frame(
 }
 
 /// What the encode stage counted.
-pub struct EncodeStat {
+pub(crate) struct EncodeStat {
     pub stage: StageStat,
     pub faces: u64,
     pub frames_with_faces: u64,

@@ -33,10 +33,10 @@ use report::verify_all;
 pub use report::{list_table, sha256_file, verify_path, Checksum, FileReport, ModelFacts};
 
 /// The registry as shipped: compiled into the binary so it works from any folder.
-pub const EMBEDDED: &str = include_str!("../../models/models.toml");
+pub(crate) const EMBEDDED: &str = include_str!("../../models/models.toml");
 
 /// Environment variable naming a mirror: `fetch NAME` downloads `BASE/FILE`.
-pub const URL_BASE_ENV: &str = "GPEN_VIDEO_MODEL_URL_BASE";
+pub(crate) const URL_BASE_ENV: &str = "GPEN_VIDEO_MODEL_URL_BASE";
 
 /// What a model does in the pipeline.
 #[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
@@ -107,12 +107,12 @@ pub struct Entry {
 
 impl Entry {
     /// The sha256 on record, if any.
-    pub fn sha(&self) -> Option<&str> {
+    pub(crate) fn sha(&self) -> Option<&str> {
         (!self.sha256.is_empty()).then_some(self.sha256.as_str())
     }
 
     /// `models/FILE`, as the set-up lays it out.
-    pub fn rel_path(&self) -> String {
+    pub(crate) fn rel_path(&self) -> String {
         format!("models/{}", self.file)
     }
 
@@ -123,7 +123,7 @@ impl Entry {
     }
 
     /// What to do to get this model onto this machine.
-    pub fn how_to_get(&self) -> String {
+    pub(crate) fn how_to_get(&self) -> String {
         match self.source {
             Source::Download => format!("run `gpen-video models fetch {}`", self.name),
             Source::Export => format!("build it with `{}`", self.make),
@@ -227,12 +227,12 @@ impl Registry {
     }
 
     /// The entry whose file has this sha256 on record.
-    pub fn by_sha(&self, sha: &str) -> Option<&Entry> {
+    pub(crate) fn by_sha(&self, sha: &str) -> Option<&Entry> {
         self.models.iter().find(|e| e.sha() == Some(sha))
     }
 
     /// The entry whose file name is `file` (case-insensitive).
-    pub fn by_file(&self, file: &str) -> Option<&Entry> {
+    pub(crate) fn by_file(&self, file: &str) -> Option<&Entry> {
         self.models.iter().find(|e| e.file.eq_ignore_ascii_case(file))
     }
 

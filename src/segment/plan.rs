@@ -47,7 +47,7 @@ impl Segment {
 /// Reads the video packets of `src` (no decoding): every shown frame's timestamp and the
 /// keyframes. `None` when the stream cannot be cut by timestamps (packets without one, two
 /// frames at one time): such a video runs as one segment.
-pub fn scan(src: &SourceInfo, cancel: &CancelToken) -> Result<Option<Scan>> {
+pub(crate) fn scan(src: &SourceInfo, cancel: &CancelToken) -> Result<Option<Scan>> {
     let mut ictx = crate::media::input::open_input(&src.path)?;
     let mut packet = ffmpeg_next::Packet::empty();
     let mut pts = Vec::new();
@@ -92,14 +92,14 @@ pub fn scan(src: &SourceInfo, cancel: &CancelToken) -> Result<Option<Scan>> {
 /// Frames before a segment's first frame that rebuild what a run from the start has there:
 /// the temporal filter's reach, the smoother's look-back, and a few detection cycles for the
 /// detector's tracking windows to settle on the same grid.
-pub fn warm_up(t: &Treatment) -> u64 {
+pub(crate) fn warm_up(t: &Treatment) -> u64 {
     let smooth = (2.0 * t.smooth.max(0.0)).ceil() as u64;
     crate::faces::temporal::reach(t.temporal) + smooth + 4 * u64::from(t.detection.every) + 16
 }
 
 /// Frames after a segment's last one that its last frames depend on: the smoother's
 /// look-ahead.
-pub fn look_ahead(t: &Treatment) -> u64 {
+pub(crate) fn look_ahead(t: &Treatment) -> u64 {
     (2.0 * t.smooth.max(0.0)).ceil() as u64 + 1
 }
 

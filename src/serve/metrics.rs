@@ -49,7 +49,7 @@ const BUCKETS: [f64; 12] = [0.01, 0.025, 0.05, 0.1, 0.13, 0.25, 0.5, 1.0, 2.5, 5
 
 /// Counters shared by the request handlers and the metrics page.
 #[derive(Default)]
-pub struct Metrics {
+pub(crate) struct Metrics {
     outcomes: [AtomicU64; 7],
     /// Restore requests answered 200, by latency bucket (the last is +Inf).
     buckets: [AtomicU64; BUCKETS.len() + 1],
@@ -75,7 +75,7 @@ impl Metrics {
     /// images, faces restored, the queue's depth, and per enhancement worker its batches,
     /// faces, mean batch fill (of `batch` crops) and faces per busy second.
     /// The page; `queue` is the requests in flight and the most the service takes.
-    pub fn render(&self, workers: &[(String, Arc<Live>)], batch: usize, queue: (u64, u64)) -> String {
+    pub(crate) fn render(&self, workers: &[(String, Arc<Live>)], batch: usize, queue: (u64, u64)) -> String {
         let (in_flight, capacity) = queue;
         let mut out = String::new();
         let w = &mut out;
