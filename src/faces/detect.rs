@@ -135,7 +135,14 @@ pub struct DetectSettings {
 
 impl Default for DetectSettings {
     fn default() -> Self {
-        crate::config::Treatment::default().detection
+        use crate::defaults as d;
+        Self {
+            det_size: d::DET_SIZE,
+            threshold: d::DET_THRESHOLD,
+            nms_iou: d::NMS_IOU,
+            every: d::DETECT_EVERY,
+            max_faces: d::MAX_FACES,
+        }
     }
 }
 

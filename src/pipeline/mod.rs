@@ -12,6 +12,7 @@
 //! `FaceFrame`. End of stream is a dropped sender. A stage whose downstream has gone simply
 //! stops; the stage that failed reports the error, and the partial output is removed.
 
+mod ctx;
 mod dispatch;
 mod pool;
 mod sink;
@@ -34,7 +35,7 @@ use crate::media::decode::Decoder;
 use crate::media::still::Writer;
 use crate::output::Partial;
 use crate::stats::Summary;
-pub(crate) use wire::DEPTH;
+pub(crate) use ctx::DEPTH;
 use wire::{joined, wire, Encoded, Middle};
 
 /// Runs `job` on `engine` to completion, writing `job.output` (and its faces JSON). `progress`
@@ -228,8 +229,8 @@ pub(crate) fn collect_crops(engine: &mut Engine, job: &Job, want: usize, max_fra
     engine.detector.start(engine.key.det_size);
     let (decoder, turn) = decoder_for(job, engine.detector.size);
     let detector = &mut engine.detector;
-    let pools = wire::Pools::new(DEPTH, 0);
-    let ctx = wire::StageCtx {
+    let pools = ctx::Pools::new(DEPTH, 0);
+    let ctx = ctx::StageCtx {
         treatment: &job.treatment,
         size,
         template: engine.info.template.points(size),

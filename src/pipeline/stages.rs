@@ -8,9 +8,9 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use crossbeam_channel::{Receiver, Sender};
 
+use super::ctx::StageCtx;
 use super::pool;
 use super::sink::FacesSink;
-use super::wire::StageCtx;
 use super::DEPTH;
 use crate::engine::{CancelToken, Cancelled, Kind, KindExt};
 use crate::faces::align::{filtered, push_texels, warp_cubic_loading, warp_face, WarpScratch};

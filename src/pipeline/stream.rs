@@ -21,8 +21,9 @@ use std::time::Instant;
 use anyhow::{anyhow, Context, Result};
 use crossbeam_channel::{Receiver, Sender};
 
+use super::ctx::DEPTH;
 use super::dispatch::Flush;
-use super::wire::{wire, Encoded, Middle, DEPTH};
+use super::wire::{wire, Encoded, Middle};
 use crate::engine::{Cancelled, Engine, Job, Kind, KindExt};
 use crate::faces::detect::det_size;
 use crate::frame::{FaceFrame, Frame, Pool};

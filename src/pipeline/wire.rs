@@ -8,7 +8,7 @@
 //!  (caller's)                                                            ╚═ worker 1 ═╝                            (caller's)
 //! ```
 //! The line is data: [`plan`] lists the stages a run builds (the optional ones each by one
-//! line), the pools are sized from that list ([`Pools::for_plan`]), and [`Line::then`] spawns
+//! line), the pools are sized from that list ([`pools_for`]), and [`Line::then`] spawns
 //! each stage on a scoped thread joined to the one before by a bounded channel of `DEPTH`
 //! frames. Every stage borrows what it reads from one [`StageCtx`] built here.
 
@@ -18,52 +18,23 @@ use std::time::Instant;
 use anyhow::{anyhow, Result};
 use crossbeam_channel::{bounded, unbounded, Receiver, Sender};
 
+use super::ctx::{Pools, StageCtx, DEPTH};
 use super::dispatch::{self, held_frames, Batch, Flush, Restored};
 use super::stages;
 use crate::engine::Engine;
 use crate::faces::smooth::Smoother;
 use crate::faces::temporal::Flicker;
-use crate::frame::{FaceFrame, Frame, Pool};
+use crate::frame::{FaceFrame, Frame};
 use crate::runtime::Target;
 use crate::stats::{gpu_memory_by_index, peak_rss, StageStat, Summary, WorkerStat};
 use crate::treatment::Treatment;
 
-/// Frames in flight between two stages.
-pub(crate) const DEPTH: usize = 4;
-
-/// Buffer pools sized to what can be in flight, so a buffer is never dropped and reallocated
-/// (a fresh 1080p RGB buffer costs page faults on every first touch).
-pub(crate) struct Pools {
-    pub rgb: Pool<Vec<u8>>,
-    pub det: Pool<Vec<u8>>,
-    pub crop: Pool<Vec<f32>>,
-    pub restored: Pool<Vec<f32>>,
-    /// The paste's change buffers, from paste to encode (sizes of face regions, not crops).
-    pub change: Pool<Vec<f32>>,
-    /// Half-resolution luma of the crops, from alignment to the temporal filter.
-    pub luma: Pool<Vec<f32>>,
-}
-
-impl Pools {
-    /// Pools for `frames` frames in flight and `crops` crops.
-    pub(crate) fn new(frames: usize, crops: usize) -> Self {
-        Self {
-            rgb: Pool::new(frames),
-            det: Pool::new(frames),
-            crop: Pool::new(crops),
-            restored: Pool::new(crops),
-            change: Pool::new(frames),
-            luma: Pool::new(crops),
-        }
-    }
-
-    /// Pools for the stages of `plan`: every queue full, one frame in each stage (and what it
-    /// holds besides), the decode and encode stages' own, one spare; one crop per face of those
-    /// frames plus the batches at the workers.
-    fn for_plan(plan: &[Step], ctx: &Sizes) -> Self {
-        let frames = DEPTH + 1 + plan.iter().map(|s| s.holds(ctx)).sum::<usize>() + 1 + 1;
-        Self::new(frames, frames + 2 * ctx.batch * ctx.workers)
-    }
+/// Pools for the stages of `plan`: every queue full, one frame in each stage (and what it
+/// holds besides), the decode and encode stages' own, one spare; one crop per face of those
+/// frames plus the batches at the workers.
+fn pools_for(plan: &[Step], ctx: &Sizes) -> Pools {
+    let frames = DEPTH + 1 + plan.iter().map(|s| s.holds(ctx)).sum::<usize>() + 1 + 1;
+    Pools::new(frames, frames + 2 * ctx.batch * ctx.workers)
 }
 
 /// What sets a run's middle apart.
@@ -75,21 +46,6 @@ pub(crate) struct Middle {
     pub video: bool,
     /// When the dispatcher sends a partial batch (see [`dispatch::dispatch`]).
     pub flush: Flush,
-}
-
-/// What every stage of one pipeline reads: the treatment, the model's crop side and template
-/// points, the pools and the width of the pool stages.
-pub(crate) struct StageCtx<'a> {
-    pub treatment: &'a Treatment,
-    /// The model's crop side.
-    pub size: usize,
-    /// The model's alignment template scaled to the crop.
-    pub template: [[f32; 2]; 5],
-    pub pools: &'a Pools,
-    /// Threads of each pool stage (alignment, paste).
-    pub threads: usize,
-    /// Whether the temporal filter runs (alignment then keeps each crop's luma for it).
-    pub temporal: bool,
 }
 
 /// What an encode stage reports: its clock, the faces it wrote, the frames with faces, and
@@ -200,7 +156,7 @@ pub(crate) fn wire<T: Send>(
         batch: engine.batch,
         workers: engine.workers.len(),
     };
-    let pools = Pools::for_plan(&steps, &sizes);
+    let pools = pools_for(&steps, &sizes);
     let worker_targets: Vec<Target> = engine.workers.iter().map(|w| w.target.clone()).collect();
     let ctx = StageCtx {
         treatment: &middle.treatment,

@@ -1,0 +1,51 @@
+//! What every stage of one pipeline shares: in, the engine's model facts and the treatment
+//! (from `wire`); out, the buffer pools, the queue depth and the one context each stage
+//! borrows what it reads from.
+
+use crate::frame::Pool;
+use crate::treatment::Treatment;
+
+/// Frames in flight between two stages.
+pub(crate) const DEPTH: usize = 4;
+
+/// Buffer pools sized to what can be in flight, so a buffer is never dropped and reallocated
+/// (a fresh 1080p RGB buffer costs page faults on every first touch).
+pub(crate) struct Pools {
+    pub rgb: Pool<Vec<u8>>,
+    pub det: Pool<Vec<u8>>,
+    pub crop: Pool<Vec<f32>>,
+    pub restored: Pool<Vec<f32>>,
+    /// The paste's change buffers, from paste to encode (sizes of face regions, not crops).
+    pub change: Pool<Vec<f32>>,
+    /// Half-resolution luma of the crops, from alignment to the temporal filter.
+    pub luma: Pool<Vec<f32>>,
+}
+
+impl Pools {
+    /// Pools for `frames` frames in flight and `crops` crops.
+    pub(crate) fn new(frames: usize, crops: usize) -> Self {
+        Self {
+            rgb: Pool::new(frames),
+            det: Pool::new(frames),
+            crop: Pool::new(crops),
+            restored: Pool::new(crops),
+            change: Pool::new(frames),
+            luma: Pool::new(crops),
+        }
+    }
+}
+
+/// What every stage of one pipeline reads: the treatment, the model's crop side and template
+/// points, the pools and the width of the pool stages.
+pub(crate) struct StageCtx<'a> {
+    pub treatment: &'a Treatment,
+    /// The model's crop side.
+    pub size: usize,
+    /// The model's alignment template scaled to the crop.
+    pub template: [[f32; 2]; 5],
+    pub pools: &'a Pools,
+    /// Threads of each pool stage (alignment, paste).
+    pub threads: usize,
+    /// Whether the temporal filter runs (alignment then keeps each crop's luma for it).
+    pub temporal: bool,
+}
