@@ -2,9 +2,10 @@
 //! here once); out, the resolved `Settings` (model and detector files found, devices expanded,
 //! threads split, output paths checked) from which `Job`s and `Engine`s are built.
 //!
-//! This is the only module (with the loaders it calls) that reads the file system, the model
-//! registry, the environment or the GPUs; the pipeline works from what it resolved. The split
-//! follows ripgrep's LowArgs -> HiArgs: what the user typed, then the resolved state.
+//! Jobs and engines read the file system, the environment and the GPUs through what this module
+//! resolved (the commands read what is theirs: `main` the registry for `--model NAME`, `batch`
+//! the shard variables). The split follows ripgrep's LowArgs -> HiArgs: what the user typed,
+//! then the resolved state, carried whole.
 
 use std::path::{Path, PathBuf};
 use std::str::FromStr;

@@ -1,6 +1,7 @@
 //! gpen-video: restores faces in video with GPEN. In, a video file and ONNX models; out, the
-//! same video with its faces restored. The binary (`main.rs`) is a thin CLI over `config`
-//! (resolve), `engine` (loaded sessions, one job) and `pipeline` (run); see ARCHITECTURE.md.
+//! same video with its faces restored. The binary (`main.rs`) parses the command line, holds
+//! each command's run policy (progress, segments, stats files) and drives `config` (resolve),
+//! `engine` (loaded sessions, one job) and `pipeline` (run); see ARCHITECTURE.md.
 
 pub mod batch;
 pub mod bench;

@@ -151,7 +151,7 @@ pub fn ensure_rgb(f: &mut Frame, region: Rect) {
 
 /// Makes `f.rgb` the whole picture and the output, dropping the decoded picture (a still
 /// turned upright, a side-by-side view).
-pub(crate) fn into_rgb(f: &mut Frame) {
+pub fn into_rgb(f: &mut Frame) {
     ensure_rgb(f, Rect::new(0, 0, f.width, f.height));
     f.picture = Picture::Rgb;
 }

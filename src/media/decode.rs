@@ -1,7 +1,9 @@
-//! Decoding: in, a video file; out, its best video stream's frames in packed RGB24 (full size
-//! and a detection-size copy), each with its index and original timestamp.
+//! Decoding: in, a video file (or a file's bytes in memory, a service's upload); out, its best
+//! video stream's frames in packed RGB24 (full size and a detection-size copy), each with its
+//! index and original timestamp.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use anyhow::{anyhow, bail, Context, Result};
 use ffmpeg::format::Pixel;
@@ -12,6 +14,7 @@ use ffmpeg_next as ffmpeg;
 
 use crate::frame::{Frame, Picture, Pool};
 use crate::media::color::{is_full_range, scale_packed, set_matrix, Matrix, Planar};
+use crate::media::input::Opened;
 
 /// Reads the next packet of `ictx` into `packet`, releasing the one `packet` held first.
 ///
@@ -32,11 +35,11 @@ pub fn read_packet(
 /// What the pipeline needs to know about a source before any frame is decoded.
 #[derive(Clone)]
 pub struct SourceInfo {
-    /// The file; for a source in memory, only its name (for messages and its extension).
+    /// The file; for a source in memory only its name (for messages and its extension),
+    /// never opened.
     pub path: PathBuf,
-    /// The whole file, when it lives in memory (a service's upload): it is read from here and
-    /// `path` is never opened.
-    pub bytes: Option<std::sync::Arc<[u8]>>,
+    /// The whole file when the source lives in memory (a service's upload), else `None`.
+    pub bytes: Option<Arc<[u8]>>,
     pub stream_index: usize,
     pub width: usize,
     pub height: usize,
@@ -60,6 +63,7 @@ impl std::fmt::Debug for SourceInfo {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SourceInfo")
             .field("path", &self.path)
+            .field("in_memory", &self.bytes.as_ref().map(|b| b.len()))
             .field("size", &(self.width, self.height))
             .field("time_base", &self.time_base)
             .field("codec", &self.codec)
@@ -82,7 +86,7 @@ impl SourceInfo {
     }
 
     /// The picture's size as shown (after its EXIF orientation).
-    pub(crate) fn upright_size(&self) -> (usize, usize) {
+    pub fn upright_size(&self) -> (usize, usize) {
         crate::media::orient::upright_size(self.orientation, self.width, self.height)
     }
 }
@@ -110,6 +114,7 @@ pub(crate) fn has_alpha_channel(params: &ffmpeg::codec::Parameters) -> bool {
 
 /// Opens `path`, picks the best video stream and checks a decoder exists for it.
 pub fn probe(path: &Path) -> Result<SourceInfo> {
+    crate::init_ffmpeg();
     let meta = std::fs::metadata(path).map_err(|e| anyhow!("cannot read input {}: {e}", path.display()))?;
     if !meta.is_file() {
         bail!("input {} is not a file", path.display());
@@ -117,19 +122,18 @@ pub fn probe(path: &Path) -> Result<SourceInfo> {
     probe_source(path, None)
 }
 
-/// [`probe`] of a file in memory, `name` naming it (for messages and its extension): nothing
-/// is read from the file system.
-pub(crate) fn probe_memory(name: &Path, bytes: std::sync::Arc<[u8]>) -> Result<SourceInfo> {
+/// [`probe`] for a file's `bytes` in memory (a service's upload) named `name`: the same checks
+/// and messages, and nothing read from or written to the file system (`name` is never
+/// opened). The result carries the bytes, so its decoder reads them too.
+pub fn probe_memory(name: &Path, bytes: Arc<[u8]>) -> Result<SourceInfo> {
     probe_source(name, Some(bytes))
 }
 
-/// What [`probe`] and [`probe_memory`] share: the source opened, its stream chosen.
-fn probe_source(path: &Path, bytes: Option<std::sync::Arc<[u8]>>) -> Result<SourceInfo> {
+/// What [`probe`] and [`probe_memory`] share: the source `path` names, read from `bytes` when
+/// given, else from the file.
+fn probe_source(path: &Path, bytes: Option<Arc<[u8]>>) -> Result<SourceInfo> {
     crate::init_ffmpeg();
-    let explain = || match &bytes {
-        Some(b) => crate::media::sniff::explain_bytes(b, path),
-        None => crate::media::sniff::explain(path),
-    };
+    let explain = || crate::media::sniff::explain_source(path, bytes.as_deref());
     let ictx = crate::media::input::open_source(path, bytes.as_ref()).map_err(|e| {
         if e.is::<crate::media::input::Refused>() {
             e
@@ -193,10 +197,10 @@ fn probe_source(path: &Path, bytes: Option<std::sync::Arc<[u8]>>) -> Result<Sour
             }
         })
         .unwrap_or(0);
-    let orientation = match (&bytes, crate::media::kind::is_still_input(path)) {
-        (_, false) => 1,
-        (Some(b), true) => crate::media::orient::exif_orientation_of(b),
-        (None, true) => crate::media::orient::exif_orientation(path),
+    let orientation = match &bytes {
+        _ if !crate::media::kind::is_still_input(path) => 1,
+        Some(b) => crate::media::orient::exif_orientation_of(b),
+        None => crate::media::orient::exif_orientation(path),
     };
     Ok(SourceInfo {
         path: path.to_path_buf(),
@@ -292,7 +296,7 @@ pub(crate) fn check_cuda_hwaccel() -> Result<()> {
 }
 
 impl Decoder {
-    /// The file decoded.
+    /// The file decoded (for a source in memory, its name).
     pub fn path(&self) -> &Path {
         &self.info.path
     }
@@ -346,7 +350,7 @@ impl Decoder {
             .iter()
             .any(|k| text.contains(k));
             match unreadable
-                .then(|| crate::media::sniff::explain(&self.info.path))
+                .then(|| crate::media::sniff::explain_source(&self.info.path, self.info.bytes.as_deref()))
                 .flatten()
             {
                 Some(why) => anyhow!("{}: {why}; no output written", self.info.path.display()),
@@ -477,7 +481,7 @@ impl Decoder {
 
     /// The source's demuxer and its video decoder (frame-threaded; on NVDEC with `hwaccel`,
     /// whose device is returned to outlive the decoder's use of it).
-    fn open(&self) -> Result<(crate::media::input::Opened, ffmpeg::decoder::Video, Option<HwDevice>)> {
+    fn open(&self) -> Result<(Opened, ffmpeg::decoder::Video, Option<HwDevice>)> {
         let path = self.info.path.display();
         let ictx = crate::media::input::open_source(&self.info.path, self.info.bytes.as_ref())
             .with_context(|| format!("cannot open {path}"))?;

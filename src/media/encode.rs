@@ -209,7 +209,7 @@ fn pix_name(p: Pixel) -> String {
 /// time with the video the encoder writes. It reads the source through its own demuxer so the
 /// decode stage never waits on the muxer.
 struct SideStreams {
-    ictx: ffmpeg::format::context::Input,
+    ictx: crate::media::input::Opened,
     /// Input stream index -> (output stream index, input time base).
     map: Vec<Option<(usize, Rational)>>,
     /// A packet read but not yet due.
@@ -222,7 +222,7 @@ impl SideStreams {
     /// Streams the muxer could not vouch for are listed in `tried`; those in `skip` (refused
     /// by an earlier attempt) are left out.
     fn open(
-        ictx: ffmpeg::format::context::Input,
+        ictx: crate::media::input::Opened,
         src: &SourceInfo,
         octx: &mut ffmpeg::format::context::Output,
         ext: &str,
@@ -323,7 +323,7 @@ enum Out {
 }
 
 /// Encodes frames (their own planes with the paste's changes, or RGB) into the output file.
-pub(crate) struct Encoder {
+pub struct Encoder {
     out: Out,
     enc: encoder::video::Encoder,
     /// Interlaced coding: whether the top field comes first.
@@ -474,7 +474,7 @@ impl Muxer {
         let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("");
         let mut octx = ffmpeg::format::output(path).with_context(|| format!("cannot create {}", path.display()))?;
         // One demuxer of the source for its metadata and for copying its other streams.
-        let ictx = crate::media::input::open_input(&src.path)
+        let ictx = crate::media::input::open_source(&src.path, src.bytes.as_ref())
             .with_context(|| format!("cannot reopen {}", src.path.display()))?;
         {
             let mut ost = octx.add_stream(opened.codec)?;

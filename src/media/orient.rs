@@ -1,6 +1,7 @@
-//! EXIF orientation of still inputs: in, a picture file (its EXIF Orientation tag, read with
-//! the `exif` crate) and decoded frames as stored; out, the frames turned upright (rotated or
-//! mirrored, packed RGB24), so detection and the output see the picture as a viewer shows it.
+//! EXIF orientation of still inputs: in, a picture file or its bytes in memory (its EXIF
+//! Orientation tag, read with the `exif` crate) and decoded frames as stored; out, the frames
+//! turned upright (rotated or mirrored, packed RGB24), so detection and the output see the
+//! picture as a viewer shows it.
 
 use std::path::Path;
 
@@ -9,16 +10,17 @@ use crate::frame::Frame;
 /// The EXIF Orientation of `path` (1 to 8; 1, upright, when it has none or it cannot be read).
 pub(crate) fn exif_orientation(path: &Path) -> u8 {
     let Ok(file) = std::fs::File::open(path) else { return 1 };
-    orientation_in(&mut std::io::BufReader::new(file))
+    orientation_in(std::io::BufReader::new(file))
 }
 
-/// [`exif_orientation`] of a picture in memory.
+/// The EXIF Orientation of a picture's `bytes` (as [`exif_orientation`] of its file).
 pub(crate) fn exif_orientation_of(bytes: &[u8]) -> u8 {
-    orientation_in(&mut std::io::Cursor::new(bytes))
+    orientation_in(std::io::Cursor::new(bytes))
 }
 
-fn orientation_in<R: std::io::BufRead + std::io::Seek>(reader: &mut R) -> u8 {
-    let Ok(exif) = exif::Reader::new().read_from_container(reader) else {
+/// The EXIF Orientation `reader`'s picture holds (1 when none, or it cannot be read).
+fn orientation_in(mut reader: impl std::io::BufRead + std::io::Seek) -> u8 {
+    let Ok(exif) = exif::Reader::new().read_from_container(&mut reader) else {
         return 1;
     };
     exif.get_field(exif::Tag::Orientation, exif::In::PRIMARY)
@@ -33,7 +35,7 @@ pub(crate) fn swaps(o: u8) -> bool {
 }
 
 /// The upright size of a picture stored as `width` x `height` with orientation `o`.
-pub(crate) fn upright_size(o: u8, width: usize, height: usize) -> (usize, usize) {
+pub fn upright_size(o: u8, width: usize, height: usize) -> (usize, usize) {
     if swaps(o) {
         (height, width)
     } else {
@@ -68,7 +70,7 @@ pub fn upright(o: u8, src: &[u8], w: usize, h: usize, dst: &mut Vec<u8>) {
 
 /// Turns `frame` upright for orientation `o` (its detection copy, stored `det` in size, too);
 /// spare buffers come from and go back to the pools.
-pub(crate) fn turn_frame(
+pub fn turn_frame(
     o: u8,
     frame: &mut Frame,
     det: (usize, usize),

@@ -1,7 +1,8 @@
-//! What a file's own bytes say when FFmpeg cannot read it: in, a path (its first and last
-//! bytes: PNG chunks, JPEG markers, WebP chunks, ISO-BMFF boxes); out, a sentence naming the
+//! What a file's own bytes say when FFmpeg cannot read it: in, a path or the file's bytes in
+//! memory with its name (its first and last bytes: PNG chunks, JPEG markers, WebP chunks,
+//! ISO-BMFF boxes); out, a sentence naming the
 //! real cause (a picture too large to decode, an animated WebP, a HEIC picture, a JPEG without
-//! its frame header, a file cut short) and what to do, or nothing when the bytes say nothing.
+//! its frame header, a file cut short, a playlist or list of other files) and what to do, or nothing when the bytes say nothing.
 
 use std::io::{Read, Seek, SeekFrom};
 use std::path::Path;
@@ -28,22 +29,33 @@ pub(crate) fn explain(path: &Path) -> Option<String> {
     } else {
         0
     };
-    let tail = &tail[..tail_len];
-    let why = why_not(&head, tail, size);
-    why.map(|w| w.replace("{in}", &path.display().to_string()))
+    judge(path, &head, &tail[..tail_len], size)
 }
 
-/// [`explain`] of a file in memory named `name`.
-pub(crate) fn explain_bytes(bytes: &[u8], name: &Path) -> Option<String> {
+/// The cause of FFmpeg's failure on a file's `bytes` in memory, named `name` (as [`explain`]
+/// of that file says it).
+pub(crate) fn explain_bytes(name: &Path, bytes: &[u8]) -> Option<String> {
     let head = &bytes[..bytes.len().min(HEAD)];
-    let tail = &bytes[bytes.len().saturating_sub(16)..];
-    let tail = if bytes.len() >= 16 { tail } else { &[] };
-    why_not(head, tail, bytes.len() as u64).map(|w| w.replace("{in}", &name.display().to_string()))
+    let tail = if bytes.len() >= 16 {
+        &bytes[bytes.len() - 16..]
+    } else {
+        &[]
+    };
+    judge(name, head, tail, bytes.len() as u64)
 }
 
-/// Why a file with this start, end and size is not readable, if it can be told.
-fn why_not(head: &[u8], tail: &[u8], size: u64) -> Option<String> {
-    if head.starts_with(b"\x89PNG\r\n\x1a\n") {
+/// [`explain_bytes`] for a source in memory (`bytes` given), else [`explain`] of its file.
+pub(crate) fn explain_source(path: &Path, bytes: Option<&[u8]>) -> Option<String> {
+    match bytes {
+        Some(b) => explain_bytes(path, b),
+        None => explain(path),
+    }
+}
+
+/// The verdict on a file of `size` bytes from its first bytes (`head`, at most [`HEAD`]) and
+/// its last 16 (`tail`, none when it is shorter), `{in}` in it replaced by `path`.
+fn judge(path: &Path, head: &[u8], tail: &[u8], size: u64) -> Option<String> {
+    let why = if head.starts_with(b"\x89PNG\r\n\x1a\n") {
         png(head, tail, size)
     } else if head.starts_with(&[0xff, 0xd8]) {
         jpeg(head)
@@ -52,8 +64,27 @@ fn why_not(head: &[u8], tail: &[u8], size: u64) -> Option<String> {
     } else if head.len() >= 12 && &head[4..8] == b"ftyp" {
         iso_bmff(head, size)
     } else {
-        None
-    }
+        list(head)
+    };
+    why.map(|w| w.replace("{in}", &path.display().to_string()))
+}
+
+/// A playlist or list of other files (HLS, DASH, an FFmpeg concat list), in words.
+fn list(head: &[u8]) -> Option<String> {
+    let text = head.strip_prefix(b"\xef\xbb\xbf").unwrap_or(head);
+    let text = &text[text.iter().position(|b| !b.is_ascii_whitespace()).unwrap_or(text.len())..];
+    let kind = if text.starts_with(b"ffconcat version") {
+        "an FFmpeg concat list"
+    } else if text.starts_with(b"#EXTM3U") {
+        "an HLS playlist"
+    } else if text.starts_with(b"<") && head.windows(4).any(|w| w == b"<MPD") {
+        "a DASH manifest"
+    } else {
+        return None;
+    };
+    Some(format!(
+        "{kind}, which names other files or addresses, and gpen-video reads only the file it is given; make one self-contained file from the sources you trust (for example `ffmpeg -i LIST -c copy one.mp4`) and give that"
+    ))
 }
 
 /// "a W x H picture (N megapixels) ..." when it is larger than FFmpeg decodes.
@@ -196,11 +227,18 @@ fn iso_bmff(head: &[u8], size: u64) -> Option<String> {
 mod tests {
     use super::*;
 
+    /// What `f` says of `bytes` written to a file; what they say in memory is the same.
     fn with(bytes: &[u8], f: impl FnOnce(&Path) -> Option<String>) -> Option<String> {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("x");
         std::fs::write(&p, bytes).unwrap();
-        f(&p)
+        let said = f(&p);
+        assert_eq!(
+            explain_bytes(&p, bytes),
+            said,
+            "the bytes in memory say what their file says"
+        );
+        said
     }
 
     #[test]
@@ -229,6 +267,23 @@ mod tests {
         let mut bad = ok.clone();
         bad[8..21].fill(0);
         assert!(with(&bad, explain).unwrap().contains("JPEG is damaged"));
+    }
+
+    #[test]
+    fn playlists_and_lists_are_named() {
+        let concat = with(b"\xef\xbb\xbf ffconcat version 1.0\nfile 'a.mp4'\n", explain).unwrap();
+        assert!(
+            concat.contains("concat list") && concat.contains("self-contained"),
+            "{concat}"
+        );
+        assert!(with(b"#EXTM3U\n#EXTINF:1,\na.ts\n", explain).unwrap().contains("HLS"));
+        let mpd = b"<?xml version=\"1.0\"?>\n<MPD xmlns=\"urn:mpeg:dash:schema:mpd:2011\">";
+        assert!(with(mpd, explain).unwrap().contains("DASH"));
+        assert_eq!(
+            with(b"file 'a.mp4'\n", explain),
+            None,
+            "not a list FFmpeg reads by itself"
+        );
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! Still-image outputs: in, the restored frame of a still source (full-resolution RGB) and
 //! OUT's extension; out, exactly one PNG, JPEG, WebP, TIFF or BMP file (the encoded picture
-//! written as it is, no muxer, no sequence pattern), with the source's EXIF and ICC blocks where
+//! written as it is, no muxer, no sequence pattern), or the same bytes kept in memory (a
+//! service's answer, [`StillWriter::in_memory`]), with the source's EXIF and ICC blocks where
 //! both formats hold them. Also [`Writer`], the one interface the encode stage calls for videos
 //! and stills alike.
 
@@ -54,9 +55,10 @@ fn alpha_pixel_for(formats: &[Pixel]) -> Option<Pixel> {
         .find(|p| formats.contains(p))
 }
 
-/// The alpha channel of the first picture of `path` (one byte a pixel, turned upright for
-/// EXIF orientation `o`): read again from the source, since the restoration works in RGB.
-fn read_alpha((path, bytes): (&Path, Option<&Arc<[u8]>>), o: u8) -> Result<Vec<u8>> {
+/// The alpha channel of the first picture of the source `path` (read from its `bytes` when it
+/// is in memory; one byte a pixel, turned upright for EXIF orientation `o`): read again from
+/// the source, since the restoration works in RGB.
+fn read_alpha(path: &Path, bytes: Option<&Arc<[u8]>>, o: u8) -> Result<Vec<u8>> {
     let mut ictx = crate::media::input::open_source(path, bytes)?;
     let stream = ictx
         .streams()
@@ -101,7 +103,7 @@ fn read_alpha((path, bytes): (&Path, Option<&Arc<[u8]>>), o: u8) -> Result<Vec<u
 }
 
 /// Writes one still image: the first frame it is given, encoded whole.
-pub(crate) struct StillWriter {
+pub struct StillWriter {
     path: PathBuf,
     name: &'static str,
     enc: Option<encoder::video::Encoder>,
@@ -115,13 +117,15 @@ pub(crate) struct StillWriter {
     scaler: Option<SendScaler>,
     /// The full RGB picture (for sources the decoder converted only in face regions).
     full: Vec<u8>,
-    /// The source file (and its bytes, for a source in memory), whose EXIF and ICC blocks are
+    /// The source file (for a source in memory, its name), whose EXIF and ICC blocks are
     /// carried over.
     source: PathBuf,
+    /// The source's bytes, when it is in memory.
     source_bytes: Option<Arc<[u8]>>,
-    /// The picture is kept here instead of written to `path` (see [`StillWriter::in_memory`]).
-    memory: Option<Vec<u8>>,
-    to_memory: bool,
+    /// The picture is kept in memory ([`StillWriter::in_memory`]), not written to `path`.
+    in_memory: bool,
+    /// The encoded picture, kept in memory until taken.
+    encoded: Option<Vec<u8>>,
     pub frames: u64,
 }
 
@@ -200,32 +204,30 @@ impl StillWriter {
             full: Vec::new(),
             source: src.path.clone(),
             source_bytes: src.bytes.clone(),
-            memory: None,
-            to_memory: false,
+            in_memory: false,
+            encoded: None,
             frames: 0,
         })
     }
 
-    /// A writer that keeps the encoded picture in memory ([`StillWriter::take_encoded`]) and
-    /// writes no file; `name`'s extension picks the format.
-    pub(crate) fn in_memory(name: &Path, src: &SourceInfo, settings: &EncodeSettings) -> Result<Self> {
+    /// Like [`StillWriter::create`], but the picture is kept in memory (see
+    /// [`StillWriter::take_encoded`]) and no file is written: `name` only picks the format by
+    /// its extension and names the output in messages.
+    pub fn in_memory(name: &Path, src: &SourceInfo, settings: &EncodeSettings) -> Result<Self> {
         let mut w = Self::create(name, src, settings)?;
-        w.to_memory = true;
+        w.in_memory = true;
         Ok(w)
     }
 
-    /// The encoded picture of a writer made [`StillWriter::in_memory`], once written.
-    pub(crate) fn take_encoded(&mut self) -> Option<Vec<u8>> {
-        self.memory.take()
+    /// The encoded picture (with the source's EXIF and ICC blocks) of a writer made with
+    /// [`StillWriter::in_memory`], once written; `None` before, after it was taken, and for a
+    /// writer to a file.
+    pub fn take_encoded(&mut self) -> Option<Vec<u8>> {
+        self.encoded.take()
     }
 
-    /// The source's name and, in memory, its bytes.
-    fn source(&self) -> (&Path, Option<&Arc<[u8]>>) {
-        (&self.source, self.source_bytes.as_ref())
-    }
-
-    /// Encodes `frame` into the file; only the first frame of a source is written (a still
-    /// has one).
+    /// Encodes `frame` into the file (or into memory); only the first frame of a source is
+    /// written (a still has one).
     pub fn write(&mut self, frame: &mut Frame) -> Result<()> {
         self.frames += 1;
         if self.frames > 1 {
@@ -235,14 +237,30 @@ impl StillWriter {
             return Ok(());
         }
         let (w, h) = (frame.width, frame.height);
-        let rgb: &[u8] = match &frame.picture {
+        let alpha = self.source_alpha(w, h)?;
+        let rgb = self.full_rgb(frame);
+        let staged = stage(rgb, alpha.as_deref(), w, h);
+        let bytes = self.encode(staged)?;
+        let bytes = match &self.source_bytes {
+            Some(src) => with_metadata(src, bytes),
+            None => match std::fs::read(&self.source) {
+                Ok(src) => with_metadata(&src, bytes),
+                Err(_) => bytes,
+            },
+        };
+        self.deliver(bytes)
+    }
+
+    /// The whole RGB picture of `frame`: its own, or for a source the decoder converted only in
+    /// the face regions, the rest converted the same way with the pasted regions laid over it.
+    fn full_rgb<'a>(&'a mut self, frame: &'a Frame) -> &'a [u8] {
+        let (w, h) = (frame.width, frame.height);
+        match &frame.picture {
             Picture::RgbOf {
                 source: src,
                 partial: true,
                 dirty,
             } => {
-                // The decoder converted only the face regions: convert the rest the same way,
-                // then lay the pasted regions over it.
                 self.full.resize(w * h * 3, 0);
                 yuv420p_to_rgb_region(src, &mut self.full, w, h, Rect::new(0, 0, w, h));
                 for r in dirty {
@@ -255,52 +273,39 @@ impl StillWriter {
                 &self.full
             }
             _ => &frame.rgb,
-        };
-        if self.alpha_lost && read_alpha(self.source(), 1).is_ok_and(|a| a.iter().any(|&v| v < 255)) {
+        }
+    }
+
+    /// The source's alpha channel (`w` x `h`, upright) when the output keeps it; a warning
+    /// when the source has transparency the output format cannot hold.
+    fn source_alpha(&self, w: usize, h: usize) -> Result<Option<Vec<u8>>> {
+        let bytes = self.source_bytes.as_ref();
+        if self.alpha_lost && read_alpha(&self.source, bytes, 1).is_ok_and(|a| a.iter().any(|&v| v < 255)) {
             tracing::warn!(
                 file = %self.source.display(),
                 "the picture has transparency (an alpha channel) and a .{} file cannot hold it: its transparent pixels are written as the colours stored under them. Choose .png, .webp or .tiff to keep it",
                 ext_of(&self.path)
             );
         }
-        let alpha = match self.alpha {
-            Some(o) => {
-                let a = read_alpha(self.source(), o)?;
-                if a.len() != w * h {
-                    bail!(
-                        "{}: its alpha channel does not match the picture's size",
-                        self.source.display()
-                    );
-                }
-                Some(a)
-            }
-            None => None,
-        };
-        let staged_pix = if alpha.is_some() { Pixel::RGBA } else { Pixel::RGB24 };
-        let mut staged = VideoFrame::new(staged_pix, w as u32, h as u32);
-        let stride = staged.stride(0);
-        let data = staged.data_mut(0);
-        for (y, row) in rgb.chunks_exact(w * 3).enumerate() {
-            let line = &mut data[y * stride..];
-            match &alpha {
-                None => line[..w * 3].copy_from_slice(row),
-                Some(a) => {
-                    for ((d, s), a) in line[..w * 4]
-                        .chunks_exact_mut(4)
-                        .zip(row.chunks_exact(3))
-                        .zip(&a[y * w..])
-                    {
-                        d[..3].copy_from_slice(s);
-                        d[3] = *a;
-                    }
-                }
-            }
+        let Some(o) = self.alpha else { return Ok(None) };
+        let a = read_alpha(&self.source, bytes, o)?;
+        if a.len() != w * h {
+            bail!(
+                "{}: its alpha channel does not match the picture's size",
+                self.source.display()
+            );
         }
-        let mut picture = if self.pix == staged_pix {
+        Ok(Some(a))
+    }
+
+    /// The encoder's bytes for the `staged` picture (RGB24 or RGBA), converted to the format
+    /// the encoder takes.
+    fn encode(&mut self, staged: VideoFrame) -> Result<Vec<u8>> {
+        let mut picture = if self.pix == staged.format() {
             staged
         } else {
             let mut out = VideoFrame::empty();
-            convert(&mut self.scaler, staged_pix, self.pix, &staged, &mut out)?;
+            convert(&mut self.scaler, staged.format(), self.pix, &staged, &mut out)?;
             out
         };
         if self.pix == Pixel::YUVJ444P {
@@ -325,9 +330,13 @@ impl StillWriter {
         if bytes.is_empty() {
             bail!("the {name} encoder gave no picture");
         }
-        let bytes = with_metadata(self.source(), bytes);
-        if self.to_memory {
-            self.memory = Some(bytes);
+        Ok(bytes)
+    }
+
+    /// Keeps the encoded picture in memory, or writes it into the (temporary) file.
+    fn deliver(&mut self, bytes: Vec<u8>) -> Result<()> {
+        if self.in_memory {
+            self.encoded = Some(bytes);
             return Ok(());
         }
         let mut f = std::fs::OpenOptions::new()
@@ -350,16 +359,38 @@ impl StillWriter {
     }
 }
 
-/// `encoded` with the EXIF and ICC blocks of the `source` file, where both formats hold them
-/// (JPEG, PNG and WebP; TIFF and BMP carry none). The EXIF orientation is reset to upright: the
-/// picture was turned upright before it was encoded.
-fn with_metadata((source, bytes): (&Path, Option<&Arc<[u8]>>), encoded: Vec<u8>) -> Vec<u8> {
+/// `rgb` (packed RGB24, `w` x `h`) in a frame, with `alpha` (one byte a pixel) as RGBA when
+/// given.
+fn stage(rgb: &[u8], alpha: Option<&[u8]>, w: usize, h: usize) -> VideoFrame {
+    let pix = if alpha.is_some() { Pixel::RGBA } else { Pixel::RGB24 };
+    let mut staged = VideoFrame::new(pix, w as u32, h as u32);
+    let stride = staged.stride(0);
+    let data = staged.data_mut(0);
+    for (y, row) in rgb.chunks_exact(w * 3).enumerate() {
+        let line = &mut data[y * stride..];
+        match alpha {
+            None => line[..w * 3].copy_from_slice(row),
+            Some(a) => {
+                for ((d, s), a) in line[..w * 4]
+                    .chunks_exact_mut(4)
+                    .zip(row.chunks_exact(3))
+                    .zip(&a[y * w..])
+                {
+                    d[..3].copy_from_slice(s);
+                    d[3] = *a;
+                }
+            }
+        }
+    }
+    staged
+}
+
+/// `encoded` with the EXIF and ICC blocks of the `source` file's bytes, where both formats hold
+/// them (JPEG, PNG and WebP; TIFF and BMP carry none). The EXIF orientation is reset to
+/// upright: the picture was turned upright before it was encoded.
+fn with_metadata(source: &[u8], encoded: Vec<u8>) -> Vec<u8> {
     use img_parts::{Bytes, DynImage, ImageEXIF, ImageICC};
-    let read = match bytes {
-        Some(b) => Ok(Bytes::copy_from_slice(b)),
-        None => std::fs::read(source).map(Bytes::from),
-    };
-    let Ok(Some(src)) = read.map(|b| DynImage::from_bytes(b).ok().flatten()) else {
+    let Ok(Some(src)) = DynImage::from_bytes(Bytes::copy_from_slice(source)) else {
         return encoded;
     };
     let (icc, exif) = (src.icc_profile(), src.exif());
@@ -417,7 +448,7 @@ fn set_orientation_upright(tiff: &mut [u8]) {
 }
 
 /// What the encode stage writes into: a video file or one still image.
-pub(crate) enum Writer {
+pub enum Writer {
     Video(Box<Encoder>),
     Still(Box<StillWriter>),
 }
@@ -433,20 +464,23 @@ impl Writer {
         }
     }
 
-    /// A still writer that keeps its picture in memory (see [`StillWriter::in_memory`]); a
-    /// video name is an error.
-    pub(crate) fn in_memory(name: &Path, src: &SourceInfo, settings: &EncodeSettings) -> Result<Self> {
+    /// A still writer that keeps its picture in memory ([`StillWriter::in_memory`]): `name`
+    /// (OUT's name) picks the format by its extension; a video name is an error (videos are
+    /// written to files only).
+    pub fn in_memory(name: &Path, src: &SourceInfo, settings: &EncodeSettings) -> Result<Self> {
         if !is_still(name) {
             bail!(
-                "{} is not a still-image name: only pictures are restored in memory",
-                name.display()
+                "{}: only a still picture (.{}) can be written to memory; a video is written to a file",
+                name.display(),
+                STILL_EXTENSIONS.join(", .")
             );
         }
         StillWriter::in_memory(name, src, settings).map(|w| Writer::Still(Box::new(w)))
     }
 
-    /// The picture of a writer kept in memory, once written (`None` for a video).
-    pub(crate) fn take_encoded(&mut self) -> Option<Vec<u8>> {
+    /// The encoded picture of a writer made with [`Writer::in_memory`], once written
+    /// ([`StillWriter::take_encoded`]); `None` for a video.
+    pub fn take_encoded(&mut self) -> Option<Vec<u8>> {
         match self {
             Writer::Video(_) => None,
             Writer::Still(s) => s.take_encoded(),

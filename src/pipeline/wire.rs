@@ -304,3 +304,39 @@ fn add_gpu_memory(stats: &mut [WorkerStat], targets: &[Target]) {
 pub(crate) fn joined<T>(name: &str, r: std::thread::Result<Result<T>>) -> Result<T> {
     r.map_err(|_| anyhow!("internal error: the {name} stage panicked"))?
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_pools_hold_what_the_planned_stages_can() {
+        // A default video on two cores: one CPU worker, batch 4, smoothing sigma 6.
+        let steps = [
+            Step::Detect,
+            Step::Mesh,
+            Step::Smooth,
+            Step::Align,
+            Step::Enhance,
+            Step::Temporal,
+            Step::Paste,
+        ];
+        let sizes = |threads| Sizes {
+            threads,
+            mesh_threads: threads,
+            smooth_held: 13,
+            batch: 4,
+            workers: 1,
+        };
+        let frames = |threads| {
+            let s = sizes(threads);
+            DEPTH + 1 + steps.iter().map(|st| st.holds(&s)).sum::<usize>() + 2
+        };
+        assert_eq!(frames(2), 72, "README's figure");
+        assert_eq!(frames(3) - frames(2), 9, "three frames per pool stage and core");
+        // Pictures: no smoothing and no temporal filter, so fewer frames.
+        let pictures = [Step::Detect, Step::Align, Step::Enhance, Step::Paste];
+        let s = sizes(2);
+        assert!(pictures.iter().map(|st| st.holds(&s)).sum::<usize>() < 40);
+    }
+}
