@@ -38,8 +38,41 @@ fn face(size: usize, eye: f64, cx: f64, cy: f64, angle: f64) -> Affine {
     fit_similarity(&lm, &tpl)
 }
 
+/// The temporal filter of one face's change per frame: a still face (every cell's history at
+/// full weight) and one whose input moves (weights between), alternating two frames.
+fn temporal(size: usize, runs: usize) {
+    use gpen_video::faces::temporal::Temporal;
+    use gpen_video::frame::{Face, FaceJob};
+    let h = size / 2;
+    let mut filter = Temporal::new(4.0, size, &template(size));
+    let change: Vec<f32> = (0..size * size * 3)
+        .map(|i| ((i * 31) % 17) as f32 / 64.0 - 0.1)
+        .collect();
+    for (what, step) in [("still face", 0.0f32), ("moving face", 12.0)] {
+        let mut index = 0u64;
+        let ms = median_ms(runs, || {
+            let mut job = FaceJob::detected(Face::default());
+            job.track = Some(1);
+            job.luma = (0..h * h)
+                .map(|i| ((i * 13) % 200) as f32 + step * (index % 2) as f32)
+                .collect();
+            job.restored = Some(change.clone());
+            filter.filter(index, std::slice::from_mut(&mut job), false);
+            index += 1;
+            black_box(&job);
+        });
+        println!("temporal filter, {what:<28} {ms:>8.2}");
+    }
+}
+
 fn main() {
     let (w, h, size) = (1920usize, 1080usize, 512usize);
+    // `KERNELS=temporal` times only the temporal filter.
+    if std::env::var("KERNELS").as_deref() == Ok("temporal") {
+        temporal(size, 41);
+        return;
+    }
+    temporal(size, 15);
     let frame: Vec<u8> = (0..w * h * 3).map(|i| ((i * 7919) % 251) as u8).collect();
     let runs = 15;
     println!("kernel, per face (median of {runs} runs)        fast ms   clamped ms   ratio");

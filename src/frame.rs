@@ -165,7 +165,7 @@ pub struct Face {
 
 /// One face on its way through the stages: found by detection, aligned (its transform, frame
 /// footprint and crop), then restored.
-pub(crate) struct FaceJob {
+pub struct FaceJob {
     pub face: Face,
     /// Frame -> crop transform (identity until aligned).
     pub to_crop: Affine,

@@ -108,7 +108,7 @@ struct Track {
 }
 
 /// The filter of one run.
-pub(crate) struct Temporal {
+pub struct Temporal {
     memory: f32,
     span: u64,
     size: usize,
@@ -120,6 +120,8 @@ pub(crate) struct Temporal {
     out_now: Vec<f32>,
     raw_now: Vec<f32>,
     weights: Vec<f32>,
+    /// The row maxima of the difference (see [`max3x3`]).
+    rows: Vec<f32>,
     pub flicker: Flicker,
 }
 
@@ -129,14 +131,48 @@ fn half_luma(rgb: &[f32], size: usize, base: Option<&[f32]>, out: &mut Vec<f32>)
     let h = size / 2;
     out.clear();
     out.resize(h * h, 0.0);
-    for y in 0..h {
-        for x in 0..h {
+    let luma = |p: &[f32]| 0.299 * p[0] + 0.587 * p[1] + 0.114 * p[2];
+    // Two rows of the crop make one row of cells, two pixels (six values) of each a cell; the
+    // sum in the same order as pixel by pixel, so the values are the same to the bit.
+    for (y, o) in out.chunks_exact_mut(h).enumerate() {
+        let (top, bottom) = (
+            &rgb[2 * y * size * 3..][..size * 3],
+            &rgb[(2 * y + 1) * size * 3..][..size * 3],
+        );
+        for ((o, a), b) in o.iter_mut().zip(top.chunks_exact(6)).zip(bottom.chunks_exact(6)) {
             let mut s = 0.0;
-            for (dx, dy) in [(0, 0), (1, 0), (0, 1), (1, 1)] {
-                let p = &rgb[((2 * y + dy) * size + 2 * x + dx) * 3..][..3];
-                s += 0.299 * p[0] + 0.587 * p[1] + 0.114 * p[2];
+            s += luma(&a[..3]);
+            s += luma(&a[3..]);
+            s += luma(&b[..3]);
+            s += luma(&b[3..]);
+            *o = s / 4.0;
+        }
+        if let Some(base) = base {
+            for (o, b) in o.iter_mut().zip(&base[y * h..][..h]) {
+                *o += b;
             }
-            out[y * h + x] = s / 4.0 + base.map_or(0.0, |b| b[y * h + x]);
+        }
+    }
+}
+
+/// The largest of each cell's value and its eight neighbours' (`h` square, clipped at the
+/// border), in two passes: along the rows, then down the columns.
+fn max3x3(v: &[f32], h: usize, rows: &mut Vec<f32>, out: &mut Vec<f32>) {
+    rows.clear();
+    rows.resize(h * h, 0.0);
+    for (r, o) in v.chunks_exact(h).zip(rows.chunks_exact_mut(h)) {
+        for x in 0..h {
+            o[x] = r[x.saturating_sub(1)].max(r[x]).max(r[(x + 1).min(h - 1)]);
+        }
+    }
+    out.clear();
+    out.resize(h * h, 0.0);
+    for y in 0..h {
+        let (up, here, down) = (y.saturating_sub(1), y, (y + 1).min(h - 1));
+        let o = &mut out[y * h..][..h];
+        let (a, b, c) = (&rows[up * h..][..h], &rows[here * h..][..h], &rows[down * h..][..h]);
+        for (((o, a), b), c) in o.iter_mut().zip(a).zip(b).zip(c) {
+            *o = a.max(*b).max(*c);
         }
     }
 }
@@ -165,6 +201,33 @@ fn average<const WRITE: bool>(now: &mut [f32], history: &mut [f32], shares: &[f3
     }
 }
 
+/// Both averages' steps in one pass over the crop (what [`average`] does to `other`, then to
+/// `used` writing the frame's change): the model's change is read and written once.
+fn average_both(now: &mut [f32], other: &mut [f32], used: &mut [f32], shares: &[f32], size: usize) {
+    let h = size / 2;
+    for y in 0..size {
+        let srow = &shares[(y / 2) * h..][..h];
+        let row = y * size * 3..(y + 1) * size * 3;
+        let (now, a, b) = (&mut now[row.clone()], &mut other[row.clone()], &mut used[row]);
+        let cells = now
+            .chunks_exact_mut(6)
+            .zip(a.chunks_exact_mut(6))
+            .zip(b.chunks_exact_mut(6));
+        for (((n6, a6), b6), &share) in cells.zip(srow) {
+            if share > 0.0 {
+                for ((n, a), b) in n6.iter_mut().zip(a6).zip(b6) {
+                    *a = *n + share * (*a - *n);
+                    *b = *n + share * (*b - *n);
+                    *n = *b;
+                }
+            } else {
+                a6.copy_from_slice(n6);
+                b6.copy_from_slice(n6);
+            }
+        }
+    }
+}
+
 impl Temporal {
     /// A filter of `memory` frames for crops of `size` aligned to `template` (crop pixels).
     pub fn new(memory: f32, size: usize, template: &[[f32; 2]; 5]) -> Self {
@@ -183,6 +246,7 @@ impl Temporal {
             out_now: Vec::new(),
             raw_now: Vec::new(),
             weights: Vec::new(),
+            rows: Vec::new(),
             flicker: Flicker {
                 filtered: memory > 0.0,
                 ..Flicker::default()
@@ -226,21 +290,13 @@ impl Temporal {
                 diff.clear();
                 diff.extend(job.luma.iter().zip(&t.luma).map(|(a, b)| (a - b).abs()));
                 let weights = &mut self.weights;
-                weights.clear();
-                weights.extend((0..h * h).map(|i| {
-                    let (x, y) = (i % h, i / h);
-                    let mut d: f32 = 0.0;
-                    for yy in y.saturating_sub(1)..(y + 2).min(h) {
-                        for xx in x.saturating_sub(1)..(x + 2).min(h) {
-                            d = d.max(diff[yy * h + xx]);
-                        }
-                    }
-                    let g = ((CHANGED - d) / (CHANGED - ALIKE)).clamp(0.0, 1.0);
-                    w_max * g * g * (3.0 - 2.0 * g)
-                }));
-                // Per cell, the history's share: w / (1 + w).
+                max3x3(diff, h, &mut self.rows, weights);
+                // Per cell, the history's weight from the difference, then its share:
+                // w / (1 + w).
                 for w in weights.iter_mut() {
-                    *w /= 1.0 + *w;
+                    let g = ((CHANGED - *w) / (CHANGED - ALIKE)).clamp(0.0, 1.0);
+                    let w1 = w_max * g * g * (3.0 - 2.0 * g);
+                    *w = w1 / (1.0 + w1);
                 }
             }
             // Each average: afresh at its restart (or a new track), else now + share *
@@ -257,7 +313,17 @@ impl Temporal {
             };
             // Without a memory there is no history to keep.
             let averages = if w_max > 0.0 { 2 } else { 0 };
+            // Both averages go on (neither restarts): one pass.
+            let len = change.len();
+            let goes_on = |h: &Vec<f32>, restart: bool| !restart && h.len() == len;
+            let fused = filtering && goes_on(other.0, other.1) && goes_on(used.0, used.1);
+            if fused {
+                average_both(change, other.0, used.0, &self.weights, size);
+            }
             for (k, (history, restart)) in [other, used].into_iter().enumerate().take(averages) {
+                if fused {
+                    break;
+                }
                 if !filtering || restart || history.len() != change.len() {
                     history.clear();
                     history.extend_from_slice(change);
@@ -309,6 +375,47 @@ impl Temporal {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_neighbourhood_maximum_is_the_cell_by_cell_one() {
+        for h in [1usize, 2, 5, 16] {
+            let v: Vec<f32> = (0..h * h).map(|i| ((i * 7919) % 101) as f32).collect();
+            let (mut rows, mut fast) = (Vec::new(), Vec::new());
+            max3x3(&v, h, &mut rows, &mut fast);
+            for (i, got) in fast.iter().enumerate() {
+                let (x, y) = (i % h, i / h);
+                let mut d: f32 = 0.0;
+                for yy in y.saturating_sub(1)..(y + 2).min(h) {
+                    for xx in x.saturating_sub(1)..(x + 2).min(h) {
+                        d = d.max(v[yy * h + xx]);
+                    }
+                }
+                assert_eq!(*got, d, "h {h}, cell {i}");
+            }
+        }
+    }
+
+    #[test]
+    fn half_luma_is_the_pixel_by_pixel_sum() {
+        let size = 8;
+        let rgb: Vec<f32> = (0..size * size * 3)
+            .map(|i| ((i * 31) % 17) as f32 * 0.37 - 2.0)
+            .collect();
+        let base: Vec<f32> = (0..16).map(|i| i as f32).collect();
+        let mut out = Vec::new();
+        half_luma(&rgb, size, Some(&base), &mut out);
+        let h = size / 2;
+        for y in 0..h {
+            for x in 0..h {
+                let mut s = 0.0;
+                for (dx, dy) in [(0, 0), (1, 0), (0, 1), (1, 1)] {
+                    let p = &rgb[((2 * y + dy) * size + 2 * x + dx) * 3..][..3];
+                    s += 0.299 * p[0] + 0.587 * p[1] + 0.114 * p[2];
+                }
+                assert_eq!(out[y * h + x], s / 4.0 + base[y * h + x]);
+            }
+        }
+    }
     use crate::frame::Face;
 
     fn job(track: u64, luma: f32, change: impl Fn(usize) -> f32, size: usize) -> FaceJob {
