@@ -93,4 +93,6 @@ for s in nvdec-fp16-b4 trt-fp16-b4-cold; do
 done
 grep -q '^whole-file ' "$result/out/table.txt" || fail "the table lacks the whole-file row"
 grep -q '^feeder: without the model' "$result/out/table.txt" || fail "the table lacks the feeder's figure"
+grep -q '^feeder: a host of 16 cores would feed about' "$result/out/table.txt" ||
+  fail "the table lacks what a 16-core host would feed"
 echo "gpu-bundle-check: ok in $secs s: the bundle ran to its table in a clean root; CUDA refused with gpen-video's message and the runner went on"

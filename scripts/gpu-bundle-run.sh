@@ -170,16 +170,18 @@ m16=$(ls "$B"/models/gpen-*-fp16.onnx | head -1)
 det=$B/models/centerface.onnx
 common=(--detector "$det" --preset veryfast -q)
 steps=$out/steps.tsv
-printf 'step\tdevice\tbatch\tstatus\twall_s\tgpu_peak_mib\tjson\tmessage\n' >"$steps"
+printf 'step\tdevice\tbatch\tstatus\twall_s\tgpu_peak_mib\tgpu_busy_pct\tjson\tmessage\n' >"$steps"
 ran_gpu_ok=0
 
-# step NAME DEVICE BATCH JSON TIMEOUT -- command...: runs it with a GPU memory sampler, records a
-# line in steps.tsv; a failure is printed with the tool's message and does not stop the run.
+# step NAME DEVICE BATCH JSON TIMEOUT -- command...: runs it with a GPU sampler (memory used and
+# busy share, every 250 ms), records a line in steps.tsv (the peak memory and the mean busy share:
+# a GPU far from busy while the run is slow says the host limits it); a failure is printed with
+# the tool's message and does not stop the run.
 step() {
   local name=$1 dev=$2 batch=$3 json=$4 tmo=$5; shift 6
   local now; now=$(date +%s)
   if [ $((now - t_start)) -ge "$budget" ]; then
-    printf '%s\t%s\t%s\tskipped\t-\t-\t-\tbudget of %s s spent\n' "$name" "$dev" "$batch" "$budget" >>"$steps"
+    printf '%s\t%s\t%s\tskipped\t-\t-\t-\t-\tbudget of %s s spent\n' "$name" "$dev" "$batch" "$budget" >>"$steps"
     say "$name: skipped (budget of $budget s spent)"
     return 0
   fi
@@ -190,7 +192,7 @@ step() {
   local smi="" smi_pid=""
   if command -v nvidia-smi >/dev/null && [ "$dev" != cpu ]; then
     smi=$out/$name.gpumem
-    nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 250 >"$smi" 2>/dev/null &
+    nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader,nounits -lms 250 >"$smi" 2>/dev/null &
     smi_pid=$!
   fi
   local t0 t1 rc=0
@@ -198,8 +200,11 @@ step() {
   timeout "$tmo" "$@" >"$out/$name.log" 2>&1 || rc=$?
   t1=$(date +%s%N)
   [ -n "$smi_pid" ] && { kill "$smi_pid" 2>/dev/null || true; wait "$smi_pid" 2>/dev/null || true; }
-  local peak=-
-  [ -n "$smi" ] && [ -s "$smi" ] && peak=$(sort -n "$smi" | tail -1 | tr -d ' ')
+  local peak=- busy=-
+  if [ -n "$smi" ] && [ -s "$smi" ]; then
+    peak=$(cut -d, -f1 "$smi" | tr -d ' ' | sort -n | tail -1)
+    busy=$(awk -F', *' '$2 ~ /^[0-9]+$/ { s += $2; n++ } END { if (n) printf "%.0f", s / n; else print "-" }' "$smi")
+  fi
   local ds=$(((t1 - t0) / 100000000)) wall
   wall=$((ds / 10)).$((ds % 10))
   local status=ok msg=""
@@ -214,7 +219,7 @@ step() {
     [ "$dev" != cpu ] && ran_gpu_ok=1
   fi
   msg=${msg//$'\t'/ }
-  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$name" "$dev" "$batch" "$status" "$wall" "$peak" "$json" "$msg" >>"$steps"
+  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$name" "$dev" "$batch" "$status" "$wall" "$peak" "$busy" "$json" "$msg" >>"$steps"
 }
 
 bench_dev=$device
@@ -288,7 +293,7 @@ def load(p):
 def num(x, fmt):
     return "-" if x is None else format(x, fmt)
 hdr = ["step", "device", "batch", "status", "faces/s", "ceiling f/s", "ms/batch", "eff.", "fps",
-       "GPU MiB", "wall s"]
+       "GPU MiB", "GPU busy %", "wall s"]
 lines, summary = [], []
 for r in rows:
     j = load(r["json"]) if r["json"] not in ("", "-") else None
@@ -317,12 +322,14 @@ for r in rows:
     if peak is not None:
         gmib = max(gmib or 0, peak)
     cf = (ceil or {}).get("faces_per_s")
+    busy = None if r["gpu_busy_pct"] in ("", "-") else int(float(r["gpu_busy_pct"]))
     lines.append([r["step"], r["device"], r["batch"], r["status"], num(fs, ".1f"), num(cf, ".1f"),
-                  num(ms, ".1f"), num(eff, ".2f"), num(fps, ".1f"), num(gmib, "d"), r["wall_s"]])
+                  num(ms, ".1f"), num(eff, ".2f"), num(fps, ".1f"), num(gmib, "d"), num(busy, "d"),
+                  r["wall_s"]])
     summary.append({"step": r["step"], "device": r["device"], "batch": int(r["batch"]),
                     "status": r["status"], "wall_s": r["wall_s"], "faces_per_s": fs,
                     "ceiling_faces_per_s": cf, "ms_per_batch": ms, "efficiency": eff, "fps": fps,
-                    "gpu_mib": gmib, "message": r["message"], "result": j})
+                    "gpu_mib": gmib, "gpu_busy_pct": busy, "message": r["message"], "result": j})
 w = [max(len(str(x)) for x in col) for col in zip(hdr, *lines)]
 fmt = lambda cells: "  ".join(str(c).ljust(w[i]) if i < 4 else str(c).rjust(w[i])
                               for i, c in enumerate(cells))
@@ -341,11 +348,15 @@ for feed in f.get("feeder", []):
           f"{feed['fast_process_core_ms']:.1f}: one core feeds about {feed['per_core_faces_per_s']:.0f} "
           f"faces/s, these {feed['cores']} cores about {feed['per_core_faces_per_s'] * feed['cores']:.0f}; "
           f"detection at most {feed['detect_limit']:.0f} per job")
+    host = feed.get("host_16")
+    if host:
+        print(f"feeder: a host of 16 cores would feed about {host[0]:.0f} faces/s, limited by {host[1]}")
 for r in summary:
     if r["status"] != "ok":
         print(f"{r['step']}: {r['status']}: {r['message']}")
 print(f"total {t_end - t_start} s; faces/s and fps: end to end; ceiling: the model alone; "
-      "eff.: their ratio; GPU MiB: peak of nvidia-smi's memory.used during the step")
+      "eff.: their ratio; GPU MiB: peak of nvidia-smi's memory.used during the step; GPU busy %: "
+      "mean of its utilization.gpu (far under 100 with faces/s under the ceiling: the host limits)")
 with open(os.path.join(out, "summary.json"), "w") as f:
     json.dump({"steps": summary, "total_s": t_end - t_start}, f, indent=1)
 PY

@@ -369,7 +369,8 @@ fn bench_reports_what_the_stages_around_the_model_can_feed() {
     assert!(
         table.contains("feeder (group.mkv): without the model")
             && table.contains("the model alone")
-            && table.contains("a machine of N cores"),
+            && table.contains("a machine of N cores")
+            && table.contains("a host of 16 cores would feed about"),
         "{table}"
     );
     let j: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
@@ -394,6 +395,11 @@ fn bench_reports_what_the_stages_around_the_model_can_feed() {
     for s in ["decode", "detect", "align", "paste", "encode"] {
         assert!(stages.contains(&s), "{s} in {stages:?}");
     }
+    let host = &f["host_16"];
+    assert!(
+        host[0].as_f64().is_some_and(|v| v > 0.0) && !host[1].as_str().unwrap().is_empty(),
+        "{host}"
+    );
     // Only the feeder: no pipeline or enhance rows.
     let r = gpen(&[
         &"bench",

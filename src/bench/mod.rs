@@ -92,6 +92,12 @@ pub struct Feeder {
     /// CPU time of each stage's own threads per face, in ms (decode and encode count their
     /// calling thread, not FFmpeg's own threads), from the runs at the run's encoder settings.
     pub stage_core_ms: Vec<(String, f64)>,
+    /// Threads each of those stages ran on (1: a stage of one thread, which no core count
+    /// speeds up; a pool stage runs on one thread per core, up to `defaults::POOL_THREADS_MAX`).
+    pub stage_threads: Vec<usize>,
+    /// What a host of 16 cores would feed (faces/s) and the stage that would limit it (see
+    /// [`Feeder::host`]).
+    pub host_16: (f64, String),
     /// The whole process's CPU time per face (every thread, FFmpeg's included), in ms, at the
     /// run's encoder settings and with the fastest preset.
     pub process_core_ms: f64,
@@ -338,13 +344,26 @@ fn feed(engine: &mut Engine, job: &Job, repeat: usize, name: &str, log: &dyn Fn(
             fast_faces_per_s: median(fast_runs.iter().map(|(s, _)| s.faces_per_s()).collect()),
             fast_fps: median(fast_runs.iter().map(|(s, _)| s.fps()).collect()),
             stage_core_ms: names.iter().map(|n| (n.to_string(), stage_ms(n))).collect(),
+            stage_threads: names
+                .iter()
+                .map(|n| {
+                    runs[0]
+                        .0
+                        .stages
+                        .iter()
+                        .find(|st| st.name == *n)
+                        .map_or(1, |st| st.threads.max(1))
+                })
+                .collect(),
+            host_16: (0.0, String::new()),
             process_core_ms: median(runs.iter().map(per_face).collect()),
             fast_process_core_ms: fast_ms,
             per_core_faces_per_s: 1000.0 / fast_ms.max(1e-9),
             detect_limit: 1000.0 / detect.max(1e-9),
             model_faces_per_s: None,
             cores: 0,
-        })
+        }
+        .with_host_16())
     })();
     for w in &mut engine.workers {
         w.skip_model = false;
@@ -455,6 +474,32 @@ impl BenchReport {
 }
 
 impl Feeder {
+    /// Faces/s a host of `cores` cores would feed, and what limits it: all cores at this run's
+    /// whole-process CPU per face (fastest preset), or a stage that cannot use them all (a stage
+    /// of one thread at 1000 / its core-ms, a pool stage at that times its threads, one per
+    /// core up to `defaults::POOL_THREADS_MAX`).
+    pub fn host(&self, cores: usize) -> (f64, String) {
+        let mut best = (self.per_core_faces_per_s * cores as f64, format!("all {cores} cores"));
+        for ((name, ms), &threads) in self.stage_core_ms.iter().zip(&self.stage_threads) {
+            let width = if threads > 1 {
+                cores.min(crate::defaults::POOL_THREADS_MAX)
+            } else {
+                1
+            };
+            let cap = 1000.0 / ms.max(1e-9) * width as f64;
+            if cap < best.0 {
+                let how = if width == 1 { "one thread" } else { "its pool" };
+                best = (cap, format!("{name} ({how})"));
+            }
+        }
+        best
+    }
+
+    fn with_host_16(mut self) -> Self {
+        self.host_16 = self.host(16);
+        self
+    }
+
     /// The feeder's lines of the bench table: its ceiling beside the model's, which side limits
     /// the run, what each stage costs per face and what a machine of N cores feeds.
     pub fn text(&self) -> String {
@@ -484,13 +529,32 @@ impl Feeder {
             self.per_core_faces_per_s * self.cores as f64,
             self.detect_limit
         );
+        let (here, here_limit) = self.host(self.cores.max(1));
+        out += &format!(
+            "  a host of 16 cores would feed about {:.0} faces/s, limited by {}; this one, {:.0}, limited by {here_limit}\n",
+            self.host_16.0, self.host_16.1, here
+        );
         out
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::median;
+    use super::{median, Feeder};
+
+    #[test]
+    fn a_host_is_limited_by_its_cores_or_by_a_stage_that_cannot_use_them() {
+        let f = Feeder {
+            stage_core_ms: vec![("detect".into(), 2.0), ("align".into(), 8.0), ("temporal".into(), 4.0)],
+            stage_threads: vec![1, 2, 1],
+            per_core_faces_per_s: 100.0,
+            ..Feeder::default()
+        };
+        // 2 cores: 200 faces/s from the cores, under every stage's cap.
+        assert_eq!(f.host(2), (200.0, "all 2 cores".to_string()));
+        // 16 cores: the temporal filter, one thread at 4 ms, caps it at 250.
+        assert_eq!(f.host(16), (250.0, "temporal (one thread)".to_string()));
+    }
 
     #[test]
     fn median_of_odd_even_and_empty() {
