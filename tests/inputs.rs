@@ -6,27 +6,10 @@
 
 mod common;
 
-use std::net::TcpListener;
 use std::path::Path;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use common::*;
-
-/// A listener on loopback counting the connections made to it, and its port.
-fn listener() -> (u16, Arc<AtomicUsize>) {
-    let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = l.local_addr().unwrap().port();
-    let hits = Arc::new(AtomicUsize::new(0));
-    let h = hits.clone();
-    std::thread::spawn(move || {
-        for c in l.incoming() {
-            h.fetch_add(1, Ordering::SeqCst);
-            drop(c);
-        }
-    });
-    (port, hits)
-}
 
 /// A small clip of `size` (a test pattern, no face) at `path`.
 fn clip(path: &Path, size: &str, frames: u32) {

@@ -7,7 +7,6 @@
 
 mod common;
 
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -33,18 +32,7 @@ fn picture(dir: &Path, name: &str, extra: &[&str]) -> PathBuf {
 /// and an ICC profile.
 fn with_orientation_and_icc(jpeg: &[u8], o: u16) -> Vec<u8> {
     use img_parts::{Bytes, DynImage, ImageICC};
-    assert_eq!(&jpeg[..2], [0xff, 0xd8], "a JPEG");
-    // A little-endian TIFF header, one IFD with one SHORT entry (0x0112), no next IFD.
-    let mut tiff = b"II\x2a\x00\x08\x00\x00\x00\x01\x00\x12\x01\x03\x00\x01\x00\x00\x00".to_vec();
-    tiff.extend_from_slice(&o.to_le_bytes());
-    tiff.extend_from_slice(&[0, 0, 0, 0, 0, 0]);
-    let mut app1 = b"Exif\0\0".to_vec();
-    app1.extend_from_slice(&tiff);
-    let mut out = jpeg[..2].to_vec();
-    out.extend_from_slice(&[0xff, 0xe1]);
-    out.extend_from_slice(&((app1.len() + 2) as u16).to_be_bytes());
-    out.extend_from_slice(&app1);
-    out.extend_from_slice(&jpeg[2..]);
+    let out = with_orientation(jpeg, o);
     let mut img = DynImage::from_bytes(out.into()).unwrap().unwrap();
     img.set_icc_profile(Some(Bytes::from(
         (0..600u32).map(|i| (i % 251) as u8).collect::<Vec<u8>>(),
@@ -200,21 +188,6 @@ fn a_still_in_memory_is_the_file_byte_for_byte() {
         .err()
         .expect("a video");
     assert!(format!("{e:#}").contains("only a still"), "{e:#}");
-}
-
-/// A listener on loopback counting the connections made to it, and its port.
-fn listener() -> (u16, Arc<AtomicUsize>) {
-    let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = l.local_addr().unwrap().port();
-    let hits = Arc::new(AtomicUsize::new(0));
-    let h = hits.clone();
-    std::thread::spawn(move || {
-        for c in l.incoming() {
-            h.fetch_add(1, Ordering::SeqCst);
-            drop(c);
-        }
-    });
-    (port, hits)
 }
 
 /// A FIFO at `path` that counts the times anyone opens it for reading (a writer waits on it in

@@ -265,23 +265,6 @@ fn icc_profiles_are_kept() {
     }
 }
 
-/// `jpeg` with an EXIF APP1 segment holding only Orientation = `o`, right after its SOI marker.
-fn with_orientation(jpeg: &[u8], o: u16) -> Vec<u8> {
-    assert_eq!(&jpeg[..2], [0xff, 0xd8], "a JPEG");
-    // A little-endian TIFF header, one IFD with one SHORT entry (0x0112), no next IFD.
-    let mut tiff = b"II\x2a\x00\x08\x00\x00\x00\x01\x00\x12\x01\x03\x00\x01\x00\x00\x00".to_vec();
-    tiff.extend_from_slice(&o.to_le_bytes());
-    tiff.extend_from_slice(&[0, 0, 0, 0, 0, 0]);
-    let mut app1 = b"Exif\0\0".to_vec();
-    app1.extend_from_slice(&tiff);
-    let mut out = jpeg[..2].to_vec();
-    out.extend_from_slice(&[0xff, 0xe1]);
-    out.extend_from_slice(&((app1.len() + 2) as u16).to_be_bytes());
-    out.extend_from_slice(&app1);
-    out.extend_from_slice(&jpeg[2..]);
-    out
-}
-
 /// A portrait stored sideways with an EXIF orientation tag comes out upright, its face found.
 #[test]
 fn exif_orientation_is_honoured() {

@@ -134,15 +134,14 @@ pub struct DetectSettings {
 }
 
 impl Default for DetectSettings {
+    /// Each field's flag default (the one place they are written).
     fn default() -> Self {
-        use crate::defaults as d;
-        Self {
-            det_size: d::DET_SIZE,
-            threshold: d::DET_THRESHOLD,
-            nms_iou: d::NMS_IOU,
-            every: d::DETECT_EVERY,
-            max_faces: d::MAX_FACES,
+        #[derive(clap::Parser)]
+        struct Flags {
+            #[command(flatten)]
+            detection: DetectSettings,
         }
+        <Flags as clap::Parser>::parse_from(["gpen-video"]).detection
     }
 }
 

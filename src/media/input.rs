@@ -126,14 +126,7 @@ pub struct Opened {
     // Fields drop in the order they are declared: the demuxer is closed before the reader it
     // reads from is freed.
     input: ffmpeg::format::context::Input,
-    memory: Option<MemoryReader>,
-}
-
-impl Opened {
-    /// Whether the demuxer reads bytes in memory (not a file).
-    pub fn in_memory(&self) -> bool {
-        self.memory.is_some()
-    }
+    _memory: Option<MemoryReader>,
 }
 
 impl Deref for Opened {
@@ -314,7 +307,7 @@ pub fn open_source(path: &Path, bytes: Option<&Arc<[u8]>>) -> Result<Opened> {
     let Some(bytes) = bytes else {
         return Ok(Opened {
             input: open_input(path)?,
-            memory: None,
+            _memory: None,
         });
     };
     crate::init_ffmpeg();
@@ -334,7 +327,7 @@ pub fn open_source(path: &Path, bytes: Option<&Arc<[u8]>>) -> Result<Opened> {
     let input = open_with(path, &url, opts, Some(&memory))?;
     Ok(Opened {
         input,
-        memory: Some(memory),
+        _memory: Some(memory),
     })
 }
 

@@ -33,8 +33,14 @@ use crate::treatment::Treatment;
 /// holds besides), the decode and encode stages' own, one spare; one crop per face of those
 /// frames plus the batches at the workers.
 fn pools_for(plan: &[Step], ctx: &Sizes) -> Pools {
-    let frames = DEPTH + 1 + plan.iter().map(|s| s.holds(ctx)).sum::<usize>() + 1 + 1;
+    let frames = frames_for(plan, ctx);
     Pools::new(frames, frames + 2 * ctx.batch * ctx.workers)
+}
+
+/// Frames a line of `plan` can hold: the decode stage's queue and frame, the detect stage's,
+/// every planned stage's, the encode stage's frame and one spare.
+fn frames_for(plan: &[Step], ctx: &Sizes) -> usize {
+    2 * (DEPTH + 1) + plan.iter().map(|s| s.holds(ctx)).sum::<usize>() + 1 + 1
 }
 
 /// What sets a run's middle apart.
@@ -57,10 +63,10 @@ pub(crate) struct Encoded<T> {
     pub extra: T,
 }
 
-/// A middle stage, in pipeline order.
+/// A stage between detection (which every run has, and which turns frames into face frames)
+/// and encoding, in pipeline order.
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Step {
-    Detect,
     Mesh,
     Smooth,
     Align,
@@ -90,14 +96,14 @@ impl Step {
                 Step::Mesh => 3 * (s.mesh_threads - 1),
                 Step::Smooth => s.smooth_held,
                 Step::Enhance => held_frames(s.batch, s.workers),
-                Step::Detect | Step::Temporal => 0,
+                Step::Temporal => 0,
             }
     }
 }
 
-/// The stages a run builds: the optional ones each by one line.
+/// The stages a run builds after detection: the optional ones each by one line.
 fn plan(engine: &Engine, middle: &Middle) -> Vec<Step> {
-    let mut steps = vec![Step::Detect];
+    let mut steps = Vec::new();
     steps.extend((!engine.meshers.is_empty()).then_some(Step::Mesh));
     steps.extend(middle.video.then_some(Step::Smooth));
     steps.extend([Step::Align, Step::Enhance]);
@@ -180,7 +186,7 @@ pub(crate) fn wire<T: Send>(
             rx: det_rx,
             joins: Vec::new(),
         };
-        for step in steps.iter().skip(1) {
+        for step in &steps {
             match step {
                 Step::Mesh => {
                     let meshers = meshers.take().expect("one mesh stage");
@@ -205,7 +211,6 @@ pub(crate) fn wire<T: Send>(
                 Step::Paste => line.then(s, "paste", move |rx, tx| {
                     stages::paste_back(ctx, rx, tx).map(Out::Stage)
                 }),
-                Step::Detect => unreachable!("the first stage"),
             }
         }
         let Line { rx, joins } = line;
@@ -313,7 +318,6 @@ mod tests {
     fn the_pools_hold_what_the_planned_stages_can() {
         // A default video on two cores: one CPU worker, batch 4, smoothing sigma 6.
         let steps = [
-            Step::Detect,
             Step::Mesh,
             Step::Smooth,
             Step::Align,
@@ -328,15 +332,11 @@ mod tests {
             batch: 4,
             workers: 1,
         };
-        let frames = |threads| {
-            let s = sizes(threads);
-            DEPTH + 1 + steps.iter().map(|st| st.holds(&s)).sum::<usize>() + 2
-        };
+        let frames = |threads| frames_for(&steps, &sizes(threads));
         assert_eq!(frames(2), 72, "README's figure");
         assert_eq!(frames(3) - frames(2), 9, "three frames per pool stage and core");
         // Pictures: no smoothing and no temporal filter, so fewer frames.
-        let pictures = [Step::Detect, Step::Align, Step::Enhance, Step::Paste];
-        let s = sizes(2);
-        assert!(pictures.iter().map(|st| st.holds(&s)).sum::<usize>() < 40);
+        let pictures = [Step::Align, Step::Enhance, Step::Paste];
+        assert!(frames_for(&pictures, &sizes(2)) < 50);
     }
 }

@@ -391,3 +391,35 @@ pub fn assert_change_only_on_faces(faces: &Faces, w: usize, got: &[Vec<u8>], wan
     let mean = mean_psnr(&all);
     assert!(mean > 40.0, "PSNR outside faces over the clip {mean:.1} dB");
 }
+
+/// `jpeg` with an EXIF APP1 segment holding only Orientation = `o`, right after its SOI marker.
+pub fn with_orientation(jpeg: &[u8], o: u16) -> Vec<u8> {
+    assert_eq!(&jpeg[..2], [0xff, 0xd8], "a JPEG");
+    // A little-endian TIFF header, one IFD with one SHORT entry (0x0112), no next IFD.
+    let mut tiff = b"II\x2a\x00\x08\x00\x00\x00\x01\x00\x12\x01\x03\x00\x01\x00\x00\x00".to_vec();
+    tiff.extend_from_slice(&o.to_le_bytes());
+    tiff.extend_from_slice(&[0, 0, 0, 0, 0, 0]);
+    let mut app1 = b"Exif\0\0".to_vec();
+    app1.extend_from_slice(&tiff);
+    let mut out = jpeg[..2].to_vec();
+    out.extend_from_slice(&[0xff, 0xe1]);
+    out.extend_from_slice(&((app1.len() + 2) as u16).to_be_bytes());
+    out.extend_from_slice(&app1);
+    out.extend_from_slice(&jpeg[2..]);
+    out
+}
+
+/// A listener on loopback counting the connections made to it, and its port.
+pub fn listener() -> (u16, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    let hits = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let h = hits.clone();
+    std::thread::spawn(move || {
+        for c in l.incoming() {
+            h.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            drop(c);
+        }
+    });
+    (port, hits)
+}
