@@ -174,33 +174,10 @@ pub(crate) fn sample_cubic3<T: Copy + Into<f32>>(px: &[T], width: usize, height:
     out
 }
 
-/// Four bytes from `p` at `i` as four lanes: a pixel's R, G, B and a spare lane the caller
-/// ignores (one packed-RGB tap in one vector, which the compiler keeps in one register).
-#[inline(always)]
-fn lanes<const N: usize>(p: &[u8; N], i: usize) -> [f32; 4] {
-    [p[i] as f32, p[i + 1] as f32, p[i + 2] as f32, p[i + 3] as f32]
-}
-
-/// [`sample_rgb_f32`] where (x, y) lies at least three pixels from the right edge and one from
-/// the bottom (so eight bytes can be read per row): the same sums, no clamping, in four lanes
-/// (lane 3 is junk).
-#[inline(always)]
-fn bilinear_rgb_inside(rgb: &[u8], width: usize, x: f32, y: f32) -> f32x4 {
-    let (x0, y0) = (x as usize, y as usize);
-    let (fx, fy) = (f32x4::splat(x - x0 as f32), f32x4::splat(y - y0 as f32));
-    let i = (y0 * width + x0) * 3;
-    let top: &[u8; 8] = rgb[i..][..8].try_into().expect("8 bytes");
-    let bottom: &[u8; 8] = rgb[i + width * 3..][..8].try_into().expect("8 bytes");
-    let (a, b) = (f32x4::new(lanes(top, 0)), f32x4::new(lanes(top, 3)));
-    let (c, d) = (f32x4::new(lanes(bottom, 0)), f32x4::new(lanes(bottom, 3)));
-    let t = a + (b - a) * fx;
-    let u = c + (d - c) * fx;
-    t + (u - t) * fy
-}
-
 /// Whether [`cubic3_taps`] may read the neighbourhood of (x, y) in a packed three-channel
-/// picture of `width x height`: inside it with a pixel to spare on the right.
-#[inline(always)]
+/// picture of `width x height`: inside it with a pixel to spare on the right (the paste tests
+/// it four points at a time, in the same terms).
+#[cfg(test)]
 pub(crate) fn cubic3_inside(width: usize, height: usize, x: f32, y: f32) -> bool {
     x >= 1.0 && y >= 1.0 && x < width as f32 - 3.0 && y < height as f32 - 2.0
 }
@@ -233,27 +210,24 @@ pub(crate) fn cubic3_taps(px: &[f32], width: usize, (x0, y0): (usize, usize), wx
 /// fast paths of [`warp_face`] give the same crop and are tested against it).
 pub fn warp_to_tensor(rgb: &[u8], width: usize, height: usize, to_crop: &Affine, size: usize, out: &mut [f32]) {
     let inv = to_crop.inverse().unwrap_or(Affine::IDENTITY);
-    let m = inv.0;
     let plane = size * size;
     let (r, rest) = out.split_at_mut(plane);
     let (g, b) = rest.split_at_mut(plane);
     const K: f32 = 1.0 / 127.5;
+    let mut row = CropRow::new(&inv);
     for y in 0..size {
-        // Step along the row: the source point moves by (m0, m3) per crop pixel.
-        let (mut sx, mut sy) = (m[1] * y as f64 + m[2], m[4] * y as f64 + m[5]);
+        row.start(y);
         let (r, g, b) = (
             &mut r[y * size..(y + 1) * size],
             &mut g[y * size..(y + 1) * size],
             &mut b[y * size..(y + 1) * size],
         );
         for x in 0..size {
-            let (fx, fy) = (sx as f32, sy as f32);
+            let (fx, fy) = row.point(x);
             let p = sample_rgb_cubic_f32(rgb, width, height, fx, fy);
             r[x] = p[0] * K - 1.0;
             g[x] = p[1] * K - 1.0;
             b[x] = p[2] * K - 1.0;
-            sx += m[0];
-            sy += m[3];
         }
     }
 }
@@ -337,45 +311,44 @@ pub(crate) fn warp_cubic_loading(
     let (tw, th) = (r.width(), r.height());
     let tex = &texels[..];
     let inv = to_crop.inverse().unwrap_or(Affine::IDENTITY);
-    // Crop -> region coordinates.
-    let m = inv.0;
-    let (ox, oy) = (r.x0 as f32, r.y0 as f32);
-    let (lim_x, lim_y) = (tw as f32 - 2.0, th as f32 - 2.0);
     let plane = size * size;
     let (rp, rest) = out.split_at_mut(plane);
     let (gp, bp) = rest.split_at_mut(plane);
     const K: f32 = 1.0 / 127.5;
+    // Region coordinates at which all sixteen taps lie inside the texels.
+    let (lo, lim_x, lim_y) = (
+        f32x4::splat(1.0),
+        f32x4::splat(tw as f32 - 2.0),
+        f32x4::splat(th as f32 - 2.0),
+    );
+    let (ox, oy) = (f32x4::splat(r.x0 as f32), f32x4::splat(r.y0 as f32));
+    let mut row = CropRow::new(&inv);
     for y in 0..size {
-        let (mut sx, mut sy) = (m[1] * y as f64 + m[2], m[4] * y as f64 + m[5]);
+        row.start(y);
         let (rr, gr, br) = (
             &mut rp[y * size..(y + 1) * size],
             &mut gp[y * size..(y + 1) * size],
             &mut bp[y * size..(y + 1) * size],
         );
-        // Four crop pixels at a time: their weights in one vector pass, their taps one by one.
+        // Four crop pixels at a time: their source points, weights and whether they are inside
+        // in one vector pass each, their taps one by one.
         for x4 in (0..size).step_by(4) {
             let n = (size - x4).min(4);
-            let (mut fx, mut fy) = ([0.0f32; 4], [0.0f32; 4]);
-            for k in 0..n {
-                (fx[k], fy[k]) = (sx as f32, sy as f32);
-                sx += m[0];
-                sy += m[3];
-            }
-            // Floor where inside (positive there, so truncation is floor); the others are
-            // sampled by the clamped sampler and their weights are not used.
-            let (ix, iy) = (fx.map(|v| v.max(0.0) as usize), fy.map(|v| v.max(0.0) as usize));
-            let (tx, ty) = (
-                f32x4::new(fx) - f32x4::new(ix.map(|v| v as f32)),
-                f32x4::new(fy) - f32x4::new(iy.map(|v| v as f32)),
-            );
+            let (vx, vy) = row.points(x4);
+            let (lx, ly) = (vx - ox, vy - oy);
+            let inside = (lx.simd_ge(lo) & ly.simd_ge(lo) & lx.simd_lt(lim_x) & ly.simd_lt(lim_y)).to_bitmask();
+            // Positive where inside, so truncation is floor there; the other lanes take the
+            // clamped sampler and their weights are not used.
+            let (ix, iy) = (vx.trunc_int(), vy.trunc_int());
             let (wx, wy) = (
-                cubic_weights4(tx).map(|w| w.to_array()),
-                cubic_weights4(ty).map(|w| w.to_array()),
+                cubic_weights4(vx - ix.round_float()).map(|w| w.to_array()),
+                cubic_weights4(vy - iy.round_float()).map(|w| w.to_array()),
             );
+            let (ix, iy) = (ix.to_array(), iy.to_array());
+            let (fx, fy) = (vx.to_array(), vy.to_array());
             for k in 0..n {
-                let (lx, ly) = (fx[k] - ox, fy[k] - oy);
-                let p = if lx >= 1.0 && ly >= 1.0 && lx < lim_x && ly < lim_y {
-                    let base = (iy[k] - 1 - r.y0) * tw + (ix[k] - 1 - r.x0);
+                let p = if inside & (1 << k) != 0 {
+                    let base = (iy[k] as usize - 1 - r.y0) * tw + (ix[k] as usize - 1 - r.x0);
                     let wxk = [0, 1, 2, 3].map(|i| f32x4::splat(wx[i][k]));
                     let mut acc_out = f32x4::ZERO;
                     for (j, wj) in wy.iter().enumerate() {
@@ -397,6 +370,53 @@ pub(crate) fn warp_cubic_loading(
                 br[i] = p[2] * K - 1.0;
             }
         }
+    }
+}
+
+/// The frame points under a row of crop pixels, four at a time, in f32: the row's start in
+/// f64, then `start + step * x` lane by lane, so the plain sampler and the fast paths read the
+/// same points (a vector pass, where stepping one pixel at a time made a chain of additions and
+/// a store the vector load had to wait for).
+pub(crate) struct CropRow {
+    m: [f64; 6],
+    step: (f32x4, f32x4),
+    start: (f32x4, f32x4),
+}
+
+impl CropRow {
+    /// For the crop -> frame map `inv`.
+    pub(crate) fn new(inv: &Affine) -> Self {
+        let m = inv.0;
+        CropRow {
+            m,
+            step: (f32x4::splat(m[0] as f32), f32x4::splat(m[3] as f32)),
+            start: (f32x4::ZERO, f32x4::ZERO),
+        }
+    }
+
+    /// Moves to crop row `y`.
+    #[inline(always)]
+    pub(crate) fn start(&mut self, y: usize) {
+        let m = self.m;
+        self.start = (
+            f32x4::splat((m[1] * y as f64 + m[2]) as f32),
+            f32x4::splat((m[4] * y as f64 + m[5]) as f32),
+        );
+    }
+
+    /// The frame points of crop pixels `x4 .. x4 + 4` of the row.
+    #[inline(always)]
+    pub(crate) fn points(&self, x4: usize) -> (f32x4, f32x4) {
+        let xs = f32x4::new([0.0, 1.0, 2.0, 3.0]) + f32x4::splat(x4 as f32);
+        (self.start.0 + self.step.0 * xs, self.start.1 + self.step.1 * xs)
+    }
+
+    /// The frame point of crop pixel `x` of the row (the same value as its lane of
+    /// [`CropRow::points`]).
+    #[inline(always)]
+    pub(crate) fn point(&self, x: usize) -> (f32, f32) {
+        let (vx, vy) = self.points(x & !3);
+        (vx.to_array()[x & 3], vy.to_array()[x & 3])
     }
 }
 
@@ -550,51 +570,57 @@ pub fn warp_face(
     // The four taps sit a quarter of a crop pixel from its centre along each crop axis.
     let taps = [(-0.25, -0.25), (0.25, -0.25), (-0.25, 0.25), (0.25, 0.25)]
         .map(|(du, dv)| ((m[0] * du + m[1] * dv) as f32, (m[3] * du + m[4] * dv) as f32));
-    // A level's pixels are read as f32 texels (a level is at most a quarter of the face's
-    // footprint); at level 0 the frame's own bytes are read, as converting the whole footprint
-    // costs more than the taps save.
-    let t = Rect::new(0, 0, lw, lh);
-    if level > 0 {
-        load_texels(src, lw, t, &mut scratch.texels);
-    }
+    // The level's pixels under the face are read as f32 texels (at level 0, the footprint's).
+    let t = if level == 0 { r } else { Rect::new(0, 0, lw, lh) };
+    load_texels(src, lw, t, &mut scratch.texels);
     let tex = &scratch.texels[..];
-    let (tw, th) = (t.width(), t.height());
-    let (tx0, ty0) = (t.x0 as f32, t.y0 as f32);
-    let (lim_x, lim_y) = (tw as f32 - 1.0, th as f32 - 1.0);
+    let tw = t.width();
+    let (t0x, t0y) = (f32x4::splat(t.x0 as f32), f32x4::splat(t.y0 as f32));
+    let (lo, lim_x, lim_y) = (
+        f32x4::ZERO,
+        f32x4::splat(tw as f32 - 1.0),
+        f32x4::splat(t.height() as f32 - 1.0),
+    );
+    let (dxs, dys) = (f32x4::new(taps.map(|t| t.0)), f32x4::new(taps.map(|t| t.1)));
     let plane = size * size;
     let (rp, rest) = out.split_at_mut(plane);
     let (gp, bp) = rest.split_at_mut(plane);
     const K: f32 = 1.0 / (127.5 * 4.0);
+    let mut row = CropRow::new(&Affine(m));
     for y in 0..size {
-        let (mut sx, mut sy) = (m[1] * y as f64 + m[2], m[4] * y as f64 + m[5]);
-        for x in 0..size {
-            let mut acc = f32x4::ZERO;
-            for (dx, dy) in taps {
-                let (tx, ty) = (sx as f32 + dx, sy as f32 + dy);
-                let (lx, ly) = (tx - tx0, ty - ty0);
-                acc += if level == 0 && tx >= 0.0 && ty >= 0.0 && tx < lw as f32 - 3.0 && ty < lh as f32 - 1.0 {
-                    bilinear_rgb_inside(src, lw, tx, ty)
-                } else if level > 0 && lx >= 0.0 && ly >= 0.0 && lx < lim_x && ly < lim_y {
-                    // Inside: non-negative, so truncation is floor.
-                    let (x0, y0) = (tx as usize, ty as usize);
-                    let (fx, fy) = (f32x4::splat(tx - x0 as f32), f32x4::splat(ty - y0 as f32));
-                    let i = (y0 - t.y0) * tw + x0 - t.x0;
-                    let (a, b, c, d) = (tex[i], tex[i + 1], tex[i + tw], tex[i + tw + 1]);
-                    let top = a + (b - a) * fx;
-                    let bottom = c + (d - c) * fx;
-                    top + (bottom - top) * fy
-                } else {
-                    let p = sample_rgb_f32(src, lw, lh, tx, ty);
-                    f32x4::new([p[0], p[1], p[2], 0.0])
-                };
+        row.start(y);
+        for x4 in (0..size).step_by(4) {
+            let (vx, vy) = row.points(x4);
+            let (vx, vy) = (vx.to_array(), vy.to_array());
+            for k in 0..(size - x4).min(4) {
+                // The pixel's four taps, one per lane.
+                let (px, py) = (f32x4::splat(vx[k]) + dxs, f32x4::splat(vy[k]) + dys);
+                let (lx, ly) = (px - t0x, py - t0y);
+                let inside = (lx.simd_ge(lo) & ly.simd_ge(lo) & lx.simd_lt(lim_x) & ly.simd_lt(lim_y)).to_bitmask();
+                // Non-negative where inside, so truncation is floor there.
+                let (ix, iy) = (px.trunc_int(), py.trunc_int());
+                let (fx, fy) = ((px - ix.round_float()).to_array(), (py - iy.round_float()).to_array());
+                let (ix, iy, pxa, pya) = (ix.to_array(), iy.to_array(), px.to_array(), py.to_array());
+                let mut acc = f32x4::ZERO;
+                for q in 0..4 {
+                    acc += if inside & (1 << q) != 0 {
+                        let i = (iy[q] as usize - t.y0) * tw + ix[q] as usize - t.x0;
+                        let (a, b, c, d) = (tex[i], tex[i + 1], tex[i + tw], tex[i + tw + 1]);
+                        let (fx, fy) = (f32x4::splat(fx[q]), f32x4::splat(fy[q]));
+                        let top = a + (b - a) * fx;
+                        let bottom = c + (d - c) * fx;
+                        top + (bottom - top) * fy
+                    } else {
+                        let p = sample_rgb_f32(src, lw, lh, pxa[q], pya[q]);
+                        f32x4::new([p[0], p[1], p[2], 0.0])
+                    };
+                }
+                let acc = acc.to_array();
+                let i = y * size + x4 + k;
+                rp[i] = acc[0] * K - 1.0;
+                gp[i] = acc[1] * K - 1.0;
+                bp[i] = acc[2] * K - 1.0;
             }
-            let acc = acc.to_array();
-            let i = y * size + x;
-            rp[i] = acc[0] * K - 1.0;
-            gp[i] = acc[1] * K - 1.0;
-            bp[i] = acc[2] * K - 1.0;
-            sx += m[0];
-            sy += m[3];
         }
     }
 }

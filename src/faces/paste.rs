@@ -11,7 +11,7 @@
 
 use wide::f32x4;
 
-use crate::faces::align::{cubic3_inside, cubic3_taps, cubic_weights4, mip_level, sample_cubic3};
+use crate::faces::align::{cubic3_taps, cubic_weights4, mip_level, sample_cubic3};
 use crate::frame::Change;
 use crate::geom::{Affine, Rect};
 
@@ -391,6 +391,34 @@ impl Mask {
     pub fn size(&self) -> usize {
         self.size
     }
+
+    /// [`Mask::at`] of four points at once in f32 (0 where a point lies off the crop).
+    #[inline(always)]
+    fn at4(&self, u: f32x4, v: f32x4) -> f32x4 {
+        let (zero, lim) = (f32x4::ZERO, f32x4::splat((self.size - 1) as f32));
+        let inside = u.simd_ge(zero) & u.simd_le(lim) & v.simd_ge(zero) & v.simd_le(lim);
+        if inside.to_bitmask() == 0 {
+            return zero;
+        }
+        let s = self.size.div_ceil(self.step);
+        let r = f32x4::splat(1.0 / self.step as f32);
+        let (u, v) = (u.max(zero) * r, v.max(zero) * r);
+        // Non-negative, so truncation is floor.
+        let (iu, iv) = (u.trunc_int(), v.trunc_int());
+        let (fx, fy) = (u - iu.round_float(), v - iv.round_float());
+        let (iu, iv) = (iu.to_array(), iv.to_array());
+        let t = &self.table;
+        let (mut a, mut b, mut c, mut d) = ([0.0f32; 4], [0.0f32; 4], [0.0f32; 4], [0.0f32; 4]);
+        for k in 0..4 {
+            let (x0, y0) = ((iu[k] as usize).min(s - 1), (iv[k] as usize).min(s - 1));
+            let (x1, y1) = ((x0 + 1).min(s - 1), (y0 + 1).min(s - 1));
+            (a[k], b[k], c[k], d[k]) = (t[y0 * s + x0], t[y0 * s + x1], t[y1 * s + x0], t[y1 * s + x1]);
+        }
+        let (a, b, c, d) = (f32x4::new(a), f32x4::new(b), f32x4::new(c), f32x4::new(d));
+        let top = a + (b - a) * fx;
+        let bottom = c + (d - c) * fx;
+        (top + (bottom - top) * fy) & inside
+    }
 }
 
 /// Crop pixels per frame pixel from which the paste reads a mip level (level k from
@@ -617,7 +645,13 @@ fn accumulate(acc: &mut [f32], cells: Cells, r: Rect, face: &Paste, mask: &Mask,
     let lim = (size - 1) as f64;
     let rw = r.width();
     let Rect { x0, y0, x1, y1 } = face.region;
-    let (half, inv_k) = ((k - 1.0) / 2.0, 1.0 / k);
+    let (half, inv_k) = (f32x4::splat((k - 1.0) / 2.0), f32x4::splat(1.0 / k));
+    // Level points whose taps [`cubic3_taps`] may read (see [`crate::faces::align::cubic3_inside`]).
+    let (one, lim_u, lim_v) = (
+        f32x4::splat(1.0),
+        f32x4::splat(sw as f32 - 3.0),
+        f32x4::splat(sw as f32 - 2.0),
+    );
     for y in y0..y1 {
         // The row's pixels whose crop point lies inside the crop (a line crosses the square
         // once): the rest are skipped without a look.
@@ -651,41 +685,50 @@ fn accumulate(acc: &mut [f32], cells: Cells, r: Rect, face: &Paste, mask: &Mask,
             Cells::Direct(_) => 3,
         };
         let row = &mut acc[(y - r.y0) * rw * stride..][..rw * stride];
-        // Four pixels at a time: their mask values and sample points one by one, the
-        // bicubic weights of all four in one vector pass.
+        // Four pixels at a time: their crop points, mask values, level points and bicubic
+        // weights in one vector pass each, their taps one by one.
         let (first, last) = (xa as usize, xb as usize);
+        let (su, sv, u0, v0) = (
+            f32x4::splat(m[0] as f32),
+            f32x4::splat(m[3] as f32),
+            f32x4::splat(u0 as f32),
+            f32x4::splat(v0 as f32),
+        );
         for x4 in (first..=last).step_by(4) {
             let n = (last + 1 - x4).min(4);
-            let (mut alpha, mut lu, mut lv) = ([0.0f32; 4], [0.0f32; 4], [0.0f32; 4]);
-            for k in 0..n {
-                let x = x4 + k;
-                let (cu, cv) = (m[0] * x as f64 + u0, m[3] * x as f64 + v0);
-                if !(0.0..=lim).contains(&cu) || !(0.0..=lim).contains(&cv) {
-                    continue;
-                }
-                alpha[k] = mask.at(cu, cv);
-                // Level pixel j covers crop pixels [j k, (j + 1) k): its centre is at j k + (k - 1) / 2.
-                (lu[k], lv[k]) = ((cu as f32 - half) * inv_k, (cv as f32 - half) * inv_k);
-            }
-            if alpha.iter().all(|&a| a <= 0.0) {
+            let xs = f32x4::splat(x4 as f32) + f32x4::new([0.0, 1.0, 2.0, 3.0]);
+            let (cu, cv) = (u0 + su * xs, v0 + sv * xs);
+            let alpha = mask.at4(cu, cv);
+            let live = alpha.simd_gt(f32x4::ZERO).to_bitmask() & ((1 << n) - 1);
+            if live == 0 {
                 continue;
             }
+            // Level pixel j covers crop pixels [j k, (j + 1) k): its centre is at j k + (k - 1) / 2.
+            let (lu, lv) = ((cu - half) * inv_k, (cv - half) * inv_k);
+            let fast = (lu.simd_ge(one) & lv.simd_ge(one) & lu.simd_lt(lim_u) & lv.simd_lt(lim_v)).to_bitmask();
             // Floors where the fast taps read (positive there); elsewhere unused.
-            let (iu, iv) = (lu.map(|v| v.max(0.0) as usize), lv.map(|v| v.max(0.0) as usize));
-            let wu = cubic_weights4(f32x4::new(lu) - f32x4::new(iu.map(|v| v as f32))).map(|w| w.to_array());
-            let wv = cubic_weights4(f32x4::new(lv) - f32x4::new(iv.map(|v| v as f32))).map(|w| w.to_array());
+            let (iu, iv) = (lu.trunc_int(), lv.trunc_int());
+            let wu = cubic_weights4(lu - iu.round_float()).map(|w| w.to_array());
+            let wv = cubic_weights4(lv - iv.round_float()).map(|w| w.to_array());
+            let (iu, iv, lu, lv, alpha) = (
+                iu.to_array(),
+                iv.to_array(),
+                lu.to_array(),
+                lv.to_array(),
+                alpha.to_array(),
+            );
             for k in 0..n {
-                let (a, x) = (alpha[k], x4 + k);
-                if a <= 0.0 {
+                if live & (1 << k) == 0 {
                     continue;
                 }
-                let p = if cubic3_inside(sw, sw, lu[k], lv[k]) {
-                    let t = cubic3_taps(src, sw, (iu[k], iv[k]), wu.map(|w| w[k]), wv.map(|w| w[k])).to_array();
+                let p = if fast & (1 << k) != 0 {
+                    let (u, v) = (iu[k] as usize, iv[k] as usize);
+                    let t = cubic3_taps(src, sw, (u, v), wu.map(|w| w[k]), wv.map(|w| w[k])).to_array();
                     [t[0], t[1], t[2]]
                 } else {
                     sample_cubic3(src, sw, sw, lu[k], lv[k])
                 };
-                accumulate_cell(row, cells, x - r.x0, a, p);
+                accumulate_cell(row, cells, x4 + k - r.x0, alpha[k], p);
             }
         }
     }

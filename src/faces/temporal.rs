@@ -20,6 +20,7 @@
 //! exactly what a run from the first frame has.
 
 use std::collections::HashMap;
+use std::ops::Range;
 
 use crate::frame::FaceJob;
 
@@ -96,6 +97,7 @@ pub fn reach(memory: f32) -> u64 {
 
 /// One track's state: the previous frame's input luma, the two averages of the change, and
 /// the luma of its output with and without the filter (for the figures).
+#[derive(Default)]
 struct Track {
     frame: u64,
     luma: Vec<f32>,
@@ -105,6 +107,10 @@ struct Track {
     change_b: Vec<f32>,
     out: Vec<f32>,
     raw: Vec<f32>,
+    /// This frame's output luma with and without the filter, and the history shares.
+    next_out: Vec<f32>,
+    next_raw: Vec<f32>,
+    shares: Vec<f32>,
 }
 
 /// The filter of one run.
@@ -116,21 +122,18 @@ pub struct Temporal {
     face: Vec<bool>,
     tracks: HashMap<u64, Track>,
     spare: Vec<Track>,
-    /// This frame's output luma with and without the filter, and the history weights.
-    out_now: Vec<f32>,
-    raw_now: Vec<f32>,
-    weights: Vec<f32>,
-    /// The row maxima of the difference (see [`max3x3`]).
-    rows: Vec<f32>,
+    /// Threads a frame's bands are shared out to, and this thread's row maxima (see [`shares`]).
+    threads: usize,
+    scratch: Vec<f32>,
+    helper_cpu: std::time::Duration,
     pub flicker: Flicker,
 }
 
-/// Mean luma (levels) of each 2x2 block of packed RGB `rgb` (`size` square), offset by `base`
-/// (a luma plane of the same half size) when given.
-fn half_luma(rgb: &[f32], size: usize, base: Option<&[f32]>, out: &mut Vec<f32>) {
+/// Mean luma (levels) of each 2x2 block of rows of packed RGB `rgb` (`size` wide), offset by
+/// `base` (the same cells of a luma plane of half the size) when given, into `out` (as many
+/// rows of `size / 2` cells as it holds).
+fn half_luma(rgb: &[f32], size: usize, base: Option<&[f32]>, out: &mut [f32]) {
     let h = size / 2;
-    out.clear();
-    out.resize(h * h, 0.0);
     let luma = |p: &[f32]| 0.299 * p[0] + 0.587 * p[1] + 0.114 * p[2];
     // Two rows of the crop make one row of cells, two pixels (six values) of each a cell; the
     // sum in the same order as pixel by pixel, so the values are the same to the bit.
@@ -157,6 +160,7 @@ fn half_luma(rgb: &[f32], size: usize, base: Option<&[f32]>, out: &mut Vec<f32>)
 
 /// The largest of each cell's value and its eight neighbours' (`h` square, clipped at the
 /// border), in two passes: along the rows, then down the columns.
+#[cfg(test)]
 fn max3x3(v: &[f32], h: usize, rows: &mut Vec<f32>, out: &mut Vec<f32>) {
     rows.clear();
     rows.resize(h * h, 0.0);
@@ -177,15 +181,17 @@ fn max3x3(v: &[f32], h: usize, rows: &mut Vec<f32>, out: &mut Vec<f32>) {
     }
 }
 
-/// One average's step over a crop of `size` (packed RGB, half-resolution `shares`): history =
-/// now + share * (history - now), two pixels (six values) a cell per row; with `WRITE` the
-/// result is also the frame's change (`now`).
+/// One average's step over rows of a crop `size` wide (packed RGB, half-resolution `shares`
+/// for those rows' cells): history = now + share * (history - now), two pixels (six values) a
+/// cell per row; with `WRITE` the result is also the frame's change (`now`).
 fn average<const WRITE: bool>(now: &mut [f32], history: &mut [f32], shares: &[f32], size: usize) {
     let h = size / 2;
-    for y in 0..size {
+    for (y, (now, past)) in now
+        .chunks_exact_mut(size * 3)
+        .zip(history.chunks_exact_mut(size * 3))
+        .enumerate()
+    {
         let srow = &shares[(y / 2) * h..][..h];
-        let row = y * size * 3..(y + 1) * size * 3;
-        let (now, past) = (&mut now[row.clone()], &mut history[row]);
         for ((n6, p6), &share) in now.chunks_exact_mut(6).zip(past.chunks_exact_mut(6)).zip(srow) {
             if share > 0.0 {
                 for (n, p) in n6.iter_mut().zip(p6) {
@@ -201,14 +207,16 @@ fn average<const WRITE: bool>(now: &mut [f32], history: &mut [f32], shares: &[f3
     }
 }
 
-/// Both averages' steps in one pass over the crop (what [`average`] does to `other`, then to
+/// Both averages' steps in one pass over the rows (what [`average`] does to `other`, then to
 /// `used` writing the frame's change): the model's change is read and written once.
 fn average_both(now: &mut [f32], other: &mut [f32], used: &mut [f32], shares: &[f32], size: usize) {
     let h = size / 2;
-    for y in 0..size {
+    let rows = now
+        .chunks_exact_mut(size * 3)
+        .zip(other.chunks_exact_mut(size * 3))
+        .zip(used.chunks_exact_mut(size * 3));
+    for (y, ((now, a), b)) in rows.enumerate() {
         let srow = &shares[(y / 2) * h..][..h];
-        let row = y * size * 3..(y + 1) * size * 3;
-        let (now, a, b) = (&mut now[row.clone()], &mut other[row.clone()], &mut used[row]);
         let cells = now
             .chunks_exact_mut(6)
             .zip(a.chunks_exact_mut(6))
@@ -228,8 +236,210 @@ fn average_both(now: &mut [f32], other: &mut [f32], used: &mut [f32], shares: &[
     }
 }
 
+/// The history shares of cell rows `rows` (`h` cells square): each cell's history weight from
+/// how alike its input is now and a frame ago (the largest difference over the cell and its
+/// eight neighbours, so the edge of a changed region, where the paste's resampling reaches, is
+/// not half-kept), then its share w / (1 + w). `scratch` holds the row maxima of the rows around
+/// (the same maxima as [`max3x3`], so the same shares).
+fn shares(
+    now: &[f32],
+    past: &[f32],
+    h: usize,
+    rows: Range<usize>,
+    w_max: f32,
+    out: &mut [f32],
+    scratch: &mut Vec<f32>,
+) {
+    let (lo, hi) = (rows.start.saturating_sub(1), (rows.end + 1).min(h));
+    scratch.clear();
+    scratch.resize((hi - lo + 1) * h, 0.0);
+    let (maxima, d) = scratch.split_at_mut((hi - lo) * h);
+    for (y, o) in (lo..hi).zip(maxima.chunks_exact_mut(h)) {
+        for ((d, a), b) in d.iter_mut().zip(&now[y * h..][..h]).zip(&past[y * h..][..h]) {
+            *d = (a - b).abs();
+        }
+        for x in 0..h {
+            o[x] = d[x.saturating_sub(1)].max(d[x]).max(d[(x + 1).min(h - 1)]);
+        }
+    }
+    let scratch = &scratch[..];
+    for (y, o) in rows.clone().zip(out.chunks_exact_mut(h)) {
+        let (up, here, down) = (y.saturating_sub(1), y, (y + 1).min(h - 1));
+        let row = |r: usize| &scratch[(r - lo) * h..][..h];
+        for (((o, a), b), c) in o.iter_mut().zip(row(up)).zip(row(here)).zip(row(down)) {
+            let w = a.max(*b).max(*c);
+            let g = ((CHANGED - w) / (CHANGED - ALIKE)).clamp(0.0, 1.0);
+            let w1 = w_max * g * g * (3.0 - 2.0 * g);
+            *o = w1 / (1.0 + w1);
+        }
+    }
+}
+
+/// What a face's averages do this frame (decided per face, done band by band).
+#[derive(Clone, Copy, PartialEq)]
+enum Step {
+    /// No memory: no history is kept.
+    None,
+    /// Both averages go on (neither restarts): one pass.
+    Both,
+    /// Each average (the other, then the used one) afresh (a copy of the change) or going on.
+    Each([bool; 2]),
+}
+
+/// Sums of one band's cells for the figures.
+#[derive(Default)]
+struct Partial {
+    kept_abs: f64,
+    model_abs: f64,
+    input_sq: f64,
+    output_sq: f64,
+    raw_sq: f64,
+    cells: u64,
+}
+
+/// One band of cell rows of one face: its part of every buffer (the luma planes whole, as
+/// the shares read a row on either side), and what to do.
+struct Band<'a> {
+    rows: Range<usize>,
+    size: usize,
+    step: Step,
+    /// The shares are made (the track goes on and there is a memory).
+    filtering: bool,
+    /// The band counts in the frame-to-frame figures.
+    counts: bool,
+    w_max: f32,
+    now: &'a mut [f32],
+    histories: [&'a mut [f32]; 2],
+    luma: &'a [f32],
+    past: &'a [f32],
+    shares: &'a mut [f32],
+    raw: &'a mut [f32],
+    out: &'a mut [f32],
+    prev_raw: &'a [f32],
+    prev_out: &'a [f32],
+    inside: &'a [bool],
+}
+
+impl Band<'_> {
+    /// Filters the band's rows of the change and sums its figures: the output's luma without
+    /// the filter, the shares, the averages, the output's luma with it.
+    fn run(self, scratch: &mut Vec<f32>) -> Partial {
+        let (size, h) = (self.size, self.size / 2);
+        let cells = self.rows.start * h..self.rows.end * h;
+        let luma = &self.luma[cells.clone()];
+        half_luma(self.now, size, Some(luma), self.raw);
+        if self.filtering {
+            shares(
+                self.luma,
+                self.past,
+                h,
+                self.rows.clone(),
+                self.w_max,
+                self.shares,
+                scratch,
+            );
+        }
+        let [other, used] = self.histories;
+        match self.step {
+            Step::None => {}
+            Step::Both => average_both(self.now, other, used, self.shares, size),
+            Step::Each(afresh) => {
+                for (k, history) in [other, used].into_iter().enumerate() {
+                    if afresh[k] {
+                        history.copy_from_slice(self.now);
+                    } else if k == 0 {
+                        average::<false>(self.now, history, self.shares, size);
+                    } else {
+                        average::<true>(self.now, history, self.shares, size);
+                    }
+                }
+            }
+        }
+        half_luma(self.now, size, Some(luma), self.out);
+        let mut p = Partial::default();
+        for ((o, r), l) in self.out.iter().zip(self.raw.iter()).zip(luma) {
+            p.kept_abs += (o - l).abs() as f64;
+            p.model_abs += (r - l).abs() as f64;
+        }
+        if self.counts {
+            let past = &self.past[cells];
+            for (i, inside) in self.inside.iter().enumerate() {
+                if *inside {
+                    let d_in = (luma[i] - past[i]) as f64;
+                    let d_out = (self.out[i] - self.prev_out[i]) as f64;
+                    let d_raw = (self.raw[i] - self.prev_raw[i]) as f64;
+                    p.input_sq += d_in * d_in;
+                    p.output_sq += d_out * d_out;
+                    p.raw_sq += d_raw * d_raw;
+                    p.cells += 1;
+                }
+            }
+        }
+        p
+    }
+}
+
+/// Splits `s` into the parts of `bands` (ranges of rows, in order, covering it from its
+/// start), `per_row` values a row; an empty `s` gives empty parts.
+fn split_rows<'a>(mut s: &'a mut [f32], per_row: usize, bands: &[Range<usize>]) -> Vec<&'a mut [f32]> {
+    bands
+        .iter()
+        .map(|r| {
+            let n = (r.len() * per_row).min(s.len());
+            let (part, rest) = std::mem::take(&mut s).split_at_mut(n);
+            s = rest;
+            part
+        })
+        .collect()
+}
+
+/// The rows of `s` in `r` (`per_row` values a row), or nothing when `s` is empty.
+fn rows_of<'a, T>(s: &'a [T], per_row: usize, r: &Range<usize>) -> &'a [T] {
+    s.get(r.start * per_row..r.end * per_row).unwrap_or(&[])
+}
+
+/// Runs `bands` on up to `threads` threads (this one and helpers started for the frame), each
+/// taking the next band; returns their sums and the helpers' CPU time.
+fn run_bands(bands: Vec<Band<'_>>, threads: usize, scratch: &mut Vec<f32>) -> (Vec<Partial>, std::time::Duration) {
+    let helpers = threads.min(bands.len()).saturating_sub(1);
+    if helpers == 0 {
+        return (
+            bands.into_iter().map(|b| b.run(scratch)).collect(),
+            std::time::Duration::ZERO,
+        );
+    }
+    let queue = std::sync::Mutex::new(bands);
+    let take = || queue.lock().unwrap_or_else(|e| e.into_inner()).pop();
+    let drain = |scratch: &mut Vec<f32>| {
+        let mut done = Vec::new();
+        while let Some(b) = take() {
+            done.push(b.run(scratch));
+        }
+        done
+    };
+    std::thread::scope(|s| {
+        let spawned: Vec<_> = (0..helpers)
+            .map(|_| {
+                s.spawn(|| {
+                    let done = drain(&mut Vec::new());
+                    (done, crate::stats::thread_cpu_time())
+                })
+            })
+            .collect();
+        let mut done = drain(scratch);
+        let mut cpu = std::time::Duration::ZERO;
+        for h in spawned {
+            let (d, c) = h.join().unwrap_or_else(|e| std::panic::resume_unwind(e));
+            done.extend(d);
+            cpu += c;
+        }
+        (done, cpu)
+    })
+}
+
 impl Temporal {
-    /// A filter of `memory` frames for crops of `size` aligned to `template` (crop pixels).
+    /// A filter of `memory` frames for crops of `size` aligned to `template` (crop pixels),
+    /// on this thread alone (see [`Temporal::threads`]).
     pub fn new(memory: f32, size: usize, template: &[[f32; 2]; 5]) -> Self {
         let mask = crate::faces::paste::Mask::face(size, template);
         let h = size / 2;
@@ -243,15 +453,26 @@ impl Temporal {
             face,
             tracks: HashMap::new(),
             spare: Vec::new(),
-            out_now: Vec::new(),
-            raw_now: Vec::new(),
-            weights: Vec::new(),
-            rows: Vec::new(),
+            threads: 1,
+            scratch: Vec::new(),
+            helper_cpu: std::time::Duration::ZERO,
             flicker: Flicker {
                 filtered: memory > 0.0,
                 ..Flicker::default()
             },
         }
+    }
+
+    /// Filters each frame's faces on up to `threads` threads: each face cut into bands of rows,
+    /// the bands of all the frame's faces shared out (the same values as on one thread).
+    pub fn threads(mut self, threads: usize) -> Self {
+        self.threads = threads.max(1);
+        self
+    }
+
+    /// CPU time the helper threads spent so far (the calling thread's own is not in it).
+    pub fn helper_cpu(&self) -> std::time::Duration {
+        self.helper_cpu
     }
 
     /// Filters the changes of frame `index`'s faces in place. Faces without a track, a
@@ -260,108 +481,90 @@ impl Temporal {
     /// count in the figures.
     pub fn filter(&mut self, index: u64, faces: &mut [FaceJob], warming: bool) {
         let (size, h) = (self.size, self.size / 2);
-        let w_max = self.memory;
+        // Each filtered face with its track's state, taken out of the map for the frame.
+        let mut work: Vec<(&mut FaceJob, u64, Track, Step, bool)> = Vec::new();
         for job in faces.iter_mut() {
-            let (Some(id), Some(change)) = (job.track, job.restored.as_mut()) else {
+            let (Some(id), Some(change)) = (job.track, job.restored.as_ref()) else {
                 continue;
             };
             if job.luma.len() != h * h || change.len() != size * size * 3 {
                 continue;
             }
             let prev = self.tracks.remove(&id).filter(|t| t.frame + 1 == index);
-            let mut t = prev.unwrap_or_else(|| {
-                self.spare.pop().unwrap_or(Track {
-                    frame: 0,
-                    luma: Vec::new(),
-                    change: Vec::new(),
-                    change_b: Vec::new(),
-                    out: Vec::new(),
-                    raw: Vec::new(),
-                })
-            });
+            let mut t = prev.unwrap_or_else(|| self.spare.pop().unwrap_or_default());
             let continues = t.frame + 1 == index && t.luma.len() == h * h;
-            // The output's luma without the filter, for the figures.
-            half_luma(change, size, Some(&job.luma), &mut self.raw_now);
-            if continues && w_max > 0.0 {
-                // Each cell's history weight from how alike its input is to a frame ago: the
-                // largest difference over the cell and its eight neighbours, so the edge of a
-                // changed region (where the paste's resampling reaches) is not half-kept.
-                let diff = &mut self.out_now;
-                diff.clear();
-                diff.extend(job.luma.iter().zip(&t.luma).map(|(a, b)| (a - b).abs()));
-                let weights = &mut self.weights;
-                max3x3(diff, h, &mut self.rows, weights);
-                // Per cell, the history's weight from the difference, then its share:
-                // w / (1 + w).
-                for w in weights.iter_mut() {
-                    let g = ((CHANGED - *w) / (CHANGED - ALIKE)).clamp(0.0, 1.0);
-                    let w1 = w_max * g * g * (3.0 - 2.0 * g);
-                    *w = w1 / (1.0 + w1);
-                }
+            let (step, filtering) = self.plan(index, continues, &mut t, change.len());
+            for v in [&mut t.next_raw, &mut t.next_out, &mut t.shares] {
+                v.resize(h * h, 0.0);
             }
-            // Each average: afresh at its restart (or a new track), else now + share *
-            // (history - now); the frame takes the one that has run at least `span` frames.
-            // That one is updated last and writes the frame's change in the same pass (the other
-            // has read the model's change by then): no separate copy of the crop.
-            let phase = index % (2 * self.span);
-            let filtering = continues && w_max > 0.0;
+            work.push((job, id, t, step, filtering));
+        }
+        let faces_now = work.len().max(1);
+        // Bands of at least 16 cell rows, enough of them for every thread.
+        let per_face = self.threads.div_ceil(faces_now).clamp(1, (h / 16).max(1));
+        let band_rows = h.div_ceil(per_face);
+        let ranges: Vec<Range<usize>> = (0..h).step_by(band_rows).map(|y| y..(y + band_rows).min(h)).collect();
+        let mut bands = Vec::new();
+        for (job, _, t, step, filtering) in work.iter_mut() {
+            let counts = t.frame + 1 == index && t.luma.len() == h * h && !warming;
+            let change = job.restored.as_mut().expect("checked above");
             let (a, b) = (&mut t.change, &mut t.change_b);
-            let (other, used) = if phase < self.span {
-                ((a, phase == 0), (b, phase == self.span))
+            // The other average first, the used one (which writes the frame's change) last.
+            let (other, used) = if index % (2 * self.span) < self.span {
+                (a, b)
             } else {
-                ((b, phase == self.span), (a, phase == 0))
+                (b, a)
             };
-            // Without a memory there is no history to keep.
-            let averages = if w_max > 0.0 { 2 } else { 0 };
-            // Both averages go on (neither restarts): one pass.
-            let len = change.len();
-            let goes_on = |h: &Vec<f32>, restart: bool| !restart && h.len() == len;
-            let fused = filtering && goes_on(other.0, other.1) && goes_on(used.0, used.1);
-            if fused {
-                average_both(change, other.0, used.0, &self.weights, size);
+            let row = size * 3 * 2;
+            let mut nows = split_rows(change, row, &ranges).into_iter();
+            let mut others = split_rows(other, row, &ranges).into_iter();
+            let mut useds = split_rows(used, row, &ranges).into_iter();
+            let mut shares = split_rows(&mut t.shares, h, &ranges).into_iter();
+            let mut raws = split_rows(&mut t.next_raw, h, &ranges).into_iter();
+            let mut outs = split_rows(&mut t.next_out, h, &ranges).into_iter();
+            for r in &ranges {
+                bands.push(Band {
+                    rows: r.clone(),
+                    size,
+                    step: *step,
+                    filtering: *filtering,
+                    counts,
+                    w_max: self.memory,
+                    now: nows.next().expect("a part per band"),
+                    histories: [
+                        others.next().expect("a part per band"),
+                        useds.next().expect("a part per band"),
+                    ],
+                    luma: &job.luma,
+                    past: &t.luma,
+                    shares: shares.next().expect("a part per band"),
+                    raw: raws.next().expect("a part per band"),
+                    out: outs.next().expect("a part per band"),
+                    prev_raw: rows_of(&t.raw, h, r),
+                    prev_out: rows_of(&t.out, h, r),
+                    inside: rows_of(&self.face, h, r),
+                });
             }
-            for (k, (history, restart)) in [other, used].into_iter().enumerate().take(averages) {
-                if fused {
-                    break;
-                }
-                if !filtering || restart || history.len() != change.len() {
-                    history.clear();
-                    history.extend_from_slice(change);
-                } else if k == 0 {
-                    average::<false>(change, history, &self.weights, size);
-                } else {
-                    average::<true>(change, history, &self.weights, size);
-                }
-            }
-            half_luma(change, size, Some(&job.luma), &mut self.out_now);
-            let (out_now, raw_now, prev_out, raw) = (&self.out_now, &self.raw_now, &t.out, &t.raw);
-            // The model's change and what is kept of it, in luma at half resolution.
-            let (mut kept_abs, mut model_abs) = (0.0f64, 0.0f64);
-            for ((o, r), l) in out_now.iter().zip(raw_now).zip(&job.luma) {
-                kept_abs += (o - l).abs() as f64;
-                model_abs += (r - l).abs() as f64;
-            }
-            if continues && !warming {
-                let f = &mut self.flicker;
-                f.pairs += 1;
-                for (i, inside) in self.face.iter().enumerate() {
-                    if *inside {
-                        let d_in = (job.luma[i] - t.luma[i]) as f64;
-                        let d_out = (out_now[i] - prev_out[i]) as f64;
-                        let d_raw = (raw_now[i] - raw[i]) as f64;
-                        f.input_sq += d_in * d_in;
-                        f.output_sq += d_out * d_out;
-                        f.raw_sq += d_raw * d_raw;
-                        f.cells += 1;
-                    }
-                }
-            }
+        }
+        let (partials, cpu) = run_bands(bands, self.threads, &mut self.scratch);
+        self.helper_cpu += cpu;
+        let f = &mut self.flicker;
+        for p in &partials {
             if !warming {
-                self.flicker.kept_abs += kept_abs;
-                self.flicker.model_abs += model_abs;
+                f.kept_abs += p.kept_abs;
+                f.model_abs += p.model_abs;
             }
-            std::mem::swap(&mut t.out, &mut self.out_now);
-            std::mem::swap(&mut t.raw, &mut self.raw_now);
+            f.input_sq += p.input_sq;
+            f.output_sq += p.output_sq;
+            f.raw_sq += p.raw_sq;
+            f.cells += p.cells;
+        }
+        for (job, id, mut t, _, _) in work {
+            if t.frame + 1 == index && t.luma.len() == h * h && !warming {
+                f.pairs += 1;
+            }
+            std::mem::swap(&mut t.out, &mut t.next_out);
+            std::mem::swap(&mut t.raw, &mut t.next_raw);
             std::mem::swap(&mut t.luma, &mut job.luma);
             t.frame = index;
             self.tracks.insert(id, t);
@@ -369,6 +572,35 @@ impl Temporal {
         // Tracks not continued in this frame are over (a track seen now was stamped `index`).
         self.spare
             .extend(self.tracks.extract_if(|_, t| t.frame != index).map(|(_, t)| t));
+    }
+
+    /// What a face's averages do at frame `index` (see [`Step`]), and whether its shares are
+    /// made; the histories the step writes are sized for a change of `len` values.
+    fn plan(&self, index: u64, continues: bool, t: &mut Track, len: usize) -> (Step, bool) {
+        let filtering = continues && self.memory > 0.0;
+        if self.memory <= 0.0 {
+            // Without a memory there is no history to keep.
+            return (Step::None, false);
+        }
+        // Each average: afresh at its restart (or a new track), else now + share *
+        // (history - now); the frame takes the one that has run at least `span` frames.
+        let phase = index % (2 * self.span);
+        let (a_restarts, b_restarts) = (phase == 0, phase == self.span);
+        let (other, used) = if phase < self.span {
+            ((&mut t.change, a_restarts), (&mut t.change_b, b_restarts))
+        } else {
+            ((&mut t.change_b, b_restarts), (&mut t.change, a_restarts))
+        };
+        let mut afresh = [false; 2];
+        for (k, (history, restart)) in [other, used].into_iter().enumerate() {
+            afresh[k] = !filtering || restart || history.len() != len;
+            history.resize(len, 0.0);
+        }
+        if afresh == [false, false] {
+            (Step::Both, filtering)
+        } else {
+            (Step::Each(afresh), filtering)
+        }
     }
 }
 
@@ -402,7 +634,7 @@ mod tests {
             .map(|i| ((i * 31) % 17) as f32 * 0.37 - 2.0)
             .collect();
         let base: Vec<f32> = (0..16).map(|i| i as f32).collect();
-        let mut out = Vec::new();
+        let mut out = vec![0.0; 16];
         half_luma(&rgb, size, Some(&base), &mut out);
         let h = size / 2;
         for y in 0..h {
@@ -480,5 +712,76 @@ mod tests {
         let mut faces = [job(8, 200.0, |_| 0.0, size)];
         t.filter(21, &mut faces, false);
         assert!(faces[0].restored.as_ref().unwrap().iter().all(|v| *v == 0.0));
+    }
+
+    /// The filter on several threads (each face cut into bands of rows, the bands of all faces
+    /// shared out) gives every frame's changes and the figures of the filter on one thread,
+    /// with faces moving (their input luma varies by row, so shares differ across band edges),
+    /// tracks ending and starting, and both averages restarting.
+    #[test]
+    fn bands_on_many_threads_give_what_one_thread_gives() {
+        let (size, memory) = (64, 2.0);
+        let tpl = crate::faces::align::template(size);
+        let mut one = Temporal::new(memory, size, &tpl);
+        let mut many = Temporal::new(memory, size, &tpl).threads(5);
+        let h = size / 2;
+        let frame = |n: u64| -> Vec<FaceJob> {
+            // Track 1 throughout, track 2 from frame 10, track 3 until frame 30.
+            let mut faces = Vec::new();
+            for (track, from, to) in [(1u64, 0u64, 80u64), (2, 10, 80), (3, 0, 30)] {
+                if (from..to).contains(&n) {
+                    let mut j = job(
+                        track,
+                        0.0,
+                        |i| ((n as usize * 31 + i * 7 + track as usize) % 41) as f32 - 20.0,
+                        size,
+                    );
+                    j.luma = (0..h * h)
+                        .map(|i| 100.0 + ((i / h + n as usize * track as usize) % 9) as f32 * 6.0)
+                        .collect();
+                    faces.push(j);
+                }
+            }
+            faces
+        };
+        for n in 0..80u64 {
+            let (mut a, mut b) = (frame(n), frame(n));
+            one.filter(n, &mut a, n < 3);
+            many.filter(n, &mut b, n < 3);
+            for (x, y) in a.iter().zip(&b) {
+                assert!(x.restored == y.restored, "frame {n}, track {:?} differs", x.track);
+            }
+        }
+        let (f, g) = (one.flicker, many.flicker);
+        assert_eq!((f.pairs, f.cells), (g.pairs, g.cells));
+        for (x, y) in [
+            (f.output(), g.output()),
+            (f.unfiltered(), g.unfiltered()),
+            (f.kept(), g.kept()),
+        ] {
+            assert!((x - y).abs() < 1e-9, "{f:?} vs {g:?}");
+        }
+        assert!(many.helper_cpu() > std::time::Duration::ZERO);
+    }
+
+    #[test]
+    fn the_shares_of_a_band_are_those_of_the_whole_neighbourhood_maximum() {
+        let h = 20;
+        let now: Vec<f32> = (0..h * h).map(|i| ((i * 7919) % 61) as f32).collect();
+        let past: Vec<f32> = (0..h * h).map(|i| ((i * 104_729) % 53) as f32).collect();
+        let diff: Vec<f32> = now.iter().zip(&past).map(|(a, b)| (a - b).abs()).collect();
+        let (mut rows, mut max) = (Vec::new(), Vec::new());
+        max3x3(&diff, h, &mut rows, &mut max);
+        let mut scratch = Vec::new();
+        for band in [0..h, 0..1, 3..9, 19..20] {
+            let mut out = vec![0.0; band.len() * h];
+            shares(&now, &past, h, band.clone(), 4.0, &mut out, &mut scratch);
+            for (i, got) in out.iter().enumerate() {
+                let w = max[band.start * h + i];
+                let g = ((CHANGED - w) / (CHANGED - ALIKE)).clamp(0.0, 1.0);
+                let w1 = 4.0 * g * g * (3.0 - 2.0 * g);
+                assert_eq!(*got, w1 / (1.0 + w1), "band {band:?}, cell {i}");
+            }
+        }
     }
 }

@@ -178,9 +178,9 @@ pub(crate) fn mesh(
     Ok((stat, dropped.into_inner()))
 }
 
-/// Filters each track's change over time (see [`crate::faces::temporal`]); frames leave in
-/// order. The crops' luma goes back to `luma_pool`. Returns the stage's statistics and the
-/// run's flicker figures.
+/// Filters each track's change over time (see [`crate::faces::temporal`]), each frame's faces
+/// in bands of rows on the pool stages' threads; frames leave in order. The crops' luma goes
+/// back to `luma_pool`. Returns the stage's statistics and the run's flicker figures.
 pub(crate) fn temporal(
     ctx: &StageCtx,
     rx: Receiver<FaceFrame>,
@@ -188,7 +188,8 @@ pub(crate) fn temporal(
 ) -> Result<(StageStat, crate::faces::temporal::Flicker)> {
     let mut clock = Clock::new("temporal", DEPTH);
     let luma_pool = &ctx.pools.luma;
-    let mut filter = crate::faces::temporal::Temporal::new(ctx.treatment.temporal, ctx.size, &ctx.template);
+    let mut filter =
+        crate::faces::temporal::Temporal::new(ctx.treatment.temporal, ctx.size, &ctx.template).threads(ctx.threads);
     while let Some(mut ff) = recv(&rx, &mut clock) {
         clock.time(|| filter.filter(ff.frame.index, &mut ff.faces, ff.frame.warm));
         for job in &mut ff.faces {
@@ -198,7 +199,11 @@ pub(crate) fn temporal(
             break;
         }
     }
-    Ok((clock.finish(), filter.flicker))
+    // The helpers' CPU beside this thread's: the stage's cost per face is all of it.
+    clock.add(std::time::Duration::ZERO, filter.helper_cpu());
+    let mut stat = clock.finish();
+    stat.threads = ctx.threads;
+    Ok((stat, filter.flicker))
 }
 
 /// Smooths each tracked face's points over time (see [`crate::faces::smooth`]); frames leave in
