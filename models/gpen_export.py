@@ -43,6 +43,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import byte_io  # noqa: E402
 import gpen_arch  # noqa: E402
 import pth_io  # noqa: E402
 
@@ -435,6 +436,9 @@ def main(argv=None) -> int:
     ap.add_argument("--compressible", type=int, metavar="K", default=0,
                     help="random weights only: repeat K distinct rows per tensor so the file "
                          "compresses ~100x (same speed; for shipping speed-test models)")
+    ap.add_argument("--bytes", action="store_true",
+                    help="byte I/O: uint8 levels in and out, the conversions in the graph "
+                         "(see byte_io.py); a quarter of the bytes cross to the GPU each way")
     ap.add_argument("--no-check", action="store_true",
                     help="skip the onnxruntime run on a sample input")
     args = ap.parse_args(argv)
@@ -476,6 +480,8 @@ def main(argv=None) -> int:
     if not args.checkpoint:
         meta["gpen_video.seed"] = args.seed
     model = build_model(sd, size, cm, nw, fp16=args.fp16, metadata=meta)
+    if args.bytes:
+        model = byte_io.wrap(model)
     onnx.checker.check_model(model)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     tmp = args.out + ".tmp"
@@ -490,7 +496,11 @@ def main(argv=None) -> int:
 
     if not args.no_check:
         x = sample_input(size)
+        if args.bytes:
+            x = np.clip(np.round((x + 1.0) * 127.5), 0, 255).astype(np.uint8)
         y = session(args.out).run(["output"], {"input": x})[0]
+        if args.bytes:
+            y = y.astype(np.float32) / 127.5 - 1.0
         finite = bool(np.isfinite(y).all())
         print(f"sample output: finite={finite} min={y.min():.3f} max={y.max():.3f} "
               f"mean={y.mean():.3f} std={y.std():.3f} "

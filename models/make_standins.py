@@ -11,6 +11,9 @@ In: an output folder. Out: ONNX files whose input `input` and output `output` ar
   bad-shape.onnx                          input [N,3,512,256]: not square, must be refused
   nan-256.onnx                            y = (x - x) / (x - x): NaN everywhere (a broken model)
   half-output-256.onnx                    output float16 instead of float32: must be refused
+  identity-512-bytes.onnx / negate-256-bytes.onnx  identity and negate with byte I/O (uint8
+                                          levels in and out, the conversions in the graph: see
+                                          byte_io.py)
 Each file's metadata says it is a stand-in, so nobody mistakes it for a restorer.
 """
 import os
@@ -19,6 +22,9 @@ import sys
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from byte_io import wrap  # noqa: E402
 
 
 def build(name: str, kind: str, size: int, batch="N", width=None) -> onnx.ModelProto:
@@ -80,9 +86,14 @@ def main(out: str) -> None:
         "nan-256.onnx": ("nan", 256, "N", None),
         "half-output-256.onnx": ("half-output", 256, "N", None),
     }
+    specs["identity-512-bytes.onnx"] = ("identity", 512, "N", None)
+    specs["negate-256-bytes.onnx"] = ("negate", 256, "N", None)
     for fname, (kind, size, batch, width) in specs.items():
         path = os.path.join(out, fname)
-        data = build(fname, kind, size, batch, width).SerializeToString()
+        model = build(fname, kind, size, batch, width)
+        if fname.endswith("-bytes.onnx"):
+            model = wrap(model)
+        data = model.SerializeToString()
         if os.path.exists(path) and open(path, "rb").read() == data:
             continue
         with open(path + ".tmp", "wb") as f:

@@ -171,8 +171,9 @@ pub struct FaceJob {
     pub to_crop: Affine,
     /// The frame region the crop covers (clipped to the frame), if any; set at alignment.
     pub region: Option<Rect>,
-    /// The aligned crop as one NCHW item in [-1, 1] (`3 * size * size` floats).
-    pub crop: Vec<f32>,
+    /// The aligned crop in planar RGB24 (`3 * size * size` bytes: the model's input before
+    /// its float conversion, see [`crate::faces::align::crop_to_tensor`]).
+    pub crop: Vec<u8>,
     /// What the model changed in the crop, once enhanced: packed RGB levels of `size * size`
     /// in f32 (see [`crate::faces::align::tensor_change`]).
     pub restored: Option<Vec<f32>>,

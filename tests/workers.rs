@@ -268,12 +268,16 @@ fn partial_batches_reuse_a_few_buffer_sizes_and_keep_their_crops_apart() {
     let item = 3 * 256 * 256;
     // Every size from 16 down to 1: each crop a different constant, so a mix-up shows.
     for n in (1..=16).rev() {
-        let crops: Vec<Vec<f32>> = (0..n).map(|k| vec![k as f32 / 16.0 - 0.5; item]).collect();
-        let refs: Vec<&[f32]> = crops.iter().map(Vec::as_slice).collect();
+        let crops: Vec<Vec<u8>> = (0..n).map(|k| vec![(k * 16) as u8; item]).collect();
+        let refs: Vec<&[u8]> = crops.iter().map(Vec::as_slice).collect();
         let mut seen = 0;
         e.run(&refs, |i, out| {
+            let gpen_video::faces::enhance::Restored::Floats(out) = out else {
+                panic!("a float model gives floats")
+            };
+            let want = f32::from(crops[i][0]) / 127.5 - 1.0;
             assert!(
-                out.iter().all(|&v| (v - crops[i][0]).abs() < 1e-6),
+                out.iter().all(|&v| (v - want).abs() < 1e-6),
                 "batch of {n}: crop {i} mixed up"
             );
             seen += 1;
@@ -417,4 +421,37 @@ fn bench_reports_what_the_stages_around_the_model_can_feed() {
         table.contains("feeder (group.mkv)") && !table.contains("the model alone"),
         "{table}"
     );
+}
+
+/// A model with byte I/O (uint8 levels in and out, its conversions inside the graph: see
+/// `models/byte_io.py`) restores what the same model with float I/O restores: the negate
+/// stand-in both ways on the group clip gives the same faces and the same pictures within one
+/// level (encoded losslessly in YUV 4:2:0, whose conversion back to RGB can make a level's
+/// difference in a pixel two, in one value of a thousand or fewer).
+#[test]
+fn a_model_with_byte_io_gives_the_float_models_pictures_within_one_level() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = asset("samples/test/group.mkv");
+    let flags: [&dyn AsRef<std::ffi::OsStr>; 4] = [&"--frames", &"10", &"--crf", &"0"];
+    let run = |model: &str, name: &str| {
+        let (out, faces, _) = run_with_faces(dir.path(), &input, name, &asset(model), &flags);
+        (faces, rgb_frames(&out).2)
+    };
+    let (float_faces, float_frames) = run("models/standin/negate-256.onnx", "float.mkv");
+    let (byte_faces, byte_frames) = run("models/standin/negate-256-bytes.onnx", "bytes.mkv");
+    assert_eq!(float_faces, byte_faces);
+    assert!(float_faces.iter().any(|(r, _)| !r.is_empty()), "no face restored");
+    assert_eq!(float_frames.len(), byte_frames.len());
+    for (i, (a, b)) in float_frames.iter().zip(&byte_frames).enumerate() {
+        let worst = a.iter().zip(b).map(|(x, y)| x.abs_diff(*y)).max().unwrap_or(0);
+        let over = a.iter().zip(b).filter(|(x, y)| x.abs_diff(**y) > 1).count();
+        eprintln!(
+            "frame {i}: at most {worst} levels apart, {over} values of {} over one",
+            a.len()
+        );
+        assert!(
+            worst <= 2 && over * 1000 <= a.len(),
+            "frame {i}: {worst} levels apart, {over} values over one"
+        );
+    }
 }

@@ -376,7 +376,7 @@ fn feed(engine: &mut Engine, job: &Job, repeat: usize, name: &str, log: &dyn Fn(
 /// all workers and the median ms per batch.
 pub(crate) fn ceiling(
     engine: &mut Engine,
-    crops: &[Vec<f32>],
+    crops: &[Vec<u8>],
     min_batches: usize,
     min_time: Duration,
 ) -> Result<(f64, f64)> {
@@ -392,7 +392,7 @@ pub(crate) fn ceiling(
                     let t = Instant::now();
                     let mut i = 0;
                     while i < min_batches || t.elapsed() < min_time {
-                        let slice: Vec<&[f32]> = (0..batch)
+                        let slice: Vec<&[u8]> = (0..batch)
                             .map(|k| crops[(i * batch + k) % crops.len()].as_slice())
                             .collect();
                         w.enhancer.run(&slice, |_, _| ())?;

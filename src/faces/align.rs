@@ -204,30 +204,77 @@ pub(crate) fn cubic3_taps(px: &[f32], width: usize, (x0, y0): (usize, usize), wx
     out
 }
 
+/// Where a warp writes its crop: planar RGB, one plane after another (`size * size` values
+/// each), a pixel `i` at a time as levels (0..=255).
+pub trait CropOut {
+    fn put(&mut self, i: usize, p: [f32; 3]);
+}
+
+/// A model input item: planar RGB in [-1, 1] (one NCHW item of floats).
+impl CropOut for [f32] {
+    #[inline(always)]
+    fn put(&mut self, i: usize, p: [f32; 3]) {
+        const K: f32 = 1.0 / 127.5;
+        let plane = self.len() / 3;
+        self[i] = p[0] * K - 1.0;
+        self[plane + i] = p[1] * K - 1.0;
+        self[2 * plane + i] = p[2] * K - 1.0;
+    }
+}
+
+/// A crop in bytes: planar RGB24, each level rounded (half up) and clamped, what travels to the
+/// model's worker (a quarter of the floats' size); [`crop_to_tensor`] makes the model's input.
+impl CropOut for [u8] {
+    #[inline(always)]
+    fn put(&mut self, i: usize, p: [f32; 3]) {
+        let plane = self.len() / 3;
+        // Saturating casts: below zero gives 0, above 255 gives 255.
+        self[i] = (p[0] + 0.5) as u8;
+        self[plane + i] = (p[1] + 0.5) as u8;
+        self[2 * plane + i] = (p[2] + 0.5) as u8;
+    }
+}
+
+/// A vector of either, as its slice.
+impl<T> CropOut for Vec<T>
+where
+    [T]: CropOut,
+{
+    #[inline(always)]
+    fn put(&mut self, i: usize, p: [f32; 3]) {
+        self.as_mut_slice().put(i, p);
+    }
+}
+
+/// The model's input (an NCHW item in [-1, 1]) from a crop in bytes: a table of the 256 levels
+/// (each the value the float warp gives a whole level).
+pub fn crop_to_tensor(crop: &[u8], out: &mut [f32]) {
+    const K: f32 = 1.0 / 127.5;
+    let table: [f32; 256] = std::array::from_fn(|b| b as f32 * K - 1.0);
+    for (o, &b) in out.iter_mut().zip(crop) {
+        *o = table[b as usize];
+    }
+}
+
 /// Warps the face into a `size x size` crop, written as planar RGB in [-1, 1] (one NCHW item,
 /// `3 * size * size` floats), sampled bicubically. `to_crop` maps frame pixels to crop pixels.
 /// Every sample is clamped (the plain form, for a face whose footprint misses the frame; the
 /// fast paths of [`warp_face`] give the same crop and are tested against it).
-pub fn warp_to_tensor(rgb: &[u8], width: usize, height: usize, to_crop: &Affine, size: usize, out: &mut [f32]) {
+pub fn warp_to_tensor<O: CropOut + ?Sized>(
+    rgb: &[u8],
+    width: usize,
+    height: usize,
+    to_crop: &Affine,
+    size: usize,
+    out: &mut O,
+) {
     let inv = to_crop.inverse().unwrap_or(Affine::IDENTITY);
-    let plane = size * size;
-    let (r, rest) = out.split_at_mut(plane);
-    let (g, b) = rest.split_at_mut(plane);
-    const K: f32 = 1.0 / 127.5;
     let mut row = CropRow::new(&inv);
     for y in 0..size {
         row.start(y);
-        let (r, g, b) = (
-            &mut r[y * size..(y + 1) * size],
-            &mut g[y * size..(y + 1) * size],
-            &mut b[y * size..(y + 1) * size],
-        );
         for x in 0..size {
             let (fx, fy) = row.point(x);
-            let p = sample_rgb_cubic_f32(rgb, width, height, fx, fy);
-            r[x] = p[0] * K - 1.0;
-            g[x] = p[1] * K - 1.0;
-            b[x] = p[2] * K - 1.0;
+            out.put(y * size + x, sample_rgb_cubic_f32(rgb, width, height, fx, fy));
         }
     }
 }
@@ -263,13 +310,13 @@ fn load_texels(rgb: &[u8], width: usize, r: Rect, out: &mut Vec<f32x4>) {
 
 /// [`warp_to_tensor`] for a face whose crop covers `region` of the frame (its footprint, where
 /// `rgb` holds the picture with two pixels to spare): see [`warp_cubic_loading`].
-pub(crate) fn warp_cubic(
+pub(crate) fn warp_cubic<O: CropOut + ?Sized>(
     rgb: &[u8],
     (width, height): (usize, usize),
     to_crop: &Affine,
     region: Rect,
     size: usize,
-    out: &mut [f32],
+    out: &mut O,
     texels: &mut Vec<f32x4>,
 ) {
     let mut load = |r: Rect, t: &mut Vec<f32x4>| load_texels(rgb, width, r, t);
@@ -290,13 +337,13 @@ pub(crate) fn push_texels(row: &[u8], out: &mut Vec<f32x4>) {
 /// by two pixels, and each sample reads sixteen four-lane texels with no bounds work: the same
 /// sums in the same order as [`sample_cubic3`], so the same crop. Samples at the frame's edge
 /// take a clamped sampler over the same texels.
-pub(crate) fn warp_cubic_loading(
+pub(crate) fn warp_cubic_loading<O: CropOut + ?Sized>(
     load: &mut dyn FnMut(Rect, &mut Vec<f32x4>),
     (width, height): (usize, usize),
     to_crop: &Affine,
     region: Rect,
     size: usize,
-    out: &mut [f32],
+    out: &mut O,
     texels: &mut Vec<f32x4>,
 ) {
     let r = Rect::new(
@@ -311,10 +358,6 @@ pub(crate) fn warp_cubic_loading(
     let (tw, th) = (r.width(), r.height());
     let tex = &texels[..];
     let inv = to_crop.inverse().unwrap_or(Affine::IDENTITY);
-    let plane = size * size;
-    let (rp, rest) = out.split_at_mut(plane);
-    let (gp, bp) = rest.split_at_mut(plane);
-    const K: f32 = 1.0 / 127.5;
     // Region coordinates at which all sixteen taps lie inside the texels.
     let (lo, lim_x, lim_y) = (
         f32x4::splat(1.0),
@@ -325,11 +368,6 @@ pub(crate) fn warp_cubic_loading(
     let mut row = CropRow::new(&inv);
     for y in 0..size {
         row.start(y);
-        let (rr, gr, br) = (
-            &mut rp[y * size..(y + 1) * size],
-            &mut gp[y * size..(y + 1) * size],
-            &mut bp[y * size..(y + 1) * size],
-        );
         // Four crop pixels at a time: their source points, weights and whether they are inside
         // in one vector pass each, their taps one by one.
         for x4 in (0..size).step_by(4) {
@@ -364,10 +402,7 @@ pub(crate) fn warp_cubic_loading(
                 } else {
                     cubic_texels_clamped(tex, r, (width, height), fx[k], fy[k])
                 };
-                let i = x4 + k;
-                rr[i] = p[0] * K - 1.0;
-                gr[i] = p[1] * K - 1.0;
-                br[i] = p[2] * K - 1.0;
+                out.put(y * size + x4 + k, p);
             }
         }
     }
@@ -518,13 +553,13 @@ pub fn filtered(to_crop: &Affine) -> bool {
 /// [`PREFILTER_RATIO`] or more is read from the mip level of the frame `region` (the crop's
 /// footprint, where `rgb` holds the picture) that one crop pixel spans, by four bilinear taps
 /// spread over the crop pixel's footprint (an area average, not a point sample).
-pub fn warp_face(
+pub fn warp_face<O: CropOut + ?Sized>(
     rgb: &[u8],
     (width, height): (usize, usize),
     to_crop: &Affine,
     region: Option<Rect>,
     size: usize,
-    out: &mut [f32],
+    out: &mut O,
     scratch: &mut WarpScratch,
 ) {
     let ratio = 1.0 / to_crop.scale();
@@ -582,10 +617,6 @@ pub fn warp_face(
         f32x4::splat(t.height() as f32 - 1.0),
     );
     let (dxs, dys) = (f32x4::new(taps.map(|t| t.0)), f32x4::new(taps.map(|t| t.1)));
-    let plane = size * size;
-    let (rp, rest) = out.split_at_mut(plane);
-    let (gp, bp) = rest.split_at_mut(plane);
-    const K: f32 = 1.0 / (127.5 * 4.0);
     let mut row = CropRow::new(&Affine(m));
     for y in 0..size {
         row.start(y);
@@ -615,11 +646,8 @@ pub fn warp_face(
                         f32x4::new([p[0], p[1], p[2], 0.0])
                     };
                 }
-                let acc = acc.to_array();
-                let i = y * size + x4 + k;
-                rp[i] = acc[0] * K - 1.0;
-                gp[i] = acc[1] * K - 1.0;
-                bp[i] = acc[2] * K - 1.0;
+                let acc = (acc * f32x4::splat(0.25)).to_array();
+                out.put(y * size + x4 + k, [acc[0], acc[1], acc[2]]);
             }
         }
     }
@@ -640,10 +668,10 @@ pub(crate) fn tensor_to_rgb(t: &[f32], size: usize, out: &mut Vec<u8>) {
     }
 }
 
-/// What the model changed in one crop: `restored` (its output) minus `given` (its input), both
-/// NCHW items in [-1, 1], as packed RGB in levels (0..255 scale), the output clamped to the
-/// picture's range first. Zero where the model gave its input back.
-pub(crate) fn tensor_change(restored: &[f32], given: &[f32], size: usize, out: &mut Vec<f32>) {
+/// What the model changed in one crop: `restored` (its output, an NCHW item in [-1, 1]) minus
+/// `given` (its input, the crop in planar bytes), as packed RGB in levels (0..255 scale), the
+/// output clamped to the picture's range first. Zero where the model gave its input back.
+pub(crate) fn tensor_change(restored: &[f32], given: &[u8], size: usize, out: &mut Vec<f32>) {
     let plane = size * size;
     out.clear();
     out.resize(plane * 3, 0.0);
@@ -652,12 +680,16 @@ pub(crate) fn tensor_change(restored: &[f32], given: &[f32], size: usize, out: &
     // Four pixels at a time: each plane's four values as a vector, turned into four pixels.
     let whole = plane / 4 * 4;
     let (one, half, lo, hi) = (f32x4::ONE, f32x4::splat(127.5), f32x4::ZERO, f32x4::splat(255.0));
-    let at = |p: &[f32], c: usize, i: usize| -> f32x4 {
-        let v: [f32; 4] = p[c * plane + i..][..4].try_into().expect("4 values");
-        f32x4::new(v)
+    let at = |c: usize, i: usize| -> (f32x4, f32x4) {
+        let v: [f32; 4] = restored[c * plane + i..][..4].try_into().expect("4 values");
+        let g: [u8; 4] = given[c * plane + i..][..4].try_into().expect("4 values");
+        (f32x4::new(v), f32x4::new(g.map(f32::from)))
     };
     for (i, dst) in (0..whole).step_by(4).zip(out.chunks_exact_mut(12)) {
-        let d = [0, 1, 2].map(|c| ((at(restored, c, i) + one) * half).max(lo).min(hi) - (at(given, c, i) + one) * half);
+        let d = [0, 1, 2].map(|c| {
+            let (r, g) = at(c, i);
+            ((r + one) * half).max(lo).min(hi) - g
+        });
         let px = f32x4::transpose([d[0], d[1], d[2], f32x4::ZERO]);
         for (k, p) in px.iter().enumerate() {
             dst[3 * k..3 * k + 3].copy_from_slice(&p.to_array()[..3]);
@@ -666,7 +698,21 @@ pub(crate) fn tensor_change(restored: &[f32], given: &[f32], size: usize, out: &
     for i in whole..plane {
         for c in 0..3 {
             let j = c * plane + i;
-            out[3 * i + c] = level(restored[j]).clamp(0.0, 255.0) - level(given[j]);
+            out[3 * i + c] = level(restored[j]).clamp(0.0, 255.0) - f32::from(given[j]);
+        }
+    }
+}
+
+/// What a model with byte I/O changed in one crop: `restored` minus `given`, both planar bytes
+/// (levels), as packed RGB in levels (see [`tensor_change`]).
+pub(crate) fn bytes_change(restored: &[u8], given: &[u8], size: usize, out: &mut Vec<f32>) {
+    let plane = size * size;
+    out.clear();
+    out.resize(plane * 3, 0.0);
+    for c in 0..3 {
+        let (r, g) = (&restored[c * plane..][..plane], &given[c * plane..][..plane]);
+        for ((o, &r), &g) in out[c..].iter_mut().step_by(3).zip(r).zip(g) {
+            *o = f32::from(r) - f32::from(g);
         }
     }
 }
@@ -681,22 +727,19 @@ pub(crate) fn mip_level(scale: f64, max: u32) -> u32 {
     }
 }
 
-/// Luma (levels) of each 2x2 block of an NCHW crop in [-1, 1] of `size`, for the temporal
+/// Luma (levels) of each 2x2 block of a crop in planar bytes of `size`, for the temporal
 /// filter's likeness test.
-pub(crate) fn crop_luma_half(crop: &[f32], size: usize, out: &mut Vec<f32>) {
+pub(crate) fn crop_luma_half(crop: &[u8], size: usize, out: &mut Vec<f32>) {
     let (h, plane) = (size / 2, size * size);
     out.clear();
     out.resize(h * h, 0.0);
-    // (v + 1) * 127.5 per channel, weighted and averaged over four pixels.
-    let k = 127.5 / 4.0;
-    for y in 0..h {
-        for x in 0..h {
-            let mut s = 0.0;
-            for (dx, dy) in [(0, 0), (1, 0), (0, 1), (1, 1)] {
-                let i = (2 * y + dy) * size + 2 * x + dx;
-                s += 0.299 * crop[i] + 0.587 * crop[plane + i] + 0.114 * crop[2 * plane + i] + 1.0;
-            }
-            out[y * h + x] = s * k;
+    let (r, g, b) = (&crop[..plane], &crop[plane..2 * plane], &crop[2 * plane..3 * plane]);
+    let luma = |i: usize| 0.299 * f32::from(r[i]) + 0.587 * f32::from(g[i]) + 0.114 * f32::from(b[i]);
+    for (y, o) in out.chunks_exact_mut(h).enumerate() {
+        let (top, bottom) = (2 * y * size, (2 * y + 1) * size);
+        for (x, o) in o.iter_mut().enumerate() {
+            let s = luma(top + 2 * x) + luma(top + 2 * x + 1) + luma(bottom + 2 * x) + luma(bottom + 2 * x + 1);
+            *o = s * 0.25;
         }
     }
 }
@@ -892,7 +935,7 @@ mod tests {
         for size in [8usize, 7] {
             let n = 3 * size * size;
             let restored: Vec<f32> = (0..n).map(|i| ((i * 37) % 101) as f32 / 40.0 - 1.26).collect();
-            let given: Vec<f32> = (0..n).map(|i| ((i * 53) % 97) as f32 / 48.5 - 1.0).collect();
+            let given: Vec<u8> = (0..n).map(|i| ((i * 53) % 256) as u8).collect();
             let mut got = Vec::new();
             tensor_change(&restored, &given, size, &mut got);
             let plane = size * size;
@@ -902,7 +945,7 @@ mod tests {
                     let j = c * plane + i;
                     assert_eq!(
                         got[3 * i + c],
-                        level(restored[j]).clamp(0.0, 255.0) - level(given[j]),
+                        level(restored[j]).clamp(0.0, 255.0) - f32::from(given[j]),
                         "{i} {c}"
                     );
                 }
@@ -920,5 +963,37 @@ mod tests {
         let mut back = Vec::new();
         tensor_to_rgb(&t, size, &mut back);
         assert_eq!(back, rgb);
+    }
+
+    /// The byte path: a crop warped into bytes is the float crop rounded (within half a level,
+    /// on every path: bicubic, area-filtered, clamped at the frame's edge), the model's input
+    /// made from it is within half a level of the float crop, and a model that gives its input
+    /// back changes nothing (within a thousandth of a level).
+    #[test]
+    fn a_crop_in_bytes_is_the_float_crop_within_half_a_level() {
+        let (w, h, size) = (160usize, 120usize, 64usize);
+        let img: Vec<u8> = (0..w * h * 3).map(|i| ((i * 7919) % 251) as u8).collect();
+        let tpl = template(size);
+        // A small face (bicubic), a large one (area filter) and one over the frame's corner.
+        for (eye, cx, cy) in [(12.0f32, 80.0f32, 60.0f32), (60.0, 80.0, 60.0), (20.0, 4.0, 4.0)] {
+            let s = eye / (tpl[1][0] - tpl[0][0]);
+            let lm = tpl.map(|[x, y]| [cx + s * (x - size as f32 / 2.0), cy + s * (y - size as f32 / 2.0)]);
+            let to_crop = crate::geom::fit_similarity(&lm, &tpl);
+            let region = crate::geom::crop_footprint(&to_crop, size, w, h);
+            let (mut f, mut b) = (vec![0.0f32; 3 * size * size], vec![0u8; 3 * size * size]);
+            let mut scratch = WarpScratch::default();
+            warp_face(&img, (w, h), &to_crop, region, size, &mut f, &mut scratch);
+            warp_face(&img, (w, h), &to_crop, region, size, &mut b, &mut scratch);
+            let mut t = vec![0.0f32; f.len()];
+            crop_to_tensor(&b, &mut t);
+            for ((x, y), z) in f.iter().zip(&b).zip(&t) {
+                let level = (x + 1.0) * 127.5;
+                assert!((level - f32::from(*y)).abs() <= 0.5 + 1e-3, "eye {eye}: {level} vs {y}");
+                assert!(((z + 1.0) * 127.5 - level).abs() <= 0.5 + 1e-3);
+            }
+            let mut change = Vec::new();
+            tensor_change(&t, &b, size, &mut change);
+            assert!(change.iter().all(|v| v.abs() < 1e-3), "eye {eye}");
+        }
     }
 }

@@ -25,10 +25,14 @@ pub struct ModelInfo {
     pub precision: Option<String>,
     /// Alignment template the model was trained with (`gpen_video.template`; default ffhq).
     pub template: Template,
+    /// The model takes and gives uint8 levels (its conversions inside the graph: see
+    /// `models/byte_io.py`) rather than float32 in [-1, 1].
+    pub bytes: bool,
 }
 
 impl ModelInfo {
-    /// Reads and checks the I/O contract: one float32 [N,3,S,S] input and a same-shaped output.
+    /// Reads and checks the I/O contract: one float32 [N,3,S,S] input and a same-shaped output
+    /// (or uint8 both, a model with byte I/O).
     pub fn read(session: &Session) -> Result<Self> {
         let (ins, outs) = (session.inputs(), session.outputs());
         if ins.len() != 1 || outs.is_empty() {
@@ -42,17 +46,23 @@ impl ModelInfo {
         let ValueType::Tensor { ty, shape, .. } = ins[0].dtype() else {
             bail!("input `{input}` is not a tensor");
         };
-        if *ty != TensorElementType::Float32 {
-            bail!("input `{input}` is {ty:?}, expected float32");
-        }
+        let bytes = match ty {
+            TensorElementType::Float32 => false,
+            TensorElementType::Uint8 => true,
+            _ => bail!("input `{input}` is {ty:?}, expected float32 (or uint8 levels, see models/byte_io.py)"),
+        };
         let dims: Vec<i64> = shape.iter().copied().collect();
         if dims.len() != 4 || dims[1] != 3 || dims[2] <= 0 || dims[2] != dims[3] {
             bail!("input `{input}` has shape {dims:?}; a GPEN model takes [N,3,S,S] with a fixed square size S");
         }
         let output = outs[0].name().to_string();
         if let ValueType::Tensor { ty, .. } = outs[0].dtype() {
-            if *ty != TensorElementType::Float32 {
-                bail!("output `{output}` is {ty:?}, expected float32 (export the model with float32 outputs)");
+            match (bytes, ty) {
+                (false, TensorElementType::Float32) | (true, TensorElementType::Uint8) => {}
+                (false, _) => {
+                    bail!("output `{output}` is {ty:?}, expected float32 (export the model with float32 outputs)")
+                }
+                (true, _) => bail!("output `{output}` is {ty:?}: a model with uint8 input must give uint8 output"),
             }
         }
         if let ValueType::Tensor { shape: oshape, .. } = outs[0].dtype() {
@@ -81,6 +91,7 @@ impl ModelInfo {
             weights_note,
             precision,
             template,
+            bytes,
         })
     }
 }
@@ -91,8 +102,20 @@ impl ModelInfo {
 /// and from the GPU are single DMA copies.
 struct Bound {
     binding: IoBinding,
-    input: Tensor<f32>,
-    output: Tensor<f32>,
+    tensors: Tensors,
+}
+
+/// A bound input and output: floats, or bytes for a model with byte I/O.
+enum Tensors {
+    Floats(Tensor<f32>, Tensor<f32>),
+    Bytes(Tensor<u8>, Tensor<u8>),
+}
+
+/// One restored crop as the model gave it: NCHW floats in [-1, 1], or planar bytes (levels).
+#[derive(Clone, Copy)]
+pub enum Restored<'a> {
+    Floats(&'a [f32]),
+    Bytes(&'a [u8]),
 }
 
 /// A model session with its bound buffers, one set per batch size it runs.
@@ -152,9 +175,10 @@ impl Enhancer {
         self.info.fixed_batch.unwrap_or(wanted.max(1))
     }
 
-    /// Runs the model on `crops` (each one NCHW item of 3*S*S floats in [-1, 1]); `each` gets
-    /// every output crop in order.
-    pub fn run(&mut self, crops: &[&[f32]], mut each: impl FnMut(usize, &[f32])) -> Result<()> {
+    /// Runs the model on `crops` (each one crop in planar RGB24 of 3*S*S bytes, converted to
+    /// the model's NCHW floats in [-1, 1] as it is copied in, or copied as they are for a model
+    /// with byte I/O); `each` gets every output crop in order.
+    pub fn run(&mut self, crops: &[&[u8]], mut each: impl FnMut(usize, Restored<'_>)) -> Result<()> {
         let s = self.info.size;
         let item = 3 * s * s;
         let n = crops.len();
@@ -173,29 +197,47 @@ impl Enhancer {
             self.bound.resize_with(feed + 1, || None);
         }
         if self.bound[feed].is_none() {
-            let input = Tensor::<f32>::new(&self.allocator, [feed, 3, s, s]).map_err(ort_err)?;
-            let mut output = Tensor::<f32>::new(&self.allocator, [feed, 3, s, s]).map_err(ort_err)?;
+            let shape = [feed, 3, s, s];
             let mut binding = self.session.create_binding().map_err(ort_err)?;
-            binding.bind_input(self.info.input.as_str(), &input).map_err(ort_err)?;
-            binding
-                .bind_output(self.info.output.as_str(), &mut output)
-                .map_err(ort_err)?;
-            self.bound[feed] = Some(Bound { binding, input, output });
+            let (input, output) = (self.info.input.as_str(), self.info.output.as_str());
+            let tensors = if self.info.bytes {
+                let i = Tensor::<u8>::new(&self.allocator, shape).map_err(ort_err)?;
+                let mut o = Tensor::<u8>::new(&self.allocator, shape).map_err(ort_err)?;
+                binding.bind_input(input, &i).map_err(ort_err)?;
+                binding.bind_output(output, &mut o).map_err(ort_err)?;
+                Tensors::Bytes(i, o)
+            } else {
+                let i = Tensor::<f32>::new(&self.allocator, shape).map_err(ort_err)?;
+                let mut o = Tensor::<f32>::new(&self.allocator, shape).map_err(ort_err)?;
+                binding.bind_input(input, &i).map_err(ort_err)?;
+                binding.bind_output(output, &mut o).map_err(ort_err)?;
+                Tensors::Floats(i, o)
+            };
+            self.bound[feed] = Some(Bound { binding, tensors });
         }
         let bound = self.bound[feed].as_mut().expect("bound above");
-        {
-            let (_, data) = bound.input.extract_tensor_mut();
-            for (slot, crop) in crops.iter().enumerate() {
-                if crop.len() != item {
-                    bail!("crop {slot} has {} values, expected {item}", crop.len());
-                }
-                data[slot * item..(slot + 1) * item].copy_from_slice(crop);
+        for (slot, crop) in crops.iter().enumerate() {
+            if crop.len() != item {
+                bail!("crop {slot} has {} values, expected {item}", crop.len());
+            }
+            let at = slot * item..(slot + 1) * item;
+            match &mut bound.tensors {
+                Tensors::Bytes(i, _) => i.extract_tensor_mut().1[at].copy_from_slice(crop),
+                Tensors::Floats(i, _) => crate::faces::align::crop_to_tensor(crop, &mut i.extract_tensor_mut().1[at]),
             }
         }
         self.session.run_binding(&bound.binding).map_err(ort_err)?;
-        let (_, data) = bound.output.extract_tensor();
-        for (i, out) in data.chunks_exact(item).take(n).enumerate() {
-            each(i, out);
+        match &bound.tensors {
+            Tensors::Bytes(_, o) => {
+                for (i, out) in o.extract_tensor().1.chunks_exact(item).take(n).enumerate() {
+                    each(i, Restored::Bytes(out));
+                }
+            }
+            Tensors::Floats(_, o) => {
+                for (i, out) in o.extract_tensor().1.chunks_exact(item).take(n).enumerate() {
+                    each(i, Restored::Floats(out));
+                }
+            }
         }
         Ok(())
     }

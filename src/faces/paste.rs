@@ -72,6 +72,7 @@ pub struct Mask {
     /// Scratch of the mesh mask, kept for its next face: the outline, and its points sorted.
     points: Vec<(f64, f64)>,
     sorted: Vec<(f64, f64)>,
+    edges: Vec<[f64; 6]>,
 }
 
 /// An ellipse in crop pixels: its centre, the unit vector of its first axis and its two
@@ -167,24 +168,36 @@ fn convex_hull(p: &mut Vec<(f64, f64)>, hull: &mut Vec<(f64, f64)>) {
     }
 }
 
-/// Distance from `p` to the polygon `pts`' outline, positive inside, negative outside.
-fn signed_distance(pts: &[(f64, f64)], p: (f64, f64)) -> f64 {
-    let (mut best, mut inside) = (f64::INFINITY, false);
-    for (i, &a) in pts.iter().enumerate() {
+/// The sides of a polygon as [`signed_distance`] reads them: each side's start, its vector and
+/// the inverse of its squared length, and its end's y (made once per outline, not once per
+/// point asked).
+fn edges_of(pts: &[(f64, f64)], out: &mut Vec<[f64; 6]>) {
+    out.clear();
+    out.extend(pts.iter().enumerate().map(|(i, &a)| {
         let b = pts[(i + 1) % pts.len()];
         let (ex, ey) = (b.0 - a.0, b.1 - a.1);
-        let (wx, wy) = (p.0 - a.0, p.1 - a.1);
-        let t = ((wx * ex + wy * ey) / (ex * ex + ey * ey).max(1e-12)).clamp(0.0, 1.0);
-        best = best.min((wx - ex * t).hypot(wy - ey * t));
+        [a.0, a.1, ex, ey, 1.0 / (ex * ex + ey * ey).max(1e-12), b.1]
+    }));
+}
+
+/// Distance from `p` to the outline of the polygon whose sides are `edges` (see [`edges_of`]),
+/// positive inside, negative outside: the nearest side by squared distance, one root.
+fn signed_distance(edges: &[[f64; 6]], p: (f64, f64)) -> f64 {
+    let (mut best, mut inside) = (f64::INFINITY, false);
+    for &[ax, ay, ex, ey, inv, by] in edges {
+        let (wx, wy) = (p.0 - ax, p.1 - ay);
+        let t = ((wx * ex + wy * ey) * inv).clamp(0.0, 1.0);
+        let (dx, dy) = (wx - ex * t, wy - ey * t);
+        best = best.min(dx * dx + dy * dy);
         // Even-odd crossing of the ray to the right of p.
-        if (a.1 > p.1) != (b.1 > p.1) && p.0 < a.0 + (p.1 - a.1) / (b.1 - a.1) * ex {
+        if (ay > p.1) != (by > p.1) && p.0 < ax + (p.1 - ay) / ey * ex {
             inside = !inside;
         }
     }
     if inside {
-        best
+        best.sqrt()
     } else {
-        -best
+        -best.sqrt()
     }
 }
 
@@ -218,6 +231,7 @@ impl Mask {
             support: None,
             points: Vec::new(),
             sorted: Vec::new(),
+            edges: Vec::new(),
         };
         m.set_polygon(size, outline);
         m
@@ -229,6 +243,8 @@ impl Mask {
         let mut pts = std::mem::take(&mut self.points);
         pts.clear();
         pts.extend(outline.iter().map(|p| (p[0] as f64, p[1] as f64)));
+        let mut edges = std::mem::take(&mut self.edges);
+        edges_of(&pts, &mut edges);
         let area = pts
             .iter()
             .zip(pts.iter().cycle().skip(1))
@@ -265,7 +281,7 @@ impl Mask {
                 let dc = if pts.len() < 3 {
                     f64::NEG_INFINITY
                 } else {
-                    signed_distance(&pts, centre)
+                    signed_distance(&edges, centre)
                 };
                 for y in by..ey {
                     for x in bx..ex {
@@ -275,7 +291,7 @@ impl Mask {
                         } else if dc > feather + reach {
                             Self::box_at(size, u, v)
                         } else {
-                            value(signed_distance(&pts, (u, v)), u, v)
+                            value(signed_distance(&edges, (u, v)), u, v)
                         };
                     }
                 }
@@ -311,6 +327,7 @@ impl Mask {
             support,
             points: pts,
             sorted,
+            edges,
         };
     }
 
@@ -363,6 +380,7 @@ impl Mask {
             support: None,
             points: Vec::new(),
             sorted: Vec::new(),
+            edges: Vec::new(),
         }
     }
 
@@ -828,6 +846,8 @@ mod tests {
             .collect();
         let m = Mask::polygon(size, &outline);
         let pts: Vec<(f64, f64)> = outline.iter().map(|p| (p[0] as f64, p[1] as f64)).collect();
+        let mut edges = Vec::new();
+        edges_of(&pts, &mut edges);
         // The block shortcut gives every cell the value the distance gives it.
         let n = size.div_ceil(m.step);
         let area = pts
@@ -842,7 +862,7 @@ mod tests {
         for y in 0..n {
             for x in 0..n {
                 let (u, v) = ((x * m.step) as f64, (y * m.step) as f64);
-                let d = signed_distance(&pts, (u, v));
+                let d = signed_distance(&edges, (u, v));
                 let want = if d > -out {
                     (smoothstep((d + out) / (feather + out)) * Mask::box_at(size, u, v) as f64) as f32
                 } else {
@@ -1005,10 +1025,10 @@ mod tests {
         for (size, scale) in [(256usize, 1.19), (512, 2.4), (256, 2.03)] {
             let to_crop = crate::geom::similarity(0.1, scale, -(scale * 37.3), -(scale * 41.7));
             let region = crate::geom::crop_footprint(&to_crop, size, w, h).unwrap();
-            let mut t = vec![0.0; 3 * size * size];
+            let mut t = vec![0.0f32; 3 * size * size];
             let mut scratch = crate::faces::align::WarpScratch::default();
             crate::faces::align::warp_face(&frame, (w, h), &to_crop, Some(region), size, &mut t, &mut scratch);
-            let (mut crop, zero) = (Vec::new(), vec![-1.0; t.len()]);
+            let (mut crop, zero) = (Vec::new(), vec![0u8; t.len()]);
             crate::faces::align::tensor_change(&t, &zero, size, &mut crop);
             let mask = Mask::new(size);
             let mut back = vec![0u8; frame.len()];

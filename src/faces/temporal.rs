@@ -122,9 +122,9 @@ pub struct Temporal {
     face: Vec<bool>,
     tracks: HashMap<u64, Track>,
     spare: Vec<Track>,
-    /// Threads a frame's bands are shared out to, and this thread's row maxima (see [`shares`]).
+    /// Threads a frame's bands are shared out to, and each one's row maxima (see [`shares`]).
     threads: usize,
-    scratch: Vec<f32>,
+    scratch: Vec<Vec<f32>>,
     helper_cpu: std::time::Duration,
     pub flicker: Flicker,
 }
@@ -398,10 +398,12 @@ fn rows_of<'a, T>(s: &'a [T], per_row: usize, r: &Range<usize>) -> &'a [T] {
     s.get(r.start * per_row..r.end * per_row).unwrap_or(&[])
 }
 
-/// Runs `bands` on up to `threads` threads (this one and helpers started for the frame), each
-/// taking the next band; returns their sums and the helpers' CPU time.
-fn run_bands(bands: Vec<Band<'_>>, threads: usize, scratch: &mut Vec<f32>) -> (Vec<Partial>, std::time::Duration) {
-    let helpers = threads.min(bands.len()).saturating_sub(1);
+/// Runs `bands` on up to one thread per scratch buffer of `scratches` (this one and helpers
+/// started for the frame, each with its own buffer, kept between frames), each taking the next
+/// band; returns their sums and the helpers' CPU time.
+fn run_bands(bands: Vec<Band<'_>>, scratches: &mut [Vec<f32>]) -> (Vec<Partial>, std::time::Duration) {
+    let helpers = scratches.len().min(bands.len()).saturating_sub(1);
+    let (scratch, others) = scratches.split_first_mut().expect("one scratch buffer at least");
     if helpers == 0 {
         return (
             bands.into_iter().map(|b| b.run(scratch)).collect(),
@@ -418,10 +420,11 @@ fn run_bands(bands: Vec<Band<'_>>, threads: usize, scratch: &mut Vec<f32>) -> (V
         done
     };
     std::thread::scope(|s| {
-        let spawned: Vec<_> = (0..helpers)
-            .map(|_| {
-                s.spawn(|| {
-                    let done = drain(&mut Vec::new());
+        let spawned: Vec<_> = others[..helpers]
+            .iter_mut()
+            .map(|own| {
+                s.spawn(move || {
+                    let done = drain(own);
                     (done, crate::stats::thread_cpu_time())
                 })
             })
@@ -454,7 +457,7 @@ impl Temporal {
             tracks: HashMap::new(),
             spare: Vec::new(),
             threads: 1,
-            scratch: Vec::new(),
+            scratch: vec![Vec::new()],
             helper_cpu: std::time::Duration::ZERO,
             flicker: Flicker {
                 filtered: memory > 0.0,
@@ -467,6 +470,7 @@ impl Temporal {
     /// the bands of all the frame's faces shared out (the same values as on one thread).
     pub fn threads(mut self, threads: usize) -> Self {
         self.threads = threads.max(1);
+        self.scratch.resize_with(self.threads, Vec::new);
         self
     }
 
@@ -546,7 +550,7 @@ impl Temporal {
                 });
             }
         }
-        let (partials, cpu) = run_bands(bands, self.threads, &mut self.scratch);
+        let (partials, cpu) = run_bands(bands, &mut self.scratch);
         self.helper_cpu += cpu;
         let f = &mut self.flicker;
         for p in &partials {

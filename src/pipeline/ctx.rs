@@ -13,7 +13,7 @@ pub(crate) const DEPTH: usize = 4;
 pub(crate) struct Pools {
     pub rgb: Pool<Vec<u8>>,
     pub det: Pool<Vec<u8>>,
-    pub crop: Pool<Vec<f32>>,
+    pub crop: Pool<Vec<u8>>,
     pub restored: Pool<Vec<f32>>,
     /// The paste's change buffers, from paste to encode (sizes of face regions, not crops).
     pub change: Pool<Vec<f32>>,

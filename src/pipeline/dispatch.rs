@@ -10,7 +10,8 @@ use anyhow::{anyhow, bail, Result};
 use crossbeam_channel::{never, select, Receiver, Sender};
 
 use super::DEPTH;
-use crate::faces::align::tensor_change;
+use crate::faces::align::{bytes_change, tensor_change};
+use crate::faces::enhance::Restored as Output;
 use crate::faces::enhance::Worker;
 use crate::frame::{FaceFrame, Pool};
 use crate::stats::{Clock, StageStat, WorkerStat};
@@ -23,7 +24,7 @@ const PARTIAL_WAIT: (Duration, Duration) = (Duration::from_millis(20), Duration:
 pub(crate) struct Batch {
     /// (frame sequence number, face index) of each crop.
     keys: Vec<(u64, usize)>,
-    crops: Vec<Vec<f32>>,
+    crops: Vec<Vec<u8>>,
 }
 
 /// A batch back from a worker.
@@ -31,7 +32,7 @@ pub(crate) struct Restored {
     keys: Vec<(u64, usize)>,
     /// `None` for a crop the model returned non-finite values for: that face keeps its pixels.
     restored: Vec<Option<Vec<f32>>>,
-    crops: Vec<Vec<f32>>,
+    crops: Vec<Vec<u8>>,
 }
 
 /// Frames the dispatcher may hold while their faces are being enhanced.
@@ -73,7 +74,7 @@ pub(crate) fn dispatch(
     enh_tx: &Sender<FaceFrame>,
     batch: usize,
     n_workers: usize,
-    crop_pool: &Pool<Vec<f32>>,
+    crop_pool: &Pool<Vec<u8>>,
     flush: Flush,
 ) -> Result<DispatchStat> {
     let mut clock = Clock::new("dispatch", DEPTH);
@@ -192,7 +193,7 @@ pub(crate) fn work(
                 std::thread::sleep(Duration::from_millis(worker.fault.delay_ms));
             }
             let mut restored: Vec<Option<Vec<f32>>> = (0..job.crops.len()).map(|_| Some(restored_pool.get())).collect();
-            let crops: Vec<&[f32]> = job.crops.iter().map(Vec::as_slice).collect();
+            let crops: Vec<&[u8]> = job.crops.iter().map(Vec::as_slice).collect();
             if worker.skip_model {
                 for r in restored.iter_mut().flatten() {
                     r.clear();
@@ -204,13 +205,19 @@ pub(crate) fn work(
                     crops: job.crops,
                 });
             }
-            worker.enhancer.run(&crops, |i, out| {
+            worker.enhancer.run(&crops, |i, out| match out {
                 // NaN or infinity (a broken model, an overflow in fp16): keep the face as it was
                 // rather than paste a black or white square.
-                if out.iter().all(|v| v.is_finite()) {
+                Output::Floats(out) if out.iter().all(|v| v.is_finite()) => {
                     tensor_change(out, crops[i], size, restored[i].as_mut().expect("filled above"));
-                } else if let Some(buf) = restored[i].take() {
-                    restored_pool.put(buf);
+                }
+                Output::Bytes(out) => {
+                    bytes_change(out, crops[i], size, restored[i].as_mut().expect("filled above"));
+                }
+                Output::Floats(_) => {
+                    if let Some(buf) = restored[i].take() {
+                        restored_pool.put(buf);
+                    }
                 }
             })?;
             Ok(Restored {

@@ -223,7 +223,7 @@ fn decoder_for(job: &Job, det: (usize, usize)) -> (Decoder, Option<stages::Turn>
 /// The aligned crops of the first faces of `job`'s source, at most `want` of them from at most
 /// `max_frames` frames, made by the pipeline's own decode, detect and align stages (what bench
 /// times the enhancer alone on).
-pub(crate) fn collect_crops(engine: &mut Engine, job: &Job, want: usize, max_frames: u64) -> Result<Vec<Vec<f32>>> {
+pub(crate) fn collect_crops(engine: &mut Engine, job: &Job, want: usize, max_frames: u64) -> Result<Vec<Vec<u8>>> {
     let size = engine.info.size;
     // An image stream may have left the detector at another picture's size.
     engine.detector.start(engine.key.det_size);

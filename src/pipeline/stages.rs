@@ -266,12 +266,12 @@ pub fn align_face(
     f: &mut Frame,
     face: &Face,
     (tpl, size): (&[[f32; 2]; 5], usize),
-    crop: &mut Vec<f32>,
+    crop: &mut Vec<u8>,
     scratch: &mut WarpScratch,
 ) -> (Affine, Option<Rect>) {
     let to_crop = fit_similarity(&face.landmarks, tpl);
     let r = crop_footprint(&to_crop, size, f.width, f.height);
-    crop.resize(3 * size * size, 0.0);
+    crop.resize(3 * size * size, 0);
     let (w, h) = (f.width, f.height);
     // A video made from its decoded planes never reads the frame's RGB but for the crops: the
     // bicubic warp reads the face region converted from the planes straight into texels.
@@ -286,13 +286,13 @@ pub fn align_face(
         let mut load = |t: Rect, texels: &mut Vec<_>| {
             crate::media::color::yuv420p_rgb_rows(source, (w, h), t, |_, row| push_texels(row, texels));
         };
-        warp_cubic_loading(&mut load, (w, h), &to_crop, r, size, crop, scratch.texels());
+        warp_cubic_loading(&mut load, (w, h), &to_crop, r, size, &mut crop[..], scratch.texels());
         return (to_crop, Some(r));
     }
     if let Some(r) = r {
         crate::media::color::ensure_rgb(f, r);
     }
-    warp_face(&f.rgb, (w, h), &to_crop, r, size, crop, scratch);
+    warp_face(&f.rgb, (w, h), &to_crop, r, size, &mut crop[..], scratch);
     (to_crop, r)
 }
 
