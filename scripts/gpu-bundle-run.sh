@@ -167,6 +167,7 @@ fi
 sample=$(ls "$B"/samples/* | head -1)
 m32=$(ls "$B"/models/gpen-*-fp32.onnx | head -1)
 m16=$(ls "$B"/models/gpen-*-fp16.onnx | head -1)
+m16b=$(ls "$B"/models/gpen-*-fp16-bytes.onnx 2>/dev/null | head -1 || true)
 det=$B/models/centerface.onnx
 common=(--detector "$det" --preset veryfast -q)
 steps=$out/steps.tsv
@@ -235,6 +236,13 @@ for prec in fp32 fp16; do
       --frames "$frames" --repeat "$repeat" --stage "$stage" --json "$j" "${common[@]}"
   done
 done
+# The same fp16 model with byte I/O (crops cross as uint8, converted where the model runs):
+# beside bench-fp16-b4, what the smaller transfers and the host's saved float work give.
+if [ -n "$m16b" ]; then
+  step bench-fp16-bytes-b4 "$bench_dev" 4 "$out/bench-fp16-bytes-b4.json" "$step_timeout" -- \
+    "${gv[@]}" bench "$sample" --model "$m16b" --fp16 --batch 4 --device "$bench_dev" \
+    --frames "$frames" --repeat "$repeat" --stage pipeline --json "$out/bench-fp16-bytes-b4.json" "${common[@]}"
+fi
 # The stages around the model without it, on this machine's cores: beside the model's own
 # faces/s above, which side limits a GPU run.
 step feeder "$device" 4 "$out/feeder.json" "$step_timeout" -- \

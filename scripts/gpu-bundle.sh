@@ -63,14 +63,17 @@ if [ -z "$whl" ]; then
 fi
 
 # --- models: random weights with few distinct rows, so they compress --------------------------
+# fp16-bytes: the fp16 model with byte I/O (uint8 crops in and out, converted on the GPU).
 models=()
-for prec in fp32 fp16; do
+for prec in fp32 fp16 fp16-bytes; do
   m=models/gpen-bfr-$size-compressible-$prec.onnx
-  if [ ! -f "$m" ] || [ models/gpen_export.py -nt "$m" ] || [ models/gpen_arch.py -nt "$m" ]; then
+  if [ ! -f "$m" ] || [ models/gpen_export.py -nt "$m" ] || [ models/gpen_arch.py -nt "$m" ] ||
+    [ models/byte_io.py -nt "$m" ]; then
     log "exporting $m"
-    half=()
-    [ $prec = fp16 ] && half=(--fp16)
-    "$py" models/gpen_export.py --size $size --compressible 2 "${half[@]}" --no-check --out "$m" >/dev/null
+    flags=()
+    [ $prec != fp32 ] && flags+=(--fp16)
+    [ $prec = fp16-bytes ] && flags+=(--bytes)
+    "$py" models/gpen_export.py --size $size --compressible 2 "${flags[@]}" --no-check --out "$m" >/dev/null
   fi
   models+=("$m")
 done

@@ -283,11 +283,24 @@ impl Engine {
         };
         let det_session = crate::runtime::session(&key.detector, &det_opts, "detector")?;
         let d = &s.detection;
+        let pool_threads = s.cores.clamp(1, crate::defaults::POOL_THREADS_MAX);
+        // On the CPU a frame's windows are shared out among sessions of one thread each, one per
+        // pool thread (the first session keeps the detector's threads for whole-frame passes).
+        let mut extra = Vec::new();
+        if matches!(det_opts.target, Target::Cpu(_)) {
+            let opts = SessionOptions {
+                threads: 1,
+                ..det_opts.clone()
+            };
+            for _ in 1..pool_threads {
+                extra.push(crate::runtime::session(&key.detector, &opts, "detector")?);
+            }
+        }
         let detector = Detector::new(det_session, key.det_size, d.threshold, d.nms_iou, key.rotation)
             .with_context(|| format!("detector {}", key.detector.display()))?
             .with_tracking(d.every)
-            .with_max_faces(d.max_faces);
-        let pool_threads = s.cores.clamp(1, crate::defaults::POOL_THREADS_MAX);
+            .with_max_faces(d.max_faces)
+            .with_sessions(extra);
         // The mesh runs where the detector does: one session per stage thread on the CPU, one
         // on a GPU.
         let mut meshers = Vec::new();

@@ -251,6 +251,16 @@ impl<T: Default> Pool<T> {
     }
 }
 
+impl<T> Pool<Vec<T>> {
+    /// Returns a vector for reuse unless it holds no memory (one given back earlier: see the
+    /// alignment stage), so the pool's places keep real buffers.
+    pub fn put_vec(&self, v: Vec<T>) {
+        if v.capacity() > 0 {
+            self.put(v);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::Pool;

@@ -289,7 +289,8 @@ fn partial_batches_reuse_a_few_buffer_sizes_and_keep_their_crops_apart() {
     assert_eq!(e.bound_sizes(), vec![1, 2, 4, 8, 16]);
 }
 
-/// Alignment and paste run on pools of threads; frames still leave in order and every frame
+/// Alignment and paste run on pools of threads, the temporal filter's bands and the detector's
+/// windows on as many; frames still leave in order and every frame
 /// comes out as one thread makes it: with the negate stand-in (every face visibly changed) the
 /// output's pictures and the faces record are the same with pools of one and of three threads,
 /// and the stage table says how wide each pool was and what each stage cost per face.
@@ -340,13 +341,12 @@ fn pools_of_threads_align_and_paste_frames_in_order_as_one_thread_does() {
             .unwrap_or_else(|| panic!("{name} in {stats}"))
             .clone()
     };
-    for name in ["align", "paste"] {
+    for name in ["detect", "align", "temporal", "paste"] {
         let s = stage(name);
         assert_eq!(s["threads"], 3, "{s}");
         assert!(s["cpu_ms_per_face"].as_f64().unwrap() > 0.0, "{s}");
         assert!(s["busy_share"].as_f64().unwrap() <= 1.0, "{s}");
     }
-    assert_eq!(stage("detect")["threads"], 1);
 }
 
 /// `bench --stage feeder`: the stages around the model timed without it, at the run's encoder

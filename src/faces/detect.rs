@@ -148,6 +148,11 @@ impl Default for DetectSettings {
 /// A CenterFace session with its input buffer.
 pub struct Detector {
     session: Session,
+    /// More sessions of the same model (on the CPU): a frame's windows are shared out among
+    /// them and `session`, one thread each.
+    extra: Vec<Session>,
+    /// CPU time the helper threads running `extra` spent so far.
+    helper_cpu: std::time::Duration,
     input_name: String,
     /// Size (width, height) of the downscaled copy the decoder makes, in stored orientation.
     pub size: (usize, usize),
@@ -271,6 +276,8 @@ impl Detector {
         };
         Ok(Self {
             session,
+            extra: Vec::new(),
+            helper_cpu: std::time::Duration::ZERO,
             input_name,
             size: swap(size),
             input_size: size,
@@ -294,6 +301,23 @@ impl Detector {
     pub(crate) fn with_tracking(mut self, every: u32) -> Self {
         self.track.every = if self.dynamic { every.max(1) } else { 1 };
         self
+    }
+
+    /// More sessions of the same model, each on a thread of its own for a frame's windows (on the
+    /// CPU, where a frame's tracked faces would otherwise wait for each other on one thread).
+    pub(crate) fn with_sessions(mut self, extra: Vec<Session>) -> Self {
+        self.extra = extra;
+        self
+    }
+
+    /// Sessions the windows are shared out among.
+    pub(crate) fn sessions(&self) -> usize {
+        1 + self.extra.len()
+    }
+
+    /// CPU time the helper threads spent so far (the calling thread's own is not in it).
+    pub(crate) fn helper_cpu(&self) -> std::time::Duration {
+        self.helper_cpu
     }
 
     /// Keeps at most `n` faces per frame (at least 1).
@@ -390,7 +414,7 @@ impl Detector {
                     self.input = input;
                 }
                 self.track.window_runs += group.len() as u64;
-                let batch = self.infer_batch(size, group.len())?;
+                let batch = self.infer_shared(size, group.len())?;
                 for (faces, &j) in batch.into_iter().zip(&group) {
                     let (x0, y0, k) = windows[j].0;
                     if faces.is_empty() {
@@ -560,11 +584,67 @@ impl Detector {
         Ok(self.infer_batch((w, h), 1)?.pop().unwrap_or_default())
     }
 
+    /// [`Detector::infer_batch`] with the `n` inputs shared out among the sessions, each part on
+    /// a thread of its own (one part on this thread); the faces in the inputs' order.
+    fn infer_shared(&mut self, (w, h): (usize, usize), n: usize) -> Result<Vec<Vec<Face>>> {
+        let parts = self.sessions().min(n);
+        if parts <= 1 {
+            return self.infer_batch((w, h), n);
+        }
+        let (per, plane) = (n.div_ceil(parts), 3 * w * h);
+        let (name, threshold) = (self.input_name.as_str(), self.threshold);
+        let input = &self.input[..n * plane];
+        let mut chunks = input.chunks(per * plane);
+        let own = chunks.next().expect("n > 0");
+        let (found, cpu) = std::thread::scope(|s| {
+            let helpers: Vec<_> = self
+                .extra
+                .iter_mut()
+                .zip(chunks)
+                .map(|(session, part)| {
+                    s.spawn(move || {
+                        let found = run_batch(session, name, part, (w, h), part.len() / plane, threshold);
+                        (found, crate::stats::thread_cpu_time())
+                    })
+                })
+                .collect();
+            let mut found = run_batch(&mut self.session, name, own, (w, h), own.len() / plane, threshold);
+            let mut cpu = std::time::Duration::ZERO;
+            for h in helpers {
+                let (part, c) = h.join().unwrap_or_else(|e| std::panic::resume_unwind(e));
+                cpu += c;
+                found = found.and_then(|mut f| {
+                    f.extend(part?);
+                    Ok(f)
+                });
+            }
+            (found, cpu)
+        });
+        self.helper_cpu += cpu;
+        found
+    }
+
     /// Runs the model on `n` inputs of `w x h` pixels in `self.input`; each one's faces in
     /// input pixels, before NMS.
     fn infer_batch(&mut self, (w, h): (usize, usize), n: usize) -> Result<Vec<Vec<Face>>> {
-        let tensor = TensorRef::from_array_view(([n, 3, h, w], &self.input[..n * 3 * w * h]))?;
-        let outputs = self.session.run(ort::inputs![self.input_name.as_str() => tensor])?;
+        let input = &self.input[..n * 3 * w * h];
+        run_batch(&mut self.session, &self.input_name, input, (w, h), n, self.threshold)
+    }
+}
+
+/// Runs a CenterFace `session` on `n` inputs of `w x h` pixels (planar, one after another in
+/// `input`); each one's faces in input pixels scoring `threshold` or more, before NMS.
+fn run_batch(
+    session: &mut Session,
+    input_name: &str,
+    input: &[f32],
+    (w, h): (usize, usize),
+    n: usize,
+    threshold: f32,
+) -> Result<Vec<Vec<Face>>> {
+    {
+        let tensor = TensorRef::from_array_view(([n, 3, h, w], input))?;
+        let outputs = session.run(ort::inputs![input_name => tensor])?;
         let map = |k: usize| outputs[k].try_extract_tensor::<f32>().map(|(_, d)| d);
         let (heat, scale, offset, lms) = (map(0)?, map(1)?, map(2)?, map(3)?);
         let (mh, mw) = (h / 4, w / 4);
@@ -585,7 +665,7 @@ impl Detector {
                     &lms[10 * i * plane..][..10 * plane],
                     (mh, mw),
                     (w, h),
-                    self.threshold,
+                    threshold,
                 )
             })
             .collect())
