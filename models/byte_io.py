@@ -67,14 +67,18 @@ def wrap(model: onnx.ModelProto) -> onnx.ModelProto:
     return model
 
 
-def main(src: str, dst: str) -> None:
-    model = wrap(onnx.load(src))
+def save(model: onnx.ModelProto, path: str) -> None:
+    """Writes `model` to `path` through a temporary file, unless `path` already holds it."""
     data = model.SerializeToString()
-    if os.path.exists(dst) and open(dst, "rb").read() == data:
+    if os.path.exists(path) and open(path, "rb").read() == data:
         return
-    with open(dst + ".tmp", "wb") as f:
+    with open(path + ".tmp", "wb") as f:
         f.write(data)
-    os.replace(dst + ".tmp", dst)
+    os.replace(path + ".tmp", path)
+
+
+def main(src: str, dst: str) -> None:
+    save(wrap(onnx.load(src)), dst)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from byte_io import wrap  # noqa: E402
+from byte_io import save, wrap  # noqa: E402
 
 
 def build(name: str, kind: str, size: int, batch="N", width=None) -> onnx.ModelProto:
@@ -93,12 +93,7 @@ def main(out: str) -> None:
         model = build(fname, kind, size, batch, width)
         if fname.endswith("-bytes.onnx"):
             model = wrap(model)
-        data = model.SerializeToString()
-        if os.path.exists(path) and open(path, "rb").read() == data:
-            continue
-        with open(path + ".tmp", "wb") as f:
-            f.write(data)
-        os.replace(path + ".tmp", path)
+        save(model, path)
 
 
 if __name__ == "__main__":

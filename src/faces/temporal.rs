@@ -440,6 +440,65 @@ fn run_bands(bands: Vec<Band<'_>>, scratches: &mut [Vec<f32>]) -> (Vec<Partial>,
     })
 }
 
+/// One face's part of a frame: its job, its track's state (taken out of the map for the frame)
+/// and what its averages do.
+struct FaceWork<'a> {
+    job: &'a mut FaceJob,
+    id: u64,
+    track: Track,
+    step: Step,
+    filtering: bool,
+    /// The face counts in the frame-to-frame figures (its track goes on, the frame is written).
+    counts: bool,
+}
+
+impl FaceWork<'_> {
+    /// Cuts the face into bands of the cell rows `ranges` (crops of `size`, a memory of `w_max`,
+    /// the first average the other one when `a_first`), each with its part of every buffer;
+    /// `inside` marks the cells inside the face.
+    fn cut<'b>(
+        &'b mut self,
+        ranges: &[Range<usize>],
+        (size, w_max, a_first): (usize, f32, bool),
+        inside: &'b [bool],
+        out: &mut Vec<Band<'b>>,
+    ) {
+        let h = size / 2;
+        let t = &mut self.track;
+        let change = self.job.restored.as_mut().expect("a face at work has its change");
+        let (a, b) = (&mut t.change, &mut t.change_b);
+        let (other, used) = if a_first { (a, b) } else { (b, a) };
+        let row = size * 3 * 2;
+        let mut nows = split_rows(change, row, ranges).into_iter();
+        let mut others = split_rows(other, row, ranges).into_iter();
+        let mut useds = split_rows(used, row, ranges).into_iter();
+        let mut shares = split_rows(&mut t.shares, h, ranges).into_iter();
+        let mut raws = split_rows(&mut t.next_raw, h, ranges).into_iter();
+        let mut outs = split_rows(&mut t.next_out, h, ranges).into_iter();
+        let next = |parts: &mut std::vec::IntoIter<&'b mut [f32]>| parts.next().expect("a part per band");
+        for r in ranges {
+            out.push(Band {
+                rows: r.clone(),
+                size,
+                step: self.step,
+                filtering: self.filtering,
+                counts: self.counts,
+                w_max,
+                now: next(&mut nows),
+                histories: [next(&mut others), next(&mut useds)],
+                luma: &self.job.luma,
+                past: &t.luma,
+                shares: next(&mut shares),
+                raw: next(&mut raws),
+                out: next(&mut outs),
+                prev_raw: rows_of(&t.raw, h, r),
+                prev_out: rows_of(&t.out, h, r),
+                inside: rows_of(inside, h, r),
+            });
+        }
+    }
+}
+
 impl Temporal {
     /// A filter of `memory` frames for crops of `size` aligned to `template` (crop pixels),
     /// on this thread alone (see [`Temporal::threads`]).
@@ -486,7 +545,7 @@ impl Temporal {
     pub fn filter(&mut self, index: u64, faces: &mut [FaceJob], warming: bool) {
         let (size, h) = (self.size, self.size / 2);
         // Each filtered face with its track's state, taken out of the map for the frame.
-        let mut work: Vec<(&mut FaceJob, u64, Track, Step, bool)> = Vec::new();
+        let mut work: Vec<FaceWork> = Vec::new();
         for job in faces.iter_mut() {
             let (Some(id), Some(change)) = (job.track, job.restored.as_ref()) else {
                 continue;
@@ -495,60 +554,31 @@ impl Temporal {
                 continue;
             }
             let prev = self.tracks.remove(&id).filter(|t| t.frame + 1 == index);
-            let mut t = prev.unwrap_or_else(|| self.spare.pop().unwrap_or_default());
-            let continues = t.frame + 1 == index && t.luma.len() == h * h;
-            let (step, filtering) = self.plan(index, continues, &mut t, change.len());
-            for v in [&mut t.next_raw, &mut t.next_out, &mut t.shares] {
+            let mut track = prev.unwrap_or_else(|| self.spare.pop().unwrap_or_default());
+            let continues = track.frame + 1 == index && track.luma.len() == h * h;
+            let (step, filtering) = self.plan(index, continues, &mut track, change.len());
+            for v in [&mut track.next_raw, &mut track.next_out, &mut track.shares] {
                 v.resize(h * h, 0.0);
             }
-            work.push((job, id, t, step, filtering));
+            let counts = continues && !warming;
+            work.push(FaceWork {
+                job,
+                id,
+                track,
+                step,
+                filtering,
+                counts,
+            });
         }
-        let faces_now = work.len().max(1);
         // Bands of at least 16 cell rows, enough of them for every thread.
-        let per_face = self.threads.div_ceil(faces_now).clamp(1, (h / 16).max(1));
+        let per_face = self.threads.div_ceil(work.len().max(1)).clamp(1, (h / 16).max(1));
         let band_rows = h.div_ceil(per_face);
         let ranges: Vec<Range<usize>> = (0..h).step_by(band_rows).map(|y| y..(y + band_rows).min(h)).collect();
+        // The other average first, the used one (which writes the frame's change) last.
+        let a_first = index % (2 * self.span) < self.span;
         let mut bands = Vec::new();
-        for (job, _, t, step, filtering) in work.iter_mut() {
-            let counts = t.frame + 1 == index && t.luma.len() == h * h && !warming;
-            let change = job.restored.as_mut().expect("checked above");
-            let (a, b) = (&mut t.change, &mut t.change_b);
-            // The other average first, the used one (which writes the frame's change) last.
-            let (other, used) = if index % (2 * self.span) < self.span {
-                (a, b)
-            } else {
-                (b, a)
-            };
-            let row = size * 3 * 2;
-            let mut nows = split_rows(change, row, &ranges).into_iter();
-            let mut others = split_rows(other, row, &ranges).into_iter();
-            let mut useds = split_rows(used, row, &ranges).into_iter();
-            let mut shares = split_rows(&mut t.shares, h, &ranges).into_iter();
-            let mut raws = split_rows(&mut t.next_raw, h, &ranges).into_iter();
-            let mut outs = split_rows(&mut t.next_out, h, &ranges).into_iter();
-            for r in &ranges {
-                bands.push(Band {
-                    rows: r.clone(),
-                    size,
-                    step: *step,
-                    filtering: *filtering,
-                    counts,
-                    w_max: self.memory,
-                    now: nows.next().expect("a part per band"),
-                    histories: [
-                        others.next().expect("a part per band"),
-                        useds.next().expect("a part per band"),
-                    ],
-                    luma: &job.luma,
-                    past: &t.luma,
-                    shares: shares.next().expect("a part per band"),
-                    raw: raws.next().expect("a part per band"),
-                    out: outs.next().expect("a part per band"),
-                    prev_raw: rows_of(&t.raw, h, r),
-                    prev_out: rows_of(&t.out, h, r),
-                    inside: rows_of(&self.face, h, r),
-                });
-            }
+        for w in work.iter_mut() {
+            w.cut(&ranges, (size, self.memory, a_first), &self.face, &mut bands);
         }
         let (partials, cpu) = run_bands(bands, &mut self.scratch);
         self.helper_cpu += cpu;
@@ -563,15 +593,20 @@ impl Temporal {
             f.raw_sq += p.raw_sq;
             f.cells += p.cells;
         }
-        for (job, id, mut t, _, _) in work {
-            if t.frame + 1 == index && t.luma.len() == h * h && !warming {
-                f.pairs += 1;
-            }
-            std::mem::swap(&mut t.out, &mut t.next_out);
-            std::mem::swap(&mut t.raw, &mut t.next_raw);
-            std::mem::swap(&mut t.luma, &mut job.luma);
-            t.frame = index;
-            self.tracks.insert(id, t);
+        for FaceWork {
+            job,
+            id,
+            mut track,
+            counts,
+            ..
+        } in work
+        {
+            f.pairs += u64::from(counts);
+            std::mem::swap(&mut track.out, &mut track.next_out);
+            std::mem::swap(&mut track.raw, &mut track.next_raw);
+            std::mem::swap(&mut track.luma, &mut job.luma);
+            track.frame = index;
+            self.tracks.insert(id, track);
         }
         // Tracks not continued in this frame are over (a track seen now was stamped `index`).
         self.spare
