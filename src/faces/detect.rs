@@ -642,34 +642,32 @@ fn run_batch(
     n: usize,
     threshold: f32,
 ) -> Result<Vec<Vec<Face>>> {
+    let tensor = TensorRef::from_array_view(([n, 3, h, w], input))?;
+    let outputs = session.run(ort::inputs![input_name => tensor])?;
+    let map = |k: usize| outputs[k].try_extract_tensor::<f32>().map(|(_, d)| d);
+    let (heat, scale, offset, lms) = (map(0)?, map(1)?, map(2)?, map(3)?);
+    let (mh, mw) = (h / 4, w / 4);
+    let plane = mh * mw;
+    if heat.len() != n * plane
+        || scale.len() != 2 * n * plane
+        || offset.len() != 2 * n * plane
+        || lms.len() != 10 * n * plane
     {
-        let tensor = TensorRef::from_array_view(([n, 3, h, w], input))?;
-        let outputs = session.run(ort::inputs![input_name => tensor])?;
-        let map = |k: usize| outputs[k].try_extract_tensor::<f32>().map(|(_, d)| d);
-        let (heat, scale, offset, lms) = (map(0)?, map(1)?, map(2)?, map(3)?);
-        let (mh, mw) = (h / 4, w / 4);
-        let plane = mh * mw;
-        if heat.len() != n * plane
-            || scale.len() != 2 * n * plane
-            || offset.len() != 2 * n * plane
-            || lms.len() != 10 * n * plane
-        {
-            bail!("detector output maps are not {n}x{mw}x{mh}: is this a CenterFace model?");
-        }
-        Ok((0..n)
-            .map(|i| {
-                decode_maps(
-                    &heat[i * plane..][..plane],
-                    &scale[2 * i * plane..][..2 * plane],
-                    &offset[2 * i * plane..][..2 * plane],
-                    &lms[10 * i * plane..][..10 * plane],
-                    (mh, mw),
-                    (w, h),
-                    threshold,
-                )
-            })
-            .collect())
+        bail!("detector output maps are not {n}x{mw}x{mh}: is this a CenterFace model?");
     }
+    Ok((0..n)
+        .map(|i| {
+            decode_maps(
+                &heat[i * plane..][..plane],
+                &scale[2 * i * plane..][..2 * plane],
+                &offset[2 * i * plane..][..2 * plane],
+                &lms[10 * i * plane..][..10 * plane],
+                (mh, mw),
+                (w, h),
+                threshold,
+            )
+        })
+        .collect())
 }
 
 /// Fills `input` (one `nw x nh` model input, planar) with the window of the copy `det`
