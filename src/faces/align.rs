@@ -208,6 +208,16 @@ pub(crate) fn cubic3_taps(px: &[f32], width: usize, (x0, y0): (usize, usize), wx
 /// each), a pixel `i` at a time as levels (0..=255).
 pub trait CropOut {
     fn put(&mut self, i: usize, p: [f32; 3]);
+
+    /// Four pixels `i .. i + 4` at once, levels already in 0..=255, one vector per channel:
+    /// what four calls of [`CropOut::put`] write.
+    #[inline(always)]
+    fn put4(&mut self, i: usize, rgb: [f32x4; 3]) {
+        let [r, g, b] = rgb.map(|v| v.to_array());
+        for k in 0..4 {
+            self.put(i + k, [r[k], g[k], b[k]]);
+        }
+    }
 }
 
 /// A model input item: planar RGB in [-1, 1] (one NCHW item of floats).
@@ -219,6 +229,16 @@ impl CropOut for [f32] {
         self[i] = p[0] * K - 1.0;
         self[plane + i] = p[1] * K - 1.0;
         self[2 * plane + i] = p[2] * K - 1.0;
+    }
+
+    #[inline(always)]
+    fn put4(&mut self, i: usize, rgb: [f32x4; 3]) {
+        let (k, one) = (f32x4::splat(1.0 / 127.5), f32x4::splat(1.0));
+        let plane = self.len() / 3;
+        for (c, v) in rgb.into_iter().enumerate() {
+            let at: &mut [f32; 4] = (&mut self[c * plane + i..][..4]).try_into().expect("4 values");
+            *at = (v * k - one).to_array();
+        }
     }
 }
 
@@ -233,6 +253,18 @@ impl CropOut for [u8] {
         self[plane + i] = (p[1] + 0.5) as u8;
         self[2 * plane + i] = (p[2] + 0.5) as u8;
     }
+
+    #[inline(always)]
+    fn put4(&mut self, i: usize, rgb: [f32x4; 3]) {
+        let half = f32x4::splat(0.5);
+        let plane = self.len() / 3;
+        for (c, v) in rgb.into_iter().enumerate() {
+            // In 0..=255.5 after the half, so truncation rounds half up as `put` does.
+            let n = (v + half).fast_trunc_int().to_array();
+            let at: &mut [u8; 4] = (&mut self[c * plane + i..][..4]).try_into().expect("4 bytes");
+            *at = n.map(|v| v as u8);
+        }
+    }
 }
 
 /// A vector of either, as its slice.
@@ -243,6 +275,11 @@ where
     #[inline(always)]
     fn put(&mut self, i: usize, p: [f32; 3]) {
         self.as_mut_slice().put(i, p);
+    }
+
+    #[inline(always)]
+    fn put4(&mut self, i: usize, rgb: [f32x4; 3]) {
+        self.as_mut_slice().put4(i, rgb);
     }
 }
 
@@ -287,13 +324,6 @@ pub struct WarpScratch {
     texels: Vec<f32x4>,
 }
 
-impl WarpScratch {
-    /// The texel buffer, for [`warp_cubic_loading`].
-    pub(crate) fn texels(&mut self) -> &mut Vec<f32x4> {
-        &mut self.texels
-    }
-}
-
 /// Copies the `r` region of packed RGB24 `width` wide into `out` as (R, G, B, 0) in f32, row
 /// by row: what the bicubic warp reads, converted once per pixel instead of once per tap.
 fn load_texels(rgb: &[u8], width: usize, r: Rect, out: &mut Vec<f32x4>) {
@@ -317,10 +347,10 @@ pub(crate) fn warp_cubic<O: CropOut + ?Sized>(
     region: Rect,
     size: usize,
     out: &mut O,
-    texels: &mut Vec<f32x4>,
+    scratch: &mut WarpScratch,
 ) {
     let mut load = |r: Rect, t: &mut Vec<f32x4>| load_texels(rgb, width, r, t);
-    warp_cubic_loading(&mut load, (width, height), to_crop, region, size, out, texels);
+    warp_cubic_loading(&mut load, (width, height), to_crop, region, size, out, scratch);
 }
 
 /// Appends a row of packed RGB24 to `out` as texels (R, G, B, 0 in f32).
@@ -334,30 +364,124 @@ pub(crate) fn push_texels(row: &[u8], out: &mut Vec<f32x4>) {
 /// [`warp_to_tensor`] for a face whose crop covers `region` of a `width x height` frame:
 /// `load` fills the texels of a rectangle of the frame (row by row, R, G, B, 0 in f32; from
 /// the RGB picture, or straight from the decoded planes), once per face for the region grown
-/// by two pixels, and each sample reads sixteen four-lane texels with no bounds work: the same
-/// sums in the same order as [`sample_cubic3`], so the same crop. Samples at the frame's edge
-/// take a clamped sampler over the same texels.
+/// by two pixels, then sampled by [`warp_cubic_plain`].
 pub(crate) fn warp_cubic_loading<O: CropOut + ?Sized>(
     load: &mut dyn FnMut(Rect, &mut Vec<f32x4>),
-    (width, height): (usize, usize),
+    frame: (usize, usize),
     to_crop: &Affine,
     region: Rect,
     size: usize,
     out: &mut O,
-    texels: &mut Vec<f32x4>,
+    scratch: &mut WarpScratch,
 ) {
-    let r = Rect::new(
+    let r = texel_rect(region, frame);
+    scratch.texels.clear();
+    load(r, &mut scratch.texels);
+    let inv = to_crop.inverse().unwrap_or(Affine::IDENTITY);
+    warp_cubic_plain(&scratch.texels, r, frame, &inv, size, out);
+}
+
+/// The texels a warp over `region` of a `frame`-sized picture reads: the region grown by the
+/// bicubic's two pixels, on the frame.
+fn texel_rect(region: Rect, (width, height): (usize, usize)) -> Rect {
+    Rect::new(
         region.x0.saturating_sub(2),
         region.y0.saturating_sub(2),
         region.x1 + 2,
         region.y1 + 2,
     )
-    .clip(width, height);
-    texels.clear();
-    load(r, texels);
+    .clip(width, height)
+}
+
+/// The plain bicubic over the texels of `r` (sixteen taps a crop pixel): the same sums in the
+/// same order as [`sample_cubic3`], so the same crop as [`warp_to_tensor`] (the fused taps
+/// within a few float steps of it). Samples at the frame's edge take a clamped sampler over
+/// the same texels.
+pub(crate) fn warp_cubic_plain<O: CropOut + ?Sized>(
+    tex: &[f32x4],
+    r: Rect,
+    frame: (usize, usize),
+    inv: &Affine,
+    size: usize,
+    out: &mut O,
+) {
+    #[cfg(target_arch = "x86_64")]
+    if fused_taps() {
+        // SAFETY: the CPU has AVX2 and FMA (checked just above).
+        unsafe { warp_cubic_fused(tex, r, frame, inv, size, out) };
+        return;
+    }
+    warp_cubic_body::<O, false>(tex, r, frame, inv, size, out);
+}
+
+/// Whether this CPU takes the interior taps eight lanes at a time with fused multiply-adds
+/// (AVX2 and FMA; `GPEN_VIDEO_PLAIN_TAPS=1` turns it off, to compare).
+pub(crate) fn fused_taps() -> bool {
+    static FUSED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *FUSED.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        let cpu = is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma");
+        #[cfg(not(target_arch = "x86_64"))]
+        let cpu = false;
+        cpu && std::env::var_os("GPEN_VIDEO_PLAIN_TAPS").is_none_or(|v| v != "1")
+    })
+}
+
+/// [`warp_cubic_body`] compiled for AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn warp_cubic_fused<O: CropOut + ?Sized>(
+    tex: &[f32x4],
+    r: Rect,
+    frame: (usize, usize),
+    inv: &Affine,
+    size: usize,
+    out: &mut O,
+) {
+    warp_cubic_body::<O, true>(tex, r, frame, inv, size, out);
+}
+
+/// The sixteen taps of an interior sample: texels `base ..= base + 3` of four rows `tw` apart,
+/// weighted by `wx` along the row and `wy` across, two texels per eight-lane fused multiply-add
+/// (the same sums as [`cubic3_taps`] in another order: within a few float steps of it).
+///
+/// # Safety
+/// The CPU must have AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn fused_taps16(tex: &[f32x4], base: usize, tw: usize, wx: [f32; 4], wy: [f32; 4]) -> f32x4 {
+    use std::arch::x86_64::*;
+    let pair = |a: f32, b: f32| _mm256_set_m128(_mm_set1_ps(b), _mm_set1_ps(a));
+    let (w01, w23) = (pair(wx[0], wx[1]), pair(wx[2], wx[3]));
+    let mut acc = _mm256_setzero_ps();
+    for (j, &wj) in wy.iter().enumerate() {
+        let row: &[f32x4; 4] = tex[base + j * tw..][..4].try_into().expect("4 texels");
+        let p = row.as_ptr().cast::<f32>();
+        // SAFETY: `row` is four texels of four f32 each, so both eight-float loads are inside it.
+        let (t01, t23) = unsafe { (_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8))) };
+        let r = _mm256_fmadd_ps(t01, w01, _mm256_mul_ps(t23, w23));
+        acc = _mm256_fmadd_ps(r, _mm256_set1_ps(wj), acc);
+    }
+    let sum = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps::<1>(acc));
+    let mut v = [0.0f32; 4];
+    // SAFETY: `v` holds four floats.
+    unsafe { _mm_storeu_ps(v.as_mut_ptr(), sum) };
+    f32x4::new(v)
+}
+
+/// The body of [`warp_cubic_loading`]; `FUSED` takes the interior taps through
+/// [`fused_taps16`] (only from [`warp_cubic_fused`], on a CPU that has them).
+#[inline(always)]
+fn warp_cubic_body<O: CropOut + ?Sized, const FUSED: bool>(
+    tex: &[f32x4],
+    r: Rect,
+    (width, height): (usize, usize),
+    inv: &Affine,
+    size: usize,
+    out: &mut O,
+) {
     let (tw, th) = (r.width(), r.height());
-    let tex = &texels[..];
-    let inv = to_crop.inverse().unwrap_or(Affine::IDENTITY);
     // Region coordinates at which all sixteen taps lie inside the texels.
     let (lo, lim_x, lim_y) = (
         f32x4::splat(1.0),
@@ -365,7 +489,7 @@ pub(crate) fn warp_cubic_loading<O: CropOut + ?Sized>(
         f32x4::splat(th as f32 - 2.0),
     );
     let (ox, oy) = (f32x4::splat(r.x0 as f32), f32x4::splat(r.y0 as f32));
-    let mut row = CropRow::new(&inv);
+    let mut row = CropRow::new(inv);
     for y in 0..size {
         row.start(y);
         // Four crop pixels at a time: their source points, weights and whether they are inside
@@ -384,28 +508,57 @@ pub(crate) fn warp_cubic_loading<O: CropOut + ?Sized>(
             );
             let (ix, iy) = (ix.to_array(), iy.to_array());
             let (fx, fy) = (vx.to_array(), vy.to_array());
+            let mut px = [f32x4::ZERO; 4];
             for k in 0..n {
-                let p = if inside & (1 << k) != 0 {
+                px[k] = if inside & (1 << k) != 0 {
                     let base = (iy[k] as usize - 1 - r.y0) * tw + (ix[k] as usize - 1 - r.x0);
-                    let wxk = [0, 1, 2, 3].map(|i| f32x4::splat(wx[i][k]));
-                    let mut acc_out = f32x4::ZERO;
-                    for (j, wj) in wy.iter().enumerate() {
-                        let row: &[f32x4; 4] = tex[base + j * tw..][..4].try_into().expect("4 texels");
-                        let mut acc = f32x4::ZERO;
-                        for (&t, &wi) in row.iter().zip(&wxk) {
-                            acc += t * wi;
+                    let (wxk, wyk) = (wx.map(|w| w[k]), wy.map(|w| w[k]));
+                    let acc_out = if FUSED {
+                        #[cfg(target_arch = "x86_64")]
+                        {
+                            // SAFETY: FUSED is only set by `warp_cubic_fused`, entered on a CPU
+                            // with AVX2 and FMA.
+                            unsafe { fused_taps16(tex, base, tw, wxk, wyk) }
                         }
-                        acc_out += acc * f32x4::splat(wj[k]);
-                    }
-                    let a = acc_out.to_array();
-                    [a[0], a[1], a[2]].map(|v| v.clamp(0.0, 255.0))
+                        #[cfg(not(target_arch = "x86_64"))]
+                        unreachable!("fused taps are x86-64 only")
+                    } else {
+                        cubic_taps16(tex, base, tw, wxk, wyk)
+                    };
+                    acc_out
                 } else {
-                    cubic_texels_clamped(tex, r, (width, height), fx[k], fy[k])
+                    let [r, g, b] = cubic_texels_clamped(tex, r, (width, height), fx[k], fy[k]);
+                    f32x4::new([r, g, b, 0.0])
                 };
-                out.put(y * size + x4 + k, p);
+            }
+            // The four pixels' channels side by side, clamped to the levels, out at once.
+            let [r, g, b, _] = f32x4::transpose(px).map(|v| v.max(f32x4::ZERO).min(f32x4::splat(255.0)));
+            if n == 4 {
+                out.put4(y * size + x4, [r, g, b]);
+            } else {
+                let [r, g, b] = [r, g, b].map(|v| v.to_array());
+                for k in 0..n {
+                    out.put(y * size + x4 + k, [r[k], g[k], b[k]]);
+                }
             }
         }
     }
+}
+
+/// The sixteen taps of an interior sample in four lanes, in [`sample_cubic3`]'s order.
+#[inline(always)]
+fn cubic_taps16(tex: &[f32x4], base: usize, tw: usize, wx: [f32; 4], wy: [f32; 4]) -> f32x4 {
+    let wxk = wx.map(f32x4::splat);
+    let mut acc_out = f32x4::ZERO;
+    for (j, &wj) in wy.iter().enumerate() {
+        let row: &[f32x4; 4] = tex[base + j * tw..][..4].try_into().expect("4 texels");
+        let mut acc = f32x4::ZERO;
+        for (&t, &wi) in row.iter().zip(&wxk) {
+            acc += t * wi;
+        }
+        acc_out += acc * f32x4::splat(wj);
+    }
+    acc_out
 }
 
 /// The frame points under a row of crop pixels, four at a time, in f32: the row's start in
@@ -567,7 +720,7 @@ pub fn warp_face<O: CropOut + ?Sized>(
         return warp_to_tensor(rgb, width, height, to_crop, size, out);
     };
     if ratio < PREFILTER_RATIO {
-        return warp_cubic(rgb, (width, height), to_crop, r, size, out, &mut scratch.texels);
+        return warp_cubic(rgb, (width, height), to_crop, r, size, out, scratch);
     }
     let level = mip_level(ratio, 6) as usize;
     let levels = &mut scratch.levels;
@@ -854,7 +1007,8 @@ mod tests {
     }
 
     /// The fast paths (the region as f32 texels, four-lane taps, four pixels' weights at once;
-    /// the four-lane change sampler) give exactly what the clamped per-pixel sampler gives,
+    /// the four-lane change sampler) give exactly what the clamped per-pixel sampler gives (the
+    /// fused eight-lane taps within a thousandth of a level),
     /// for faces inside the picture and across its edges, turned and scaled both ways.
     #[test]
     fn the_fast_samplers_equal_the_clamped_ones_exactly() {
@@ -882,7 +1036,11 @@ mod tests {
                 &mut WarpScratch::default(),
             );
             warp_to_tensor(&img, w, h, &to_crop, size, &mut b);
-            assert_eq!(a, b, "angle {angle}, scale {scale}");
+            // The fused taps add the same products in another order: a few float steps apart
+            // (in [-1, 1], so 1e-5 is about a thousandth of a level); the plain taps are exact.
+            let worst = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0.0f32, f32::max);
+            let allowed = if fused_taps() { 1e-5 } else { 0.0 };
+            assert!(worst <= allowed, "angle {angle}, scale {scale}: {worst} apart");
         }
         let field: Vec<f32> = (0..w * h * 3).map(|i| ((i * 31) % 97) as f32 - 48.5).collect();
         for k in 0..4000 {

@@ -300,7 +300,7 @@ pub fn align_face(
         let mut load = |t: Rect, texels: &mut Vec<_>| {
             crate::media::color::yuv420p_rgb_rows(source, (w, h), t, |_, row| push_texels(row, texels));
         };
-        warp_cubic_loading(&mut load, (w, h), &to_crop, r, size, &mut crop[..], scratch.texels());
+        warp_cubic_loading(&mut load, (w, h), &to_crop, r, size, &mut crop[..], scratch);
         return (to_crop, Some(r));
     }
     if let Some(r) = r {
