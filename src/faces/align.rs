@@ -513,7 +513,7 @@ fn warp_cubic_body<O: CropOut + ?Sized, const FUSED: bool>(
                 px[k] = if inside & (1 << k) != 0 {
                     let base = (iy[k] as usize - 1 - r.y0) * tw + (ix[k] as usize - 1 - r.x0);
                     let (wxk, wyk) = (wx.map(|w| w[k]), wy.map(|w| w[k]));
-                    let acc_out = if FUSED {
+                    if FUSED {
                         #[cfg(target_arch = "x86_64")]
                         {
                             // SAFETY: FUSED is only set by `warp_cubic_fused`, entered on a CPU
@@ -524,8 +524,7 @@ fn warp_cubic_body<O: CropOut + ?Sized, const FUSED: bool>(
                         unreachable!("fused taps are x86-64 only")
                     } else {
                         cubic_taps16(tex, base, tw, wxk, wyk)
-                    };
-                    acc_out
+                    }
                 } else {
                     let [r, g, b] = cubic_texels_clamped(tex, r, (width, height), fx[k], fy[k]);
                     f32x4::new([r, g, b, 0.0])
