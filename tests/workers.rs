@@ -374,7 +374,8 @@ fn bench_reports_what_the_stages_around_the_model_can_feed() {
         table.contains("feeder (group.mkv): without the model")
             && table.contains("the model alone")
             && table.contains("a machine of N cores")
-            && table.contains("a host of 16 cores would feed about"),
+            && table.contains("a host of 16 cores would feed about")
+            && table.contains("with detection and the mesh on its GPU"),
         "{table}"
     );
     let j: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
@@ -399,11 +400,15 @@ fn bench_reports_what_the_stages_around_the_model_can_feed() {
     for s in ["decode", "detect", "align", "paste", "encode"] {
         assert!(stages.contains(&s), "{s} in {stages:?}");
     }
-    let host = &f["host_16"];
-    assert!(
-        host[0].as_f64().is_some_and(|v| v > 0.0) && !host[1].as_str().unwrap().is_empty(),
-        "{host}"
-    );
+    for k in ["host_16", "gpu_host_16"] {
+        let host = &f[k];
+        assert!(
+            host[0].as_f64().is_some_and(|v| v > 0.0) && !host[1].as_str().unwrap().is_empty(),
+            "{k}: {host}"
+        );
+    }
+    // Detection and the mesh left to the GPU: more faces/s, never fewer.
+    assert!(f["gpu_host_16"][0].as_f64() >= f["host_16"][0].as_f64(), "{f}");
     // Only the feeder: no pipeline or enhance rows.
     let r = gpen(&[
         &"bench",

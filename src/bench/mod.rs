@@ -95,9 +95,16 @@ pub struct Feeder {
     /// Threads each of those stages ran on (1: a stage of one thread, which no core count
     /// speeds up; a pool stage runs on one thread per core, up to `defaults::POOL_THREADS_MAX`).
     pub stage_threads: Vec<usize>,
+    /// Each stage's core-ms per face in the runs with the fastest preset, which the host
+    /// projections use (beside the whole process's CPU at that preset).
+    pub fast_stage_core_ms: Vec<(String, f64)>,
     /// What a host of 16 cores would feed (faces/s) and the stage that would limit it (see
     /// [`Feeder::host`]).
     pub host_16: (f64, String),
+    /// The same for a host of 16 cores whose GPU runs detection and the face mesh: their CPU
+    /// here left out of the whole process's and their stages out of the limits (see
+    /// [`Feeder::host`]).
+    pub gpu_host_16: (f64, String),
     /// The whole process's CPU time per face (every thread, FFmpeg's included), in ms, at the
     /// run's encoder settings and with the fastest preset.
     pub process_core_ms: f64,
@@ -320,7 +327,7 @@ fn feed(engine: &mut Engine, job: &Job, repeat: usize, name: &str, log: &dyn Fn(
             ));
         }
         let per_face = |(s, cpu): &(Summary, Duration)| 1000.0 * cpu.as_secs_f64() / s.faces.max(1) as f64;
-        let stage_ms = |n: &str| {
+        let stage_ms_of = |runs: &[(Summary, Duration)], n: &str| {
             median(
                 runs.iter()
                     .filter_map(|(s, _)| s.stages.iter().find(|st| st.name == n).map(|st| (st, s.faces)))
@@ -335,6 +342,7 @@ fn feed(engine: &mut Engine, job: &Job, repeat: usize, name: &str, log: &dyn Fn(
             .map(|s| s.name)
             .filter(|n| *n != "dispatch")
             .collect();
+        let stage_ms = |n: &str| stage_ms_of(&runs, n);
         let fast_ms = median(fast_runs.iter().map(per_face).collect());
         let detect = stage_ms("detect");
         Ok(Feeder {
@@ -344,6 +352,10 @@ fn feed(engine: &mut Engine, job: &Job, repeat: usize, name: &str, log: &dyn Fn(
             fast_faces_per_s: median(fast_runs.iter().map(|(s, _)| s.faces_per_s()).collect()),
             fast_fps: median(fast_runs.iter().map(|(s, _)| s.fps()).collect()),
             stage_core_ms: names.iter().map(|n| (n.to_string(), stage_ms(n))).collect(),
+            fast_stage_core_ms: names
+                .iter()
+                .map(|n| (n.to_string(), stage_ms_of(&fast_runs, n)))
+                .collect(),
             stage_threads: names
                 .iter()
                 .map(|n| {
@@ -356,6 +368,7 @@ fn feed(engine: &mut Engine, job: &Job, repeat: usize, name: &str, log: &dyn Fn(
                 })
                 .collect(),
             host_16: (0.0, String::new()),
+            gpu_host_16: (0.0, String::new()),
             process_core_ms: median(runs.iter().map(per_face).collect()),
             fast_process_core_ms: fast_ms,
             per_core_faces_per_s: 1000.0 / fast_ms.max(1e-9),
@@ -473,14 +486,37 @@ impl BenchReport {
     }
 }
 
+/// The stages a GPU host runs on its GPU besides the model: CenterFace and the face mesh.
+pub const ON_GPU: &[&str] = &["detect", "mesh"];
+
 impl Feeder {
     /// Faces/s a host of `cores` cores would feed, and what limits it: all cores at this run's
     /// whole-process CPU per face (fastest preset), or a stage that cannot use them all (a stage
     /// of one thread at 1000 / its core-ms, a pool stage at that times its threads, one per
     /// core up to `defaults::POOL_THREADS_MAX`).
-    pub fn host(&self, cores: usize) -> (f64, String) {
-        let mut best = (self.per_core_faces_per_s * cores as f64, format!("all {cores} cores"));
-        for ((name, ms), &threads) in self.stage_core_ms.iter().zip(&self.stage_threads) {
+    /// `on_gpu` names the stages a GPU takes over: their core-ms leave the whole process's and
+    /// they limit nothing.
+    pub fn host(&self, cores: usize, on_gpu: &[&str]) -> (f64, String) {
+        let stages = if self.fast_stage_core_ms.is_empty() {
+            &self.stage_core_ms
+        } else {
+            &self.fast_stage_core_ms
+        };
+        let moved: f64 = stages
+            .iter()
+            .filter(|(n, _)| on_gpu.contains(&n.as_str()))
+            .map(|(_, ms)| ms)
+            .sum();
+        let per_core = if moved > 0.0 {
+            1000.0 / (self.fast_process_core_ms - moved).max(1e-9)
+        } else {
+            self.per_core_faces_per_s
+        };
+        let mut best = (per_core * cores as f64, format!("all {cores} cores"));
+        for ((name, ms), &threads) in stages.iter().zip(&self.stage_threads) {
+            if on_gpu.contains(&name.as_str()) {
+                continue;
+            }
             let width = if threads > 1 {
                 cores.min(crate::defaults::POOL_THREADS_MAX)
             } else {
@@ -496,7 +532,8 @@ impl Feeder {
     }
 
     fn with_host_16(mut self) -> Self {
-        self.host_16 = self.host(16);
+        self.host_16 = self.host(16, &[]);
+        self.gpu_host_16 = self.host(16, ON_GPU);
         self
     }
 
@@ -529,10 +566,14 @@ impl Feeder {
             self.per_core_faces_per_s * self.cores as f64,
             self.detect_limit
         );
-        let (here, here_limit) = self.host(self.cores.max(1));
+        let (here, here_limit) = self.host(self.cores.max(1), &[]);
         out += &format!(
             "  a host of 16 cores would feed about {:.0} faces/s, limited by {}; this one, {:.0}, limited by {here_limit}\n",
             self.host_16.0, self.host_16.1, here
+        );
+        out += &format!(
+            "  with detection and the mesh on its GPU (their CPU here left to it), a host of 16 cores would feed about {:.0} faces/s, limited by {}\n",
+            self.gpu_host_16.0, self.gpu_host_16.1
         );
         out
     }
@@ -551,9 +592,29 @@ mod tests {
             ..Feeder::default()
         };
         // 2 cores: 200 faces/s from the cores, under every stage's cap.
-        assert_eq!(f.host(2), (200.0, "all 2 cores".to_string()));
+        assert_eq!(f.host(2, &[]), (200.0, "all 2 cores".to_string()));
         // 16 cores: the temporal filter, one thread at 4 ms, caps it at 250.
-        assert_eq!(f.host(16), (250.0, "temporal (one thread)".to_string()));
+        assert_eq!(f.host(16, &[]), (250.0, "temporal (one thread)".to_string()));
+    }
+
+    #[test]
+    fn a_gpu_host_leaves_detection_and_the_mesh_to_its_gpu_and_the_fast_preset_sets_the_caps() {
+        let f = Feeder {
+            // At the run's preset the encode thread would cap 16 cores at 250; at the fastest,
+            // 1000 / 0.5 = 2000.
+            stage_core_ms: vec![("detect".into(), 4.0), ("mesh".into(), 6.0), ("encode".into(), 4.0)],
+            fast_stage_core_ms: vec![("detect".into(), 4.0), ("mesh".into(), 6.0), ("encode".into(), 0.5)],
+            stage_threads: vec![1, 4, 1],
+            fast_process_core_ms: 20.0,
+            per_core_faces_per_s: 50.0,
+            ..Feeder::default()
+        };
+        // Detection on one thread at 4 ms caps a CPU host at 250.
+        assert_eq!(f.host(16, &[]), (250.0, "detect (one thread)".to_string()));
+        // With them on the GPU: 10 core-ms a face left, 100 faces/s a core, 1600 on 16 cores.
+        let (faces, limit) = f.host(16, super::ON_GPU);
+        assert!((faces - 1600.0).abs() < 1e-6, "{faces}");
+        assert_eq!(limit, "all 16 cores");
     }
 
     #[test]
