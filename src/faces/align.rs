@@ -355,10 +355,11 @@ pub(crate) fn warp_cubic<O: CropOut + ?Sized>(
 
 /// Appends a row of packed RGB24 to `out` as texels (R, G, B, 0 in f32).
 pub(crate) fn push_texels(row: &[u8], out: &mut Vec<f32x4>) {
-    out.extend(
-        row.chunks_exact(3)
-            .map(|p| f32x4::new([p[0] as f32, p[1] as f32, p[2] as f32, 0.0])),
-    );
+    let start = out.len();
+    out.resize(start + row.len() / 3, f32x4::ZERO);
+    for (d, p) in out[start..].iter_mut().zip(row.chunks_exact(3)) {
+        *d = f32x4::new([p[0] as f32, p[1] as f32, p[2] as f32, 0.0]);
+    }
 }
 
 /// [`warp_to_tensor`] for a face whose crop covers `region` of a `width x height` frame:
@@ -512,7 +513,8 @@ fn warp_cubic_body<O: CropOut + ?Sized, const FUSED: bool>(
             for k in 0..n {
                 px[k] = if inside & (1 << k) != 0 {
                     let base = (iy[k] as usize - 1 - r.y0) * tw + (ix[k] as usize - 1 - r.x0);
-                    let (wxk, wyk) = (wx.map(|w| w[k]), wy.map(|w| w[k]));
+                    let wxk = [wx[0][k], wx[1][k], wx[2][k], wx[3][k]];
+                    let wyk = [wy[0][k], wy[1][k], wy[2][k], wy[3][k]];
                     if FUSED {
                         #[cfg(target_arch = "x86_64")]
                         {
@@ -838,10 +840,12 @@ pub(crate) fn tensor_change(restored: &[f32], given: &[u8], size: usize, out: &m
         (f32x4::new(v), f32x4::new(g.map(f32::from)))
     };
     for (i, dst) in (0..whole).step_by(4).zip(out.chunks_exact_mut(12)) {
-        let d = [0, 1, 2].map(|c| {
+        // Written out, not `[0, 1, 2].map(..)`: the array map's closure was not inlined.
+        let d = |c| {
             let (r, g) = at(c, i);
             ((r + one) * half).max(lo).min(hi) - g
-        });
+        };
+        let d = [d(0), d(1), d(2)];
         let px = f32x4::transpose([d[0], d[1], d[2], f32x4::ZERO]);
         for (k, p) in px.iter().enumerate() {
             dst[3 * k..3 * k + 3].copy_from_slice(&p.to_array()[..3]);

@@ -230,14 +230,19 @@ pub(crate) fn yuv420p_rgb_rows(
     let n = x1 - x0;
     let horizontal = |p: &[u8], stride: usize, cy: usize, out: &mut Vec<f32>| {
         out.clear();
+        out.resize(n, 0.0);
         let row = &p[cy * stride..];
-        out.extend((x0..x1).map(|x| {
-            let cx = x as f32 * 0.5;
-            let cx0 = cx as usize;
-            let cx1 = (cx0 + 1).min(cw - 1);
-            let fx = cx - cx0 as f32;
-            row[cx0] as f32 + (row[cx1] as f32 - row[cx0] as f32) * fx
-        }));
+        // An even column is its chroma sample; an odd one, halfway to the next (the per-pixel
+        // form's sums: a + (b - a) * 0.5).
+        for (o, x) in out.iter_mut().zip(x0..x1) {
+            let c0 = x >> 1;
+            let a = row[c0] as f32;
+            *o = if x & 1 == 0 {
+                a
+            } else {
+                a + (row[(c0 + 1).min(cw - 1)] as f32 - a) * 0.5
+            };
+        }
     };
     // (chroma row, its U and V along x) for the two rows the current luma row reads.
     let mut out = Vec::with_capacity(n * 3);
