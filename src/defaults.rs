@@ -57,6 +57,13 @@ pub(crate) const MESH: &str = "models/face-mesh.onnx";
 /// stages around the model are no longer what limits a run, and each thread holds a frame.
 pub(crate) const POOL_THREADS_MAX: usize = 16;
 
+/// Allocations of at least this many bytes get pages of their own from the kernel (glibc's
+/// `M_MMAP_THRESHOLD`, fixed so that it does not rise with the first large free): a partial
+/// frame's whole-picture RGB buffer (6 MB at 1080p, made per frame) is then zero pages of which
+/// only those under its faces are ever touched, and freeing it gives them back. Below it: the
+/// crops, the model's changes and everything the pools keep.
+pub const MMAP_THRESHOLD: usize = 4 << 20;
+
 /// `bench`: counted runs per source, after one warm-up run.
 pub const BENCH_REPEAT: usize = 3;
 /// `bench`: the sources timed when none are given (the set-up makes them).

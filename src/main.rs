@@ -283,6 +283,10 @@ impl RunArgs {
 }
 
 fn main() -> ExitCode {
+    // SAFETY: mallopt only sets an allocator parameter, here before any thread is started.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, gpen_video::defaults::MMAP_THRESHOLD as i32);
+    }
     let cli = Cli::parse();
     tracing_subscriber::fmt()
         .with_env_filter(

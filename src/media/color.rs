@@ -143,9 +143,20 @@ pub(crate) fn convert(
 /// widening the encoder applies when it converts the region back), for frames whose RGB is
 /// filled region by region.
 pub fn ensure_rgb(f: &mut Frame, region: Rect) {
+    rgb_buffer(f);
     if let Some(src) = f.picture.partial_source() {
         let r = region.grown_even(2, f.width, f.height);
         yuv420p_to_rgb_region(src, &mut f.rgb, f.width, f.height, r);
+    }
+}
+
+/// Gives a partial picture its whole-frame RGB buffer if it has none yet: fresh and zeroed
+/// (the allocator's untouched zero pages, see `defaults::MMAP_THRESHOLD`), so a frame costs
+/// resident memory only where its face regions are converted.
+pub fn rgb_buffer(f: &mut Frame) {
+    let n = f.width * f.height * 3;
+    if f.rgb.len() != n && f.picture.partial_source().is_some() {
+        f.rgb = vec![0; n];
     }
 }
 

@@ -616,13 +616,17 @@ impl<'a> Convert<'a> {
             self.scalers = Some((full, det, fmt));
         }
         let (full, det, _) = self.scalers.as_mut().expect("just set");
-        let (mut buf, mut det_buf) = (self.pools.0.get(), self.pools.1.get());
         let partial = full.is_none();
+        // A partial picture's RGB buffer is made when a face region is first converted into it
+        // (`ensure_rgb`), fresh and zeroed, so only the pages under its faces are ever resident.
+        let (mut buf, mut det_buf) = (
+            if partial { Vec::new() } else { self.pools.0.get() },
+            self.pools.1.get(),
+        );
         let planes = self.decoder.planes && Planar::of(fmt).is_some();
-        match full {
-            None => buf.resize(w * h * 3, 0),
-            Some(full) => scale_packed(full, yuv, &mut self.rgb, (w, h), &mut buf)
-                .with_context(|| format!("{path}: colour conversion failed at frame {index}"))?,
+        if let Some(full) = full {
+            scale_packed(full, yuv, &mut self.rgb, (w, h), &mut buf)
+                .with_context(|| format!("{path}: colour conversion failed at frame {index}"))?;
         }
         scale_packed(det, yuv, &mut self.small, (dw, dh), &mut det_buf)?;
         let pts = yuv.timestamp().or(yuv.pts()).or_else(|| self.last_pts.map(|p| p + 1));

@@ -142,8 +142,9 @@ pub(crate) fn mesh(
         let plane = 3 * mesh::SIZE * mesh::SIZE;
         for (i, t) in rois.iter().enumerate() {
             let r = crop_footprint(t, mesh::SIZE, w, h);
-            if let Some(r) = r {
-                crate::media::color::ensure_rgb(&mut ff.frame, r);
+            match r {
+                Some(r) => crate::media::color::ensure_rgb(&mut ff.frame, r),
+                None => crate::media::color::rgb_buffer(&mut ff.frame),
             }
             let input = &mut m.input(n)[i * plane..][..plane];
             warp_face(&ff.frame.rgb, (w, h), t, r, mesh::SIZE, input, scratch);
@@ -265,7 +266,12 @@ pub(crate) fn align(ctx: &StageCtx, rx: Receiver<FaceFrame>, tx: Sender<FaceFram
         // their way through the model, the filter and the paste hold no 6 MB copy of a 1080p
         // picture each. A compare view builds on the RGB picture and keeps it.
         if ff.frame.picture.is_planes() && ff.frame.view.unwrap_or(view).compare.is_none() {
-            ctx.pools.rgb.put(std::mem::take(&mut ff.frame.rgb));
+            let rgb = std::mem::take(&mut ff.frame.rgb);
+            // A partial picture's buffer was made for it (see `rgb_buffer`): freed, it gives
+            // its pages back; a whole one goes back to the pool.
+            if ff.frame.picture.partial_source().is_none() {
+                ctx.pools.rgb.put_vec(rgb);
+            }
         }
         Ok(())
     };
@@ -303,8 +309,9 @@ pub fn align_face(
         warp_cubic_loading(&mut load, (w, h), &to_crop, r, size, &mut crop[..], scratch);
         return (to_crop, Some(r));
     }
-    if let Some(r) = r {
-        crate::media::color::ensure_rgb(f, r);
+    match r {
+        Some(r) => crate::media::color::ensure_rgb(f, r),
+        None => crate::media::color::rgb_buffer(f),
     }
     warp_face(&f.rgb, (w, h), &to_crop, r, size, &mut crop[..], scratch);
     (to_crop, r)
