@@ -1,7 +1,8 @@
 //! Buffer reuse on the hot path: in, the one-face test clip run in this process through the
 //! library; out, the Rust heap bytes allocated per frame once the pipeline is warm (frames,
 //! detection copies, crops and restored crops all come from pools, so only small bookkeeping
-//! is left).
+//! is left; a partial picture's RGB buffer, made zeroed per frame so that only its face regions
+//! are ever resident, is counted apart).
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -15,6 +16,9 @@ struct Counting;
 /// Bytes in allocations below `LARGE_BYTES`.
 static BYTES: AtomicU64 = AtomicU64::new(0);
 static LARGE: AtomicU64 = AtomicU64::new(0);
+/// Zeroed allocations of at least `LARGE_BYTES` (pages the kernel gives zeroed, touched only
+/// where written).
+static ZEROED: AtomicU64 = AtomicU64::new(0);
 
 /// An allocation this big is a picture or a tensor, not bookkeeping.
 const LARGE_BYTES: usize = 64 << 10;
@@ -31,6 +35,14 @@ unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, l: Layout) -> *mut u8 {
         count(l.size());
         System.alloc(l)
+    }
+    unsafe fn alloc_zeroed(&self, l: Layout) -> *mut u8 {
+        if l.size() >= LARGE_BYTES {
+            ZEROED.fetch_add(1, Ordering::Relaxed);
+        } else {
+            count(l.size());
+        }
+        System.alloc_zeroed(l)
     }
     unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
         System.dealloc(p, l)
@@ -68,8 +80,12 @@ fn the_warm_pipeline_reuses_its_picture_and_tensor_buffers() {
     let mut run = |frames: u64| {
         let job = base.with_treatment(|t| t.max_frames = Some(frames));
         let (bytes, large) = (BYTES.load(Ordering::Relaxed), LARGE.load(Ordering::Relaxed));
+        let zeroed = ZEROED.load(Ordering::Relaxed);
         let s = pipeline::run(&mut engine, &job, &|_| ()).unwrap();
         assert_eq!(s.frames, frames);
+        let zeroed = ZEROED.load(Ordering::Relaxed) - zeroed;
+        // At most one zeroed picture a frame: a partial picture's RGB buffer.
+        assert!(zeroed <= frames, "{zeroed} zeroed large buffers in {frames} frames");
         (
             BYTES.load(Ordering::Relaxed) - bytes,
             LARGE.load(Ordering::Relaxed) - large,

@@ -208,7 +208,9 @@ fn average<const WRITE: bool>(now: &mut [f32], history: &mut [f32], shares: &[f3
 }
 
 /// Both averages' steps in one pass over the rows (what [`average`] does to `other`, then to
-/// `used` writing the frame's change): the model's change is read and written once.
+/// `used` writing the frame's change): the model's change is read and written once. What
+/// [`average_both_luma`] does between its luma sums.
+#[cfg(test)]
 fn average_both(now: &mut [f32], other: &mut [f32], used: &mut [f32], shares: &[f32], size: usize) {
     let h = size / 2;
     let rows = now
@@ -232,6 +234,63 @@ fn average_both(now: &mut [f32], other: &mut [f32], used: &mut [f32], shares: &[
                 a6.copy_from_slice(n6);
                 b6.copy_from_slice(n6);
             }
+        }
+    }
+}
+
+/// [`half_luma`] of `now` into `raw`, [`average_both`]'s step, then [`half_luma`] of the
+/// result into `out`, in one pass over each pair of rows (the change read and written once
+/// instead of three times; the same operations in the same order, so the same values).
+fn average_both_luma(
+    now: &mut [f32],
+    [other, used]: [&mut [f32]; 2],
+    shares: &[f32],
+    size: usize,
+    base: &[f32],
+    [raw, out]: [&mut [f32]; 2],
+) {
+    let h = size / 2;
+    let luma = |p: &[f32]| 0.299 * p[0] + 0.587 * p[1] + 0.114 * p[2];
+    let cell = |top: &[f32], bottom: &[f32]| {
+        let mut s = 0.0;
+        s += luma(&top[..3]);
+        s += luma(&top[3..]);
+        s += luma(&bottom[..3]);
+        s += luma(&bottom[3..]);
+        s / 4.0
+    };
+    let pairs = now
+        .chunks_exact_mut(size * 6)
+        .zip(other.chunks_exact_mut(size * 6))
+        .zip(used.chunks_exact_mut(size * 6))
+        .zip(raw.chunks_exact_mut(h).zip(out.chunks_exact_mut(h)))
+        .enumerate();
+    for (y, (((now, a), b), (raw, out))) in pairs {
+        let (n0, n1) = now.split_at_mut(size * 3);
+        let (a0, a1) = a.split_at_mut(size * 3);
+        let (b0, b1) = b.split_at_mut(size * 3);
+        let (srow, brow) = (&shares[y * h..][..h], &base[y * h..][..h]);
+        for x in 0..h {
+            let c = 6 * x..6 * x + 6;
+            let (n0, n1) = (&mut n0[c.clone()], &mut n1[c.clone()]);
+            raw[x] = cell(n0, n1) + brow[x];
+            let share = srow[x];
+            for (n, (a, b)) in [
+                (&mut *n0, (&mut a0[c.clone()], &mut b0[c.clone()])),
+                (&mut *n1, (&mut a1[c.clone()], &mut b1[c.clone()])),
+            ] {
+                if share > 0.0 {
+                    for ((n, a), b) in n.iter_mut().zip(a.iter_mut()).zip(b.iter_mut()) {
+                        *a = *n + share * (*a - *n);
+                        *b = *n + share * (*b - *n);
+                        *n = *b;
+                    }
+                } else {
+                    a.copy_from_slice(n);
+                    b.copy_from_slice(n);
+                }
+            }
+            out[x] = cell(n0, n1) + brow[x];
         }
     }
 }
@@ -327,7 +386,6 @@ impl Band<'_> {
         let (size, h) = (self.size, self.size / 2);
         let cells = self.rows.start * h..self.rows.end * h;
         let luma = &self.luma[cells.clone()];
-        half_luma(self.now, size, Some(luma), self.raw);
         if self.filtering {
             shares(
                 self.luma,
@@ -341,9 +399,20 @@ impl Band<'_> {
         }
         let [other, used] = self.histories;
         match self.step {
-            Step::None => {}
-            Step::Both => average_both(self.now, other, used, self.shares, size),
+            Step::None => {
+                half_luma(self.now, size, Some(luma), self.raw);
+                self.out.copy_from_slice(self.raw);
+            }
+            Step::Both => average_both_luma(
+                self.now,
+                [other, used],
+                self.shares,
+                size,
+                luma,
+                [&mut *self.raw, &mut *self.out],
+            ),
             Step::Each(afresh) => {
+                half_luma(self.now, size, Some(luma), self.raw);
                 for (k, history) in [other, used].into_iter().enumerate() {
                     if afresh[k] {
                         history.copy_from_slice(self.now);
@@ -353,9 +422,9 @@ impl Band<'_> {
                         average::<true>(self.now, history, self.shares, size);
                     }
                 }
+                half_luma(self.now, size, Some(luma), self.out);
             }
         }
-        half_luma(self.now, size, Some(luma), self.out);
         let mut p = Partial::default();
         for ((o, r), l) in self.out.iter().zip(self.raw.iter()).zip(luma) {
             p.kept_abs += (o - l).abs() as f64;
@@ -664,6 +733,30 @@ mod tests {
                 assert_eq!(*got, d, "h {h}, cell {i}");
             }
         }
+    }
+
+    /// The fused pass gives, to the bit, the luma sums and averages of the three passes.
+    #[test]
+    fn averages_and_luma_in_one_pass_are_the_three_passes() {
+        let (size, rows) = (16usize, 6usize);
+        let h = size / 2;
+        let field = |k: usize| -> Vec<f32> {
+            (0..rows * 2 * size * 3)
+                .map(|i| ((i * 31 + k * 7) % 23) as f32 * 0.61 - 6.0)
+                .collect()
+        };
+        let shares: Vec<f32> = (0..rows * h).map(|i| [0.0, 0.3, 0.8, 0.5][i % 4]).collect();
+        let base: Vec<f32> = (0..rows * h).map(|i| i as f32 * 0.25).collect();
+        let (mut now, mut a, mut b) = (field(0), field(1), field(2));
+        let (mut raw, mut out) = (vec![0.0; rows * h], vec![0.0; rows * h]);
+        let (mut now2, mut a2, mut b2) = (now.clone(), a.clone(), b.clone());
+        let (mut raw2, mut out2) = (raw.clone(), out.clone());
+        half_luma(&now2, size, Some(&base), &mut raw2);
+        average_both(&mut now2, &mut a2, &mut b2, &shares, size);
+        half_luma(&now2, size, Some(&base), &mut out2);
+        average_both_luma(&mut now, [&mut a, &mut b], &shares, size, &base, [&mut raw, &mut out]);
+        assert_eq!((now, a, b), (now2, a2, b2));
+        assert_eq!((raw, out), (raw2, out2));
     }
 
     #[test]
