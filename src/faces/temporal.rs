@@ -210,7 +210,6 @@ fn average<const WRITE: bool>(now: &mut [f32], history: &mut [f32], shares: &[f3
 /// Both averages' steps in one pass over the rows (what [`average`] does to `other`, then to
 /// `used` writing the frame's change): the model's change is read and written once. What
 /// [`average_both_luma`] does between its luma sums.
-#[cfg(test)]
 fn average_both(now: &mut [f32], other: &mut [f32], used: &mut [f32], shares: &[f32], size: usize) {
     let h = size / 2;
     let rows = now
@@ -239,8 +238,9 @@ fn average_both(now: &mut [f32], other: &mut [f32], used: &mut [f32], shares: &[
 }
 
 /// [`half_luma`] of `now` into `raw`, [`average_both`]'s step, then [`half_luma`] of the
-/// result into `out`, in one pass over each pair of rows (the change read and written once
-/// instead of three times; the same operations in the same order, so the same values).
+/// result into `out`, a pair of rows at a time (the rows stay in the cache between the three,
+/// where whole passes read the change three times from memory; the same operations in the same
+/// order, so the same values).
 fn average_both_luma(
     now: &mut [f32],
     [other, used]: [&mut [f32]; 2],
@@ -250,48 +250,16 @@ fn average_both_luma(
     [raw, out]: [&mut [f32]; 2],
 ) {
     let h = size / 2;
-    let luma = |p: &[f32]| 0.299 * p[0] + 0.587 * p[1] + 0.114 * p[2];
-    let cell = |top: &[f32], bottom: &[f32]| {
-        let mut s = 0.0;
-        s += luma(&top[..3]);
-        s += luma(&top[3..]);
-        s += luma(&bottom[..3]);
-        s += luma(&bottom[3..]);
-        s / 4.0
-    };
     let pairs = now
         .chunks_exact_mut(size * 6)
         .zip(other.chunks_exact_mut(size * 6))
         .zip(used.chunks_exact_mut(size * 6))
         .zip(raw.chunks_exact_mut(h).zip(out.chunks_exact_mut(h)))
-        .enumerate();
-    for (y, (((now, a), b), (raw, out))) in pairs {
-        let (n0, n1) = now.split_at_mut(size * 3);
-        let (a0, a1) = a.split_at_mut(size * 3);
-        let (b0, b1) = b.split_at_mut(size * 3);
-        let (srow, brow) = (&shares[y * h..][..h], &base[y * h..][..h]);
-        for x in 0..h {
-            let c = 6 * x..6 * x + 6;
-            let (n0, n1) = (&mut n0[c.clone()], &mut n1[c.clone()]);
-            raw[x] = cell(n0, n1) + brow[x];
-            let share = srow[x];
-            for (n, (a, b)) in [
-                (&mut *n0, (&mut a0[c.clone()], &mut b0[c.clone()])),
-                (&mut *n1, (&mut a1[c.clone()], &mut b1[c.clone()])),
-            ] {
-                if share > 0.0 {
-                    for ((n, a), b) in n.iter_mut().zip(a.iter_mut()).zip(b.iter_mut()) {
-                        *a = *n + share * (*a - *n);
-                        *b = *n + share * (*b - *n);
-                        *n = *b;
-                    }
-                } else {
-                    a.copy_from_slice(n);
-                    b.copy_from_slice(n);
-                }
-            }
-            out[x] = cell(n0, n1) + brow[x];
-        }
+        .zip(shares.chunks_exact(h).zip(base.chunks_exact(h)));
+    for ((((now, a), b), (raw, out)), (srow, brow)) in pairs {
+        half_luma(now, size, Some(brow), raw);
+        average_both(now, a, b, srow, size);
+        half_luma(now, size, Some(brow), out);
     }
 }
 
