@@ -361,9 +361,9 @@ for feed in f.get("feeder", []):
         print(f"feeder: a host of 16 cores would feed about {host[0]:.0f} faces/s, limited by {host[1]}")
     gpu_host = feed.get("gpu_host_16")
     if gpu_host:
-        print(f"feeder: with detection and the mesh on the GPU, 16 cores would feed about {gpu_host[0]:.0f} "
-              f"faces/s, limited by {gpu_host[1]} (this host measured them on its GPU: the first figure "
-              "is what it fed)")
+        model = sum(ms for _, ms in feed.get("fast_stage_model_ms", []))
+        print(f"feeder: with detection's and the mesh's model runs ({model:.1f} core-ms a face here) left "
+              f"to a GPU, 16 cores would feed about {gpu_host[0]:.0f} faces/s, limited by {gpu_host[1]}")
 for r in summary:
     if r["status"] != "ok":
         print(f"{r['step']}: {r['status']}: {r['message']}")

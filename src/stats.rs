@@ -21,6 +21,9 @@ pub struct StageStat {
     /// CPU time its threads spent working (their own clocks, not the wall): core-seconds, so
     /// a stage's cost per face does not count the time it waited for a core on a busy machine.
     pub cpu: Duration,
+    /// The part of `cpu` spent inside a model session's run (detection, the face mesh): what a
+    /// GPU takes over; the rest (crops, maps decoded, points) stays on the host.
+    pub model_cpu: Duration,
 }
 
 impl StageStat {
@@ -35,6 +38,7 @@ impl StageStat {
             total.threads += st.threads.max(1);
             total.busy += st.busy;
             total.cpu += st.cpu;
+            total.model_cpu += st.model_cpu;
             total.items += st.items;
             total.queue_sum += st.queue_sum;
             total.queue_samples += st.queue_samples;
@@ -251,6 +255,7 @@ impl Summary {
                     busy_s: s.busy.as_secs_f64(),
                     busy_share: s.busy_share(wall),
                     cpu_s: s.cpu.as_secs_f64(),
+                    model_cpu_s: s.model_cpu.as_secs_f64(),
                     cpu_ms_per_face: 1000.0 * s.cpu.as_secs_f64() / self.faces.max(1) as f64,
                     queue_fill: s.queue_fill(),
                 })
@@ -331,6 +336,8 @@ struct StageJson {
     busy_share: f64,
     /// CPU time its threads used while busy (core-seconds).
     cpu_s: f64,
+    /// The part of it inside model sessions (detection, the face mesh).
+    model_cpu_s: f64,
     cpu_ms_per_face: f64,
     queue_fill: f64,
 }

@@ -407,6 +407,23 @@ fn bench_reports_what_the_stages_around_the_model_can_feed() {
             "{k}: {host}"
         );
     }
+    // The model runs of detection and the mesh are timed apart from the rest of their stages.
+    let runs: Vec<(&str, f64)> = f["fast_stage_model_ms"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| (s[0].as_str().unwrap(), s[1].as_f64().unwrap()))
+        .collect();
+    let fast: Vec<(&str, f64)> = f["fast_stage_core_ms"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| (s[0].as_str().unwrap(), s[1].as_f64().unwrap()))
+        .collect();
+    for (name, ms) in &runs {
+        let whole = fast.iter().find(|(n, _)| n == name).map(|(_, ms)| *ms).unwrap();
+        assert!(*ms > 0.0 && *ms < whole, "{name}: model {ms} of {whole} core-ms");
+    }
     // Detection and the mesh left to the GPU: more faces/s, never fewer.
     assert!(f["gpu_host_16"][0].as_f64() >= f["host_16"][0].as_f64(), "{f}");
     // Only the feeder: no pipeline or enhance rows.

@@ -98,6 +98,9 @@ pub struct Feeder {
     /// Each stage's core-ms per face in the runs with the fastest preset, which the host
     /// projections use (beside the whole process's CPU at that preset).
     pub fast_stage_core_ms: Vec<(String, f64)>,
+    /// The part of each of those inside model sessions (detection's and the mesh's runs): what
+    /// a GPU takes over.
+    pub fast_stage_model_ms: Vec<(String, f64)>,
     /// What a host of 16 cores would feed (faces/s) and the stage that would limit it (see
     /// [`Feeder::host`]).
     pub host_16: (f64, String),
@@ -343,6 +346,14 @@ fn feed(engine: &mut Engine, job: &Job, repeat: usize, name: &str, log: &dyn Fn(
             .filter(|n| *n != "dispatch")
             .collect();
         let stage_ms = |n: &str| stage_ms_of(&runs, n);
+        let model_ms_of = |runs: &[(Summary, Duration)], n: &str| {
+            median(
+                runs.iter()
+                    .filter_map(|(s, _)| s.stages.iter().find(|st| st.name == n).map(|st| (st, s.faces)))
+                    .map(|(st, faces)| 1000.0 * st.model_cpu.as_secs_f64() / faces.max(1) as f64)
+                    .collect(),
+            )
+        };
         let fast_ms = median(fast_runs.iter().map(per_face).collect());
         let detect = stage_ms("detect");
         Ok(Feeder {
@@ -355,6 +366,10 @@ fn feed(engine: &mut Engine, job: &Job, repeat: usize, name: &str, log: &dyn Fn(
             fast_stage_core_ms: names
                 .iter()
                 .map(|n| (n.to_string(), stage_ms_of(&fast_runs, n)))
+                .collect(),
+            fast_stage_model_ms: ON_GPU
+                .iter()
+                .map(|(n, _)| (n.to_string(), model_ms_of(&fast_runs, n)))
                 .collect(),
             stage_threads: names
                 .iter()
@@ -486,26 +501,37 @@ impl BenchReport {
     }
 }
 
-/// The stages a GPU host runs on its GPU besides the model: CenterFace and the face mesh.
-pub const ON_GPU: &[&str] = &["detect", "mesh"];
+/// The stages whose model runs a GPU host takes over besides GPEN's: CenterFace and the face
+/// mesh. What is left of them on the host (crops, maps decoded, points), and whether that part
+/// runs on one thread there (detection has one session on a GPU, where on the CPU it shares a
+/// frame's windows among several).
+pub const ON_GPU: &[(&str, bool)] = &[("detect", true), ("mesh", false)];
 
 impl Feeder {
     /// Faces/s a host of `cores` cores would feed, and what limits it: all cores at this run's
     /// whole-process CPU per face (fastest preset), or a stage that cannot use them all (a stage
     /// of one thread at 1000 / its core-ms, a pool stage at that times its threads, one per
     /// core up to `defaults::POOL_THREADS_MAX`).
-    /// `on_gpu` names the stages a GPU takes over: their core-ms leave the whole process's and
-    /// they limit nothing.
-    pub fn host(&self, cores: usize, on_gpu: &[&str]) -> (f64, String) {
+    /// `on_gpu` names the stages whose model runs a GPU takes over (see [`ON_GPU`]): those
+    /// runs' core-ms leave the whole process's and the stage's own, and what is left of such a
+    /// stage limits as the host runs it.
+    pub fn host(&self, cores: usize, on_gpu: &[(&str, bool)]) -> (f64, String) {
         let stages = if self.fast_stage_core_ms.is_empty() {
             &self.stage_core_ms
         } else {
             &self.fast_stage_core_ms
         };
+        let model_ms = |name: &str| {
+            self.fast_stage_model_ms
+                .iter()
+                .find(|(n, _)| n == name)
+                .map_or(0.0, |(_, ms)| *ms)
+        };
+        let gpu = |name: &str| on_gpu.iter().find(|(n, _)| *n == name).map(|(_, one)| *one);
         let moved: f64 = stages
             .iter()
-            .filter(|(n, _)| on_gpu.contains(&n.as_str()))
-            .map(|(_, ms)| ms)
+            .filter(|(n, _)| gpu(n).is_some())
+            .map(|(n, _)| model_ms(n))
             .sum();
         let per_core = if moved > 0.0 {
             1000.0 / (self.fast_process_core_ms - moved).max(1e-9)
@@ -514,9 +540,10 @@ impl Feeder {
         };
         let mut best = (per_core * cores as f64, format!("all {cores} cores"));
         for ((name, ms), &threads) in stages.iter().zip(&self.stage_threads) {
-            if on_gpu.contains(&name.as_str()) {
-                continue;
-            }
+            let (ms, threads) = match gpu(name) {
+                Some(one) => (ms - model_ms(name), if one { 1 } else { threads }),
+                None => (*ms, threads),
+            };
             let width = if threads > 1 {
                 cores.min(crate::defaults::POOL_THREADS_MAX)
             } else {
@@ -572,8 +599,10 @@ impl Feeder {
             self.host_16.0, self.host_16.1, here
         );
         out += &format!(
-            "  with detection and the mesh on its GPU (their CPU here left to it), a host of 16 cores would feed about {:.0} faces/s, limited by {}\n",
-            self.gpu_host_16.0, self.gpu_host_16.1
+            "  with detection and the mesh on its GPU (their model runs, {:.1} core-ms a face here, left to it), a host of 16 cores would feed about {:.0} faces/s, limited by {}\n",
+            self.fast_stage_model_ms.iter().map(|(_, ms)| ms).sum::<f64>(),
+            self.gpu_host_16.0,
+            self.gpu_host_16.1
         );
         out
     }
@@ -599,11 +628,13 @@ mod tests {
 
     #[test]
     fn a_gpu_host_leaves_detection_and_the_mesh_to_its_gpu_and_the_fast_preset_sets_the_caps() {
-        let f = Feeder {
+        let mut f = Feeder {
             // At the run's preset the encode thread would cap 16 cores at 250; at the fastest,
             // 1000 / 0.5 = 2000.
             stage_core_ms: vec![("detect".into(), 4.0), ("mesh".into(), 6.0), ("encode".into(), 4.0)],
             fast_stage_core_ms: vec![("detect".into(), 4.0), ("mesh".into(), 6.0), ("encode".into(), 0.5)],
+            // Their model runs: 3.5 of detection's 4 core-ms, 5 of the mesh's 6.
+            fast_stage_model_ms: vec![("detect".into(), 3.5), ("mesh".into(), 5.0)],
             stage_threads: vec![1, 4, 1],
             fast_process_core_ms: 20.0,
             per_core_faces_per_s: 50.0,
@@ -611,10 +642,14 @@ mod tests {
         };
         // Detection on one thread at 4 ms caps a CPU host at 250.
         assert_eq!(f.host(16, &[]), (250.0, "detect (one thread)".to_string()));
-        // With them on the GPU: 10 core-ms a face left, 100 faces/s a core, 1600 on 16 cores.
+        // With the model runs on the GPU: 11.5 core-ms a face left, 1391 faces/s on 16 cores;
+        // detection's 0.5 ms left on one thread caps at 2000, the mesh's 1 ms on 16 at 16000.
         let (faces, limit) = f.host(16, super::ON_GPU);
-        assert!((faces - 1600.0).abs() < 1e-6, "{faces}");
+        assert!((faces - 16000.0 / 11.5).abs() < 1e-6, "{faces}");
         assert_eq!(limit, "all 16 cores");
+        // What is left of detection on the host, on one thread, caps it when it is large.
+        f.fast_stage_core_ms[0].1 = 4.5;
+        assert_eq!(f.host(16, super::ON_GPU), (1000.0, "detect (one thread)".to_string()));
     }
 
     #[test]

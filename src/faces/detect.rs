@@ -153,6 +153,8 @@ pub struct Detector {
     extra: Vec<Session>,
     /// CPU time the helper threads running `extra` spent so far.
     helper_cpu: std::time::Duration,
+    /// CPU nanoseconds spent inside the sessions' runs so far, on every thread.
+    model_ns: std::sync::atomic::AtomicU64,
     input_name: String,
     /// Size (width, height) of the downscaled copy the decoder makes, in stored orientation.
     pub size: (usize, usize),
@@ -278,6 +280,7 @@ impl Detector {
             session,
             extra: Vec::new(),
             helper_cpu: std::time::Duration::ZERO,
+            model_ns: std::sync::atomic::AtomicU64::new(0),
             input_name,
             size: swap(size),
             input_size: size,
@@ -318,6 +321,11 @@ impl Detector {
     /// CPU time the helper threads spent so far (the calling thread's own is not in it).
     pub(crate) fn helper_cpu(&self) -> std::time::Duration {
         self.helper_cpu
+    }
+
+    /// CPU time spent inside the sessions' runs so far (this thread's and the helpers').
+    pub(crate) fn model_cpu(&self) -> std::time::Duration {
+        std::time::Duration::from_nanos(self.model_ns.load(std::sync::atomic::Ordering::Relaxed))
     }
 
     /// Keeps at most `n` faces per frame (at least 1).
@@ -592,7 +600,7 @@ impl Detector {
             return self.infer_batch((w, h), n);
         }
         let (per, plane) = (n.div_ceil(parts), 3 * w * h);
-        let (name, threshold) = (self.input_name.as_str(), self.threshold);
+        let (name, threshold, model_ns) = (self.input_name.as_str(), self.threshold, &self.model_ns);
         let input = &self.input[..n * plane];
         let mut chunks = input.chunks(per * plane);
         let own = chunks.next().expect("n > 0");
@@ -603,12 +611,19 @@ impl Detector {
                 .zip(chunks)
                 .map(|(session, part)| {
                     s.spawn(move || {
-                        let found = run_batch(session, name, part, (w, h), part.len() / plane, threshold);
+                        let found = run_batch(session, name, part, (w, h), part.len() / plane, (threshold, model_ns));
                         (found, crate::stats::thread_cpu_time())
                     })
                 })
                 .collect();
-            let mut found = run_batch(&mut self.session, name, own, (w, h), own.len() / plane, threshold);
+            let mut found = run_batch(
+                &mut self.session,
+                name,
+                own,
+                (w, h),
+                own.len() / plane,
+                (threshold, model_ns),
+            );
             let mut cpu = std::time::Duration::ZERO;
             for h in helpers {
                 let (part, c) = h.join().unwrap_or_else(|e| std::panic::resume_unwind(e));
@@ -628,22 +643,27 @@ impl Detector {
     /// input pixels, before NMS.
     fn infer_batch(&mut self, (w, h): (usize, usize), n: usize) -> Result<Vec<Vec<Face>>> {
         let input = &self.input[..n * 3 * w * h];
-        run_batch(&mut self.session, &self.input_name, input, (w, h), n, self.threshold)
+        let model = (self.threshold, &self.model_ns);
+        run_batch(&mut self.session, &self.input_name, input, (w, h), n, model)
     }
 }
 
 /// Runs a CenterFace `session` on `n` inputs of `w x h` pixels (planar, one after another in
-/// `input`); each one's faces in input pixels scoring `threshold` or more, before NMS.
+/// `input`); each one's faces in input pixels scoring `threshold` or more, before NMS. The CPU
+/// time of the session's run is added to `model_ns`.
 fn run_batch(
     session: &mut Session,
     input_name: &str,
     input: &[f32],
     (w, h): (usize, usize),
     n: usize,
-    threshold: f32,
+    (threshold, model_ns): (f32, &std::sync::atomic::AtomicU64),
 ) -> Result<Vec<Vec<Face>>> {
     let tensor = TensorRef::from_array_view(([n, 3, h, w], input))?;
+    let start = crate::stats::thread_cpu_time();
     let outputs = session.run(ort::inputs![input_name => tensor])?;
+    let spent = crate::stats::thread_cpu_time().saturating_sub(start);
+    model_ns.fetch_add(spent.as_nanos() as u64, std::sync::atomic::Ordering::Relaxed);
     let map = |k: usize| outputs[k].try_extract_tensor::<f32>().map(|(_, d)| d);
     let (heat, scale, offset, lms) = (map(0)?, map(1)?, map(2)?, map(3)?);
     let (mh, mw) = (h / 4, w / 4);

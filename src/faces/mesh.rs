@@ -99,6 +99,8 @@ pub struct Mesher {
     input: Vec<f32>,
     /// The meshes of the latest call (their buffers reused).
     meshes: Vec<Mesh>,
+    /// CPU time spent inside the session's runs so far (this thread's clock around each).
+    model_cpu: std::time::Duration,
 }
 
 impl Mesher {
@@ -126,7 +128,13 @@ impl Mesher {
             input_name,
             input: Vec::new(),
             meshes: Vec::new(),
+            model_cpu: std::time::Duration::ZERO,
         })
+    }
+
+    /// CPU time spent inside the session's runs so far.
+    pub fn model_cpu(&self) -> std::time::Duration {
+        self.model_cpu
     }
 
     /// The input buffer for `n` crops (NCHW, RGB in [0,1]), to be filled by the caller.
@@ -143,7 +151,9 @@ impl Mesher {
             return Ok(&[]);
         }
         let tensor = TensorRef::from_array_view(([n, 3, SIZE, SIZE], &self.input[..n * 3 * SIZE * SIZE]))?;
+        let start = crate::stats::thread_cpu_time();
         let outputs = self.session.run(ort::inputs![self.input_name.as_str() => tensor])?;
+        self.model_cpu += crate::stats::thread_cpu_time().saturating_sub(start);
         let (_, points) = outputs[0].try_extract_tensor::<f32>()?;
         let (_, presence) = outputs[1].try_extract_tensor::<f32>()?;
         if points.len() != n * POINTS * 3 || presence.len() != n {

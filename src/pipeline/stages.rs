@@ -82,7 +82,7 @@ pub fn detect(
     tx: Sender<FaceFrame>,
 ) -> Result<(StageStat, DetectCounts)> {
     let mut clock = Clock::new("detect", DEPTH);
-    let helpers_at_start = detector.helper_cpu();
+    let (helpers_at_start, model_at_start) = (detector.helper_cpu(), detector.model_cpu());
     let mut item = None;
     while let Some(mut frame) = recv(&rx, &mut clock) {
         if item != Some(frame.item) {
@@ -105,6 +105,7 @@ pub fn detect(
     clock.add(std::time::Duration::ZERO, spent);
     let mut stat = clock.finish();
     stat.threads = detector.sessions();
+    stat.model_cpu = detector.model_cpu().saturating_sub(model_at_start);
     Ok((stat, detector.counts()))
 }
 
@@ -122,6 +123,7 @@ pub(crate) fn mesh(
 ) -> Result<(StageStat, u64)> {
     let (tpl, face_check) = (&ctx.template, ctx.treatment.face_check);
     let threads = meshers.len();
+    let model_at_start: std::time::Duration = meshers.iter().map(|m| m.model_cpu()).sum();
     let free = std::sync::Mutex::new(meshers.iter_mut().collect::<Vec<_>>());
     let dropped = std::sync::atomic::AtomicU64::new(0);
     let init = || {
@@ -181,7 +183,10 @@ pub(crate) fn mesh(
         });
         Ok(())
     };
-    let stat = pool::ordered("mesh", DEPTH, threads, init, work, rx, tx)?;
+    let mut stat = pool::ordered("mesh", DEPTH, threads, init, work, rx, tx)?;
+    drop(free);
+    let model: std::time::Duration = meshers.iter().map(|m| m.model_cpu()).sum();
+    stat.model_cpu = model.saturating_sub(model_at_start);
     Ok((stat, dropped.into_inner()))
 }
 
