@@ -144,12 +144,8 @@ pub(crate) fn mesh(
         let plane = 3 * mesh::SIZE * mesh::SIZE;
         for (i, t) in rois.iter().enumerate() {
             let r = crop_footprint(t, mesh::SIZE, w, h);
-            match r {
-                Some(r) => crate::media::color::ensure_rgb(&mut ff.frame, r),
-                None => crate::media::color::rgb_buffer(&mut ff.frame),
-            }
             let input = &mut m.input(n)[i * plane..][..plane];
-            warp_face(&ff.frame.rgb, (w, h), t, r, mesh::SIZE, input, scratch);
+            warp_from_frame(&mut ff.frame, t, r, mesh::SIZE, input, scratch);
             // The crop is in [-1, 1]; the mesh takes [0, 1].
             for x in input.iter_mut() {
                 *x = *x * 0.5 + 0.5;
@@ -297,29 +293,43 @@ pub fn align_face(
     let to_crop = fit_similarity(&face.landmarks, tpl);
     let r = crop_footprint(&to_crop, size, f.width, f.height);
     crop.resize(3 * size * size, 0);
+    warp_from_frame(f, &to_crop, r, size, &mut crop[..], scratch);
+    (to_crop, r)
+}
+
+/// Warps the `region` of `f` under `to_crop` into `out` (`size` square). A video made from its
+/// decoded planes never reads the frame's RGB but for the crops: the bicubic warp reads the
+/// face region converted from the planes straight into texels; a face larger than the crop
+/// (filtered first, see [`warp_face`]) or a frame held in RGB is read from the frame's RGB,
+/// which is made to cover the region first.
+fn warp_from_frame<O: crate::faces::align::CropOut + ?Sized>(
+    f: &mut Frame,
+    to_crop: &Affine,
+    region: Option<Rect>,
+    size: usize,
+    out: &mut O,
+    scratch: &mut WarpScratch,
+) {
     let (w, h) = (f.width, f.height);
-    // A video made from its decoded planes never reads the frame's RGB but for the crops: the
-    // bicubic warp reads the face region converted from the planes straight into texels.
     if let (
         Some(r),
         Picture::Planes {
             source, partial: true, ..
         },
         false,
-    ) = (r, &f.picture, filtered(&to_crop))
+    ) = (region, &f.picture, filtered(to_crop))
     {
         let mut load = |t: Rect, texels: &mut Vec<_>| {
             crate::media::color::yuv420p_rgb_rows(source, (w, h), t, |_, row| push_texels(row, texels));
         };
-        warp_cubic_loading(&mut load, (w, h), &to_crop, r, size, &mut crop[..], scratch);
-        return (to_crop, Some(r));
+        warp_cubic_loading(&mut load, (w, h), to_crop, r, size, out, scratch);
+        return;
     }
-    match r {
+    match region {
         Some(r) => crate::media::color::ensure_rgb(f, r),
         None => crate::media::color::rgb_buffer(f),
     }
-    warp_face(&f.rgb, (w, h), &to_crop, r, size, &mut crop[..], scratch);
-    (to_crop, r)
+    warp_face(&f.rgb, (w, h), to_crop, region, size, out, scratch);
 }
 
 /// Blends each frame's restored crops into it through the treatment's mask shape for the
@@ -555,6 +565,11 @@ mod tests {
             assert_eq!(ra.1, rb.1);
             assert!(ra.1.is_some());
             assert_eq!(a, b, "angle {angle}, scale {scale}");
+            // The mesh's input, floats, the same way.
+            let (mut fa, mut fb) = (vec![0.0f32; 3 * size * size], vec![0.0f32; 3 * size * size]);
+            warp_from_frame(&mut frame(true), &ra.0, ra.1, size, &mut fa[..], &mut scratch);
+            warp_from_frame(&mut frame(false), &ra.0, ra.1, size, &mut fb[..], &mut scratch);
+            assert_eq!(fa, fb, "mesh input: angle {angle}, scale {scale}");
         }
     }
 }
