@@ -435,3 +435,39 @@ fn a_request_leaves_nothing_on_disk_even_when_its_client_leaves() {
     assert_eq!(left, before, "the requests left files behind");
     assert_eq!(server.stop(), Some(0));
 }
+
+/// A service whose engine cannot load (here `--device cuda:0` on a machine without the GPU
+/// build of ONNX Runtime) exits non-zero with the reason, instead of answering /healthz 503
+/// "loading the model" for ever.
+#[test]
+fn a_service_whose_model_cannot_load_exits_non_zero_with_the_reason() {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_gpen-video"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--device", "cuda:0"])
+        .env("ORT_DYLIB_PATH", asset(".deps/lib/libonnxruntime.so"))
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = child.stderr.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = err.read_to_string(&mut s);
+        s
+    });
+    let start = std::time::Instant::now();
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if start.elapsed() > Duration::from_secs(60) {
+            let _ = child.kill();
+            panic!("serve still running 60 s after its engine could not load");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let log = reader.join().unwrap();
+    assert_eq!(status.code(), Some(1), "{log}");
+    assert!(
+        log.contains("could not load its model") && log.contains("cuda"),
+        "{log}"
+    );
+}

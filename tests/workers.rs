@@ -477,3 +477,17 @@ fn a_model_with_byte_io_gives_the_float_models_pictures_within_one_level() {
         );
     }
 }
+
+/// `bench` on a photo says what times pictures (--portraits) before any work, naming the
+/// photo and no file of its own.
+#[test]
+fn bench_on_a_photo_says_how_to_time_pictures() {
+    let photo = asset("samples/astronaut.png");
+    let r = gpen(&[&"bench", &photo, &"--repeat", &"1"]);
+    let err = String::from_utf8_lossy(&r.stderr);
+    assert_eq!(r.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("astronaut.png is a still image") && err.contains("--portraits") && !err.contains(".mkv"),
+        "{err}"
+    );
+}

@@ -148,6 +148,13 @@ pub fn run(o: &BenchOptions, log: &dyn Fn(&str)) -> Result<BenchReport> {
     if o.sources.is_empty() {
         bail!("no sources to benchmark: give video files, or run scripts/setup.sh for the 1080p samples");
     }
+    // Pictures are timed by --portraits, as a stream of stills: said before any work.
+    if let Some(still) = o.sources.iter().find(|s| crate::media::kind::is_still_input(s)) {
+        bail!(
+            "{} is a still image: `gpen-video bench SOURCE` times videos; time pictures with `gpen-video bench --portraits DIR` (the pictures in DIR, a folder holding just this one works too), or `--portraits` alone on portraits made from the set-up's",
+            still.display()
+        );
+    }
     // Removed when dropped, on error as well.
     let tmp = temp_folder("gpen-video-bench-")?;
     let mut report = BenchReport::default();

@@ -133,10 +133,13 @@ pub fn run(settings: Settings, opts: ServeOptions, ints: &Interrupts) -> Result<
         .block_on(tokio::net::TcpListener::bind(opts.listen))
         .with_context(|| format!("cannot listen on {}", opts.listen))?;
     let local = listener.local_addr()?;
-    let engine_app = app.clone();
+    // Set by the engine thread when the model cannot load: the service stops as on a signal
+    // (but exits with the reason, not as interrupted).
+    let failed = Arc::new(AtomicBool::new(false));
+    let (engine_app, engine_stop) = (app.clone(), failed.clone());
     let engine = std::thread::Builder::new()
         .name("engine".into())
-        .spawn(move || engine_loop(&engine_app, &rx))
+        .spawn(move || engine_loop(&engine_app, &rx, &engine_stop))
         .context("cannot start the engine thread")?;
     crate::console::eprint!(
         "gpen-video serve: listening on http://{local} (POST /v1/restore, GET /healthz, GET /metrics)"
@@ -160,7 +163,7 @@ pub fn run(settings: Settings, opts: ServeOptions, ints: &Interrupts) -> Result<
     });
     let header_timeout = opts.read_timeout;
     let served = runtime.block_on(serve_connections(listener, router, header_timeout, async move {
-        while !soft.load(Ordering::SeqCst) {
+        while !soft.load(Ordering::SeqCst) && !failed.load(Ordering::SeqCst) {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         tracing::info!("stopping: no new connections; answering the requests in flight");
@@ -171,7 +174,7 @@ pub fn run(settings: Settings, opts: ServeOptions, ints: &Interrupts) -> Result<
         .join()
         .map_err(|_| anyhow!("internal error: the engine thread panicked"))?;
     served.context("the HTTP server failed")?;
-    engine?;
+    engine.context("the service could not load its model")?;
     crate::console::eprint!("gpen-video serve: stopped");
     Ok(())
 }
@@ -220,13 +223,16 @@ async fn serve_connections(
 
 /// Loads the engine, then runs image streams of the submitted pictures until the channel
 /// closes; a stream the model broke is followed by one on fresh sessions.
-fn engine_loop(app: &App, rx: &crossbeam_channel::Receiver<Submit>) -> Result<()> {
+fn engine_loop(app: &App, rx: &crossbeam_channel::Receiver<Submit>, stop: &AtomicBool) -> Result<()> {
     let mut engine = match app.settings.engine_for_images() {
         Ok(e) => e,
         Err(e) => {
-            // Nothing can be served: every request is answered with the reason.
+            // Nothing can be served: the service stops (and exits non-zero with the reason, so
+            // a health check or an orchestrator sees it fail instead of waiting on "loading"),
+            // every request that came meanwhile answered with the reason.
             let why = format!("{e:#}");
-            tracing::error!("cannot load the engine: {why}");
+            tracing::error!("cannot load the engine, stopping: {why}");
+            stop.store(true, Ordering::SeqCst);
             for s in rx {
                 let _ = s
                     .reply
