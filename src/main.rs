@@ -388,10 +388,34 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     let summary = summary?;
     bar.finish_and_clear();
     eprint_line(&format!("{}: {summary}", o.output.display()));
+    stale_segments_note(&o.output);
     if let Some(path) = &settings.stats_json {
         gpen_video::output::write_atomic(path, (summary.to_json() + "\n").as_bytes())?;
     }
     Ok(())
+}
+
+/// Names the work folder an earlier segmented run of `output` left beside it (killed, or run
+/// with another `--segment`), which this whole run did not use: it is kept (a rerun with
+/// `--segment` resumes from it) and said, with its size, so it is not forgotten.
+fn stale_segments_note(output: &std::path::Path) {
+    let dir = gpen_video::segment::work_dir(output);
+    if !dir.is_dir() {
+        return;
+    }
+    let bytes: u64 = walkdir::WalkDir::new(&dir)
+        .into_iter()
+        .filter_map(Result::ok)
+        .filter_map(|e| e.metadata().ok())
+        .filter(|m| m.is_file())
+        .map(|m| m.len())
+        .sum();
+    eprint_line(&format!(
+        "note: {} ({:.1} MB) holds the segments of an earlier segmented run of {}; this run did not use them: remove the folder, or rerun with --segment to resume from it",
+        dir.display(),
+        bytes as f64 / 1e6,
+        output.display()
+    ));
 }
 
 /// `gpen-video serve`: the engine's settings resolved once, then the service until a signal.

@@ -467,3 +467,25 @@ fn ctrl_c_keeps_the_finished_segments_and_other_settings_or_force_start_afresh()
     child.wait().unwrap();
     assert_eq!(run(&["--force"]), (4, 0));
 }
+
+/// A whole run (`--segment 0`) of an OUT whose earlier segmented run left its work folder names
+/// the folder, with its size, and keeps it (a rerun with --segment resumes from it).
+#[test]
+fn a_whole_run_names_the_segments_folder_an_earlier_run_left() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = clip(dir.path(), 30, 25);
+    let out = dir.path().join("out.mp4");
+    let work = gpen_video::segment::work_dir(&out);
+    std::fs::create_dir_all(&work).unwrap();
+    std::fs::write(work.join("00000.mkv"), vec![0u8; 2_000_000]).unwrap();
+    let model = asset("models/standin/negate-256.onnx");
+    let r = gpen(&[&input, &out, &"--model", &model, &"--segment", &"0"]);
+    let err = String::from_utf8_lossy(&r.stderr);
+    assert!(r.status.success(), "{err}");
+    assert!(out.exists());
+    assert!(
+        err.contains(&work.display().to_string()) && err.contains("2.0 MB") && err.contains("--segment"),
+        "{err}"
+    );
+    assert!(work.join("00000.mkv").exists(), "the folder is kept");
+}
