@@ -205,6 +205,35 @@ pub struct Job {
     pub cancel: CancelToken,
 }
 
+/// WebP's largest side in pixels: libwebp refuses a picture beyond it.
+pub const WEBP_MAX_SIDE: usize = 16383;
+
+impl Job {
+    /// Refuses, before any work, a WebP output larger than WebP holds: the picture's sides
+    /// turned upright, a side-by-side view's doubled width.
+    pub fn check_webp_size(&self) -> anyhow::Result<()> {
+        if !crate::media::kind::ext_of(&self.output).eq_ignore_ascii_case("webp") {
+            return Ok(());
+        }
+        let (w, h) = (self.source.width, self.source.height);
+        // Turned upright (EXIF orientations 5 to 8, a quarter turn), the sides swap.
+        let (uw, uh) = if (5..=8).contains(&self.source.orientation) || self.source.rotation % 180 == 90 {
+            (h, w)
+        } else {
+            (w, h)
+        };
+        let side = self.view.map_or(self.treatment.compare, |v| v.compare) == Some(crate::frame::Compare::Side);
+        let widest = if side { (2 * uw).max(uh) } else { uw.max(uh) };
+        if widest > WEBP_MAX_SIDE {
+            anyhow::bail!(
+                "a WebP picture holds at most {WEBP_MAX_SIDE} pixels a side, and this {w}x{h} picture{} would be {widest}: choose PNG, JPEG, TIFF or BMP",
+                if side { " side by side with its original" } else { "" }
+            );
+        }
+        Ok(())
+    }
+}
+
 impl Job {
     /// How the job's pictures are shown: its own view, else the treatment's.
     pub(crate) fn view(&self) -> View {

@@ -328,6 +328,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     let interrupts = gpen_video::interrupt::install()?;
     let settings = Settings::resolve(&o)?;
     let job = settings.job(&o.input, &o.output, CancelToken::from_flag(interrupts.soft.clone()))?;
+    anyhow::Context::with_context(job.check_webp_size(), || format!("output {}", o.output.display()))?;
     if let Some(work) = gpen_video::segment::Work::open(&settings, &job, cli.segment.seconds, cli.force)? {
         return run_segmented(
             &settings,

@@ -471,3 +471,34 @@ fn a_service_whose_model_cannot_load_exits_non_zero_with_the_reason() {
         "{log}"
     );
 }
+
+/// A WebP answer is the client's choice: for a picture wider than WebP holds (16383 pixels a
+/// side) it is a 400 that says so, not a 500 from the encoder; the service goes on, and the same
+/// picture in PNG is restored.
+#[test]
+fn a_webp_too_wide_for_webp_is_a_bad_request() {
+    let dir = tempfile::tempdir().unwrap();
+    let wide = dir.path().join("wide.png");
+    tool(
+        "ffmpeg",
+        &[
+            "-v",
+            "error",
+            "-f",
+            "lavfi",
+            "-i",
+            "color=c=gray:s=16400x16",
+            "-frames:v",
+            "1",
+            wide.to_str().unwrap(),
+        ],
+    );
+    let wide = std::fs::read(&wide).unwrap();
+    let server = Server::start(&["--model", &model("standin/identity-256.onnx")]);
+    let (status, body, _, _) = server.post("/v1/restore?format=webp", &wide);
+    let body = String::from_utf8_lossy(&body).into_owned();
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("16383") && body.contains("16400x16"), "{body}");
+    let (status, _, _, _) = server.post("/v1/restore?format=png", &wide);
+    assert_eq!(status, 200);
+}

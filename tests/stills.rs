@@ -318,3 +318,32 @@ fn a_deeper_still_is_written_with_eight_bits_and_says_so() {
     assert_eq!(err.matches("written with 8 bits per channel").count(), 1, "{err}");
     assert_eq!(magic(&out), "png");
 }
+
+/// A WebP output wider than WebP holds is refused before the run, naming the limit (libwebp
+/// refused it only after the whole run).
+#[test]
+fn a_webp_output_too_wide_for_webp_is_refused_up_front() {
+    let dir = tempfile::tempdir().unwrap();
+    let wide = dir.path().join("wide.png");
+    tool(
+        "ffmpeg",
+        &[
+            "-v",
+            "error",
+            "-f",
+            "lavfi",
+            "-i",
+            "color=c=gray:s=16400x16",
+            "-frames:v",
+            "1",
+            wide.to_str().unwrap(),
+        ],
+    );
+    let out = dir.path().join("out.webp");
+    let r = gpen(&[&wide, &out]);
+    let err = String::from_utf8_lossy(&r.stderr);
+    assert_eq!(r.status.code(), Some(1), "{err}");
+    assert!(err.contains("16383") && err.contains("out.webp"), "{err}");
+    assert!(!err.contains("starting"), "refused before the run: {err}");
+    assert!(!out.exists());
+}

@@ -486,6 +486,9 @@ async fn restore_one(
     };
     let mut job = job.context("the picture cannot be read")?;
     job.view = ask.view;
+    // The format is the client's choice: one its picture does not fit is a bad request.
+    job.check_webp_size()
+        .map_err(|e| Failure::error(Kind::BadInput, format!("{e:#}")))?;
     let (reply, result) = tokio::sync::oneshot::channel();
     let sent = app
         .tx
