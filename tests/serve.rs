@@ -502,3 +502,38 @@ fn a_webp_too_wide_for_webp_is_a_bad_request() {
     let (status, _, _, _) = server.post("/v1/restore?format=png", &wide);
     assert_eq!(status, 200);
 }
+
+/// Valid BMPs whose headers differ from the common one are sized as decoders size them: a
+/// top-down BMP (negative height, as many Windows tools write) and an OS/2 1.x BMP (12-byte
+/// header, 16-bit sides) are restored, not refused as absurdly large.
+#[test]
+fn top_down_and_os2_bmps_are_sized_right() {
+    let dir = tempfile::tempdir().unwrap();
+    let bmp = std::fs::read(portrait(dir.path(), 256, "bmp")).unwrap();
+    let u32_at = |i: usize| u32::from_le_bytes(bmp[i..i + 4].try_into().unwrap()) as usize;
+    let (offset, w, h) = (u32_at(10), u32_at(18), u32_at(22));
+    assert_eq!((u32_at(14), bmp[28]), (40, 24), "a 24-bit BMP with a Windows header");
+    let row = (w * 3 + 3) & !3;
+    let rows: Vec<&[u8]> = bmp[offset..offset + row * h].chunks_exact(row).collect();
+    // Top-down: the rows in reading order, the height negative.
+    let mut top_down = bmp[..offset].to_vec();
+    top_down[22..26].copy_from_slice(&(-(h as i32)).to_le_bytes());
+    rows.iter().rev().for_each(|r| top_down.extend_from_slice(r));
+    // OS/2 1.x: a 12-byte core header with 16-bit sides, the same rows.
+    let mut os2 = b"BM".to_vec();
+    os2.extend(((26 + row * h) as u32).to_le_bytes());
+    os2.extend([0u8; 4]);
+    os2.extend(26u32.to_le_bytes());
+    os2.extend(12u32.to_le_bytes());
+    os2.extend((w as u16).to_le_bytes());
+    os2.extend((h as u16).to_le_bytes());
+    os2.extend(1u16.to_le_bytes());
+    os2.extend(24u16.to_le_bytes());
+    rows.iter().for_each(|r| os2.extend_from_slice(r));
+    let server = Server::start(&["--model", &model("standin/identity-256.onnx")]);
+    for (what, body) in [("top-down", &top_down), ("OS/2 1.x", &os2)] {
+        let (status, out, _, _) = server.post("/v1/restore?format=png", body);
+        assert_eq!(status, 200, "{what}: {}", String::from_utf8_lossy(&out));
+        assert_eq!(&out[..8], b"\x89PNG\r\n\x1a\n", "{what}");
+    }
+}

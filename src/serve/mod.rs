@@ -416,26 +416,48 @@ fn check_picture(bytes: &[u8], max_pixels: u64) -> Result<&'static str> {
             ))
         }
     };
-    let size = imagesize::blob_size(bytes).map_err(|_| {
+    let damaged = || {
         Failure::error(
             Kind::BadInput,
             "the picture's header is damaged: its size cannot be read",
         )
-    })?;
-    let pixels = size.width as u64 * size.height as u64;
+    };
+    let (width, height) = if ext == "bmp" {
+        bmp_size(bytes).ok_or_else(damaged)?
+    } else {
+        let size = imagesize::blob_size(bytes).map_err(|_| damaged())?;
+        (size.width as u64, size.height as u64)
+    };
+    let pixels = width * height;
     if pixels > max_pixels {
         return Err(Failure::error(
             Kind::TooLarge,
             format!(
                 "a {}x{} picture ({:.1} megapixels) is larger than this service takes ({:.1}, --max-pixels); scale it down first",
-                size.width,
-                size.height,
+                width,
+                height,
                 pixels as f64 / 1e6,
                 max_pixels as f64 / 1e6
             ),
         ));
     }
     Ok(ext)
+}
+
+/// A BMP's size from its info header, read as decoders read it: a Windows header's height
+/// negative for a picture stored top-down (as many Windows tools write it), an OS/2 1.x header
+/// (12 bytes) with 16-bit sides. `None` for a header too short to hold them.
+fn bmp_size(bytes: &[u8]) -> Option<(u64, u64)> {
+    let u16_at = |i: usize| Some(u16::from_le_bytes(bytes.get(i..i + 2)?.try_into().ok()?));
+    let i32_at = |i: usize| Some(i32::from_le_bytes(bytes.get(i..i + 4)?.try_into().ok()?));
+    let header = u32::from_le_bytes(bytes.get(14..18)?.try_into().ok()?);
+    if header == 12 {
+        return Some((u64::from(u16_at(18)?), u64::from(u16_at(20)?)));
+    }
+    Some((
+        u64::from(i32_at(18)?.unsigned_abs()),
+        u64::from(i32_at(22)?.unsigned_abs()),
+    ))
 }
 
 /// The request's query checked and a place in the queue taken, or why not.
