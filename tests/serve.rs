@@ -433,6 +433,13 @@ fn a_request_leaves_nothing_on_disk_even_when_its_client_leaves() {
     std::thread::sleep(Duration::from_millis(500));
     let left = files_under(tmp.path());
     assert_eq!(left, before, "the requests left files behind");
+    // The clients that left are logged and counted, each as answered or gone.
+    let gone = server.metric("gpen_requests_total{outcome=\"client_gone\"}");
+    let ok = server.metric("gpen_requests_total{outcome=\"ok\"}");
+    assert!(gone >= 1.0, "no request counted as its client gone");
+    assert_eq!(gone + ok, 6.0, "every request counted once: {gone} gone, {ok} ok");
+    let log = server.log.lock().unwrap().clone();
+    assert!(log.contains("client_gone"), "{log}");
     assert_eq!(server.stop(), Some(0));
 }
 

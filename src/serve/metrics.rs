@@ -18,10 +18,12 @@ pub enum Outcome {
     SlowClient,
     Timeout,
     Error,
+    /// The client closed the connection before its answer.
+    ClientGone,
 }
 
 impl Outcome {
-    const ALL: [Outcome; 7] = [
+    const ALL: [Outcome; 8] = [
         Outcome::Ok,
         Outcome::BadRequest,
         Outcome::TooLarge,
@@ -29,6 +31,7 @@ impl Outcome {
         Outcome::SlowClient,
         Outcome::Timeout,
         Outcome::Error,
+        Outcome::ClientGone,
     ];
 
     fn name(self) -> &'static str {
@@ -40,6 +43,7 @@ impl Outcome {
             Outcome::SlowClient => "slow_client",
             Outcome::Timeout => "timeout",
             Outcome::Error => "error",
+            Outcome::ClientGone => "client_gone",
         }
     }
 }
@@ -50,7 +54,7 @@ const BUCKETS: [f64; 12] = [0.01, 0.025, 0.05, 0.1, 0.13, 0.25, 0.5, 1.0, 2.5, 5
 /// Counters shared by the request handlers and the metrics page.
 #[derive(Default)]
 pub(crate) struct Metrics {
-    outcomes: [AtomicU64; 7],
+    outcomes: [AtomicU64; Outcome::ALL.len()],
     /// Restore requests answered 200, by latency bucket (the last is +Inf).
     buckets: [AtomicU64; BUCKETS.len() + 1],
     latency_us: AtomicU64,

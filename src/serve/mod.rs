@@ -596,6 +596,13 @@ async fn restore(
     req: Request,
 ) -> Response {
     let start = Instant::now();
+    // A client that closes the connection drops this future before its answer: the guard
+    // logs and counts it then.
+    let gone = Gone {
+        app: app.clone(),
+        start,
+        answered: false,
+    };
     let (response, outcome, faces) = match restore_one(&app, query, req.into_body(), start).await {
         Ok(r) => {
             let faces = r.done.faces;
@@ -606,8 +613,33 @@ async fn restore(
             (response, outcome, 0)
         }
     };
+    let mut gone = gone;
+    gone.answered = true;
     log_request(&app, start, &response, outcome, faces);
     response
+}
+
+/// Logs and counts a request whose client left before its answer (see [`restore`]).
+struct Gone {
+    app: Arc<App>,
+    start: Instant,
+    answered: bool,
+}
+
+impl Drop for Gone {
+    fn drop(&mut self) {
+        if self.answered {
+            return;
+        }
+        self.app.metrics.record(Outcome::ClientGone, self.start.elapsed(), 0);
+        tracing::info!(
+            method = "POST",
+            path = "/v1/restore",
+            outcome = "client_gone",
+            ms = format!("{:.1}", self.start.elapsed().as_secs_f64() * 1e3),
+            "request: the client closed the connection before its answer"
+        );
+    }
 }
 
 /// Logs and counts a request's answer.
