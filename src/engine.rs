@@ -222,7 +222,7 @@ impl Job {
         } else {
             (w, h)
         };
-        let side = self.view.map_or(self.treatment.compare, |v| v.compare) == Some(crate::frame::Compare::Side);
+        let side = self.view().compare == Some(crate::frame::Compare::Side);
         let widest = if side { (2 * uw).max(uh) } else { uw.max(uh) };
         if widest > WEBP_MAX_SIDE {
             anyhow::bail!(
@@ -232,9 +232,7 @@ impl Job {
         }
         Ok(())
     }
-}
 
-impl Job {
     /// How the job's pictures are shown: its own view, else the treatment's.
     pub(crate) fn view(&self) -> View {
         self.view.unwrap_or_else(|| self.treatment.view())

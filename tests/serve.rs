@@ -486,20 +486,7 @@ fn a_service_whose_model_cannot_load_exits_non_zero_with_the_reason() {
 fn a_webp_too_wide_for_webp_is_a_bad_request() {
     let dir = tempfile::tempdir().unwrap();
     let wide = dir.path().join("wide.png");
-    tool(
-        "ffmpeg",
-        &[
-            "-v",
-            "error",
-            "-f",
-            "lavfi",
-            "-i",
-            "color=c=gray:s=16400x16",
-            "-frames:v",
-            "1",
-            wide.to_str().unwrap(),
-        ],
-    );
+    lavfi_picture("color=c=gray:s=16400x16", &wide);
     let wide = std::fs::read(&wide).unwrap();
     let server = Server::start(&["--model", &model("standin/identity-256.onnx")]);
     let (status, body, _, _) = server.post("/v1/restore?format=webp", &wide);

@@ -325,20 +325,7 @@ fn a_deeper_still_is_written_with_eight_bits_and_says_so() {
 fn a_webp_output_too_wide_for_webp_is_refused_up_front() {
     let dir = tempfile::tempdir().unwrap();
     let wide = dir.path().join("wide.png");
-    tool(
-        "ffmpeg",
-        &[
-            "-v",
-            "error",
-            "-f",
-            "lavfi",
-            "-i",
-            "color=c=gray:s=16400x16",
-            "-frames:v",
-            "1",
-            wide.to_str().unwrap(),
-        ],
-    );
+    lavfi_picture("color=c=gray:s=16400x16", &wide);
     let out = dir.path().join("out.webp");
     let r = gpen(&[&wide, &out]);
     let err = String::from_utf8_lossy(&r.stderr);

@@ -408,18 +408,14 @@ fn bench_reports_what_the_stages_around_the_model_can_feed() {
         );
     }
     // The model runs of detection and the mesh are timed apart from the rest of their stages.
-    let runs: Vec<(&str, f64)> = f["fast_stage_model_ms"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|s| (s[0].as_str().unwrap(), s[1].as_f64().unwrap()))
-        .collect();
-    let fast: Vec<(&str, f64)> = f["fast_stage_core_ms"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|s| (s[0].as_str().unwrap(), s[1].as_f64().unwrap()))
-        .collect();
+    let per_stage = |k: &str| -> Vec<(&str, f64)> {
+        f[k].as_array()
+            .unwrap()
+            .iter()
+            .map(|s| (s[0].as_str().unwrap(), s[1].as_f64().unwrap()))
+            .collect()
+    };
+    let (runs, fast) = (per_stage("fast_stage_model_ms"), per_stage("fast_stage_core_ms"));
     for (name, ms) in &runs {
         let whole = fast.iter().find(|(n, _)| n == name).map(|(_, ms)| *ms).unwrap();
         assert!(*ms > 0.0 && *ms < whole, "{name}: model {ms} of {whole} core-ms");

@@ -15,7 +15,7 @@ use serde::Serialize;
 use crate::config::Settings;
 use crate::engine::{CancelToken, Engine, Job};
 use crate::pipeline;
-use crate::stats::{gpu_memory_by_index, peak_rss, Summary};
+use crate::stats::{gpu_memory_by_index, peak_rss, StageStat, Summary};
 
 /// What to measure.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -337,14 +337,17 @@ fn feed(engine: &mut Engine, job: &Job, repeat: usize, name: &str, log: &dyn Fn(
             ));
         }
         let per_face = |(s, cpu): &(Summary, Duration)| 1000.0 * cpu.as_secs_f64() / s.faces.max(1) as f64;
-        let stage_ms_of = |runs: &[(Summary, Duration)], n: &str| {
+        // The median over `runs` of stage `n`'s `time` (its CPU, or the part in model runs)
+        // per face, in ms.
+        let ms_of = |runs: &[(Summary, Duration)], n: &str, time: fn(&StageStat) -> Duration| {
             median(
                 runs.iter()
                     .filter_map(|(s, _)| s.stages.iter().find(|st| st.name == n).map(|st| (st, s.faces)))
-                    .map(|(st, faces)| 1000.0 * st.cpu.as_secs_f64() / faces.max(1) as f64)
+                    .map(|(st, faces)| 1000.0 * time(st).as_secs_f64() / faces.max(1) as f64)
                     .collect(),
             )
         };
+        let stage_ms_of = |runs: &[(Summary, Duration)], n: &str| ms_of(runs, n, |st| st.cpu);
         let names: Vec<&'static str> = runs[0]
             .0
             .stages
@@ -353,14 +356,6 @@ fn feed(engine: &mut Engine, job: &Job, repeat: usize, name: &str, log: &dyn Fn(
             .filter(|n| *n != "dispatch")
             .collect();
         let stage_ms = |n: &str| stage_ms_of(&runs, n);
-        let model_ms_of = |runs: &[(Summary, Duration)], n: &str| {
-            median(
-                runs.iter()
-                    .filter_map(|(s, _)| s.stages.iter().find(|st| st.name == n).map(|st| (st, s.faces)))
-                    .map(|(st, faces)| 1000.0 * st.model_cpu.as_secs_f64() / faces.max(1) as f64)
-                    .collect(),
-            )
-        };
         let fast_ms = median(fast_runs.iter().map(per_face).collect());
         let detect = stage_ms("detect");
         Ok(Feeder {
@@ -376,7 +371,7 @@ fn feed(engine: &mut Engine, job: &Job, repeat: usize, name: &str, log: &dyn Fn(
                 .collect(),
             fast_stage_model_ms: ON_GPU
                 .iter()
-                .map(|(n, _)| (n.to_string(), model_ms_of(&fast_runs, n)))
+                .map(|(n, _)| (n.to_string(), ms_of(&fast_runs, n, |st| st.model_cpu)))
                 .collect(),
             stage_threads: names
                 .iter()

@@ -1041,9 +1041,31 @@ mod tests {
             warp_to_tensor(&img, w, h, &to_crop, size, &mut b);
             // The fused taps add the same products in another order: a few float steps apart
             // (in [-1, 1], so 1e-5 is about a thousandth of a level); the plain taps are exact.
-            let worst = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0.0f32, f32::max);
+            let apart = |a: &[f32]| a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0.0f32, f32::max);
             let allowed = if fused_taps() { 1e-5 } else { 0.0 };
-            assert!(worst <= allowed, "angle {angle}, scale {scale}: {worst} apart");
+            assert!(
+                apart(&a) <= allowed,
+                "angle {angle}, scale {scale}: {} apart",
+                apart(&a)
+            );
+            // Each sampler on its own, whichever the CPU and the switch pick for a run.
+            let Some(region) = region else { continue };
+            let r = texel_rect(region, (w, h));
+            let mut tex = Vec::new();
+            load_texels(&img, w, r, &mut tex);
+            let inv = to_crop.inverse().unwrap();
+            warp_cubic_body::<[f32], false>(&tex, r, (w, h), &inv, size, &mut a[..]);
+            assert_eq!(apart(&a), 0.0, "plain taps: angle {angle}, scale {scale}");
+            #[cfg(target_arch = "x86_64")]
+            if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+                // SAFETY: the CPU has AVX2 and FMA (checked just above).
+                unsafe { warp_cubic_fused(&tex, r, (w, h), &inv, size, &mut a[..]) };
+                assert!(
+                    apart(&a) <= 1e-5,
+                    "fused taps: angle {angle}, scale {scale}: {} apart",
+                    apart(&a)
+                );
+            }
         }
         let field: Vec<f32> = (0..w * h * 3).map(|i| ((i * 31) % 97) as f32 - 48.5).collect();
         for k in 0..4000 {

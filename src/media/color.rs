@@ -160,6 +160,16 @@ pub fn rgb_buffer(f: &mut Frame) {
     }
 }
 
+/// Takes `f.rgb` off the frame: a whole picture's buffer back to `pool` for the next frame, a
+/// partial picture's (made for it, see [`rgb_buffer`]) freed, so its pages go back and no pool
+/// keeps buffers that decoding never takes for a partial picture.
+pub fn give_back_rgb(f: &mut Frame, pool: &crate::frame::Pool<Vec<u8>>) {
+    let rgb = std::mem::take(&mut f.rgb);
+    if f.picture.partial_source().is_none() {
+        pool.put_vec(rgb);
+    }
+}
+
 /// Makes `f.rgb` the whole picture and the output, dropping the decoded picture (a still
 /// turned upright, a side-by-side view).
 pub fn into_rgb(f: &mut Frame) {

@@ -267,12 +267,7 @@ pub(crate) fn align(ctx: &StageCtx, rx: Receiver<FaceFrame>, tx: Sender<FaceFram
         // their way through the model, the filter and the paste hold no 6 MB copy of a 1080p
         // picture each. A compare view builds on the RGB picture and keeps it.
         if ff.frame.picture.is_planes() && ff.frame.view.unwrap_or(view).compare.is_none() {
-            let rgb = std::mem::take(&mut ff.frame.rgb);
-            // A partial picture's buffer was made for it (see `rgb_buffer`): freed, it gives
-            // its pages back; a whole one goes back to the pool.
-            if ff.frame.picture.partial_source().is_none() {
-                ctx.pools.rgb.put_vec(rgb);
-            }
+            crate::media::color::give_back_rgb(&mut ff.frame, &ctx.pools.rgb);
         }
         Ok(())
     };
@@ -460,7 +455,7 @@ pub fn encode(
             if let Some(sink) = &mut faces {
                 sink.warm_frame(frame.index, &jobs)?;
             }
-            rgb_pool.put_vec(std::mem::take(&mut frame.rgb));
+            crate::media::color::give_back_rgb(&mut frame, rgb_pool);
             continue;
         }
         if cancel.is_cancelled() {
@@ -481,7 +476,7 @@ pub fn encode(
             sink.frame(frame.index, &jobs)?;
         }
         progress(encoder.frames());
-        rgb_pool.put_vec(std::mem::take(&mut frame.rgb));
+        crate::media::color::give_back_rgb(&mut frame, rgb_pool);
         if let Picture::Planes { changes, .. } = &mut frame.picture {
             changes.drain(..).for_each(|c| change_pool.put(c.rgb));
         }
@@ -535,7 +530,8 @@ mod tests {
             },
             width: w,
             height: h,
-            rgb: vec![0; w * h * 3],
+            // As decoding leaves a partial picture: no RGB buffer until a region needs one.
+            rgb: Vec::new(),
             ..Frame::blank(0)
         };
         let tpl = crate::faces::align::template(size);
@@ -560,16 +556,21 @@ mod tests {
             };
             let (mut a, mut b) = (Vec::new(), Vec::new());
             let mut scratch = WarpScratch::default();
-            let ra = align_face(&mut frame(true), &face, (&tpl, size), &mut a, &mut scratch);
-            let rb = align_face(&mut frame(false), &face, (&tpl, size), &mut b, &mut scratch);
+            let (mut planes, mut rgb) = (frame(true), frame(false));
+            let ra = align_face(&mut planes, &face, (&tpl, size), &mut a, &mut scratch);
+            let rb = align_face(&mut rgb, &face, (&tpl, size), &mut b, &mut scratch);
+            // Read from the planes, the picture never made its RGB buffer; read from RGB, it
+            // made it whole-sized when the face's region was first converted.
+            assert!(planes.rgb.is_empty() && rgb.rgb.len() == w * h * 3);
             assert_eq!(ra.1, rb.1);
             assert!(ra.1.is_some());
             assert_eq!(a, b, "angle {angle}, scale {scale}");
             // The mesh's input, floats, the same way.
             let (mut fa, mut fb) = (vec![0.0f32; 3 * size * size], vec![0.0f32; 3 * size * size]);
-            warp_from_frame(&mut frame(true), &ra.0, ra.1, size, &mut fa[..], &mut scratch);
+            warp_from_frame(&mut planes, &ra.0, ra.1, size, &mut fa[..], &mut scratch);
             warp_from_frame(&mut frame(false), &ra.0, ra.1, size, &mut fb[..], &mut scratch);
             assert_eq!(fa, fb, "mesh input: angle {angle}, scale {scale}");
+            assert!(planes.rgb.is_empty(), "the mesh's crop read from the planes too");
         }
     }
 }

@@ -273,7 +273,7 @@ fn encode<R: Send>(
                 with_faces += u64::from(!faces.is_empty());
             }
             done(tag, outcome);
-            rgb_pool.put(std::mem::take(&mut frame.rgb));
+            crate::media::color::give_back_rgb(&mut frame, rgb_pool);
         }
         (clock.finish(), n_faces, with_faces)
     };

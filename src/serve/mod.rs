@@ -598,7 +598,7 @@ async fn restore(
     let start = Instant::now();
     // A client that closes the connection drops this future before its answer: the guard
     // logs and counts it then.
-    let gone = Gone {
+    let mut gone = Gone {
         app: app.clone(),
         start,
         answered: false,
@@ -613,7 +613,6 @@ async fn restore(
             (response, outcome, 0)
         }
     };
-    let mut gone = gone;
     gone.answered = true;
     log_request(&app, start, &response, outcome, faces);
     response

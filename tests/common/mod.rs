@@ -58,6 +58,11 @@ pub fn ffmpeg(args: &[&str]) {
     tool("ffmpeg", &all);
 }
 
+/// One picture of FFmpeg's lavfi `source` (e.g. `color=c=gray:s=16400x16`) written to `out`.
+pub fn lavfi_picture(source: &str, out: &Path) {
+    ffmpeg(&["-f", "lavfi", "-i", source, "-frames:v", "1", arg(out)]);
+}
+
 /// A path as a command-line argument (the tests' paths are UTF-8).
 pub fn arg(p: &Path) -> &str {
     p.to_str().unwrap()
