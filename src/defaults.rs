@@ -79,6 +79,9 @@ pub const QUEUE: usize = 64;
 pub const MAX_BODY_MB: u64 = 50;
 /// `serve`: largest picture, in pixels, read from its header before decoding.
 pub const MAX_PIXELS: u64 = 40_000_000;
+/// `serve`: most bytes a picture's compressed metadata (PNG zTXt, iTXt, iCCP) may inflate to;
+/// real ICC profiles and text stay far below it.
+pub const MAX_METADATA_BYTES: u64 = 8 << 20;
 /// `serve`: seconds a client has to send its headers and then its body.
 pub const READ_TIMEOUT_S: u64 = 10;
 /// `serve`: seconds from a request's arrival to its answer.

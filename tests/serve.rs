@@ -531,3 +531,101 @@ fn top_down_and_os2_bmps_are_sized_right() {
         assert_eq!(&out[..8], b"\x89PNG\r\n\x1a\n", "{what}");
     }
 }
+
+/// The CRC-32 of a PNG chunk's type and data (ISO 3309, as PNG uses it).
+fn crc32(bytes: &[u8]) -> u32 {
+    let mut c = !0u32;
+    for &b in bytes {
+        c ^= u32::from(b);
+        for _ in 0..8 {
+            c = if c & 1 == 1 { 0xedb8_8320 ^ (c >> 1) } else { c >> 1 };
+        }
+    }
+    !c
+}
+
+/// `png` with a chunk of `kind` holding `data` put after its IHDR, its CRC right.
+fn with_chunk(png: &[u8], kind: &[u8; 4], data: &[u8]) -> Vec<u8> {
+    let mut chunk = (data.len() as u32).to_be_bytes().to_vec();
+    chunk.extend(kind);
+    chunk.extend(data);
+    chunk.extend(crc32(&chunk[4..]).to_be_bytes());
+    let mut out = png[..33].to_vec();
+    out.extend(chunk);
+    out.extend(&png[33..]);
+    out
+}
+
+#[test]
+fn metadata_bombs_and_hidden_frame_headers_are_refused_before_decoding() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = std::fs::read(portrait(dir.path(), 256, "png")).unwrap();
+    assert_eq!(&good[12..16], b"IHDR");
+    // 64 MiB of zeros in 64 KB: a zTXt comment, an ICC profile, a compressed iTXt.
+    let zeros = miniz_oxide::deflate::compress_to_vec_zlib(&vec![0u8; 64 << 20], 9);
+    let meta = |head: &[u8]| [head, &zeros[..]].concat();
+    let bombs = [
+        ("zTXt", with_chunk(&good, b"zTXt", &meta(b"Comment\0\0"))),
+        ("iCCP", with_chunk(&good, b"iCCP", &meta(b"icc\0\0"))),
+        (
+            "iTXt",
+            with_chunk(&good, b"iTXt", &meta(b"XML:com.adobe.xmp\0\x01\0\0\0")),
+        ),
+    ];
+    // A real comment, compressed, is kept out of the way and the picture restored.
+    let small = miniz_oxide::deflate::compress_to_vec_zlib(&b"restored with care ".repeat(100), 6);
+    let commented = with_chunk(&good, b"zTXt", &[&b"Comment\0\0"[..], &small].concat());
+    // A 2000x2000 JPEG with a 16x16 frame header before its own, and a 2000x2000 lossless
+    // WebP inside a VP8X canvas that says 64x64: the decoder makes the large picture.
+    let big_jpg = dir.path().join("big.jpg");
+    lavfi_picture("testsrc2=s=2000x2000", &big_jpg);
+    let big_jpg = std::fs::read(big_jpg).unwrap();
+    let mut two_sofs = vec![
+        0xff, 0xd8, 0xff, 0xc0, 0, 17, 8, 0, 16, 0, 16, 3, 1, 0x22, 0, 2, 0x11, 1, 3, 0x11, 1,
+    ];
+    two_sofs.extend(&big_jpg[2..]);
+    let big_webp = dir.path().join("big.webp");
+    ffmpeg(&[
+        "-f",
+        "lavfi",
+        "-i",
+        "testsrc2=s=2000x2000",
+        "-frames:v",
+        "1",
+        "-c:v",
+        "libwebp",
+        "-lossless",
+        "1",
+        arg(&big_webp),
+    ]);
+    let big_webp = std::fs::read(big_webp).unwrap();
+    assert_eq!(&big_webp[12..16], b"VP8L", "a simple lossless WebP");
+    let mut body = b"WEBPVP8X".to_vec();
+    body.extend(10u32.to_le_bytes());
+    body.extend([0, 0, 0, 0, 63, 0, 0, 63, 0, 0]);
+    body.extend(&big_webp[12..]);
+    let mut canvas = b"RIFF".to_vec();
+    canvas.extend((body.len() as u32).to_le_bytes());
+    canvas.extend(body);
+
+    let server = Server::start(&[
+        "--model",
+        &model("standin/identity-256.onnx"),
+        "--max-pixels",
+        "1000000",
+    ]);
+    for (chunk, bomb) in &bombs {
+        let (status, body, _, _) = server.post("/v1/restore", bomb);
+        let text = String::from_utf8_lossy(&body);
+        assert_eq!(status, 413, "{chunk}: {text}");
+        assert!(text.contains(chunk) && text.contains("MiB"), "{chunk}: {text}");
+    }
+    for (what, hidden) in [("JPEG", &two_sofs), ("WebP", &canvas)] {
+        let (status, body, _, _) = server.post("/v1/restore", hidden);
+        let text = String::from_utf8_lossy(&body);
+        assert_eq!(status, 413, "{what}: {text}");
+        assert!(text.contains("2000x2000"), "{what}: {text}");
+    }
+    let (status, body, _, _) = server.post("/v1/restore?format=png", &commented);
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+}

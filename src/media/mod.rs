@@ -2,6 +2,7 @@
 //! with their pictures, and encoded output files (videos with their side streams, stills).
 //! Everything that touches FFmpeg's pictures and colour lives here.
 
+pub(crate) mod bounds;
 pub mod color;
 pub mod compare;
 pub mod decode;

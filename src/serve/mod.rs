@@ -27,6 +27,7 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, Context, Result};
 
 use crate::engine::{kind_of, Failure, Kind};
+use crate::media::bounds;
 use axum::body::Body;
 use axum::extract::{DefaultBodyLimit, Query, Request, State};
 use axum::http::{header, HeaderValue, StatusCode};
@@ -400,8 +401,10 @@ async fn receive(body: Body, opts: &ServeOptions) -> Result<axum::body::Bytes> {
     Ok(bytes)
 }
 
-/// The picture's format (its writer's extension) and size from its header, before anything is
-/// decoded: a picture over `--max-pixels` is refused without being allocated.
+/// The picture's format (its writer's extension), checked before anything is decoded: the
+/// largest frame any of its headers declares within `--max-pixels` (what its decoder will
+/// allocate, whichever header it reads), and its compressed metadata within
+/// [`crate::defaults::MAX_METADATA_BYTES`] inflated, so a decompression bomb is never allocated.
 fn check_picture(bytes: &[u8], max_pixels: u64) -> Result<&'static str> {
     let ext = match imagesize::image_type(bytes) {
         Ok(imagesize::ImageType::Png) => "png",
@@ -416,19 +419,13 @@ fn check_picture(bytes: &[u8], max_pixels: u64) -> Result<&'static str> {
             ))
         }
     };
-    let damaged = || {
+    let (width, height) = bounds::largest_frame(bytes, ext).ok_or_else(|| {
         Failure::error(
             Kind::BadInput,
             "the picture's header is damaged: its size cannot be read",
         )
-    };
-    let (width, height) = if ext == "bmp" {
-        bmp_size(bytes).ok_or_else(damaged)?
-    } else {
-        let size = imagesize::blob_size(bytes).map_err(|_| damaged())?;
-        (size.width as u64, size.height as u64)
-    };
-    let pixels = width * height;
+    })?;
+    let pixels = width.saturating_mul(height);
     if pixels > max_pixels {
         return Err(Failure::error(
             Kind::TooLarge,
@@ -441,23 +438,17 @@ fn check_picture(bytes: &[u8], max_pixels: u64) -> Result<&'static str> {
             ),
         ));
     }
-    Ok(ext)
-}
-
-/// A BMP's size from its info header, read as decoders read it: a Windows header's height
-/// negative for a picture stored top-down (as many Windows tools write it), an OS/2 1.x header
-/// (12 bytes) with 16-bit sides. `None` for a header too short to hold them.
-fn bmp_size(bytes: &[u8]) -> Option<(u64, u64)> {
-    let u16_at = |i: usize| Some(u16::from_le_bytes(bytes.get(i..i + 2)?.try_into().ok()?));
-    let i32_at = |i: usize| Some(i32::from_le_bytes(bytes.get(i..i + 4)?.try_into().ok()?));
-    let header = u32::from_le_bytes(bytes.get(14..18)?.try_into().ok()?);
-    if header == 12 {
-        return Some((u64::from(u16_at(18)?), u64::from(u16_at(20)?)));
+    let limit = crate::defaults::MAX_METADATA_BYTES;
+    if let Some(chunk) = bounds::metadata_over(bytes, limit) {
+        return Err(Failure::error(
+            Kind::TooLarge,
+            format!(
+                "the PNG's compressed metadata (its {chunk} chunk) inflates to more than {} MiB, which no photo needs; remove it (e.g. magick in.png -strip out.png) and send that",
+                limit >> 20
+            ),
+        ));
     }
-    Some((
-        u64::from(i32_at(18)?.unsigned_abs()),
-        u64::from(i32_at(22)?.unsigned_abs()),
-    ))
+    Ok(ext)
 }
 
 /// The request's query checked and a place in the queue taken, or why not.
