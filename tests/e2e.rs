@@ -1072,3 +1072,47 @@ fn quality_on_a_video_is_named_as_having_no_effect() {
     );
     assert!(out.is_file());
 }
+
+/// `src`'s video remuxed into `out` (through `vf`, re-encoded, when given) with its track's
+/// display matrix set to `abcd` (the 2x2 part, 16.16 fixed point) in the MP4 track header, as
+/// a phone writes it: a front camera's mirror, a picture stored upside down or transposed.
+fn with_display_matrix(src: &Path, out: &Path, vf: Option<&str>, abcd: [i32; 4]) {
+    let mut args = vec!["-i", src.to_str().unwrap(), "-an", "-frames:v", "30"];
+    match vf {
+        Some(vf) => args.extend(["-vf", vf, "-c:v", "libx264", "-preset", "ultrafast", "-crf", "12"]),
+        None => args.extend(["-c", "copy"]),
+    }
+    args.push(out.to_str().unwrap());
+    ffmpeg(&args);
+    let mut mp4 = std::fs::read(out).unwrap();
+    let at = mp4.windows(4).position(|w| w == b"tkhd").unwrap();
+    let matrix = at + if mp4[at + 4] == 1 { 56 } else { 44 };
+    for (k, v) in abcd.into_iter().enumerate() {
+        let i = matrix + 4 * [0, 1, 3, 4][k];
+        mp4[i..i + 4].copy_from_slice(&v.to_be_bytes());
+    }
+    std::fs::write(out, mp4).unwrap();
+}
+
+#[test]
+fn mirrored_and_flipped_phone_videos_are_searched_upright_and_keep_their_matrix() {
+    let dir = tempfile::tempdir().unwrap();
+    let upright = asset("samples/test/astronaut.mp4");
+    let model = asset("models/standin/identity-256.onnx");
+    const ONE: i32 = 1 << 16;
+    // A front camera's horizontal mirror (stored upright), a picture stored upside down and
+    // shown through a vertical mirror, and one stored transposed.
+    for (name, vf, abcd) in [
+        ("hflip", None, [-ONE, 0, 0, ONE]),
+        ("vflip", Some("vflip"), [ONE, 0, 0, -ONE]),
+        ("transposed", Some("transpose=cclock_flip"), [0, ONE, ONE, 0]),
+    ] {
+        let input = dir.path().join(format!("{name}.mp4"));
+        with_display_matrix(&upright, &input, vf, abcd);
+        let matrix = |f: &Path| probe_video(f, "stream_side_data=displaymatrix").trim().to_string();
+        assert!(!matrix(&input).is_empty(), "{name}: the source has its matrix");
+        let (out, faces, _) = run_with_faces(dir.path(), &input, &format!("{name}-out.mp4"), &model, &[]);
+        assert_faces_found(&faces, 90);
+        assert_eq!(matrix(&out), matrix(&input), "{name}: the display matrix kept");
+    }
+}

@@ -188,13 +188,9 @@ fn probe_source(path: &Path, bytes: Option<Arc<[u8]>>) -> Result<SourceInfo> {
         .side_data()
         .find(|sd| sd.kind() == ffmpeg::codec::packet::side_data::Type::DisplayMatrix && sd.data().len() >= 36)
         .map(|sd| {
-            // SAFETY: a display matrix is nine 32-bit integers; the length was checked.
-            let angle = unsafe { ffmpeg::ffi::av_display_rotation_get(sd.data().as_ptr() as *const i32) };
-            if angle.is_nan() {
-                0
-            } else {
-                (((angle / 90.0).round() as i64 * 90).rem_euclid(360)) as u32
-            }
+            let m: [i32; 9] =
+                std::array::from_fn(|i| i32::from_ne_bytes(sd.data()[4 * i..4 * i + 4].try_into().unwrap_or_default()));
+            upright_turn(m)
         })
         .unwrap_or(0);
     let orientation = match &bytes {
@@ -217,6 +213,28 @@ fn probe_source(path: &Path, bytes: Option<Arc<[u8]>>) -> Result<SourceInfo> {
         rotation,
         orientation,
     })
+}
+
+/// The turn, degrees counterclockwise (0, 90, 180 or 270), that shows a picture stored under
+/// display matrix `m` with its faces upright. A matrix that mirrors (a front camera's, its
+/// determinant negative) is the mirror after a turn: the turn is the matrix's once its mirror
+/// is taken off (FFmpeg's own reading takes a horizontal mirror for a half turn, and faces
+/// would be searched upside down). Mirrored faces are still upright faces.
+fn upright_turn(mut m: [i32; 9]) -> u32 {
+    let det = i64::from(m[0]) * i64::from(m[4]) - i64::from(m[1]) * i64::from(m[3]);
+    if det < 0 {
+        // A horizontal mirror undone: the first column negated (av_display_matrix_flip's way).
+        for i in [0, 3, 6] {
+            m[i] = m[i].saturating_neg();
+        }
+    }
+    // SAFETY: `m` is a display matrix of nine 32-bit integers, as the function reads.
+    let angle = unsafe { ffmpeg::ffi::av_display_rotation_get(m.as_ptr()) };
+    if angle.is_nan() {
+        0
+    } else {
+        (((angle / 90.0).round() as i64 * 90).rem_euclid(360)) as u32
+    }
 }
 
 /// How decoding ended.
@@ -683,5 +701,42 @@ impl<'a> Convert<'a> {
         std::mem::swap(&mut self.yuv, &mut self.sw);
         self.sw = VideoFrame::empty();
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::upright_turn;
+
+    /// Display matrix of `turn` degrees (as `av_display_rotation_set` makes it), mirrored.
+    fn matrix(turn: u32, hflip: i32, vflip: i32) -> [i32; 9] {
+        let mut m = [0i32; 9];
+        // SAFETY: `m` is nine 32-bit integers, the display matrix both functions write.
+        unsafe {
+            ffmpeg_next::ffi::av_display_rotation_set(m.as_mut_ptr(), f64::from(turn));
+            ffmpeg_next::ffi::av_display_matrix_flip(m.as_mut_ptr(), hflip, vflip);
+        }
+        m
+    }
+
+    #[test]
+    fn every_display_matrix_turns_faces_upright_mirrors_included() {
+        for turn in [0u32, 90, 180, 270] {
+            // The plain turn reads as FFmpeg reads it (the other way round from how it is set);
+            // a horizontal mirror keeps it, a vertical one (a mirror and a half turn) adds 180.
+            let plain = upright_turn(matrix(turn, 0, 0));
+            assert_eq!(plain, (360 - turn) % 360);
+            assert_eq!(upright_turn(matrix(turn, 1, 0)), plain, "turn {turn}, mirrored");
+            assert_eq!(
+                upright_turn(matrix(turn, 0, 1)),
+                (plain + 180) % 360,
+                "turn {turn}, flipped"
+            );
+            assert_eq!(
+                upright_turn(matrix(turn, 1, 1)),
+                (plain + 180) % 360,
+                "turn {turn}, both"
+            );
+        }
     }
 }
