@@ -1116,3 +1116,93 @@ fn mirrored_and_flipped_phone_videos_are_searched_upright_and_keep_their_matrix(
         assert_eq!(matrix(&out), matrix(&input), "{name}: the display matrix kept");
     }
 }
+
+/// Frame `n` of `f` as a player shows it (turned by its display matrix): width, height, RGB.
+fn shown_frame(f: &Path, n: usize) -> (usize, usize, Vec<u8>) {
+    let size = probe_video(f, "stream=width,height");
+    let mut wh = size.split_whitespace().map(|v| v.parse::<usize>().unwrap());
+    let (w, h) = (wh.next().unwrap(), wh.next().unwrap());
+    let turned = probe_video(f, "stream_side_data=rotation")
+        .trim()
+        .parse::<i32>()
+        .unwrap_or(0)
+        % 180
+        != 0;
+    let (w, h) = if turned { (h, w) } else { (w, h) };
+    let rgb = tool(
+        "ffmpeg",
+        &[
+            "-v",
+            "error",
+            "-i",
+            f.to_str().unwrap(),
+            "-vf",
+            &format!("select=eq(n\\,{n})"),
+            "-frames:v",
+            "1",
+            "-f",
+            "rawvideo",
+            "-pix_fmt",
+            "rgb24",
+            "-",
+        ],
+    );
+    assert_eq!(rgb.len(), w * h * 3, "{}: one {w}x{h} frame as shown", f.display());
+    (w, h, rgb)
+}
+
+#[test]
+fn side_by_side_of_a_sideways_video_shows_the_original_left_and_the_restored_right() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = asset("samples/test/rotated.mp4");
+    let out = dir.path().join("side.mp4");
+    let model = asset("models/standin/negate-256.onnx");
+    ok(&gpen(&[
+        &input,
+        &out,
+        &"--model",
+        &model,
+        &"--compare",
+        &"side",
+        &"--frames",
+        &"12",
+    ]));
+    assert_eq!(
+        probe_video(&out, "stream_side_data=rotation").trim(),
+        "90",
+        "the rotation kept"
+    );
+    let restored = dir.path().join("restored.mp4");
+    ok(&gpen(&[&input, &restored, &"--model", &model, &"--frames", &"12"]));
+    let (w, h, source) = shown_frame(&input, 11);
+    let (_, _, fixed) = shown_frame(&restored, 11);
+    let (ow, oh, both) = shown_frame(&out, 11);
+    assert_eq!((ow, oh), (2 * w, h), "shown side by side");
+    // Where the restoring changed the picture (the face), each half is compared with the
+    // source and the restored video as shown: the left must be the one, the right the other.
+    let px = |rgb: &[u8], stride: usize, x: usize, y: usize| -> [i32; 3] {
+        let i = (y * stride + x) * 3;
+        [rgb[i], rgb[i + 1], rgb[i + 2]].map(i32::from)
+    };
+    let off = |a: [i32; 3], b: [i32; 3]| (0..3).map(|c| (a[c] - b[c]).abs()).sum::<i32>();
+    let (mut n, mut sums) = (0, [0i64; 4]);
+    for y in 0..h {
+        for x in 0..w {
+            let (s, f) = (px(&source, w, x, y), px(&fixed, w, x, y));
+            if off(s, f) < 90 {
+                continue;
+            }
+            let (l, r) = (px(&both, ow, x, y), px(&both, ow, w + x, y));
+            n += 1;
+            for (k, d) in [off(l, s), off(r, f), off(l, f), off(r, s)].into_iter().enumerate() {
+                sums[k] += i64::from(d);
+            }
+        }
+    }
+    assert!(n > 300, "the face changed: {n} pixels");
+    let [left_source, right_restored, left_restored, right_source] = sums.map(|s| s as f64 / n as f64);
+    assert!(
+        left_source < 20.0 && right_restored < 20.0 && left_restored > 60.0 && right_source > 60.0,
+        "left against source {left_source:.1}, right against restored {right_restored:.1}, left against restored {left_restored:.1}, right against source {right_source:.1}"
+    );
+}

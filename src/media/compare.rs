@@ -5,24 +5,51 @@
 
 use crate::frame::{Frame, Picture};
 use crate::geom::Rect;
+use crate::media::decode::SourceInfo;
 
 // The view itself is a plain value that travels with frames: it lives in `frame`.
 pub use crate::frame::Compare;
 
 impl Compare {
-    /// The output's picture size for a source of `width` x `height`.
-    pub(crate) fn output_size(view: Option<Compare>, width: usize, height: usize) -> (usize, usize) {
+    /// The output's picture size for `src` (its pictures turned upright by their EXIF
+    /// orientation, as decoding turns them) under `view`.
+    pub(crate) fn output_size(view: Option<Compare>, src: &SourceInfo) -> (usize, usize) {
+        let (width, height) = src.upright_size();
         match view {
+            Some(Compare::Side) if Sides::of(src).stacked => (width, 2 * height),
             Some(Compare::Side) => (2 * width, height),
             _ => (width, height),
         }
     }
 }
 
+/// Where a side-by-side view puts its two pictures in the stored frame, so that a player,
+/// turning and mirroring it by the display matrix the output keeps, shows the original on the
+/// left and the restored on the right.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub(crate) struct Sides {
+    /// One above the other in the stored frame (shown side by side after a quarter turn).
+    pub stacked: bool,
+    /// The restored picture first (left or top in the stored frame): a half or three-quarter
+    /// turn, or a mirror, shows the stored order the other way round.
+    pub restored_first: bool,
+}
+
+impl Sides {
+    /// The layout for a source shown turned by `src.rotation` degrees counterclockwise, then
+    /// mirrored when `src.mirror` (pictures turned upright by decoding have neither).
+    pub(crate) fn of(src: &SourceInfo) -> Self {
+        Sides {
+            stacked: src.rotation % 180 == 90,
+            restored_first: matches!(src.rotation, 180 | 270) != src.mirror,
+        }
+    }
+}
+
 /// What [`before_paste`] kept of the original picture.
 pub(crate) enum Kept {
-    /// The whole original picture (side by side).
-    Whole(Vec<u8>),
+    /// The whole original picture (side by side), and where it goes.
+    Whole(Vec<u8>, Sides),
     /// The left-half parts of the regions about to be pasted (split).
     Parts(Vec<(Rect, Vec<u8>)>),
     /// Nothing: the frame's output is its planes plus the paste's changes, and the changes
@@ -46,15 +73,16 @@ fn copy_in(rgb: &mut [u8], width: usize, r: Rect, part: &[u8]) {
 }
 
 /// Keeps what `view` needs of `frame`'s original picture before `regions` are pasted. For
-/// side by side the whole picture is made RGB first (the encoder then takes it whole).
-pub(crate) fn before_paste(view: Compare, frame: &mut Frame, regions: &[Rect]) -> Kept {
+/// side by side (laid out as `sides` says) the whole picture is made RGB first (the encoder
+/// then takes it whole).
+pub(crate) fn before_paste(view: Compare, sides: Sides, frame: &mut Frame, regions: &[Rect]) -> Kept {
     let (w, h) = (frame.width, frame.height);
     match view {
         Compare::Split if frame.picture.is_planes() => Kept::LeftUnchanged,
         Compare::Side => {
             // The output is the RGB picture, twice the width.
             crate::media::color::into_rgb(frame);
-            Kept::Whole(frame.rgb.clone())
+            Kept::Whole(frame.rgb.clone(), sides)
         }
         Compare::Split => Kept::Parts(
             regions
@@ -89,15 +117,25 @@ pub(crate) fn after_paste(frame: &mut Frame, kept: Kept) {
                 copy_in(&mut frame.rgb, w, r, &part);
             }
         }
-        Kept::Whole(original) => {
-            let mut both = vec![0u8; 2 * w * h * 3];
-            for y in 0..h {
-                let row = &mut both[y * 6 * w..(y + 1) * 6 * w];
-                row[..3 * w].copy_from_slice(&original[y * 3 * w..(y + 1) * 3 * w]);
-                row[3 * w..].copy_from_slice(&frame.rgb[y * 3 * w..(y + 1) * 3 * w]);
+        Kept::Whole(original, sides) => {
+            let restored = std::mem::take(&mut frame.rgb);
+            let (first, second) = if sides.restored_first {
+                (&restored, &original)
+            } else {
+                (&original, &restored)
+            };
+            if sides.stacked {
+                frame.rgb = [&first[..], &second[..]].concat();
+                frame.height = 2 * h;
+            } else {
+                let mut both = vec![0u8; 2 * w * h * 3];
+                for (y, row) in both.chunks_exact_mut(6 * w).enumerate() {
+                    row[..3 * w].copy_from_slice(&first[y * 3 * w..(y + 1) * 3 * w]);
+                    row[3 * w..].copy_from_slice(&second[y * 3 * w..(y + 1) * 3 * w]);
+                }
+                frame.rgb = both;
+                frame.width = 2 * w;
             }
-            frame.rgb = both;
-            frame.width = 2 * w;
         }
     }
 }
@@ -116,7 +154,7 @@ mod tests {
     fn split_keeps_the_left_half_and_side_doubles_the_width() {
         let region = Rect::new(2, 1, 8, 3);
         let mut f = frame(8, 4, 10);
-        let kept = before_paste(Compare::Split, &mut f, &[region]);
+        let kept = before_paste(Compare::Split, Sides::default(), &mut f, &[region]);
         f.rgb.iter_mut().for_each(|p| *p = 200);
         after_paste(&mut f, kept);
         for y in 0..4 {
@@ -130,7 +168,7 @@ mod tests {
             }
         }
         let mut f = frame(8, 4, 10);
-        let kept = before_paste(Compare::Side, &mut f, &[region]);
+        let kept = before_paste(Compare::Side, Sides::default(), &mut f, &[region]);
         f.rgb.iter_mut().for_each(|p| *p = 200);
         after_paste(&mut f, kept);
         assert_eq!((f.width, f.height, f.rgb.len()), (16, 4, 16 * 4 * 3));
@@ -138,7 +176,16 @@ mod tests {
             assert!(f.rgb[y * 48..y * 48 + 24].iter().all(|&p| p == 10));
             assert!(f.rgb[y * 48 + 24..(y + 1) * 48].iter().all(|&p| p == 200));
         }
-        assert_eq!(Compare::output_size(Some(Compare::Side), 8, 4), (16, 4));
-        assert_eq!(Compare::output_size(Some(Compare::Split), 8, 4), (8, 4));
+        // Stacked, the restored first (a video shown after a three-quarter turn).
+        let mut f = frame(8, 4, 10);
+        let sides = Sides {
+            stacked: true,
+            restored_first: true,
+        };
+        let kept = before_paste(Compare::Side, sides, &mut f, &[region]);
+        f.rgb.iter_mut().for_each(|p| *p = 200);
+        after_paste(&mut f, kept);
+        assert_eq!((f.width, f.height, f.rgb.len()), (8, 8, 8 * 8 * 3));
+        assert!(f.rgb[..96].iter().all(|&p| p == 200) && f.rgb[96..].iter().all(|&p| p == 10));
     }
 }

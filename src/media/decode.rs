@@ -54,6 +54,8 @@ pub struct SourceInfo {
     /// Display rotation from the stream's display matrix, degrees counterclockwise: 0, 90,
     /// 180 or 270 (phone videos are often stored sideways).
     pub rotation: u32,
+    /// Whether the display matrix also mirrors the picture (a front camera's), after `rotation`.
+    pub mirror: bool,
     /// EXIF orientation of a still (1 to 8, 1 upright): the decode stage turns its frames
     /// upright, and `width` and `height` are the stored picture's.
     pub orientation: u8,
@@ -184,15 +186,15 @@ fn probe_source(path: &Path, bytes: Option<Arc<[u8]>>) -> Result<SourceInfo> {
     let codec = ffmpeg::codec::decoder::find(params.id())
         .map(|c| c.name().to_string())
         .unwrap_or_default();
-    let rotation = stream
+    let (rotation, mirror) = stream
         .side_data()
         .find(|sd| sd.kind() == ffmpeg::codec::packet::side_data::Type::DisplayMatrix && sd.data().len() >= 36)
         .map(|sd| {
             let m: [i32; 9] =
                 std::array::from_fn(|i| i32::from_ne_bytes(sd.data()[4 * i..4 * i + 4].try_into().unwrap_or_default()));
-            upright_turn(m)
+            (upright_turn(m), mirrors(&m))
         })
-        .unwrap_or(0);
+        .unwrap_or((0, false));
     let orientation = match &bytes {
         _ if !crate::media::kind::is_still_input(path) => 1,
         Some(b) => crate::media::orient::exif_orientation_of(b),
@@ -211,8 +213,14 @@ fn probe_source(path: &Path, bytes: Option<Arc<[u8]>>) -> Result<SourceInfo> {
         codec,
         params,
         rotation,
+        mirror,
         orientation,
     })
+}
+
+/// Whether display matrix `m` mirrors the picture (its determinant is negative).
+fn mirrors(m: &[i32; 9]) -> bool {
+    i64::from(m[0]) * i64::from(m[4]) < i64::from(m[1]) * i64::from(m[3])
 }
 
 /// The turn, degrees counterclockwise (0, 90, 180 or 270), that shows a picture stored under
@@ -221,8 +229,7 @@ fn probe_source(path: &Path, bytes: Option<Arc<[u8]>>) -> Result<SourceInfo> {
 /// is taken off (FFmpeg's own reading takes a horizontal mirror for a half turn, and faces
 /// would be searched upside down). Mirrored faces are still upright faces.
 fn upright_turn(mut m: [i32; 9]) -> u32 {
-    let det = i64::from(m[0]) * i64::from(m[4]) - i64::from(m[1]) * i64::from(m[3]);
-    if det < 0 {
+    if mirrors(&m) {
         // A horizontal mirror undone: the first column negated (av_display_matrix_flip's way).
         for i in [0, 3, 6] {
             m[i] = m[i].saturating_neg();

@@ -48,4 +48,6 @@ pub(crate) struct StageCtx<'a> {
     pub threads: usize,
     /// Whether the temporal filter runs (alignment then keeps each crop's luma for it).
     pub temporal: bool,
+    /// Where a side-by-side view puts its pictures (the source's display turn and mirror).
+    pub sides: crate::media::compare::Sides,
 }

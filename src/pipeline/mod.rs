@@ -94,8 +94,7 @@ fn run_inner(
 /// The source as the output shows it: a side-by-side view is twice the source's width.
 fn output_source(job: &Job) -> crate::media::decode::SourceInfo {
     let mut out_src = job.source.clone();
-    let (w, h) = job.source.upright_size();
-    (out_src.width, out_src.height) = Compare::output_size(job.view().compare, w, h);
+    (out_src.width, out_src.height) = Compare::output_size(job.view().compare, &job.source);
     out_src
 }
 
@@ -176,6 +175,7 @@ fn run_wired(
         treatment: job.treatment.clone(),
         video: true,
         flush: dispatch::Flush::Idle,
+        sides: crate::media::compare::Sides::of(&job.source),
     };
     let (cancel, output) = (&job.cancel, job.output.as_path());
     wire(
@@ -237,6 +237,7 @@ pub(crate) fn collect_crops(engine: &mut Engine, job: &Job, want: usize, max_fra
         pools: &pools,
         threads: 1,
         temporal: false,
+        sides: Default::default(),
     };
     let (rgb, det, ctx) = (&pools.rgb, &pools.det, &ctx);
     let (dec_tx, dec_rx) = bounded::<Frame>(DEPTH);

@@ -348,7 +348,13 @@ pub(crate) fn paste_back(ctx: &StageCtx, rx: Receiver<FaceFrame>, tx: Sender<Fac
             return Ok(());
         }
         let view = ff.frame.view.unwrap_or(view);
-        paste_frame(ff, (&mask, kind, masks), view, scratch, (restored_pool, change_pool));
+        paste_frame(
+            ff,
+            (&mask, kind, masks),
+            (view, ctx.sides),
+            scratch,
+            (restored_pool, change_pool),
+        );
         Ok(())
     };
     pool::ordered("paste", DEPTH, ctx.threads, Default::default, work, rx, tx)
@@ -358,7 +364,7 @@ pub(crate) fn paste_back(ctx: &StageCtx, rx: Receiver<FaceFrame>, tx: Sender<Fac
 fn paste_frame(
     ff: &mut FaceFrame,
     (mask, kind, masks): (&Mask, MaskKind, &mut Vec<Mask>),
-    View { blend, compare }: View,
+    (View { blend, compare }, sides): (View, crate::media::compare::Sides),
     scratch: &mut Scratch,
     (restored_pool, change_pool): (&Pool<Vec<f32>>, &Pool<Vec<f32>>),
 ) {
@@ -402,7 +408,7 @@ fn paste_frame(
         })
         .collect();
     let regions: Vec<Rect> = faces.iter().map(|f| f.region).collect();
-    let kept = compare.map(|c| crate::media::compare::before_paste(c, frame, &regions));
+    let kept = compare.map(|c| crate::media::compare::before_paste(c, sides, frame, &regions));
     let changed = changes(&faces, mask, blend, scratch, &mut || change_pool.get());
     match &mut frame.picture {
         Picture::Planes { changes, .. } => *changes = changed,

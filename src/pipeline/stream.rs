@@ -102,6 +102,8 @@ fn run_inner<R: Send>(
         treatment: first.0.treatment.clone(),
         video: false,
         flush: flush.map_or(Flush::Never, Flush::After),
+        // Pictures are turned upright as they are decoded.
+        sides: Default::default(),
     };
     // Pictures are opened and written on as many threads as the pool stages have: a photo's
     // decoding or PNG encoding takes longer than its model share on a GPU.
@@ -297,8 +299,7 @@ fn encode<R: Send>(
 /// removed on any error; or for a job kept in memory, its bytes.
 fn write_picture(job: &Job, frame: &mut Frame) -> Result<Option<Vec<u8>>> {
     let mut out_src = job.source.clone();
-    let (w, h) = job.source.upright_size();
-    (out_src.width, out_src.height) = crate::media::compare::Compare::output_size(job.view().compare, w, h);
+    (out_src.width, out_src.height) = crate::media::compare::Compare::output_size(job.view().compare, &job.source);
     let encode = &job.treatment.encode;
     if job.to_memory {
         let mut writer = Writer::in_memory(&job.output, &out_src, encode)?;

@@ -52,6 +52,8 @@ pub(crate) struct Middle {
     pub video: bool,
     /// When the dispatcher sends a partial batch (see [`dispatch::dispatch`]).
     pub flush: Flush,
+    /// Where a side-by-side view puts its pictures (see [`crate::media::compare::Sides`]).
+    pub sides: crate::media::compare::Sides,
 }
 
 /// What an encode stage reports: its clock, the faces it wrote, the frames with faces, and
@@ -171,6 +173,7 @@ pub(crate) fn wire<T: Send>(
         pools: &pools,
         threads: engine.pool_threads,
         temporal: steps.contains(&Step::Temporal),
+        sides: middle.sides,
     };
     let (ctx, flush, batch) = (&ctx, middle.flush, engine.batch);
     // Each taken by the one stage that runs it.

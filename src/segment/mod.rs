@@ -296,8 +296,7 @@ impl Work {
         };
         let src = &job.source;
         let mut out_src = src.clone();
-        let (w, h) = src.upright_size();
-        (out_src.width, out_src.height) = crate::media::compare::Compare::output_size(job.view().compare, w, h);
+        (out_src.width, out_src.height) = crate::media::compare::Compare::output_size(job.view().compare, src);
         let partial = Partial::beside(&job.output)?;
         let result = (|| -> Result<u64> {
             let first = crate::media::packets::PacketReader::open(&self.seg_path(0))?;
