@@ -1206,3 +1206,87 @@ fn side_by_side_of_a_sideways_video_shows_the_original_left_and_the_restored_rig
         "left against source {left_source:.1}, right against restored {right_restored:.1}, left against restored {left_restored:.1}, right against source {right_source:.1}"
     );
 }
+
+/// The HDR10 static metadata in the first SEI messages of `f`'s video bitstream (as FFmpeg's
+/// `trace_headers` reads them, for H.264 and HEVC alike): each field's name and value.
+fn hdr10_in_bitstream(f: &Path) -> Vec<(String, u64)> {
+    let out = std::process::Command::new("ffmpeg")
+        .args([
+            "-v",
+            "verbose",
+            "-i",
+            f.to_str().unwrap(),
+            "-map",
+            "0:v:0",
+            "-c",
+            "copy",
+            "-bsf:v",
+            "trace_headers",
+            "-frames:v",
+            "1",
+            "-f",
+            "null",
+            "-",
+        ])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stderr);
+    let mut fields: Vec<(String, u64)> = text
+        .lines()
+        .filter_map(|l| {
+            let mut words = l.split_whitespace().skip(4);
+            let name = words.next()?;
+            let wanted = [
+                "display_primaries_",
+                "white_point_",
+                "_display_mastering_luminance",
+                "light_level",
+            ];
+            wanted.iter().any(|w| name.contains(w)).then_some(())?;
+            Some((name.to_string(), l.rsplit("= ").next()?.trim().parse().ok()?))
+        })
+        .collect();
+    fields.sort();
+    fields.dedup();
+    fields
+}
+
+#[test]
+fn hdr10_mastering_display_and_light_levels_are_kept_by_x265_and_x264() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("hdr10.mp4");
+    let src = asset("samples/test/astronaut.mp4");
+    tool(
+        "ffmpeg",
+        &[
+            "-v", "error", "-i", src.to_str().unwrap(), "-frames:v", "8", "-an", "-pix_fmt", "yuv420p10le",
+            "-c:v", "libx265", "-preset", "ultrafast",
+            "-x265-params", "master-display=G(13250,34500)B(7500,3000)R(34000,16000)WP(15635,16450)L(10000000,1):max-cll=1000,400:log-level=error",
+            "-color_primaries", "bt2020", "-color_trc", "smpte2084", "-colorspace", "bt2020nc",
+            input.to_str().unwrap(),
+        ],
+    );
+    let want = hdr10_in_bitstream(&input);
+    let has = |name: &str, v: u64| want.iter().any(|(n, x)| n == name && *x == v);
+    assert!(
+        has("max_content_light_level", 1000)
+            && has("max_display_mastering_luminance", 10_000_000)
+            && has("white_point_x", 15635),
+        "the source carries HDR10: {want:?}"
+    );
+    let model = asset("models/standin/identity-256.onnx");
+    for (codec, ext) in [("libx265", "mkv"), ("libx264", "mp4"), ("libx265", "mp4")] {
+        let out = dir.path().join(format!("{codec}.{ext}"));
+        ok(&gpen(&[
+            &input,
+            &out,
+            &"--model",
+            &model,
+            &"--codec",
+            &codec,
+            &"--preset",
+            &"ultrafast",
+        ]));
+        assert_eq!(hdr10_in_bitstream(&out), want, "{codec} into .{ext}");
+    }
+}

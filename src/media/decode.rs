@@ -56,6 +56,9 @@ pub struct SourceInfo {
     pub rotation: u32,
     /// Whether the display matrix also mirrors the picture (a front camera's), after `rotation`.
     pub mirror: bool,
+    /// HDR10 static metadata (mastering display, light levels), from the stream or its first
+    /// frame, which the encoder writes again.
+    pub hdr: Option<crate::media::hdr::Hdr10>,
     /// EXIF orientation of a still (1 to 8, 1 upright): the decode stage turns its frames
     /// upright, and `width` and `height` are the stored picture's.
     pub orientation: u8,
@@ -136,7 +139,7 @@ pub fn probe_memory(name: &Path, bytes: Arc<[u8]>) -> Result<SourceInfo> {
 fn probe_source(path: &Path, bytes: Option<Arc<[u8]>>) -> Result<SourceInfo> {
     crate::init_ffmpeg();
     let explain = || crate::media::sniff::explain_source(path, bytes.as_deref());
-    let ictx = crate::media::input::open_source(path, bytes.as_ref()).map_err(|e| {
+    let mut ictx = crate::media::input::open_source(path, bytes.as_ref()).map_err(|e| {
         if e.is::<crate::media::input::Refused>() {
             e
         } else if let Some(why) = explain() {
@@ -200,21 +203,29 @@ fn probe_source(path: &Path, bytes: Option<Arc<[u8]>>) -> Result<SourceInfo> {
         Some(b) => crate::media::orient::exif_orientation_of(b),
         None => crate::media::orient::exif_orientation(path),
     };
+    let (stream_index, avg_frame_rate, frames) = (stream.index(), stream.avg_frame_rate(), stream.frames());
+    // Read last: a PQ or HLG video's first frame may be decoded for it.
+    let hdr = if crate::media::kind::is_still_input(path) {
+        None
+    } else {
+        crate::media::hdr::Hdr10::probe(&mut ictx, stream_index, &params)
+    };
     Ok(SourceInfo {
         path: path.to_path_buf(),
         bytes,
-        stream_index: stream.index(),
+        stream_index,
         width: dec.width() as usize,
         height: dec.height() as usize,
         time_base: tb,
-        avg_frame_rate: stream.avg_frame_rate(),
-        declared_frames: (stream.frames() > 0).then_some(stream.frames() as u64),
+        avg_frame_rate,
+        declared_frames: (frames > 0).then_some(frames as u64),
         duration_s,
         codec,
         params,
         rotation,
         mirror,
         orientation,
+        hdr,
     })
 }
 

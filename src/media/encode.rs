@@ -66,9 +66,13 @@ fn parse_quality(s: &str) -> Result<u32, String> {
     parse_level(s, "give 1 (smallest file) to 100 (best picture)")
 }
 
-/// The FFmpeg options an encoder gets: crf and preset only where that encoder has them.
-fn encoder_options(codec: &str, s: &EncodeSettings) -> Dictionary<'static> {
+/// The FFmpeg options an encoder gets: crf and preset only where that encoder has them, and
+/// the source's HDR10 metadata where it writes it (x264, x265).
+fn encoder_options(codec: &str, s: &EncodeSettings, hdr: Option<&crate::media::hdr::Hdr10>) -> Dictionary<'static> {
     let mut opts = Dictionary::new();
+    if let Some((key, value)) = hdr.and_then(|h| h.encoder_params(codec)) {
+        opts.set(key, &value);
+    }
     match codec {
         "libx264" | "libx264rgb" | "libx265" => {
             opts.set("crf", &s.crf.unwrap_or(DEFAULT_CRF).to_string());
@@ -421,7 +425,7 @@ fn open_encoder(src: &SourceInfo, settings: &EncodeSettings, ext: &str) -> Resul
             );
         }
     }
-    let opts = encoder_options(&name, settings);
+    let opts = encoder_options(&name, settings, src.hdr.as_ref());
     let odd = Planar::of(pix).is_some_and(|p| (p.hshift > 0 && w % 2 == 1) || (p.vshift > 0 && h % 2 == 1));
     let enc = ctx.open_as_with(codec, opts).with_context(|| {
         if odd {

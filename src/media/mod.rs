@@ -7,6 +7,7 @@ pub mod color;
 pub mod compare;
 pub mod decode;
 pub mod encode;
+pub mod hdr;
 pub mod input;
 pub mod kind;
 pub mod orient;
