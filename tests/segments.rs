@@ -489,3 +489,74 @@ fn a_whole_run_names_the_segments_folder_an_earlier_run_left() {
     );
     assert!(work.join("00000.mkv").exists(), "the folder is kept");
 }
+
+/// Two runs of one OUT started together (a user's double click, two terminals): each segment
+/// is made once, by one of them; one joins, the other says so and succeeds too; the work folder
+/// goes, with nothing left behind and no run redoing joined segments. Three rounds, as the race
+/// falls differently each time.
+#[test]
+fn two_runs_of_one_out_at_once_make_each_segment_once_and_join_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = clip(dir.path(), 300, 25);
+    let model = asset("models/standin/identity-256.onnx");
+    let out = dir.path().join("out.mp4");
+    let work = gpen_video::segment::work_dir(&out);
+    for round in 0..3 {
+        let stats = |k: usize| dir.path().join(format!("stats-{round}-{k}.json"));
+        let children: Vec<_> = (0..2)
+            .map(|k| {
+                let s = stats(k);
+                start(
+                    &[
+                        arg(&input),
+                        arg(&out),
+                        "--model",
+                        arg(&model),
+                        "--segment",
+                        "3",
+                        "--stats-json",
+                        arg(&s),
+                    ],
+                    true,
+                )
+            })
+            .collect();
+        let mut made = Vec::new();
+        let mut joins = 0;
+        for (k, child) in children.into_iter().enumerate() {
+            let done = child.wait_with_output().unwrap();
+            let err = String::from_utf8_lossy(&done.stderr);
+            assert!(done.status.success(), "round {round}, run {k}: {err}");
+            assert!(
+                !err.contains("cannot remove") && !err.contains("not empty"),
+                "round {round}, run {k}: {err}"
+            );
+            let s = json(&std::fs::read_to_string(stats(k)).unwrap());
+            assert_eq!(s["segments"], 4, "{s}");
+            made.extend(
+                s["restored_here"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|r| r["segment"].as_u64().unwrap()),
+            );
+            joins += usize::from(!s["joined"].is_null());
+        }
+        made.sort();
+        assert_eq!(made, [0, 1, 2, 3], "round {round}: each segment made once");
+        assert_eq!(joins, 1, "round {round}: one join");
+        assert!(
+            out.exists() && !work.exists(),
+            "round {round}: OUT written, the folder gone"
+        );
+        assert_eq!(video_pts(&out).len(), 300, "round {round}");
+        let left: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with('.'))
+            .collect();
+        assert!(left.is_empty(), "round {round}: left behind {left:?}");
+        std::fs::remove_file(&out).unwrap();
+    }
+}

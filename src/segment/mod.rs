@@ -172,6 +172,22 @@ impl Work {
         &self.dir
     }
 
+    /// Whether the work is over: its plan is gone, which a join removes first, before the
+    /// folder (another process joined OUT, or is removing the folder). No segment is made and
+    /// no join tried once it is.
+    pub fn finished(&self) -> bool {
+        !self.dir.join("plan.json").exists()
+    }
+
+    /// [`Claim::take`] on `path` in the folder, `None` also when the folder went with a join
+    /// while the claim was being taken (the claim's file cannot be made there).
+    fn claim(&self, path: &Path) -> Result<Option<Claim>> {
+        match Claim::take(path) {
+            Err(_) if self.finished() => Ok(None),
+            other => other,
+        }
+    }
+
     pub fn segments(&self) -> &[Segment] {
         &self.plan.segments
     }
@@ -276,14 +292,14 @@ impl Work {
     /// already (the folder is gone).
     pub fn join(&self, job: &Job) -> Result<Option<Joined>> {
         let start = Instant::now();
-        if !self.dir.exists() {
+        if self.finished() {
             return Ok(None);
         }
-        let Some(_claim) = Claim::take(&self.dir.join("join"))? else {
+        let Some(_claim) = self.claim(&self.dir.join("join"))? else {
             return Ok(None);
         };
         // Another process may have joined while this one waited for the claim.
-        if !self.dir.join("plan.json").exists() {
+        if self.finished() {
             return Ok(None);
         }
         let Some(records) = self
@@ -349,6 +365,9 @@ impl Work {
             segments: records.len(),
             join: start.elapsed(),
         };
+        // The plan goes first, in one step: a process sharing the folder sees the work over
+        // before any record goes, and makes no segment again (see `next_segment`).
+        std::fs::remove_file(self.dir.join("plan.json")).ok();
         remove_work(&self.dir);
         Ok(Some(joined))
     }
@@ -451,10 +470,24 @@ fn clear_segments(dir: &Path) {
     }
 }
 
-/// Removes a work folder once OUT is joined.
+/// Removes a work folder once OUT is joined. A process sharing the folder may put a claim's
+/// file in it while it goes (and removes it at once, seeing the plan gone): the removal is
+/// tried again a few times before it is given up with a warning.
 fn remove_work(dir: &Path) {
-    if let Err(e) = std::fs::remove_dir_all(dir) {
-        tracing::warn!(dir = %dir.display(), "cannot remove the segments' work folder ({e}); it can be deleted");
+    let mut tries = 0;
+    loop {
+        match std::fs::remove_dir_all(dir) {
+            Ok(()) => return,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return,
+            Err(_) if tries < 20 => {
+                tries += 1;
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Err(e) => {
+                tracing::warn!(dir = %dir.display(), "cannot remove the segments' work folder ({e}); it can be deleted");
+                return;
+            }
+        }
     }
 }
 
@@ -538,7 +571,10 @@ pub fn run(
                                 return Ok(());
                             }
                             let Some((seg, claim)) = next_segment(work, pending)? else {
-                                if share.wait && pending.iter().any(|s| work.record(s.number).is_none()) {
+                                if share.wait
+                                    && !work.finished()
+                                    && pending.iter().any(|s| work.record(s.number).is_none())
+                                {
                                     std::thread::sleep(Duration::from_millis(200));
                                     continue;
                                 }
@@ -590,10 +626,9 @@ pub fn run(
     let mut restored = restored.into_inner().unwrap_or_else(|e| e.into_inner());
     restored.sort_by_key(|(r, _)| r.number);
     let mut joined = work.join(job)?;
-    let mut joined_elsewhere = false;
     // A run that waits for the whole set waits for another process's join too (it holds the
     // join's claim): the folder goes when OUT is in place; a join given up is taken over.
-    while share.wait && joined.is_none() && work.dir().exists() {
+    while share.wait && joined.is_none() && !work.finished() {
         if job.cancel.is_cancelled() {
             return Err(crate::engine::Cancelled {
                 frames: frames_done.load(Ordering::Relaxed),
@@ -607,8 +642,10 @@ pub fn run(
         }
         std::thread::sleep(Duration::from_millis(200));
         joined = work.join(job)?;
-        joined_elsewhere = joined.is_none() && !work.dir().exists();
     }
+    // The plan gone and OUT in place: another process joined (before this one looked, or
+    // while it waited).
+    let joined_elsewhere = joined.is_none() && work.finished() && job.output.exists();
     Ok(Done {
         restored,
         kept,
@@ -619,15 +656,22 @@ pub fn run(
 
 /// The first pending segment not done and not claimed by another job or process, with its
 /// claim.
+/// `None` too once the work is over (another process joined): a record missing then is one
+/// the join removed, and its segment is never made again. The plan is looked at after the
+/// record: a join removes the plan before any record, so a record found missing because a
+/// join removed it is always seen with the plan gone.
 fn next_segment<'a>(work: &Work, pending: &[&'a Segment]) -> Result<Option<(&'a Segment, Claim)>> {
     for seg in pending {
         if work.record(seg.number).is_some() {
             continue;
         }
-        if let Some(claim) = Claim::take(&work.seg_path(seg.number))? {
+        if let Some(claim) = work.claim(&work.seg_path(seg.number))? {
             // Done while the claim was being taken.
             if work.record(seg.number).is_some() {
                 continue;
+            }
+            if work.finished() {
+                return Ok(None);
             }
             return Ok(Some((seg, claim)));
         }
