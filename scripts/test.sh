@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite on a fresh Debian 12 machine: set-up (idempotent), formatting and lint,
-# Rust unit and end-to-end tests, and the Python exporter's tests. Two more checks, both set by
+# Rust unit and end-to-end tests, the container image's build stage (scripts/container-build-stage.py)
+# and the Python exporter's tests. Two more checks, both set by
 # .ci/run: GPEN_VIDEO_SLURM_TEST=1 runs deploy/slurm-array.sbatch on a single-node Slurm it
 # starts (scripts/slurm-test.sh: installs slurm-wlm and munge, about 15 s more);
 # GPEN_VIDEO_BUNDLE_CHECK=1 builds the small GPU bundle and runs it with --device cpu in a clean
@@ -15,6 +16,9 @@ scripts/container-pins.sh
 cargo fmt --all -- --check
 cargo clippy --release --locked --all-targets -- -D warnings
 cargo test --release --locked
+# The container image's build stage, from exactly the files the image's context gives it (about
+# a minute: only gpen-video compiles); scripts/container-check.sh builds the whole image.
+scripts/container-build-stage.py
 # TFLite's own interpreter, the reference the face-mesh conversion is tested against.
 .deps/venv/bin/python -c "import ai_edge_litert" 2>/dev/null ||
   .deps/venv/bin/python -m pip install -q --disable-pip-version-check "ai-edge-litert==2.3.0"
