@@ -372,13 +372,15 @@ impl Settings {
     /// memory as `out_ext`: nothing is read from or written to the file system.
     pub(crate) fn job_in_memory(
         &self,
-        bytes: std::sync::Arc<[u8]>,
+        (bytes, max_pixels): (std::sync::Arc<[u8]>, u64),
         in_ext: &str,
         out_ext: &str,
         cancel: CancelToken,
     ) -> Result<Job> {
-        let source =
+        let mut source =
             crate::media::decode::probe_memory(Path::new(&format!("upload.{in_ext}")), bytes).kind(Kind::BadInput)?;
+        // Its decoders refuse a picture over the limit themselves, whatever its header said.
+        source.max_pixels = Some(max_pixels);
         Ok(Job {
             source,
             output: PathBuf::from(format!("restored.{out_ext}")),

@@ -59,6 +59,9 @@ pub struct SourceInfo {
     /// HDR10 static metadata (mastering display, light levels), from the stream or its first
     /// frame, which the encoder writes again.
     pub hdr: Option<crate::media::hdr::Hdr10>,
+    /// The most pixels a picture its decoders allocate may have (a service's `--max-pixels`,
+    /// set on its uploads): FFmpeg refuses a larger one itself, whatever its header said.
+    pub max_pixels: Option<u64>,
     /// EXIF orientation of a still (1 to 8, 1 upright): the decode stage turns its frames
     /// upright, and `width` and `height` are the stored picture's.
     pub orientation: u8,
@@ -226,7 +229,18 @@ fn probe_source(path: &Path, bytes: Option<Arc<[u8]>>) -> Result<SourceInfo> {
         mirror,
         orientation,
         hdr,
+        max_pixels: None,
     })
+}
+
+/// Caps the pictures decoder context `ctx` allocates at `max` pixels (none: FFmpeg's own
+/// limit): FFmpeg checks it wherever it sizes a picture, and fails the decode of a larger one.
+pub(crate) fn cap_pixels(ctx: &mut ffmpeg::codec::context::Context, max: Option<u64>) {
+    if let Some(n) = max {
+        // SAFETY: `ctx` is a live decoder context, not yet opened; `max_pixels` is a plain
+        // field FFmpeg reads when it sizes a picture.
+        unsafe { (*ctx.as_mut_ptr()).max_pixels = n.min(i64::MAX as u64) as i64 };
+    }
 }
 
 /// Whether display matrix `m` mirrors the picture (its determinant is negative).
@@ -522,6 +536,7 @@ impl Decoder {
         let ictx = crate::media::input::open_source(&self.info.path, self.info.bytes.as_ref())
             .with_context(|| format!("cannot open {path}"))?;
         let mut ctx = ffmpeg::codec::context::Context::from_parameters(self.info.params.clone())?;
+        cap_pixels(&mut ctx, self.info.max_pixels);
         let hw = if self.hwaccel { Some(HwDevice::cuda()?) } else { None };
         if let Some(hw) = &hw {
             // SAFETY: `ctx` is a live decoder context not yet opened; `hw.0` a valid device
@@ -756,5 +771,36 @@ mod tests {
                 "turn {turn}, both"
             );
         }
+    }
+
+    /// Decodes the first picture of the shipped 512x512 portrait, its decoder capped at `cap`.
+    fn decodes_with_cap(cap: Option<u64>) -> bool {
+        crate::init_ffmpeg();
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("samples/astronaut.png");
+        let bytes: std::sync::Arc<[u8]> = std::fs::read(&path).expect("the set-up's samples/astronaut.png").into();
+        let mut ictx = crate::media::input::open_source(&path, Some(&bytes)).unwrap();
+        let stream = ictx.streams().best(ffmpeg_next::media::Type::Video).unwrap();
+        let index = stream.index();
+        let mut ctx = ffmpeg_next::codec::context::Context::from_parameters(stream.parameters()).unwrap();
+        super::cap_pixels(&mut ctx, cap);
+        // The decoder refuses at opening a size its parameters already say, or at decoding.
+        let Ok(mut dec) = ctx.decoder().video() else {
+            return false;
+        };
+        let (mut packet, mut picture) = (ffmpeg_next::Packet::empty(), ffmpeg_next::frame::Video::empty());
+        while super::read_packet(&mut ictx, &mut packet).is_ok() {
+            if packet.stream() == index && dec.send_packet(&packet).is_ok() && dec.receive_frame(&mut picture).is_ok() {
+                return true;
+            }
+        }
+        dec.send_eof().ok();
+        dec.receive_frame(&mut picture).is_ok()
+    }
+
+    #[test]
+    fn a_capped_decoder_refuses_a_picture_over_its_pixels() {
+        assert!(decodes_with_cap(None));
+        assert!(decodes_with_cap(Some(512 * 512)));
+        assert!(!decodes_with_cap(Some(512 * 512 - 1)));
     }
 }

@@ -58,16 +58,16 @@ fn alpha_pixel_for(formats: &[Pixel]) -> Option<Pixel> {
 /// The alpha channel of the first picture of the source `path` (read from its `bytes` when it
 /// is in memory; one byte a pixel, turned upright for EXIF orientation `o`): read again from
 /// the source, since the restoration works in RGB.
-fn read_alpha(path: &Path, bytes: Option<&Arc<[u8]>>, o: u8) -> Result<Vec<u8>> {
+fn read_alpha(path: &Path, (bytes, max_pixels): (Option<&Arc<[u8]>>, Option<u64>), o: u8) -> Result<Vec<u8>> {
     let mut ictx = crate::media::input::open_source(path, bytes)?;
     let stream = ictx
         .streams()
         .best(ffmpeg::media::Type::Video)
         .ok_or_else(|| anyhow!("{}: no picture stream", path.display()))?;
     let index = stream.index();
-    let mut dec = codec::context::Context::from_parameters(stream.parameters())?
-        .decoder()
-        .video()?;
+    let mut ctx = codec::context::Context::from_parameters(stream.parameters())?;
+    crate::media::decode::cap_pixels(&mut ctx, max_pixels);
+    let mut dec = ctx.decoder().video()?;
     let mut picture = VideoFrame::empty();
     let mut got = false;
     let mut packet = Packet::empty();
@@ -122,6 +122,8 @@ pub struct StillWriter {
     source: PathBuf,
     /// The source's bytes, when it is in memory.
     source_bytes: Option<Arc<[u8]>>,
+    /// The cap on the pictures the source's decoder allocates (see `SourceInfo::max_pixels`).
+    max_pixels: Option<u64>,
     /// The picture is kept in memory ([`StillWriter::in_memory`]), not written to `path`.
     in_memory: bool,
     /// The encoded picture, kept in memory until taken.
@@ -204,6 +206,7 @@ impl StillWriter {
             full: Vec::new(),
             source: src.path.clone(),
             source_bytes: src.bytes.clone(),
+            max_pixels: src.max_pixels,
             in_memory: false,
             encoded: None,
             frames: 0,
@@ -279,7 +282,7 @@ impl StillWriter {
     /// The source's alpha channel (`w` x `h`, upright) when the output keeps it; a warning
     /// when the source has transparency the output format cannot hold.
     fn source_alpha(&self, w: usize, h: usize) -> Result<Option<Vec<u8>>> {
-        let bytes = self.source_bytes.as_ref();
+        let bytes = (self.source_bytes.as_ref(), self.max_pixels);
         if self.alpha_lost && read_alpha(&self.source, bytes, 1).is_ok_and(|a| a.iter().any(|&v| v < 255)) {
             tracing::warn!(
                 file = %self.source.display(),

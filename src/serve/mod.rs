@@ -493,9 +493,12 @@ async fn restore_one(
     let job = {
         let (app, cancel) = (app.clone(), cancel.clone());
         let bytes: Arc<[u8]> = Arc::from(&bytes[..]);
-        tokio::task::spawn_blocking(move || app.settings.job_in_memory(bytes, in_ext, format, cancel))
-            .await
-            .map_err(|_| Failure::error(Kind::Engine, "internal error"))?
+        tokio::task::spawn_blocking(move || {
+            app.settings
+                .job_in_memory((bytes, app.opts.max_pixels), in_ext, format, cancel)
+        })
+        .await
+        .map_err(|_| Failure::error(Kind::Engine, "internal error"))?
     };
     let mut job = job.context("the picture cannot be read")?;
     job.view = ask.view;
