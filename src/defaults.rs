@@ -21,6 +21,19 @@ pub(crate) const MASK: &str = "mesh";
 /// The face mesh's presence probability below which a detection is dropped (MediaPipe's own
 /// threshold).
 pub(crate) const FACE_CHECK: f32 = 0.5;
+/// A detection scoring at least this is kept whatever the face mesh's presence: the mesh was
+/// made for clear faces, and doubts the blurred, blocky and noisy ones a restorer exists for.
+pub(crate) const CONFIDENT: f32 = 0.75;
+/// A detection the mesh doubts (and the detector is not confident in) is kept in a video when it
+/// scores at least this and at least [`SUPPORT_FRAMES`] detections scoring as much (itself
+/// included) lie where it lies within [`SUPPORT_REACH`] frames either side: a face found again
+/// and again where it was is a face; texture the detector takes for one now and then is not,
+/// and a detection under this score (a lowered `--det-threshold`) needs the mesh's word.
+pub(crate) const SUPPORT_SCORE: f32 = 0.5;
+/// See [`SUPPORT_SCORE`].
+pub(crate) const SUPPORT_FRAMES: usize = 3;
+/// See [`SUPPORT_SCORE`].
+pub(crate) const SUPPORT_REACH: u64 = 12;
 /// Memory of the temporal filter of the model's change, in frames (0: off).
 pub(crate) const TEMPORAL: f32 = 4.0;
 /// Longest memory the temporal filter takes, in frames.

@@ -185,6 +185,9 @@ pub struct FaceJob {
     /// Luma (levels) of the crop given to the model at half resolution, for the temporal
     /// filter (empty without it).
     pub luma: Vec<f32>,
+    /// The face mesh doubts it is a face (presence below `--face-check`) and the detector is
+    /// not confident: the smoother keeps it only if its track confirms it.
+    pub doubt: bool,
 }
 
 impl FaceJob {
@@ -199,6 +202,7 @@ impl FaceJob {
             outline_crop: None,
             track: None,
             luma: Vec::new(),
+            doubt: false,
         }
     }
 }

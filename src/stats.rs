@@ -232,6 +232,7 @@ impl Summary {
             detect_windows: self.detect.windows,
             frames_over_max_faces: self.detect.capped,
             detections_not_faces: self.detect.not_faces,
+            detections_kept_doubted: self.detect.kept_doubted,
             wall_s: wall,
             fps: self.fps(),
             faces_per_s: self.faces_per_s(),
@@ -293,6 +294,9 @@ struct SummaryJson<'a> {
     frames_over_max_faces: u64,
     /// Detections the face mesh dropped as not faces.
     detections_not_faces: u64,
+    /// Detections the face mesh doubted, kept on the detector's confident score or their
+    /// track's support.
+    detections_kept_doubted: u64,
     wall_s: f64,
     fps: f64,
     faces_per_s: f64,
@@ -425,7 +429,11 @@ impl fmt::Display for Summary {
                 )?;
             }
             if s.name == "mesh" {
-                write!(f, "   {} detections dropped as not faces", self.detect.not_faces)?;
+                write!(
+                    f,
+                    "   {} detections dropped as not faces, {} kept though it doubted them (a confident score or a track that confirms them)",
+                    self.detect.not_faces, self.detect.kept_doubted
+                )?;
             }
             writeln!(f)?;
         }

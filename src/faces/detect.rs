@@ -232,6 +232,9 @@ pub struct DetectCounts {
     pub capped: u64,
     /// Detections the face mesh did not take for faces (dropped).
     pub not_faces: u64,
+    /// Detections the face mesh doubted, kept on the detector's confident score or their
+    /// track's support (see [`crate::defaults::CONFIDENT`]).
+    pub kept_doubted: u64,
 }
 
 impl Detector {
@@ -380,6 +383,7 @@ impl Detector {
             windows: self.track.window_runs,
             capped: self.capped,
             not_faces: 0,
+            kept_doubted: 0,
         }
     }
 

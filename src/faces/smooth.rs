@@ -14,6 +14,7 @@ use std::collections::VecDeque;
 
 use ffmpeg_next::util::frame::video::Video as VideoFrame;
 
+use crate::defaults::{SUPPORT_FRAMES, SUPPORT_REACH, SUPPORT_SCORE};
 use crate::faces::detect::iou;
 use crate::frame::{Face, FaceFrame};
 
@@ -55,6 +56,11 @@ pub(crate) struct Smoother {
     next_summary: Vec<u32>,
     /// Tracks started and ended by a jump, a cut or a loss (for the record).
     pub cuts: u64,
+    /// Faces the mesh doubted, dropped and kept by their support.
+    doubted: (u64, u64),
+    /// Every face scoring at least [`SUPPORT_SCORE`] (frame, box), oldest first, as far back as
+    /// a doubted face still held may look ([`SUPPORT_REACH`]).
+    strong: VecDeque<(u64, [f32; 4])>,
 }
 
 impl Smoother {
@@ -70,7 +76,19 @@ impl Smoother {
             summary: Vec::new(),
             next_summary: Vec::new(),
             cuts: 0,
+            doubted: (0, 0),
+            strong: VecDeque::new(),
         }
+    }
+
+    /// The faces the mesh doubted ([`crate::frame::FaceJob::doubt`]) this smoother dropped and
+    /// kept: one is kept when at least [`SUPPORT_FRAMES`] faces scoring at least
+    /// [`SUPPORT_SCORE`] lie where it lies (its own included; boxes overlapping as tracks link
+    /// them) within [`SUPPORT_REACH`] frames of it, behind it or in the look-ahead: a face the
+    /// detector finds now and then where it was, even with its track broken by the frames it
+    /// missed.
+    pub(crate) fn doubted(&self) -> (u64, u64) {
+        self.doubted
     }
 
     /// Frames this smoother can hold at once.
@@ -84,13 +102,16 @@ impl Smoother {
         let n = ff.frame.index;
         let cut = ff.frame.picture.source().is_some_and(|s| self.scene_cut(s));
         let ids = self.link(n, &ff.faces.iter().map(|j| &j.face).collect::<Vec<_>>(), cut);
+        let strong = ff.faces.iter().filter(|j| j.face.score >= SUPPORT_SCORE);
+        self.strong.extend(strong.map(|j| (n, j.face.bbox)));
         if self.radius == 0 {
             // No smoothing: the faces are only linked into tracks (the temporal filter follows
             // them).
             let mut ff = ff;
-            for (job, id) in ff.faces.iter_mut().zip(ids) {
-                job.track = Some(id);
+            for (job, id) in ff.faces.iter_mut().zip(&ids) {
+                job.track = Some(*id);
             }
+            self.judge_doubted(&mut ff);
             self.prune(n);
             return emit(ff);
         }
@@ -117,13 +138,43 @@ impl Smoother {
     fn emit_front(&mut self, emit: &mut impl FnMut(FaceFrame) -> bool) -> bool {
         let (mut ff, ids) = self.held.pop_front().expect("checked by the caller");
         let n = ff.frame.index;
-        for (job, id) in ff.faces.iter_mut().zip(ids) {
-            job.track = Some(id);
-            if let Some(t) = self.tracks.iter().find(|t| t.id == id) {
+        for (job, id) in ff.faces.iter_mut().zip(&ids) {
+            job.track = Some(*id);
+            if let Some(t) = self.tracks.iter().find(|t| t.id == *id) {
                 smooth_face(&mut job.face, &t.samples, n, self.sigma, self.radius);
             }
         }
+        self.judge_doubted(&mut ff);
         emit(ff)
+    }
+
+    /// Keeps each face of `ff` the mesh doubted that others support, drops the others (see
+    /// [`Smoother::doubted`]).
+    fn judge_doubted(&mut self, ff: &mut FaceFrame) {
+        if !ff.faces.iter().any(|j| j.doubt) {
+            return;
+        }
+        let n = ff.frame.index;
+        let (strong, doubted) = (&self.strong, &mut self.doubted);
+        ff.faces.retain_mut(|job| {
+            if !job.doubt {
+                return true;
+            }
+            let support = strong
+                .iter()
+                .filter(|(f, b)| {
+                    f + SUPPORT_REACH >= n && *f <= n + SUPPORT_REACH && iou(b, &job.face.bbox) >= LINK_IOU
+                })
+                .count();
+            job.doubt = false;
+            let keep = support >= SUPPORT_FRAMES;
+            if keep {
+                doubted.1 += 1;
+            } else {
+                doubted.0 += 1;
+            }
+            keep
+        });
     }
 
     /// Links the faces of frame `n` to tracks (ending those not found), records their points and
@@ -194,6 +245,9 @@ impl Smoother {
             }
         }
         self.tracks.retain(|t| t.live || !t.samples.is_empty());
+        while self.strong.front().is_some_and(|(f, _)| f + SUPPORT_REACH < oldest) {
+            self.strong.pop_front();
+        }
     }
 
     /// Whether the picture's luma differs from the previous frame's as a new scene does.

@@ -48,6 +48,9 @@ pub(crate) struct StageCtx<'a> {
     pub threads: usize,
     /// Whether the temporal filter runs (alignment then keeps each crop's luma for it).
     pub temporal: bool,
+    /// Whether a smoother links the faces into tracks after the mesh (a video): the mesh then
+    /// leaves the faces it doubts to their track (see [`crate::defaults::SUPPORT_SCORE`]).
+    pub tracked: bool,
     /// Where a side-by-side view puts its pictures (the source's display turn and mirror).
     pub sides: crate::media::compare::Sides,
 }

@@ -237,6 +237,7 @@ pub(crate) fn collect_crops(engine: &mut Engine, job: &Job, want: usize, max_fra
         pools: &pools,
         threads: 1,
         temporal: false,
+        tracked: false,
         sides: Default::default(),
     };
     let (rgb, det, ctx) = (&pools.rgb, &pools.det, &ctx);

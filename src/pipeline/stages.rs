@@ -110,18 +110,22 @@ pub fn detect(
 }
 
 /// Runs the face mesh on every frame's faces (one batch per frame, on as many threads as
-/// `meshers` has sessions; frames leave in order): a detection whose face-presence probability
-/// is below `face_check` is dropped; the others take the five points derived from their mesh
-/// and their outline, in frame pixels (for the record) and in the crop of `size` aligned to
-/// `template` by those points (for the mesh mask). Returns the stage's statistics and how many
-/// detections were dropped.
+/// `meshers` has sessions; frames leave in order). A detection whose face-presence probability
+/// is at least `face_check` takes the five points derived from its mesh and its outline, in
+/// frame pixels (for the record) and in the crop of `size` aligned to `template` by those
+/// points (for the mesh mask). One the mesh doubts keeps the detector's points and no outline:
+/// it is kept if the detector is confident ([`crate::defaults::CONFIDENT`]); in a video, one
+/// scoring at least [`crate::defaults::SUPPORT_SCORE`] is left to the faces found where it is
+/// on the frames around it (marked [`FaceJob::doubt`], see the smoother); any other is dropped. Returns the stage's
+/// statistics, the detections dropped and those kept despite the mesh's doubt.
 pub(crate) fn mesh(
     meshers: &mut [Mesher],
     ctx: &StageCtx,
     rx: Receiver<FaceFrame>,
     tx: Sender<FaceFrame>,
-) -> Result<(StageStat, u64)> {
+) -> Result<(StageStat, (u64, u64))> {
     let (tpl, face_check) = (&ctx.template, ctx.treatment.face_check);
+    let kept = std::sync::atomic::AtomicU64::new(0);
     let threads = meshers.len();
     let model_at_start: std::time::Duration = meshers.iter().map(|m| m.model_cpu()).sum();
     let free = std::sync::Mutex::new(meshers.iter_mut().collect::<Vec<_>>());
@@ -158,6 +162,14 @@ pub(crate) fn mesh(
         ff.faces.retain_mut(|job| {
             let Some(found) = found.next() else { return true };
             if found.presence < face_check {
+                if job.face.score >= crate::defaults::CONFIDENT {
+                    kept.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    return true;
+                }
+                if ctx.tracked && job.face.score >= crate::defaults::SUPPORT_SCORE {
+                    job.doubt = true;
+                    return true;
+                }
                 dropped.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 return false;
             }
@@ -183,7 +195,7 @@ pub(crate) fn mesh(
     drop(free);
     let model: std::time::Duration = meshers.iter().map(|m| m.model_cpu()).sum();
     stat.model_cpu = model.saturating_sub(model_at_start);
-    Ok((stat, dropped.into_inner()))
+    Ok((stat, (dropped.into_inner(), kept.into_inner())))
 }
 
 /// Filters each track's change over time (see [`crate::faces::temporal`]), each frame's faces
@@ -216,7 +228,13 @@ pub(crate) fn temporal(
 
 /// Smooths each tracked face's points over time (see [`crate::faces::smooth`]); frames leave in
 /// order, `smoother`'s look-ahead later. The smoother is the job's own.
-pub fn smooth(mut smoother: Smoother, rx: Receiver<FaceFrame>, tx: Sender<FaceFrame>) -> Result<StageStat> {
+/// Returns the stage's statistics and the doubted faces it dropped and kept (see
+/// [`Smoother::push`]).
+pub fn smooth(
+    mut smoother: Smoother,
+    rx: Receiver<FaceFrame>,
+    tx: Sender<FaceFrame>,
+) -> Result<(StageStat, (u64, u64))> {
     let mut clock = Clock::new("smooth", DEPTH);
     // Frames are sent outside the clock: time blocked on a full queue is not work.
     let mut out = Vec::new();
@@ -237,11 +255,11 @@ pub fn smooth(mut smoother: Smoother, rx: Receiver<FaceFrame>, tx: Sender<FaceFr
         }
         for ff in out.drain(..) {
             if tx.send(ff).is_err() {
-                return Ok(clock.finish());
+                return Ok((clock.finish(), smoother.doubted()));
             }
         }
     }
-    Ok(clock.finish())
+    Ok((clock.finish(), smoother.doubted()))
 }
 
 /// Aligns every face to the model's template and warps its crop (buffers from the crop pool;

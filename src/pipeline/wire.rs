@@ -119,7 +119,9 @@ fn plan(engine: &Engine, middle: &Middle) -> Vec<Step> {
 enum Out {
     Stage(StageStat),
     /// The mesh stage and the detections it dropped.
-    Mesh(StageStat, u64),
+    Mesh(StageStat, (u64, u64)),
+    /// The smooth stage and the doubted faces it dropped and kept.
+    Smooth(StageStat, (u64, u64)),
     Temporal(StageStat, Flicker),
     Enhance(dispatch::DispatchStat, Vec<WorkerStat>),
 }
@@ -173,6 +175,7 @@ pub(crate) fn wire<T: Send>(
         pools: &pools,
         threads: engine.pool_threads,
         temporal: steps.contains(&Step::Temporal),
+        tracked: middle.video,
         sides: middle.sides,
     };
     let (ctx, flush, batch) = (&ctx, middle.flush, engine.batch);
@@ -200,7 +203,7 @@ pub(crate) fn wire<T: Send>(
                 Step::Smooth => {
                     let smoother = smoother.take().expect("planned with a smoother");
                     line.then(s, "smooth", move |rx, tx| {
-                        stages::smooth(smoother, rx, tx).map(Out::Stage)
+                        stages::smooth(smoother, rx, tx).map(|(st, n)| Out::Smooth(st, n))
                     });
                 }
                 Step::Align => line.then(s, "align", move |rx, tx| stages::align(ctx, rx, tx).map(Out::Stage)),
@@ -245,9 +248,10 @@ impl Summary {
     fn add(&mut self, out: Out, targets: &[Target]) {
         match out {
             Out::Stage(st) => self.stages.push(st),
-            Out::Mesh(st, not_faces) => {
+            Out::Mesh(st, (dropped, kept)) | Out::Smooth(st, (dropped, kept)) => {
                 self.stages.push(st);
-                self.detect.not_faces = not_faces;
+                self.detect.not_faces += dropped;
+                self.detect.kept_doubted += kept;
             }
             Out::Temporal(st, flicker) => {
                 self.stages.push(st);
