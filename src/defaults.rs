@@ -31,7 +31,7 @@ pub(crate) const CONFIDENT: f32 = 0.75;
 /// and a detection under this score (a lowered `--det-threshold`) needs the mesh's word.
 pub(crate) const SUPPORT_SCORE: f32 = 0.5;
 /// See [`SUPPORT_SCORE`].
-pub(crate) const SUPPORT_FRAMES: usize = 3;
+pub(crate) const SUPPORT_FRAMES: usize = 2;
 /// See [`SUPPORT_SCORE`].
 pub(crate) const SUPPORT_REACH: u64 = 12;
 /// Memory of the temporal filter of the model's change, in frames (0: off).
