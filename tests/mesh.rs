@@ -110,9 +110,10 @@ fn mask_figures(input: &[u8], output: &[u8], w: usize, outline: &[[f64; 2]]) -> 
     (outside / total.max(1e-9), covered as f64 / area.max(1) as f64)
 }
 
-/// Turned faces (both ways, about 30 and 60 degrees): the mesh mask keeps the paste inside
-/// the face's outline (at most 8 % of its weight outside, the wall beside the face unchanged)
-/// and covers it (90 % or more at weight 0.5); the ellipse is measured beside it.
+/// The frontal face and turned ones (both ways, about 30 and 60 degrees): the mesh mask keeps
+/// the paste inside the face's outline (at most 8 % of its weight outside, the wall beside the
+/// face unchanged) and covers it (93 % or more at weight 0.5, leaving room for real photos'
+/// outlines, which it covers less); the ellipse is measured beside it.
 #[test]
 fn the_mesh_mask_follows_turned_faces() {
     let dir = tempfile::tempdir().unwrap();
@@ -120,6 +121,7 @@ fn the_mesh_mask_follows_turned_faces() {
     let model = asset("models/standin/negate-256.onnx");
     let model512 = asset("models/standin/negate-512.onnx");
     let cases = [
+        ("frontal", "0:0:W:0:0:H:W:H"),
         ("right-30", "0:0:W*0.8:H*0.07:0:H:W*0.8:H*0.93"),
         ("right-60", "0:0:W*0.6:H*0.14:0:H:W*0.6:H*0.86"),
         ("left-30", "W*0.2:H*0.07:W:0:W*0.2:H*0.93:W:H"),
@@ -162,7 +164,7 @@ fn the_mesh_mask_follows_turned_faces() {
                 cov512 * 100.0
             );
             assert!(
-                out512 <= 0.08 && cov512 >= 0.90,
+                out512 <= 0.08 && cov512 >= 0.93,
                 "{name}, 512 crop: {out512:.3}, {cov512:.3}"
             );
         }
@@ -179,7 +181,7 @@ fn the_mesh_mask_follows_turned_faces() {
             "{name}: {:.1} % of the weight outside",
             out_mesh * 100.0
         );
-        assert!(cov_mesh >= 0.90, "{name}: {:.1} % covered", cov_mesh * 100.0);
+        assert!(cov_mesh >= 0.93, "{name}: {:.1} % covered", cov_mesh * 100.0);
         // The wall beside the face (to either side of the outline's widest row, beyond a
         // margin of a tenth of the face) keeps its pixels.
         let after = rgb(&d.join(format!("{name}-0.png")));
