@@ -10,7 +10,8 @@
 //! pixel's history weighted by how alike its input is now and a frame ago. Detail the input
 //! does not support averages away; where the input really changed (a mouth opens, an eye
 //! blinks, a hand enters) the history's weight is zero and the new change is taken at once. A
-//! new track (a cut, a new or lost face) starts afresh.
+//! new track (a cut, a new or lost face) starts afresh, and so does a track whose face's light
+//! changed (its mean luma moved by [`RELIT`] levels or more from one frame to the next).
 //!
 //! The average forgets for good: two averages run side by side, each started afresh every
 //! `2 span` frames at fixed frame indices, half a cycle apart, and a frame takes the one that
@@ -28,6 +29,11 @@ use crate::frame::FaceJob;
 /// full weight (sensor noise stays below it), and from which it has none (a real change).
 const ALIKE: f32 = 10.0;
 const CHANGED: f32 = 30.0;
+/// Mean input luma change over the face (levels, half-resolution crop) from one frame to the
+/// next that is a change of lighting (a lamp switched on, a flash, a cloud): the track's history
+/// starts afresh, as the model's change under the old light no longer fits. Sensor noise
+/// averages out of the mean, and an exposure that drifts moves it by a level or so a frame.
+const RELIT: f32 = 5.0;
 
 /// The flicker figures of a run: inside faces, in crop space, frame to frame along each track
 /// (so neither camera nor face motion counts).
@@ -477,6 +483,17 @@ fn run_bands(bands: Vec<Band<'_>>, scratches: &mut [Vec<f32>]) -> (Vec<Partial>,
     })
 }
 
+/// Whether the mean of `now - before` over the face's cells (`inside`) is a change of lighting
+/// ([`RELIT`] levels or more either way).
+fn relit(now: &[f32], before: &[f32], inside: &[bool]) -> bool {
+    let (mut sum, mut n) = (0.0f64, 0usize);
+    for ((a, b), _) in now.iter().zip(before).zip(inside).filter(|(_, &i)| i) {
+        sum += f64::from(a - b);
+        n += 1;
+    }
+    n > 0 && (sum / n as f64).abs() >= f64::from(RELIT)
+}
+
 /// One face's part of a frame: its job, its track's state (taken out of the map for the frame)
 /// and what its averages do.
 struct FaceWork<'a> {
@@ -593,7 +610,8 @@ impl Temporal {
             let prev = self.tracks.remove(&id).filter(|t| t.frame + 1 == index);
             let mut track = prev.unwrap_or_else(|| self.spare.pop().unwrap_or_default());
             let continues = track.frame + 1 == index && track.luma.len() == h * h;
-            let (step, filtering) = self.plan(index, continues, &mut track, change.len());
+            let relit = continues && relit(&job.luma, &track.luma, &self.face);
+            let (step, filtering) = self.plan(index, continues && !relit, &mut track, change.len());
             for v in [&mut track.next_raw, &mut track.next_out, &mut track.shares] {
                 v.resize(h * h, 0.0);
             }
