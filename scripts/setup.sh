@@ -63,6 +63,23 @@ with zipfile.ZipFile(sys.argv[1]) as z, open("samples/astronaut.png", "wb") as f
     f.write(z.read("skimage/data/astronaut.png"))
 PY
 fi
+# Real faces already degraded: the first eight 25x25 faces of the wheel's LFW subset (Labeled
+# Faces in the Wild), side by side in one greyscale PGM, for the face check's degraded clips.
+if [ ! -f samples/lfw-faces.pgm ]; then
+  ls "$wheels"/scikit_image-0.25.2-*.whl >/dev/null 2>&1 ||
+    "$py" -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: "scikit-image==0.25.2" -d "$wheels"
+  "$py" - "$(ls "$wheels"/scikit_image-0.25.2-*.whl | head -1)" <<'PY'
+import io, sys, zipfile
+import numpy as np
+with zipfile.ZipFile(sys.argv[1]) as z:
+    faces = np.load(io.BytesIO(z.read("skimage/data/lfw_subset.npy")))
+strip = np.hstack(list(faces[:8]))
+pixels = np.clip(strip * 255 + 0.5, 0, 255).astype(np.uint8)
+with open("samples/lfw-faces.pgm.tmp", "wb") as f:
+    f.write(b"P5\n%d %d\n255\n" % (pixels.shape[1], pixels.shape[0]) + pixels.tobytes())
+PY
+  mv samples/lfw-faces.pgm.tmp samples/lfw-faces.pgm
+fi
 
 # --- the face mesh: MediaPipe's face_landmark.tflite (Apache-2.0) from the mediapipe wheel,
 # converted op by op to ONNX by models/mesh_export.py (numpy + onnx + the tflite reader) ---------

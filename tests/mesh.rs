@@ -320,8 +320,9 @@ fn without_the_mesh_file_the_run_falls_back_and_says_so() {
 }
 
 /// Real faces as people bring them to a restorer (the shipped portrait clip made blocky,
-/// smeared, blurred, noisy, grainy and tiny): the face check keeps the face in at least 95 % of
-/// the frames where the detector alone finds it, though the face mesh doubts most of them.
+/// smeared, blurred, noisy, grainy and tiny; two tiny LFW faces under noise): the face check
+/// keeps the face in at least 95 % of the frames where the detector alone finds it, though the
+/// face mesh doubts most of them.
 #[test]
 fn degraded_real_faces_are_restored_where_the_detector_finds_them() {
     let dir = tempfile::tempdir().unwrap();
@@ -349,13 +350,48 @@ fn degraded_real_faces_are_restored_where_the_detector_finds_them() {
         ("old-film.mp4", film, x264("26")),
     ];
     let model = asset("models/standin/identity-256.onnx");
-    let mut report = Vec::new();
+    // Real faces of another source, small and noisy: two of the set-up's LFW faces (25x25,
+    // from the scikit-image wheel) scaled up four times, swaying on a grey wall.
+    let lfw = asset("samples/lfw-faces.pgm");
+    let lfw_clip = |k: usize| {
+        let graph = format!(
+            "[1:v]crop=25:25:{}:0,scale=100:100:flags=bicubic,format=yuv420p[f];[0:v][f]overlay=x='90+20*sin(n/8)':y=50,noise=alls=40:allf=t,format=yuv420p",
+            25 * k
+        );
+        let out = d.join(format!("lfw-{k}-noise.mp4"));
+        ffmpeg(&[
+            "-f",
+            "lavfi",
+            "-i",
+            "color=c=0x707070:s=320x240:r=25",
+            "-i",
+            arg(&lfw),
+            "-filter_complex",
+            &graph,
+            "-frames:v",
+            "40",
+            "-c:v",
+            "libx264",
+            "-crf",
+            "28",
+            "-threads",
+            "1",
+            arg(&out),
+        ]);
+        out
+    };
+    let mut made: Vec<PathBuf> = vec![lfw_clip(2), lfw_clip(3)];
     for (name, vf, codec) in clips {
         let clip = d.join(name);
         let mut args = vec!["-i", arg(&src), "-an", "-threads", "1", "-vf", vf];
         args.extend(codec);
         args.push(arg(&clip));
         ffmpeg(&args);
+        made.push(clip);
+    }
+    let mut report = Vec::new();
+    for clip in made {
+        let name = clip.file_name().unwrap().to_string_lossy().into_owned();
         let run = |extra: &[&dyn AsRef<std::ffi::OsStr>]| {
             let (out, stats) = (d.join(format!("out-{name}")), d.join("stats.json"));
             let mut args: Vec<&dyn AsRef<std::ffi::OsStr>> =
@@ -371,7 +407,7 @@ fn degraded_real_faces_are_restored_where_the_detector_finds_them() {
             "{name}: {kept} of {alone} ({} kept though the mesh doubted them)",
             json_number(&checked, "detections_kept_doubted")
         ));
-        assert!(alone >= 15, "{name}: the detector finds the face in {alone} frames");
+        assert!(alone >= 10, "{name}: the detector finds the face in {alone} frames");
         assert!(kept * 100 >= alone * 95, "{}", report.join("; "));
     }
     eprintln!("{}", report.join("\n"));
