@@ -90,7 +90,8 @@ pub const MAX_WAIT_MS: u64 = 5;
 pub const QUEUE: usize = 64;
 /// `serve`: largest request body, in megabytes.
 pub const MAX_BODY_MB: u64 = 50;
-/// `serve`: largest picture, in pixels, read from its header before decoding.
+/// `serve`: largest picture, in pixels, read from every frame header before decoding (and
+/// FFmpeg's own cap on what the upload's decoders allocate).
 pub const MAX_PIXELS: u64 = 40_000_000;
 /// `serve`: most bytes a picture's compressed metadata (PNG zTXt, iTXt, iCCP) may inflate to;
 /// real ICC profiles and text stay far below it.
