@@ -39,9 +39,14 @@ impl Sides {
     /// The layout for a source shown turned by `src.rotation` degrees counterclockwise, then
     /// mirrored when `src.mirror` (pictures turned upright by decoding have neither).
     pub(crate) fn of(src: &SourceInfo) -> Self {
+        Self::shown(src.rotation, src.mirror)
+    }
+
+    /// The layout for a picture shown turned by `turn` degrees counterclockwise, then mirrored.
+    fn shown(turn: u32, mirror: bool) -> Self {
         Sides {
-            stacked: src.rotation % 180 == 90,
-            restored_first: matches!(src.rotation, 180 | 270) != src.mirror,
+            stacked: turn % 180 == 90,
+            restored_first: matches!(turn, 180 | 270) != mirror,
         }
     }
 }
@@ -187,5 +192,29 @@ mod tests {
         after_paste(&mut f, kept);
         assert_eq!((f.width, f.height, f.rgb.len()), (8, 8, 8 * 8 * 3));
         assert!(f.rgb[..96].iter().all(|&p| p == 200) && f.rgb[96..].iter().all(|&p| p == 10));
+    }
+
+    /// Under every turn and mirror, the point a player shows at the middle of the left half
+    /// (mapped back to the stored frame as detection maps points: the mirror undone, then
+    /// `display_to_storage`) lies in the original picture, and the right half's in the restored.
+    #[test]
+    fn players_show_the_original_left_under_every_turn_and_mirror() {
+        let (w, h) = (8usize, 6usize);
+        for turn in [0u32, 90, 180, 270] {
+            for mirror in [false, true] {
+                let sides = Sides::shown(turn, mirror);
+                let stored = if sides.stacked { (w, 2 * h) } else { (2 * w, h) };
+                let shown = if turn % 180 == 90 { (stored.1, stored.0) } else { stored };
+                for (x, want_original) in [(shown.0 as f32 * 0.25, true), (shown.0 as f32 * 0.75, false)] {
+                    let y = shown.1 as f32 * 0.5;
+                    let x = if mirror { shown.0 as f32 - 1.0 - x } else { x };
+                    let (sx, sy) = crate::faces::detect::display_to_storage(x, y, turn, stored);
+                    let along = if sides.stacked { sy / h as f32 } else { sx / w as f32 };
+                    let first = along < 1.0;
+                    let original = first != sides.restored_first;
+                    assert_eq!(original, want_original, "turn {turn}, mirror {mirror}, x {x}");
+                }
+            }
+        }
     }
 }
