@@ -233,6 +233,27 @@ fn probe_source(path: &Path, bytes: Option<Arc<[u8]>>) -> Result<SourceInfo> {
     })
 }
 
+/// The first picture `dec` decodes from stream `index` of `ictx`, reading at most `packets`
+/// packets (the decoder drained at the end of the file); `None` when it gives none.
+pub(crate) fn first_picture(
+    ictx: &mut ffmpeg::format::context::Input,
+    index: usize,
+    dec: &mut ffmpeg::decoder::Video,
+    packets: usize,
+) -> Option<VideoFrame> {
+    let (mut picture, mut packet) = (VideoFrame::empty(), ffmpeg::Packet::empty());
+    for _ in 0..packets {
+        if read_packet(ictx, &mut packet).is_err() {
+            break;
+        }
+        if packet.stream() == index && dec.send_packet(&packet).is_ok() && dec.receive_frame(&mut picture).is_ok() {
+            return Some(picture);
+        }
+    }
+    dec.send_eof().ok()?;
+    dec.receive_frame(&mut picture).ok().map(|()| picture)
+}
+
 /// Caps the pictures decoder context `ctx` allocates at `max` pixels (none: FFmpeg's own
 /// limit): FFmpeg checks it wherever it sizes a picture, and fails the decode of a larger one.
 pub(crate) fn cap_pixels(ctx: &mut ffmpeg::codec::context::Context, max: Option<u64>) {
@@ -787,14 +808,7 @@ mod tests {
         let Ok(mut dec) = ctx.decoder().video() else {
             return false;
         };
-        let (mut packet, mut picture) = (ffmpeg_next::Packet::empty(), ffmpeg_next::frame::Video::empty());
-        while super::read_packet(&mut ictx, &mut packet).is_ok() {
-            if packet.stream() == index && dec.send_packet(&packet).is_ok() && dec.receive_frame(&mut picture).is_ok() {
-                return true;
-            }
-        }
-        dec.send_eof().ok();
-        dec.receive_frame(&mut picture).is_ok()
+        super::first_picture(&mut ictx, index, &mut dec, usize::MAX).is_some()
     }
 
     #[test]

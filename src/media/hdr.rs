@@ -176,21 +176,7 @@ fn first_frame(
         .decoder()
         .video()
         .ok()?;
-    let mut frame = ffmpeg::frame::Video::empty();
-    let mut packet = ffmpeg::Packet::empty();
-    for _ in 0..64 {
-        if crate::media::decode::read_packet(ictx, &mut packet).is_err() {
-            dec.send_eof().ok()?;
-            return dec.receive_frame(&mut frame).ok().map(|()| frame);
-        }
-        if packet.stream() != index || dec.send_packet(&packet).is_err() {
-            continue;
-        }
-        if dec.receive_frame(&mut frame).is_ok() {
-            return Some(frame);
-        }
-    }
-    None
+    crate::media::decode::first_picture(ictx, index, &mut dec, 64)
 }
 
 #[cfg(test)]

@@ -68,24 +68,12 @@ fn read_alpha(path: &Path, (bytes, max_pixels): (Option<&Arc<[u8]>>, Option<u64>
     let mut ctx = codec::context::Context::from_parameters(stream.parameters())?;
     crate::media::decode::cap_pixels(&mut ctx, max_pixels);
     let mut dec = ctx.decoder().video()?;
-    let mut picture = VideoFrame::empty();
-    let mut got = false;
-    let mut packet = Packet::empty();
-    while !got && crate::media::decode::read_packet(&mut ictx, &mut packet).is_ok() {
-        if packet.stream() == index && dec.send_packet(&packet).is_ok() {
-            got = dec.receive_frame(&mut picture).is_ok();
-        }
-    }
-    if !got {
-        dec.send_eof().ok();
-        got = dec.receive_frame(&mut picture).is_ok();
-    }
-    if !got {
+    let Some(picture) = crate::media::decode::first_picture(&mut ictx, index, &mut dec, usize::MAX) else {
         bail!(
             "{}: its picture could not be decoded again for its alpha channel",
             path.display()
         );
-    }
+    };
     let mut rgba = VideoFrame::empty();
     convert(&mut None, picture.format(), Pixel::RGBA, &picture, &mut rgba)?;
     let (w, h) = (picture.width() as usize, picture.height() as usize);
