@@ -2,11 +2,13 @@
 # The GPU check bundle's runner (scripts/gpu-bundle.sh copies it into the bundle as run.sh): on a
 # bare machine, joins and checks the bundle's parts, unpacks them, sets the loader path to the
 # bundle's libraries and to the CUDA/cuDNN/TensorRT libraries of the system python's nvidia-*
-# pip packages (found, not assumed), prints nvidia-smi, then runs in one go: bench at batches 1,
-# 4, 16 in fp32 and fp16 (CUDA), the feeder (every stage but the model: what the CPU side
-# feeds the GPU, core-ms per face per stage), one NVDEC run, the whole-file run of the sample
-# the service (serve-check.py: images/s and P50/P99 at concurrency 1, 4, 16, then SIGTERM) and
-# one TensorRT run (cold, then from its engine cache: engine build time apart), and prints
+# pip packages (found, not assumed), prints nvidia-smi, then runs in one go, most telling
+# first (a spent --budget drops the rest): bench fp16 at batch 4 (end to end and the model
+# alone), the feeder (every stage but the model: what this host's cores feed the GPU, core-ms per
+# face per stage), the byte-I/O model, fp16 batch 16 and fp32 batch 4, one NVDEC run, the
+# whole-file run of the sample, the service (serve-check.py: images/s and P50/P99 at concurrency
+# 1, 4, 16, then SIGTERM), the rest of the batch/precision grid and one TensorRT run (cold, then
+# from its engine cache: engine build time apart), and prints
 # a table. A step
 # that fails is reported with its message and the rest still runs. Exit 0 when it got to the
 # table, 2 when every GPU step failed on --device cuda:N.
@@ -198,7 +200,7 @@ step() {
   fi
   local t0 t1 rc=0
   t0=$(date +%s%N)
-  timeout "$tmo" "$@" >"$out/$name.log" 2>&1 || rc=$?
+  timeout -k 15 "$tmo" "$@" >"$out/$name.log" 2>&1 || rc=$?
   t1=$(date +%s%N)
   [ -n "$smi_pid" ] && { kill "$smi_pid" 2>/dev/null || true; wait "$smi_pid" 2>/dev/null || true; }
   local peak=- busy=-
@@ -211,9 +213,9 @@ step() {
   local status=ok msg=""
   if [ $rc -ne 0 ]; then
     status=failed
-    [ $rc -eq 124 ] && status=timeout
+    { [ $rc -eq 124 ] || [ $rc -eq 137 ]; } && status=timeout
     msg=$(grep -m1 '^error' "$out/$name.log" || tail -1 "$out/$name.log")
-    [ $rc -eq 124 ] && msg="no result within $tmo s${msg:+; last: $msg}"
+    [ $status = timeout ] && msg="no result within $tmo s${msg:+; last: $msg}"
     echo "   $status (exit $rc) after ${wall} s: $msg"
   else
     grep -v '^\s*$' "$out/$name.log" | tail -n 12 | sed 's/^/   /'
@@ -224,18 +226,26 @@ step() {
 }
 
 bench_dev=$device
-for prec in fp32 fp16; do
-  if [ $prec = fp16 ]; then model=$m16; pflag=(--fp16); else model=$m32; pflag=(); fi
-  for b in 1 4 16; do
-    j=$out/bench-$prec-b$b.json
-    # on a CPU (the proof without a GPU) only one bench times the ceiling (at least 3 s)
-    stage=all
-    [ "$gpu" != "$device" ] && [ "$prec-$b" != fp32-1 ] && stage=pipeline
-    step "bench-$prec-b$b" "$bench_dev" "$b" "$j" "$step_timeout" -- \
-      "${gv[@]}" bench "$sample" --model "$model" "${pflag[@]}" --batch "$b" --device "$bench_dev" \
-      --frames "$frames" --repeat "$repeat" --stage "$stage" --json "$j" "${common[@]}"
-  done
-done
+# bench_step PREC BATCH: the model at that precision and batch, alone (the ceiling) and end to end
+bench_step() {
+  local prec=$1 b=$2 model=$m32 pflag=() stage=all
+  [ "$prec" = fp16 ] && model=$m16 pflag=(--fp16)
+  local j=$out/bench-$prec-b$b.json
+  # on a CPU (the proof without a GPU) only one bench times the ceiling (at least 3 s)
+  [ "$gpu" != "$device" ] && [ "$prec-$b" != fp32-1 ] && stage=pipeline
+  step "bench-$prec-b$b" "$bench_dev" "$b" "$j" "$step_timeout" -- \
+    "${gv[@]}" bench "$sample" --model "$model" "${pflag[@]}" --batch "$b" --device "$bench_dev" \
+    --frames "$frames" --repeat "$repeat" --stage "$stage" --json "$j" "${common[@]}"
+}
+# In the order of what a first GPU must answer, so a spent budget drops the least of it: the
+# default path (fp16, batch 4) end to end beside the model alone; the stages around the model on
+# this host's cores (feeder: does the host or the GPU limit?); the byte path; larger batches; fp32.
+bench_step fp16 4
+# The stages around the model without it, on this machine's cores: beside the model's own
+# faces/s above, which side limits a GPU run.
+step feeder "$device" 4 "$out/feeder.json" "$step_timeout" -- \
+  "${gv[@]}" bench "$sample" --model "$m32" --batch 4 --device "$device" --stage feeder \
+  --frames "$frames" --repeat "$repeat" --json "$out/feeder.json" "${common[@]}"
 # The same fp16 model with byte I/O (crops cross as uint8, converted where the model runs):
 # beside bench-fp16-b4, what the smaller transfers and the host's saved float work give.
 if [ -n "$m16b" ]; then
@@ -243,11 +253,8 @@ if [ -n "$m16b" ]; then
     "${gv[@]}" bench "$sample" --model "$m16b" --fp16 --batch 4 --device "$bench_dev" \
     --frames "$frames" --repeat "$repeat" --stage pipeline --json "$out/bench-fp16-bytes-b4.json" "${common[@]}"
 fi
-# The stages around the model without it, on this machine's cores: beside the model's own
-# faces/s above, which side limits a GPU run.
-step feeder "$device" 4 "$out/feeder.json" "$step_timeout" -- \
-  "${gv[@]}" bench "$sample" --model "$m32" --batch 4 --device "$device" --stage feeder \
-  --frames "$frames" --repeat "$repeat" --json "$out/feeder.json" "${common[@]}"
+bench_step fp16 16
+bench_step fp32 4
 if [ "$gpu" != "$device" ]; then
   # no GPU expected: CUDA must refuse with gpen-video's message, and the run goes on
   step cuda-fp32-b4 "$gpu" 4 "$out/cuda-fp32-b4.json" 120 -- \
@@ -273,6 +280,10 @@ if command -v python3 >/dev/null && [ -f "$B/serve-check.py" ]; then
     python3 "$B/serve-check.py" --image "$B/portraits/portrait.jpg" --json "$out/serve.json" \
     --requests "$sreq" -- "${gv[@]}" --model "$wm" "${wf[@]}" --batch 4 --device "$device" --detector "$det"
 fi
+# the rest of the batch and precision grid
+bench_step fp16 1
+bench_step fp32 16
+bench_step fp32 1
 # TensorRT last (the slowest to start): a cold run builds the engine into the cache beside the
 # model, the warm run loads it; the difference is the build time.
 rm -rf "${m16%.onnx}.trt-cache"

@@ -8,10 +8,11 @@
 #
 #   scripts/gpu-bundle.sh [--small] [--out DIR] [--check-cpu] [--no-build]
 #
-# Default: GPEN-512 and samples/astronaut-1080p.mp4 into out/gpu-bundle. --small: GPEN-256 and
-# samples/test/astronaut.mp4 into out/gpu-bundle-small (same libraries and runner; what CI
-# checks). --check-cpu: afterwards run the runner with --device cpu in a clean root
-# (scripts/gpu-bundle-check.sh): env -i, an empty folder, glibc and the runner's own tools only.
+# Default: GPEN-512 and samples/group-1080p.mp4 (1080p, about five faces a frame: what a GPU
+# is fed) into out/gpu-bundle. --small: GPEN-256 and samples/test/astronaut.mp4 into
+# out/gpu-bundle-small (same libraries and runner; what CI checks). --check-cpu: afterwards run
+# the runner with --device cpu in a clean root (scripts/gpu-bundle-check.sh): env -i, an empty
+# folder, glibc and the runner's own tools only.
 # PART_MIB (60) and ZSTD_LEVEL (3: level 19 saves 2 % on the CUDA provider at 60x the time) tune it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -38,7 +39,7 @@ command -v zstd >/dev/null || die "zstd missing: apt-get install zstd"
 if [ $small = 1 ]; then
   size=256 sample=samples/test/astronaut.mp4 out=${out:-out/gpu-bundle-small}
 else
-  size=512 sample=samples/astronaut-1080p.mp4 out=${out:-out/gpu-bundle}
+  size=512 sample=samples/group-1080p.mp4 out=${out:-out/gpu-bundle}
 fi
 [ -f "$sample" ] || die "$sample missing: run scripts/setup.sh (or scripts/make_samples.sh)"
 [ -f models/centerface.onnx ] || die "models/centerface.onnx missing: run scripts/setup.sh"

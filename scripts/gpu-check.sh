@@ -6,7 +6,7 @@
 #   scripts/gpu-check.sh run [BUNDLE_DIR] [RUNNER ARGS...]
 #                                                on the GPU machine, once every part has arrived
 #
-# BUNDLE_DIR defaults to out/gpu-bundle (GPEN-512, the 1080p sample). `plan` prints, in order,
+# BUNDLE_DIR defaults to out/gpu-bundle (GPEN-512, the 1080p group sample). `plan` prints, in order,
 # what to send: each part in a transfer of its own (at most 60 MiB each), run.sh, MANIFEST.sha256
 # and tools/ (1.7 MB) beside the last, smaller part, then `scripts/gpu-check.sh run` (which can
 # go in the last transfer's call). Runner
