@@ -88,7 +88,7 @@ for s in bench-fp32-b1 bench-fp32-b4 bench-fp32-b16 bench-fp16-b4 bench-fp16-byt
 done
 grep -q $'^cuda-fp32-b4\tcuda:0\t4\tfailed\t.*CUDA execution provider could not start on cuda:0' "$steps" ||
   fail "the CUDA step did not fail with gpen-video's 'CUDA execution provider could not start' message"
-for s in nvdec-fp16-b4 trt-fp16-b4-cold; do
+for s in nvdec-fp16-b4 feeder-gpu-detect trt-fp16-b4-cold; do
   grep -q "^$s"$'\tcuda:0\t4\tfailed' "$steps" || fail "step $s should fail without a GPU and be reported"
 done
 grep -q '^whole-file ' "$result/out/table.txt" || fail "the table lacks the whole-file row"

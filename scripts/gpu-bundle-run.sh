@@ -3,18 +3,19 @@
 # bare machine, joins and checks the bundle's parts, unpacks them, sets the loader path to the
 # bundle's libraries and to the CUDA/cuDNN/TensorRT libraries of the system python's nvidia-*
 # pip packages (found, not assumed), prints nvidia-smi, then runs in one go, most telling
-# first (a spent --budget drops the rest): bench fp16 at batch 4 (end to end and the model
-# alone), the feeder (every stage but the model: what this host's cores feed the GPU, core-ms per
-# face per stage), the byte-I/O model, fp16 batch 16 and fp32 batch 4, one NVDEC run, the
-# whole-file run of the sample, the service (serve-check.py: images/s and P50/P99 at concurrency
-# 1, 4, 16, then SIGTERM), the rest of the batch/precision grid and one TensorRT run (cold, then
-# from its engine cache: engine build time apart), and prints
+# first (a spent --budget drops the rest): the model alone in fp16 at batches 4 and 16, bench
+# fp16 at batch 4 (end to end beside the model alone), the feeder (every stage but the model:
+# what this host's cores feed the GPU, core-ms per face per stage), the byte-I/O model, fp16
+# batch 16 and fp32 batch 4, one NVDEC run, the whole-file run of the sample, the service
+# (serve-check.py: images/s and P50/P99 at concurrency 1, 4, 16, then SIGTERM), the feeder
+# with detection on the GPU, the rest of the batch/precision grid and one TensorRT run (cold,
+# then from its engine cache: engine build time apart), and prints
 # a table. A step
 # that fails is reported with its message and the rest still runs. Exit 0 when it got to the
 # table, 2 when every GPU step failed on --device cuda:N.
 #
 #   ./run.sh [--device cuda:0|cpu] [--out DIR] [--work DIR] [--budget S] [--frames N]
-#            [--repeat R] [--whole-frames N] [--step-timeout S]
+#            [--repeat R] [--whole-frames N] [--step-timeout S] [--only STEP,STEP...]
 #
 # Run it from anywhere: it finds the parts beside itself. --out (default ./gpu-check-out) gets
 # one log and JSON per step, steps.tsv, summary.json and table.txt. --device cpu runs the same
@@ -22,6 +23,7 @@
 # still tries CUDA, TensorRT and NVDEC on cuda:0, which must fail with gpen-video's message.
 # --budget (default 360 s; 1200 with --device cpu)
 # skips the steps still to come once it is spent, and no step runs past it by more than 60 s.
+# --only runs just the named steps (a rerun of what failed, or a short lease's first look).
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -29,7 +31,7 @@ device=cuda:0
 out=$PWD/gpu-check-out
 work=$here/unpacked
 budget=""
-frames="" repeat="" whole_frames="" step_timeout=""
+frames="" repeat="" whole_frames="" step_timeout="" only=""
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
 while [ $# -gt 0 ]; do
   case $1 in
@@ -41,6 +43,7 @@ while [ $# -gt 0 ]; do
     --repeat) repeat=$2; shift 2 ;;
     --whole-frames) whole_frames=$2; shift 2 ;;
     --step-timeout) step_timeout=$2; shift 2 ;;
+    --only) only=,$2,; shift 2 ;;
     -h | --help) usage; exit 0 ;;
     *) echo "run.sh: unknown argument $1 (see --help)" >&2; exit 1 ;;
   esac
@@ -183,6 +186,10 @@ ran_gpu_ok=0
 step() {
   local name=$1 dev=$2 batch=$3 json=$4 tmo=$5; shift 6
   local now; now=$(date +%s)
+  if [ -n "$only" ] && [[ $only != *",$name,"* ]]; then
+    printf '%s\t%s\t%s\tskipped\t-\t-\t-\t-\tnot in --only\n' "$name" "$dev" "$batch" >>"$steps"
+    return 0
+  fi
   if [ $((now - t_start)) -ge "$budget" ]; then
     printf '%s\t%s\t%s\tskipped\t-\t-\t-\t-\tbudget of %s s spent\n' "$name" "$dev" "$batch" "$budget" >>"$steps"
     say "$name: skipped (budget of $budget s spent)"
@@ -240,6 +247,14 @@ bench_step() {
 # In the order of what a first GPU must answer, so a spent budget drops the least of it: the
 # default path (fp16, batch 4) end to end beside the model alone; the stages around the model on
 # this host's cores (feeder: does the host or the GPU limit?); the byte path; larger batches; fp32.
+# The model alone in fp16 at batches 4 and 16 (no decoding, detection or encoding): the GPU's
+# ceiling, quick to get, whatever else fails (not on a CPU: bench-fp32-b1 times its ceiling).
+for b in 4 16; do
+  [ "$gpu" = "$device" ] || break
+  step ceiling-fp16-b$b "$bench_dev" $b "$out/ceiling-fp16-b$b.json" "$step_timeout" -- \
+    "${gv[@]}" bench "$sample" --model "$m16" --fp16 --batch $b --device "$bench_dev" --stage enhance \
+    --frames "$frames" --repeat "$repeat" --json "$out/ceiling-fp16-b$b.json" "${common[@]}"
+done
 bench_step fp16 4
 # The stages around the model without it, on this machine's cores: beside the model's own
 # faces/s above, which side limits a GPU run.
@@ -280,6 +295,11 @@ if command -v python3 >/dev/null && [ -f "$B/serve-check.py" ]; then
     python3 "$B/serve-check.py" --image "$B/portraits/portrait.jpg" --json "$out/serve.json" \
     --requests "$sreq" -- "${gv[@]}" --model "$wm" "${wf[@]}" --batch 4 --device "$device" --detector "$det"
 fi
+# Detection and the face mesh on the GPU (--detect-device gpu) instead of this host's cores:
+# on the first H200 lent it fed no batch within 45 s (inputs of changing sizes), so it is short.
+step feeder-gpu-detect "$gpu" 4 "$out/feeder-gpu-detect.json" 90 -- \
+  "${gv[@]}" bench "$sample" --model "$m32" --batch 4 --device "$gpu" --stage feeder --detect-device gpu \
+  --frames "$frames" --repeat 1 --json "$out/feeder-gpu-detect.json" "${common[@]}"
 # the rest of the batch and precision grid
 bench_step fp16 1
 bench_step fp32 16

@@ -139,6 +139,8 @@ pub struct Options {
     pub trt: bool,
     /// Decode with FFmpeg's CUDA hwaccel.
     pub hwaccel_cuda: bool,
+    /// Detection and the face mesh on the model's first GPU instead of the CPU.
+    pub detect_gpu: bool,
     /// Where to write each frame's face regions as JSON (for inspection and tests).
     pub faces_json: Option<PathBuf>,
     /// Where to write the run's statistics as JSON.
@@ -158,6 +160,7 @@ impl Options {
             threads: None,
             trt: false,
             hwaccel_cuda: false,
+            detect_gpu: false,
             faces_json: None,
             stats_json: None,
         }
@@ -180,6 +183,8 @@ pub struct Settings {
     pub trt: bool,
     pub trt_cache: Option<PathBuf>,
     pub hwaccel_cuda: bool,
+    /// Detection and the face mesh on the first GPU target, if any (else on the CPU).
+    pub detect_gpu: bool,
     pub faces_json: Option<PathBuf>,
     pub stats_json: Option<PathBuf>,
     /// All cores ONNX Runtime may use (the split above divides them).
@@ -283,6 +288,7 @@ impl Settings {
             trt: o.trt,
             trt_cache,
             hwaccel_cuda: o.hwaccel_cuda,
+            detect_gpu: o.detect_gpu,
             faces_json: o.faces_json.clone(),
             stats_json: o.stats_json.clone(),
             cores,
@@ -419,6 +425,7 @@ impl Settings {
             key,
             threads_per_worker: self.threads_per_worker,
             detector_threads: self.detector_threads,
+            detect_gpu: self.detect_gpu,
             faults: self.faults.clone(),
             trt: self.trt,
             trt_cache: self.trt_cache.clone(),
@@ -530,6 +537,7 @@ mod tests {
             trt: false,
             trt_cache: None,
             hwaccel_cuda: false,
+            detect_gpu: false,
             faces_json: None,
             stats_json: None,
             cores,

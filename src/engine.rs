@@ -37,6 +37,8 @@ pub struct EngineSpec {
     /// Intra-op threads per CPU session, and for the detector.
     pub threads_per_worker: usize,
     pub detector_threads: usize,
+    /// Detection and the face mesh on the first GPU target (else on the CPU).
+    pub detect_gpu: bool,
     /// Scheduler test hooks, one per target.
     pub faults: Vec<Fault>,
     pub trt: bool,
@@ -293,11 +295,13 @@ impl Engine {
         if batch != s.batch {
             tracing::info!(batch, "model has a fixed batch size; running {batch} crop(s) per call");
         }
-        // Detection runs on the first GPU when there is one.
+        // Detection runs on the CPU unless asked to run on the first GPU: on the first H200
+        // lent, CenterFace's and the mesh's inputs of changing sizes kept the CUDA provider
+        // busy on the host (the GPU under 2 % busy) for seconds a frame.
         let det_target = key
             .targets
             .iter()
-            .find(|t| matches!(t, Target::Cuda(_)))
+            .find(|t| matches!(t, Target::Cuda(_)) && s.detect_gpu)
             .cloned()
             .unwrap_or(Target::Cpu(0));
         let det_opts = SessionOptions {

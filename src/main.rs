@@ -242,6 +242,10 @@ struct RunArgs {
     /// Decode on the GPU with FFmpeg's hwaccel (only `cuda`).
     #[arg(long, value_name = "KIND", value_parser = ["cuda"], help_heading = "Input")]
     hwaccel: Option<String>,
+    /// Where detection and the face mesh run: `cpu` (a pool of CPU threads, beside a model on
+    /// the GPU too) or `gpu` (the first GPU of --device; slow while their input shapes vary).
+    #[arg(long, value_name = "WHERE", default_value = "cpu", value_parser = ["cpu", "gpu"], help_heading = "Detection")]
+    detect_device: String,
     /// Face detector: a CenterFace ONNX file with dynamic input size (default: models/centerface.onnx).
     #[arg(long, value_name = "PATH", help_heading = "Detection")]
     detector: Option<PathBuf>,
@@ -278,6 +282,7 @@ impl RunArgs {
         o.threads = self.threads;
         o.trt = self.trt;
         o.hwaccel_cuda = self.hwaccel.is_some();
+        o.detect_gpu = self.detect_device == "gpu";
         o.treatment = self.treatment;
         Ok(o)
     }
@@ -674,6 +679,7 @@ mod tests {
         ("threads", None),
         ("trt", None),
         ("hwaccel", None),
+        ("detect_device", None),
         ("quiet", None),
     ];
 

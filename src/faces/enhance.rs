@@ -130,22 +130,23 @@ pub struct Enhancer {
     batch: usize,
 }
 
+/// Where the bound crops live on `target`: host memory the pipeline writes and reads directly,
+/// on a GPU too, where ONNX Runtime copies them to and from the device around each run. CUDA's
+/// page-locked memory (`CudaPinned`) failed on the first H200 lent (ONNX Runtime 1.31): ort
+/// refused to hand it out for writing under API 22 ("not CPU accessible"), and under API 23 the
+/// run itself failed in the CUDA provider's copy of the bound input.
+fn buffer_memory(target: &Target) -> Result<MemoryInfo<'static>> {
+    match target {
+        Target::Cpu(_) | Target::Cuda(_) => {
+            MemoryInfo::new(AllocationDevice::CPU, 0, AllocatorType::Device, MemoryType::Default).map_err(ort_err)
+        }
+    }
+}
+
 impl Enhancer {
-    /// Wraps a session on `target`: host buffers come from CUDA pinned memory on a GPU.
+    /// Wraps a session on `target`, its bound crops in host memory ([`buffer_memory`]).
     pub fn for_target(session: Session, target: &Target) -> Result<Self> {
-        let allocator = match target {
-            Target::Cpu(_) => Allocator::default(),
-            Target::Cuda(id) => {
-                let info = MemoryInfo::new(
-                    AllocationDevice::CUDA_PINNED,
-                    *id as i32,
-                    AllocatorType::Device,
-                    MemoryType::CPUInput,
-                )
-                .map_err(ort_err)?;
-                Allocator::new(&session, info).map_err(ort_err)?
-            }
-        };
+        let allocator = Allocator::new(&session, buffer_memory(target)?).map_err(ort_err)?;
         Self::with_allocator(session, allocator)
     }
 
@@ -314,6 +315,17 @@ impl Live {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The crops a GPU's session is bound to must be memory the pipeline can write and read:
+    /// with CUDA's pinned memory, every CUDA run failed at its first batch.
+    #[test]
+    fn a_gpu_sessions_buffers_are_readable_from_the_host() {
+        crate::runtime::init().unwrap();
+        for target in [Target::Cpu(0), Target::Cuda(0), Target::Cuda(3)] {
+            let info = buffer_memory(&target).unwrap();
+            assert!(info.is_cpu_accessible(), "{target}: {info:?}");
+        }
+    }
 
     #[test]
     fn faults_parse_per_worker() {
