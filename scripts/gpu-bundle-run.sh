@@ -387,6 +387,11 @@ for feed in f.get("feeder", []):
           f"{feed['fast_process_core_ms']:.1f}: one core feeds about {feed['per_core_faces_per_s']:.0f} "
           f"faces/s, these {feed['cores']} cores about {feed['per_core_faces_per_s'] * feed['cores']:.0f}; "
           f"detection at most {feed['detect_limit']:.0f} per job")
+    busy = feed.get("fast_stage_busy") or []
+    if busy:
+        print("feeder: measured, each stage's threads busy / its input queue full (%): "
+              + ", ".join(f"{n} {100 * b:.0f}/{100 * q:.0f}" for n, b, q in busy)
+              + f"; the process kept {feed.get('fast_cores_busy', 0):.1f} of {feed['cores']} cores busy")
     host = feed.get("host_16")
     if host:
         print(f"feeder: a host of 16 cores would feed about {host[0]:.0f} faces/s, limited by {host[1]}")

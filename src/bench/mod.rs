@@ -101,6 +101,13 @@ pub struct Feeder {
     /// The part of each of those inside model sessions (detection's and the mesh's runs): what
     /// a GPU takes over.
     pub fast_stage_model_ms: Vec<(String, f64)>,
+    /// Measured, not projected, in the runs with the fastest preset (medians): each stage's
+    /// threads' busy time as a share of the run's wall time and of its threads (1.0: every
+    /// thread of it busy all along), and its input queue's mean fill (1.0: always full, so the
+    /// stage, or one after it, held the run back).
+    pub fast_stage_busy: Vec<(String, f64, f64)>,
+    /// The whole process's CPU time over the wall time in those runs: the cores it kept busy.
+    pub fast_cores_busy: f64,
     /// What a host of 16 cores would feed (faces/s) and the stage that would limit it (see
     /// [`Feeder::host`]).
     pub host_16: (f64, String),
@@ -373,6 +380,33 @@ fn feed(engine: &mut Engine, job: &Job, repeat: usize, name: &str, log: &dyn Fn(
                 .iter()
                 .map(|(n, _)| (n.to_string(), ms_of(&fast_runs, n, |st| st.model_cpu)))
                 .collect(),
+            fast_stage_busy: names
+                .iter()
+                .map(|n| {
+                    let of = |f: fn(&StageStat, f64) -> f64| {
+                        median(
+                            fast_runs
+                                .iter()
+                                .filter_map(|(s, _)| {
+                                    let st = s.stages.iter().find(|st| st.name == *n)?;
+                                    Some(f(st, s.wall.as_secs_f64()))
+                                })
+                                .collect(),
+                        )
+                    };
+                    (
+                        n.to_string(),
+                        of(|st, wall| st.busy_share(wall)),
+                        of(|st, _| st.queue_fill()),
+                    )
+                })
+                .collect(),
+            fast_cores_busy: median(
+                fast_runs
+                    .iter()
+                    .map(|(s, cpu)| cpu.as_secs_f64() / s.wall.as_secs_f64().max(1e-9))
+                    .collect(),
+            ),
             stage_threads: names
                 .iter()
                 .map(|n| {
@@ -595,6 +629,16 @@ impl Feeder {
             self.per_core_faces_per_s * self.cores as f64,
             self.detect_limit
         );
+        if !self.fast_stage_busy.is_empty() {
+            out += "  measured with the fastest preset, each stage's threads busy / its input queue full:";
+            for (n, busy, fill) in &self.fast_stage_busy {
+                out += &format!(" {n} {:.0}/{:.0} %,", 100.0 * busy, 100.0 * fill);
+            }
+            out += &format!(
+                " the process kept {:.1} of {} cores busy\n",
+                self.fast_cores_busy, self.cores
+            );
+        }
         let (here, here_limit) = self.host(self.cores.max(1), &[]);
         out += &format!(
             "  a host of 16 cores would feed about {:.0} faces/s, limited by {}; this one, {:.0}, limited by {here_limit}\n",
