@@ -100,3 +100,15 @@ pub const MAX_METADATA_BYTES: u64 = 8 << 20;
 pub const READ_TIMEOUT_S: u64 = 10;
 /// `serve`: seconds from a request's arrival to its answer.
 pub const DEADLINE_S: u64 = 30;
+
+/// Largest job upload (`serve --max-job-mb`), in megabytes.
+pub const MAX_JOB_MB: u64 = 4000;
+/// Most the jobs folder holds (`serve --jobs-quota-gb`), in gigabytes.
+pub const JOBS_QUOTA_GB: f64 = 50.0;
+/// Hours a finished job is kept (`serve --job-ttl-h`).
+pub const JOB_TTL_H: f64 = 24.0;
+/// Jobs waiting or running at once (`serve --max-jobs`).
+pub const MAX_JOBS: usize = 16;
+/// Segment length of a job's film, in seconds (`serve --job-segment-s`): what a restart
+/// resumes from, short enough that little is redone.
+pub const JOB_SEGMENT_S: f64 = 30.0;

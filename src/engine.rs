@@ -128,6 +128,14 @@ pub enum Kind {
     Engine,
     /// Writing an output failed.
     Io,
+    /// What was asked for does not exist (a service's job id).
+    NotFound,
+    /// Not possible in the state it is in (a job's result before it is done).
+    Conflict,
+    /// Too many waiting already (a service's `--max-jobs`).
+    TooMany,
+    /// Not allowed: a service's token missing or wrong.
+    Unauthorized,
 }
 
 /// An error marked with its [`Kind`]; it reads as the error it wraps.

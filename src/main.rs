@@ -141,6 +141,32 @@ struct ServeArgs {
     /// Seconds from a request's arrival to its answer (504 after).
     #[arg(long, value_name = "S", default_value_t = defaults::DEADLINE_S, value_parser = clap::value_parser!(u64).range(1..), help_heading = "Service")]
     deadline_s: u64,
+    /// Folder where jobs (`/v1/jobs`: uploads, results, a film's finished segments) are kept;
+    /// nothing outside it is read or written for them. Default: $XDG_STATE_HOME/gpen-video/jobs,
+    /// else ~/.local/state/gpen-video/jobs.
+    #[arg(long, value_name = "DIR", help_heading = "Jobs")]
+    jobs_dir: Option<PathBuf>,
+    /// Largest job upload, in megabytes (413 above it).
+    #[arg(long, value_name = "MB", default_value_t = defaults::MAX_JOB_MB, value_parser = clap::value_parser!(u64).range(1..), help_heading = "Jobs")]
+    max_job_mb: u64,
+    /// Most the jobs folder holds, in gigabytes: finished jobs are removed, oldest first, to
+    /// make room; an upload that still does not fit gets 413.
+    #[arg(long, value_name = "GB", default_value_t = defaults::JOBS_QUOTA_GB, help_heading = "Jobs")]
+    jobs_quota_gb: f64,
+    /// Hours a finished job (its result) is kept.
+    #[arg(long, value_name = "H", default_value_t = defaults::JOB_TTL_H, help_heading = "Jobs")]
+    job_ttl_h: f64,
+    /// Jobs waiting or running at once; more get 429.
+    #[arg(long, value_name = "N", default_value_t = defaults::MAX_JOBS, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=100000), help_heading = "Jobs")]
+    max_jobs: usize,
+    /// A job's film is restored in segments of about this many seconds: a service killed
+    /// mid-job resumes from the finished ones.
+    #[arg(long, value_name = "SECONDS", default_value_t = defaults::JOB_SEGMENT_S, value_parser = parse_segment, help_heading = "Jobs")]
+    job_segment_s: f64,
+    /// Require `Authorization: Bearer TOKEN` on every API call and the page (also read from
+    /// GPEN_VIDEO_TOKEN, which keeps it out of the process list). /healthz and /metrics stay open.
+    #[arg(long, value_name = "TOKEN", help_heading = "Service")]
+    token: Option<String>,
     #[command(flatten)]
     run: RunArgs,
 }
@@ -437,8 +463,33 @@ fn run_serve(s: ServeArgs) -> anyhow::Result<()> {
         max_pixels: s.max_pixels,
         read_timeout: std::time::Duration::from_secs(s.read_timeout_s),
         deadline: std::time::Duration::from_secs(s.deadline_s),
+        jobs: gpen_video::serve::jobs::JobsOptions {
+            dir: match s.jobs_dir {
+                Some(d) => d,
+                None => gpen_video::serve::jobs::default_dir()?,
+            },
+            max_upload: s.max_job_mb.saturating_mul(1_000_000),
+            quota: positive("--jobs-quota-gb", s.jobs_quota_gb)?.mul_add(1e9, 0.0) as u64,
+            ttl: std::time::Duration::from_secs_f64(positive("--job-ttl-h", s.job_ttl_h)? * 3600.0),
+            max_jobs: s.max_jobs,
+            segment: s.job_segment_s,
+            max_pixels: s.max_pixels,
+        },
+        token: s
+            .token
+            .or_else(|| std::env::var("GPEN_VIDEO_TOKEN").ok())
+            .filter(|t| !t.is_empty()),
     };
     gpen_video::serve::run(settings, opts, &interrupts)
+}
+
+/// `value` when it is a positive finite number, else an error naming `flag`.
+fn positive(flag: &str, value: f64) -> anyhow::Result<f64> {
+    if value.is_finite() && value > 0.0 {
+        Ok(value)
+    } else {
+        bail!("{flag} must be above 0, got {value}")
+    }
 }
 
 /// A long video in segments: restores the unfinished ones (`jobs` at once), joins OUT.

@@ -5,117 +5,14 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use common::server::Server;
 use common::*;
-
-/// A running service: the child and its address.
-struct Server {
-    child: Child,
-    addr: String,
-    log: std::sync::Arc<std::sync::Mutex<String>>,
-}
-
-impl Server {
-    fn start(extra: &[&str]) -> Server {
-        Self::start_env(extra, &[])
-    }
-
-    /// [`Server::start`] with `env` set besides.
-    fn start_env(extra: &[&str], env: &[(&str, &Path)]) -> Server {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_gpen-video"))
-            .args(["serve", "--listen", "127.0.0.1:0"])
-            .args(extra)
-            .envs(env.iter().copied())
-            .env("ORT_DYLIB_PATH", asset(".deps/lib/libonnxruntime.so"))
-            .env("RUST_LOG", "gpen_video=info")
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut err = BufReader::new(child.stderr.take().unwrap());
-        let mut line = String::new();
-        let addr = loop {
-            line.clear();
-            assert!(err.read_line(&mut line).unwrap() > 0, "serve ended before listening");
-            if let Some(rest) = line.split("listening on http://").nth(1) {
-                break rest.split_whitespace().next().unwrap().to_string();
-            }
-        };
-        // The rest of the log, kept for the checks (and so the pipe never fills).
-        let log = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
-        let sink = log.clone();
-        std::thread::spawn(move || {
-            for l in err.lines().map_while(Result::ok) {
-                sink.lock().unwrap().push_str(&(l + "\n"));
-            }
-        });
-        let server = Server { child, addr, log };
-        for _ in 0..600 {
-            if server.get("/healthz").0 == 200 {
-                return server;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        panic!("not ready after 30 s");
-    }
-
-    fn url(&self, path: &str) -> String {
-        format!("http://{}{path}", self.addr)
-    }
-
-    fn get(&self, path: &str) -> (u16, String) {
-        match ureq::get(&self.url(path))
-            .config()
-            .http_status_as_error(false)
-            .build()
-            .call()
-        {
-            Ok(mut r) => (r.status().as_u16(), r.body_mut().read_to_string().unwrap_or_default()),
-            Err(_) => (0, String::new()),
-        }
-    }
-
-    /// POSTs `body` to `path`: the status, the body and the Retry-After and X-Faces headers.
-    fn post(&self, path: &str, body: &[u8]) -> (u16, Vec<u8>, Option<String>, Option<String>) {
-        let r = ureq::post(&self.url(path))
-            .config()
-            .http_status_as_error(false)
-            .build()
-            .send(body)
-            .expect("the service answers");
-        let header = |n: &str| r.headers().get(n).and_then(|v| v.to_str().ok()).map(str::to_string);
-        let (retry, faces) = (header("retry-after"), header("x-faces"));
-        let status = r.status().as_u16();
-        let mut body = Vec::new();
-        r.into_body().into_reader().read_to_end(&mut body).unwrap();
-        (status, body, retry, faces)
-    }
-
-    fn metric(&self, name: &str) -> f64 {
-        let page = self.get("/metrics").1;
-        page.lines()
-            .find(|l| l.starts_with(name))
-            .and_then(|l| l.rsplit(' ').next())
-            .and_then(|v| v.parse().ok())
-            .unwrap_or_else(|| panic!("{name} not in {page}"))
-    }
-
-    /// Sends SIGTERM; the exit code.
-    fn stop(mut self) -> Option<i32> {
-        tool("kill", &["-TERM", &self.child.id().to_string()]);
-        self.child.wait().unwrap().code()
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-    }
-}
 
 /// The shipped portrait scaled to `side`, as `ext`.
 fn portrait(dir: &Path, side: u32, ext: &str) -> PathBuf {

@@ -17,6 +17,8 @@
 //! (504); an unreadable picture is a 400 that says why. SIGTERM or Ctrl-C: no new connection,
 //! the requests in flight are answered, exit 0.
 
+mod job_api;
+pub mod jobs;
 pub mod metrics;
 
 use std::net::SocketAddr;
@@ -58,6 +60,10 @@ pub struct ServeOptions {
     pub read_timeout: Duration,
     /// Time from a request's arrival to its answer.
     pub deadline: Duration,
+    /// Where and how jobs are kept (`/v1/jobs`).
+    pub jobs: jobs::JobsOptions,
+    /// Every API call and the page need `Authorization: Bearer TOKEN` when set.
+    pub token: Option<String>,
 }
 
 /// Where a picture's result goes.
@@ -81,6 +87,34 @@ struct App {
     batch: AtomicU64,
     /// The `--queue` places: a request holds one from its admission to its answer.
     places: Arc<tokio::sync::Semaphore>,
+    /// Video and photo jobs (`/v1/jobs`), run one at a time on a thread of their own.
+    jobs: Arc<jobs::Jobs>,
+}
+
+/// Checks the request's `Authorization: Bearer` against `--token` (when one is set), in time
+/// that does not depend on how much of it matches.
+fn authorize(app: &App, headers: &axum::http::HeaderMap) -> Result<()> {
+    let Some(token) = &app.opts.token else { return Ok(()) };
+    let given = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("");
+    let (a, b) = (given.as_bytes(), token.as_bytes());
+    let mut diff = a.len() ^ b.len();
+    for (i, &x) in b.iter().enumerate() {
+        diff |= usize::from(x ^ a.get(i).copied().unwrap_or(0));
+    }
+    if diff == 0 {
+        Ok(())
+    } else if given.is_empty() {
+        Err(Failure::error(
+            Kind::Unauthorized,
+            "this service needs its token: send Authorization: Bearer TOKEN",
+        ))
+    } else {
+        Err(Failure::error(Kind::Unauthorized, "wrong token"))
+    }
 }
 
 /// The query of `POST /v1/restore`.
@@ -114,7 +148,9 @@ pub fn run(settings: Settings, opts: ServeOptions, ints: &Interrupts) -> Result<
     }
     // Every request waiting for the engine holds a place, so the channel never holds more.
     let (tx, rx) = crossbeam_channel::bounded::<Submit>(opts.queue);
+    let jobs = jobs::Jobs::open(settings.clone(), opts.jobs.clone())?;
     let app = Arc::new(App {
+        jobs: jobs.clone(),
         settings,
         opts: opts.clone(),
         metrics: Metrics::default(),
@@ -142,11 +178,25 @@ pub fn run(settings: Settings, opts: ServeOptions, ints: &Interrupts) -> Result<
         .name("engine".into())
         .spawn(move || engine_loop(&engine_app, &rx, &engine_stop))
         .context("cannot start the engine thread")?;
+    let job_thread = {
+        let jobs = jobs.clone();
+        std::thread::Builder::new()
+            .name("jobs".into())
+            .spawn(move || jobs.run())
+            .context("cannot start the jobs thread")?
+    };
     crate::console::eprint!(
-        "gpen-video serve: listening on http://{local} (POST /v1/restore, GET /healthz, GET /metrics)"
+        "gpen-video serve: jobs kept in {} (--jobs-dir)",
+        opts.jobs.dir.display()
+    );
+    crate::console::eprint!(
+        "gpen-video serve: listening on http://{local} (POST /v1/restore, /v1/jobs, GET /healthz, GET /metrics)"
     );
     let router = Router::new()
         .route("/v1/restore", post(restore))
+        .route("/v1/jobs", post(job_api::create).get(job_api::list))
+        .route("/v1/jobs/{id}", get(job_api::show).delete(job_api::delete))
+        .route("/v1/jobs/{id}/result", get(job_api::result))
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics_page))
         .layer(DefaultBodyLimit::disable())
@@ -169,8 +219,13 @@ pub fn run(settings: Settings, opts: ServeOptions, ints: &Interrupts) -> Result<
         }
         tracing::info!("stopping: no new connections; answering the requests in flight");
     }));
-    // Every handler has answered: the engine's stream ends with its channel.
+    // Every handler has answered: the engine's stream ends with its channel; the running job
+    // stops where it is (queued again: it resumes at the next start).
     app.tx.lock().unwrap_or_else(|e| e.into_inner()).take();
+    jobs.stop();
+    job_thread
+        .join()
+        .map_err(|_| anyhow!("internal error: the jobs thread panicked"))?;
     let engine = engine
         .join()
         .map_err(|_| anyhow!("internal error: the engine thread panicked"))?;
@@ -320,6 +375,10 @@ fn status_of(kind: Kind) -> (StatusCode, Outcome) {
         Kind::Slow => (StatusCode::REQUEST_TIMEOUT, Outcome::SlowClient),
         Kind::Deadline => (StatusCode::GATEWAY_TIMEOUT, Outcome::Timeout),
         Kind::Engine | Kind::Io => (StatusCode::INTERNAL_SERVER_ERROR, Outcome::Error),
+        Kind::NotFound => (StatusCode::NOT_FOUND, Outcome::BadRequest),
+        Kind::Conflict => (StatusCode::CONFLICT, Outcome::BadRequest),
+        Kind::TooMany => (StatusCode::TOO_MANY_REQUESTS, Outcome::Busy),
+        Kind::Unauthorized => (StatusCode::UNAUTHORIZED, Outcome::BadRequest),
     }
 }
 
@@ -454,8 +513,10 @@ fn check_picture(bytes: &[u8], max_pixels: u64) -> Result<&'static str> {
 /// The request's query checked and a place in the queue taken, or why not.
 fn admit(
     app: &App,
+    headers: &axum::http::HeaderMap,
     query: Result<Query<RestoreQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<(Ask, tokio::sync::OwnedSemaphorePermit)> {
+    authorize(app, headers)?;
     if !app.ready.load(Ordering::SeqCst) {
         return Err(Failure::error(Kind::Busy, "loading the model; try again shortly"));
     }
@@ -474,11 +535,12 @@ fn admit(
 async fn restore_one(
     app: &Arc<App>,
     query: Result<Query<RestoreQuery>, axum::extract::rejection::QueryRejection>,
-    body: Body,
+    req: Request,
     start: Instant,
 ) -> Result<Restored> {
     let opts = &app.opts;
-    let (ask, _place) = match admit(app, query) {
+    let (parts, body) = req.into_parts();
+    let (ask, _place) = match admit(app, &parts.headers, query) {
         Ok(a) => a,
         Err(e) => {
             discard(body, opts).await;
@@ -597,7 +659,7 @@ async fn restore(
         start,
         answered: false,
     };
-    let (response, outcome, faces) = match restore_one(&app, query, req.into_body(), start).await {
+    let (response, outcome, faces) = match restore_one(&app, query, req, start).await {
         Ok(r) => {
             let faces = r.done.faces;
             (respond(r, start), Outcome::Ok, faces)
@@ -692,6 +754,10 @@ mod tests {
         assert_eq!(status(Kind::Slow), 408);
         assert_eq!(status(Kind::Deadline), 504);
         assert_eq!(status(Kind::Engine), 500);
+        assert_eq!(status(Kind::NotFound), 404);
+        assert_eq!(status(Kind::Conflict), 409);
+        assert_eq!(status(Kind::TooMany), 429);
+        assert_eq!(status(Kind::Unauthorized), 401);
         let e = Failure::error(Kind::TooLarge, "big").context("the upload");
         assert_eq!(
             refuse(&e).0.status().as_u16(),

@@ -2,6 +2,8 @@
 //! real binary's results and FFmpeg's own reading of its output files.
 #![allow(dead_code)]
 
+pub mod server;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 

@@ -1,0 +1,163 @@
+//! A `gpen-video serve` child on a loopback port for the end-to-end tests: in, its flags; out,
+//! its address, its log, and a real HTTP client's requests to it (ureq).
+
+use std::io::{BufRead, BufReader, Read};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use super::{asset, tool};
+
+/// A running service: the child and its address.
+pub struct Server {
+    pub child: Child,
+    pub addr: String,
+    pub log: std::sync::Arc<std::sync::Mutex<String>>,
+    /// The service's state folder (`XDG_STATE_HOME`: its default jobs folder is under it), so a
+    /// test never writes under the user's home.
+    pub state: tempfile::TempDir,
+}
+
+impl Server {
+    pub fn start(extra: &[&str]) -> Server {
+        Self::start_env(extra, &[])
+    }
+
+    /// [`Server::start`] with `env` set besides.
+    pub fn start_env(extra: &[&str], env: &[(&str, &Path)]) -> Server {
+        let state = tempfile::tempdir().unwrap();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_gpen-video"))
+            .args(["serve", "--listen", "127.0.0.1:0"])
+            .args(extra)
+            .env("XDG_STATE_HOME", state.path())
+            .envs(env.iter().copied())
+            .env("ORT_DYLIB_PATH", asset(".deps/lib/libonnxruntime.so"))
+            .env("RUST_LOG", "gpen_video=info")
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut err = BufReader::new(child.stderr.take().unwrap());
+        let (mut line, mut before) = (String::new(), String::new());
+        let addr = loop {
+            line.clear();
+            assert!(
+                err.read_line(&mut line).unwrap() > 0,
+                "serve ended before listening: {before}"
+            );
+            before.push_str(&line);
+            if let Some(rest) = line.split("listening on http://").nth(1) {
+                break rest.split_whitespace().next().unwrap().to_string();
+            }
+        };
+        // The whole log, kept for the checks (and so the pipe never fills).
+        let log = std::sync::Arc::new(std::sync::Mutex::new(before));
+        let sink = log.clone();
+        std::thread::spawn(move || {
+            for l in err.lines().map_while(Result::ok) {
+                sink.lock().unwrap().push_str(&(l + "\n"));
+            }
+        });
+        let server = Server {
+            child,
+            addr,
+            log,
+            state,
+        };
+        for _ in 0..600 {
+            if server.get("/healthz").0 == 200 {
+                return server;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("not ready after 30 s");
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    pub fn get(&self, path: &str) -> (u16, String) {
+        match ureq::get(&self.url(path))
+            .config()
+            .http_status_as_error(false)
+            .build()
+            .call()
+        {
+            Ok(mut r) => (r.status().as_u16(), r.body_mut().read_to_string().unwrap_or_default()),
+            Err(_) => (0, String::new()),
+        }
+    }
+
+    /// POSTs `body` to `path`: the status, the body and the Retry-After and X-Faces headers.
+    pub fn post(&self, path: &str, body: &[u8]) -> (u16, Vec<u8>, Option<String>, Option<String>) {
+        let r = ureq::post(&self.url(path))
+            .config()
+            .http_status_as_error(false)
+            .build()
+            .send(body)
+            .expect("the service answers");
+        let header = |n: &str| r.headers().get(n).and_then(|v| v.to_str().ok()).map(str::to_string);
+        let (retry, faces) = (header("retry-after"), header("x-faces"));
+        let status = r.status().as_u16();
+        let mut body = Vec::new();
+        r.into_body().into_reader().read_to_end(&mut body).unwrap();
+        (status, body, retry, faces)
+    }
+
+    pub fn metric(&self, name: &str) -> f64 {
+        let page = self.get("/metrics").1;
+        page.lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("{name} not in {page}"))
+    }
+
+    /// Sends SIGTERM; the exit code.
+    pub fn stop(mut self) -> Option<i32> {
+        tool("kill", &["-TERM", &self.child.id().to_string()]);
+        self.child.wait().unwrap().code()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+    }
+}
+
+impl Server {
+    /// Any request: the status, the headers asked for (lower case) and the body.
+    pub fn call(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: Option<&[u8]>,
+        want: &[&str],
+    ) -> (u16, Vec<Option<String>>, Vec<u8>) {
+        let url = self.url(path);
+        let mut b = ureq::http::Request::builder().method(method).uri(&url);
+        for (k, v) in headers {
+            b = b.header(*k, *v);
+        }
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .allow_non_standard_methods(true)
+            .build()
+            .into();
+        let r = match body {
+            Some(body) => agent.run(b.body(body.to_vec()).unwrap()),
+            None => agent.run(b.body(()).unwrap()),
+        }
+        .expect("the service answers");
+        let got = want
+            .iter()
+            .map(|n| r.headers().get(*n).and_then(|v| v.to_str().ok()).map(str::to_string))
+            .collect();
+        let status = r.status().as_u16();
+        let mut bytes = Vec::new();
+        r.into_body().into_reader().read_to_end(&mut bytes).unwrap();
+        (status, got, bytes)
+    }
+}

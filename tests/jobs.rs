@@ -1,0 +1,437 @@
+//! Jobs over HTTP end to end: in, the real binary serving on a loopback port with a jobs folder
+//! of the test's own, real clips and photos posted to `/v1/jobs`; out, each job's states and
+//! result (whole and by byte range) against `gpen-video IN OUT`, a service killed mid-film that
+//! resumes after a restart, and every limit's status.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use common::server::Server;
+use common::*;
+
+fn model() -> String {
+    arg(&asset("models/standin/identity-256.onnx")).to_string()
+}
+
+/// A clip of `seconds` at 30 fps with a keyframe every second, from the shipped portrait
+/// moving a little (so a film is cut into one-second segments), with a tone.
+fn clip(dir: &Path, seconds: u32) -> PathBuf {
+    let out = dir.join(format!("clip-{seconds}s.mp4"));
+    ffmpeg(&[
+        "-loop",
+        "1",
+        "-i",
+        arg(&asset("samples/astronaut.png")),
+        "-f",
+        "lavfi",
+        "-i",
+        &format!("sine=frequency=440:duration={seconds}"),
+        "-vf",
+        "scale=640:640,crop=480:360:x='80+40*sin(t)':y=60,format=yuv420p",
+        "-r",
+        "30",
+        "-t",
+        &seconds.to_string(),
+        "-c:v",
+        "libx264",
+        "-preset",
+        "ultrafast",
+        "-g",
+        "30",
+        "-c:a",
+        "aac",
+        "-shortest",
+        arg(&out),
+    ]);
+    out
+}
+
+fn photo(dir: &Path) -> PathBuf {
+    let out = dir.join("portrait.jpg");
+    ffmpeg(&[
+        "-i",
+        arg(&asset("samples/astronaut.png")),
+        "-vf",
+        "scale=256:256",
+        "-q:v",
+        "4",
+        arg(&out),
+    ]);
+    out
+}
+
+fn field(json: &[u8], key: &str) -> serde_json::Value {
+    let v: serde_json::Value =
+        serde_json::from_slice(json).unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(json)));
+    v[key].clone()
+}
+
+/// Posts `file` as a job: the status and the answer's body.
+fn post(server: &Server, file: &Path, query: &str, headers: &[(&str, &str)]) -> (u16, Vec<u8>, Option<String>) {
+    let name = file.file_name().unwrap().to_str().unwrap();
+    let (status, h, body) = server.call(
+        "POST",
+        &format!("/v1/jobs?name={name}{query}"),
+        headers,
+        Some(&std::fs::read(file).unwrap()),
+        &["location"],
+    );
+    (status, body, h[0].clone())
+}
+
+/// Waits until job `id` is in one of `states` (within `secs`): its record.
+fn wait_for(server: &Server, id: &str, states: &[&str], secs: u64, headers: &[(&str, &str)]) -> serde_json::Value {
+    let start = Instant::now();
+    loop {
+        let (status, _, body) = server.call("GET", &format!("/v1/jobs/{id}"), headers, None, &[]);
+        assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        if states.iter().any(|s| v["state"] == *s) {
+            return v;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(secs),
+            "job {id} not {states:?} after {secs} s: {v}\n{}",
+            server.log.lock().unwrap()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn cli_run(input: &Path, out: &Path) {
+    ok(&gpen(&[&input, &out, &"--model", &model()]));
+}
+
+#[test]
+fn a_video_and_a_photo_job_restore_as_the_cli_does_and_results_are_read_by_range() {
+    let dir = tempfile::tempdir().unwrap();
+    let jobs_dir = dir.path().join("jobs");
+    let (video, image) = (clip(dir.path(), 2), photo(dir.path()));
+    let server = Server::start(&["--model", &model(), "--jobs-dir", arg(&jobs_dir)]);
+    let (status, body, location) = post(&server, &video, "", &[]);
+    assert_eq!(status, 202, "{}", String::from_utf8_lossy(&body));
+    let id = field(&body, "id").as_str().unwrap().to_string();
+    assert!(id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit()), "{id}");
+    assert_eq!(location.as_deref(), Some(format!("/v1/jobs/{id}").as_str()));
+    assert_eq!(field(&body, "frames_total"), 60);
+    let (status, body, _) = post(&server, &image, "&blend=0.5", &[]);
+    assert_eq!(status, 202, "{}", String::from_utf8_lossy(&body));
+    let photo_id = field(&body, "id").as_str().unwrap().to_string();
+
+    let done = wait_for(&server, &id, &["done", "failed"], 180, &[]);
+    assert_eq!(done["state"], "done", "{done}");
+    assert_eq!(done["progress"], 1.0);
+    assert_eq!(done["frames_done"], 60);
+    let (status, h, whole) = server.call(
+        "GET",
+        &format!("/v1/jobs/{id}/result"),
+        &[],
+        None,
+        &["accept-ranges", "content-type"],
+    );
+    assert_eq!(status, 200);
+    assert_eq!(h[0].as_deref(), Some("bytes"));
+    assert_eq!(h[1].as_deref(), Some("video/mp4"));
+    assert_eq!(done["result_bytes"], whole.len() as u64);
+    let got = dir.path().join("job.mp4");
+    std::fs::write(&got, &whole).unwrap();
+    let want = dir.path().join("cli.mp4");
+    cli_run(&video, &want);
+    assert_eq!(
+        framemd5(&got, "0:v", false),
+        framemd5(&want, "0:v", false),
+        "the job's frames differ from the CLI's"
+    );
+    assert_eq!(framemd5(&got, "0:a", true), framemd5(&video, "0:a", true), "audio kept");
+    // Byte ranges, as a browser's player asks them.
+    let n = whole.len();
+    let (status, h, part) = server.call(
+        "GET",
+        &format!("/v1/jobs/{id}/result"),
+        &[("Range", "bytes=100-199")],
+        None,
+        &["content-range"],
+    );
+    assert_eq!(status, 206);
+    assert_eq!(part, whole[100..200]);
+    assert_eq!(h[0], Some(format!("bytes 100-199/{n}")));
+    let (status, _, tail) = server.call(
+        "GET",
+        &format!("/v1/jobs/{id}/result"),
+        &[("Range", "bytes=-10")],
+        None,
+        &[],
+    );
+    assert_eq!((status, &tail[..]), (206, &whole[n - 10..]));
+    let (status, h, _) = server.call(
+        "GET",
+        &format!("/v1/jobs/{id}/result"),
+        &[("Range", &format!("bytes={n}-"))],
+        None,
+        &["content-range"],
+    );
+    assert_eq!(status, 416);
+    assert_eq!(h[0], Some(format!("bytes */{n}")));
+
+    // The photo: the CLI's bytes for the same flags.
+    let done = wait_for(&server, &photo_id, &["done", "failed"], 60, &[]);
+    assert_eq!(done["state"], "done", "{done}");
+    let (status, _, bytes) = server.call("GET", &format!("/v1/jobs/{photo_id}/result"), &[], None, &[]);
+    assert_eq!(status, 200);
+    let want = dir.path().join("cli.jpg");
+    ok(&gpen(&[&image, &want, &"--model", &model(), &"--blend", &"0.5"]));
+    assert_eq!(
+        bytes,
+        std::fs::read(&want).unwrap(),
+        "the photo job's bytes differ from the CLI's"
+    );
+
+    // Listed, then deleted with its files; nothing else was written in the jobs folder.
+    let (_, _, list) = server.call("GET", "/v1/jobs", &[], None, &[]);
+    let listed: Vec<String> = field(&list, "jobs")
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|j| j["id"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(listed, [id.clone(), photo_id.clone()]);
+    let mut names: Vec<String> = std::fs::read_dir(&jobs_dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+        .collect();
+    names.sort();
+    let mut want_names = vec![id.clone(), photo_id.clone()];
+    want_names.sort();
+    assert_eq!(names, want_names);
+    assert_eq!(server.call("DELETE", &format!("/v1/jobs/{id}"), &[], None, &[]).0, 200);
+    assert_eq!(server.call("GET", &format!("/v1/jobs/{id}"), &[], None, &[]).0, 404);
+    assert_eq!(
+        server.call("GET", &format!("/v1/jobs/{id}/result"), &[], None, &[]).0,
+        404
+    );
+    assert!(!jobs_dir.join(&id).exists(), "a deleted job's files are removed");
+    assert_eq!(server.stop(), Some(0));
+}
+
+#[test]
+fn a_service_killed_mid_film_resumes_it_from_the_finished_segments() {
+    let dir = tempfile::tempdir().unwrap();
+    let jobs_dir = dir.path().join("jobs");
+    let video = clip(dir.path(), 6);
+    let m = model();
+    // Lossless, so frames encoded in segments equal one run's (as tests/segments.rs does).
+    let flags = [
+        "--model",
+        &m,
+        "--jobs-dir",
+        arg(&jobs_dir),
+        "--job-segment-s",
+        "1",
+        "--crf",
+        "0",
+    ];
+    let mut server = Server::start(&flags);
+    let (status, body, _) = post(&server, &video, "", &[]);
+    assert_eq!(status, 202, "{}", String::from_utf8_lossy(&body));
+    let id = field(&body, "id").as_str().unwrap().to_string();
+    // Killed once a segment or two are done, the film far from finished.
+    let start = Instant::now();
+    let segments = jobs_dir.join(&id).join(".result.mp4.segments");
+    let records = || {
+        std::fs::read_dir(&segments)
+            .map(|d| {
+                d.filter_map(Result::ok)
+                    .filter(|e| e.file_name().to_string_lossy().ends_with(".json") && e.file_name() != "plan.json")
+                    .count()
+            })
+            .unwrap_or(0)
+    };
+    while records() < 2 {
+        assert!(start.elapsed() < Duration::from_secs(120), "no segment done in 120 s");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    server.child.kill().unwrap();
+    server.child.wait().unwrap();
+    let kept = records();
+    assert!(kept < 6, "the film was done before the kill: nothing to resume");
+    let server = Server::start(&flags);
+    let done = wait_for(&server, &id, &["done", "failed"], 180, &[]);
+    assert_eq!(done["state"], "done", "{done}");
+    let log = server.log.lock().unwrap().clone();
+    assert!(log.contains("queued again after a restart"), "{log}");
+    let (status, _, whole) = server.call("GET", &format!("/v1/jobs/{id}/result"), &[], None, &[]);
+    assert_eq!(status, 200);
+    let got = dir.path().join("job.mp4");
+    std::fs::write(&got, &whole).unwrap();
+    let want = dir.path().join("cli.mp4");
+    ok(&gpen(&[&video, &want, &"--model", &m, &"--crf", &"0"]));
+    assert_eq!(
+        framemd5(&got, "0:v", false),
+        framemd5(&want, "0:v", false),
+        "the resumed job's frames differ from one CLI run's"
+    );
+    assert_eq!(server.stop(), Some(0));
+}
+
+#[test]
+fn limits_tokens_and_bad_ids_get_their_status() {
+    let dir = tempfile::tempdir().unwrap();
+    let jobs_dir = dir.path().join("jobs");
+    let video = clip(dir.path(), 3);
+    let auth = [("Authorization", "Bearer s3cret")];
+    let server = Server::start(&[
+        "--model",
+        &model(),
+        "--jobs-dir",
+        arg(&jobs_dir),
+        "--max-job-mb",
+        "1",
+        "--max-jobs",
+        "1",
+        "--token",
+        "s3cret",
+    ]);
+    // The token: missing or wrong is 401 on the API; health and metrics stay open.
+    let (status, _, _) = post(&server, &video, "", &[]);
+    assert_eq!(status, 401);
+    assert_eq!(post(&server, &video, "", &[("Authorization", "Bearer s3cre")]).0, 401);
+    assert_eq!(server.call("GET", "/v1/jobs", &[], None, &[]).0, 401);
+    assert_eq!(server.call("POST", "/v1/restore", &[], Some(b"x"), &[]).0, 401);
+    assert_eq!(server.call("GET", "/healthz", &[], None, &[]).0, 200);
+    // Bad ids never reach the disk.
+    for path in [
+        "/v1/jobs/nope",
+        "/v1/jobs/..%2F..%2Fetc",
+        &format!("/v1/jobs/{}", "a".repeat(32)),
+    ] {
+        assert_eq!(server.call("GET", path, &auth, None, &[]).0, 404, "{path}");
+        assert_eq!(server.call("DELETE", path, &auth, None, &[]).0, 404, "{path}");
+    }
+    // A body over --max-job-mb, and one that is no video or photo, leave nothing behind.
+    let big = vec![0u8; 1_500_000];
+    let (status, _, body) = server.call("POST", "/v1/jobs?name=big.mp4", &auth, Some(&big), &[]);
+    assert_eq!(status, 413, "{}", String::from_utf8_lossy(&body));
+    assert!(String::from_utf8_lossy(&body).contains("--max-job-mb"));
+    let (status, _, body) = server.call("POST", "/v1/jobs?name=notes.mp4", &auth, Some(b"hello, world"), &[]);
+    assert_eq!(status, 400, "{}", String::from_utf8_lossy(&body));
+    let (status, _, body) = server.call("POST", "/v1/jobs?blend=7", &auth, Some(b"x"), &[]);
+    assert_eq!(status, 400, "{}", String::from_utf8_lossy(&body));
+    assert_eq!(
+        std::fs::read_dir(&jobs_dir).unwrap().count(),
+        0,
+        "refused uploads left files"
+    );
+    // One job at most (--max-jobs 1): a second waits outside with 429; a result before it
+    // exists is 409; a cancelled job goes with its files.
+    let (status, body, _) = post(&server, &video, "", &auth);
+    assert_eq!(status, 202, "{}", String::from_utf8_lossy(&body));
+    let id = field(&body, "id").as_str().unwrap().to_string();
+    assert_eq!(post(&server, &video, "", &auth).0, 429);
+    let (status, _, body) = server.call("GET", &format!("/v1/jobs/{id}/result"), &auth, None, &[]);
+    assert_eq!(status, 409, "{}", String::from_utf8_lossy(&body));
+    wait_for(&server, &id, &["running"], 60, &auth);
+    assert_eq!(
+        server.call("DELETE", &format!("/v1/jobs/{id}"), &auth, None, &[]).0,
+        200
+    );
+    assert_eq!(server.call("GET", &format!("/v1/jobs/{id}"), &auth, None, &[]).0, 404);
+    let start = Instant::now();
+    while jobs_dir.join(&id).exists() {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the cancelled job's files stay"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Room again: the next job is taken.
+    assert_eq!(post(&server, &video, "", &auth).0, 202);
+    assert_eq!(server.stop(), Some(0));
+}
+
+#[test]
+fn the_quota_removes_the_oldest_results_and_old_results_expire() {
+    let dir = tempfile::tempdir().unwrap();
+    let jobs_dir = dir.path().join("jobs");
+    let image = photo(dir.path());
+    let size = std::fs::metadata(&image).unwrap().len();
+    let restored = dir.path().join("cli.jpg");
+    cli_run(&image, &restored);
+    let out = std::fs::metadata(&restored).unwrap().len();
+    // Room for two jobs' upload and result (and their records): the third upload needs the
+    // first's room.
+    let quota_gb = format!("{}", (2 * (size + out) + size / 2) as f64 / 1e9);
+    let server = Server::start(&[
+        "--model",
+        &model(),
+        "--jobs-dir",
+        arg(&jobs_dir),
+        "--jobs-quota-gb",
+        &quota_gb,
+        "--job-ttl-h",
+        "0.002",
+    ]);
+    let mut ids = Vec::new();
+    for _ in 0..3 {
+        let (status, body, _) = post(&server, &image, "", &[]);
+        assert_eq!(status, 202, "{}", String::from_utf8_lossy(&body));
+        let id = field(&body, "id").as_str().unwrap().to_string();
+        assert_eq!(wait_for(&server, &id, &["done", "failed"], 60, &[])["state"], "done");
+        ids.push(id);
+    }
+    assert_eq!(
+        server.call("GET", &format!("/v1/jobs/{}", ids[0]), &[], None, &[]).0,
+        404,
+        "the oldest result was kept over the quota"
+    );
+    assert_eq!(
+        server.call("GET", &format!("/v1/jobs/{}", ids[2]), &[], None, &[]).0,
+        200
+    );
+    // An upload larger than the whole quota is refused, saying which limit.
+    let big = vec![7u8; (6 * size) as usize];
+    let (status, _, body) = server.call("POST", "/v1/jobs?name=big.jpg", &[], Some(&big), &[]);
+    assert_eq!(status, 413, "{}", String::from_utf8_lossy(&body));
+    assert!(
+        String::from_utf8_lossy(&body).contains("--jobs-quota-gb"),
+        "{}",
+        String::from_utf8_lossy(&body)
+    );
+    // --job-ttl-h 0.002 (7.2 s): every finished job is gone a little after.
+    let start = Instant::now();
+    while server.call("GET", "/v1/jobs", &[], None, &[]).2 != b"{\"jobs\":[]}\n" {
+        assert!(
+            start.elapsed() < Duration::from_secs(40),
+            "finished jobs outlived --job-ttl-h"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(std::fs::read_dir(&jobs_dir).unwrap().count(), 0);
+    assert_eq!(server.stop(), Some(0));
+}
+
+#[test]
+fn photos_are_answered_while_a_film_job_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let jobs_dir = dir.path().join("jobs");
+    let (video, image) = (clip(dir.path(), 4), photo(dir.path()));
+    let server = Server::start(&["--model", &model(), "--jobs-dir", arg(&jobs_dir)]);
+    let (status, body, _) = post(&server, &video, "", &[]);
+    assert_eq!(status, 202, "{}", String::from_utf8_lossy(&body));
+    let id = field(&body, "id").as_str().unwrap().to_string();
+    wait_for(&server, &id, &["running"], 60, &[]);
+    let bytes = std::fs::read(&image).unwrap();
+    let mut answered_while_running = 0;
+    for _ in 0..5 {
+        let (status, _, _) = server.call("POST", "/v1/restore", &[], Some(&bytes), &[]);
+        assert_eq!(status, 200);
+        let (_, _, rec) = server.call("GET", &format!("/v1/jobs/{id}"), &[], None, &[]);
+        if field(&rec, "state") == "running" {
+            answered_while_running += 1;
+        }
+    }
+    assert!(answered_while_running > 0, "no photo was answered while the film ran");
+    assert_eq!(wait_for(&server, &id, &["done", "failed"], 180, &[])["state"], "done");
+    assert_eq!(server.stop(), Some(0));
+}
