@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite on a fresh Debian 12 machine: set-up (idempotent), formatting and lint,
-# Rust unit and end-to-end tests, the container image's build stage (scripts/container-build-stage.py)
+# Rust unit and end-to-end tests, the service's page in a real browser (scripts/browser-test.sh),
+# the container image's build stage (scripts/container-build-stage.py)
 # and the Python exporter's tests. Two more checks, both set by
 # .ci/run: GPEN_VIDEO_SLURM_TEST=1 runs deploy/slurm-array.sbatch on a single-node Slurm it
 # starts (scripts/slurm-test.sh: installs slurm-wlm and munge, about 15 s more);
@@ -16,6 +17,8 @@ scripts/container-pins.sh
 cargo fmt --all -- --check
 cargo clippy --release --locked --all-targets -- -D warnings
 cargo test --release --locked
+# The service's page in Debian's chromium, headless, driven by Playwright (installs both).
+scripts/browser-test.sh
 # The container image's build stage, from exactly the files the image's context gives it (about
 # a minute: only gpen-video compiles); scripts/container-check.sh builds the whole image.
 scripts/container-build-stage.py

@@ -188,6 +188,9 @@ fn a_video_and_a_photo_job_restore_as_the_cli_does_and_results_are_read_by_range
         "the photo job's bytes differ from the CLI's"
     );
 
+    // In the metrics: two jobs done, each one's time in the histogram.
+    assert_eq!(server.metric("gpen_jobs{state=\"done\"}"), 2.0);
+    assert_eq!(server.metric("gpen_job_seconds_count"), 2.0);
     // Listed, then deleted with its files; nothing else was written in the jobs folder.
     let (_, _, list) = server.call("GET", "/v1/jobs", &[], None, &[]);
     let listed: Vec<String> = field(&list, "jobs")

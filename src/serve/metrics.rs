@@ -156,6 +156,37 @@ impl Metrics {
     }
 }
 
+/// Upper bounds (seconds) of the job-duration histogram's buckets.
+const JOB_BUCKETS: [f64; 8] = [1.0, 5.0, 15.0, 60.0, 300.0, 900.0, 3600.0, 14400.0];
+
+/// The jobs' series: how many jobs are in each state now, and how long the finished ones ran
+/// (from their start to done or failed).
+pub(crate) fn render_jobs(counts: (usize, usize, usize, usize), seconds: &[f64]) -> String {
+    let mut out = String::new();
+    let w = &mut out;
+    let (queued, running, done, failed) = counts;
+    let _ = writeln!(w, "# HELP gpen_jobs Jobs (/v1/jobs) by state, now.");
+    let _ = writeln!(w, "# TYPE gpen_jobs gauge");
+    for (state, n) in [
+        ("queued", queued),
+        ("running", running),
+        ("done", done),
+        ("failed", failed),
+    ] {
+        let _ = writeln!(w, "gpen_jobs{{state=\"{state}\"}} {n}");
+    }
+    let _ = writeln!(w, "# HELP gpen_job_seconds Time each finished job ran.");
+    let _ = writeln!(w, "# TYPE gpen_job_seconds histogram");
+    for le in JOB_BUCKETS {
+        let n = seconds.iter().filter(|&&s| s <= le).count();
+        let _ = writeln!(w, "gpen_job_seconds_bucket{{le=\"{le}\"}} {n}");
+    }
+    let _ = writeln!(w, "gpen_job_seconds_bucket{{le=\"+Inf\"}} {}", seconds.len());
+    let _ = writeln!(w, "gpen_job_seconds_sum {}", seconds.iter().sum::<f64>());
+    let _ = writeln!(w, "gpen_job_seconds_count {}", seconds.len());
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,6 +1,7 @@
-//! `gpen-video serve`: in, HTTP requests carrying images (and the run's settings, loaded once);
-//! out, each image restored, answered in its own format or the one asked for, with the faces
-//! found and timings, plus health and Prometheus metrics.
+//! `gpen-video serve`: in, HTTP requests carrying images, or videos and photos as jobs (and the
+//! run's settings, loaded once); out, each image restored, answered in its own format or the one
+//! asked for, with the faces found and timings; jobs restored in the background and fetched
+//! later (`jobs`, `job_api`); a page for browsers (`page`); health and Prometheus metrics.
 //!
 //! ```text
 //!  HTTP (axum on tokio)            engine thread (one Engine, one image stream at a time)
@@ -20,6 +21,7 @@
 mod job_api;
 pub mod jobs;
 pub mod metrics;
+mod page;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -99,13 +101,10 @@ fn authorize(app: &App, headers: &axum::http::HeaderMap) -> Result<()> {
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
-        .unwrap_or("");
-    let (a, b) = (given.as_bytes(), token.as_bytes());
-    let mut diff = a.len() ^ b.len();
-    for (i, &x) in b.iter().enumerate() {
-        diff |= usize::from(x ^ a.get(i).copied().unwrap_or(0));
-    }
-    if diff == 0 {
+        .map(str::to_string)
+        .or_else(|| page::cookie_token(headers))
+        .unwrap_or_default();
+    if same(given.as_bytes(), token.as_bytes()) {
         Ok(())
     } else if given.is_empty() {
         Err(Failure::error(
@@ -115,6 +114,15 @@ fn authorize(app: &App, headers: &axum::http::HeaderMap) -> Result<()> {
     } else {
         Err(Failure::error(Kind::Unauthorized, "wrong token"))
     }
+}
+
+/// Whether `a` equals `b`, in time that does not depend on where they differ.
+fn same(a: &[u8], b: &[u8]) -> bool {
+    let mut diff = a.len() ^ b.len();
+    for (i, &x) in b.iter().enumerate() {
+        diff |= usize::from(x ^ a.get(i).copied().unwrap_or(0));
+    }
+    diff == 0
 }
 
 /// The query of `POST /v1/restore`.
@@ -197,6 +205,8 @@ pub fn run(settings: Settings, opts: ServeOptions, ints: &Interrupts) -> Result<
         .route("/v1/jobs", post(job_api::create).get(job_api::list))
         .route("/v1/jobs/{id}", get(job_api::show).delete(job_api::delete))
         .route("/v1/jobs/{id}/result", get(job_api::result))
+        .route("/v1/info", get(page::info))
+        .route("/", get(page::page))
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics_page))
         .layer(DefaultBodyLimit::disable())
@@ -343,11 +353,13 @@ async fn healthz(State(app): State<Arc<App>>) -> Response {
 async fn metrics_page(State(app): State<Arc<App>>) -> Response {
     let workers = app.workers.lock().unwrap_or_else(|e| e.into_inner()).clone();
     let in_flight = app.opts.queue.saturating_sub(app.places.available_permits()) as u64;
-    let page = app.metrics.render(
+    let mut page = app.metrics.render(
         &workers,
         app.batch.load(Ordering::Relaxed) as usize,
         (in_flight, app.opts.queue as u64),
     );
+    let seconds = app.jobs.seconds.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    page += &metrics::render_jobs(app.jobs.counts(), &seconds);
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], page).into_response()
 }
 
