@@ -3,7 +3,9 @@
 `gpen-video serve` on a free loopback port with the given run flags, posts a portrait at
 concurrency 1, 4 and 16 (REQUESTS each, after one warm-up request) from threads with the standard
 library's HTTP client, and prints images/s, P50 and P99 latency and the service's mean batch fill
-per concurrency; then SIGTERM, which must end it with exit 0. Writes the rows as JSON to --json.
+per concurrency; then the portrait as a job (POST /v1/jobs, polled until done: the job thread's
+time); then SIGTERM, which must end it with exit 0. Writes the rows as JSON to --json. The
+service's jobs folder is a temporary one, removed at the end.
 
     serve-check.py --image P.jpg --json OUT.json [--requests N] -- GPEN-VIDEO-COMMAND... [serve flags]
 
@@ -15,8 +17,10 @@ import argparse
 import json
 import re
 import signal
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
@@ -38,7 +42,15 @@ def main():
     else:
         binary = cmd
     body = open(a.image, "rb").read()
-    proc = subprocess.Popen(binary + ["serve", "--listen", "127.0.0.1:0"] + flags,
+    jobs_dir = tempfile.mkdtemp(prefix="gpen-serve-check-")
+    try:
+        return check(a, binary, flags, body, jobs_dir)
+    finally:
+        shutil.rmtree(jobs_dir, ignore_errors=True)
+
+
+def check(a, binary, flags, body, jobs_dir):
+    proc = subprocess.Popen(binary + ["serve", "--listen", "127.0.0.1:0", "--jobs-dir", jobs_dir] + flags,
                             stderr=subprocess.PIPE, text=True)
     url = None
     log = []
@@ -119,11 +131,28 @@ def main():
         print(f"concurrency {c:>2}: {row['images_per_s']:.1f} images/s, P50 {row['p50_ms']:.0f} ms, "
               f"P99 {row['p99_ms']:.0f} ms, batch fill {row['batch_fill'] or 0:.2f}"
               + (f", {len(bad)} not 200: {bad[:3]}" if bad else ""))
+    # The same portrait as a job: accepted, run on the job thread, fetched.
+    job = {"state": "not posted"}
+    try:
+        t = time.time()
+        req = urllib.request.Request(url + "/v1/jobs?name=portrait.jpg", data=body, method="POST")
+        job = json.load(urllib.request.urlopen(req, timeout=60))
+        while job["state"] in ("queued", "running") and time.time() - t < 120:
+            time.sleep(0.1)
+            job = json.load(urllib.request.urlopen(f"{url}/v1/jobs/{job['id']}", timeout=10))
+        if job["state"] == "done":
+            urllib.request.urlopen(f"{url}/v1/jobs/{job['id']}/result", timeout=60).read()
+        job["wall_s"] = time.time() - t
+        print(f"photo job: {job['state']} in {job['wall_s']:.2f} s" + (f": {job.get('error')}" if job.get("error") else ""))
+    except Exception as e:
+        job = {"state": f"error: {e}"}
+        print(f"photo job: {job['state']}")
+    ok = ok and job.get("state") == "done"
     proc.send_signal(signal.SIGTERM)
     code = proc.wait(timeout=120)
     ok = ok and code == 0
     print(f"model loaded and ready in {load_s:.1f} s; SIGTERM: exit {code}")
-    json.dump({"serve": rows, "ready_s": load_s, "exit": code}, open(a.json, "w"))
+    json.dump({"serve": rows, "job": job, "ready_s": load_s, "exit": code}, open(a.json, "w"))
     return 0 if ok else 1
 
 

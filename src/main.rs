@@ -474,6 +474,7 @@ fn run_serve(s: ServeArgs) -> anyhow::Result<()> {
             max_jobs: s.max_jobs,
             segment: s.job_segment_s,
             max_pixels: s.max_pixels,
+            max_photo_bytes: s.max_body_mb * 1024 * 1024,
         },
         token: s
             .token

@@ -46,6 +46,8 @@ pub struct JobsOptions {
     pub segment: f64,
     /// Largest photo, in pixels (`--max-pixels`).
     pub max_pixels: u64,
+    /// Largest photo, in bytes (`--max-body-mb`): a photo is read whole to be checked.
+    pub max_photo_bytes: u64,
 }
 
 /// Where a job is.
@@ -441,6 +443,17 @@ impl Jobs {
         };
         let (kind, in_ext, out_ext) = match photo {
             Some(ext) => {
+                let len = std::fs::metadata(&part)?.len();
+                if len > self.opts.max_photo_bytes {
+                    return Err(Failure::error(
+                        Kind::TooLarge,
+                        format!(
+                            "a photo of {:.1} MB is larger than this service takes ({} MB, --max-body-mb)",
+                            len as f64 / 1e6,
+                            self.opts.max_photo_bytes >> 20
+                        ),
+                    ));
+                }
                 let bytes = std::fs::read(&part)?;
                 super::check_picture(&bytes, self.opts.max_pixels)?;
                 ("photo", ext.to_string(), ext.to_string())
