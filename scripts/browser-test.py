@@ -4,7 +4,8 @@
 Starts `gpen-video serve` on a loopback port (a jobs folder of its own), opens the page, chooses
 a photo and a short clip at once, waits until both items are `done`, downloads both through
 their links, and checks: the photo's bytes equal `gpen-video IN OUT`'s for the same flags, the
-clip decodes with the source's frame count, the browser's console saw no error. Saves
+clip decodes with the source's frame count, Tab alone reaches the file chooser and a download
+link, the browser's console saw no error. Saves
 screenshots (desktop and phone widths) into --shots.
 
     scripts/browser-test.py [--bin target/release/gpen-video] [--shots out/browser]
@@ -114,6 +115,18 @@ def main():
                 sys.exit("browser-test: FAILED: " + " | ".join(failed.all_inner_texts()))
             # Each result's link comes after its comparison is drawn.
             until(lambda: page.locator(".item a[download]").count() == 2, 60, "both download links")
+            # By keyboard alone: Tab from the top reaches the file chooser first, then (past the
+            # controls and each result's slider) a download link.
+            page.locator("body").click(position={"x": 5, "y": 5})
+            page.keyboard.press("Tab")
+            if page.locator("#file:focus").count() != 1:
+                problems.append("Tab from the top does not reach the file chooser first")
+            for _ in range(40):
+                if page.locator("a[download]:focus").count():
+                    break
+                page.keyboard.press("Tab")
+            else:
+                problems.append("Tab never reaches a download link")
             got = {}
             for item in page.locator(".item").all():
                 name = item.locator(".name").inner_text()

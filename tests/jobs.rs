@@ -290,6 +290,8 @@ fn limits_tokens_and_bad_ids_get_their_status() {
         "--jobs-dir",
         arg(&jobs_dir),
         "--max-job-mb",
+        "3",
+        "--max-body-mb",
         "1",
         "--max-jobs",
         "1",
@@ -313,10 +315,26 @@ fn limits_tokens_and_bad_ids_get_their_status() {
         assert_eq!(server.call("DELETE", path, &auth, None, &[]).0, 404, "{path}");
     }
     // A body over --max-job-mb, and one that is no video or photo, leave nothing behind.
-    let big = vec![0u8; 1_500_000];
+    let big = vec![0u8; 3_500_000];
     let (status, _, body) = server.call("POST", "/v1/jobs?name=big.mp4", &auth, Some(&big), &[]);
     assert_eq!(status, 413, "{}", String::from_utf8_lossy(&body));
     assert!(String::from_utf8_lossy(&body).contains("--max-job-mb"));
+    // A photo is read whole to be checked: one over --max-body-mb is refused first.
+    let noise = dir.path().join("noise.png");
+    ffmpeg(&[
+        "-f",
+        "lavfi",
+        "-i",
+        "nullsrc=s=1100x1100,format=gray,geq=lum='random(1)*255'",
+        "-frames:v",
+        "1",
+        arg(&noise),
+    ]);
+    let size = std::fs::metadata(&noise).unwrap().len();
+    assert!((1_100_000..3_000_000).contains(&size), "{size}");
+    let (status, body, _) = post(&server, &noise, "", &auth);
+    assert_eq!(status, 413, "{}", String::from_utf8_lossy(&body));
+    assert!(String::from_utf8_lossy(&body).contains("--max-body-mb"), "{}", String::from_utf8_lossy(&body));
     let (status, _, body) = server.call("POST", "/v1/jobs?name=notes.mp4", &auth, Some(b"hello, world"), &[]);
     assert_eq!(status, 400, "{}", String::from_utf8_lossy(&body));
     let (status, _, body) = server.call("POST", "/v1/jobs?blend=7", &auth, Some(b"x"), &[]);
