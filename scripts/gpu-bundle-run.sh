@@ -6,7 +6,8 @@
 # first (a spent --budget drops the rest): the model alone in fp16 at batches 4 and 16, bench
 # fp16 at batch 4 (end to end beside the model alone), the feeder (every stage but the model:
 # what this host's cores feed the GPU, core-ms per face per stage), the byte-I/O model, fp16
-# batch 16 and fp32 batch 4, one NVDEC run, the whole-file run of the sample, the service
+# batch 16 and fp32 batch 4, one NVDEC run, the whole-file run of the sample (once whole, once
+# in four segments at a time), the service
 # (serve-check.py: images/s and P50/P99 at concurrency 1, 4, 16, then SIGTERM), the feeder
 # with detection on the GPU, the rest of the batch/precision grid and one TensorRT run (cold,
 # then from its engine cache: engine build time apart), and prints
@@ -286,6 +287,11 @@ wm=$m16 wf=(--fp16)
 step whole-file "$device" 16 "$out/whole-file.stats.json" "$step_timeout" -- \
   "${gv[@]}" "$sample" "$out/whole-file.mp4" --model "$wm" "${wf[@]}" --batch 16 "${whole[@]}" \
   --stats-json "$out/whole-file.stats.json" "${common[@]}"
+# The same file in one-second segments, four at once on the one GPU (--jobs 4: four pipelines,
+# each its own detection frame after frame): how far several pipelines feed the GPU past one.
+step whole-file-4jobs "$device" 16 "$out/whole-file-4jobs.stats.json" "$step_timeout" -- \
+  "${gv[@]}" "$sample" "$out/whole-file-4jobs.mp4" --model "$wm" "${wf[@]}" --batch 16 "${whole[@]}" \
+  --segment 1 --jobs 4 --stats-json "$out/whole-file-4jobs.stats.json" "${common[@]}"
 # The service: a portrait posted at concurrency 1, 4 and 16 (images/s, P50/P99 latency, batch
 # fill), then SIGTERM, which must end it with exit 0 (serve-check.py).
 if command -v python3 >/dev/null && [ -f "$B/serve-check.py" ]; then
@@ -355,6 +361,11 @@ for r in rows:
         feed = (j.get("feeder") or [None])[0]
         if feed and not j["rows"]:
             fs, fps = feed.get("faces_per_s"), feed.get("fps")
+    elif isinstance(j, dict) and isinstance(j.get("joined"), dict):  # a segmented run's --stats-json
+        # over the step's wall time, the engines' loading included
+        wall = float(r["wall_s"]) if r["wall_s"] not in ("", "-") else 0.0
+        if wall > 0:
+            fps, fs = j["joined"]["frames"] / wall, j["joined"]["faces"] / wall
     elif isinstance(j, dict):  # the whole-file run's --stats-json
         fps, fs = j.get("fps"), j.get("faces_per_s")
     peak = None if r["gpu_peak_mib"] in ("", "-") else int(float(r["gpu_peak_mib"]))
