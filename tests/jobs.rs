@@ -305,6 +305,19 @@ fn limits_tokens_and_bad_ids_get_their_status() {
     assert_eq!(server.call("GET", "/v1/jobs", &[], None, &[]).0, 401);
     assert_eq!(server.call("POST", "/v1/restore", &[], Some(b"x"), &[]).0, 401);
     assert_eq!(server.call("GET", "/healthz", &[], None, &[]).0, 200);
+    // The page too: opened once with ?token=, which keeps it in a cookie the page's calls send.
+    assert_eq!(server.call("GET", "/", &[], None, &[]).0, 401);
+    assert_eq!(server.call("GET", "/?token=nope", &[], None, &[]).0, 401);
+    let (status, h, _) = server.call("GET", "/?token=s3cret", &[], None, &["location", "set-cookie"]);
+    assert_eq!((status, h[0].as_deref()), (303, Some("/")));
+    let cookie = h[1].clone().expect("a cookie");
+    assert!(cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"), "{cookie}");
+    let pair = cookie.split(';').next().unwrap().to_string();
+    let (status, _, page) = server.call("GET", "/", &[("Cookie", &pair)], None, &[]);
+    assert_eq!(status, 200);
+    assert!(String::from_utf8_lossy(&page).contains("input id=\"file\" type=\"file\""));
+    assert_eq!(server.call("GET", "/v1/jobs", &[("Cookie", &pair)], None, &[]).0, 200);
+    assert_eq!(server.call("GET", "/", &auth, None, &[]).0, 200);
     // Bad ids never reach the disk.
     for path in [
         "/v1/jobs/nope",

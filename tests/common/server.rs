@@ -144,6 +144,7 @@ impl Server {
         let agent: ureq::Agent = ureq::Agent::config_builder()
             .http_status_as_error(false)
             .allow_non_standard_methods(true)
+            .max_redirects(0)
             .build()
             .into();
         let r = match body {
