@@ -311,7 +311,10 @@ fn limits_tokens_and_bad_ids_get_their_status() {
     let (status, h, _) = server.call("GET", "/?token=s3cret", &[], None, &["location", "set-cookie"]);
     assert_eq!((status, h[0].as_deref()), (303, Some("/")));
     let cookie = h[1].clone().expect("a cookie");
-    assert!(cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"), "{cookie}");
+    assert!(
+        cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"),
+        "{cookie}"
+    );
     let pair = cookie.split(';').next().unwrap().to_string();
     let (status, _, page) = server.call("GET", "/", &[("Cookie", &pair)], None, &[]);
     assert_eq!(status, 200);
@@ -347,7 +350,11 @@ fn limits_tokens_and_bad_ids_get_their_status() {
     assert!((1_100_000..3_000_000).contains(&size), "{size}");
     let (status, body, _) = post(&server, &noise, "", &auth);
     assert_eq!(status, 413, "{}", String::from_utf8_lossy(&body));
-    assert!(String::from_utf8_lossy(&body).contains("--max-body-mb"), "{}", String::from_utf8_lossy(&body));
+    assert!(
+        String::from_utf8_lossy(&body).contains("--max-body-mb"),
+        "{}",
+        String::from_utf8_lossy(&body)
+    );
     let (status, _, body) = server.call("POST", "/v1/jobs?name=notes.mp4", &auth, Some(b"hello, world"), &[]);
     assert_eq!(status, 400, "{}", String::from_utf8_lossy(&body));
     let (status, _, body) = server.call("POST", "/v1/jobs?blend=7", &auth, Some(b"x"), &[]);
