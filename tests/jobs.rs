@@ -476,3 +476,47 @@ fn photos_are_answered_while_a_film_job_runs() {
     assert_eq!(wait_for(&server, &id, &["done", "failed"], 180, &[])["state"], "done");
     assert_eq!(server.stop(), Some(0));
 }
+
+#[test]
+fn a_job_may_ask_for_an_offered_model_by_name_and_nothing_else() {
+    let dir = tempfile::tempdir().unwrap();
+    let jobs_dir = dir.path().join("jobs");
+    let image = photo(dir.path());
+    let server = Server::start(&["--model", &model(), "--jobs-dir", arg(&jobs_dir)]);
+    let (status, _, info) = server.call("GET", "/v1/info", &[], None, &[]);
+    assert_eq!(status, 200);
+    let models: Vec<String> = field(&info, "models")
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m.as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(
+        models[0], "identity-256.onnx",
+        "the service's own model first: {models:?}"
+    );
+    assert!(models.iter().any(|m| m == "gpen-bfr-256-random"), "{models:?}");
+    for bad in ["nope", "../models/gpen-bfr-256-random.onnx", "/etc/passwd"] {
+        let (status, body, _) = post(&server, &image, &format!("&model={bad}"), &[]);
+        assert_eq!(status, 400, "{bad}: {}", String::from_utf8_lossy(&body));
+        assert!(String::from_utf8_lossy(&body).contains("this service offers"));
+    }
+    let (status, body, _) = post(&server, &image, "&model=gpen-bfr-256-random", &[]);
+    assert_eq!(status, 202, "{}", String::from_utf8_lossy(&body));
+    let id = field(&body, "id").as_str().unwrap().to_string();
+    assert_eq!(wait_for(&server, &id, &["done", "failed"], 120, &[])["state"], "done");
+    let (_, _, bytes) = server.call("GET", &format!("/v1/jobs/{id}/result"), &[], None, &[]);
+    let want = dir.path().join("cli.jpg");
+    ok(&gpen(&[
+        &image,
+        &want,
+        &"--model",
+        &asset("models/gpen-bfr-256-random.onnx"),
+    ]));
+    assert_eq!(
+        bytes,
+        std::fs::read(&want).unwrap(),
+        "the job did not run the model it asked for"
+    );
+    assert_eq!(server.stop(), Some(0));
+}

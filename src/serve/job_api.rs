@@ -95,7 +95,7 @@ async fn create_job(
         let Query(q) = query.map_err(|e| {
             Failure::error(
                 Kind::BadInput,
-                format!("{e}: the query takes name=FILE, blend=0..1, mask=NAME, temporal=FRAMES, smooth=FRAMES, compare=side|split|none"),
+                format!("{e}: the query takes name=FILE, model=NAME (GET /v1/info lists them), blend=0..1, mask=NAME, temporal=FRAMES, smooth=FRAMES, compare=side|split|none"),
             )
         })?;
         Ok(q)

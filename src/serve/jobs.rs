@@ -72,6 +72,8 @@ impl State {
 pub struct JobQuery {
     /// The upload's file name (its extension says what it is; shown and used for the download).
     pub name: Option<String>,
+    /// One of [`offered_models`] by name (never a path).
+    pub model: Option<String>,
     pub blend: Option<f32>,
     pub mask: Option<String>,
     pub temporal: Option<f32>,
@@ -418,7 +420,7 @@ impl Jobs {
     }
 
     fn admit_in(&self, id: &str, dir: &Path, query: JobQuery) -> Result<Record> {
-        let treatment = treatment_of(&self.settings, &query)?;
+        let settings = settings_of(&self.settings, &query)?;
         let part = dir.join("input.part");
         let head = {
             use std::io::Read;
@@ -475,8 +477,6 @@ impl Jobs {
         let input = format!("input.{in_ext}");
         let output = format!("result.{out_ext}");
         std::fs::rename(&part, dir.join(&input))?;
-        let mut settings = self.settings.clone();
-        settings.recipe.treatment = Arc::new(treatment);
         let job = settings
             .job(&dir.join(&input), &dir.join(&output), CancelToken::new())
             .map_err(|e| Failure::error(Kind::BadInput, format!("the upload cannot be read: {e:#}")))?;
@@ -633,8 +633,7 @@ impl Jobs {
     /// those already done), anything else in one run.
     fn restore(&self, rec: &Record, cancel: &CancelToken, progress: &(dyn Fn(u64) + Sync)) -> Result<()> {
         let dir = self.dir_of(&rec.id);
-        let mut settings = self.settings.clone();
-        settings.recipe.treatment = Arc::new(treatment_of(&self.settings, &rec.query)?);
+        let mut settings = settings_of(&self.settings, &rec.query)?;
         settings.stats_json = None;
         settings.faces_json = None;
         let job = settings.job(&dir.join(&rec.input), &dir.join(&rec.output), cancel.clone())?;
@@ -675,6 +674,55 @@ pub fn not_found(id: &str) -> anyhow::Error {
         Kind::NotFound,
         format!("no job {id}: it was never made, was deleted, or expired (--job-ttl-h)"),
     )
+}
+
+/// The models a job may ask for by name: the service's own (by its file name), then every
+/// enhancer of the registry whose file is present under models/. (name, file).
+pub fn offered_models(settings: &Settings) -> Vec<(String, PathBuf)> {
+    let own = settings.recipe.model.path().to_path_buf();
+    let own_name = own
+        .file_name()
+        .map(|n| n.to_string_lossy().to_string())
+        .unwrap_or_default();
+    let mut v = vec![(own_name, own)];
+    if let Ok(reg) = crate::registry::registry() {
+        for e in reg.models.iter().filter(|e| e.kind == crate::registry::Kind::Enhancer) {
+            if let Some(p) = e.local_path() {
+                if !v.iter().any(|(_, q)| same_file(q, &p)) {
+                    v.push((e.name.clone(), p));
+                }
+            }
+        }
+    }
+    v
+}
+
+fn same_file(a: &Path, b: &Path) -> bool {
+    match (a.canonicalize(), b.canonicalize()) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => a == b,
+    }
+}
+
+/// The service's settings with a job's model and flags on them, checked as the CLI checks them.
+fn settings_of(settings: &Settings, q: &JobQuery) -> Result<Settings> {
+    let mut s = settings.clone();
+    if let Some(name) = q.model.as_deref().filter(|m| !m.is_empty()) {
+        let offered = offered_models(settings);
+        let (_, path) = offered
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .ok_or_else(|| {
+                let names: Vec<&str> = offered.iter().map(|(n, _)| n.as_str()).collect();
+                Failure::error(
+                    Kind::BadInput,
+                    format!("model={name}: this service offers {}", names.join(", ")),
+                )
+            })?;
+        s.recipe.model = crate::config::Asset(path.clone());
+    }
+    s.recipe.treatment = Arc::new(treatment_of(settings, q)?);
+    Ok(s)
 }
 
 /// The service's treatment with a job's flags on it, checked as the CLI checks them.

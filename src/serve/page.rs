@@ -1,4 +1,5 @@
-//! The service's page in a browser: in, `GET /` (and `/v1/info` for its controls' defaults);
+//! The service's page in a browser: in, `GET /` (and `/v1/info` for its controls' defaults and
+//! the models a job may ask for);
 //! out, one HTML file with its CSS and JavaScript built into the binary (nothing fetched from
 //! elsewhere, so it works offline), which uploads photos and clips as jobs, shows each one's
 //! progress, a before/after comparison and a download link.
@@ -81,21 +82,18 @@ pub(super) async fn info(State(app): State<Arc<App>>, headers: HeaderMap) -> Res
         return super::refuse(&e).0;
     }
     let t = &app.settings.recipe.treatment;
-    let model = app
-        .settings
-        .recipe
-        .model
-        .path()
-        .file_name()
-        .map(|n| n.to_string_lossy().to_string())
-        .unwrap_or_default();
+    let models: Vec<String> = super::jobs::offered_models(&app.settings)
+        .into_iter()
+        .map(|(n, _)| n)
+        .collect();
     let masks: Vec<String> = [MaskKind::Mesh, MaskKind::Face, MaskKind::Box]
         .iter()
         .filter(|m| **m != MaskKind::Mesh || app.settings.recipe.mesh.is_some())
         .map(|m| m.to_string())
         .collect();
     let v = serde_json::json!({
-        "model": model,
+        "model": models.first(),
+        "models": models,
         "blend": t.blend,
         "mask": t.mask.to_string(),
         "masks": masks,
