@@ -13,15 +13,13 @@ import argparse
 import concurrent.futures as cf
 import json
 import os
-import re
 import shutil
-import signal
 import subprocess
-import sys
 import tempfile
-import threading
 import time
 import urllib.request
+
+import serve_child
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -48,26 +46,10 @@ def main():
     subprocess.run(["ffmpeg", "-v", "error", "-y", "-i", os.path.join(ROOT, "samples/astronaut.png"),
                     "-vf", "scale=512:512", "-q:v", "3", photo], check=True)
     body = open(photo, "rb").read()
-    server = subprocess.Popen([a.bin, "serve", "--listen", "127.0.0.1:0", "--model", a.model,
-                               "--jobs-dir", os.path.join(work, "jobs"), *a.extra],
-                              env=env, stderr=subprocess.PIPE, text=True)
+    server = None
     try:
-        addr = None
-        for line in server.stderr:
-            m = re.search(r"listening on http://(\S+)", line)
-            if m:
-                addr = m.group(1)
-                break
-        if not addr:
-            sys.exit("bench-jobs: the service ended before listening")
-        threading.Thread(target=lambda: [None for _ in server.stderr], daemon=True).start()
-        url = f"http://{addr}"
-        while True:
-            try:
-                if urllib.request.urlopen(url + "/healthz").status == 200:
-                    break
-            except Exception:
-                time.sleep(0.1)
+        server, url = serve_child.start(
+            a.bin, ["--model", a.model, "--jobs-dir", os.path.join(work, "jobs"), *a.extra], env, "bench-jobs")
 
         def one(_):
             t = time.perf_counter()
@@ -103,11 +85,7 @@ def main():
         rows.append(phase("photos alone again"))
         print(json.dumps(rows))
     finally:
-        server.send_signal(signal.SIGTERM)
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            server.kill()
+        serve_child.stop(server)
         shutil.rmtree(work, ignore_errors=True)
 
 

@@ -15,16 +15,15 @@ installs both and runs this.
 """
 import argparse
 import os
-import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 
 from playwright.sync_api import sync_playwright
+
+import serve_child
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -73,28 +72,9 @@ def main():
                        capture_output=True)
 
         env["XDG_STATE_HOME"] = os.path.join(work, "state")
-        server = subprocess.Popen(
-            [a.bin, "serve", "--listen", "127.0.0.1:0", "--model", a.model,
-             "--jobs-dir", os.path.join(work, "jobs")],
-            env=env, stderr=subprocess.PIPE, text=True)
-        addr = None
-        for line in server.stderr:
-            m = re.search(r"listening on http://(\S+)", line)
-            if m:
-                addr = m.group(1)
-                break
-        if not addr:
-            sys.exit("browser-test: the service ended before listening")
-        # The rest of its log drains on its own (a full pipe would stall it).
-        import threading
-        threading.Thread(target=lambda: [None for _ in server.stderr], daemon=True).start()
-        url = f"http://{addr}/"
-        for _ in range(600):
-            try:
-                if urllib.request.urlopen(url + "healthz").status == 200:
-                    break
-            except Exception:
-                time.sleep(0.05)
+        server, base = serve_child.start(
+            a.bin, ["--model", a.model, "--jobs-dir", os.path.join(work, "jobs")], env, "browser-test")
+        url = base + "/"
 
         problems = []
         with sync_playwright() as p:
@@ -155,12 +135,7 @@ def main():
         print(f"browser-test: ok: photo equal to the CLI's, clip of {n} frames, no console error; "
               f"screenshots in {a.shots}")
     finally:
-        if server and server.poll() is None:
-            server.send_signal(signal.SIGTERM)
-            try:
-                server.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                server.kill()
+        serve_child.stop(server)
         shutil.rmtree(work, ignore_errors=True)
 
 
