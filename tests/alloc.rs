@@ -117,12 +117,13 @@ fn the_warm_pipeline_reuses_its_picture_and_tensor_buffers() {
         "large buffers allocated past warm-up: {short_large} in 20 frames, {long_large} in 140 (pools of {} threads)",
         engine.pool_threads
     );
-    // Small allocations made per frame are bookkeeping: measured 15.7 to 16.3 KB a frame with
-    // the face mesh, 11.9 to 12.2 KB without it (its one ONNX Runtime run a frame costs about
-    // 4 KB of the runtime's own small allocations, as each detector run does); a picture or
-    // tensor buffer made per frame is caught above.
+    // Small allocations made per frame are bookkeeping: measured 15.7 to 16.4 KB a frame with
+    // the face mesh (the same on the build before, runs in turn: 16.0 KiB failed both now and
+    // then), 11.9 to 12.2 KB without it (its one ONNX Runtime run a frame costs about 4 KB of
+    // the runtime's own small allocations, as each detector run does); a picture or tensor
+    // buffer made per frame is caught above.
     assert!(
-        per_frame < 16.0 * 1024.0,
+        per_frame < 17.0 * 1024.0,
         "{per_frame:.0} bytes of bookkeeping per frame"
     );
 }
