@@ -24,6 +24,10 @@ pub struct StageStat {
     /// The part of `cpu` spent inside a model session's run (detection, the face mesh): what a
     /// GPU takes over; the rest (crops, maps decoded, points) stays on the host.
     pub model_cpu: Duration,
+    /// Frames go through the stage one after another on one thread, which shares each frame's
+    /// work out to helpers and waits for them (detection's windows, the temporal filter's
+    /// bands): `busy` is that thread's, and the stage can take no more than it.
+    pub chain: bool,
 }
 
 impl StageStat {
@@ -54,9 +58,12 @@ impl StageStat {
         self.queue_sum as f64 / self.queue_samples as f64 / self.queue_cap as f64
     }
 
-    /// Share of the wall time `wall` (seconds) its threads were busy, over all of them.
+    /// Share of the wall time `wall` (seconds) its threads were busy, over all of them; for a
+    /// [`StageStat::chain`], its one thread's (at 100 % it holds the run back, whatever its
+    /// helpers do).
     pub fn busy_share(&self, wall: f64) -> f64 {
-        self.busy.as_secs_f64() / wall.max(1e-9) / self.threads.max(1) as f64
+        let threads = if self.chain { 1 } else { self.threads.max(1) };
+        self.busy.as_secs_f64() / wall.max(1e-9) / threads as f64
     }
 }
 
@@ -456,5 +463,25 @@ impl fmt::Display for Summary {
             )?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A stage whose frames go one after another through one thread (helpers inside each
+    /// frame's work) is as busy as that thread: spread over its helpers, detection at 100 %
+    /// read as 25 % on four threads and hid the stage that held the run back.
+    #[test]
+    fn a_chain_stage_is_as_busy_as_its_one_thread() {
+        let st = |chain| StageStat {
+            busy: Duration::from_millis(900),
+            threads: 4,
+            chain,
+            ..Default::default()
+        };
+        assert!((st(true).busy_share(1.0) - 0.9).abs() < 1e-9);
+        assert!((st(false).busy_share(1.0) - 0.225).abs() < 1e-9);
     }
 }

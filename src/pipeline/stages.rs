@@ -105,6 +105,7 @@ pub fn detect(
     clock.add(std::time::Duration::ZERO, spent);
     let mut stat = clock.finish();
     stat.threads = detector.sessions();
+    stat.chain = true;
     stat.model_cpu = detector.model_cpu().saturating_sub(model_at_start);
     Ok((stat, detector.counts()))
 }
@@ -223,6 +224,7 @@ pub(crate) fn temporal(
     clock.add(std::time::Duration::ZERO, filter.helper_cpu());
     let mut stat = clock.finish();
     stat.threads = ctx.threads;
+    stat.chain = true;
     Ok((stat, filter.flicker))
 }
 
