@@ -436,13 +436,7 @@ fn stale_segments_note(output: &std::path::Path) {
     if !dir.is_dir() {
         return;
     }
-    let bytes: u64 = walkdir::WalkDir::new(&dir)
-        .into_iter()
-        .filter_map(Result::ok)
-        .filter_map(|e| e.metadata().ok())
-        .filter(|m| m.is_file())
-        .map(|m| m.len())
-        .sum();
+    let bytes = gpen_video::output::bytes_under(&dir);
     eprint_line(&format!(
         "note: {} ({:.1} MB) holds the segments of an earlier segmented run of {}; this run did not use them: remove the folder, or rerun with --segment to resume from it",
         dir.display(),

@@ -496,6 +496,17 @@ impl Stamp {
     }
 }
 
+/// Bytes of the files under `dir` (none where it cannot be read).
+pub fn bytes_under(dir: &Path) -> u64 {
+    walkdir::WalkDir::new(dir)
+        .into_iter()
+        .filter_map(Result::ok)
+        .filter_map(|e| e.metadata().ok())
+        .filter(|m| m.is_file())
+        .map(|m| m.len())
+        .sum()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

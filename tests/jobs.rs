@@ -264,6 +264,8 @@ fn a_service_killed_mid_film_resumes_it_from_the_finished_segments() {
     assert_eq!(done["state"], "done", "{done}");
     let log = server.log.lock().unwrap().clone();
     assert!(log.contains("queued again after a restart"), "{log}");
+    // Resumed, not started afresh: the segments done before the kill are kept.
+    assert!(log.contains("kept from an earlier run"), "{log}");
     let (status, _, whole) = server.call("GET", &format!("/v1/jobs/{id}/result"), &[], None, &[]);
     assert_eq!(status, 200);
     let got = dir.path().join("job.mp4");

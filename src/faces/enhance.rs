@@ -146,7 +146,11 @@ fn buffer_memory(target: &Target) -> Result<MemoryInfo<'static>> {
 impl Enhancer {
     /// Wraps a session on `target`, its bound crops in host memory ([`buffer_memory`]).
     pub fn for_target(session: Session, target: &Target) -> Result<Self> {
-        let allocator = Allocator::new(&session, buffer_memory(target)?).map_err(ort_err)?;
+        let allocator = match target {
+            // The default CPU allocator, as before the GPU fix: the CPU path is unchanged.
+            Target::Cpu(_) => Allocator::default(),
+            Target::Cuda(_) => Allocator::new(&session, buffer_memory(target)?).map_err(ort_err)?,
+        };
         Self::with_allocator(session, allocator)
     }
 

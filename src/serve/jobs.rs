@@ -191,17 +191,6 @@ pub fn valid_id(id: &str) -> bool {
     id.len() == 32 && id.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
 
-/// Bytes of the files under `dir`.
-fn bytes_under(dir: &Path) -> u64 {
-    walkdir::WalkDir::new(dir)
-        .into_iter()
-        .filter_map(Result::ok)
-        .filter_map(|e| e.metadata().ok())
-        .filter(|m| m.is_file())
-        .map(|m| m.len())
-        .sum()
-}
-
 /// The default jobs folder: under the user's state folder, beside nothing a user names.
 pub fn default_dir() -> Result<PathBuf> {
     if let Some(d) = std::env::var_os("XDG_STATE_HOME").filter(|d| !d.is_empty()) {
@@ -347,7 +336,7 @@ impl Jobs {
         if incoming > self.opts.quota {
             return Err(quota_full());
         }
-        let mut used = bytes_under(&self.opts.dir);
+        let mut used = crate::output::bytes_under(&self.opts.dir);
         while used.saturating_add(incoming) > self.opts.quota {
             let oldest = {
                 let t = self.lock();
@@ -359,7 +348,7 @@ impl Jobs {
             let Some(id) = oldest else { break };
             tracing::info!(job = %id, "removing a finished job to make room (--jobs-quota-gb)");
             let _ = self.delete(&id);
-            used = bytes_under(&self.opts.dir);
+            used = crate::output::bytes_under(&self.opts.dir);
         }
         let left = self.opts.quota.saturating_sub(used);
         if left < incoming.max(1) {
@@ -648,6 +637,7 @@ impl Jobs {
                 stop: &stop,
             };
             let done = crate::segment::run(&settings, &job, &work, &share, &|frames, _| progress(frames))?;
+            tracing::info!(job = %rec.id, "{}", crate::segment::describe(&done, work.segments().len()));
             if done.joined.is_none() && !done.joined_elsewhere {
                 bail!("the film's segments were not joined");
             }
