@@ -358,7 +358,8 @@ impl Engine {
                 let session = crate::runtime::session(path, &opts, "face mesh")?;
                 meshers.push(
                     crate::faces::mesh::Mesher::new(session)
-                        .with_context(|| format!("face mesh {}", path.display()))?,
+                        .with_context(|| format!("face mesh {}", path.display()))?
+                        .with_padding(matches!(det_opts.target, Target::Cuda(_))),
                 );
             }
         }

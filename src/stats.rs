@@ -237,6 +237,7 @@ impl Summary {
             frames_held_max: self.held_max,
             detect_full: self.detect.full,
             detect_windows: self.detect.windows,
+            detect_followed: self.detect.followed,
             frames_over_max_faces: self.detect.capped,
             detections_not_faces: self.detect.not_faces,
             detections_kept_doubted: self.detect.kept_doubted,
@@ -298,6 +299,8 @@ struct SummaryJson<'a> {
     frames_held_max: usize,
     detect_full: u64,
     detect_windows: u64,
+    /// Faces followed by the face mesh from the frame before (no detector pass for them).
+    detect_followed: u64,
     frames_over_max_faces: u64,
     /// Detections the face mesh dropped as not faces.
     detections_not_faces: u64,
@@ -429,11 +432,16 @@ impl fmt::Display for Summary {
                 100.0 * s.queue_fill()
             )?;
             if s.name == "detect" {
-                write!(
-                    f,
-                    "   {} full passes, {} windows around tracked faces",
-                    self.detect.full, self.detect.windows
-                )?;
+                write!(f, "   {} full passes", self.detect.full)?;
+                if self.detect.followed > 0 {
+                    write!(
+                        f,
+                        ", {} faces followed by the mesh; {} detections dropped as not faces, {} kept though it doubted them",
+                        self.detect.followed, self.detect.not_faces, self.detect.kept_doubted
+                    )?;
+                } else {
+                    write!(f, ", {} windows around tracked faces", self.detect.windows)?;
+                }
             }
             if s.name == "mesh" {
                 write!(

@@ -394,57 +394,78 @@ fn appearing_faces_clip(out: &std::path::Path) {
     );
 }
 
-/// Runs the identity stand-in on `input` with `--detect-every every`; returns the faces and
-/// the whole-frame and window pass counts.
-fn detection_run(dir: &Path, input: &Path, every: &str) -> (Faces, u64, u64) {
-    let stats = dir.join(format!("s{every}.json"));
+/// Runs the identity stand-in on `input` with `--detect-every every`, with the face mesh or
+/// without it (`--mesh none`); returns the faces and the whole-frame passes, the windows round
+/// tracked faces and the faces followed by the mesh.
+fn detection_run(dir: &Path, input: &Path, every: &str, mesh: bool) -> (Faces, u64, u64, u64) {
+    let tag = format!("{every}{}", if mesh { "" } else { "-nomesh" });
+    let stats = dir.join(format!("s{tag}.json"));
     let model = asset("models/standin/identity-256.onnx");
-    let extra: [&dyn AsRef<std::ffi::OsStr>; 4] = [&"--detect-every", &every, &"--stats-json", &stats];
-    let (_, faces, _) = run_with_faces(dir, input, &format!("o{every}.mp4"), &model, &extra);
+    let mut extra: Vec<&dyn AsRef<std::ffi::OsStr>> = vec![&"--detect-every", &every, &"--stats-json", &stats];
+    if !mesh {
+        extra.extend([&"--mesh" as &dyn AsRef<std::ffi::OsStr>, &"none"]);
+    }
+    let (_, faces, _) = run_with_faces(dir, input, &format!("o{tag}.mp4"), &model, &extra);
     let stats = std::fs::read_to_string(stats).unwrap();
     (
         faces,
         json_number(&stats, "detect_full"),
         json_number(&stats, "detect_windows"),
+        json_number(&stats, "detect_followed"),
     )
 }
 
+/// Faces are followed between whole-frame passes: by the face mesh from their points on the
+/// frame before (with a mesh), or by the detector in windows round them (without).
 #[test]
 fn tracked_faces_match_full_detection_and_new_faces_are_picked_up() {
     let dir = tempfile::tempdir().unwrap();
     let input = dir.path().join("appear.mp4");
     appearing_faces_clip(&input);
-    let run = |every: &str| detection_run(dir.path(), &input, every);
-    let (every_frame, full_1, windows_1) = run("1");
-    let (tracked, full_5, windows_5) = run("5");
-    let counts = |f: &Faces| f.iter().map(|(_, b)| b.len()).collect::<Vec<_>>();
+    for mesh in [true, false] {
+        let run = |every: &str| detection_run(dir.path(), &input, every, mesh);
+        let (every_frame, full_1, windows_1, followed_1) = run("1");
+        let (tracked, full_5, windows_5, followed_5) = run("5");
+        let counts = |f: &Faces| f.iter().map(|(_, b)| b.len()).collect::<Vec<_>>();
 
-    // The clip is what it claims: whole-frame detection on every frame sees 1, then 2, then 3.
-    let expect: Vec<usize> = (0..40)
-        .map(|n| 1 + usize::from(n >= 13) + usize::from(n >= 27))
-        .collect();
-    assert_eq!(counts(&every_frame), expect);
-    assert_eq!((full_1, windows_1), (40, 0));
+        // The clip is what it claims: whole-frame detection on every frame sees 1, then 2, then 3.
+        let expect: Vec<usize> = (0..40)
+            .map(|n| 1 + usize::from(n >= 13) + usize::from(n >= 27))
+            .collect();
+        assert_eq!(counts(&every_frame), expect, "mesh {mesh}");
+        assert_eq!((full_1, windows_1, followed_1), (40, 0, 0), "mesh {mesh}");
 
-    // Tracking: B (a local change) is found within 5 frames of appearing; C, which comes with
-    // a cut, on the cut itself; no face is ever dropped.
-    let got = counts(&tracked);
-    for (n, (&g, &e)) in got.iter().zip(&expect).enumerate() {
-        let late_b = (13..18).contains(&n) && g == e - 1;
-        assert!(g == e || late_b, "frame {n}: {g} faces, expected {e} (all: {got:?})");
-    }
-    assert!(got[17..].iter().zip(&expect[17..]).all(|(g, e)| g == e));
-    assert!(full_5 <= 40 / 5 + 3, "{full_5} full passes over 40 frames");
-    assert!(windows_5 > 40, "{windows_5} windows: tracking not used");
-
-    // Tracked faces sit where whole-frame detection puts them.
-    for (n, ((_, a), (_, b))) in every_frame.iter().zip(&tracked).enumerate() {
-        for fa in a {
-            let best = b.iter().map(|fb| iou(fa, fb)).fold(0.0, f64::max);
+        // Tracking: B (a local change) is found within 5 frames of appearing; C, which comes
+        // with a cut, on the cut itself; no face is ever dropped.
+        let got = counts(&tracked);
+        for (n, (&g, &e)) in got.iter().zip(&expect).enumerate() {
+            let late_b = (13..18).contains(&n) && g == e - 1;
             assert!(
-                best > 0.7 || (13..18).contains(&n),
-                "frame {n}: IoU {best:.2} with full detection"
+                g == e || late_b,
+                "mesh {mesh}, frame {n}: {g} faces, expected {e} (all: {got:?})"
             );
+        }
+        assert!(got[17..].iter().zip(&expect[17..]).all(|(g, e)| g == e));
+        assert!(full_5 <= 40 / 5 + 3, "mesh {mesh}: {full_5} full passes over 40 frames");
+        let (used, unused) = if mesh {
+            (followed_5, windows_5)
+        } else {
+            (windows_5, followed_5)
+        };
+        assert!(
+            used > 40 && unused == 0,
+            "mesh {mesh}: {windows_5} windows, {followed_5} followed"
+        );
+
+        // Tracked faces sit where whole-frame detection puts them.
+        for (n, ((_, a), (_, b))) in every_frame.iter().zip(&tracked).enumerate() {
+            for fa in a {
+                let best = b.iter().map(|fb| iou(fa, fb)).fold(0.0, f64::max);
+                assert!(
+                    best > 0.7 || (13..18).contains(&n),
+                    "mesh {mesh}, frame {n}: IoU {best:.2} with full detection"
+                );
+            }
         }
     }
 }
@@ -479,22 +500,28 @@ fn tracking_works_on_a_sideways_video() {
     // frame and fall back to whole-frame passes, or put it elsewhere.
     let dir = tempfile::tempdir().unwrap();
     let input = asset("samples/test/rotated.mp4");
-    let run = |every: &str| detection_run(dir.path(), &input, every);
-    let ((every_frame, _, _), (tracked, full, windows)) = (run("1"), run("5"));
-    assert!(windows > 3 * full, "{windows} windows, {full} whole-frame passes");
-    let mut matched = 0;
-    for ((_, a), (_, b)) in every_frame.iter().zip(&tracked) {
-        for fa in a {
-            let best = b.iter().map(|fb| iou(fa, fb)).fold(0.0, f64::max);
-            matched += usize::from(best > 0.7);
+    for mesh in [true, false] {
+        let run = |every: &str| detection_run(dir.path(), &input, every, mesh);
+        let ((every_frame, ..), (tracked, full, windows, followed)) = (run("1"), run("5"));
+        let used = if mesh { followed } else { windows };
+        assert!(
+            used > 3 * full,
+            "mesh {mesh}: {used} followed or windows, {full} whole-frame passes"
+        );
+        let mut matched = 0;
+        for ((_, a), (_, b)) in every_frame.iter().zip(&tracked) {
+            for fa in a {
+                let best = b.iter().map(|fb| iou(fa, fb)).fold(0.0, f64::max);
+                matched += usize::from(best > 0.7);
+            }
         }
+        let total: usize = every_frame.iter().map(|(_, b)| b.len()).sum();
+        assert!(total > 0);
+        assert!(
+            matched * 100 >= total * 95,
+            "mesh {mesh}: {matched} of {total} faces tracked where whole-frame detection puts them"
+        );
     }
-    let total: usize = every_frame.iter().map(|(_, b)| b.len()).sum();
-    assert!(total > 0);
-    assert!(
-        matched * 100 >= total * 95,
-        "{matched} of {total} faces tracked where whole-frame detection puts them"
-    );
 }
 
 /// Side outputs never overwrite an input, the model, the detector or OUT, and a bad path is

@@ -1,10 +1,13 @@
 //! Face detection with CenterFace on ONNX Runtime: in, a downscaled RGB copy of a frame; out,
 //! faces (box, score, five landmarks) in frame coordinates after a score threshold and NMS.
 //!
-//! Faces are tracked between full detections: on most frames the detector only looks at a small
-//! window around each face of the previous frame, which costs a fraction of a full pass. A full
-//! pass runs every `every` frames, when no face is tracked, when a tracked face is lost, and on
-//! a scene change, so a face that appears next to a tracked one is found within `every` frames.
+//! Faces are tracked between full detections. With the face mesh the pipeline follows them by
+//! their meshes itself and asks the detector only for its whole-frame passes
+//! ([`Detector::pass_due`], [`Detector::pass`]); without it, on most frames the detector looks
+//! only at a small window around each face of the previous frame ([`Detector::detect`]), a
+//! fraction of a full pass. A full pass runs every `every` frames, when no face is tracked,
+//! when a tracked face is lost, and on a scene change, so a face that appears next to a tracked
+//! one is found within `every` frames.
 
 use anyhow::{bail, Result};
 use ort::session::Session;
@@ -37,11 +40,17 @@ pub fn iou(a: &[f32; 4], b: &[f32; 4]) -> f32 {
 
 /// Greedy non-maximum suppression: keeps the best-scoring face of each overlapping group
 /// (IoU >= `threshold`), best first.
-pub(crate) fn nms(mut faces: Vec<Face>, threshold: f32) -> Vec<Face> {
-    faces.sort_by(|a, b| b.score.total_cmp(&a.score));
-    let mut kept: Vec<Face> = Vec::with_capacity(faces.len());
-    for f in faces {
-        if kept.iter().all(|k| iou(&k.bbox, &f.bbox) < threshold) {
+pub(crate) fn nms(faces: Vec<Face>, threshold: f32) -> Vec<Face> {
+    nms_by(faces, |f| (f.bbox, f.score), threshold)
+}
+
+/// [`nms`] of any items, `of` giving each one's box and score.
+pub(crate) fn nms_by<T>(mut items: Vec<T>, of: impl Fn(&T) -> ([f32; 4], f32), threshold: f32) -> Vec<T> {
+    items.sort_by(|a, b| of(b).1.total_cmp(&of(a).1));
+    let mut kept: Vec<T> = Vec::with_capacity(items.len());
+    for f in items {
+        let b = of(&f).0;
+        if kept.iter().all(|k| iou(&of(k).0, &b) < threshold) {
             kept.push(f);
         }
     }
@@ -120,9 +129,10 @@ pub struct DetectSettings {
     /// Overlap above which two detections are one face (no flag).
     #[arg(skip = crate::defaults::NMS_IOU)]
     pub nms_iou: f32,
-    /// Look for faces in the whole frame every N frames; in between, only around the faces of
-    /// the previous frame (much cheaper). A whole-frame pass also runs on a scene change, when no
-    /// face is tracked and when a tracked face is lost. 1 searches every frame.
+    /// Look for faces in the whole frame every N frames; in between, follow the faces of the
+    /// previous frame (much cheaper): by the face mesh from their points there, or, without the
+    /// mesh, by the detector in a window around each. A whole-frame pass also runs on a scene
+    /// change, when no face is tracked and when a tracked face is lost. 1 searches every frame.
     #[arg(long = "detect-every", id = "detect_every", value_name = "N", default_value_t = crate::defaults::DETECT_EVERY,
           value_parser = clap::value_parser!(u32).range(1..=1000), help_heading = "Detection")]
     pub every: u32,
@@ -230,6 +240,9 @@ pub struct DetectCounts {
     pub windows: u64,
     /// Frames with more faces than `--max-faces` (the rest were left out).
     pub capped: u64,
+    /// Faces followed by the face mesh from their points on the frame before (no detector
+    /// pass for them).
+    pub followed: u64,
     /// Detections the face mesh did not take for faces (dropped).
     pub not_faces: u64,
     /// Detections the face mesh doubted, kept on the detector's confident score or their
@@ -316,6 +329,12 @@ impl Detector {
         self
     }
 
+    /// Whether faces are followed from frame to frame (`--detect-every` above 1 on a model
+    /// that takes any input size), with a whole-frame pass only now and then.
+    pub(crate) fn tracks(&self) -> bool {
+        self.track.every > 1
+    }
+
     /// Sessions the windows are shared out among.
     pub(crate) fn sessions(&self) -> usize {
         1 + self.extra.len()
@@ -382,6 +401,7 @@ impl Detector {
             full: self.track.full_runs,
             windows: self.track.window_runs,
             capped: self.capped,
+            followed: 0,
             not_faces: 0,
             kept_doubted: 0,
         }
@@ -460,6 +480,14 @@ impl Detector {
             }
         }
         let mut found = nms(found, self.nms_iou);
+        self.cap(&mut found);
+        self.track.boxes = found.iter().map(|f| f.bbox).collect();
+        Ok(self.to_frame(found, (frame_w, frame_h)))
+    }
+
+    /// Keeps the first `max_faces` of a frame's faces (best first), counting and, the first
+    /// time, saying when there were more.
+    pub(crate) fn cap<T>(&mut self, found: &mut Vec<T>) {
         if found.len() > self.max_faces {
             if self.capped == 0 {
                 tracing::warn!(
@@ -471,21 +499,49 @@ impl Detector {
             self.capped += 1;
             found.truncate(self.max_faces);
         }
-        self.track.boxes = found.iter().map(|f| f.bbox).collect();
+    }
 
+    /// Faces in upright detection-copy pixels mapped to a frame of `frame_w x frame_h` (stored
+    /// orientation).
+    fn to_frame(&self, found: Vec<Face>, (frame_w, frame_h): (usize, usize)) -> Vec<Face> {
         let (w, h) = self.input_size;
         let turned = self.rotation == 90 || self.rotation == 270;
         let (dw, dh) = if turned { (frame_h, frame_w) } else { (frame_w, frame_h) };
         let (sx, sy) = (dw as f32 / w as f32, dh as f32 / h as f32);
         let rotation = self.rotation;
-        Ok(found
+        found
             .into_iter()
             .map(|f| {
                 map_face(f, |x, y| {
                     display_to_storage(x * sx, y * sy, rotation, (frame_w, frame_h))
                 })
             })
-            .collect())
+            .collect()
+    }
+
+    /// Whether the copy `det` starts a new scene, next to the copy of the previous call (only
+    /// looked at when tracking, every > 1; else false). For a caller that follows the faces
+    /// itself: call it once a frame, before [`Detector::pass_due`].
+    pub(crate) fn scene_cut(&mut self, det: &[u8]) -> bool {
+        self.track.every > 1 && self.scene_changed(det)
+    }
+
+    /// Whether a whole-frame pass is due on frame `index` for a caller that follows the faces
+    /// itself (the face mesh, from their points on the frame before): on frame indices that are
+    /// multiples of `every` (never on a count since the last one, so a segment's warm-up finds
+    /// what one run finds), on a scene cut, and when nothing is followed.
+    pub(crate) fn pass_due(&self, index: u64, cut: bool, nothing_followed: bool) -> bool {
+        let every = u64::from(self.track.every.max(1));
+        every == 1 || index.is_multiple_of(every) || cut || nothing_followed
+    }
+
+    /// A whole-frame pass over the copy `det`: the faces in a frame of `frame_w x frame_h`
+    /// (stored orientation), best first, overlapping ones left out (not capped).
+    pub(crate) fn pass(&mut self, det: &[u8], frame: (usize, usize)) -> Result<Vec<Face>> {
+        self.fill_full(det);
+        self.track.full_runs += 1;
+        let found = nms(self.infer(self.input_size)?, self.nms_iou);
+        Ok(self.to_frame(found, frame))
     }
 
     /// Whether `det` looks like a new scene next to the previous frame's copy.

@@ -67,16 +67,57 @@ impl Mesh {
     pub fn outline(&self) -> Vec<[f32; 2]> {
         OUTLINE.iter().map(|&i| self.points[i]).collect()
     }
+
+    /// The box round the face's outline (x1, y1, x2, y2): where a face followed by its mesh
+    /// is, for the next frame's crop and for the detector's new faces to be told from it.
+    pub(crate) fn outline_box(&self) -> [f32; 4] {
+        OUTLINE.iter().fold([f32::MAX, f32::MAX, f32::MIN, f32::MIN], |b, &i| {
+            let [x, y] = self.points[i];
+            [b[0].min(x), b[1].min(y), b[2].max(x), b[3].max(y)]
+        })
+    }
 }
 
 /// The frame -> mesh-crop transform for a detected face: a square of [`ROI_SCALE`] times the
 /// box's longer side round the box's centre, turned so the eyes are level.
 pub(crate) fn roi(face: &Face) -> Affine {
     let [x0, y0, x1, y1] = face.bbox.map(f64::from);
-    let (cx, cy) = ((x0 + x1) / 2.0, (y0 + y1) / 2.0);
     let side = ROI_SCALE * (x1 - x0).max(y1 - y0).max(1.0);
+    roi_at(((x0 + x1) / 2.0, (y0 + y1) / 2.0), side, eye_angle(face))
+}
+
+/// Steps, per octave, of the side of a followed face's crop.
+const FOLLOW_SIDE_STEPS: f64 = 24.0;
+/// Steps of a followed face's crop centre, as a fraction of the crop's side.
+const FOLLOW_CENTRE_STEP: f64 = 1.0 / 64.0;
+/// Steps of a followed face's crop angle, in radians (1.4 degrees).
+const FOLLOW_ANGLE_STEP: f64 = std::f64::consts::PI / 128.0;
+
+/// The frame -> mesh-crop transform for a face followed from its mesh on the frame before
+/// (`face.bbox` round its outline, its eyes from the mesh): [`roi`]'s square, its side, centre
+/// and angle snapped to fixed steps. The steps make two runs that began on different frames
+/// (a segment's warm-up) give the same crop as soon as their points agree to within a step,
+/// and from then on the same points: a face is followed alike however far back a run began.
+pub(crate) fn follow_roi(face: &Face) -> Affine {
+    let [x0, y0, x1, y1] = face.bbox.map(f64::from);
+    let side = ROI_SCALE * (x1 - x0).max(y1 - y0).max(1.0);
+    let side = (side.log2() * FOLLOW_SIDE_STEPS).round() / FOLLOW_SIDE_STEPS;
+    let side = side.exp2();
+    let step = side * FOLLOW_CENTRE_STEP;
+    let snap = |v: f64| (v / step).round() * step;
+    let angle = (eye_angle(face) / FOLLOW_ANGLE_STEP).round() * FOLLOW_ANGLE_STEP;
+    roi_at((snap((x0 + x1) / 2.0), snap((y0 + y1) / 2.0)), side, angle)
+}
+
+/// The angle of the line from the left eye to the right one.
+fn eye_angle(face: &Face) -> f64 {
     let [le, re] = [face.landmarks[0], face.landmarks[1]].map(|p| p.map(f64::from));
-    let angle = (re[1] - le[1]).atan2(re[0] - le[0]);
+    (re[1] - le[1]).atan2(re[0] - le[0])
+}
+
+/// The frame -> mesh-crop transform of a square of `side` frame pixels round `(cx, cy)`,
+/// turned by `angle`.
+fn roi_at((cx, cy): (f64, f64), side: f64, angle: f64) -> Affine {
     // Crop (u, v) -> frame: centre + R(angle) * ((u, v) - half) * side / SIZE.
     let k = side / SIZE as f64;
     let (s, c) = angle.sin_cos();
@@ -101,6 +142,9 @@ pub struct Mesher {
     meshes: Vec<Mesh>,
     /// CPU time spent inside the session's runs so far (this thread's clock around each).
     model_cpu: std::time::Duration,
+    /// Runs are padded to a power-of-two batch (on a GPU, where each new input shape costs the
+    /// provider a search of its own).
+    pad: bool,
 }
 
 impl Mesher {
@@ -129,7 +173,15 @@ impl Mesher {
             input: Vec::new(),
             meshes: Vec::new(),
             model_cpu: std::time::Duration::ZERO,
+            pad: false,
         })
+    }
+
+    /// Pads every run to a batch of a power of two (the extra crops' meshes are not read), so
+    /// a GPU sees a few input shapes whatever the number of faces.
+    pub(crate) fn with_padding(mut self, pad: bool) -> Self {
+        self.pad = pad;
+        self
     }
 
     /// CPU time spent inside the session's runs so far.
@@ -143,6 +195,11 @@ impl Mesher {
         &mut self.input
     }
 
+    /// The meshes of the latest [`Mesher::run`] of `n` crops.
+    pub(crate) fn last(&self, n: usize) -> &[Mesh] {
+        &self.meshes[..n]
+    }
+
     /// Runs the model on the `n` crops in the input buffer; `to_crop[i]` is crop i's
     /// frame -> crop transform. Each mesh comes back in frame pixels.
     pub fn run(&mut self, to_crop: &[Affine]) -> Result<&[Mesh]> {
@@ -150,13 +207,15 @@ impl Mesher {
         if n == 0 {
             return Ok(&[]);
         }
-        let tensor = TensorRef::from_array_view(([n, 3, SIZE, SIZE], &self.input[..n * 3 * SIZE * SIZE]))?;
+        let fed = if self.pad { n.next_power_of_two() } else { n };
+        self.input.resize(fed * 3 * SIZE * SIZE, 0.0);
+        let tensor = TensorRef::from_array_view(([fed, 3, SIZE, SIZE], &self.input[..fed * 3 * SIZE * SIZE]))?;
         let start = crate::stats::thread_cpu_time();
         let outputs = self.session.run(ort::inputs![self.input_name.as_str() => tensor])?;
         self.model_cpu += crate::stats::thread_cpu_time().saturating_sub(start);
         let (_, points) = outputs[0].try_extract_tensor::<f32>()?;
         let (_, presence) = outputs[1].try_extract_tensor::<f32>()?;
-        if points.len() != n * POINTS * 3 || presence.len() != n {
+        if points.len() != fed * POINTS * 3 || presence.len() != fed {
             bail!(
                 "the face mesh gave {} values for {n} faces: is this the face-mesh model?",
                 points.len()
@@ -202,6 +261,49 @@ mod tests {
         // The eyes (45 degrees apart) come out level.
         let (a, b) = (t.apply(120.0, 140.0), t.apply(180.0, 200.0));
         assert!((a.1 - b.1).abs() < 1e-9 && b.0 > a.0);
+    }
+
+    #[test]
+    fn a_followed_faces_crop_is_the_detections_snapped_to_fixed_steps() {
+        let face = |dx: f32| Face {
+            bbox: [100.3 + dx, 100.0, 200.3 + dx, 221.0],
+            landmarks: [[120.0, 140.0], [180.0, 143.0], [0.0; 2], [0.0; 2], [0.0; 2]],
+            ..Default::default()
+        };
+        let (exact, snapped) = (roi(&face(0.0)), follow_roi(&face(0.0)));
+        // Within half a step of the unsnapped crop: scale, angle and centre.
+        let ratio = snapped.scale() / exact.scale();
+        assert!(
+            (ratio.log2()).abs() <= 0.5 / FOLLOW_SIDE_STEPS + 1e-9,
+            "scale ratio {ratio}"
+        );
+        let side = ROI_SCALE * 121.0;
+        let centre = |t: &Affine| t.inverse().unwrap().apply(96.0, 96.0);
+        let (a, b) = (centre(&exact), centre(&snapped));
+        let step = side * FOLLOW_CENTRE_STEP * 1.02;
+        assert!(
+            (a.0 - b.0).abs() <= step / 2.0 && (a.1 - b.1).abs() <= step / 2.0,
+            "{a:?} {b:?}"
+        );
+        // Points that differ by less than a step mostly land on the very same crop, and the
+        // unsnapped ones never do.
+        let same = (1..=20)
+            .filter(|&k| follow_roi(&face(k as f32 * 0.01)) == snapped)
+            .count();
+        assert!(same >= 10, "{same} of 20 nearby faces on the same crop");
+        assert!((1..=20).all(|k| roi(&face(k as f32 * 0.01)) != exact));
+    }
+
+    #[test]
+    fn the_outline_box_holds_the_outline() {
+        let mut points = vec![[50.0f32, 60.0]; POINTS];
+        points[OUTLINE[0]] = [40.0, 10.0];
+        points[OUTLINE[18]] = [55.0, 90.0];
+        points[OUTLINE[9]] = [80.0, 50.0];
+        points[OUTLINE[27]] = [20.0, 50.0];
+        // A point off the outline is not in it.
+        points[NOSE_TIP] = [500.0, 500.0];
+        assert_eq!(Mesh { points, presence: 1.0 }.outline_box(), [20.0, 10.0, 80.0, 90.0]);
     }
 
     #[test]

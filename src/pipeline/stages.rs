@@ -14,7 +14,7 @@ use super::sink::FacesSink;
 use super::DEPTH;
 use crate::engine::{CancelToken, Cancelled, Kind, KindExt};
 use crate::faces::align::{filtered, push_texels, warp_cubic_loading, warp_face, WarpScratch};
-use crate::faces::detect::{DetectCounts, Detector};
+use crate::faces::detect::{iou, nms_by, DetectCounts, Detector};
 use crate::faces::mesh::{self, Mesher};
 use crate::faces::paste::{apply_rgb, changes, Mask, MaskKind, Paste, Scratch};
 use crate::faces::smooth::Smoother;
@@ -110,6 +110,204 @@ pub fn detect(
     Ok((stat, detector.counts()))
 }
 
+/// Finds and follows the faces of a video, the face mesh on the detector's one chain of frames
+/// (a video with a mesh, `--detect-every` above 1).
+///
+/// Between the detector's whole-frame passes a face kept on the frame before is followed by its
+/// mesh alone, in a crop placed by its points there ([`mesh::follow_roi`]): the mesh's points,
+/// outline and box are the face's on this frame, and no detector model runs for it. A pass runs
+/// on its frames ([`Detector::pass_due`]: frame indices that are multiples of `--detect-every`,
+/// a scene cut, nothing followed), at once when a followed face is lost (the mesh no longer
+/// takes it for a face), and while a face is kept without a mesh. On a pass's frame every face
+/// it finds is meshed from its detection and judged as the mesh stage judges detections
+/// ([`judge`]), the faces followed so far taking the place of none of them: what is found then
+/// does not depend on the frames before, so a segment's warm-up finds from its first pass on
+/// exactly what one run finds. A followed face the pass missed is still followed.
+///
+/// A frame's crops are shared out among `meshers`' sessions, a part on a thread each; frames
+/// leave in order. The detection copy goes back to the detection pool.
+pub(crate) fn detect_follow(
+    detector: &mut Detector,
+    meshers: &mut [Mesher],
+    ctx: &StageCtx,
+    rx: Receiver<Frame>,
+    tx: Sender<FaceFrame>,
+) -> Result<(StageStat, DetectCounts)> {
+    let mut clock = Clock::new("detect", DEPTH);
+    let models =
+        |d: &Detector, m: &[Mesher]| d.model_cpu() + m.iter().map(Mesher::model_cpu).sum::<std::time::Duration>();
+    let model_at_start = models(detector, meshers);
+    let tally = Tally::default();
+    let mut scratch: Vec<WarpScratch> = meshers.iter().map(|_| WarpScratch::default()).collect();
+    // The faces followed into the next frame (their boxes and points; outlines not kept).
+    let mut prev: Vec<Face> = Vec::new();
+    // A face was kept without a mesh on the frame before: a whole-frame pass finds it again.
+    let mut unfollowed = false;
+    let (mut item, mut followed, mut helpers) = (None, 0u64, std::time::Duration::ZERO);
+    let mut rois = Vec::new();
+    while let Some(mut frame) = recv(&rx, &mut clock) {
+        if item != Some(frame.item) {
+            if item.is_some() || frame.det_size != detector.size {
+                detector.next_picture(frame.det_size);
+            }
+            item = Some(frame.item);
+            prev.clear();
+            unfollowed = false;
+        }
+        let (index, dims) = (frame.index, (frame.width, frame.height));
+        let mut step = || -> Result<Vec<FaceJob>> {
+            let cut = detector.scene_cut(&frame.det);
+            if cut {
+                prev.clear();
+            }
+            let mut found = Vec::new();
+            let passed = detector.pass_due(index, cut, prev.is_empty()) || unfollowed;
+            if passed {
+                found = detector.pass(&frame.det, dims)?;
+                // The followed faces the pass found are its own from here.
+                prev.retain(|p| found.iter().all(|f| iou(&p.bbox, &f.bbox) < detector.nms_iou));
+            }
+            // The followed faces by their meshes, then the pass's by theirs, in one go.
+            let n = prev.len();
+            rois.clear();
+            rois.extend(prev.iter().map(mesh::follow_roi));
+            rois.extend(found.iter().map(mesh::roi));
+            helpers += mesh_faces(meshers, &mut scratch, &mut frame, &rois)?;
+            let mut jobs = Vec::with_capacity(rois.len());
+            let mut lost = false;
+            let mut meshes = meshed(meshers, rois.len());
+            for (face, found) in prev.drain(..).zip(meshes.by_ref().take(n)) {
+                if found.presence < ctx.treatment.face_check {
+                    lost = true;
+                    continue;
+                }
+                let mut job = FaceJob::detected(Face {
+                    bbox: found.outline_box(),
+                    ..face
+                });
+                take_mesh(&mut job, found, &ctx.template);
+                jobs.push(job);
+            }
+            followed += jobs.len() as u64;
+            for (face, found) in found.drain(..).zip(meshes) {
+                let mut job = FaceJob::detected(face);
+                if judge(&mut job, found, ctx, &tally) {
+                    jobs.push(job);
+                }
+            }
+            if lost && !passed {
+                // Look for the lost face (and any other) at once.
+                found = detector.pass(&frame.det, dims)?;
+                found.retain(|f| jobs.iter().all(|j| iou(&j.face.bbox, &f.bbox) < detector.nms_iou));
+                rois.clear();
+                rois.extend(found.iter().map(mesh::roi));
+                helpers += mesh_faces(meshers, &mut scratch, &mut frame, &rois)?;
+                for (face, found) in found.into_iter().zip(meshed(meshers, rois.len())) {
+                    let mut job = FaceJob::detected(face);
+                    if judge(&mut job, found, ctx, &tally) {
+                        jobs.push(job);
+                    }
+                }
+            }
+            let mut jobs = nms_by(jobs, |j| (j.face.bbox, j.face.score), detector.nms_iou);
+            detector.cap(&mut jobs);
+            Ok(jobs)
+        };
+        let faces = clock
+            .time(&mut step)
+            .with_context(|| format!("detect stage, frame {index}"))?;
+        unfollowed = faces.iter().any(|j| j.face.outline.is_none());
+        prev.extend(faces.iter().filter(|j| j.face.outline.is_some()).map(|j| Face {
+            bbox: j.face.bbox,
+            score: j.face.score,
+            landmarks: j.face.landmarks,
+            outline: None,
+        }));
+        ctx.pools.det.put(std::mem::take(&mut frame.det));
+        if tx.send(FaceFrame { frame, faces }).is_err() {
+            break;
+        }
+    }
+    clock.add(std::time::Duration::ZERO, helpers);
+    let mut stat = clock.finish();
+    stat.threads = meshers.len().max(1);
+    stat.chain = true;
+    stat.model_cpu = models(detector, meshers).saturating_sub(model_at_start);
+    let mut counts = detector.counts();
+    counts.followed = followed;
+    (counts.not_faces, counts.kept_doubted) = tally.counts();
+    Ok((stat, counts))
+}
+
+/// Meshes the faces of `f` whose frame -> crop transforms are `rois` (see [`meshed`] for where
+/// their meshes are then read): the crops shared out among the sessions of `meshers` in
+/// consecutive parts, each part warped and run on a thread of its own (the first on this
+/// thread). Returns the CPU time of the other threads.
+fn mesh_faces(
+    meshers: &mut [Mesher],
+    scratch: &mut [WarpScratch],
+    f: &mut Frame,
+    rois: &[Affine],
+) -> Result<std::time::Duration> {
+    let n = rois.len();
+    if n == 0 {
+        return Ok(std::time::Duration::ZERO);
+    }
+    let (w, h) = (f.width, f.height);
+    let regions: Vec<Option<Rect>> = rois.iter().map(|t| crop_footprint(t, mesh::SIZE, w, h)).collect();
+    for (t, r) in rois.iter().zip(&regions) {
+        ready_to_warp(f, t, *r);
+    }
+    let f = &*f;
+    let per = n.div_ceil(meshers.len().clamp(1, n));
+    let plane = 3 * mesh::SIZE * mesh::SIZE;
+    let run = |m: &mut Mesher, sc: &mut WarpScratch, ts: &[Affine], rs: &[Option<Rect>]| -> Result<()> {
+        for (i, (t, r)) in ts.iter().zip(rs).enumerate() {
+            let input = &mut m.input(ts.len())[i * plane..][..plane];
+            warp_ready(f, t, *r, mesh::SIZE, input, sc);
+            // The crop is in [-1, 1]; the mesh takes [0, 1].
+            for x in input.iter_mut() {
+                *x = *x * 0.5 + 0.5;
+            }
+        }
+        m.run(ts).map(|_| ())
+    };
+    let run = &run;
+    std::thread::scope(|s| {
+        let mut parts = meshers
+            .iter_mut()
+            .zip(scratch.iter_mut())
+            .zip(rois.chunks(per).zip(regions.chunks(per)));
+        let ((m0, sc0), (t0, r0)) = parts.next().expect("a session and a face");
+        let helpers: Vec<_> = parts
+            .map(|((m, sc), (ts, rs))| s.spawn(move || (run(m, sc, ts, rs), thread_cpu_time())))
+            .collect();
+        let mut done = run(m0, sc0, t0, r0);
+        let mut cpu = std::time::Duration::ZERO;
+        for helper in helpers {
+            let (part, c) = helper.join().unwrap_or_else(|e| std::panic::resume_unwind(e));
+            cpu += c;
+            done = done.and(part);
+        }
+        done.map(|()| cpu)
+    })
+    .with_context(|| format!("face mesh, frame {}", f.index))
+}
+
+/// The meshes of the latest [`mesh_faces`] of `n` crops on `meshers`, in the crops' order.
+fn meshed(meshers: &[Mesher], n: usize) -> impl Iterator<Item = &mesh::Mesh> {
+    let per = if n == 0 {
+        1
+    } else {
+        n.div_ceil(meshers.len().clamp(1, n))
+    };
+    meshers
+        .iter()
+        .take(n.div_ceil(per))
+        .enumerate()
+        .flat_map(move |(p, m)| m.last(per.min(n - p * per)))
+}
+
 /// Runs the face mesh on every frame's faces (one batch per frame, on as many threads as
 /// `meshers` has sessions; frames leave in order). A detection whose face-presence probability
 /// is at least `face_check` takes the five points derived from its mesh and its outline, in
@@ -125,12 +323,10 @@ pub(crate) fn mesh(
     rx: Receiver<FaceFrame>,
     tx: Sender<FaceFrame>,
 ) -> Result<(StageStat, (u64, u64))> {
-    let (tpl, face_check) = (&ctx.template, ctx.treatment.face_check);
-    let kept = std::sync::atomic::AtomicU64::new(0);
+    let tally = Tally::default();
     let threads = meshers.len();
     let model_at_start: std::time::Duration = meshers.iter().map(|m| m.model_cpu()).sum();
     let free = std::sync::Mutex::new(meshers.iter_mut().collect::<Vec<_>>());
-    let dropped = std::sync::atomic::AtomicU64::new(0);
     let init = || {
         let m = free.lock().unwrap_or_else(|e| e.into_inner()).pop();
         (m, WarpScratch::default(), Vec::new())
@@ -162,33 +358,7 @@ pub(crate) fn mesh(
         let mut found = meshes.iter();
         ff.faces.retain_mut(|job| {
             let Some(found) = found.next() else { return true };
-            if found.presence < face_check {
-                if job.face.score >= crate::defaults::CONFIDENT {
-                    kept.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    return true;
-                }
-                if ctx.tracked && job.face.score >= crate::defaults::SUPPORT_SCORE {
-                    job.doubt = true;
-                    return true;
-                }
-                dropped.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                return false;
-            }
-            let five = found.five_points();
-            let outline = found.outline();
-            let to_tpl = fit_similarity(&five, tpl);
-            job.outline_crop = Some(
-                outline
-                    .iter()
-                    .map(|p| {
-                        let (u, v) = to_tpl.apply(p[0] as f64, p[1] as f64);
-                        [u as f32, v as f32]
-                    })
-                    .collect(),
-            );
-            job.face.landmarks = five;
-            job.face.outline = Some(outline);
-            true
+            judge(job, found, ctx, &tally)
         });
         Ok(())
     };
@@ -196,7 +366,59 @@ pub(crate) fn mesh(
     drop(free);
     let model: std::time::Duration = meshers.iter().map(|m| m.model_cpu()).sum();
     stat.model_cpu = model.saturating_sub(model_at_start);
-    Ok((stat, (dropped.into_inner(), kept.into_inner())))
+    Ok((stat, tally.counts()))
+}
+
+/// Detections the face mesh dropped, and those kept though it doubted them.
+#[derive(Default)]
+struct Tally {
+    dropped: std::sync::atomic::AtomicU64,
+    kept: std::sync::atomic::AtomicU64,
+}
+
+impl Tally {
+    fn counts(self) -> (u64, u64) {
+        (self.dropped.into_inner(), self.kept.into_inner())
+    }
+}
+
+/// What the face mesh `found` says of a detection (see [`mesh`]): false drops it. A face it
+/// takes gets the mesh's five points and outline (see [`take_mesh`]).
+fn judge(job: &mut FaceJob, found: &mesh::Mesh, ctx: &StageCtx, tally: &Tally) -> bool {
+    use std::sync::atomic::Ordering::Relaxed;
+    if found.presence < ctx.treatment.face_check {
+        if job.face.score >= crate::defaults::CONFIDENT {
+            tally.kept.fetch_add(1, Relaxed);
+            return true;
+        }
+        if ctx.tracked && job.face.score >= crate::defaults::SUPPORT_SCORE {
+            job.doubt = true;
+            return true;
+        }
+        tally.dropped.fetch_add(1, Relaxed);
+        return false;
+    }
+    take_mesh(job, found, &ctx.template);
+    true
+}
+
+/// Gives `job` the mesh's five points and outline, in frame pixels (for the record) and in the
+/// crop aligned to `tpl` by those points (for the mesh mask).
+fn take_mesh(job: &mut FaceJob, found: &mesh::Mesh, tpl: &[[f32; 2]; 5]) {
+    let five = found.five_points();
+    let outline = found.outline();
+    let to_tpl = fit_similarity(&five, tpl);
+    job.outline_crop = Some(
+        outline
+            .iter()
+            .map(|p| {
+                let (u, v) = to_tpl.apply(p[0] as f64, p[1] as f64);
+                [u as f32, v as f32]
+            })
+            .collect(),
+    );
+    job.face.landmarks = five;
+    job.face.outline = Some(outline);
 }
 
 /// Filters each track's change over time (see [`crate::faces::temporal`]), each frame's faces
@@ -325,24 +547,45 @@ fn warp_from_frame<O: crate::faces::align::CropOut + ?Sized>(
     out: &mut O,
     scratch: &mut WarpScratch,
 ) {
+    ready_to_warp(f, to_crop, region);
+    warp_ready(f, to_crop, region, size, out, scratch);
+}
+
+/// Whether the warp of `region` under `to_crop` reads `f`'s decoded planes (not its RGB).
+fn warps_from_planes(f: &Frame, to_crop: &Affine, region: Option<Rect>) -> bool {
+    region.is_some() && matches!(f.picture, Picture::Planes { partial: true, .. }) && !filtered(to_crop)
+}
+
+/// Makes `f` ready for [`warp_ready`] of `region` under `to_crop`: its RGB made to cover the
+/// region where the warp reads the RGB.
+fn ready_to_warp(f: &mut Frame, to_crop: &Affine, region: Option<Rect>) {
+    if warps_from_planes(f, to_crop, region) {
+        return;
+    }
+    match region {
+        Some(r) => crate::media::color::ensure_rgb(f, r),
+        None => crate::media::color::rgb_buffer(f),
+    }
+}
+
+/// [`warp_from_frame`] on a frame made ready for it by [`ready_to_warp`]: it only reads the
+/// frame, so several threads may warp its faces at once.
+fn warp_ready<O: crate::faces::align::CropOut + ?Sized>(
+    f: &Frame,
+    to_crop: &Affine,
+    region: Option<Rect>,
+    size: usize,
+    out: &mut O,
+    scratch: &mut WarpScratch,
+) {
     let (w, h) = (f.width, f.height);
-    if let (
-        Some(r),
-        Picture::Planes {
-            source, partial: true, ..
-        },
-        false,
-    ) = (region, &f.picture, filtered(to_crop))
+    if let (true, Some(r), Picture::Planes { source, .. }) = (warps_from_planes(f, to_crop, region), region, &f.picture)
     {
         let mut load = |t: Rect, texels: &mut Vec<_>| {
             crate::media::color::yuv420p_rgb_rows(source, (w, h), t, |_, row| push_texels(row, texels));
         };
         warp_cubic_loading(&mut load, (w, h), to_crop, r, size, out, scratch);
         return;
-    }
-    match region {
-        Some(r) => crate::media::color::ensure_rgb(f, r),
-        None => crate::media::color::rgb_buffer(f),
     }
     warp_face(&f.rgb, (w, h), to_crop, region, size, out, scratch);
 }

@@ -106,13 +106,19 @@ impl Step {
 /// The stages a run builds after detection: the optional ones each by one line.
 fn plan(engine: &Engine, middle: &Middle) -> Vec<Step> {
     let mut steps = Vec::new();
-    steps.extend((!engine.meshers.is_empty()).then_some(Step::Mesh));
+    steps.extend((!engine.meshers.is_empty() && !follows(engine, middle)).then_some(Step::Mesh));
     steps.extend(middle.video.then_some(Step::Smooth));
     steps.extend([Step::Align, Step::Enhance]);
     // Always measured in a video; filtered when its memory is above 0.
     steps.extend(middle.video.then_some(Step::Temporal));
     steps.push(Step::Paste);
     steps
+}
+
+/// Whether the detect stage follows a video's faces by their meshes
+/// ([`stages::detect_follow`]), the mesh then no stage of its own.
+fn follows(engine: &Engine, middle: &Middle) -> bool {
+    middle.video && engine.detector.tracks() && !engine.meshers.is_empty()
 }
 
 /// What a middle stage hands back when joined.
@@ -158,6 +164,7 @@ pub(crate) fn wire<T: Send>(
     encode: impl FnOnce(&Pools, Receiver<FaceFrame>) -> Result<Encoded<T>> + Send,
 ) -> Result<(Summary, T)> {
     let steps = plan(engine, &middle);
+    let follow = follows(engine, &middle);
     let smoother = middle.video.then(|| Smoother::new(middle.treatment.smooth));
     let sizes = Sizes {
         threads: engine.pool_threads,
@@ -187,7 +194,12 @@ pub(crate) fn wire<T: Send>(
         let decode = s.spawn(move || decode(ctx.pools, dec_tx));
         // The detect stage turns frames into face frames: the line starts after it.
         let (det_tx, det_rx) = bounded::<FaceFrame>(DEPTH);
-        let detect = s.spawn(move || stages::detect(detector, &ctx.pools.det, dec_rx, det_tx));
+        let detect = if follow {
+            let meshers = meshers.take().expect("the detect stage meshes");
+            s.spawn(move || stages::detect_follow(detector, meshers, ctx, dec_rx, det_tx))
+        } else {
+            s.spawn(move || stages::detect(detector, &ctx.pools.det, dec_rx, det_tx))
+        };
         let mut line = Line {
             rx: det_rx,
             joins: Vec::new(),
