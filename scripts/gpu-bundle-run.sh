@@ -262,6 +262,14 @@ bench_step fp16 4
 step feeder "$device" 4 "$out/feeder.json" "$step_timeout" -- \
   "${gv[@]}" bench "$sample" --model "$m32" --batch 4 --device "$device" --stage feeder \
   --frames "$frames" --repeat "$repeat" --json "$out/feeder.json" "${common[@]}"
+# Detection and the face mesh on the GPU (--detect-device gpu) instead of this host's cores. On
+# the first H200 lent it fed no batch within 45 s: the detector's windows round tracked faces
+# changed size from frame to frame. Faces are now followed by the mesh (192 x 192 crops, batches
+# padded to powers of two) and the detector runs whole-frame passes of one size only, so the GPU
+# sees a few input shapes; capped short all the same.
+step feeder-gpu-detect "$gpu" 4 "$out/feeder-gpu-detect.json" 90 -- \
+  "${gv[@]}" bench "$sample" --model "$m32" --batch 4 --device "$gpu" --stage feeder --detect-device gpu \
+  --frames "$frames" --repeat 1 --json "$out/feeder-gpu-detect.json" "${common[@]}"
 # The same fp16 model with byte I/O (crops cross as uint8, converted where the model runs):
 # beside bench-fp16-b4, what the smaller transfers and the host's saved float work give.
 if [ -n "$m16b" ]; then
@@ -301,11 +309,6 @@ if command -v python3 >/dev/null && [ -f "$B/serve-check.py" ]; then
     python3 "$B/serve-check.py" --image "$B/portraits/portrait.jpg" --json "$out/serve.json" \
     --requests "$sreq" -- "${gv[@]}" --model "$wm" "${wf[@]}" --batch 4 --device "$device" --detector "$det"
 fi
-# Detection and the face mesh on the GPU (--detect-device gpu) instead of this host's cores:
-# on the first H200 lent it fed no batch within 45 s (inputs of changing sizes), so it is short.
-step feeder-gpu-detect "$gpu" 4 "$out/feeder-gpu-detect.json" 90 -- \
-  "${gv[@]}" bench "$sample" --model "$m32" --batch 4 --device "$gpu" --stage feeder --detect-device gpu \
-  --frames "$frames" --repeat 1 --json "$out/feeder-gpu-detect.json" "${common[@]}"
 # the rest of the batch and precision grid
 bench_step fp16 1
 bench_step fp32 16

@@ -64,6 +64,9 @@ pub struct Frame {
     pub dropped: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
     /// What the output is made from (and what of the decoded picture is kept).
     pub picture: Picture,
+    /// The detector's whole-frame pass over `det`, run ahead of the detect stage's chain on a
+    /// frame where one falls due by its number (frame pixels, best first), if it was.
+    pub pass: Option<Vec<Face>>,
 }
 
 /// What a frame's output is made from: its RGB picture, or the decoded picture's own planes.
@@ -137,6 +140,7 @@ impl Frame {
             view: None,
             dropped: None,
             picture: Picture::Rgb,
+            pass: None,
         }
     }
 }

@@ -376,8 +376,10 @@ fn feed(engine: &mut Engine, job: &Job, repeat: usize, name: &str, log: &dyn Fn(
                 .iter()
                 .map(|n| (n.to_string(), stage_ms_of(&fast_runs, n)))
                 .collect(),
+            // Those of the run's stages whose model runs a GPU host takes over.
             fast_stage_model_ms: ON_GPU
                 .iter()
+                .filter(|(n, _)| names.contains(n))
                 .map(|(n, _)| (n.to_string(), ms_of(&fast_runs, n, |st| st.model_cpu)))
                 .collect(),
             fast_stage_busy: names
@@ -537,11 +539,12 @@ impl BenchReport {
     }
 }
 
-/// The stages whose model runs a GPU host takes over besides GPEN's: CenterFace and the face
-/// mesh. What is left of them on the host (crops, maps decoded, points), and whether that part
-/// runs on one thread there (detection has one session on a GPU, where on the CPU it shares a
-/// frame's windows among several).
-pub const ON_GPU: &[(&str, bool)] = &[("detect", true), ("mesh", false)];
+/// The stages whose model runs a GPU host takes over besides GPEN's: CenterFace (the detect
+/// stage, which in a video with a mesh also meshes the faces it follows, and the passes run
+/// ahead of it on the CPU) and the face mesh. What is left of them on the host (crops, maps
+/// decoded, points), and whether that part runs on one thread there (detection has one session
+/// on a GPU, where on the CPU it shares a frame's work among several).
+pub const ON_GPU: &[(&str, bool)] = &[("detect", true), ("pass", true), ("mesh", false)];
 
 impl Feeder {
     /// Faces/s a host of `cores` cores would feed, and what limits it: all cores at this run's

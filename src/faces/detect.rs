@@ -335,6 +335,11 @@ impl Detector {
         self.track.every > 1
     }
 
+    /// The frames whose numbers are multiples of this get a whole-frame pass.
+    pub(crate) fn every(&self) -> u64 {
+        u64::from(self.track.every.max(1))
+    }
+
     /// Sessions the windows are shared out among.
     pub(crate) fn sessions(&self) -> usize {
         1 + self.extra.len()
@@ -503,20 +508,8 @@ impl Detector {
 
     /// Faces in upright detection-copy pixels mapped to a frame of `frame_w x frame_h` (stored
     /// orientation).
-    fn to_frame(&self, found: Vec<Face>, (frame_w, frame_h): (usize, usize)) -> Vec<Face> {
-        let (w, h) = self.input_size;
-        let turned = self.rotation == 90 || self.rotation == 270;
-        let (dw, dh) = if turned { (frame_h, frame_w) } else { (frame_w, frame_h) };
-        let (sx, sy) = (dw as f32 / w as f32, dh as f32 / h as f32);
-        let rotation = self.rotation;
-        found
-            .into_iter()
-            .map(|f| {
-                map_face(f, |x, y| {
-                    display_to_storage(x * sx, y * sy, rotation, (frame_w, frame_h))
-                })
-            })
-            .collect()
+    fn to_frame(&self, found: Vec<Face>, frame: (usize, usize)) -> Vec<Face> {
+        self.geometry().to_frame(found, frame)
     }
 
     /// Whether the copy `det` starts a new scene, next to the copy of the previous call (only
@@ -575,28 +568,45 @@ impl Detector {
 
     /// Fills the model input with the whole copy, turned upright.
     fn fill_full(&mut self, det: &[u8]) {
-        let (w, h) = self.input_size;
-        let plane = w * h;
-        self.input.resize(3 * plane, 0.0);
-        if self.rotation == 0 {
-            for (i, px) in det.chunks_exact(3).enumerate().take(plane) {
-                self.input[i] = px[0] as f32;
-                self.input[plane + i] = px[1] as f32;
-                self.input[2 * plane + i] = px[2] as f32;
-            }
-        } else {
-            // Turn the stored copy upright while filling the input.
-            let (sw, _) = self.size;
-            for yd in 0..h {
-                for xd in 0..w {
-                    let (xs, ys) = display_to_storage(xd as f32, yd as f32, self.rotation, self.size);
-                    let k = (ys as usize * sw + xs as usize) * 3;
-                    let i = yd * w + xd;
-                    self.input[i] = det[k] as f32;
-                    self.input[plane + i] = det[k + 1] as f32;
-                    self.input[2 * plane + i] = det[k + 2] as f32;
-                }
-            }
+        fill_full(det, self.geometry(), &mut self.input);
+    }
+
+    /// The copy's stored size, the model's input size and the rotation between them.
+    fn geometry(&self) -> Geometry {
+        Geometry {
+            size: self.size,
+            input_size: self.input_size,
+            rotation: self.rotation,
+        }
+    }
+
+    /// Hands the helper sessions (the windows' when there is no mesh) to passers that run whole
+    /// frames on threads of their own, ahead of the frame-by-frame chain (see [`Passer`]), each
+    /// at this detector's present settings; [`Detector::take_back`] returns them.
+    pub(crate) fn passers(&mut self) -> Vec<Passer> {
+        let geometry = self.geometry();
+        std::mem::take(&mut self.extra)
+            .into_iter()
+            .map(|session| Passer {
+                session,
+                input_name: self.input_name.clone(),
+                input: Vec::new(),
+                geometry,
+                threshold: self.threshold,
+                nms_iou: self.nms_iou,
+                model_ns: std::sync::atomic::AtomicU64::new(0),
+                runs: 0,
+            })
+            .collect()
+    }
+
+    /// Takes back the sessions of [`Detector::passers`], counting their model time (their
+    /// passes count where they ran: [`Passer::runs`]).
+    pub(crate) fn take_back(&mut self, passers: Vec<Passer>) {
+        for p in passers {
+            self.model_ns
+                .fetch_add(p.model_ns.into_inner(), std::sync::atomic::Ordering::Relaxed);
+            self.extra.push(p.session);
         }
     }
 
@@ -748,6 +758,111 @@ fn run_batch(
             )
         })
         .collect())
+}
+
+/// The detection copy's stored size, the model's input size (the copy turned upright) and the
+/// rotation between them.
+#[derive(Clone, Copy, Debug)]
+struct Geometry {
+    size: (usize, usize),
+    input_size: (usize, usize),
+    rotation: u32,
+}
+
+impl Geometry {
+    /// Faces in upright detection-copy pixels mapped to a frame of `frame_w x frame_h` (stored
+    /// orientation).
+    fn to_frame(self, found: Vec<Face>, (frame_w, frame_h): (usize, usize)) -> Vec<Face> {
+        let (w, h) = self.input_size;
+        let turned = self.rotation == 90 || self.rotation == 270;
+        let (dw, dh) = if turned { (frame_h, frame_w) } else { (frame_w, frame_h) };
+        let (sx, sy) = (dw as f32 / w as f32, dh as f32 / h as f32);
+        let rotation = self.rotation;
+        found
+            .into_iter()
+            .map(|f| {
+                map_face(f, |x, y| {
+                    display_to_storage(x * sx, y * sy, rotation, (frame_w, frame_h))
+                })
+            })
+            .collect()
+    }
+}
+
+/// Fills `input` with the whole copy `det`, turned upright (one planar model input).
+fn fill_full(det: &[u8], g: Geometry, input: &mut Vec<f32>) {
+    let (w, h) = g.input_size;
+    let plane = w * h;
+    input.resize(3 * plane, 0.0);
+    if g.rotation == 0 {
+        for (i, px) in det.chunks_exact(3).enumerate().take(plane) {
+            input[i] = px[0] as f32;
+            input[plane + i] = px[1] as f32;
+            input[2 * plane + i] = px[2] as f32;
+        }
+    } else {
+        // Turn the stored copy upright while filling the input.
+        let (sw, _) = g.size;
+        for yd in 0..h {
+            for xd in 0..w {
+                let (xs, ys) = display_to_storage(xd as f32, yd as f32, g.rotation, g.size);
+                let k = (ys as usize * sw + xs as usize) * 3;
+                let i = yd * w + xd;
+                input[i] = det[k] as f32;
+                input[plane + i] = det[k + 1] as f32;
+                input[2 * plane + i] = det[k + 2] as f32;
+            }
+        }
+    }
+}
+
+/// A session of the detector that runs whole-frame passes on a thread of its own, ahead of the
+/// frame-by-frame chain that follows the faces (a video's passes fall on frame numbers, so they
+/// can be run before the chain reaches them): the same faces as [`Detector::pass`].
+pub(crate) struct Passer {
+    session: Session,
+    input_name: String,
+    input: Vec<f32>,
+    geometry: Geometry,
+    threshold: f32,
+    nms_iou: f32,
+    model_ns: std::sync::atomic::AtomicU64,
+    runs: u64,
+}
+
+impl Passer {
+    /// Whether this passer was made for a detection copy of `size` (stored orientation).
+    pub(crate) fn fits(&self, size: (usize, usize)) -> bool {
+        self.geometry.size == size
+    }
+
+    /// [`Detector::pass`] on this passer's session.
+    pub(crate) fn pass(&mut self, det: &[u8], frame: (usize, usize)) -> Result<Vec<Face>> {
+        fill_full(det, self.geometry, &mut self.input);
+        self.runs += 1;
+        let (w, h) = self.geometry.input_size;
+        let found = run_batch(
+            &mut self.session,
+            &self.input_name,
+            &self.input[..3 * w * h],
+            (w, h),
+            1,
+            (self.threshold, &self.model_ns),
+        )?
+        .pop()
+        .unwrap_or_default();
+        Ok(self.geometry.to_frame(nms(found, self.nms_iou), frame))
+    }
+
+    /// Passes run so far.
+    pub(crate) fn runs(&self) -> u64 {
+        self.runs
+    }
+
+    /// CPU time spent inside this passer's session runs so far.
+    pub(crate) fn model_cpu(&self) -> std::time::Duration {
+        std::time::Duration::from_nanos(self.model_ns.load(std::sync::atomic::Ordering::Relaxed))
+    }
 }
 
 /// Fills `input` (one `nw x nh` model input, planar) with the window of the copy `det`

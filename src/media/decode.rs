@@ -730,6 +730,7 @@ impl<'a> Convert<'a> {
             view: None,
             dropped: None,
             picture,
+            pass: None,
         })
     }
 

@@ -14,7 +14,7 @@ use super::sink::FacesSink;
 use super::DEPTH;
 use crate::engine::{CancelToken, Cancelled, Kind, KindExt};
 use crate::faces::align::{filtered, push_texels, warp_cubic_loading, warp_face, WarpScratch};
-use crate::faces::detect::{iou, nms_by, DetectCounts, Detector};
+use crate::faces::detect::{iou, nms_by, DetectCounts, Detector, Passer};
 use crate::faces::mesh::{self, Mesher};
 use crate::faces::paste::{apply_rgb, changes, Mask, MaskKind, Paste, Scratch};
 use crate::faces::smooth::Smoother;
@@ -163,7 +163,10 @@ pub(crate) fn detect_follow(
             let mut found = Vec::new();
             let passed = detector.pass_due(index, cut, prev.is_empty()) || unfollowed;
             if passed {
-                found = detector.pass(&frame.det, dims)?;
+                found = match frame.pass.take() {
+                    Some(ahead) => ahead,
+                    None => detector.pass(&frame.det, dims)?,
+                };
                 // The followed faces the pass found are its own from here.
                 prev.retain(|p| found.iter().all(|f| iou(&p.bbox, &f.bbox) < detector.nms_iou));
             }
@@ -237,6 +240,43 @@ pub(crate) fn detect_follow(
     counts.followed = followed;
     (counts.not_faces, counts.kept_doubted) = tally.counts();
     Ok((stat, counts))
+}
+
+/// Runs a video's whole-frame passes ahead of the detect stage's chain
+/// ([`detect_follow`]), on as many threads as there are `passers` (a detector session each):
+/// every frame whose number is a multiple of `every` gets its pass in [`Frame::pass`], the
+/// faces the chain's own pass would find there; frames leave in order. Returns the stage's
+/// statistics and the passes run. The chain then only
+/// meshes on those frames, and runs a pass itself only where one falls due otherwise (a scene
+/// cut, nothing followed, a face lost).
+pub(crate) fn pass_ahead(
+    passers: &mut [Passer],
+    every: u64,
+    rx: Receiver<Frame>,
+    tx: Sender<Frame>,
+) -> Result<(StageStat, u64)> {
+    let runs_at_start: u64 = passers.iter().map(Passer::runs).sum();
+    let threads = passers.len();
+    let model_at_start: std::time::Duration = passers.iter().map(Passer::model_cpu).sum();
+    let free = std::sync::Mutex::new(passers.iter_mut().collect::<Vec<_>>());
+    let init = || free.lock().unwrap_or_else(|e| e.into_inner()).pop();
+    let work = |p: &mut Option<&mut Passer>, f: &mut Frame| -> Result<()> {
+        match p.as_deref_mut() {
+            Some(p) if f.index.is_multiple_of(every) && p.fits(f.det_size) => {
+                let found = p
+                    .pass(&f.det, (f.width, f.height))
+                    .with_context(|| format!("detect stage, frame {}", f.index))?;
+                f.pass = Some(found);
+                Ok(())
+            }
+            _ => Ok(()),
+        }
+    };
+    let mut stat = pool::ordered("pass", DEPTH, threads, init, work, rx, tx)?;
+    drop(free);
+    let model: std::time::Duration = passers.iter().map(Passer::model_cpu).sum();
+    stat.model_cpu = model.saturating_sub(model_at_start);
+    Ok((stat, passers.iter().map(Passer::runs).sum::<u64>() - runs_at_start))
 }
 
 /// Meshes the faces of `f` whose frame -> crop transforms are `rois` (see [`meshed`] for where

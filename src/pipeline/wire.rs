@@ -40,7 +40,13 @@ fn pools_for(plan: &[Step], ctx: &Sizes) -> Pools {
 /// Frames a line of `plan` can hold: the decode stage's queue and frame, the detect stage's,
 /// every planned stage's, the encode stage's frame and one spare.
 fn frames_for(plan: &[Step], ctx: &Sizes) -> usize {
-    2 * (DEPTH + 1) + plan.iter().map(|s| s.holds(ctx)).sum::<usize>() + 1 + 1
+    // The passes run ahead of detection: a pool stage's queue, frames and reorder buffer.
+    let ahead = if ctx.pass_threads > 0 {
+        DEPTH + 1 + 3 * (ctx.pass_threads - 1)
+    } else {
+        0
+    };
+    2 * (DEPTH + 1) + ahead + plan.iter().map(|s| s.holds(ctx)).sum::<usize>() + 1 + 1
 }
 
 /// What sets a run's middle apart.
@@ -80,6 +86,8 @@ enum Step {
 /// What the frame count of a stage depends on.
 struct Sizes {
     threads: usize,
+    /// Threads running the detector's passes ahead of detection (0: none).
+    pass_threads: usize,
     mesh_threads: usize,
     smooth_held: usize,
     batch: usize,
@@ -165,9 +173,14 @@ pub(crate) fn wire<T: Send>(
 ) -> Result<(Summary, T)> {
     let steps = plan(engine, &middle);
     let follow = follows(engine, &middle);
+    // A tracked video's passes fall on frame numbers: run ahead on the detector's helper
+    // sessions (on the CPU), the chain then only follows and meshes.
+    let mut passers = if follow { engine.detector.passers() } else { Vec::new() };
+    let every = engine.detector.every();
     let smoother = middle.video.then(|| Smoother::new(middle.treatment.smooth));
     let sizes = Sizes {
         threads: engine.pool_threads,
+        pass_threads: passers.len(),
         mesh_threads: engine.meshers.len().max(1),
         smooth_held: smoother.as_ref().map_or(0, Smoother::capacity),
         batch: engine.batch,
@@ -189,9 +202,17 @@ pub(crate) fn wire<T: Send>(
     // Each taken by the one stage that runs it.
     let detector = &mut engine.detector;
     let (mut meshers, mut workers, mut smoother) = (Some(&mut engine.meshers), Some(&mut engine.workers), smoother);
-    std::thread::scope(|s| {
+    let passers_ref = &mut passers;
+    let run = std::thread::scope(|s| {
         let (dec_tx, dec_rx) = bounded::<Frame>(DEPTH);
         let decode = s.spawn(move || decode(ctx.pools, dec_tx));
+        let (ahead, dec_rx) = if passers_ref.is_empty() {
+            (None, dec_rx)
+        } else {
+            let (tx, rx) = bounded::<Frame>(DEPTH);
+            let h = s.spawn(move || stages::pass_ahead(passers_ref, every, dec_rx, tx));
+            (Some(h), rx)
+        };
         // The detect stage turns frames into face frames: the line starts after it.
         let (det_tx, det_rx) = bounded::<FaceFrame>(DEPTH);
         let detect = if follow {
@@ -235,10 +256,19 @@ pub(crate) fn wire<T: Send>(
         let encode = s.spawn(move || encode(ctx.pools, rx));
 
         let decode = joined("decode", decode.join())?;
-        let (detect, counts) = joined("detect", detect.join())?;
+        let mut stages = vec![decode];
+        let mut passes_ahead = 0;
+        if let Some(h) = ahead {
+            let (stat, runs) = joined("pass", h.join())?;
+            stages.push(stat);
+            passes_ahead = runs;
+        }
+        let (detect, mut counts) = joined("detect", detect.join())?;
+        counts.full += passes_ahead;
+        stages.push(detect);
         let mut summary = Summary {
             detect: counts,
-            stages: vec![decode, detect],
+            stages,
             ..Summary::default()
         };
         for (name, h) in joins {
@@ -252,7 +282,9 @@ pub(crate) fn wire<T: Send>(
         summary.wall = start.elapsed();
         summary.peak_rss = peak_rss();
         Ok((summary, encoded.extra))
-    })
+    });
+    engine.detector.take_back(passers);
+    run
 }
 
 impl Summary {
