@@ -26,7 +26,8 @@ def cost(path):
     faces = max(d["faces"], 1)
     return {s["name"]: 1000 * s.get("cpu_s", s["busy_s"]) / faces for s in d["stages"]}, d["faces"], d["faces_per_s"]
 runs = {side: [cost(f"{tmp}/{side}-{i}.json") for i in range(1, pairs + 1)] for side in "AB"}
-names = list(runs["A"][0][0])
+# Every stage either build has, in the order they run (a stage one build lacks counts 0 there).
+names = list(dict.fromkeys([*runs["A"][0][0], *runs["B"][0][0]]))
 print(f"faces per run: A {runs['A'][0][1]}, B {runs['B'][0][1]}; {pairs} pairs, medians")
 print(f"{'stage':<10} {'A ms/face':>10} {'B ms/face':>10} {'A/B':>7}")
 for n in names + ["total"]:

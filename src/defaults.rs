@@ -14,6 +14,15 @@ pub(crate) const NMS_IOU: f32 = 0.3;
 pub(crate) const MAX_FACES: usize = 32;
 /// Full detection every this many frames (tracking in between).
 pub(crate) const DETECT_EVERY: u32 = 5;
+/// A tracked video's whole-frame passes run ahead of detection's chain (see
+/// `pipeline::stages::pass_ahead`) on machines of at least this many pool threads: below, every
+/// core is busy anyway, so taking the passes off the chain gains nothing.
+pub(crate) const PASS_AHEAD_CORES: usize = 4;
+/// At most this many sessions run the passes ahead: a pass costs about ten frames' worth of
+/// the chain's own work (74 against 8 core-ms on the 2-core machine) and falls on one frame in
+/// `DETECT_EVERY`, so three keep ahead of the chain with room to spare, and each session that
+/// runs a pass holds about 45 MiB of arena.
+pub(crate) const PASS_AHEAD_MAX: usize = 3;
 /// How much of the restored face is blended in.
 pub(crate) const BLEND: f32 = 1.0;
 /// The paste mask (`--mask`): the face's own outline from the mesh.

@@ -289,10 +289,11 @@ fn partial_batches_reuse_a_few_buffer_sizes_and_keep_their_crops_apart() {
     assert_eq!(e.bound_sizes(), vec![1, 2, 4, 8, 16]);
 }
 
-/// Alignment and paste run on pools of threads, the temporal filter's bands and the detector's
-/// windows on as many; frames still leave in order and every frame
+/// Alignment and paste run on pools of threads, the temporal filter's bands and the face mesh's
+/// crops on as many; frames still leave in order and every frame
 /// comes out as one thread makes it: with the negate stand-in (every face visibly changed) the
-/// output's pictures and the faces record are the same with pools of one and of three threads,
+/// output's pictures and the faces record are the same with pools of one and of four threads
+/// (with four, the detector's whole-frame passes also run ahead of detection's chain),
 /// and the stage table says how wide each pool was and what each stage cost per face.
 #[test]
 fn pools_of_threads_align_and_paste_frames_in_order_as_one_thread_does() {
@@ -324,8 +325,9 @@ fn pools_of_threads_align_and_paste_frames_in_order_as_one_thread_does() {
             stats,
         )
     };
-    let (one, faces_one, _) = run("1");
-    let (three, faces_three, stats) = run("3");
+    let (one, faces_one, stats_one) = run("1");
+    // Four threads: the whole-frame passes also run ahead of detection, on three sessions.
+    let (three, faces_three, stats) = run("4");
     assert!(
         faces_one.matches("\"bbox\"").count() >= 50,
         "faces found on most frames"
@@ -343,10 +345,27 @@ fn pools_of_threads_align_and_paste_frames_in_order_as_one_thread_does() {
     };
     for name in ["detect", "align", "temporal", "paste"] {
         let s = stage(name);
-        assert_eq!(s["threads"], 3, "{s}");
+        assert_eq!(s["threads"], 4, "{s}");
         assert!(s["cpu_ms_per_face"].as_f64().unwrap() > 0.0, "{s}");
         assert!(s["busy_share"].as_f64().unwrap() <= 1.0, "{s}");
     }
+    let pass = stage("pass");
+    assert_eq!(pass["threads"], 3, "{pass}");
+    assert!(pass["cpu_ms_per_face"].as_f64().unwrap() > 0.0, "{pass}");
+    let names = |s: &serde_json::Value| -> Vec<String> {
+        s["stages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["name"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert!(
+        !names(&stats_one).contains(&"pass".to_string()),
+        "one thread: no passes ahead"
+    );
+    // The passes counted wherever they ran.
+    assert_eq!(stats_one["detect_full"], stats["detect_full"]);
 }
 
 /// `bench --stage feeder`: the stages around the model timed without it, at the run's encoder

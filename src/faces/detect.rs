@@ -580,12 +580,15 @@ impl Detector {
         }
     }
 
-    /// Hands the helper sessions (the windows' when there is no mesh) to passers that run whole
-    /// frames on threads of their own, ahead of the frame-by-frame chain (see [`Passer`]), each
-    /// at this detector's present settings; [`Detector::take_back`] returns them.
-    pub(crate) fn passers(&mut self) -> Vec<Passer> {
+    /// Hands up to `max` of the helper sessions (the windows' when there is no mesh) to passers
+    /// that run whole frames on threads of their own, ahead of the frame-by-frame chain (see
+    /// [`Passer`]), each at this detector's present settings; [`Detector::take_back`] returns
+    /// them.
+    pub(crate) fn passers(&mut self, max: usize) -> Vec<Passer> {
         let geometry = self.geometry();
-        std::mem::take(&mut self.extra)
+        let keep = self.extra.len().saturating_sub(max);
+        self.extra
+            .split_off(keep)
             .into_iter()
             .map(|session| Passer {
                 session,

@@ -173,9 +173,15 @@ pub(crate) fn wire<T: Send>(
 ) -> Result<(Summary, T)> {
     let steps = plan(engine, &middle);
     let follow = follows(engine, &middle);
-    // A tracked video's passes fall on frame numbers: run ahead on the detector's helper
-    // sessions (on the CPU), the chain then only follows and meshes.
-    let mut passers = if follow { engine.detector.passers() } else { Vec::new() };
+    // A tracked video's passes fall on frame numbers: on a machine of several cores they run
+    // ahead on some of the detector's helper sessions (on the CPU), and the chain only follows
+    // and meshes. Where the cores are all busy anyway (2), that gains nothing and a session's
+    // pass costs memory (about 45 MiB of ONNX Runtime's arena each).
+    let mut passers = if follow && engine.pool_threads >= crate::defaults::PASS_AHEAD_CORES {
+        engine.detector.passers(crate::defaults::PASS_AHEAD_MAX)
+    } else {
+        Vec::new()
+    };
     let every = engine.detector.every();
     let smoother = middle.video.then(|| Smoother::new(middle.treatment.smooth));
     let sizes = Sizes {
