@@ -24,6 +24,10 @@ pub struct StageStat {
     /// The part of `cpu` spent inside a model session's run (detection, the face mesh): what a
     /// GPU takes over; the rest (crops, maps decoded, points) stays on the host.
     pub model_cpu: Duration,
+    /// The part of `cpu` outside the model runs that is shared out over threads wherever the
+    /// stage runs, though the rest of it keeps to one thread on a GPU host (the face mesh's
+    /// crops in detection's chain): a GPU host runs it at its pool's width.
+    pub spread_cpu: Duration,
     /// Frames go through the stage one after another on one thread, which shares each frame's
     /// work out to helpers and waits for them (detection's windows, the temporal filter's
     /// bands): `busy` is that thread's, and the stage can take no more than it.
@@ -43,6 +47,7 @@ impl StageStat {
             total.busy += st.busy;
             total.cpu += st.cpu;
             total.model_cpu += st.model_cpu;
+            total.spread_cpu += st.spread_cpu;
             total.items += st.items;
             total.queue_sum += st.queue_sum;
             total.queue_samples += st.queue_samples;
@@ -265,6 +270,7 @@ impl Summary {
                     busy_share: s.busy_share(wall),
                     cpu_s: s.cpu.as_secs_f64(),
                     model_cpu_s: s.model_cpu.as_secs_f64(),
+                    spread_cpu_s: s.spread_cpu.as_secs_f64(),
                     cpu_ms_per_face: 1000.0 * s.cpu.as_secs_f64() / self.faces.max(1) as f64,
                     queue_fill: s.queue_fill(),
                 })
@@ -352,6 +358,8 @@ struct StageJson {
     cpu_s: f64,
     /// The part of it inside model sessions (detection, the face mesh).
     model_cpu_s: f64,
+    /// The part of `cpu_s` a GPU host still spreads over its pool (see `StageStat::spread_cpu`).
+    spread_cpu_s: f64,
     cpu_ms_per_face: f64,
     queue_fill: f64,
 }

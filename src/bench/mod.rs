@@ -101,6 +101,9 @@ pub struct Feeder {
     /// The part of each of those inside model sessions (detection's and the mesh's runs): what
     /// a GPU takes over.
     pub fast_stage_model_ms: Vec<(String, f64)>,
+    /// The part of each of those outside the model runs that a GPU host still spreads over its
+    /// pool (the face mesh's crops in detection's chain; see `StageStat::spread_cpu`).
+    pub fast_stage_spread_ms: Vec<(String, f64)>,
     /// Measured, not projected, in the runs with the fastest preset (medians): each stage's
     /// threads' busy time as a share of the run's wall time and of its threads (1.0: every
     /// thread of it busy all along), and its input queue's mean fill (1.0: always full, so the
@@ -382,6 +385,11 @@ fn feed(engine: &mut Engine, job: &Job, repeat: usize, name: &str, log: &dyn Fn(
                 .filter(|(n, _)| names.contains(n))
                 .map(|(n, _)| (n.to_string(), ms_of(&fast_runs, n, |st| st.model_cpu)))
                 .collect(),
+            fast_stage_spread_ms: ON_GPU
+                .iter()
+                .filter(|(n, _)| names.contains(n))
+                .map(|(n, _)| (n.to_string(), ms_of(&fast_runs, n, |st| st.spread_cpu)))
+                .collect(),
             fast_stage_busy: names
                 .iter()
                 .map(|n| {
@@ -566,6 +574,12 @@ impl Feeder {
                 .find(|(n, _)| n == name)
                 .map_or(0.0, |(_, ms)| *ms)
         };
+        let spread_ms = |name: &str| {
+            self.fast_stage_spread_ms
+                .iter()
+                .find(|(n, _)| n == name)
+                .map_or(0.0, |(_, ms)| *ms)
+        };
         let gpu = |name: &str| on_gpu.iter().find(|(n, _)| *n == name).map(|(_, one)| *one);
         let moved: f64 = stages
             .iter()
@@ -578,20 +592,25 @@ impl Feeder {
             self.per_core_faces_per_s
         };
         let mut best = (per_core * cores as f64, format!("all {cores} cores"));
+        let pool = cores.min(crate::defaults::POOL_THREADS_MAX);
         for ((name, ms), &threads) in stages.iter().zip(&self.stage_threads) {
-            let (ms, threads) = match gpu(name) {
-                Some(one) => (ms - model_ms(name), if one { 1 } else { threads }),
-                None => (*ms, threads),
+            // (core-ms, threads) parts of the stage, each a cap of its own.
+            let parts = match gpu(name) {
+                // On one thread but for the part it still spreads over the pool.
+                Some(true) => {
+                    let spread = spread_ms(name);
+                    vec![(ms - model_ms(name) - spread, 1), (spread, pool)]
+                }
+                Some(false) => vec![(ms - model_ms(name), threads)],
+                None => vec![(*ms, threads)],
             };
-            let width = if threads > 1 {
-                cores.min(crate::defaults::POOL_THREADS_MAX)
-            } else {
-                1
-            };
-            let cap = 1000.0 / ms.max(1e-9) * width as f64;
-            if cap < best.0 {
-                let how = if width == 1 { "one thread" } else { "its pool" };
-                best = (cap, format!("{name} ({how})"));
+            for (ms, threads) in parts {
+                let width = if threads > 1 { pool } else { 1 };
+                let cap = 1000.0 / ms.max(1e-9) * width as f64;
+                if cap < best.0 {
+                    let how = if width == 1 { "one thread" } else { "its pool" };
+                    best = (cap, format!("{name} ({how})"));
+                }
             }
         }
         best
@@ -699,6 +718,12 @@ mod tests {
         // What is left of detection on the host, on one thread, caps it when it is large.
         f.fast_stage_core_ms[0].1 = 4.5;
         assert_eq!(f.host(16, super::ON_GPU), (1000.0, "detect (one thread)".to_string()));
+        // Unless it spreads that part over the pool (the mesh's crops): 0.2 of its 1 ms left
+        // on one thread, 0.8 on 16.
+        f.fast_stage_spread_ms = vec![("detect".into(), 0.8)];
+        let (faces, limit) = f.host(16, super::ON_GPU);
+        assert!((faces - 16000.0 / 11.5).abs() < 1e-6, "{faces} {limit}");
+        assert_eq!(limit, "all 16 cores");
     }
 
     #[test]

@@ -138,12 +138,19 @@ pub(crate) fn detect_follow(
         |d: &Detector, m: &[Mesher]| d.model_cpu() + m.iter().map(Mesher::model_cpu).sum::<std::time::Duration>();
     let model_at_start = models(detector, meshers);
     let tally = Tally::default();
-    let mut scratch: Vec<WarpScratch> = meshers.iter().map(|_| WarpScratch::default()).collect();
+    // A warp scratch per thread the crops are shared out on: each session's, or with one
+    // session (a GPU), the pool's threads.
+    let warpers = if meshers.len() > 1 {
+        meshers.len()
+    } else {
+        ctx.threads.max(1)
+    };
+    let mut scratch: Vec<WarpScratch> = (0..warpers).map(|_| WarpScratch::default()).collect();
     // The faces followed into the next frame (their boxes and points; outlines not kept).
     let mut prev: Vec<Face> = Vec::new();
     // A face was kept without a mesh on the frame before: a whole-frame pass finds it again.
     let mut unfollowed = false;
-    let (mut item, mut followed, mut helpers) = (None, 0u64, std::time::Duration::ZERO);
+    let (mut item, mut followed, mut cpu) = (None, 0u64, MeshCpu::default());
     let mut rois = Vec::new();
     while let Some(mut frame) = recv(&rx, &mut clock) {
         if item != Some(frame.item) {
@@ -175,7 +182,7 @@ pub(crate) fn detect_follow(
             rois.clear();
             rois.extend(prev.iter().map(mesh::follow_roi));
             rois.extend(found.iter().map(mesh::roi));
-            helpers += mesh_faces(meshers, &mut scratch, &mut frame, &rois)?;
+            mesh_faces(meshers, &mut scratch, &mut frame, &rois, &mut cpu)?;
             let mut jobs = Vec::with_capacity(rois.len());
             let mut lost = false;
             let mut meshes = meshed(meshers, rois.len());
@@ -204,7 +211,7 @@ pub(crate) fn detect_follow(
                 found.retain(|f| jobs.iter().all(|j| iou(&j.face.bbox, &f.bbox) < detector.nms_iou));
                 rois.clear();
                 rois.extend(found.iter().map(mesh::roi));
-                helpers += mesh_faces(meshers, &mut scratch, &mut frame, &rois)?;
+                mesh_faces(meshers, &mut scratch, &mut frame, &rois, &mut cpu)?;
                 for (face, found) in found.into_iter().zip(meshed(meshers, rois.len())) {
                     let mut job = FaceJob::detected(face);
                     if judge(&mut job, found, ctx, &tally) {
@@ -231,10 +238,11 @@ pub(crate) fn detect_follow(
             break;
         }
     }
-    clock.add(std::time::Duration::ZERO, helpers);
+    clock.add(std::time::Duration::ZERO, cpu.helpers);
     let mut stat = clock.finish();
     stat.threads = meshers.len().max(1);
     stat.chain = true;
+    stat.spread_cpu = cpu.warps;
     stat.model_cpu = models(detector, meshers).saturating_sub(model_at_start);
     let mut counts = detector.counts();
     counts.followed = followed;
@@ -279,19 +287,29 @@ pub(crate) fn pass_ahead(
     Ok((stat, passers.iter().map(Passer::runs).sum::<u64>() - runs_at_start))
 }
 
+/// CPU time a frame's meshing spent: on threads other than the caller's, and warping crops on
+/// any thread (the part a GPU host still spreads over threads).
+#[derive(Default)]
+struct MeshCpu {
+    helpers: std::time::Duration,
+    warps: std::time::Duration,
+}
+
 /// Meshes the faces of `f` whose frame -> crop transforms are `rois` (see [`meshed`] for where
 /// their meshes are then read): the crops shared out among the sessions of `meshers` in
 /// consecutive parts, each part warped and run on a thread of its own (the first on this
-/// thread). Returns the CPU time of the other threads.
+/// thread). With one session (a GPU) the crops are still warped on as many threads as there
+/// are `scratch` buffers, and run as one batch here.
 fn mesh_faces(
     meshers: &mut [Mesher],
     scratch: &mut [WarpScratch],
     f: &mut Frame,
     rois: &[Affine],
-) -> Result<std::time::Duration> {
+    cpu: &mut MeshCpu,
+) -> Result<()> {
     let n = rois.len();
     if n == 0 {
-        return Ok(std::time::Duration::ZERO);
+        return Ok(());
     }
     let (w, h) = (f.width, f.height);
     let regions: Vec<Option<Rect>> = rois.iter().map(|t| crop_footprint(t, mesh::SIZE, w, h)).collect();
@@ -299,39 +317,86 @@ fn mesh_faces(
         ready_to_warp(f, t, *r);
     }
     let f = &*f;
-    let per = n.div_ceil(meshers.len().clamp(1, n));
     let plane = 3 * mesh::SIZE * mesh::SIZE;
-    let run = |m: &mut Mesher, sc: &mut WarpScratch, ts: &[Affine], rs: &[Option<Rect>]| -> Result<()> {
-        for (i, (t, r)) in ts.iter().zip(rs).enumerate() {
-            let input = &mut m.input(ts.len())[i * plane..][..plane];
+    // Warps crops into consecutive planes of `input`; returns the thread CPU it took.
+    let warp = |input: &mut [f32], sc: &mut WarpScratch, ts: &[Affine], rs: &[Option<Rect>]| {
+        let start = thread_cpu_time();
+        for ((t, r), input) in ts.iter().zip(rs).zip(input.chunks_exact_mut(plane)) {
             warp_ready(f, t, *r, mesh::SIZE, input, sc);
             // The crop is in [-1, 1]; the mesh takes [0, 1].
             for x in input.iter_mut() {
                 *x = *x * 0.5 + 0.5;
             }
         }
-        m.run(ts).map(|_| ())
+        thread_cpu_time().saturating_sub(start)
     };
-    let run = &run;
-    std::thread::scope(|s| {
-        let mut parts = meshers
-            .iter_mut()
-            .zip(scratch.iter_mut())
-            .zip(rois.chunks(per).zip(regions.chunks(per)));
-        let ((m0, sc0), (t0, r0)) = parts.next().expect("a session and a face");
-        let helpers: Vec<_> = parts
-            .map(|((m, sc), (ts, rs))| s.spawn(move || (run(m, sc, ts, rs), thread_cpu_time())))
-            .collect();
-        let mut done = run(m0, sc0, t0, r0);
-        let mut cpu = std::time::Duration::ZERO;
-        for helper in helpers {
-            let (part, c) = helper.join().unwrap_or_else(|e| std::panic::resume_unwind(e));
-            cpu += c;
-            done = done.and(part);
+    let warp = &warp;
+    // Parts of `per` crops each, on `parts` threads (this one first).
+    let (threads, shared) = if meshers.len() > 1 {
+        (meshers.len(), false)
+    } else {
+        (scratch.len(), true)
+    };
+    let per = n.div_ceil(threads.clamp(1, n));
+    let (helpers, warps, done) = std::thread::scope(|s| {
+        if shared {
+            // One session: warp in parallel into its one input, then run it here (below).
+            let input = &mut meshers[0].input(n)[..n * plane];
+            let jobs = input
+                .chunks_mut(per * plane)
+                .zip(scratch.iter_mut())
+                .zip(rois.chunks(per).zip(regions.chunks(per)))
+                .map(|((input, sc), (ts, rs))| move || (Ok(()), warp(input, sc, ts, rs)))
+                .collect();
+            run_parts(s, jobs)
+        } else {
+            let jobs = meshers
+                .iter_mut()
+                .zip(scratch.iter_mut())
+                .zip(rois.chunks(per).zip(regions.chunks(per)))
+                .map(|((m, sc), (ts, rs))| {
+                    move || {
+                        let input = &mut m.input(ts.len())[..ts.len() * plane];
+                        let spent = warp(input, sc, ts, rs);
+                        (m.run(ts).map(|_| ()), spent)
+                    }
+                })
+                .collect();
+            run_parts(s, jobs)
         }
-        done.map(|()| cpu)
-    })
-    .with_context(|| format!("face mesh, frame {}", f.index))
+    });
+    let done = if shared {
+        done.and_then(|()| meshers[0].run(rois).map(|_| ()))
+    } else {
+        done
+    };
+    cpu.helpers += helpers;
+    cpu.warps += warps;
+    done.with_context(|| format!("face mesh, frame {}", f.index))
+}
+
+/// Runs `jobs` (each giving its outcome and the CPU it spent warping), the first on this
+/// thread and each other on a thread of its own in `s`; returns the other threads' CPU time,
+/// the warping time of all and the first failure.
+fn run_parts<'s, J>(
+    s: &'s std::thread::Scope<'s, '_>,
+    jobs: Vec<J>,
+) -> (std::time::Duration, std::time::Duration, Result<()>)
+where
+    J: FnOnce() -> (Result<()>, std::time::Duration) + Send + 's,
+{
+    let mut jobs = jobs.into_iter();
+    let own = jobs.next();
+    let handles: Vec<_> = jobs.map(|job| s.spawn(move || (job(), thread_cpu_time()))).collect();
+    let (mut done, mut warps) = own.map_or((Ok(()), std::time::Duration::ZERO), |job| job());
+    let mut helpers = std::time::Duration::ZERO;
+    for h in handles {
+        let ((part, w), c) = h.join().unwrap_or_else(|e| std::panic::resume_unwind(e));
+        helpers += c;
+        warps += w;
+        done = done.and(part);
+    }
+    (helpers, warps, done)
 }
 
 /// The meshes of the latest [`mesh_faces`] of `n` crops on `meshers`, in the crops' order.

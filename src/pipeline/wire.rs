@@ -373,27 +373,27 @@ mod tests {
 
     #[test]
     fn the_pools_hold_what_the_planned_stages_can() {
-        // A default video on two cores: one CPU worker, batch 4, smoothing sigma 6.
-        let steps = [
-            Step::Mesh,
-            Step::Smooth,
-            Step::Align,
-            Step::Enhance,
-            Step::Temporal,
-            Step::Paste,
-        ];
-        let sizes = |threads| Sizes {
+        // A default video on two cores: one CPU worker, batch 4, smoothing sigma 6, the mesh in
+        // the detect stage (it follows the faces), no passes ahead below four cores.
+        let steps = [Step::Smooth, Step::Align, Step::Enhance, Step::Temporal, Step::Paste];
+        let sizes = |threads, pass_threads| Sizes {
             threads,
+            pass_threads,
             mesh_threads: threads,
             smooth_held: 13,
             batch: 4,
             workers: 1,
         };
-        let frames = |threads| frames_for(&steps, &sizes(threads));
-        assert_eq!(frames(2), 72, "README's figure");
-        assert_eq!(frames(3) - frames(2), 9, "three frames per pool stage and core");
+        let frames = |threads, ahead| frames_for(&steps, &sizes(threads, ahead));
+        assert_eq!(frames(2, 0), 64, "README's figure");
+        assert_eq!(frames(3, 0) - frames(2, 0), 6, "three frames per pool stage and core");
+        // Four cores: the passes ahead on three sessions hold their queue, frames and reorder.
+        assert_eq!(frames(4, 3) - frames(4, 0), DEPTH + 1 + 6);
+        // Without following (a mesh stage of its own), its pool's frames too.
+        let with_mesh = [&[Step::Mesh][..], &steps].concat();
+        assert_eq!(frames_for(&with_mesh, &sizes(2, 0)) - frames(2, 0), DEPTH + 1 + 3);
         // Pictures: no smoothing and no temporal filter, so fewer frames.
         let pictures = [Step::Align, Step::Enhance, Step::Paste];
-        assert!(frames_for(&pictures, &sizes(2)) < 50);
+        assert!(frames_for(&pictures, &sizes(2, 0)) < 50);
     }
 }
