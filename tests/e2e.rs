@@ -470,6 +470,56 @@ fn tracked_faces_match_full_detection_and_new_faces_are_picked_up() {
     }
 }
 
+/// A followed face that jumps across the picture (no scene cut: the background stays) is lost by
+/// the mesh in its old place, and a whole-frame pass looks for it at once: it is restored on
+/// every frame, at its new place from the jump on, not only from the next scheduled pass.
+#[test]
+fn a_face_the_mesh_loses_is_looked_for_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("jump.mp4");
+    let png = asset("samples/astronaut.png");
+    tool(
+        "ffmpeg",
+        &[
+            "-v",
+            "error",
+            "-y",
+            "-loop",
+            "1",
+            "-i",
+            png.to_str().unwrap(),
+            "-f",
+            "lavfi",
+            "-i",
+            "color=c=0x2a3440:s=640x360:r=10:d=3",
+            "-filter_complex",
+            "[0:v]scale=130:130[a];[1:v][a]overlay=x='if(lt(t,1.25),30,440)':y=110:shortest=1,format=yuv420p[v]",
+            "-map",
+            "[v]",
+            "-frames:v",
+            "30",
+            "-c:v",
+            "libx264",
+            "-preset",
+            "ultrafast",
+            "-crf",
+            "16",
+            input.to_str().unwrap(),
+        ],
+    );
+    let (faces, full, _, followed) = detection_run(dir.path(), &input, "5", true);
+    assert_eq!(faces.len(), 30);
+    for (n, (_, boxes)) in faces.iter().enumerate() {
+        assert_eq!(boxes.len(), 1, "frame {n}: {boxes:?}");
+        let x = boxes[0][0];
+        // Frame 13 (t = 1.3 s) is the first at the new place: not a scheduled pass's frame.
+        assert!(if n >= 13 { x > 400.0 } else { x < 200.0 }, "frame {n}: {boxes:?}");
+    }
+    // Passes on frames 0, 5, .. 25, and one on the jump's frame.
+    assert!(full > 6, "{full} whole-frame passes");
+    assert!(followed >= 20, "{followed} faces followed by the mesh");
+}
+
 /// The first face's five landmarks per frame, from `--faces-json`.
 fn landmarks(path: &Path) -> Vec<Option<Vec<[f64; 2]>>> {
     let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
