@@ -294,6 +294,49 @@ mod tests {
         assert!((1..=20).all(|k| roi(&face(k as f32 * 0.01)) != exact));
     }
 
+    /// A GPU's runs are padded to a power-of-two batch: the faces' meshes are those of the
+    /// unpadded run (on the CPU here, where the padding can be checked).
+    #[test]
+    fn a_padded_batch_gives_the_meshes_of_the_unpadded_one() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("models/face-mesh.onnx");
+        let session = |pad| {
+            let s = crate::runtime::cpu_session(&path, 1, "face mesh").expect("the set-up makes the face mesh");
+            Mesher::new(s).unwrap().with_padding(pad)
+        };
+        let (mut plain, mut padded) = (session(false), session(true));
+        let rois: Vec<Affine> = (0..3)
+            .map(|i| Affine([1.0, 0.0, -(i as f64) * 7.0, 0.0, 1.0, 3.0 * i as f64]))
+            .collect();
+        for m in [&mut plain, &mut padded] {
+            for (i, x) in m.input(3).iter_mut().enumerate() {
+                *x = ((i * 7919) % 255) as f32 / 255.0;
+            }
+        }
+        let a: Vec<_> = plain
+            .run(&rois)
+            .unwrap()
+            .iter()
+            .map(|m| (m.points.clone(), m.presence))
+            .collect();
+        let b: Vec<_> = padded
+            .run(&rois)
+            .unwrap()
+            .iter()
+            .map(|m| (m.points.clone(), m.presence))
+            .collect();
+        assert_eq!(padded.input.len(), 4 * 3 * SIZE * SIZE, "fed as a batch of four");
+        assert_eq!(a.len(), 3);
+        for ((pa, sa), (pb, sb)) in a.iter().zip(&b) {
+            assert!((sa - sb).abs() < 1e-5, "{sa} {sb}");
+            let worst = pa
+                .iter()
+                .zip(pb)
+                .map(|(p, q)| (p[0] - q[0]).abs().max((p[1] - q[1]).abs()))
+                .fold(0.0, f32::max);
+            assert!(worst < 1e-3, "points {worst} apart");
+        }
+    }
+
     #[test]
     fn the_outline_box_holds_the_outline() {
         let mut points = vec![[50.0f32, 60.0]; POINTS];
