@@ -357,12 +357,22 @@ fn other_pixel_formats_in_and_out_keep_faces_changed_and_the_rest_intact() {
 /// face B from frame 13 (a local change, not a new scene); at frame 27 a cut (new background)
 /// where face C appears while A and B stay.
 fn appearing_faces_clip(out: &std::path::Path) {
-    let png = asset("samples/astronaut.png");
     let graph = "[1:v]drawbox=x=0:y=0:w=iw:h=ih:color=0xd0c8a0:t=fill:enable='gte(t,2.65)'[bg];\
         [0:v]split=3[a0][b0][c0];[a0]scale=200:200[a];[b0]scale=150:150[b];[c0]scale=130:130[c];\
         [bg][a]overlay=x=20:y=80:shortest=1[o1];\
         [o1][b]overlay=x=470:y=20:enable='gte(t,1.25)'[o2];\
         [o2][c]overlay=x=290:y=215:enable='gte(t,2.65)',format=yuv420p[v]";
+    portrait_clip(out, graph, 40);
+}
+
+/// Makes a 640x360, 10 fps clip of `frames` frames from the portrait (input 0, looped) over a
+/// plain background (input 1) through the filter `graph`, whose output is `[v]`.
+fn portrait_clip(out: &std::path::Path, graph: &str, frames: u32) {
+    let png = asset("samples/astronaut.png");
+    let (frames, length) = (
+        frames.to_string(),
+        format!("color=c=0x2a3440:s=640x360:r=10:d={}", frames.div_ceil(10)),
+    );
     tool(
         "ffmpeg",
         &[
@@ -376,13 +386,13 @@ fn appearing_faces_clip(out: &std::path::Path) {
             "-f",
             "lavfi",
             "-i",
-            "color=c=0x2a3440:s=640x360:r=10:d=4",
+            &length,
             "-filter_complex",
             graph,
             "-map",
             "[v]",
             "-frames:v",
-            "40",
+            &frames,
             "-c:v",
             "libx264",
             "-preset",
@@ -477,35 +487,10 @@ fn tracked_faces_match_full_detection_and_new_faces_are_picked_up() {
 fn a_face_the_mesh_loses_is_looked_for_at_once() {
     let dir = tempfile::tempdir().unwrap();
     let input = dir.path().join("jump.mp4");
-    let png = asset("samples/astronaut.png");
-    tool(
-        "ffmpeg",
-        &[
-            "-v",
-            "error",
-            "-y",
-            "-loop",
-            "1",
-            "-i",
-            png.to_str().unwrap(),
-            "-f",
-            "lavfi",
-            "-i",
-            "color=c=0x2a3440:s=640x360:r=10:d=3",
-            "-filter_complex",
-            "[0:v]scale=130:130[a];[1:v][a]overlay=x='if(lt(t,1.25),30,440)':y=110:shortest=1,format=yuv420p[v]",
-            "-map",
-            "[v]",
-            "-frames:v",
-            "30",
-            "-c:v",
-            "libx264",
-            "-preset",
-            "ultrafast",
-            "-crf",
-            "16",
-            input.to_str().unwrap(),
-        ],
+    portrait_clip(
+        &input,
+        "[0:v]scale=130:130[a];[1:v][a]overlay=x='if(lt(t,1.25),30,440)':y=110:shortest=1,format=yuv420p[v]",
+        30,
     );
     let (faces, full, _, followed) = detection_run(dir.path(), &input, "5", true);
     assert_eq!(faces.len(), 30);
