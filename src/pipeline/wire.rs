@@ -4,9 +4,11 @@
 //! out, the run's `Summary` and what the encode stage handed back.
 //!
 //! ```text
-//!  decode ─> detect ─> [mesh] ─> [smooth] ─> align ─> enhance (dispatch ═╦═ worker 0 ═╦═) ─> [temporal] ─> paste ─> encode
-//!  (caller's)                                                            ╚═ worker 1 ═╝                            (caller's)
+//!  decode ─> [pass] ─> detect ─> [mesh] ─> [smooth] ─> align ─> enhance (dispatch ═╦═ worker 0 ═╦═) ─> [temporal] ─> paste ─> encode
+//!  (caller's)                                                                     ╚═ worker 1 ═╝                            (caller's)
 //! ```
+//! In a video with a mesh the detect stage follows the faces by their meshes (no mesh stage),
+//! and from four pool threads its whole-frame passes run ahead of it (`pass`).
 //! The line is data: [`plan`] lists the stages a run builds (the optional ones each by one
 //! line), the pools are sized from that list ([`pools_for`]), and [`Line::then`] spawns
 //! each stage on a scoped thread joined to the one before by a bounded channel of `DEPTH`
