@@ -128,8 +128,12 @@ async fn create_job(
             ),
         )
     };
+    // An upload refused for its size is still read, up to a job's size and a photo's more
+    // (`refused_drain`), so a client that sends its whole body before it reads the answer gets
+    // the 413 rather than a broken pipe.
+    let refused_drain = opts.max_upload + app.opts.max_body as u64;
     if let Some(n) = declared.filter(|&n| n > opts.max_upload) {
-        super::discard(body, &app.opts).await;
+        super::discard_up_to(body, refused_drain, &app.opts).await;
         return Err(too_big(n));
     }
     // Room under the quota for what is declared (or the largest upload), made off the async
@@ -152,7 +156,7 @@ async fn create_job(
         }
     };
     let limit = opts.max_upload.min(room);
-    let received = receive_to(body, &dir.join("input.part"), limit, &app.opts).await;
+    let received = receive_to(body, &dir.join("input.part"), (limit, refused_drain), &app.opts).await;
     if let Err(e) = received {
         let _ = tokio::fs::remove_dir_all(&dir).await;
         let e = if matches!(crate::engine::kind_of(&e), Kind::TooLarge) && limit < opts.max_upload {
@@ -176,8 +180,14 @@ async fn create_job(
         .map_err(|_| Failure::error(Kind::Engine, "internal error"))?
 }
 
-/// Streams `body` into `path`, at most `limit` bytes, each piece within `--read-timeout-s`.
-async fn receive_to(body: Body, path: &std::path::Path, limit: u64, opts: &super::ServeOptions) -> Result<()> {
+/// Streams `body` into `path`, at most `limit` bytes, each piece within `--read-timeout-s`; a
+/// body over `limit` is read on and dropped up to `drain` bytes in all (see [`super::discard`]).
+async fn receive_to(
+    body: Body,
+    path: &std::path::Path,
+    (limit, drain): (u64, u64),
+    opts: &super::ServeOptions,
+) -> Result<()> {
     let mut body = body;
     let mut file = tokio::fs::File::create(path)
         .await
@@ -207,6 +217,8 @@ async fn receive_to(body: Body, path: &std::path::Path, limit: u64, opts: &super
         let Some(data) = frame.data_ref() else { continue };
         seen += data.len() as u64;
         if seen > limit {
+            drop(file);
+            super::discard_up_to(body, drain.saturating_sub(seen), opts).await;
             return Err(Failure::error(Kind::TooLarge, "the upload is too large"));
         }
         file.write_all(data)

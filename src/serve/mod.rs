@@ -727,13 +727,18 @@ fn log_request(app: &App, start: Instant, response: &Response, outcome: Outcome,
 /// Reads and drops what a refused request still sends (at most `--max-body-mb`, within
 /// `--read-timeout-s`), so the client, still writing, gets the answer instead of a broken
 /// connection; nothing of it is kept.
-async fn discard(mut body: Body, opts: &ServeOptions) {
+async fn discard(body: Body, opts: &ServeOptions) {
+    discard_up_to(body, opts.max_body as u64, opts).await;
+}
+
+/// [`discard`] of at most `limit` bytes.
+async fn discard_up_to(mut body: Body, limit: u64, opts: &ServeOptions) {
     use axum::body::HttpBody;
     let _ = tokio::time::timeout(opts.read_timeout, async {
-        let mut seen = 0usize;
+        let mut seen = 0u64;
         while let Some(Ok(frame)) = std::future::poll_fn(|cx| std::pin::Pin::new(&mut body).poll_frame(cx)).await {
-            seen += frame.data_ref().map_or(0, |d| d.len());
-            if seen > opts.max_body {
+            seen += frame.data_ref().map_or(0, |d| d.len() as u64);
+            if seen > limit {
                 break;
             }
         }
