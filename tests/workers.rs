@@ -439,6 +439,15 @@ fn bench_reports_what_the_stages_around_the_model_can_feed() {
         let whole = fast.iter().find(|(n, _)| n == name).map(|(_, ms)| *ms).unwrap();
         assert!(*ms > 0.0 && *ms < whole, "{name}: model {ms} of {whole} core-ms");
     }
+    // Detection follows the faces by the mesh here: its crops' warps are timed apart, a part of
+    // what its model runs leave (a GPU host spreads them over its pool).
+    let spread = per_stage("fast_stage_spread_ms");
+    let at = |v: &[(&str, f64)]| v.iter().find(|(n, _)| *n == "detect").map(|(_, ms)| *ms).unwrap();
+    let (warps, model_ms, whole) = (at(&spread), at(&runs), at(&fast));
+    assert!(
+        warps > 0.0 && warps < whole - model_ms,
+        "detect: warps {warps}, model {model_ms} of {whole} core-ms"
+    );
     // Detection and the mesh left to the GPU: more faces/s, never fewer.
     assert!(f["gpu_host_16"][0].as_f64() >= f["host_16"][0].as_f64(), "{f}");
     // Only the feeder: no pipeline or enhance rows.

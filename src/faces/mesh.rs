@@ -312,18 +312,14 @@ mod tests {
                 *x = ((i * 7919) % 255) as f32 / 255.0;
             }
         }
-        let a: Vec<_> = plain
-            .run(&rois)
-            .unwrap()
-            .iter()
-            .map(|m| (m.points.clone(), m.presence))
-            .collect();
-        let b: Vec<_> = padded
-            .run(&rois)
-            .unwrap()
-            .iter()
-            .map(|m| (m.points.clone(), m.presence))
-            .collect();
+        let meshes = |m: &mut Mesher| -> Vec<_> {
+            m.run(&rois)
+                .unwrap()
+                .iter()
+                .map(|m| (m.points.clone(), m.presence))
+                .collect()
+        };
+        let (a, b) = (meshes(&mut plain), meshes(&mut padded));
         assert_eq!(padded.input.len(), 4 * 3 * SIZE * SIZE, "fed as a batch of four");
         assert_eq!(a.len(), 3);
         for ((pa, sa), (pb, sb)) in a.iter().zip(&b) {

@@ -151,7 +151,7 @@ pub(crate) fn detect_follow(
     // A face was kept without a mesh on the frame before: a whole-frame pass finds it again.
     let mut unfollowed = false;
     let (mut item, mut followed, mut cpu) = (None, 0u64, MeshCpu::default());
-    let mut rois = Vec::new();
+    let (mut rois, mut regions) = (Vec::new(), Vec::new());
     while let Some(mut frame) = recv(&rx, &mut clock) {
         if item != Some(frame.item) {
             if item.is_some() || frame.det_size != detector.size {
@@ -182,7 +182,7 @@ pub(crate) fn detect_follow(
             rois.clear();
             rois.extend(prev.iter().map(mesh::follow_roi));
             rois.extend(found.iter().map(mesh::roi));
-            mesh_faces(meshers, &mut scratch, &mut frame, &rois, &mut cpu)?;
+            mesh_faces(meshers, &mut scratch, &mut frame, (&rois, &mut regions), &mut cpu)?;
             let mut jobs = Vec::with_capacity(rois.len());
             let mut lost = false;
             let mut meshes = meshed(meshers, rois.len());
@@ -211,7 +211,7 @@ pub(crate) fn detect_follow(
                 found.retain(|f| jobs.iter().all(|j| iou(&j.face.bbox, &f.bbox) < detector.nms_iou));
                 rois.clear();
                 rois.extend(found.iter().map(mesh::roi));
-                mesh_faces(meshers, &mut scratch, &mut frame, &rois, &mut cpu)?;
+                mesh_faces(meshers, &mut scratch, &mut frame, (&rois, &mut regions), &mut cpu)?;
                 for (face, found) in found.into_iter().zip(meshed(meshers, rois.len())) {
                     let mut job = FaceJob::detected(face);
                     if judge(&mut job, found, ctx, &tally) {
@@ -295,7 +295,8 @@ struct MeshCpu {
     warps: std::time::Duration,
 }
 
-/// Meshes the faces of `f` whose frame -> crop transforms are `rois` (see [`meshed`] for where
+/// Meshes the faces of `f` whose frame -> crop transforms are `rois` (`regions` holds their
+/// frame regions while it runs; see [`meshed`] for where
 /// their meshes are then read): the crops shared out among the sessions of `meshers` in
 /// consecutive parts, each part warped and run on a thread of its own (the first on this
 /// thread). With one session (a GPU) the crops are still warped on as many threads as there
@@ -304,7 +305,7 @@ fn mesh_faces(
     meshers: &mut [Mesher],
     scratch: &mut [WarpScratch],
     f: &mut Frame,
-    rois: &[Affine],
+    (rois, regions): (&[Affine], &mut Vec<Option<Rect>>),
     cpu: &mut MeshCpu,
 ) -> Result<()> {
     let n = rois.len();
@@ -312,8 +313,11 @@ fn mesh_faces(
         return Ok(());
     }
     let (w, h) = (f.width, f.height);
-    let regions: Vec<Option<Rect>> = rois.iter().map(|t| crop_footprint(t, mesh::SIZE, w, h)).collect();
-    for (t, r) in rois.iter().zip(&regions) {
+    // The crops' frame regions, in a buffer the caller keeps from frame to frame.
+    regions.clear();
+    regions.extend(rois.iter().map(|t| crop_footprint(t, mesh::SIZE, w, h)));
+    let regions = &regions[..];
+    for (t, r) in rois.iter().zip(regions) {
         ready_to_warp(f, t, *r);
     }
     let f = &*f;
