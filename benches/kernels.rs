@@ -10,6 +10,7 @@ use std::time::Instant;
 
 use gpen_video::faces::align::{template, warp_face, warp_to_tensor, WarpScratch};
 use gpen_video::faces::paste::{changes, Mask, Paste, Scratch};
+use gpen_video::frame::change_steps;
 use gpen_video::geom::{crop_footprint, fit_similarity, Affine};
 
 /// Median milliseconds of `runs` calls of `f`.
@@ -45,8 +46,8 @@ fn temporal(size: usize, runs: usize) {
     use gpen_video::frame::{Face, FaceJob};
     let h = size / 2;
     let mut filter = Temporal::new(4.0, size, &template(size));
-    let change: Vec<f32> = (0..size * size * 3)
-        .map(|i| ((i * 31) % 17) as f32 / 64.0 - 0.1)
+    let change: Vec<i16> = (0..size * size * 3)
+        .map(|i| change_steps(((i * 31) % 17) as f32 / 64.0 - 0.1))
         .collect();
     for (what, step) in [("still face", 0.0f32), ("moving face", 12.0)] {
         let mut index = 0u64;
@@ -110,7 +111,9 @@ fn main() {
             "warp into the crop, {what:<28} {fast:>8.2} {plain:>12.2} {:>7.2}",
             plain / fast
         );
-        let change: Vec<f32> = (0..size * size * 3).map(|i| ((i * 31) % 17) as f32 - 8.0).collect();
+        let change: Vec<i16> = (0..size * size * 3)
+            .map(|i| change_steps(((i * 31) % 17) as f32 - 8.0))
+            .collect();
         let mask = Mask::face(size, &template(size));
         let faces = [Paste {
             change: &change,

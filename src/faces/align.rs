@@ -7,6 +7,7 @@
 
 use wide::f32x4;
 
+use crate::frame::change_steps;
 use crate::geom::{Affine, Rect};
 
 /// Frame pixels per crop pixel from which the warp filters first (below it, one bilinear
@@ -183,25 +184,67 @@ pub(crate) fn cubic3_inside(width: usize, height: usize, x: f32, y: f32) -> bool
 }
 
 /// The bicubic sum of [`sample_cubic3`] over the 4 x 4 neighbourhood of pixel (x0, y0) of a
-/// packed three-channel f32 picture `width` wide, with the weights `wx` along a row and `wy`
+/// packed three-channel picture `width` wide (floats, or a change in steps), with the weights `wx` along a row and `wy`
 /// down the rows (the same order of operations, so the same value; lane 3 is junk). Each tap is
 /// one four-lane load: see [`cubic3_inside`].
 #[inline(always)]
-pub(crate) fn cubic3_taps(px: &[f32], width: usize, (x0, y0): (usize, usize), wx: [f32; 4], wy: [f32; 4]) -> f32x4 {
+pub(crate) fn cubic3_taps<T: Tap>(
+    px: &[T],
+    width: usize,
+    (x0, y0): (usize, usize),
+    wx: [f32; 4],
+    wy: [f32; 4],
+) -> f32x4 {
     let wx = wx.map(f32x4::splat);
     let row = width * 3;
     let base = (y0 - 1) * row + (x0 - 1) * 3;
     let mut out = f32x4::ZERO;
     for (j, &wj) in wy.iter().enumerate() {
-        let p: &[f32; 13] = px[base + j * row..][..13].try_into().expect("13 values");
+        let p: &[T; 13] = px[base + j * row..][..13].try_into().expect("13 values");
         let mut acc = f32x4::ZERO;
         for (i, &wi) in wx.iter().enumerate() {
-            let t: [f32; 4] = p[3 * i..3 * i + 4].try_into().expect("4 values");
-            acc += f32x4::new(t) * wi;
+            // Each tap's four values loaded and converted at once (one instruction for a
+            // change in steps on a CPU with SSE4.1).
+            let t: &[T; 4] = p[3 * i..3 * i + 4].try_into().expect("4 values");
+            acc += T::four(t) * wi;
         }
         out += acc * f32x4::splat(wj);
     }
     out
+}
+
+/// A value of a picture the bicubic taps read: four of them as four float lanes.
+pub(crate) trait Tap: Copy + Into<f32> {
+    fn four(v: &[Self; 4]) -> f32x4;
+}
+
+impl Tap for f32 {
+    #[inline(always)]
+    fn four(v: &[f32; 4]) -> f32x4 {
+        f32x4::new(*v)
+    }
+}
+
+impl Tap for i16 {
+    /// Loaded as one 64-bit word and widened in vector registers (SSE2: every x86-64 CPU has
+    /// it), where converting value by value costs more than the tap's arithmetic.
+    #[inline(always)]
+    fn four(v: &[i16; 4]) -> f32x4 {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::x86_64::*;
+            // SAFETY: SSE2 is part of x86-64; the load reads the four values' eight bytes (an
+            // unaligned 64-bit load), and f32x4 is four f32 lanes like __m128 (both plain data
+            // of 16 bytes).
+            unsafe {
+                let w = _mm_loadl_epi64(v.as_ptr().cast());
+                let wide = _mm_srai_epi32::<16>(_mm_unpacklo_epi16(w, w));
+                std::mem::transmute::<__m128, f32x4>(_mm_cvtepi32_ps(wide))
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        f32x4::new(v.map(f32::from))
+    }
 }
 
 /// Where a warp writes its crop: planar RGB, one plane after another (`size * size` values
@@ -823,17 +866,19 @@ pub(crate) fn tensor_to_rgb(t: &[f32], size: usize, out: &mut Vec<u8>) {
 }
 
 /// What the model changed in one crop: `restored` (its output, an NCHW item in [-1, 1]) minus
-/// `given` (its input, the crop in planar bytes), as packed RGB in levels (0..255 scale), the
-/// output clamped to the picture's range first. Zero where the model gave its input back.
-pub(crate) fn tensor_change(restored: &[f32], given: &[u8], size: usize, out: &mut Vec<f32>) {
+/// `given` (its input, the crop in planar bytes), as packed RGB in steps of
+/// [`CHANGE_STEPS`](crate::frame::CHANGE_STEPS) (levels x 128), the output clamped to the
+/// picture's range first. Zero where the model gave its input back.
+pub(crate) fn tensor_change(restored: &[f32], given: &[u8], size: usize, out: &mut Vec<i16>) {
     let plane = size * size;
     out.clear();
-    out.resize(plane * 3, 0.0);
+    out.resize(plane * 3, 0);
     let (restored, given) = (&restored[..3 * plane], &given[..3 * plane]);
     let level = |v: f32| (v + 1.0) * 127.5;
     // Four pixels at a time: each plane's four values as a vector, turned into four pixels.
     let whole = plane / 4 * 4;
     let (one, half, lo, hi) = (f32x4::ONE, f32x4::splat(127.5), f32x4::ZERO, f32x4::splat(255.0));
+    let steps = f32x4::splat(crate::frame::CHANGE_STEPS);
     let at = |c: usize, i: usize| -> (f32x4, f32x4) {
         let v: [f32; 4] = restored[c * plane + i..][..4].try_into().expect("4 values");
         let g: [u8; 4] = given[c * plane + i..][..4].try_into().expect("4 values");
@@ -841,34 +886,37 @@ pub(crate) fn tensor_change(restored: &[f32], given: &[u8], size: usize, out: &m
     };
     for (i, dst) in (0..whole).step_by(4).zip(out.chunks_exact_mut(12)) {
         // Written out, not `[0, 1, 2].map(..)`: the array map's closure was not inlined.
+        // In range after the clamp, so rounding to the nearest step cannot overflow.
         let d = |c| {
             let (r, g) = at(c, i);
-            ((r + one) * half).max(lo).min(hi) - g
+            ((((r + one) * half).max(lo).min(hi) - g) * steps)
+                .round_int()
+                .to_array()
         };
         let d = [d(0), d(1), d(2)];
-        let px = f32x4::transpose([d[0], d[1], d[2], f32x4::ZERO]);
-        for (k, p) in px.iter().enumerate() {
-            dst[3 * k..3 * k + 3].copy_from_slice(&p.to_array()[..3]);
+        for (k, p) in dst.chunks_exact_mut(3).enumerate() {
+            p.copy_from_slice(&[d[0][k] as i16, d[1][k] as i16, d[2][k] as i16]);
         }
     }
     for i in whole..plane {
         for c in 0..3 {
             let j = c * plane + i;
-            out[3 * i + c] = level(restored[j]).clamp(0.0, 255.0) - f32::from(given[j]);
+            out[3 * i + c] = change_steps(level(restored[j]).clamp(0.0, 255.0) - f32::from(given[j]));
         }
     }
 }
 
 /// What a model with byte I/O changed in one crop: `restored` minus `given`, both planar bytes
-/// (levels), as packed RGB in levels (see [`tensor_change`]).
-pub(crate) fn bytes_change(restored: &[u8], given: &[u8], size: usize, out: &mut Vec<f32>) {
+/// (levels), as packed RGB in steps (see [`tensor_change`]; whole levels are exact).
+pub(crate) fn bytes_change(restored: &[u8], given: &[u8], size: usize, out: &mut Vec<i16>) {
     let plane = size * size;
+    let unit = crate::frame::CHANGE_STEPS as i16;
     out.clear();
-    out.resize(plane * 3, 0.0);
+    out.resize(plane * 3, 0);
     for c in 0..3 {
         let (r, g) = (&restored[c * plane..][..plane], &given[c * plane..][..plane]);
         for ((o, &r), &g) in out[c..].iter_mut().step_by(3).zip(r).zip(g) {
-            *o = f32::from(r) - f32::from(g);
+            *o = (i16::from(r) - i16::from(g)) * unit;
         }
     }
 }
@@ -1113,6 +1161,34 @@ mod tests {
 
     /// The change, four pixels at a time, is what the per-value formula gives, including a
     /// crop whose side is not a multiple of four and values the clamp cuts.
+    /// Four values of a change in steps widened in vector registers are the values one by one,
+    /// at both ends of the range and around zero.
+    #[test]
+    fn four_steps_at_once_are_the_steps_one_by_one() {
+        let vals: Vec<i16> = [i16::MIN, -32640, -129, -1, 0, 1, 127, 32640, i16::MAX, 5, -7]
+            .into_iter()
+            .chain((0..200).map(|i| (i * 331 - 33000) as i16))
+            .collect();
+        for w in vals.windows(4) {
+            let v: [i16; 4] = w.try_into().unwrap();
+            assert_eq!(<i16 as Tap>::four(&v).to_array(), v.map(f32::from), "{v:?}");
+        }
+    }
+
+    /// A byte model's change and a float model's giving the same levels are the same steps.
+    #[test]
+    fn a_change_from_bytes_is_the_change_from_the_same_floats() {
+        let size = 8;
+        let n = 3 * size * size;
+        let out: Vec<u8> = (0..n).map(|i| ((i * 97) % 256) as u8).collect();
+        let given: Vec<u8> = (0..n).map(|i| ((i * 53) % 256) as u8).collect();
+        let floats: Vec<f32> = out.iter().map(|&b| b as f32 / 127.5 - 1.0).collect();
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        bytes_change(&out, &given, size, &mut a);
+        tensor_change(&floats, &given, size, &mut b);
+        assert_eq!(a, b);
+    }
+
     #[test]
     fn the_change_is_the_clamped_output_minus_the_input() {
         for size in [8usize, 7] {
@@ -1126,11 +1202,11 @@ mod tests {
             for i in 0..plane {
                 for c in 0..3 {
                     let j = c * plane + i;
-                    assert_eq!(
-                        got[3 * i + c],
-                        level(restored[j]).clamp(0.0, 255.0) - f32::from(given[j]),
-                        "{i} {c}"
-                    );
+                    let float = level(restored[j]).clamp(0.0, 255.0) - f32::from(given[j]);
+                    assert_eq!(got[3 * i + c], change_steps(float), "{i} {c}");
+                    // The nearest step: within half of one (1/256 of a level) of the float.
+                    let off = crate::frame::change_levels(got[3 * i + c]) - float;
+                    assert!(off.abs() <= 0.5 / crate::frame::CHANGE_STEPS, "{i} {c}: {off}");
                 }
             }
         }
@@ -1176,7 +1252,7 @@ mod tests {
             }
             let mut change = Vec::new();
             tensor_change(&t, &b, size, &mut change);
-            assert!(change.iter().all(|v| v.abs() < 1e-3), "eye {eye}");
+            assert!(change.iter().all(|&v| v == 0), "eye {eye}");
         }
     }
 }

@@ -11,8 +11,8 @@
 
 use wide::f32x4;
 
-use crate::faces::align::{cubic3_taps, cubic_weights4, mip_level, sample_cubic3};
-use crate::frame::Change;
+use crate::faces::align::{cubic3_taps, cubic_weights4, mip_level, sample_cubic3, Tap};
+use crate::frame::{Change, CHANGE_STEPS};
 use crate::geom::{Affine, Rect};
 
 /// The paste mask's shape.
@@ -446,10 +446,10 @@ impl Mask {
 pub(crate) const MIP_FROM: f64 = 3.0;
 
 /// One face to paste: what the model changed in its crop (restored minus the crop it was given,
-/// packed RGB levels in f32, the mask's size: see [`crate::faces::align::tensor_change`]) and where it
-/// goes.
+/// packed RGB in steps of [`CHANGE_STEPS`], the mask's size: see
+/// [`crate::faces::align::tensor_change`]) and where it goes.
 pub struct Paste<'a> {
-    pub change: &'a [f32],
+    pub change: &'a [i16],
     pub to_crop: Affine,
     pub region: Rect,
     /// The face's own mask (its mesh outline), instead of the shared one.
@@ -568,7 +568,7 @@ pub(crate) fn paste_all(
 
 /// Pastes one face's change crop into the frame (see [`changes`]).
 #[cfg(test)]
-pub fn paste(frame: &mut [u8], width: usize, change: &[f32], to_crop: &Affine, r: Rect, mask: &Mask, blend: f32) {
+pub fn paste(frame: &mut [u8], width: usize, change: &[i16], to_crop: &Affine, r: Rect, mask: &Mask, blend: f32) {
     let face = Paste {
         change,
         to_crop: *to_crop,
@@ -578,21 +578,38 @@ pub fn paste(frame: &mut [u8], width: usize, change: &[f32], to_crop: &Affine, r
     paste_all(frame, width, &[face], mask, blend, &mut Scratch::default());
 }
 
-/// Halves a packed three-channel f32 picture of `w x h` by 2x2 box averages (odd edges repeat
-/// the last pixel).
-pub(crate) fn halve_f32(src: &[f32], w: usize, h: usize, out: &mut Vec<f32>) -> (usize, usize) {
+/// Halves a packed three-channel picture of `w x h` (floats, or a change in steps) into floats
+/// by 2x2 box averages (odd edges repeat the last pixel).
+pub(crate) fn halve<T: Copy + Into<f32>>(src: &[T], w: usize, h: usize, out: &mut Vec<f32>) -> (usize, usize) {
     let (hw, hh) = (w.div_ceil(2).max(1), h.div_ceil(2).max(1));
     out.clear();
+    if w.is_multiple_of(2) && h.is_multiple_of(2) {
+        // Even sides (a crop's levels): each block's two rows side by side, no edge to repeat;
+        // the same sums in the same order.
+        out.resize(hw * hh * 3, 0.0);
+        for (o, rows) in out.chunks_exact_mut(hw * 3).zip(src.chunks_exact(2 * w * 3)) {
+            let (top, bottom) = rows.split_at(w * 3);
+            for ((o, t), b) in o
+                .chunks_exact_mut(3)
+                .zip(top.chunks_exact(6))
+                .zip(bottom.chunks_exact(6))
+            {
+                for c in 0..3 {
+                    let [tl, tr, bl, br]: [f32; 4] = [t[c], t[3 + c], b[c], b[3 + c]].map(Into::into);
+                    o[c] = (((tl + tr) + bl) + br) * 0.25;
+                }
+            }
+        }
+        return (hw, hh);
+    }
     out.reserve(hw * hh * 3);
     for y in 0..hh {
         let (ya, yb) = ((2 * y).min(h - 1), (2 * y + 1).min(h - 1));
         for x in 0..hw {
             let (xa, xb) = ((2 * x).min(w - 1), (2 * x + 1).min(w - 1));
             for c in 0..3 {
-                let s = src[(ya * w + xa) * 3 + c]
-                    + src[(ya * w + xb) * 3 + c]
-                    + src[(yb * w + xa) * 3 + c]
-                    + src[(yb * w + xb) * 3 + c];
+                let at = |y: usize, x: usize| -> f32 { src[(y * w + x) * 3 + c].into() };
+                let s = at(ya, xa) + at(ya, xb) + at(yb, xa) + at(yb, xb);
                 out.push(s * 0.25);
             }
         }
@@ -641,7 +658,6 @@ fn overlapping_groups(faces: &[Paste]) -> Vec<Vec<usize>> {
 fn accumulate(acc: &mut [f32], cells: Cells, r: Rect, face: &Paste, mask: &Mask, mips: &mut Vec<Vec<f32>>) {
     let mask = face.mask.unwrap_or(mask);
     let size = mask.size;
-    let m = face.to_crop.0;
     // Frame pixels per crop pixel inverted: crop pixels one frame pixel covers.
     let level = mip_level(
         face.to_crop.scale() * 2.0 / MIP_FROM,
@@ -653,14 +669,29 @@ fn accumulate(acc: &mut [f32], cells: Cells, r: Rect, face: &Paste, mask: &Mask,
     let mut sw = size;
     for l in 0..level as usize {
         let (done, rest) = mips.split_at_mut(l);
-        let from: &[f32] = if l == 0 { face.change } else { &done[l - 1] };
-        sw = halve_f32(from, sw, sw, &mut rest[0]).0;
+        sw = match l {
+            0 => halve(face.change, sw, sw, &mut rest[0]).0,
+            _ => halve(&done[l - 1], sw, sw, &mut rest[0]).0,
+        };
     }
-    let src: &[f32] = if level == 0 {
-        face.change
-    } else {
-        &mips[level as usize - 1]
-    };
+    match level {
+        0 => accumulate_level(acc, cells, r, face, mask, (face.change, sw, level)),
+        _ => accumulate_level(acc, cells, r, face, mask, (&mips[level as usize - 1], sw, level)),
+    }
+}
+
+/// [`accumulate`] from the change's mip `level` `src` (`sw` square, in steps: the change
+/// itself at level 0, a halving's floats above).
+fn accumulate_level<T: Tap>(
+    acc: &mut [f32],
+    cells: Cells,
+    r: Rect,
+    face: &Paste,
+    mask: &Mask,
+    (src, sw, level): (&[T], usize, u32),
+) {
+    let size = mask.size;
+    let m = face.to_crop.0;
     let k = (1usize << level) as f32;
     let lim = (size - 1) as f64;
     let rw = r.width();
@@ -747,7 +778,8 @@ fn accumulate(acc: &mut [f32], cells: Cells, r: Rect, face: &Paste, mask: &Mask,
                     [t[0], t[1], t[2]]
                 } else {
                     sample_cubic3(src, sw, sw, lu[k], lv[k])
-                };
+                }
+                .map(|v| v * (1.0 / CHANGE_STEPS));
                 accumulate_cell(row, cells, x4 + k - r.x0, alpha[k], p);
             }
         }
@@ -953,7 +985,7 @@ mod tests {
         let (w, h, size) = (200usize, 120usize, 64usize);
         let to_crop = Affine([1.0, 0.0, -50.0, 0.0, 1.0, -20.0]); // crop at (50, 20)
                                                                   // A crop restored to 200 from a frame of 10.
-        let crop = vec![190.0f32; size * size * 3];
+        let crop = vec![crate::frame::change_steps(190.0); size * size * 3];
         let mask = Mask::new(size);
         let mut frame = vec![10u8; w * h * 3];
         let r = crate::geom::crop_footprint(&to_crop, size, w, h).unwrap();
@@ -977,7 +1009,7 @@ mod tests {
     fn overlapping_faces_combine_by_the_larger_mask_in_any_order() {
         let (w, h, size) = (160usize, 64usize, 64usize);
         let mask = Mask::new(size);
-        let crop = vec![240.0f32; size * size * 3];
+        let crop = vec![crate::frame::change_steps(240.0); size * size * 3];
         let at = |x0: f64| Affine([1.0, 0.0, -x0, 0.0, 1.0, 0.0]);
         let faces = |order: [f64; 2]| {
             order.map(|x0| Paste {
@@ -1010,9 +1042,9 @@ mod tests {
     #[test]
     fn a_fine_checkerboard_pasted_small_averages_to_grey() {
         let size = 256;
-        let crop: Vec<f32> = (0..size * size)
+        let crop: Vec<i16> = (0..size * size)
             .flat_map(|i| {
-                let v = if (i % size + i / size) % 2 == 0 { 0.0 } else { 255.0 };
+                let v = crate::frame::change_steps(if (i % size + i / size) % 2 == 0 { 0.0 } else { 255.0 });
                 [v, v, v]
             })
             .collect();
@@ -1098,7 +1130,7 @@ mod tests {
         paste(
             &mut out,
             w,
-            &vec![0.0; size * size * 3],
+            &vec![0; size * size * 3],
             &to_crop,
             r,
             &Mask::new(size),
@@ -1113,7 +1145,9 @@ mod tests {
     #[test]
     fn skipping_what_lies_outside_the_face_mask_changes_nothing() {
         let (w, h, size) = (700usize, 500usize, 256usize);
-        let change: Vec<f32> = (0..size * size * 3).map(|i| ((i * 31) % 17) as f32 - 8.0).collect();
+        let change: Vec<i16> = (0..size * size * 3)
+            .map(|i| crate::frame::change_steps(((i * 31) % 17) as f32 - 8.0))
+            .collect();
         let t = crate::faces::align::template(size);
         let with = Mask::face(size, &t);
         let without = Mask {
@@ -1166,7 +1200,7 @@ mod tests {
             0.0f32, 0.0, 0.0, 100.0, 100.0, 100.0, 200.0, 200.0, 200.0, 40.0, 40.0, 40.0,
         ];
         let mut out = Vec::new();
-        assert_eq!(halve_f32(&src, 2, 2, &mut out), (1, 1));
+        assert_eq!(halve(&src, 2, 2, &mut out), (1, 1));
         assert_eq!(out, vec![85.0, 85.0, 85.0]);
         assert_eq!(mip_level(1.0, 5), 0);
         assert_eq!(mip_level(2.0, 5), 1);

@@ -23,7 +23,7 @@
 use std::collections::HashMap;
 use std::ops::Range;
 
-use crate::frame::FaceJob;
+use crate::frame::{round_steps, FaceJob, CHANGE_STEPS};
 
 /// Input luma difference (levels, half-resolution crop) up to which a pixel's history keeps its
 /// full weight (sensor noise stays below it), and from which it has none (a real change).
@@ -109,8 +109,8 @@ struct Track {
     luma: Vec<f32>,
     /// The averages restarted at multiples of `2 span` (`change`) and half a cycle later
     /// (`change_b`).
-    change: Vec<f32>,
-    change_b: Vec<f32>,
+    change: Vec<i16>,
+    change_b: Vec<i16>,
     out: Vec<f32>,
     raw: Vec<f32>,
     /// This frame's output luma with and without the filter, and the history shares.
@@ -135,32 +135,44 @@ pub struct Temporal {
     pub flicker: Flicker,
 }
 
-/// Mean luma (levels) of each 2x2 block of rows of packed RGB `rgb` (`size` wide), offset by
-/// `base` (the same cells of a luma plane of half the size) when given, into `out` (as many
-/// rows of `size / 2` cells as it holds).
-fn half_luma(rgb: &[f32], size: usize, base: Option<&[f32]>, out: &mut [f32]) {
+/// Mean luma (levels) of each 2x2 block of rows of packed RGB `rgb` in steps (`size` wide, see
+/// [`CHANGE_STEPS`]), offset by `base` (the same cells of a luma plane of half the size) when
+/// given, into `out` (as many rows of `size / 2` cells as it holds).
+#[inline(always)]
+fn half_luma(rgb: &[i16], size: usize, base: Option<&[f32]>, out: &mut [f32]) {
     let h = size / 2;
-    let luma = |p: &[f32]| 0.299 * p[0] + 0.587 * p[1] + 0.114 * p[2];
-    // Two rows of the crop make one row of cells, two pixels (six values) of each a cell; the
-    // sum in the same order as pixel by pixel, so the values are the same to the bit.
+    // Two rows of the crop make one row of cells, two pixels of each a cell: the pixels' luma
+    // a run of 64 at a time (loops the compiler turns into vector code), then each cell's sum
+    // in the same order as pixel by pixel, so the values are the same to the bit.
+    const RUN: usize = 64;
+    let (mut lt, mut lb) = ([0.0f32; RUN], [0.0f32; RUN]);
     for (y, o) in out.chunks_exact_mut(h).enumerate() {
         let (top, bottom) = (
             &rgb[2 * y * size * 3..][..size * 3],
             &rgb[(2 * y + 1) * size * 3..][..size * 3],
         );
-        for ((o, a), b) in o.iter_mut().zip(top.chunks_exact(6)).zip(bottom.chunks_exact(6)) {
-            let mut s = 0.0;
-            s += luma(&a[..3]);
-            s += luma(&a[3..]);
-            s += luma(&b[..3]);
-            s += luma(&b[3..]);
-            *o = s / 4.0;
+        let runs = top.chunks(RUN * 3).zip(bottom.chunks(RUN * 3));
+        for ((t, b), o) in runs.zip(o.chunks_mut(RUN / 2)) {
+            luma_run(t, &mut lt);
+            luma_run(b, &mut lb);
+            for ((o, a), b) in o.iter_mut().zip(lt.chunks_exact(2)).zip(lb.chunks_exact(2)) {
+                *o = (((a[0] + a[1]) + b[0]) + b[1]) * (0.25 / CHANGE_STEPS);
+            }
         }
         if let Some(base) = base {
             for (o, b) in o.iter_mut().zip(&base[y * h..][..h]) {
                 *o += b;
             }
         }
+    }
+}
+
+/// The luma (in steps) of each pixel of a run of packed RGB in steps, into `out`'s first ones.
+#[inline(always)]
+fn luma_run(rgb: &[i16], out: &mut [f32]) {
+    for (o, p) in out.iter_mut().zip(rgb.chunks_exact(3)) {
+        let [r, g, b] = [p[0], p[1], p[2]].map(f32::from);
+        *o = 0.299 * r + 0.587 * g + 0.114 * b;
     }
 }
 
@@ -187,57 +199,69 @@ fn max3x3(v: &[f32], h: usize, rows: &mut Vec<f32>, out: &mut Vec<f32>) {
     }
 }
 
-/// One average's step over rows of a crop `size` wide (packed RGB, half-resolution `shares`
-/// for those rows' cells): history = now + share * (history - now), two pixels (six values) a
-/// cell per row; with `WRITE` the result is also the frame's change (`now`).
-fn average<const WRITE: bool>(now: &mut [f32], history: &mut [f32], shares: &[f32], size: usize) {
+/// One average's step over rows of a crop `size` wide (packed RGB in steps, half-resolution
+/// `shares` for those rows' cells): history = now + share * (history - now), rounded to the
+/// step, two pixels (six values) a cell per row; with `WRITE` the result is also the frame's
+/// change (`now`). A share of 0 gives `now` itself.
+#[inline(always)]
+fn average<const WRITE: bool>(now: &mut [i16], history: &mut [i16], shares: &[f32], size: usize) {
     let h = size / 2;
+    let mut s48 = [0.0f32; 48];
     for (y, (now, past)) in now
         .chunks_exact_mut(size * 3)
         .zip(history.chunks_exact_mut(size * 3))
         .enumerate()
     {
         let srow = &shares[(y / 2) * h..][..h];
-        for ((n6, p6), &share) in now.chunks_exact_mut(6).zip(past.chunks_exact_mut(6)).zip(srow) {
-            if share > 0.0 {
-                for (n, p) in n6.iter_mut().zip(p6) {
-                    *p = *n + share * (*p - *n);
-                    if WRITE {
-                        *n = *p;
-                    }
+        // Eight cells (48 values) at a time, each value with its cell's share: a loop the
+        // compiler turns into vector code.
+        for ((n48, p48), s8) in now.chunks_mut(48).zip(past.chunks_mut(48)).zip(srow.chunks(8)) {
+            spread(s8, &mut s48);
+            for ((n, p), &share) in n48.iter_mut().zip(p48.iter_mut()).zip(&s48) {
+                *p = step(*n, *p, share);
+                if WRITE {
+                    *n = *p;
                 }
-            } else {
-                p6.copy_from_slice(n6);
             }
         }
     }
 }
 
+/// Each of up to eight cells' shares six times (a cell's two pixels' three values) into `out`.
+#[inline(always)]
+fn spread(shares: &[f32], out: &mut [f32; 48]) {
+    for (o, &s) in out.chunks_exact_mut(6).zip(shares) {
+        o.fill(s);
+    }
+}
+
+/// One value of an average's step: `now + share * (history - now)`, in steps, rounded.
+#[inline(always)]
+fn step(now: i16, history: i16, share: f32) -> i16 {
+    let n = f32::from(now);
+    round_steps(n + share * (f32::from(history) - n))
+}
+
 /// Both averages' steps in one pass over the rows (what [`average`] does to `other`, then to
 /// `used` writing the frame's change): the model's change is read and written once. What
 /// [`average_both_luma`] does between its luma sums.
-fn average_both(now: &mut [f32], other: &mut [f32], used: &mut [f32], shares: &[f32], size: usize) {
+#[inline(always)]
+fn average_both(now: &mut [i16], other: &mut [i16], used: &mut [i16], shares: &[f32], size: usize) {
     let h = size / 2;
+    let mut s48 = [0.0f32; 48];
     let rows = now
         .chunks_exact_mut(size * 3)
         .zip(other.chunks_exact_mut(size * 3))
         .zip(used.chunks_exact_mut(size * 3));
     for (y, ((now, a), b)) in rows.enumerate() {
         let srow = &shares[(y / 2) * h..][..h];
-        let cells = now
-            .chunks_exact_mut(6)
-            .zip(a.chunks_exact_mut(6))
-            .zip(b.chunks_exact_mut(6));
-        for (((n6, a6), b6), &share) in cells.zip(srow) {
-            if share > 0.0 {
-                for ((n, a), b) in n6.iter_mut().zip(a6).zip(b6) {
-                    *a = *n + share * (*a - *n);
-                    *b = *n + share * (*b - *n);
-                    *n = *b;
-                }
-            } else {
-                a6.copy_from_slice(n6);
-                b6.copy_from_slice(n6);
+        let cells = now.chunks_mut(48).zip(a.chunks_mut(48)).zip(b.chunks_mut(48));
+        for (((n48, a48), b48), s8) in cells.zip(srow.chunks(8)) {
+            spread(s8, &mut s48);
+            for (((n, a), b), &share) in n48.iter_mut().zip(a48.iter_mut()).zip(b48.iter_mut()).zip(&s48) {
+                *a = step(*n, *a, share);
+                *b = step(*n, *b, share);
+                *n = *b;
             }
         }
     }
@@ -247,9 +271,10 @@ fn average_both(now: &mut [f32], other: &mut [f32], used: &mut [f32], shares: &[
 /// result into `out`, a pair of rows at a time (the rows stay in the cache between the three,
 /// where whole passes read the change three times from memory; the same operations in the same
 /// order, so the same values).
+#[inline(always)]
 fn average_both_luma(
-    now: &mut [f32],
-    [other, used]: [&mut [f32]; 2],
+    now: &mut [i16],
+    [other, used]: [&mut [i16]; 2],
     shares: &[f32],
     size: usize,
     base: &[f32],
@@ -274,6 +299,7 @@ fn average_both_luma(
 /// eight neighbours, so the edge of a changed region, where the paste's resampling reaches, is
 /// not half-kept), then its share w / (1 + w). `scratch` holds the row maxima of the rows around
 /// (the same maxima as [`max3x3`], so the same shares).
+#[inline(always)]
 fn shares(
     now: &[f32],
     past: &[f32],
@@ -341,8 +367,8 @@ struct Band<'a> {
     /// The band counts in the frame-to-frame figures.
     counts: bool,
     w_max: f32,
-    now: &'a mut [f32],
-    histories: [&'a mut [f32]; 2],
+    now: &'a mut [i16],
+    histories: [&'a mut [i16]; 2],
     luma: &'a [f32],
     past: &'a [f32],
     shares: &'a mut [f32],
@@ -357,6 +383,28 @@ impl Band<'_> {
     /// Filters the band's rows of the change and sums its figures: the output's luma without
     /// the filter, the shares, the averages, the output's luma with it.
     fn run(self, scratch: &mut Vec<f32>) -> Partial {
+        #[cfg(target_arch = "x86_64")]
+        if avx2() {
+            // SAFETY: the CPU has AVX2 (checked just above).
+            return unsafe { self.run_avx2(scratch) };
+        }
+        self.run_body(scratch)
+    }
+
+    /// [`Band::run_body`] compiled for AVX2 (wider vectors for the conversions and the
+    /// three-channel rows; the same operations on each value, so the same values).
+    ///
+    /// # Safety
+    /// The CPU must have AVX2.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    unsafe fn run_avx2(self, scratch: &mut Vec<f32>) -> Partial {
+        self.run_body(scratch)
+    }
+
+    /// The body of [`Band::run`].
+    #[inline(always)]
+    fn run_body(self, scratch: &mut Vec<f32>) -> Partial {
         let (size, h) = (self.size, self.size / 2);
         let cells = self.rows.start * h..self.rows.end * h;
         let luma = &self.luma[cells.clone()];
@@ -422,9 +470,16 @@ impl Band<'_> {
     }
 }
 
+/// Whether this CPU has AVX2 (checked once).
+#[cfg(target_arch = "x86_64")]
+fn avx2() -> bool {
+    static AVX2: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *AVX2.get_or_init(|| is_x86_feature_detected!("avx2"))
+}
+
 /// Splits `s` into the parts of `bands` (ranges of rows, in order, covering it from its
 /// start), `per_row` values a row; an empty `s` gives empty parts.
-fn split_rows<'a>(mut s: &'a mut [f32], per_row: usize, bands: &[Range<usize>]) -> Vec<&'a mut [f32]> {
+fn split_rows<'a, T>(mut s: &'a mut [T], per_row: usize, bands: &[Range<usize>]) -> Vec<&'a mut [T]> {
     bands
         .iter()
         .map(|r| {
@@ -529,7 +584,9 @@ impl FaceWork<'_> {
         let mut shares = split_rows(&mut t.shares, h, ranges).into_iter();
         let mut raws = split_rows(&mut t.next_raw, h, ranges).into_iter();
         let mut outs = split_rows(&mut t.next_out, h, ranges).into_iter();
-        let next = |parts: &mut std::vec::IntoIter<&'b mut [f32]>| parts.next().expect("a part per band");
+        fn next<'b, T>(parts: &mut std::vec::IntoIter<&'b mut [T]>) -> &'b mut [T] {
+            parts.next().expect("a part per band")
+        }
         for r in ranges {
             out.push(Band {
                 rows: r.clone(),
@@ -688,7 +745,7 @@ impl Temporal {
         let mut afresh = [false; 2];
         for (k, (history, restart)) in [other, used].into_iter().enumerate() {
             afresh[k] = !filtering || restart || history.len() != len;
-            history.resize(len, 0.0);
+            history.resize(len, 0);
         }
         if afresh == [false, false] {
             (Step::Both, filtering)
@@ -726,9 +783,9 @@ mod tests {
     fn averages_and_luma_in_one_pass_are_the_three_passes() {
         let (size, rows) = (16usize, 6usize);
         let h = size / 2;
-        let field = |k: usize| -> Vec<f32> {
+        let field = |k: usize| -> Vec<i16> {
             (0..rows * 2 * size * 3)
-                .map(|i| ((i * 31 + k * 7) % 23) as f32 * 0.61 - 6.0)
+                .map(|i| change_steps(((i * 31 + k * 7) % 23) as f32 * 0.61 - 6.0))
                 .collect()
         };
         let shares: Vec<f32> = (0..rows * h).map(|i| [0.0, 0.3, 0.8, 0.5][i % 4]).collect();
@@ -748,8 +805,8 @@ mod tests {
     #[test]
     fn half_luma_is_the_pixel_by_pixel_sum() {
         let size = 8;
-        let rgb: Vec<f32> = (0..size * size * 3)
-            .map(|i| ((i * 31) % 17) as f32 * 0.37 - 2.0)
+        let rgb: Vec<i16> = (0..size * size * 3)
+            .map(|i| change_steps(((i * 31) % 17) as f32 * 0.37 - 2.0))
             .collect();
         let base: Vec<f32> = (0..16).map(|i| i as f32).collect();
         let mut out = vec![0.0; 16];
@@ -760,19 +817,52 @@ mod tests {
                 let mut s = 0.0;
                 for (dx, dy) in [(0, 0), (1, 0), (0, 1), (1, 1)] {
                     let p = &rgb[((2 * y + dy) * size + 2 * x + dx) * 3..][..3];
-                    s += 0.299 * p[0] + 0.587 * p[1] + 0.114 * p[2];
+                    let [r, g, b] = [p[0], p[1], p[2]].map(f32::from);
+                    s += 0.299 * r + 0.587 * g + 0.114 * b;
                 }
-                assert_eq!(out[y * h + x], s / 4.0 + base[y * h + x]);
+                assert_eq!(out[y * h + x], s / 4.0 / CHANGE_STEPS + base[y * h + x]);
             }
         }
     }
-    use crate::frame::Face;
+    use crate::frame::{change_levels, change_steps, Face};
+
+    /// The averages in steps stay within what rounding each step can add up to (half a step
+    /// over 1 - share) of the same averages in floats, over many frames of changing detail:
+    /// at the largest share here, under 1/25 of a level.
+    #[test]
+    fn an_average_in_steps_stays_within_its_rounding_of_the_float_average() {
+        let size = 16;
+        let h = size / 2;
+        let shares: Vec<f32> = (0..h * h).map(|i| [0.0, 0.3, 0.8, 0.5, 0.83][i % 5]).collect();
+        let n = size * size * 3;
+        let mut hi: Vec<i16> = vec![0; n];
+        let mut hf: Vec<f32> = vec![0.0; n];
+        for frame in 0..300usize {
+            let levels: Vec<f32> = (0..n)
+                .map(|i| ((frame * 7919 + i * 104_729) % 4001) as f32 / 20.0 - 100.0)
+                .collect();
+            let mut now: Vec<i16> = levels.iter().map(|&v| change_steps(v)).collect();
+            average::<true>(&mut now, &mut hi, &shares, size);
+            for (i, (p, &v)) in hf.iter_mut().zip(&levels).enumerate() {
+                let share = shares[((i / 3) / size / 2) * h + (i / 3) % size / 2];
+                *p = v + share * (*p - v);
+            }
+            assert_eq!(now, hi, "the frame's change is the used average");
+            for (i, (&a, &b)) in hi.iter().zip(&hf).enumerate() {
+                let off = (change_levels(a) - b).abs();
+                assert!(
+                    off <= 0.5 / (1.0 - 0.83) / CHANGE_STEPS + 1e-4,
+                    "frame {frame}, value {i}: {off}"
+                );
+            }
+        }
+    }
 
     fn job(track: u64, luma: f32, change: impl Fn(usize) -> f32, size: usize) -> FaceJob {
         let mut j = FaceJob::detected(Face::default());
         j.track = Some(track);
         j.luma = vec![luma; (size / 2) * (size / 2)];
-        j.restored = Some((0..size * size * 3).map(change).collect());
+        j.restored = Some((0..size * size * 3).map(|i| change_steps(change(i))).collect());
         j
     }
 
@@ -814,7 +904,7 @@ mod tests {
             let sign = if n % 2 == 0 { 1.0 } else { -1.0 };
             let mut faces = [job(7, 100.0, |_| 10.0 * sign, size)];
             t.filter(n, &mut faces, false);
-            let v = faces[0].restored.as_ref().unwrap()[0];
+            let v = change_levels(faces[0].restored.as_ref().unwrap()[0]);
             if let Some(l) = last {
                 swings.push((v - l).abs());
             }
@@ -825,11 +915,11 @@ mod tests {
         // The input changes for real: the new change is taken as it is.
         let mut faces = [job(7, 200.0, |_| 30.0, size)];
         t.filter(20, &mut faces, false);
-        assert_eq!(faces[0].restored.as_ref().unwrap()[0], 30.0);
+        assert_eq!(change_levels(faces[0].restored.as_ref().unwrap()[0]), 30.0);
         // A new track starts afresh, and zero stays zero.
         let mut faces = [job(8, 200.0, |_| 0.0, size)];
         t.filter(21, &mut faces, false);
-        assert!(faces[0].restored.as_ref().unwrap().iter().all(|v| *v == 0.0));
+        assert!(faces[0].restored.as_ref().unwrap().iter().all(|v| *v == 0));
     }
 
     /// The filter on several threads (each face cut into bands of rows, the bands of all faces

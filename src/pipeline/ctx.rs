@@ -14,7 +14,7 @@ pub(crate) struct Pools {
     pub rgb: Pool<Vec<u8>>,
     pub det: Pool<Vec<u8>>,
     pub crop: Pool<Vec<u8>>,
-    pub restored: Pool<Vec<f32>>,
+    pub restored: Pool<Vec<i16>>,
     /// The paste's change buffers, from paste to encode (sizes of face regions, not crops).
     pub change: Pool<Vec<f32>>,
     /// Half-resolution luma of the crops, from alignment to the temporal filter.

@@ -31,7 +31,7 @@ pub(crate) struct Batch {
 pub(crate) struct Restored {
     keys: Vec<(u64, usize)>,
     /// `None` for a crop the model returned non-finite values for: that face keeps its pixels.
-    restored: Vec<Option<Vec<f32>>>,
+    restored: Vec<Option<Vec<i16>>>,
     crops: Vec<Vec<u8>>,
 }
 
@@ -174,7 +174,7 @@ pub(crate) fn work(
     size: usize,
     jobs: &Receiver<Batch>,
     done: &Sender<Result<Restored>>,
-    restored_pool: &Pool<Vec<f32>>,
+    restored_pool: &Pool<Vec<i16>>,
 ) -> Result<WorkerStat> {
     let mut stat = WorkerStat {
         name: worker.target.to_string(),
@@ -192,12 +192,12 @@ pub(crate) fn work(
             if worker.fault.delay_ms > 0 {
                 std::thread::sleep(Duration::from_millis(worker.fault.delay_ms));
             }
-            let mut restored: Vec<Option<Vec<f32>>> = (0..job.crops.len()).map(|_| Some(restored_pool.get())).collect();
+            let mut restored: Vec<Option<Vec<i16>>> = (0..job.crops.len()).map(|_| Some(restored_pool.get())).collect();
             let crops: Vec<&[u8]> = job.crops.iter().map(Vec::as_slice).collect();
             if worker.skip_model {
                 for r in restored.iter_mut().flatten() {
                     r.clear();
-                    r.resize(3 * size * size, 0.0);
+                    r.resize(3 * size * size, 0);
                 }
                 return Ok(Restored {
                     keys: job.keys,
@@ -366,7 +366,7 @@ mod tests {
             while let Some(jobs) = b.due(end) {
                 sizes.push(jobs.len());
                 for (seq, face) in jobs {
-                    b.frame_mut(seq).faces[face].restored = Some(vec![1.0]);
+                    b.frame_mut(seq).faces[face].restored = Some(vec![1]);
                     b.done(seq);
                 }
                 while let Some(f) = b.pop_ready() {

@@ -738,13 +738,13 @@ fn paste_frame(
     (mask, kind, masks): (&Mask, MaskKind, &mut Vec<Mask>),
     (View { blend, compare }, sides): (View, crate::media::compare::Sides),
     scratch: &mut Scratch,
-    (restored_pool, change_pool): (&Pool<Vec<f32>>, &Pool<Vec<f32>>),
+    (restored_pool, change_pool): (&Pool<Vec<i16>>, &Pool<Vec<f32>>),
 ) {
     let frame = &mut ff.frame;
     // Each restored face: its change, where it goes and, with the mesh mask, which of the
     // thread's spare masks (remade in place from its outline) it is pasted through.
     let mut used = 0;
-    type Restored = (Vec<f32>, Affine, Option<Rect>, Option<usize>);
+    type Restored = (Vec<i16>, Affine, Option<Rect>, Option<usize>);
     let crops: Vec<Restored> = ff
         .faces
         .iter_mut()
