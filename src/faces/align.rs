@@ -326,13 +326,34 @@ where
     }
 }
 
-/// The model's input (an NCHW item in [-1, 1]) from a crop in bytes: a table of the 256 levels
-/// (each the value the float warp gives a whole level).
+/// The model's input (an NCHW item in [-1, 1]) from a crop in bytes: each level `b` as
+/// `b / 127.5 - 1` (the value the float warp gives a whole level), eight at a time on a CPU
+/// with AVX2.
 pub fn crop_to_tensor(crop: &[u8], out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if avx2() {
+        // SAFETY: the CPU has AVX2 (checked just above).
+        return unsafe { crop_to_tensor_avx2(crop, out) };
+    }
+    crop_to_tensor_body(crop, out);
+}
+
+/// [`crop_to_tensor_body`] compiled for AVX2 (the same values).
+///
+/// # Safety
+/// The CPU must have AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn crop_to_tensor_avx2(crop: &[u8], out: &mut [f32]) {
+    crop_to_tensor_body(crop, out);
+}
+
+/// The body of [`crop_to_tensor`].
+#[inline(always)]
+fn crop_to_tensor_body(crop: &[u8], out: &mut [f32]) {
     const K: f32 = 1.0 / 127.5;
-    let table: [f32; 256] = std::array::from_fn(|b| b as f32 * K - 1.0);
     for (o, &b) in out.iter_mut().zip(crop) {
-        *o = table[b as usize];
+        *o = f32::from(b) * K - 1.0;
     }
 }
 
@@ -868,42 +889,60 @@ pub(crate) fn tensor_to_rgb(t: &[f32], size: usize, out: &mut Vec<u8>) {
 /// What the model changed in one crop: `restored` (its output, an NCHW item in [-1, 1]) minus
 /// `given` (its input, the crop in planar bytes), as packed RGB in steps of
 /// [`CHANGE_STEPS`](crate::frame::CHANGE_STEPS) (levels x 128), the output clamped to the
-/// picture's range first. Zero where the model gave its input back.
-pub(crate) fn tensor_change(restored: &[f32], given: &[u8], size: usize, out: &mut Vec<i16>) {
+/// picture's range first. Zero where the model gave its input back. False when an output
+/// value is not finite (a broken model, an overflow in fp16): `out` is then not a change.
+pub(crate) fn tensor_change(restored: &[f32], given: &[u8], size: usize, out: &mut Vec<i16>) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if avx2() {
+        // SAFETY: the CPU has AVX2 (checked just above).
+        return unsafe { tensor_change_avx2(restored, given, size, out) };
+    }
+    tensor_change_body(restored, given, size, out)
+}
+
+/// [`tensor_change_body`] compiled for AVX2 (eight values a vector; the same values).
+///
+/// # Safety
+/// The CPU must have AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn tensor_change_avx2(restored: &[f32], given: &[u8], size: usize, out: &mut Vec<i16>) -> bool {
+    tensor_change_body(restored, given, size, out)
+}
+
+/// The body of [`tensor_change`]: a run of 64 pixels at a time, each plane's values to steps
+/// (loops the compiler turns into vector code, the finiteness check among them), then the
+/// three planes' steps interleaved into pixels.
+#[inline(always)]
+fn tensor_change_body(restored: &[f32], given: &[u8], size: usize, out: &mut Vec<i16>) -> bool {
+    const RUN: usize = 64;
     let plane = size * size;
     out.clear();
     out.resize(plane * 3, 0);
     let (restored, given) = (&restored[..3 * plane], &given[..3 * plane]);
-    let level = |v: f32| (v + 1.0) * 127.5;
-    // Four pixels at a time: each plane's four values as a vector, turned into four pixels.
-    let whole = plane / 4 * 4;
-    let (one, half, lo, hi) = (f32x4::ONE, f32x4::splat(127.5), f32x4::ZERO, f32x4::splat(255.0));
-    let steps = f32x4::splat(crate::frame::CHANGE_STEPS);
-    let at = |c: usize, i: usize| -> (f32x4, f32x4) {
-        let v: [f32; 4] = restored[c * plane + i..][..4].try_into().expect("4 values");
-        let g: [u8; 4] = given[c * plane + i..][..4].try_into().expect("4 values");
-        (f32x4::new(v), f32x4::new(g.map(f32::from)))
-    };
-    for (i, dst) in (0..whole).step_by(4).zip(out.chunks_exact_mut(12)) {
-        // Written out, not `[0, 1, 2].map(..)`: the array map's closure was not inlined.
-        // In range after the clamp, so rounding to the nearest step cannot overflow.
-        let d = |c| {
-            let (r, g) = at(c, i);
-            ((((r + one) * half).max(lo).min(hi) - g) * steps)
-                .round_int()
-                .to_array()
-        };
-        let d = [d(0), d(1), d(2)];
+    let mut steps = [[0i16; RUN]; 3];
+    let mut finite = true;
+    for (start, dst) in (0..plane).step_by(RUN).zip(out.chunks_mut(RUN * 3)) {
+        let n = (plane - start).min(RUN);
+        for (c, s) in steps.iter_mut().enumerate() {
+            let (r, g) = (&restored[c * plane + start..][..n], &given[c * plane + start..][..n]);
+            for ((s, &v), &g) in s[..n].iter_mut().zip(r).zip(g) {
+                finite &= v.is_finite();
+                *s = change_steps(((v + 1.0) * 127.5).clamp(0.0, 255.0) - f32::from(g));
+            }
+        }
         for (k, p) in dst.chunks_exact_mut(3).enumerate() {
-            p.copy_from_slice(&[d[0][k] as i16, d[1][k] as i16, d[2][k] as i16]);
+            p.copy_from_slice(&[steps[0][k], steps[1][k], steps[2][k]]);
         }
     }
-    for i in whole..plane {
-        for c in 0..3 {
-            let j = c * plane + i;
-            out[3 * i + c] = change_steps(level(restored[j]).clamp(0.0, 255.0) - f32::from(given[j]));
-        }
-    }
+    finite
+}
+
+/// Whether this CPU has AVX2 (checked once), for kernels compiled for it beside the plain ones.
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn avx2() -> bool {
+    static AVX2: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *AVX2.get_or_init(|| is_x86_feature_detected!("avx2"))
 }
 
 /// What a model with byte I/O changed in one crop: `restored` minus `given`, both planar bytes
@@ -1175,6 +1214,36 @@ mod tests {
         }
     }
 
+    /// Every level to the model's input, eight at a time and the remainder, is the level's
+    /// value one at a time.
+    #[test]
+    fn a_crop_to_the_models_input_is_each_levels_value() {
+        let crop: Vec<u8> = (0..3 * 7 * 7 + 256).map(|i| (i * 37 % 256) as u8).collect();
+        let mut t = vec![0.0f32; crop.len()];
+        crop_to_tensor(&crop, &mut t);
+        for (&b, &v) in crop.iter().zip(&t) {
+            assert_eq!(v, b as f32 * (1.0 / 127.5) - 1.0, "level {b}");
+        }
+    }
+
+    /// An output value that is not finite, anywhere in the crop (a run's first, its last, the
+    /// crop's last), makes the change no change.
+    #[test]
+    fn a_change_with_a_value_not_finite_is_refused() {
+        let size = 9;
+        let n = 3 * size * size;
+        let given = vec![7u8; n];
+        let mut out = Vec::new();
+        assert!(tensor_change(&vec![0.25f32; n], &given, size, &mut out));
+        for at in [0, 63, 64, size * size + 5, n - 1] {
+            for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+                let mut restored = vec![0.25f32; n];
+                restored[at] = bad;
+                assert!(!tensor_change(&restored, &given, size, &mut out), "{bad} at {at}");
+            }
+        }
+    }
+
     /// A byte model's change and a float model's giving the same levels are the same steps.
     #[test]
     fn a_change_from_bytes_is_the_change_from_the_same_floats() {
@@ -1185,7 +1254,7 @@ mod tests {
         let floats: Vec<f32> = out.iter().map(|&b| b as f32 / 127.5 - 1.0).collect();
         let (mut a, mut b) = (Vec::new(), Vec::new());
         bytes_change(&out, &given, size, &mut a);
-        tensor_change(&floats, &given, size, &mut b);
+        assert!(tensor_change(&floats, &given, size, &mut b));
         assert_eq!(a, b);
     }
 
@@ -1196,7 +1265,7 @@ mod tests {
             let restored: Vec<f32> = (0..n).map(|i| ((i * 37) % 101) as f32 / 40.0 - 1.26).collect();
             let given: Vec<u8> = (0..n).map(|i| ((i * 53) % 256) as u8).collect();
             let mut got = Vec::new();
-            tensor_change(&restored, &given, size, &mut got);
+            assert!(tensor_change(&restored, &given, size, &mut got));
             let plane = size * size;
             let level = |v: f32| (v + 1.0) * 127.5;
             for i in 0..plane {
@@ -1251,7 +1320,7 @@ mod tests {
                 assert!(((z + 1.0) * 127.5 - level).abs() <= 0.5 + 1e-3);
             }
             let mut change = Vec::new();
-            tensor_change(&t, &b, size, &mut change);
+            assert!(tensor_change(&t, &b, size, &mut change));
             assert!(change.iter().all(|&v| v == 0), "eye {eye}");
         }
     }

@@ -1092,7 +1092,7 @@ mod tests {
             let mut scratch = crate::faces::align::WarpScratch::default();
             crate::faces::align::warp_face(&frame, (w, h), &to_crop, Some(region), size, &mut t, &mut scratch);
             let (mut crop, zero) = (Vec::new(), vec![0u8; t.len()]);
-            crate::faces::align::tensor_change(&t, &zero, size, &mut crop);
+            assert!(crate::faces::align::tensor_change(&t, &zero, size, &mut crop));
             let mask = Mask::new(size);
             let mut back = vec![0u8; frame.len()];
             paste(&mut back, w, &crop, &to_crop, region, &mask, 1.0);

@@ -384,7 +384,7 @@ impl Band<'_> {
     /// the filter, the shares, the averages, the output's luma with it.
     fn run(self, scratch: &mut Vec<f32>) -> Partial {
         #[cfg(target_arch = "x86_64")]
-        if avx2() {
+        if crate::faces::align::avx2() {
             // SAFETY: the CPU has AVX2 (checked just above).
             return unsafe { self.run_avx2(scratch) };
         }
@@ -468,13 +468,6 @@ impl Band<'_> {
         }
         p
     }
-}
-
-/// Whether this CPU has AVX2 (checked once).
-#[cfg(target_arch = "x86_64")]
-fn avx2() -> bool {
-    static AVX2: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *AVX2.get_or_init(|| is_x86_feature_detected!("avx2"))
 }
 
 /// Splits `s` into the parts of `bands` (ranges of rows, in order, covering it from its

@@ -208,16 +208,15 @@ pub(crate) fn work(
             worker.enhancer.run(&crops, |i, out| match out {
                 // NaN or infinity (a broken model, an overflow in fp16): keep the face as it was
                 // rather than paste a black or white square.
-                Output::Floats(out) if out.iter().all(|v| v.is_finite()) => {
-                    tensor_change(out, crops[i], size, restored[i].as_mut().expect("filled above"));
+                Output::Floats(out) => {
+                    if !tensor_change(out, crops[i], size, restored[i].as_mut().expect("filled above")) {
+                        if let Some(buf) = restored[i].take() {
+                            restored_pool.put(buf);
+                        }
+                    }
                 }
                 Output::Bytes(out) => {
                     bytes_change(out, crops[i], size, restored[i].as_mut().expect("filled above"));
-                }
-                Output::Floats(_) => {
-                    if let Some(buf) = restored[i].take() {
-                        restored_pool.put(buf);
-                    }
                 }
             })?;
             Ok(Restored {
