@@ -10,7 +10,8 @@ pixels) and `presence` [N,1] (the face-presence logit: sigmoid > 0.5 is a face).
 
 The graph uses seven TFLite operators, each written here with onnx.helper (numpy + onnx, the
 weights read from the flatbuffer with the `tflite` package): DEQUANTIZE (float16 weights ->
-float32 constants), CONV_2D, DEPTHWISE_CONV_2D (grouped Conv), PRELU, ADD, MAX_POOL_2D and PAD.
+float32 constants), CONV_2D, DEPTHWISE_CONV_2D (grouped Conv), PRELU (as Relu and depthwise 1x1
+Convs, which ONNX Runtime fuses), ADD, MAX_POOL_2D and PAD.
 TFLite's tensors are NHWC; the ONNX graph is NCHW throughout (weights transposed once), with
 TFLite's SAME padding written out as explicit, possibly asymmetric, pads.
 """
@@ -139,9 +140,20 @@ def convert(data: bytes) -> onnx.ModelProto:
             nodes.append(helper.make_node("Conv", inputs, [out], kernel_shape=[int(kh), int(kw)], strides=[int(v) for v in stride],
                                           dilations=[int(v) for v in dil], pads=[int(v) for v in pads], group=int(group)))
         elif kind == "PRELU":
-            alpha = const_of(ins[1])
-            slope = alpha.reshape(-1, 1, 1)  # [1,1,C] -> [C,1,1]
-            nodes.append(helper.make_node("PRelu", [x, init(f"a{k}", slope)], [name(o)]))
+            # PReLU(x) = Relu(x) + (-a) * Relu(-x), the products as depthwise 1x1 convolutions:
+            # ONNX Runtime keeps those in its blocked layout and fuses the Relu and the Add into
+            # them, where its PRelu took 60 % of the model's time with the layout changes
+            # around it (2.6x faster on one CPU thread; the same values within float rounding).
+            alpha = const_of(ins[1]).reshape(-1)  # [1,1,C] -> [C]
+            c = alpha.size
+            neg = init(f"n{k}", -np.ones((c, 1, 1, 1), np.float32))
+            scale = init(f"a{k}", (-alpha).astype(np.float32).reshape(c, 1, 1, 1))
+            pos, flipped, below = f"{name(o)}_pos", f"{name(o)}_neg", f"{name(o)}_below"
+            nodes.append(helper.make_node("Relu", [x], [pos]))
+            nodes.append(helper.make_node("Conv", [x, neg], [flipped + "_c"], kernel_shape=[1, 1], group=c))
+            nodes.append(helper.make_node("Relu", [flipped + "_c"], [flipped]))
+            nodes.append(helper.make_node("Conv", [flipped, scale], [below], kernel_shape=[1, 1], group=c))
+            nodes.append(helper.make_node("Add", [pos, below], [name(o)]))
         elif kind == "ADD":
             p = tflite.AddOptions()
             p.Init(opts.Bytes, opts.Pos)
@@ -188,6 +200,8 @@ def convert(data: bytes) -> onnx.ModelProto:
         "gpen_video.source": "MediaPipe face_landmark.tflite (Apache-2.0), converted op by op",
         "gpen_video.input": "[N,3,192,192] RGB in [0,1]",
         "gpen_video.outputs": "landmarks [N,1404] (468 x (x,y,z), crop pixels); presence [N,1] logit",
+        # What the set-up checks to convert again a model an older converter wrote.
+        "gpen_video.export": "2: PReLU as Relu and depthwise 1x1 convolutions",
     }.items():
         e = m.metadata_props.add()
         e.key, e.value = key, value

@@ -7,6 +7,7 @@
 # A/B ratios taken pair by pair, and both builds' faces/s (whole run) with their ratio.
 #   scripts/bench-stage-cost.sh BASELINE_BINARY SOURCE [PAIRS] [run flags...]
 #   scripts/bench-stage-cost.sh old/gpen-video samples/group-1080p.mp4 3 --model models/standin/identity-512.onnx --preset ultrafast
+# BASE_FLAGS="--mesh old/face-mesh.onnx" adds flags to the baseline's runs only (an older model).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 base=${1:?baseline binary}; src=${2:?source}; pairs=${3:-3}; shift 3 || shift $#
@@ -14,8 +15,8 @@ new=target/release/gpen-video
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 for i in $(seq "$pairs"); do
   for side in A B; do
-    bin=$new; [ "$side" = B ] && bin=$base
-    "$bin" "$src" "$tmp/out.mkv" -q --stats-json "$tmp/$side-$i.json" "$@" >/dev/null 2>&1
+    bin=$new; extra=(); [ "$side" = B ] && bin=$base && read -ra extra <<< "${BASE_FLAGS:-}"
+    "$bin" "$src" "$tmp/out.mkv" -q --stats-json "$tmp/$side-$i.json" "$@" "${extra[@]}" >/dev/null 2>&1
   done
 done
 python3 - "$tmp" "$pairs" <<'PY'

@@ -83,7 +83,8 @@ fi
 
 # --- the face mesh: MediaPipe's face_landmark.tflite (Apache-2.0) from the mediapipe wheel,
 # converted op by op to ONNX by models/mesh_export.py (numpy + onnx + the tflite reader) ---------
-if [ ! -f models/face-mesh.onnx ]; then
+# A model an older converter wrote (without its export mark) is converted again.
+if [ ! -f models/face-mesh.onnx ] || ! grep -qa 'gpen_video.export' models/face-mesh.onnx; then
   log "converting MediaPipe's face landmark model to models/face-mesh.onnx"
   ls "$wheels"/mediapipe-0.10.21-*.whl >/dev/null 2>&1 ||
     "$py" -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: "mediapipe==0.10.21" -d "$wheels"
