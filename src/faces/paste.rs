@@ -663,7 +663,7 @@ fn accumulate(acc: &mut [f32], cells: Cells, r: Rect, face: &Paste, mask: &Mask,
         face.to_crop.scale() * 2.0 / MIP_FROM,
         5.min(size.ilog2().saturating_sub(3)),
     );
-    while mips.len() < level as usize {
+    while mips.len() < (level as usize).max(1) {
         mips.push(Vec::new());
     }
     let mut sw = size;
@@ -674,7 +674,17 @@ fn accumulate(acc: &mut [f32], cells: Cells, r: Rect, face: &Paste, mask: &Mask,
             _ => halve(&done[l - 1], sw, sw, &mut rest[0]).0,
         };
     }
+    let (region, crop) = (face.region.width() * face.region.height(), size * size);
     match level {
+        // A face larger than the crop reads most of its change many times over: widened once
+        // into floats, its taps are plain loads (widening each tap's values costs more).
+        0 if region > crop => {
+            let mut whole = std::mem::take(&mut mips[0]);
+            whole.clear();
+            whole.extend(face.change.iter().map(|&v| f32::from(v)));
+            accumulate_level(acc, cells, r, face, mask, (&whole[..], sw, level));
+            mips[0] = whole;
+        }
         0 => accumulate_level(acc, cells, r, face, mask, (face.change, sw, level)),
         _ => accumulate_level(acc, cells, r, face, mask, (&mips[level as usize - 1], sw, level)),
     }
@@ -1137,6 +1147,35 @@ mod tests {
             1.0,
         );
         assert_eq!(out, frame);
+    }
+
+    /// A face larger than the crop reads its change widened into floats first: the very sums
+    /// the taps on the steps give.
+    #[test]
+    fn a_change_widened_first_pastes_what_its_steps_paste() {
+        let size = 64;
+        let change: Vec<i16> = (0..size * size * 3)
+            .map(|i| ((i * 7919) % 6001) as i16 - 3000)
+            .collect();
+        let mask = Mask::new(size);
+        let to_crop = crate::geom::similarity(0.3, 0.5, 10.0, -4.0);
+        let region = crate::geom::crop_footprint(&to_crop, size, 400, 300).unwrap();
+        assert!(
+            region.width() * region.height() > size * size,
+            "a face larger than the crop"
+        );
+        let face = Paste {
+            change: &change,
+            to_crop,
+            region,
+            mask: None,
+        };
+        let n = region.width() * region.height() * 5;
+        let (mut a, mut b) = (vec![0.0; n], vec![0.0; n]);
+        accumulate(&mut a, Cells::Sums, region, &face, &mask, &mut Vec::new());
+        accumulate_level(&mut b, Cells::Sums, region, &face, &mask, (&change[..], size, 0));
+        assert_eq!(a, b);
+        assert!(a.iter().any(|&v| v != 0.0));
     }
 
     /// The paste visits only the pixels of each row inside the face mask's ellipse: what it
