@@ -165,7 +165,8 @@ pub fn change_steps(levels: f32) -> i16 {
     round_steps(levels * CHANGE_STEPS)
 }
 
-/// A value in steps rounded to the nearest whole step (ties to even) as `i16`, saturating.
+/// A value in steps rounded to the nearest whole step (ties to even) as `i16`, saturating (a
+/// NaN gives no particular value: the worker refuses a change that is not finite first).
 /// Added to 1.5 * 2^23, where a float's step is one, the value is rounded by the addition and
 /// its integer sits in the float's low bits: integer work the compiler turns into vector code
 /// (`round_ties_even` needs SSE4.1 or a library call, and a float's cast checks every lane).
@@ -300,7 +301,7 @@ impl<T> Pool<Vec<T>> {
 
 #[cfg(test)]
 mod tests {
-    use super::Pool;
+    use super::{change_levels, change_steps, round_steps, Pool};
 
     #[test]
     fn a_pool_counts_only_the_buffers_it_had_to_make() {
@@ -316,5 +317,20 @@ mod tests {
         pool.put(Vec::new()); // over the cap: dropped
         let _ = (pool.get(), pool.get(), pool.get());
         assert_eq!(pool.made(), 3);
+    }
+
+    /// Rounding to steps is `round_ties_even` on every value in range (halves to the even
+    /// step, negative ones too), and saturates beyond.
+    #[test]
+    fn steps_round_to_nearest_even_and_saturate() {
+        for k in -400_000i32..400_000 {
+            let v = k as f32 / 8.0;
+            let want = v.round_ties_even().clamp(-32768.0, 32767.0) as i16;
+            assert_eq!(round_steps(v), want, "{v}");
+        }
+        assert_eq!((round_steps(0.5), round_steps(1.5), round_steps(-2.5)), (0, 2, -2));
+        assert_eq!((round_steps(1e9), round_steps(-1e9)), (i16::MAX, i16::MIN));
+        assert_eq!(change_steps(255.0), 32640);
+        assert_eq!(change_levels(change_steps(-17.25)), -17.25);
     }
 }
