@@ -1247,6 +1247,30 @@ mod tests {
         }
     }
 
+    /// The AVX2 forms give, to the bit, what the plain bodies give (every x86-64 CPU takes the
+    /// bodies when it lacks AVX2; a CPU with it runs the AVX2 forms here).
+    #[test]
+    fn the_avx2_kernels_equal_the_plain_ones() {
+        let size = 70;
+        let n = 3 * size * size;
+        let crop: Vec<u8> = (0..n).map(|i| (i * 7919 % 251) as u8).collect();
+        let out: Vec<f32> = (0..n).map(|i| ((i * 37) % 1001) as f32 / 480.0 - 1.04).collect();
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        assert_eq!(
+            tensor_change(&out, &crop, size, &mut a),
+            tensor_change_body(&out, &crop, size, &mut b)
+        );
+        assert_eq!(a, b);
+        let (mut a, mut b) = (vec![0.0f32; n], vec![0.0f32; n]);
+        crop_to_tensor(&crop, &mut a);
+        crop_to_tensor_body(&crop, &mut b);
+        assert_eq!(a, b);
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        crop_luma_half(&crop, size, &mut a);
+        crop_luma_half_body(&crop, size, &mut b);
+        assert_eq!(a, b);
+    }
+
     /// The half-resolution luma of a crop is, to the bit, each 2 x 2 block's pixel-by-pixel
     /// sum (crops of a run, of runs and a remainder, and of an odd side).
     #[test]

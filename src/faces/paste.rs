@@ -461,6 +461,8 @@ pub struct Paste<'a> {
 #[derive(Default)]
 pub struct Scratch {
     mips: Vec<Vec<f32>>,
+    /// The change widened into floats, for a face larger than the crop.
+    widened: Vec<f32>,
     acc: Vec<f32>,
 }
 
@@ -501,7 +503,14 @@ pub fn changes(
         rgb.resize(n, 0.0);
         if let [one] = group[..] {
             // A face alone: its weighted change goes straight into the change buffer.
-            accumulate(&mut rgb, Cells::Direct(blend), r, &faces[one], mask, &mut scratch.mips);
+            accumulate(
+                &mut rgb,
+                Cells::Direct(blend),
+                r,
+                &faces[one],
+                mask,
+                (&mut scratch.mips, &mut scratch.widened),
+            );
             out.push(Change { rect: r, rgb });
             continue;
         }
@@ -510,7 +519,14 @@ pub fn changes(
         acc.clear();
         acc.resize(rw * rh * 5, 0.0);
         for &i in &group {
-            accumulate(&mut acc, Cells::Sums, r, &faces[i], mask, &mut scratch.mips);
+            accumulate(
+                &mut acc,
+                Cells::Sums,
+                r,
+                &faces[i],
+                mask,
+                (&mut scratch.mips, &mut scratch.widened),
+            );
         }
         for (a, d) in acc.chunks_exact(5).zip(rgb.chunks_exact_mut(3)) {
             let alpha = a[4] * blend;
@@ -583,25 +599,6 @@ pub fn paste(frame: &mut [u8], width: usize, change: &[i16], to_crop: &Affine, r
 pub(crate) fn halve<T: Copy + Into<f32>>(src: &[T], w: usize, h: usize, out: &mut Vec<f32>) -> (usize, usize) {
     let (hw, hh) = (w.div_ceil(2).max(1), h.div_ceil(2).max(1));
     out.clear();
-    if w.is_multiple_of(2) && h.is_multiple_of(2) {
-        // Even sides (a crop's levels): each block's two rows side by side, no edge to repeat;
-        // the same sums in the same order.
-        out.resize(hw * hh * 3, 0.0);
-        for (o, rows) in out.chunks_exact_mut(hw * 3).zip(src.chunks_exact(2 * w * 3)) {
-            let (top, bottom) = rows.split_at(w * 3);
-            for ((o, t), b) in o
-                .chunks_exact_mut(3)
-                .zip(top.chunks_exact(6))
-                .zip(bottom.chunks_exact(6))
-            {
-                for c in 0..3 {
-                    let [tl, tr, bl, br]: [f32; 4] = [t[c], t[3 + c], b[c], b[3 + c]].map(Into::into);
-                    o[c] = (((tl + tr) + bl) + br) * 0.25;
-                }
-            }
-        }
-        return (hw, hh);
-    }
     out.reserve(hw * hh * 3);
     for y in 0..hh {
         let (ya, yb) = ((2 * y).min(h - 1), (2 * y + 1).min(h - 1));
@@ -655,7 +652,14 @@ fn overlapping_groups(faces: &[Paste]) -> Vec<Vec<usize>> {
 }
 
 /// Adds one face's mask-weighted change to `acc` (per pixel of `r`, what `cells` says).
-fn accumulate(acc: &mut [f32], cells: Cells, r: Rect, face: &Paste, mask: &Mask, mips: &mut Vec<Vec<f32>>) {
+fn accumulate(
+    acc: &mut [f32],
+    cells: Cells,
+    r: Rect,
+    face: &Paste,
+    mask: &Mask,
+    (mips, widened): (&mut Vec<Vec<f32>>, &mut Vec<f32>),
+) {
     let mask = face.mask.unwrap_or(mask);
     let size = mask.size;
     // Frame pixels per crop pixel inverted: crop pixels one frame pixel covers.
@@ -663,7 +667,7 @@ fn accumulate(acc: &mut [f32], cells: Cells, r: Rect, face: &Paste, mask: &Mask,
         face.to_crop.scale() * 2.0 / MIP_FROM,
         5.min(size.ilog2().saturating_sub(3)),
     );
-    while mips.len() < (level as usize).max(1) {
+    while mips.len() < level as usize {
         mips.push(Vec::new());
     }
     let mut sw = size;
@@ -679,11 +683,9 @@ fn accumulate(acc: &mut [f32], cells: Cells, r: Rect, face: &Paste, mask: &Mask,
         // A face larger than the crop reads most of its change many times over: widened once
         // into floats, its taps are plain loads (widening each tap's values costs more).
         0 if region > crop => {
-            let mut whole = std::mem::take(&mut mips[0]);
-            whole.clear();
-            whole.extend(face.change.iter().map(|&v| f32::from(v)));
-            accumulate_level(acc, cells, r, face, mask, (&whole[..], sw, level));
-            mips[0] = whole;
+            widened.clear();
+            widened.extend(face.change.iter().map(|&v| f32::from(v)));
+            accumulate_level(acc, cells, r, face, mask, (&widened[..], sw, level));
         }
         0 => accumulate_level(acc, cells, r, face, mask, (face.change, sw, level)),
         _ => accumulate_level(acc, cells, r, face, mask, (&mips[level as usize - 1], sw, level)),
@@ -1172,7 +1174,14 @@ mod tests {
         };
         let n = region.width() * region.height() * 5;
         let (mut a, mut b) = (vec![0.0; n], vec![0.0; n]);
-        accumulate(&mut a, Cells::Sums, region, &face, &mask, &mut Vec::new());
+        accumulate(
+            &mut a,
+            Cells::Sums,
+            region,
+            &face,
+            &mask,
+            (&mut Vec::new(), &mut Vec::new()),
+        );
         accumulate_level(&mut b, Cells::Sums, region, &face, &mask, (&change[..], size, 0));
         assert_eq!(a, b);
         assert!(a.iter().any(|&v| v != 0.0));
@@ -1219,7 +1228,14 @@ mod tests {
             // group give.
             let (rw, rh) = (region.width(), region.height());
             let mut sums = vec![0.0; rw * rh * 5];
-            accumulate(&mut sums, Cells::Sums, region, &faces[0], &with, &mut Vec::new());
+            accumulate(
+                &mut sums,
+                Cells::Sums,
+                region,
+                &faces[0],
+                &with,
+                (&mut Vec::new(), &mut Vec::new()),
+            );
             let mut want = vec![0.0f32; rw * rh * 3];
             for (a, d) in sums.chunks_exact(5).zip(want.chunks_exact_mut(3)) {
                 let alpha = a[4] * 0.8;
