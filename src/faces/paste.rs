@@ -599,6 +599,26 @@ pub fn paste(frame: &mut [u8], width: usize, change: &[i16], to_crop: &Affine, r
 pub(crate) fn halve<T: Copy + Into<f32>>(src: &[T], w: usize, h: usize, out: &mut Vec<f32>) -> (usize, usize) {
     let (hw, hh) = (w.div_ceil(2).max(1), h.div_ceil(2).max(1));
     out.clear();
+    if w.is_multiple_of(2) && h.is_multiple_of(2) {
+        // Even sides (a crop's levels): each block's two rows side by side, no edge to repeat;
+        // the same sums in the same order (0.90 against 1.01 core-ms a face for the group
+        // sample's paste without it, paired).
+        out.resize(hw * hh * 3, 0.0);
+        for (o, rows) in out.chunks_exact_mut(hw * 3).zip(src.chunks_exact(2 * w * 3)) {
+            let (top, bottom) = rows.split_at(w * 3);
+            for ((o, t), b) in o
+                .chunks_exact_mut(3)
+                .zip(top.chunks_exact(6))
+                .zip(bottom.chunks_exact(6))
+            {
+                for c in 0..3 {
+                    let [tl, tr, bl, br]: [f32; 4] = [t[c], t[3 + c], b[c], b[3 + c]].map(Into::into);
+                    o[c] = (((tl + tr) + bl) + br) * 0.25;
+                }
+            }
+        }
+        return (hw, hh);
+    }
     out.reserve(hw * hh * 3);
     for y in 0..hh {
         let (ya, yb) = ((2 * y).min(h - 1), (2 * y + 1).min(h - 1));
@@ -1257,6 +1277,20 @@ mod tests {
         let mut out = Vec::new();
         assert_eq!(halve(&src, 2, 2, &mut out), (1, 1));
         assert_eq!(out, vec![85.0, 85.0, 85.0]);
+        // Even sides (the rows side by side) and odd ones (the last pixel repeated), from steps:
+        // each value its block's sum in the same order.
+        for (w, h) in [(6usize, 4usize), (5, 3)] {
+            let src: Vec<i16> = (0..w * h * 3).map(|i| (i * 7919 % 2001) as i16 - 1000).collect();
+            let (hw, hh) = halve(&src, w, h, &mut out);
+            let at = |x: usize, y: usize, c: usize| f32::from(src[(y.min(h - 1) * w + x.min(w - 1)) * 3 + c]);
+            for (i, v) in out.iter().enumerate() {
+                let (c, x, y) = (i % 3, (i / 3) % hw, i / 3 / hw);
+                let (x, y) = (2 * x, 2 * y);
+                let want = (((at(x, y, c) + at(x + 1, y, c)) + at(x, y + 1, c)) + at(x + 1, y + 1, c)) * 0.25;
+                assert_eq!(*v, want, "{w}x{h}: value {i}");
+            }
+            assert_eq!(out.len(), hw * hh * 3);
+        }
         assert_eq!(mip_level(1.0, 5), 0);
         assert_eq!(mip_level(2.0, 5), 1);
         assert_eq!(mip_level(13.0, 5), 3);
