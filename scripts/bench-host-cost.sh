@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# What a face costs the host's CPU over a plain FFmpeg re-encode with the same encoder settings
+# (libx264, preset medium, crf 18, audio copied): the work a GPU machine's cores do around the
+# model. Run in turn, pair by pair: `gpen-video bench SOURCE --stage feeder` (every stage, the
+# model not run: its whole-process core-ms per face, and the detector's and face mesh's own
+# model runs timed apart) and the plain re-encode (its user + system CPU time per face of the
+# clip). Prints each pair and the medians of
+#   - over ffmpeg: the feeder's whole-process core-ms per face minus ffmpeg's;
+#   - host work over ffmpeg: the same without the detector's and mesh's model runs, which a GPU
+#     machine runs on its GPU (`--detect-device gpu`), as it runs GPEN.
+#
+#   scripts/bench-host-cost.sh [SOURCE] [PAIRS] [-- extra gpen-video bench flags]
+#
+# GPEN_VIDEO=path times another build. MODEL=... for another model file (only its input size
+# matters here: the feeder does not run it).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+src=${1:-samples/group-1080p.mp4}
+pairs=${2:-3}
+shift $(( $# >= 2 ? 2 : $# ))
+[ "${1:-}" = "--" ] && shift
+bin=${GPEN_VIDEO:-target/release/gpen-video}
+model=${MODEL:-models/standin/identity-512.onnx}
+[ -x "$bin" ] || { echo "build first: cargo build --release" >&2; exit 1; }
+[ -f "$src" ] || { echo "$src missing: run scripts/make_samples.sh" >&2; exit 1; }
+# shellcheck disable=SC1091
+[ -f .deps/env.sh ] && source .deps/env.sh
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+frames=$(ffprobe -v error -select_streams v:0 -count_packets -show_entries stream=nb_read_packets \
+  -of csv=p=0 "$src")
+run_ffmpeg() {
+  /usr/bin/time -f '%U %S' -o "$tmp/cpu" ffmpeg -hide_banner -loglevel error -y -i "$src" \
+    -map 0:v:0 -map '0:a?' -c:v libx264 -preset medium -crf 18 -c:a copy "$tmp/f.mp4"
+}
+run_feeder() {
+  "$bin" bench "$src" --stage feeder --repeat 1 --model "$model" --json "$tmp/b.json" "$@" \
+    >/dev/null 2>&1
+}
+# Warm-up (page cache, ONNX Runtime's first load), not counted.
+run_ffmpeg
+rows=()
+for i in $(seq 1 "$pairs"); do
+  run_feeder "$@"
+  run_ffmpeg
+  row=$(python3 - "$tmp/b.json" "$tmp/cpu" "$frames" <<'EOF'
+import json, sys
+f = json.load(open(sys.argv[1]))["feeder"][0]
+user, system = map(float, open(sys.argv[2]).read().split()[-2:])
+faces = int(sys.argv[3]) * f["faces_per_s"] / f["fps"]
+ffmpeg = (user + system) * 1000 / faces
+models = sum(ms for _, ms in f["fast_stage_model_ms"])
+over = f["process_core_ms"] - ffmpeg
+print(f"{f['process_core_ms']:.2f} {ffmpeg:.2f} {models:.2f} {over:.2f} {over - models:.2f}")
+EOF
+  )
+  read -r whole ff models over host <<<"$row"
+  printf 'pair %d: feeder %s core-ms/face, ffmpeg %s, over ffmpeg %s, detector and mesh model runs %s, host work over ffmpeg %s\n' \
+    "$i" "$whole" "$ff" "$over" "$models" "$host"
+  rows+=("$row")
+done
+printf '%s\n' "${rows[@]}" | python3 -c '
+import statistics, sys
+rows = [list(map(float, l.split())) for l in sys.stdin if l.strip()]
+m = [statistics.median(c) for c in zip(*rows)]
+print(f"medians over {len(rows)} pairs, core-ms per face: feeder {m[0]:.2f}, ffmpeg {m[1]:.2f}, "
+      f"over ffmpeg {m[3]:.2f}, host work over ffmpeg (detector and mesh model runs left to a GPU) {m[4]:.2f}")
+'
