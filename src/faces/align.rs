@@ -917,7 +917,7 @@ unsafe fn tensor_change_avx2(restored: &[f32], given: &[u8], size: usize, out: &
 fn tensor_change_body(restored: &[f32], given: &[u8], size: usize, out: &mut Vec<i16>) -> bool {
     const RUN: usize = 64;
     let plane = size * size;
-    out.clear();
+    // Every value is written below: a buffer back from the pool at this size is not zeroed first.
     out.resize(plane * 3, 0);
     let (restored, given) = (&restored[..3 * plane], &given[..3 * plane]);
     let mut steps = [[0i16; RUN]; 3];
@@ -950,7 +950,7 @@ pub(crate) fn avx2() -> bool {
 pub(crate) fn bytes_change(restored: &[u8], given: &[u8], size: usize, out: &mut Vec<i16>) {
     let plane = size * size;
     let unit = crate::frame::CHANGE_STEPS as i16;
-    out.clear();
+    // Every value is written below: a buffer back from the pool at this size is not zeroed first.
     out.resize(plane * 3, 0);
     for c in 0..3 {
         let (r, g) = (&restored[c * plane..][..plane], &given[c * plane..][..plane]);
@@ -1335,6 +1335,28 @@ mod tests {
         bytes_change(&out, &given, size, &mut a);
         assert!(tensor_change(&floats, &given, size, &mut b));
         assert_eq!(a, b);
+    }
+
+    #[test]
+    fn a_change_into_a_used_buffer_is_the_change_into_a_fresh_one() {
+        // Pooled buffers come back holding an earlier face's change (and are not zeroed).
+        for size in [8usize, 9, 13] {
+            let n = 3 * size * size;
+            let out: Vec<u8> = (0..n).map(|i| ((i * 97) % 256) as u8).collect();
+            let given: Vec<u8> = (0..n).map(|i| ((i * 53) % 256) as u8).collect();
+            let floats: Vec<f32> = out.iter().map(|&b| b as f32 / 127.5 - 1.0).collect();
+            let (mut fresh_f, mut fresh_b) = (Vec::new(), Vec::new());
+            assert!(tensor_change(&floats, &given, size, &mut fresh_f));
+            bytes_change(&out, &given, size, &mut fresh_b);
+            for used_len in [n, n + 50] {
+                let mut used = vec![i16::MIN; used_len];
+                assert!(tensor_change(&floats, &given, size, &mut used));
+                assert_eq!(used, fresh_f, "floats, size {size}, buffer of {used_len}");
+                let mut used = vec![i16::MIN; used_len];
+                bytes_change(&out, &given, size, &mut used);
+                assert_eq!(used, fresh_b, "bytes, size {size}, buffer of {used_len}");
+            }
+        }
     }
 
     #[test]
