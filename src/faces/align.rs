@@ -417,15 +417,6 @@ pub(crate) fn warp_cubic<O: CropOut + ?Sized>(
     warp_cubic_loading(&mut load, (width, height), to_crop, region, size, out, scratch);
 }
 
-/// Appends a row of packed RGB24 to `out` as texels (R, G, B, 0 in f32).
-pub(crate) fn push_texels(row: &[u8], out: &mut Vec<f32x4>) {
-    let start = out.len();
-    out.resize(start + row.len() / 3, f32x4::ZERO);
-    for (d, p) in out[start..].iter_mut().zip(row.chunks_exact(3)) {
-        *d = f32x4::new([p[0] as f32, p[1] as f32, p[2] as f32, 0.0]);
-    }
-}
-
 /// [`warp_to_tensor`] for a face whose crop covers `region` of a `width x height` frame:
 /// `load` fills the texels of a rectangle of the frame (row by row, R, G, B, 0 in f32; from
 /// the RGB picture, or straight from the decoded planes), once per face for the region grown

@@ -12,6 +12,7 @@ use ffmpeg_next as ffmpeg;
 
 use crate::frame::{Change, Frame, Picture};
 use crate::geom::Rect;
+use wide::f32x4;
 
 /// The YCbCr matrix of a picture (limited range): what its stream says, else the usual
 /// default by size (BT.709 for HD and larger, BT.601 below), the same both ways.
@@ -229,13 +230,102 @@ pub(crate) fn yuv420p_to_rgb_region(yuv: &VideoFrame, rgb: &mut [u8], width: usi
 }
 
 /// Converts region `r` of a yuv420p picture of `width x height` as [`yuv420p_to_rgb_region`]
-/// does, handing each row of packed RGB24 to `row` (its y, then its bytes), top to bottom: what
-/// the crop warp reads, without the frame's RGB buffer.
+/// does, handing each row of packed RGB24 to `row` (its y, then its bytes), top to bottom.
 pub(crate) fn yuv420p_rgb_rows(
     yuv: &VideoFrame,
     (width, height): (usize, usize),
     r: Rect,
     mut row: impl FnMut(usize, &[u8]),
+) {
+    let mut out = Vec::new();
+    yuv420p_region_rows(yuv, (width, height), r, |y, src| {
+        let n = src.luma.len();
+        out.resize(n * 3, 0);
+        for (i, px) in out.chunks_exact_mut(3).enumerate() {
+            let [r, g, b] = src.at(i);
+            // Saturating casts of values in 0..=255.5: truncation after the half rounds.
+            px.copy_from_slice(&[r as u8, g as u8, b as u8]);
+        }
+        row(y, &out);
+    });
+}
+
+/// Appends region `r` of a yuv420p picture of `width x height` to `out` as texels, row by row
+/// (R, G, B, 0 in f32: the levels [`yuv420p_rgb_rows`] gives, what the crop warp reads), four
+/// pixels at a time in vector registers, without the packed RGB row between.
+pub(crate) fn yuv420p_texels(yuv: &VideoFrame, (width, height): (usize, usize), r: Rect, out: &mut Vec<f32x4>) {
+    yuv420p_region_rows(yuv, (width, height), r, |_, src| {
+        let n = src.luma.len();
+        let start = out.len();
+        out.resize(start + n, f32x4::ZERO);
+        let dst = &mut out[start..];
+        let mut i = 0;
+        while i + 4 <= n {
+            let [r, g, b] = src.at4(i);
+            let [t0, t1, t2, t3] = f32x4::transpose([r, g, b, f32x4::ZERO]);
+            dst[i..i + 4].copy_from_slice(&[t0, t1, t2, t3]);
+            i += 4;
+        }
+        for (k, d) in dst.iter_mut().enumerate().skip(i) {
+            let [r, g, b] = src.at(k);
+            *d = f32x4::new([r, g, b, 0.0].map(|v| (v as u8) as f32));
+        }
+    });
+}
+
+/// One luma row of a region and what its pixels' colours are made from: its chroma rows'
+/// values along x (interpolated once per chroma row), their mix across and the inverse matrix.
+struct RegionRow<'a> {
+    luma: &'a [u8],
+    u: [&'a [f32]; 2],
+    v: [&'a [f32]; 2],
+    fy: f32,
+    k: [f32; 5],
+}
+
+impl RegionRow<'_> {
+    /// Pixel `i`'s R, G and B before the cast to a level (half added, clamped to 0..=255).
+    #[inline(always)]
+    fn at(&self, i: usize) -> [f32; 3] {
+        let [ky, kvr, kug, kvg, kub] = self.k;
+        let ([u0, u1], [v0, v1], fy) = (self.u, self.v, self.fy);
+        let d = u0[i] + (u1[i] - u0[i]) * fy - 128.0;
+        let e = v0[i] + (v1[i] - v0[i]) * fy - 128.0;
+        let c = ky * (self.luma[i] as f32 - 16.0);
+        [
+            (c + kvr * e + 0.5).clamp(0.0, 255.0),
+            (c - kug * d - kvg * e + 0.5).clamp(0.0, 255.0),
+            (c + kub * d + 0.5).clamp(0.0, 255.0),
+        ]
+    }
+
+    /// Pixels `i .. i + 4`'s levels (R, G, B a vector each): [`RegionRow::at`] lane by lane
+    /// (the same operations), truncated to whole levels as its casts are.
+    #[inline(always)]
+    fn at4(&self, i: usize) -> [f32x4; 3] {
+        let [ky, kvr, kug, kvg, kub] = self.k.map(f32x4::splat);
+        let ([u0, u1], [v0, v1]) = (self.u, self.v);
+        let four = |s: &[f32]| f32x4::new(s[i..i + 4].try_into().expect("4 values"));
+        let (fy, c128) = (f32x4::splat(self.fy), f32x4::splat(128.0));
+        let (u0, u1, v0, v1) = (four(u0), four(u1), four(v0), four(v1));
+        let d = u0 + (u1 - u0) * fy - c128;
+        let e = v0 + (v1 - v0) * fy - c128;
+        let l = &self.luma[i..i + 4];
+        let c = ky * (f32x4::new([l[0], l[1], l[2], l[3]].map(f32::from)) - f32x4::splat(16.0));
+        let (half, lo, hi) = (f32x4::splat(0.5), f32x4::ZERO, f32x4::splat(255.0));
+        // In 0..=255 after the clamp: truncation is the cast to a level.
+        let level = |v: f32x4| (v + half).max(lo).min(hi).fast_trunc_int().round_float();
+        [level(c + kvr * e), level(c - kug * d - kvg * e), level(c + kub * d)]
+    }
+}
+
+/// Walks region `r` of a yuv420p picture of `width x height` row by row, top to bottom, handing
+/// each luma row with its chroma to `each` (its y, then the row).
+fn yuv420p_region_rows(
+    yuv: &VideoFrame,
+    (width, height): (usize, usize),
+    r: Rect,
+    mut each: impl FnMut(usize, &RegionRow<'_>),
 ) {
     let Rect { x0, y0, x1, y1 } = r.clip(width, height);
     if x0 >= x1 || y0 >= y1 {
@@ -244,7 +334,7 @@ pub(crate) fn yuv420p_rgb_rows(
     let (ys, us, vs) = (yuv.stride(0), yuv.stride(1), yuv.stride(2));
     let (yp, up, vp) = (yuv.data(0), yuv.data(1), yuv.data(2));
     let (cw, ch) = (width.div_ceil(2), height.div_ceil(2));
-    let [ky, kvr, kug, kvg, kub] = Matrix::of(yuv).inverse();
+    let k = Matrix::of(yuv).inverse();
     // Chroma columns sit on even luma columns: column x reads chroma x / 2 and, when odd, half
     // of the next. Each chroma row is interpolated along x once for the region (the very sums
     // the per-pixel form makes), and each luma row mixes its two chroma rows.
@@ -266,7 +356,6 @@ pub(crate) fn yuv420p_rgb_rows(
         }
     };
     // (chroma row, its U and V along x) for the two rows the current luma row reads.
-    let mut out = Vec::with_capacity(n * 3);
     let mut rows: [(usize, Vec<f32>, Vec<f32>); 2] = [
         (usize::MAX, Vec::new(), Vec::new()),
         (usize::MAX, Vec::new(), Vec::new()),
@@ -289,18 +378,16 @@ pub(crate) fn yuv420p_rgb_rows(
             }
         }
         let ((_, u0, v0), (_, u1, v1)) = (&rows[0], &rows[1]);
-        let luma = &yp[y * ys + x0..][..n];
-        out.resize(n * 3, 0);
-        for i in 0..n {
-            let d = u0[i] + (u1[i] - u0[i]) * fy - 128.0;
-            let e = v0[i] + (v1[i] - v0[i]) * fy - 128.0;
-            let c = ky * (luma[i] as f32 - 16.0);
-            let px = &mut out[i * 3..i * 3 + 3];
-            px[0] = (c + kvr * e + 0.5).clamp(0.0, 255.0) as u8;
-            px[1] = (c - kug * d - kvg * e + 0.5).clamp(0.0, 255.0) as u8;
-            px[2] = (c + kub * d + 0.5).clamp(0.0, 255.0) as u8;
-        }
-        row(y, &out);
+        each(
+            y,
+            &RegionRow {
+                luma: &yp[y * ys + x0..][..n],
+                u: [u0, u1],
+                v: [v0, v1],
+                fy,
+                k,
+            },
+        );
     }
 }
 
@@ -678,6 +765,44 @@ mod tests {
             yuv420p_to_rgb_region(&yuv, &mut got, w, h, r);
             assert_eq!(got, per_pixel(r), "{r:?}");
         }
+    }
+
+    /// The texels the crop warp reads straight from the planes are the region's levels, four
+    /// pixels at a time and the rest one by one, over the whole range (the clamps at both ends).
+    #[test]
+    fn texels_from_the_planes_are_the_regions_levels() {
+        crate::init_ffmpeg();
+        let (w, h) = (41usize, 23usize);
+        let mut yuv = VideoFrame::new(Pixel::YUV420P, w as u32, h as u32);
+        for plane in 0..3 {
+            let n = yuv.data(plane).len();
+            for (i, v) in yuv.data_mut(plane)[..n].iter_mut().enumerate() {
+                *v = ((i * 7919 + plane * 31) % 256) as u8;
+            }
+        }
+        let mut clamped = 0;
+        for r in [
+            Rect::new(0, 0, w, h),
+            Rect::new(3, 2, 20, 15),
+            Rect::new(5, 1, 10, 22),
+            Rect::new(40, 22, 41, 23),
+            Rect::new(1, 0, 8, 3),
+        ] {
+            let mut rgb = vec![0u8; w * h * 3];
+            yuv420p_to_rgb_region(&yuv, &mut rgb, w, h, r);
+            let mut want = Vec::new();
+            for y in r.y0..r.y1 {
+                for p in rgb[(y * w + r.x0) * 3..(y * w + r.x1) * 3].chunks_exact(3) {
+                    clamped += p.iter().filter(|&&v| v == 0 || v == 255).count();
+                    want.push([p[0] as f32, p[1] as f32, p[2] as f32, 0.0]);
+                }
+            }
+            let mut got = vec![f32x4::splat(-1.0)];
+            yuv420p_texels(&yuv, (w, h), r, &mut got);
+            let got: Vec<[f32; 4]> = got[1..].iter().map(|t| t.to_array()).collect();
+            assert_eq!(got, want, "{r:?}");
+        }
+        assert!(clamped > 100, "the picture reaches both ends of the range ({clamped} values)");
     }
 
     /// A picture of `fmt` with every chroma sample at the mid value and a little texture on

@@ -13,7 +13,7 @@ use super::pool;
 use super::sink::FacesSink;
 use super::DEPTH;
 use crate::engine::{CancelToken, Cancelled, Kind, KindExt};
-use crate::faces::align::{filtered, push_texels, warp_cubic_loading, warp_face, WarpScratch};
+use crate::faces::align::{filtered, warp_cubic_loading, warp_face, WarpScratch};
 use crate::faces::detect::{iou, nms_by, DetectCounts, Detector, Passer};
 use crate::faces::mesh::{self, Mesher};
 use crate::faces::paste::{apply_rgb, changes, Mask, MaskKind, Paste, Scratch};
@@ -691,7 +691,7 @@ fn warp_ready<O: crate::faces::align::CropOut + ?Sized>(
     if let (true, Some(r), Picture::Planes { source, .. }) = (warps_from_planes(f, to_crop, region), region, &f.picture)
     {
         let mut load = |t: Rect, texels: &mut Vec<_>| {
-            crate::media::color::yuv420p_rgb_rows(source, (w, h), t, |_, row| push_texels(row, texels));
+            crate::media::color::yuv420p_texels(source, (w, h), t, texels);
         };
         warp_cubic_loading(&mut load, (w, h), to_crop, r, size, out, scratch);
         return;
