@@ -779,6 +779,10 @@ pub fn warp_face<O: CropOut + ?Sized>(
         return warp_cubic(rgb, (width, height), to_crop, r, size, out, scratch);
     }
     let level = mip_level(ratio, 6) as usize;
+    if level == 0 {
+        let mut load = |t: Rect, texels: &mut Vec<f32x4>| load_texels(rgb, width, t, texels);
+        return warp_area_loading(&mut load, (width, height), to_crop, r, size, out, scratch);
+    }
     let levels = &mut scratch.levels;
     while levels.len() < level {
         levels.push(Vec::new());
@@ -792,14 +796,10 @@ pub fn warp_face<O: CropOut + ?Sized>(
             halve_region(&done[l - 1], lw, Rect::new(0, 0, lw, lh), &mut rest[0])
         };
     }
-    let src: &[u8] = if level == 0 { rgb } else { &levels[level - 1] };
+    let src: &[u8] = &levels[level - 1];
     // Level pixel j covers frame pixels [o + j k, o + (j + 1) k): its centre is o + j k + (k - 1) / 2.
     let k = (1usize << level) as f64;
-    let (ox, oy) = if level == 0 {
-        (0.0, 0.0)
-    } else {
-        (r.x0 as f64 + (k - 1.0) / 2.0, r.y0 as f64 + (k - 1.0) / 2.0)
-    };
+    let (ox, oy) = (r.x0 as f64 + (k - 1.0) / 2.0, r.y0 as f64 + (k - 1.0) / 2.0);
     let inv = to_crop.inverse().unwrap_or(Affine::IDENTITY);
     // Crop -> level coordinates.
     let m = Affine([
@@ -809,15 +809,76 @@ pub fn warp_face<O: CropOut + ?Sized>(
         inv.0[3] / k,
         inv.0[4] / k,
         (inv.0[5] - oy) / k,
-    ])
-    .0;
-    // The four taps sit a quarter of a crop pixel from its centre along each crop axis.
+    ]);
+    // The level's pixels under the face are read as f32 texels.
+    let t = Rect::new(0, 0, lw, lh);
+    load_texels(src, lw, t, &mut scratch.texels);
+    area_taps(&scratch.texels, t, &m, size, out, |x, y| {
+        sample_rgb_f32(src, lw, lh, x, y)
+    });
+}
+
+/// [`warp_face`] of a face larger than the crop whose crop pixels span less than two frame
+/// pixels (mip level 0): the frame region `region` grown by two pixels is loaded by `load`
+/// as texels (from the RGB picture, or straight from the decoded planes), and taps at the
+/// frame's edge are clamped over them, the bilinear [`sample_rgb_f32`] gives there.
+pub(crate) fn warp_area_loading<O: CropOut + ?Sized>(
+    load: &mut dyn FnMut(Rect, &mut Vec<f32x4>),
+    (width, height): (usize, usize),
+    to_crop: &Affine,
+    region: Rect,
+    size: usize,
+    out: &mut O,
+    scratch: &mut WarpScratch,
+) {
+    let t = texel_rect(region, (width, height));
+    scratch.texels.clear();
+    load(t, &mut scratch.texels);
+    let inv = to_crop.inverse().unwrap_or(Affine::IDENTITY);
+    let tex = &scratch.texels[..];
+    area_taps(tex, t, &inv, size, out, |x, y| {
+        bilinear_texels_clamped(tex, t, (width, height), x, y)
+    });
+}
+
+/// [`sample_rgb_f32`] over the texels of rectangle `t` of a `width x height` picture, which
+/// holds every pixel it reads (a rectangle reaching the picture's edge where the point is
+/// clamped to it): the same sums on the same levels.
+fn bilinear_texels_clamped(tex: &[f32x4], t: Rect, (width, height): (usize, usize), x: f32, y: f32) -> [f32; 3] {
+    let xf = x.clamp(0.0, (width - 1) as f32);
+    let yf = y.clamp(0.0, (height - 1) as f32);
+    // Non-negative after the clamp, so truncation is floor.
+    let (x0, y0) = (xf as usize, yf as usize);
+    let (x1, y1) = ((x0 + 1).min(width - 1), (y0 + 1).min(height - 1));
+    let (fx, fy) = (xf - x0 as f32, yf - y0 as f32);
+    let tw = t.width();
+    let at =
+        |x: usize, y: usize| tex[(y.clamp(t.y0, t.y1 - 1) - t.y0) * tw + x.clamp(t.x0, t.x1 - 1) - t.x0].to_array();
+    let (a, b, c, d) = (at(x0, y0), at(x1, y0), at(x0, y1), at(x1, y1));
+    let mut out = [0.0; 3];
+    for k in 0..3 {
+        let top = a[k] + (b[k] - a[k]) * fx;
+        let bottom = c[k] + (d[k] - c[k]) * fx;
+        out[k] = top + (bottom - top) * fy;
+    }
+    out
+}
+
+/// The area filter's taps: each crop pixel the mean of four bilinear taps a quarter of a crop
+/// pixel from its centre along each crop axis, in the picture (frame or mip level) `m` maps the
+/// crop into, read from the texels of its rectangle `t`; a tap whose four pixels are not all
+/// in `t` takes `outside`.
+fn area_taps<O: CropOut + ?Sized>(
+    tex: &[f32x4],
+    t: Rect,
+    m: &Affine,
+    size: usize,
+    out: &mut O,
+    outside: impl Fn(f32, f32) -> [f32; 3],
+) {
+    let m = m.0;
     let taps = [(-0.25, -0.25), (0.25, -0.25), (-0.25, 0.25), (0.25, 0.25)]
         .map(|(du, dv)| ((m[0] * du + m[1] * dv) as f32, (m[3] * du + m[4] * dv) as f32));
-    // The level's pixels under the face are read as f32 texels (at level 0, the footprint's).
-    let t = if level == 0 { r } else { Rect::new(0, 0, lw, lh) };
-    load_texels(src, lw, t, &mut scratch.texels);
-    let tex = &scratch.texels[..];
     let tw = t.width();
     let (t0x, t0y) = (f32x4::splat(t.x0 as f32), f32x4::splat(t.y0 as f32));
     let (lo, lim_x, lim_y) = (
@@ -851,7 +912,7 @@ pub fn warp_face<O: CropOut + ?Sized>(
                         let bottom = c + (d - c) * fx;
                         top + (bottom - top) * fy
                     } else {
-                        let p = sample_rgb_f32(src, lw, lh, pxa[q], pya[q]);
+                        let p = outside(pxa[q], pya[q]);
                         f32x4::new([p[0], p[1], p[2], 0.0])
                     };
                 }

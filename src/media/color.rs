@@ -802,7 +802,10 @@ mod tests {
             let got: Vec<[f32; 4]> = got[1..].iter().map(|t| t.to_array()).collect();
             assert_eq!(got, want, "{r:?}");
         }
-        assert!(clamped > 100, "the picture reaches both ends of the range ({clamped} values)");
+        assert!(
+            clamped > 100,
+            "the picture reaches both ends of the range ({clamped} values)"
+        );
     }
 
     /// A picture of `fmt` with every chroma sample at the mid value and a little texture on

@@ -13,7 +13,7 @@ use super::pool;
 use super::sink::FacesSink;
 use super::DEPTH;
 use crate::engine::{CancelToken, Cancelled, Kind, KindExt};
-use crate::faces::align::{filtered, warp_cubic_loading, warp_face, WarpScratch};
+use crate::faces::align::{filtered, mip_level, warp_area_loading, warp_cubic_loading, warp_face, WarpScratch};
 use crate::faces::detect::{iou, nms_by, DetectCounts, Detector, Passer};
 use crate::faces::mesh::{self, Mesher};
 use crate::faces::paste::{apply_rgb, changes, Mask, MaskKind, Paste, Scratch};
@@ -660,9 +660,18 @@ fn warp_from_frame<O: crate::faces::align::CropOut + ?Sized>(
     warp_ready(f, to_crop, region, size, out, scratch);
 }
 
-/// Whether the warp of `region` under `to_crop` reads `f`'s decoded planes (not its RGB).
+/// Whether the warp of `region` under `to_crop` reads `f`'s decoded planes (not its RGB): the
+/// bicubic warp, and the area filter at full resolution (a face up to twice the crop's size;
+/// a larger one reads a halved copy of the RGB).
 fn warps_from_planes(f: &Frame, to_crop: &Affine, region: Option<Rect>) -> bool {
-    region.is_some() && matches!(f.picture, Picture::Planes { partial: true, .. }) && !filtered(to_crop)
+    region.is_some()
+        && matches!(f.picture, Picture::Planes { partial: true, .. })
+        && (!filtered(to_crop) || area_at_full_resolution(to_crop))
+}
+
+/// Whether the area filter reads a face aligned by `to_crop` at the frame's own resolution.
+fn area_at_full_resolution(to_crop: &Affine) -> bool {
+    filtered(to_crop) && mip_level(1.0 / to_crop.scale(), 6) == 0
 }
 
 /// Makes `f` ready for [`warp_ready`] of `region` under `to_crop`: its RGB made to cover the
@@ -693,7 +702,11 @@ fn warp_ready<O: crate::faces::align::CropOut + ?Sized>(
         let mut load = |t: Rect, texels: &mut Vec<_>| {
             crate::media::color::yuv420p_texels(source, (w, h), t, texels);
         };
-        warp_cubic_loading(&mut load, (w, h), to_crop, r, size, out, scratch);
+        if area_at_full_resolution(to_crop) {
+            warp_area_loading(&mut load, (w, h), to_crop, r, size, out, scratch);
+        } else {
+            warp_cubic_loading(&mut load, (w, h), to_crop, r, size, out, scratch);
+        }
         return;
     }
     warp_face(&f.rgb, (w, h), to_crop, region, size, out, scratch);
@@ -880,7 +893,8 @@ mod tests {
 
     /// A video frame whose output is made from its planes is warped from texels converted
     /// straight from them: its crops equal the ones warped from the frame's RGB picture, for a
-    /// face inside the picture, one cut by its edge and one turned.
+    /// face inside the picture, one cut by its edge and one turned, bicubically and through the
+    /// area filter.
     #[test]
     fn crops_from_the_planes_equal_crops_from_the_rgb_picture() {
         crate::init_ffmpeg();
@@ -917,6 +931,11 @@ mod tests {
             (0.05, 0.8, 100.0, 60.0),
             (0.2, 1.1, 250.0, -30.0),
             (2.0, 0.6, 200.0, 220.0),
+            // Faces up to twice the crop: the area filter, at the frame's resolution, also
+            // read from the planes (inside, cut by two edges, turned).
+            (0.1, 1.6, -40.0, -30.0),
+            (-0.3, 1.9, 150.0, 80.0),
+            (2.5, 1.7, 230.0, 200.0),
         ] {
             let (s, c) = f64::sin_cos(angle);
             let landmarks = tpl.map(|[x, y]| {
