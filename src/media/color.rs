@@ -4,6 +4,8 @@
 //! planar YUV picture at its own depth and chroma layout, so pixels the model did not change
 //! are never converted at all.
 
+use std::mem::MaybeUninit;
+
 use anyhow::Result;
 use ffmpeg::format::Pixel;
 use ffmpeg::software::scaling::{Context as Scaler, Flags};
@@ -254,22 +256,24 @@ pub(crate) fn yuv420p_rgb_rows(
 /// (R, G, B, 0 in f32: the levels [`yuv420p_rgb_rows`] gives, what the crop warp reads), four
 /// pixels at a time in vector registers, without the packed RGB row between.
 pub(crate) fn yuv420p_texels(yuv: &VideoFrame, (width, height): (usize, usize), r: Rect, out: &mut Vec<f32x4>) {
+    #[cfg(target_arch = "x86_64")]
+    let eight = crate::faces::align::avx2();
     yuv420p_region_rows(yuv, (width, height), r, |_, src| {
-        let n = src.luma.len();
-        let start = out.len();
-        out.resize(start + n, f32x4::ZERO);
-        let dst = &mut out[start..];
-        let mut i = 0;
-        while i + 4 <= n {
-            let [r, g, b] = src.at4(i);
-            let [t0, t1, t2, t3] = f32x4::transpose([r, g, b, f32x4::ZERO]);
-            dst[i..i + 4].copy_from_slice(&[t0, t1, t2, t3]);
-            i += 4;
+        let (start, n) = (out.len(), src.luma.len());
+        // Written in place of the row's texels, not zeroed first (that doubled the stores).
+        out.reserve(n);
+        let dst = &mut out.spare_capacity_mut()[..n];
+        #[allow(unused_mut)]
+        let mut done = 0;
+        #[cfg(target_arch = "x86_64")]
+        if eight {
+            // SAFETY: the CPU has AVX2 (checked once above).
+            done = unsafe { src.texels_avx2(dst) };
         }
-        for (k, d) in dst.iter_mut().enumerate().skip(i) {
-            let [r, g, b] = src.at(k);
-            *d = f32x4::new([r, g, b, 0.0].map(|v| (v as u8) as f32));
-        }
+        src.texels(dst, done);
+        // SAFETY: `texels` wrote every texel of `dst` from `done` on, and `texels_avx2` the
+        // ones before: the `n` values after `start` are initialised.
+        unsafe { out.set_len(start + n) };
     });
 }
 
@@ -297,6 +301,93 @@ impl RegionRow<'_> {
             (c - kug * d - kvg * e + 0.5).clamp(0.0, 255.0),
             (c + kub * d + 0.5).clamp(0.0, 255.0),
         ]
+    }
+
+    /// The row's texels from pixel `from` on into `dst` (one per pixel of the row): four pixels
+    /// at a time, the rest one by one.
+    fn texels(&self, dst: &mut [MaybeUninit<f32x4>], from: usize) {
+        let n = self.luma.len().min(dst.len());
+        let mut i = from;
+        while i + 4 <= n {
+            let [r, g, b] = self.at4(i);
+            for (d, t) in dst[i..i + 4].iter_mut().zip(f32x4::transpose([r, g, b, f32x4::ZERO])) {
+                d.write(t);
+            }
+            i += 4;
+        }
+        for (k, d) in dst.iter_mut().enumerate().take(n).skip(i) {
+            let [r, g, b] = self.at(k);
+            d.write(f32x4::new([r, g, b, 0.0].map(|v| (v as u8) as f32)));
+        }
+    }
+
+    /// [`RegionRow::texels`] eight pixels at a time in AVX2 registers (the same operations on
+    /// each value, so the same levels), for as many whole eights as the row has; returns how
+    /// many pixels it made.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    unsafe fn texels_avx2(&self, dst: &mut [MaybeUninit<f32x4>]) -> usize {
+        use std::arch::x86_64::*;
+        let n = self.luma.len().min(dst.len());
+        let [ky, kvr, kug, kvg, kub] = self.k.map(|k| _mm256_set1_ps(k));
+        let ([u0, u1], [v0, v1]) = (self.u, self.v);
+        let (fy, c128, c16) = (_mm256_set1_ps(self.fy), _mm256_set1_ps(128.0), _mm256_set1_ps(16.0));
+        let (half, zero, top) = (_mm256_set1_ps(0.5), _mm256_setzero_ps(), _mm256_set1_ps(255.0));
+        let mut i = 0;
+        while i + 8 <= n {
+            let eight = |s: &[f32]| {
+                let s: &[f32; 8] = s[i..i + 8].try_into().expect("8 values");
+                // SAFETY: `s` is eight f32 (an unaligned load of 32 bytes inside it).
+                unsafe { _mm256_loadu_ps(s.as_ptr()) }
+            };
+            let mix = |a: &[f32], b: &[f32]| {
+                let (a, b) = (eight(a), eight(b));
+                _mm256_sub_ps(_mm256_add_ps(a, _mm256_mul_ps(_mm256_sub_ps(b, a), fy)), c128)
+            };
+            let (d, e) = (mix(u0, u1), mix(v0, v1));
+            let l: &[u8; 8] = self.luma[i..i + 8].try_into().expect("8 levels");
+            // SAFETY: `l` is eight bytes (an unaligned 64-bit load inside it).
+            let l = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(unsafe { _mm_loadl_epi64(l.as_ptr().cast()) }));
+            let c = _mm256_mul_ps(ky, _mm256_sub_ps(l, c16));
+            // The half added, clamped to 0..=255 and truncated: the casts to levels.
+            let level = |v: __m256| {
+                let v = _mm256_min_ps(_mm256_max_ps(_mm256_add_ps(v, half), zero), top);
+                _mm256_cvtepi32_ps(_mm256_cvttps_epi32(v))
+            };
+            let r = level(_mm256_add_ps(c, _mm256_mul_ps(kvr, e)));
+            let g = level(_mm256_sub_ps(
+                _mm256_sub_ps(c, _mm256_mul_ps(kug, d)),
+                _mm256_mul_ps(kvg, e),
+            ));
+            let b = level(_mm256_add_ps(c, _mm256_mul_ps(kub, d)));
+            // Eight texels (R, G, B, 0) from the three planes: pairs, then quads, then in order.
+            let (rg_lo, rg_hi) = (_mm256_unpacklo_ps(r, g), _mm256_unpackhi_ps(r, g));
+            let (bz_lo, bz_hi) = (_mm256_unpacklo_ps(b, zero), _mm256_unpackhi_ps(b, zero));
+            let quads = |a: __m256, b: __m256| {
+                let (a, b) = (_mm256_castps_pd(a), _mm256_castps_pd(b));
+                (
+                    _mm256_castpd_ps(_mm256_unpacklo_pd(a, b)),
+                    _mm256_castpd_ps(_mm256_unpackhi_pd(a, b)),
+                )
+            };
+            // [t0 | t4], [t1 | t5], [t2 | t6], [t3 | t7].
+            let (t04, t15) = quads(rg_lo, bz_lo);
+            let (t26, t37) = quads(rg_hi, bz_hi);
+            let out: &mut [MaybeUninit<f32x4>; 8] = (&mut dst[i..i + 8]).try_into().expect("8 texels");
+            let p = out.as_mut_ptr().cast::<f32>();
+            // SAFETY: `out` is eight texels of four f32 each: four stores of eight floats fill it.
+            unsafe {
+                _mm256_storeu_ps(p, _mm256_permute2f128_ps::<0x20>(t04, t15));
+                _mm256_storeu_ps(p.add(8), _mm256_permute2f128_ps::<0x20>(t26, t37));
+                _mm256_storeu_ps(p.add(16), _mm256_permute2f128_ps::<0x31>(t04, t15));
+                _mm256_storeu_ps(p.add(24), _mm256_permute2f128_ps::<0x31>(t26, t37));
+            }
+            i += 8;
+        }
+        i
     }
 
     /// Pixels `i .. i + 4`'s levels (R, G, B a vector each): [`RegionRow::at`] lane by lane
@@ -340,19 +431,36 @@ fn yuv420p_region_rows(
     // the per-pixel form makes), and each luma row mixes its two chroma rows.
     let n = x1 - x0;
     let horizontal = |p: &[u8], stride: usize, cy: usize, out: &mut Vec<f32>| {
-        out.clear();
-        out.resize(n, 0.0);
-        let row = &p[cy * stride..];
+        let row = &p[cy * stride..][..cw];
         // An even column is its chroma sample; an odd one, halfway to the next (the per-pixel
-        // form's sums: a + (b - a) * 0.5).
-        for (o, x) in out.iter_mut().zip(x0..x1) {
-            let c0 = x >> 1;
-            let a = row[c0] as f32;
-            *o = if x & 1 == 0 {
-                a
-            } else {
-                a + (row[(c0 + 1).min(cw - 1)] as f32 - a) * 0.5
-            };
+        // form's sums: a + (b - a) * 0.5), the last chroma column its own next.
+        let odd = |c: usize| {
+            let a = row[c] as f32;
+            a + (row[(c + 1).min(cw - 1)] as f32 - a) * 0.5
+        };
+        out.clear();
+        let mut x = x0;
+        if x & 1 == 1 {
+            out.push(odd(x >> 1));
+            x += 1;
+        }
+        // Whole pairs of columns (even, odd) over chroma columns that have a next one: a loop
+        // without branches, which the compiler turns into vector code.
+        let c0 = x >> 1;
+        let pairs = ((x1 - x) / 2).min((cw - 1).saturating_sub(c0));
+        let start = out.len();
+        out.resize(start + 2 * pairs, 0.0);
+        let (here, next) = (&row[c0..c0 + pairs], &row[c0 + 1..c0 + 1 + pairs]);
+        for ((o, &a), &b) in out[start..].chunks_exact_mut(2).zip(here).zip(next) {
+            let (a, b) = (a as f32, b as f32);
+            o[0] = a;
+            o[1] = a + (b - a) * 0.5;
+        }
+        x += 2 * pairs;
+        while x < x1 {
+            let c = x >> 1;
+            out.push(if x & 1 == 0 { row[c] as f32 } else { odd(c) });
+            x += 1;
         }
     };
     // (chroma row, its U and V along x) for the two rows the current luma row reads.
@@ -716,7 +824,13 @@ mod tests {
     #[test]
     fn region_conversion_equals_the_per_pixel_formula() {
         crate::init_ffmpeg();
-        let (w, h) = (37usize, 29usize);
+        // An odd and an even width: the last chroma column is its own next on the even one.
+        for (w, h) in [(37usize, 29usize), (40, 30)] {
+            region_conversion_at(w, h);
+        }
+    }
+
+    fn region_conversion_at(w: usize, h: usize) {
         let mut yuv = VideoFrame::new(Pixel::YUV420P, w as u32, h as u32);
         for plane in 0..3 {
             let n = yuv.data(plane).len();
@@ -760,6 +874,7 @@ mod tests {
             Rect::new(3, 2, 20, 15),
             Rect::new(8, 17, 37, 29),
             Rect::new(36, 28, 37, 29),
+            Rect::new(w - 3, 0, w, h),
         ] {
             let mut got = vec![0u8; w * h * 3];
             yuv420p_to_rgb_region(&yuv, &mut got, w, h, r);
@@ -767,8 +882,9 @@ mod tests {
         }
     }
 
-    /// The texels the crop warp reads straight from the planes are the region's levels, four
-    /// pixels at a time and the rest one by one, over the whole range (the clamps at both ends).
+    /// The texels the crop warp reads straight from the planes are the region's levels, eight
+    /// or four pixels at a time and the rest one by one, over the whole range (the clamps at
+    /// both ends).
     #[test]
     fn texels_from_the_planes_are_the_regions_levels() {
         crate::init_ffmpeg();
@@ -801,6 +917,15 @@ mod tests {
             yuv420p_texels(&yuv, (w, h), r, &mut got);
             let got: Vec<[f32; 4]> = got[1..].iter().map(|t| t.to_array()).collect();
             assert_eq!(got, want, "{r:?}");
+            // The plain rows too, where the CPU takes eight pixels at a time above.
+            let mut plain = Vec::new();
+            yuv420p_region_rows(&yuv, (w, h), r, |_, src| {
+                let mut row = vec![MaybeUninit::new(f32x4::splat(-1.0)); src.luma.len()];
+                src.texels(&mut row, 0);
+                // SAFETY: every texel was made initialised above (and written again).
+                plain.extend(row.into_iter().map(|t| unsafe { t.assume_init() }.to_array()));
+            });
+            assert_eq!(plain, want, "plain: {r:?}");
         }
         assert!(
             clamped > 100,
