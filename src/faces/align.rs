@@ -303,9 +303,24 @@ impl CropOut for [u8] {
         let plane = self.len() / 3;
         for (c, v) in rgb.into_iter().enumerate() {
             // In 0..=255.5 after the half, so truncation rounds half up as `put` does.
-            let n = (v + half).fast_trunc_int().to_array();
+            let n = (v + half).fast_trunc_int();
             let at: &mut [u8; 4] = (&mut self[c * plane + i..][..4]).try_into().expect("4 bytes");
-            *at = n.map(|v| v as u8);
+            #[cfg(target_arch = "x86_64")]
+            {
+                use std::arch::x86_64::*;
+                // SAFETY: SSE2 is part of x86-64; i32x4 is four i32 lanes like __m128i (both
+                // plain data of 16 bytes). The lanes are 0..=255, so both packs keep them.
+                let word = unsafe {
+                    let n = std::mem::transmute::<wide::i32x4, __m128i>(n);
+                    let bytes = _mm_packus_epi16(_mm_packs_epi32(n, n), _mm_setzero_si128());
+                    _mm_cvtsi128_si32(bytes)
+                };
+                *at = word.to_le_bytes();
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            {
+                *at = n.to_array().map(|v| v as u8);
+            }
         }
     }
 }
@@ -520,10 +535,8 @@ unsafe fn fused_taps16(tex: &[f32x4], base: usize, tw: usize, wx: [f32; 4], wy: 
         acc = _mm256_fmadd_ps(r, _mm256_set1_ps(wj), acc);
     }
     let sum = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps::<1>(acc));
-    let mut v = [0.0f32; 4];
-    // SAFETY: `v` holds four floats.
-    unsafe { _mm_storeu_ps(v.as_mut_ptr(), sum) };
-    f32x4::new(v)
+    // SAFETY: __m128 and f32x4 are both four f32 lanes (16 bytes of plain data).
+    unsafe { std::mem::transmute::<__m128, f32x4>(sum) }
 }
 
 /// The body of [`warp_cubic_loading`]; `FUSED` takes the interior taps through
@@ -588,7 +601,8 @@ fn warp_cubic_body<O: CropOut + ?Sized, const FUSED: bool>(
                 };
             }
             // The four pixels' channels side by side, clamped to the levels, out at once.
-            let [r, g, b, _] = f32x4::transpose(px).map(|v| v.max(f32x4::ZERO).min(f32x4::splat(255.0)));
+            // (The taps' sums are finite: the fast forms clamp as the IEEE ones do.)
+            let [r, g, b, _] = f32x4::transpose(px).map(|v| v.fast_max(f32x4::ZERO).fast_min(f32x4::splat(255.0)));
             if n == 4 {
                 out.put4(y * size + x4, [r, g, b]);
             } else {
