@@ -15,18 +15,9 @@
 # matters here: the feeder does not run it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-src=${1:-samples/group-1080p.mp4}
-pairs=${2:-3}
-shift $(( $# >= 2 ? 2 : $# ))
-[ "${1:-}" = "--" ] && shift
-bin=${GPEN_VIDEO:-target/release/gpen-video}
-model=${MODEL:-models/standin/identity-512.onnx}
-[ -x "$bin" ] || { echo "build first: cargo build --release" >&2; exit 1; }
-[ -f "$src" ] || { echo "$src missing: run scripts/make_samples.sh" >&2; exit 1; }
-# shellcheck disable=SC1091
-[ -f .deps/env.sh ] && source .deps/env.sh
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
+# shellcheck source=scripts/bench-args.sh
+source scripts/bench-args.sh
+bench_args samples/group-1080p.mp4 3 "$@"
 frames=$(ffprobe -v error -select_streams v:0 -count_packets -show_entries stream=nb_read_packets \
   -of csv=p=0 "$src")
 run_ffmpeg() {
@@ -34,14 +25,14 @@ run_ffmpeg() {
     -map 0:v:0 -map '0:a?' -c:v libx264 -preset medium -crf 18 -c:a copy "$tmp/f.mp4"
 }
 run_feeder() {
-  "$bin" bench "$src" --stage feeder --repeat 1 --model "$model" --json "$tmp/b.json" "$@" \
+  "$bin" bench "$src" --stage feeder --repeat 1 --model "$model" --json "$tmp/b.json" "${extra[@]}" \
     >/dev/null 2>&1
 }
 # Warm-up (page cache, ONNX Runtime's first load), not counted.
 run_ffmpeg
 rows=()
 for i in $(seq 1 "$pairs"); do
-  run_feeder "$@"
+  run_feeder
   run_ffmpeg
   row=$(python3 - "$tmp/b.json" "$tmp/cpu" "$frames" <<'EOF'
 import json, sys

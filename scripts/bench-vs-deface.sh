@@ -10,23 +10,15 @@
 # defaults to the identity stand-in (MODEL=... for another); GPEN_VIDEO=path times another build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-src=${1:-samples/group-1080p.mp4}
-pairs=${2:-3}
-shift $(( $# >= 2 ? 2 : $# ))
-[ "${1:-}" = "--" ] && shift
-bin=${GPEN_VIDEO:-target/release/gpen-video}
-model=${MODEL:-models/standin/identity-512.onnx}
-[ -x "$bin" ] || { echo "build first: cargo build --release" >&2; exit 1; }
-[ -f "$src" ] || { echo "$src missing: run scripts/make_samples.sh" >&2; exit 1; }
+# shellcheck source=scripts/bench-args.sh
+source scripts/bench-args.sh
+bench_args samples/group-1080p.mp4 3 "$@"
+set -- "${extra[@]}"
 venv=.deps/deface-venv
 if [ ! -x "$venv/bin/deface" ]; then
   python3 -m venv "$venv"
   "$venv/bin/pip" install -q --disable-pip-version-check "deface==1.5.0"
 fi
-# shellcheck disable=SC1091
-[ -f .deps/env.sh ] && source .deps/env.sh
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
 now() { date +%s.%N; }
 run_gpen() { "$bin" "$src" "$tmp/g.mp4" --model "$model" --preset medium --crf 18 -q "$@" 2>/dev/null; }
 run_deface() {

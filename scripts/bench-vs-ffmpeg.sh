@@ -12,18 +12,10 @@
 # GPEN_VIDEO=path/to/binary times another build (an earlier commit, say) the same way.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-src=${1:-samples/astronaut-1080p.mp4}
-pairs=${2:-4}
-shift $(( $# >= 2 ? 2 : $# ))
-[ "${1:-}" = "--" ] && shift
-bin=${GPEN_VIDEO:-target/release/gpen-video}
-model=${MODEL:-models/standin/identity-512.onnx}
-[ -x "$bin" ] || { echo "build first: cargo build --release" >&2; exit 1; }
-[ -f "$src" ] || { echo "$src missing: run scripts/make_samples.sh" >&2; exit 1; }
-# shellcheck disable=SC1091
-[ -f .deps/env.sh ] && source .deps/env.sh
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
+# shellcheck source=scripts/bench-args.sh
+source scripts/bench-args.sh
+bench_args samples/astronaut-1080p.mp4 4 "$@"
+set -- "${extra[@]}"
 now() { date +%s.%N; }
 run_gpen() { "$bin" "$src" "$tmp/g.mp4" --model "$model" -q "$@" 2>/dev/null; }
 run_ffmpeg() {
