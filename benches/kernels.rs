@@ -8,7 +8,7 @@
 use std::hint::black_box;
 use std::time::Instant;
 
-use gpen_video::faces::align::{template, warp_face, warp_to_tensor, WarpScratch};
+use gpen_video::faces::align::{crop_to_tensor, template, warp_face, warp_to_tensor, WarpScratch};
 use gpen_video::faces::paste::{changes, Mask, Paste, Scratch};
 use gpen_video::frame::change_steps;
 use gpen_video::geom::{crop_footprint, fit_similarity, Affine};
@@ -71,6 +71,22 @@ fn main() {
     // `KERNELS=temporal` times only the temporal filter.
     if std::env::var("KERNELS").as_deref() == Ok("temporal") {
         temporal(size, 41);
+        return;
+    }
+    // `KERNELS=tensor` times only the model's float input made from four crops in bytes, a
+    // batch as the worker fills it (12 MB: more than the caches hold, as in the pipeline).
+    if std::env::var("KERNELS").as_deref() == Ok("tensor") {
+        let crops: Vec<Vec<u8>> = (0..4)
+            .map(|k| (0..3 * size * size).map(|i| ((i * 7919 + k) % 256) as u8).collect())
+            .collect();
+        let mut tensor = vec![0.0f32; 4 * 3 * size * size];
+        let ms = median_ms(41, || {
+            for (crop, item) in crops.iter().zip(tensor.chunks_exact_mut(3 * size * size)) {
+                crop_to_tensor(crop, item);
+            }
+            black_box(&tensor);
+        });
+        println!("the model's input from four crops, per face          {:>8.3}", ms / 4.0);
         return;
     }
     let frame: Vec<u8> = (0..w * h * 3).map(|i| ((i * 7919) % 251) as u8).collect();
