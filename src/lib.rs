@@ -15,6 +15,7 @@ pub mod geom;
 pub mod interrupt;
 pub mod media;
 pub mod output;
+pub mod parts;
 pub mod pipeline;
 pub mod registry;
 pub mod runtime;

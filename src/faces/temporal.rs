@@ -128,9 +128,11 @@ pub struct Temporal {
     face: Vec<bool>,
     tracks: HashMap<u64, Track>,
     spare: Vec<Track>,
-    /// Threads a frame's bands are shared out to, and each one's row maxima (see [`shares`]).
+    /// Threads a frame's bands are shared out to, and each one's row maxima (see [`shares`]);
+    /// the threads, kept for the run (none for one).
     threads: usize,
     scratch: Vec<Vec<f32>>,
+    pool: Option<rayon::ThreadPool>,
     helper_cpu: std::time::Duration,
     pub flicker: Flicker,
 }
@@ -489,46 +491,46 @@ fn rows_of<'a, T>(s: &'a [T], per_row: usize, r: &Range<usize>) -> &'a [T] {
     s.get(r.start * per_row..r.end * per_row).unwrap_or(&[])
 }
 
-/// Runs `bands` on up to one thread per scratch buffer of `scratches` (this one and helpers
-/// started for the frame, each with its own buffer, kept between frames), each taking the next
-/// band; returns their sums and the helpers' CPU time.
-fn run_bands(bands: Vec<Band<'_>>, scratches: &mut [Vec<f32>]) -> (Vec<Partial>, std::time::Duration) {
-    let helpers = scratches.len().min(bands.len()).saturating_sub(1);
-    let (scratch, others) = scratches.split_first_mut().expect("one scratch buffer at least");
-    if helpers == 0 {
+/// Runs `bands`, each taking the next band, on this thread alone, or on up to one thread of
+/// `pool` (kept for the run, see [`crate::parts`]) per scratch buffer of `scratches` (each with
+/// its own buffer, kept between frames); returns their sums and the CPU time spent on the pool.
+fn run_bands(
+    bands: Vec<Band<'_>>,
+    scratches: &mut [Vec<f32>],
+    pool: Option<&rayon::ThreadPool>,
+) -> (Vec<Partial>, std::time::Duration) {
+    let parts = scratches.len().min(bands.len());
+    let Some(pool) = pool.filter(|_| parts > 1) else {
+        let scratch = scratches.first_mut().expect("one scratch buffer at least");
         return (
             bands.into_iter().map(|b| b.run(scratch)).collect(),
             std::time::Duration::ZERO,
         );
-    }
+    };
     let queue = std::sync::Mutex::new(bands);
     let take = || queue.lock().unwrap_or_else(|e| e.into_inner()).pop();
-    let drain = |scratch: &mut Vec<f32>| {
-        let mut done = Vec::new();
-        while let Some(b) = take() {
-            done.push(b.run(scratch));
+    let mut slots: Vec<(Vec<Partial>, std::time::Duration, Option<std::thread::ThreadId>)> = (0..parts)
+        .map(|_| (Vec::new(), std::time::Duration::ZERO, None))
+        .collect();
+    // The pool's threads run every part (this thread waits in the scope), each timing its own
+    // clock over its part.
+    pool.scope(|s| {
+        for (own, slot) in scratches.iter_mut().zip(slots.iter_mut()) {
+            let take = &take;
+            s.spawn(move |_| {
+                let start = crate::stats::thread_cpu_time();
+                while let Some(b) = take() {
+                    slot.0.push(b.run(own));
+                }
+                slot.1 = crate::stats::thread_cpu_time().saturating_sub(start);
+                slot.2 = Some(std::thread::current().id());
+            });
         }
-        done
-    };
-    std::thread::scope(|s| {
-        let spawned: Vec<_> = others[..helpers]
-            .iter_mut()
-            .map(|own| {
-                s.spawn(move || {
-                    let done = drain(own);
-                    (done, crate::stats::thread_cpu_time())
-                })
-            })
-            .collect();
-        let mut done = drain(scratch);
-        let mut cpu = std::time::Duration::ZERO;
-        for h in spawned {
-            let (d, c) = h.join().unwrap_or_else(|e| std::panic::resume_unwind(e));
-            done.extend(d);
-            cpu += c;
-        }
-        (done, cpu)
-    })
+    });
+    #[cfg(test)]
+    tests::BAND_THREADS.with(|t| t.borrow_mut().extend(slots.iter().filter_map(|s| s.2)));
+    let cpu = slots.iter().map(|s| s.1).sum();
+    (slots.into_iter().flat_map(|s| s.0).collect(), cpu)
 }
 
 /// Whether the mean of `now - before` over the face's cells (`inside`) is a change of lighting
@@ -621,6 +623,7 @@ impl Temporal {
             spare: Vec::new(),
             threads: 1,
             scratch: vec![Vec::new()],
+            pool: None,
             helper_cpu: std::time::Duration::ZERO,
             flicker: Flicker {
                 filtered: memory > 0.0,
@@ -634,6 +637,7 @@ impl Temporal {
     pub fn threads(mut self, threads: usize) -> Self {
         self.threads = threads.max(1);
         self.scratch.resize_with(self.threads, Vec::new);
+        self.pool = crate::parts::pool(self.threads, "temporal");
         self
     }
 
@@ -685,7 +689,7 @@ impl Temporal {
         for w in work.iter_mut() {
             w.cut(&ranges, (size, self.memory, a_first), &self.face, &mut bands);
         }
-        let (partials, cpu) = run_bands(bands, &mut self.scratch);
+        let (partials, cpu) = run_bands(bands, &mut self.scratch, self.pool.as_ref());
         self.helper_cpu += cpu;
         let f = &mut self.flicker;
         for p in &partials {
@@ -751,6 +755,12 @@ impl Temporal {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    thread_local! {
+        /// The threads that ran bands for filters called on this (test's) thread.
+        pub(super) static BAND_THREADS: std::cell::RefCell<std::collections::HashSet<std::thread::ThreadId>> =
+            Default::default();
+    }
 
     #[test]
     fn the_neighbourhood_maximum_is_the_cell_by_cell_one() {
@@ -963,6 +973,9 @@ mod tests {
             assert!((x - y).abs() < 1e-9, "{f:?} vs {g:?}");
         }
         assert!(many.helper_cpu() > std::time::Duration::ZERO);
+        // 77 frames shared out, on the run's own five threads: none started for a frame.
+        let ran_on = BAND_THREADS.with(|t| t.borrow().len());
+        assert!((2..=5).contains(&ran_on), "bands ran on {ran_on} threads");
     }
 
     #[test]

@@ -146,6 +146,7 @@ pub(crate) fn detect_follow(
         ctx.threads.max(1)
     };
     let mut scratch: Vec<WarpScratch> = (0..warpers).map(|_| WarpScratch::default()).collect();
+    let pool = crate::parts::pool(warpers, "mesh");
     // The faces followed into the next frame (their boxes and points; outlines not kept).
     let mut prev: Vec<Face> = Vec::new();
     // A face was kept without a mesh on the frame before: a whole-frame pass finds it again.
@@ -182,7 +183,13 @@ pub(crate) fn detect_follow(
             rois.clear();
             rois.extend(prev.iter().map(mesh::follow_roi));
             rois.extend(found.iter().map(mesh::roi));
-            mesh_faces(meshers, &mut scratch, &mut frame, (&rois, &mut regions), &mut cpu)?;
+            mesh_faces(
+                meshers,
+                (&mut scratch, pool.as_ref()),
+                &mut frame,
+                (&rois, &mut regions),
+                &mut cpu,
+            )?;
             let mut jobs = Vec::with_capacity(rois.len());
             let mut lost = false;
             let mut meshes = meshed(meshers, rois.len());
@@ -211,7 +218,13 @@ pub(crate) fn detect_follow(
                 found.retain(|f| jobs.iter().all(|j| iou(&j.face.bbox, &f.bbox) < detector.nms_iou));
                 rois.clear();
                 rois.extend(found.iter().map(mesh::roi));
-                mesh_faces(meshers, &mut scratch, &mut frame, (&rois, &mut regions), &mut cpu)?;
+                mesh_faces(
+                    meshers,
+                    (&mut scratch, pool.as_ref()),
+                    &mut frame,
+                    (&rois, &mut regions),
+                    &mut cpu,
+                )?;
                 for (face, found) in found.into_iter().zip(meshed(meshers, rois.len())) {
                     let mut job = FaceJob::detected(face);
                     if judge(&mut job, found, ctx, &tally) {
@@ -298,12 +311,12 @@ struct MeshCpu {
 /// Meshes the faces of `f` whose frame -> crop transforms are `rois` (`regions` holds their
 /// frame regions while it runs; see [`meshed`] for where
 /// their meshes are then read): the crops shared out among the sessions of `meshers` in
-/// consecutive parts, each part warped and run on a thread of its own (the first on this
-/// thread). With one session (a GPU) the crops are still warped on as many threads as there
-/// are `scratch` buffers, and run as one batch here.
+/// consecutive parts, each part warped and run on a thread of `pool` (all on this thread
+/// without one). With one session (a GPU) the crops are still warped on as many threads as
+/// there are `scratch` buffers, and run as one batch here.
 fn mesh_faces(
     meshers: &mut [Mesher],
-    scratch: &mut [WarpScratch],
+    (scratch, pool): (&mut [WarpScratch], Option<&rayon::ThreadPool>),
     f: &mut Frame,
     (rois, regions): (&[Affine], &mut Vec<Option<Rect>>),
     cpu: &mut MeshCpu,
@@ -342,33 +355,31 @@ fn mesh_faces(
         (scratch.len(), true)
     };
     let per = n.div_ceil(threads.clamp(1, n));
-    let (helpers, warps, done) = std::thread::scope(|s| {
-        if shared {
-            // One session: warp in parallel into its one input, then run it here (below).
-            let input = &mut meshers[0].input(n)[..n * plane];
-            let jobs = input
-                .chunks_mut(per * plane)
-                .zip(scratch.iter_mut())
-                .zip(rois.chunks(per).zip(regions.chunks(per)))
-                .map(|((input, sc), (ts, rs))| move || (Ok(()), warp(input, sc, ts, rs)))
-                .collect();
-            run_parts(s, jobs)
-        } else {
-            let jobs = meshers
-                .iter_mut()
-                .zip(scratch.iter_mut())
-                .zip(rois.chunks(per).zip(regions.chunks(per)))
-                .map(|((m, sc), (ts, rs))| {
-                    move || {
-                        let input = &mut m.input(ts.len())[..ts.len() * plane];
-                        let spent = warp(input, sc, ts, rs);
-                        (m.run(ts).map(|_| ()), spent)
-                    }
-                })
-                .collect();
-            run_parts(s, jobs)
-        }
-    });
+    let (helpers, warps, done) = if shared {
+        // One session: warp in parallel into its one input, then run it here (below).
+        let input = &mut meshers[0].input(n)[..n * plane];
+        let jobs = input
+            .chunks_mut(per * plane)
+            .zip(scratch.iter_mut())
+            .zip(rois.chunks(per).zip(regions.chunks(per)))
+            .map(|((input, sc), (ts, rs))| move || (Ok(()), warp(input, sc, ts, rs)))
+            .collect();
+        run_parts(pool, jobs)
+    } else {
+        let jobs = meshers
+            .iter_mut()
+            .zip(scratch.iter_mut())
+            .zip(rois.chunks(per).zip(regions.chunks(per)))
+            .map(|((m, sc), (ts, rs))| {
+                move || {
+                    let input = &mut m.input(ts.len())[..ts.len() * plane];
+                    let spent = warp(input, sc, ts, rs);
+                    (m.run(ts).map(|_| ()), spent)
+                }
+            })
+            .collect();
+        run_parts(pool, jobs)
+    };
     let done = if shared {
         done.and_then(|()| meshers[0].run(rois).map(|_| ()))
     } else {
@@ -379,23 +390,40 @@ fn mesh_faces(
     done.with_context(|| format!("face mesh, frame {}", f.index))
 }
 
-/// Runs `jobs` (each giving its outcome and the CPU it spent warping), the first on this
-/// thread and each other on a thread of its own in `s`; returns the other threads' CPU time,
-/// the warping time of all and the first failure.
-fn run_parts<'s, J>(
-    s: &'s std::thread::Scope<'s, '_>,
+/// Runs `jobs` (each giving its outcome and the CPU it spent warping): on the threads of `pool`
+/// when there are several (this thread waits), else here; returns the CPU time they took on
+/// the pool, the warping time of all and the first failure.
+fn run_parts<J>(
+    pool: Option<&rayon::ThreadPool>,
     jobs: Vec<J>,
 ) -> (std::time::Duration, std::time::Duration, Result<()>)
 where
-    J: FnOnce() -> (Result<()>, std::time::Duration) + Send + 's,
+    J: FnOnce() -> (Result<()>, std::time::Duration) + Send,
 {
-    let mut jobs = jobs.into_iter();
-    let own = jobs.next();
-    let handles: Vec<_> = jobs.map(|job| s.spawn(move || (job(), thread_cpu_time()))).collect();
-    let (mut done, mut warps) = own.map_or((Ok(()), std::time::Duration::ZERO), |job| job());
-    let mut helpers = std::time::Duration::ZERO;
-    for h in handles {
-        let ((part, w), c) = h.join().unwrap_or_else(|e| std::panic::resume_unwind(e));
+    let zero = std::time::Duration::ZERO;
+    let Some(pool) = pool.filter(|_| jobs.len() > 1) else {
+        let (mut done, mut warps) = (Ok(()), zero);
+        for job in jobs {
+            let (part, w) = job();
+            warps += w;
+            done = done.and(part);
+        }
+        return (zero, warps, done);
+    };
+    // Each job's outcome and warping time, with the CPU its thread spent on it.
+    type Done = ((Result<()>, std::time::Duration), std::time::Duration);
+    let mut slots: Vec<Option<Done>> = (0..jobs.len()).map(|_| None).collect();
+    pool.scope(|s| {
+        for (job, slot) in jobs.into_iter().zip(slots.iter_mut()) {
+            s.spawn(move |_| {
+                let start = thread_cpu_time();
+                let out = job();
+                *slot = Some((out, thread_cpu_time().saturating_sub(start)));
+            });
+        }
+    });
+    let (mut done, mut warps, mut helpers) = (Ok(()), zero, zero);
+    for ((part, w), c) in slots.into_iter().flatten() {
         helpers += c;
         warps += w;
         done = done.and(part);
