@@ -253,8 +253,8 @@ pub(crate) fn yuv420p_rgb_rows(
 }
 
 /// Appends region `r` of a yuv420p picture of `width x height` to `out` as texels, row by row
-/// (R, G, B, 0 in f32: the levels [`yuv420p_rgb_rows`] gives, what the crop warp reads), four
-/// pixels at a time in vector registers, without the packed RGB row between.
+/// (R, G, B, 0 in f32: the levels [`yuv420p_rgb_rows`] gives, what the crop warp reads), eight
+/// pixels at a time with AVX2 and four without, with no packed RGB row between.
 pub(crate) fn yuv420p_texels(yuv: &VideoFrame, (width, height): (usize, usize), r: Rect, out: &mut Vec<f32x4>) {
     #[cfg(target_arch = "x86_64")]
     let eight = crate::faces::align::avx2();
@@ -648,15 +648,7 @@ pub(crate) fn add_changes(pic: &mut VideoFrame, changes: &[Change]) -> bool {
         let area = (bw * bh) as f32;
         for cy in (r.y0 >> vshift)..r.y1.div_ceil(bh) {
             for cx in (r.x0 >> hshift)..r.x1.div_ceil(bw) {
-                let mut sum = [0.0f32; 3];
-                for y in (cy * bh).max(r.y0)..((cy + 1) * bh).min(r.y1) {
-                    for x in (cx * bw).max(r.x0)..((cx + 1) * bw).min(r.x1) {
-                        let d = at(x, y);
-                        for c in 0..3 {
-                            sum[c] += d[c];
-                        }
-                    }
-                }
+                let sum = block_sum(ch, r, (cx, cy), (bw, bh));
                 if sum == [0.0; 3] {
                     continue;
                 }
@@ -672,6 +664,22 @@ pub(crate) fn add_changes(pic: &mut VideoFrame, changes: &[Change]) -> bool {
         }
     }
     true
+}
+
+/// The sum of change `ch` over the pixels of chroma sample (cx, cy) (blocks of `bw x bh`
+/// pixels) that lie in `r` (the change clipped to the picture), row by row.
+fn block_sum(ch: &Change, r: Rect, (cx, cy): (usize, usize), (bw, bh): (usize, usize)) -> [f32; 3] {
+    let rw = ch.rect.width();
+    let mut sum = [0.0f32; 3];
+    for y in (cy * bh).max(r.y0)..((cy + 1) * bh).min(r.y1) {
+        for x in (cx * bw).max(r.x0)..((cx + 1) * bw).min(r.x1) {
+            let d = &ch.rgb[((y - ch.rect.y0) * rw + x - ch.rect.x0) * 3..][..3];
+            for c in 0..3 {
+                sum[c] += d[c];
+            }
+        }
+    }
+    sum
 }
 
 thread_local! {
@@ -730,15 +738,7 @@ fn add_change_420(pic: &mut VideoFrame, ch: &Change, rows: &[[f32; 3]; 3]) {
         let inner = (iy0..iy1).contains(&cy) && ix0 < ix1;
         let edge = (cx0..cx1).filter(|cx| !(inner && (ix0..ix1).contains(cx)));
         for cx in edge {
-            let mut sum = [0.0f32; 3];
-            for y in (2 * cy).max(r.y0)..(2 * cy + 2).min(r.y1) {
-                for x in (2 * cx).max(r.x0)..(2 * cx + 2).min(r.x1) {
-                    let d = &row_of(y)[(x - r.x0) * 3..][..3];
-                    for c in 0..3 {
-                        sum[c] += d[c];
-                    }
-                }
-            }
+            let sum = block_sum(ch, r, (cx, cy), (2, 2));
             if sum == [0.0; 3] {
                 continue;
             }
@@ -915,14 +915,22 @@ mod tests {
         }
     }
 
-    fn region_conversion_at(w: usize, h: usize) {
+    /// A yuv420p picture `w x h` whose samples run through `low .. low + span` in a scattered
+    /// pattern (the same in every call).
+    fn patterned(w: usize, h: usize, span: usize, low: u8) -> VideoFrame {
+        crate::init_ffmpeg();
         let mut yuv = VideoFrame::new(Pixel::YUV420P, w as u32, h as u32);
         for plane in 0..3 {
             let n = yuv.data(plane).len();
             for (i, v) in yuv.data_mut(plane)[..n].iter_mut().enumerate() {
-                *v = ((i * 7919 + plane * 31) % 241) as u8 + 8;
+                *v = ((i * 7919 + plane * 31) % span) as u8 + low;
             }
         }
+        yuv
+    }
+
+    fn region_conversion_at(w: usize, h: usize) {
+        let yuv = patterned(w, h, 241, 8);
         let per_pixel = |r: Rect| {
             let mut rgb = vec![0u8; w * h * 3];
             let (ys, us, vs) = (yuv.stride(0), yuv.stride(1), yuv.stride(2));
@@ -974,13 +982,7 @@ mod tests {
     fn the_420_form_adds_what_the_general_loop_adds() {
         crate::init_ffmpeg();
         let (w, h) = (37usize, 23usize);
-        let mut base = VideoFrame::new(Pixel::YUV420P, w as u32, h as u32);
-        for plane in 0..3 {
-            let n = base.data(plane).len();
-            for (i, v) in base.data_mut(plane)[..n].iter_mut().enumerate() {
-                *v = ((i * 7919 + plane * 31) % 256) as u8;
-            }
-        }
+        let base = patterned(w, h, 256, 0);
         let change = |rect: Rect, seed: usize| Change {
             rect,
             rgb: (0..rect.width() * rect.height() * 3)
@@ -999,15 +1001,7 @@ mod tests {
             change(Rect::new(11, 1, 12, 2), 4),
             change(Rect::new(6, 9, 13, 16), 5),
         ];
-        let copy = |f: &VideoFrame| {
-            let mut c = VideoFrame::new(Pixel::YUV420P, w as u32, h as u32);
-            for plane in 0..3 {
-                let n = f.data(plane).len();
-                c.data_mut(plane)[..n].copy_from_slice(f.data(plane));
-            }
-            c
-        };
-        let (mut fast, mut general) = (copy(&base), copy(&base));
+        let (mut fast, mut general) = (patterned(w, h, 256, 0), patterned(w, h, 256, 0));
         assert!(add_changes(&mut fast, &changes));
         GENERAL_ADD.set(true);
         assert!(add_changes(&mut general, &changes));
@@ -1032,13 +1026,7 @@ mod tests {
     fn texels_from_the_planes_are_the_regions_levels() {
         crate::init_ffmpeg();
         let (w, h) = (41usize, 23usize);
-        let mut yuv = VideoFrame::new(Pixel::YUV420P, w as u32, h as u32);
-        for plane in 0..3 {
-            let n = yuv.data(plane).len();
-            for (i, v) in yuv.data_mut(plane)[..n].iter_mut().enumerate() {
-                *v = ((i * 7919 + plane * 31) % 256) as u8;
-            }
-        }
+        let yuv = patterned(w, h, 256, 0);
         let mut clamped = 0;
         for r in [
             Rect::new(0, 0, w, h),
