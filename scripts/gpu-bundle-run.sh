@@ -295,6 +295,11 @@ wm=$m16 wf=(--fp16)
 step whole-file "$device" 16 "$out/whole-file.stats.json" "$step_timeout" -- \
   "${gv[@]}" "$sample" "$out/whole-file.mp4" --model "$wm" "${wf[@]}" --batch 16 "${whole[@]}" \
   --stats-json "$out/whole-file.stats.json" "${common[@]}"
+# The same without the budget of decoded frames in flight (every queue may fill, as before the
+# budget): faces/s above the budgeted run's would say the budget starves the GPU.
+step whole-file-unbudgeted "$device" 16 "$out/whole-file-unbudgeted.stats.json" "$step_timeout" -- \
+  env GPEN_VIDEO_IN_FLIGHT=100000 "${gv[@]}" "$sample" "$out/whole-file-unbudgeted.mp4" --model "$wm" "${wf[@]}" \
+  --batch 16 "${whole[@]}" --stats-json "$out/whole-file-unbudgeted.stats.json" "${common[@]}"
 # The same file in one-second segments, four at once on the one GPU (--jobs 4: four pipelines,
 # each its own detection frame after frame): how far several pipelines feed the GPU past one.
 step whole-file-4jobs "$device" 16 "$out/whole-file-4jobs.stats.json" "$step_timeout" -- \
@@ -414,6 +419,13 @@ for feed in f.get("feeder", []):
         model = sum(ms for _, ms in feed.get("fast_stage_model_ms", []))
         print(f"feeder: with detection's and the mesh's model runs ({model:.1f} core-ms a face here) left "
               f"to a GPU, 16 cores would feed about {gpu_host[0]:.0f} faces/s, limited by {gpu_host[1]}")
+for name in ("whole-file", "whole-file-unbudgeted"):
+    j = (by.get(name) or {}).get("result") or {}
+    if isinstance(j, dict) and j.get("frames_in_flight_budget") is not None:
+        rss = j.get("peak_rss_bytes") or 0
+        print(f"{name}: decoded frames in flight at most {j.get('frames_in_flight_max')} of a budget of "
+              f"{j['frames_in_flight_budget']}; peak memory {rss / 2**20:.0f} MiB; stage queues full: "
+              + ", ".join(f"{s['name']} {100 * s['queue_fill']:.0f} %" for s in j.get("stages", [])))
 for r in summary:
     if r["status"] != "ok":
         print(f"{r['step']}: {r['status']}: {r['message']}")

@@ -67,6 +67,9 @@ pub struct Frame {
     /// The detector's whole-frame pass over `det`, run ahead of the detect stage's chain on a
     /// frame where one falls due by its number (frame pixels, best first), if it was.
     pub pass: Option<Vec<Face>>,
+    /// The frame's place in its line's budget of frames in flight, given back when the frame is
+    /// dropped (a video's decode stage takes it; other frames have none).
+    pub ticket: Option<crate::pipeline::Ticket>,
 }
 
 /// What a frame's output is made from: its RGB picture, or the decoded picture's own planes.
@@ -141,6 +144,7 @@ impl Frame {
             dropped: None,
             picture: Picture::Rgb,
             pass: None,
+            ticket: None,
         }
     }
 }

@@ -206,6 +206,8 @@ pub struct Summary {
     pub batches: u64,
     /// Most frames the dispatcher held at once, waiting for their faces.
     pub held_max: usize,
+    /// A video's budget of decoded frames in flight, and the most that were out at once.
+    pub in_flight: Option<(usize, usize)>,
     /// Detector passes: over whole frames, and over windows around tracked faces.
     pub detect: crate::faces::detect::DetectCounts,
     pub wall: Duration,
@@ -240,6 +242,8 @@ impl Summary {
             frames_with_faces: self.frames_with_faces,
             batches: self.batches,
             frames_held_max: self.held_max,
+            frames_in_flight_budget: self.in_flight.map(|f| f.0),
+            frames_in_flight_max: self.in_flight.map(|f| f.1),
             detect_full: self.detect.full,
             detect_windows: self.detect.windows,
             detect_followed: self.detect.followed,
@@ -303,6 +307,10 @@ struct SummaryJson<'a> {
     frames_with_faces: u64,
     batches: u64,
     frames_held_max: usize,
+    /// A video's budget of decoded frames in flight at once (the decoder waits beyond it).
+    frames_in_flight_budget: Option<usize>,
+    /// The most decoded frames that were in flight at once.
+    frames_in_flight_max: Option<usize>,
     detect_full: u64,
     detect_windows: u64,
     /// Faces followed by the face mesh from the frame before (no detector pass for them).

@@ -515,3 +515,27 @@ fn bench_on_a_photo_says_how_to_time_pictures() {
         "{err}"
     );
 }
+
+/// A video held to the smallest budget of decoded frames in flight (the smoother's look-ahead
+/// and one) writes the same pictures as one at its default budget, and neither ever had more
+/// frames out than its budget.
+#[test]
+fn a_video_held_to_a_small_budget_of_frames_writes_the_same_pictures() {
+    let input = asset("samples/test/group.mkv");
+    let (wide_dir, narrow_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let wide = identity_run_stats(wide_dir.path(), &input, &[]);
+    let narrow = identity_run_stats(narrow_dir.path(), &input, &[("GPEN_VIDEO_IN_FLIGHT", "1")]);
+    let (wide_budget, narrow_budget) = (
+        json_number(&wide, "frames_in_flight_budget"),
+        json_number(&narrow, "frames_in_flight_budget"),
+    );
+    assert!(
+        narrow_budget > 1 && narrow_budget < wide_budget,
+        "{narrow_budget} against {wide_budget}"
+    );
+    assert!(json_number(&wide, "frames_in_flight_max") <= wide_budget, "{wide}");
+    // The smoother lets its first frame go only once it holds the whole budget.
+    assert_eq!(json_number(&narrow, "frames_in_flight_max"), narrow_budget, "{narrow}");
+    let pictures = |d: &tempfile::TempDir| framemd5(&d.path().join("stats-run.mp4"), "0:v", false);
+    assert_eq!(pictures(&wide_dir), pictures(&narrow_dir));
+}

@@ -731,6 +731,7 @@ impl<'a> Convert<'a> {
             dropped: None,
             picture,
             pass: None,
+            ticket: None,
         })
     }
 

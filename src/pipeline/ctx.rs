@@ -2,6 +2,9 @@
 //! (from `wire`); out, the buffer pools, the queue depth and the one context each stage
 //! borrows what it reads from.
 
+use std::sync::Arc;
+
+use super::budget::Budget;
 use crate::frame::Pool;
 use crate::treatment::Treatment;
 
@@ -19,6 +22,8 @@ pub(crate) struct Pools {
     pub change: Pool<Vec<f32>>,
     /// Half-resolution luma of the crops, from alignment to the temporal filter.
     pub luma: Pool<Vec<f32>>,
+    /// A video's frames in flight (see [`Budget`]); none for a stream of pictures.
+    pub budget: Option<Arc<Budget>>,
 }
 
 impl Pools {
@@ -31,6 +36,7 @@ impl Pools {
             restored: Pool::new(crops),
             change: Pool::new(frames),
             luma: Pool::new(crops),
+            budget: None,
         }
     }
 }

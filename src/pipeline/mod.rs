@@ -12,6 +12,7 @@
 //! `FaceFrame`. End of stream is a dropped sender. A stage whose downstream has gone simply
 //! stops; the stage that failed reports the error, and the partial output is removed.
 
+mod budget;
 mod ctx;
 mod dispatch;
 mod pool;
@@ -25,6 +26,7 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use crossbeam_channel::bounded;
 
+pub use budget::Ticket;
 pub use stages::align_face;
 pub use stream::{run_images, ImageDone, Outcome};
 
@@ -182,7 +184,17 @@ fn run_wired(
         engine,
         middle,
         start,
-        move |p, tx| stages::decode(decoder, turn, (&p.rgb, &p.det), max_frames, cancel, tx),
+        move |p, tx| {
+            stages::decode(
+                decoder,
+                turn,
+                (&p.rgb, &p.det),
+                p.budget.as_ref(),
+                max_frames,
+                cancel,
+                tx,
+            )
+        },
         move |p, rx| {
             let e = stages::encode(
                 encoder,
@@ -246,7 +258,7 @@ pub(crate) fn collect_crops(engine: &mut Engine, job: &Job, want: usize, max_fra
     let (align_tx, align_rx) = bounded::<FaceFrame>(DEPTH);
     let cancel = &job.cancel;
     std::thread::scope(|s| {
-        let decode = s.spawn(|| stages::decode(decoder, turn, (rgb, det), Some(max_frames), cancel, dec_tx));
+        let decode = s.spawn(|| stages::decode(decoder, turn, (rgb, det), None, Some(max_frames), cancel, dec_tx));
         let detect = s.spawn(|| stages::detect(detector, det, dec_rx, det_tx));
         let align = s.spawn(|| stages::align(ctx, det_rx, align_tx));
         let mut crops = Vec::new();

@@ -3,11 +3,13 @@
 //! statistics. Each returns when its input ends or its output's receiver is gone.
 
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
 use crossbeam_channel::{Receiver, Sender};
 
+use super::budget::Budget;
 use super::ctx::StageCtx;
 use super::pool;
 use super::sink::FacesSink;
@@ -35,11 +37,14 @@ pub(crate) type Turn = (u8, (usize, usize));
 
 /// Decodes frames into `tx` (turned upright by `turn`: a still's EXIF orientation and its
 /// detection copy's stored size) until the source ends, `max_frames` are out, the receiver is gone
-/// or `cancel` is set (then it fails with [`Cancelled`]).
+/// or `cancel` is set (then it fails with [`Cancelled`]). With a `budget`, each frame waits for
+/// its ticket before it is sent (the wait is not the stage's work).
+#[allow(clippy::too_many_arguments)]
 pub fn decode(
     decoder: Decoder,
     turn: Option<Turn>,
     pools: (&Pool<Vec<u8>>, &Pool<Vec<u8>>),
+    budget: Option<&Arc<Budget>>,
     max_frames: Option<u64>,
     cancel: &CancelToken,
     tx: Sender<Frame>,
@@ -55,6 +60,7 @@ pub fn decode(
             }
             clock.add(t.elapsed(), thread_cpu_time().saturating_sub(c));
             clock.count(1);
+            f.ticket = budget.map(|b| b.take());
             cancelled = cancel.is_cancelled();
             let ok = !cancelled && tx.send(f).is_ok();
             (t, c) = (Instant::now(), thread_cpu_time());

@@ -20,6 +20,7 @@ use std::time::Instant;
 use anyhow::{anyhow, Result};
 use crossbeam_channel::{bounded, unbounded, Receiver, Sender};
 
+use super::budget::{Budget, OpenOnExit};
 use super::ctx::{Pools, StageCtx, DEPTH};
 use super::dispatch::{self, held_frames, Batch, Flush, Restored};
 use super::stages;
@@ -50,6 +51,33 @@ fn frames_for(plan: &[Step], ctx: &Sizes) -> usize {
     };
     2 * (DEPTH + 1) + ahead + plan.iter().map(|s| s.holds(ctx)).sum::<usize>() + 1 + 1
 }
+
+/// Frames a video's line needs in flight to keep every stage busy (its [`Budget`]): one in
+/// hand at each stage of one thread (decode, detect, temporal filter, encode), one per thread
+/// of each pool stage (the passes ahead, the mesh, alignment, paste), the smoother's
+/// look-ahead and the dispatcher's frames waiting for their faces. More frames would only wait
+/// in queues. `GPEN_VIDEO_IN_FLIGHT` sets another budget (a host short of memory; the tests),
+/// never under the smoother's look-ahead and one, which it needs to let a frame go.
+fn in_flight_for(plan: &[Step], ctx: &Sizes) -> usize {
+    let floor = ctx.smooth_held + 1;
+    if let Some(n) = std::env::var(IN_FLIGHT_ENV)
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok())
+    {
+        return n.max(floor);
+    }
+    let stage = |step: Step| match step {
+        Step::Align | Step::Paste => ctx.threads,
+        Step::Mesh => ctx.mesh_threads,
+        Step::Smooth => ctx.smooth_held,
+        Step::Enhance => held_frames(ctx.batch, ctx.workers),
+        Step::Temporal => 1,
+    };
+    (2 + ctx.pass_threads + plan.iter().map(|&s| stage(s)).sum::<usize>() + 1).max(floor)
+}
+
+/// The variable that sets a video's budget of frames in flight (see [`in_flight_for`]).
+pub(crate) const IN_FLIGHT_ENV: &str = "GPEN_VIDEO_IN_FLIGHT";
 
 /// What sets a run's middle apart.
 pub(crate) struct Middle {
@@ -146,6 +174,8 @@ enum Out {
 /// stage's queue, and each stage's thread in pipeline order.
 struct Line<'s> {
     rx: Receiver<FaceFrame>,
+    /// The budget each stage opens when it returns.
+    guard: Option<std::sync::Arc<Budget>>,
     joins: Vec<(&'static str, std::thread::ScopedJoinHandle<'s, Result<Out>>)>,
 }
 
@@ -159,7 +189,14 @@ impl<'s> Line<'s> {
     ) {
         let (tx, rx) = bounded::<FaceFrame>(DEPTH);
         let input = std::mem::replace(&mut self.rx, rx);
-        self.joins.push((name, s.spawn(move || f(input, tx))));
+        let guard = self.guard.clone().map(OpenOnExit);
+        self.joins.push((
+            name,
+            s.spawn(move || {
+                let _open = guard;
+                f(input, tx)
+            }),
+        ));
     }
 }
 
@@ -194,7 +231,13 @@ pub(crate) fn wire<T: Send>(
         batch: engine.batch,
         workers: engine.workers.len(),
     };
-    let pools = pools_for(&steps, &sizes);
+    let mut pools = pools_for(&steps, &sizes);
+    if middle.video {
+        pools.budget = Some(Budget::new(in_flight_for(&steps, &sizes)));
+    }
+    // Each stage after decoding opens the budget when it returns, so a line that stops early
+    // never leaves the decoder waiting for frames stuck in a queue.
+    let guard = || pools.budget.clone().map(OpenOnExit);
     let worker_targets: Vec<Target> = engine.workers.iter().map(|w| w.target.clone()).collect();
     let ctx = StageCtx {
         treatment: &middle.treatment,
@@ -218,19 +261,31 @@ pub(crate) fn wire<T: Send>(
             (None, dec_rx)
         } else {
             let (tx, rx) = bounded::<Frame>(DEPTH);
-            let h = s.spawn(move || stages::pass_ahead(passers_ref, every, dec_rx, tx));
+            let open = guard();
+            let h = s.spawn(move || {
+                let _open = open;
+                stages::pass_ahead(passers_ref, every, dec_rx, tx)
+            });
             (Some(h), rx)
         };
         // The detect stage turns frames into face frames: the line starts after it.
         let (det_tx, det_rx) = bounded::<FaceFrame>(DEPTH);
+        let open = guard();
         let detect = if follow {
             let meshers = meshers.take().expect("the detect stage meshes");
-            s.spawn(move || stages::detect_follow(detector, meshers, ctx, dec_rx, det_tx))
+            s.spawn(move || {
+                let _open = open;
+                stages::detect_follow(detector, meshers, ctx, dec_rx, det_tx)
+            })
         } else {
-            s.spawn(move || stages::detect(detector, &ctx.pools.det, dec_rx, det_tx))
+            s.spawn(move || {
+                let _open = open;
+                stages::detect(detector, &ctx.pools.det, dec_rx, det_tx)
+            })
         };
         let mut line = Line {
             rx: det_rx,
+            guard: ctx.pools.budget.clone(),
             joins: Vec::new(),
         };
         for step in &steps {
@@ -260,8 +315,12 @@ pub(crate) fn wire<T: Send>(
                 }),
             }
         }
-        let Line { rx, joins } = line;
-        let encode = s.spawn(move || encode(ctx.pools, rx));
+        let Line { rx, joins, .. } = line;
+        let open = guard();
+        let encode = s.spawn(move || {
+            let _open = open;
+            encode(ctx.pools, rx)
+        });
 
         let decode = joined("decode", decode.join())?;
         let mut stages = vec![decode];
@@ -289,6 +348,7 @@ pub(crate) fn wire<T: Send>(
         summary.stages.push(encoded.stage);
         summary.wall = start.elapsed();
         summary.peak_rss = peak_rss();
+        summary.in_flight = ctx.pools.budget.as_ref().map(|b| (b.cap(), b.most()));
         Ok((summary, encoded.extra))
     });
     engine.detector.take_back(passers);
@@ -397,5 +457,33 @@ mod tests {
         // Pictures: no smoothing and no temporal filter, so fewer frames.
         let pictures = [Step::Align, Step::Enhance, Step::Paste];
         assert!(frames_for(&pictures, &sizes(2, 0)) < 50);
+    }
+
+    #[test]
+    fn a_videos_budget_is_what_keeps_its_stages_busy() {
+        let steps = [Step::Smooth, Step::Align, Step::Enhance, Step::Temporal, Step::Paste];
+        let sizes = |threads, pass_threads| Sizes {
+            threads,
+            pass_threads,
+            mesh_threads: threads,
+            smooth_held: 13,
+            batch: 4,
+            workers: 1,
+        };
+        let budget = |threads, ahead| in_flight_for(&steps, &sizes(threads, ahead));
+        // decode, detect, temporal, encode 4; alignment and paste 2 each; look-ahead 13;
+        // the dispatcher's 8: README's figure, under half of what the queues could hold.
+        assert_eq!(budget(2, 0), 29);
+        assert!(2 * budget(2, 0) < frames_for(&steps, &sizes(2, 0)));
+        assert_eq!(budget(3, 0) - budget(2, 0), 2, "a frame per pool stage and core");
+        assert_eq!(budget(16, 3) - budget(16, 0), 3, "a frame per pass-ahead thread");
+        let with_mesh = [&[Step::Mesh][..], &steps].concat();
+        assert_eq!(in_flight_for(&with_mesh, &sizes(2, 0)) - budget(2, 0), 2);
+        // A second worker: the dispatcher's frames for its batches too.
+        let two = Sizes {
+            workers: 2,
+            ..sizes(2, 0)
+        };
+        assert_eq!(in_flight_for(&steps, &two) - budget(2, 0), 8);
     }
 }
