@@ -592,6 +592,14 @@ fn add_sample(plane: &mut [u8], stride: usize, s: Samples, (x, y): (usize, usize
     }
 }
 
+/// Whether no one else holds `pic`'s buffers (the decoder keeps a reference picture's while it
+/// decodes the pictures that refer to it): only then may its planes be written. Once true it
+/// stays true (a decoder never takes a picture back).
+pub(crate) fn writable(pic: &mut VideoFrame) -> bool {
+    // SAFETY: `pic` is a valid frame we own; the call only reads its buffers' reference counts.
+    unsafe { ffmpeg::ffi::av_frame_is_writable(pic.as_mut_ptr()) > 0 }
+}
+
 /// Adds the paste's RGB `changes` to a YUV picture in place, at its own depth, chroma layout,
 /// range and [`Matrix`]: each luma sample takes its pixel's change, each chroma sample the mean
 /// change over the pixels it covers. Samples whose change is under half a step keep their

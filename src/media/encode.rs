@@ -12,7 +12,7 @@ use ffmpeg::{codec, encoder, media, Dictionary, Packet, Rational};
 use ffmpeg_next as ffmpeg;
 
 use crate::frame::{Frame, Picture};
-use crate::media::color::{add_changes, convert, set_matrix, Matrix, Planar, SendScaler};
+use crate::media::color::{add_changes, convert, set_matrix, writable, Matrix, Planar, SendScaler};
 use crate::media::decode::SourceInfo;
 
 use crate::defaults::{CODEC as DEFAULT_CODEC, CRF as DEFAULT_CRF, CRF_VP9, PRESET as DEFAULT_PRESET};
@@ -677,11 +677,10 @@ impl Encoder {
                 source: src, changes, ..
             } => {
                 let fmt = src.format();
-                // SAFETY: `src` is a valid decoded frame we own.
-                let writable = unsafe { ffmpeg::ffi::av_frame_is_writable(src.as_mut_ptr()) } > 0;
                 let picture = if changes.is_empty() {
+                    // No face, or the paste stage added its changes already.
                     src
-                } else if writable {
+                } else if writable(src) {
                     // No one else holds the picture (the decoder no longer needs it as a
                     // reference): add the changes straight in, without a whole-frame copy.
                     add_changes(src, changes);

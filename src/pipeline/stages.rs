@@ -22,6 +22,7 @@ use crate::faces::paste::{apply_rgb, changes, Mask, MaskKind, Paste, Scratch};
 use crate::faces::smooth::Smoother;
 use crate::frame::{Face, FaceFrame, FaceJob, Frame, Picture, Pool, View};
 use crate::geom::{crop_footprint, fit_similarity, Affine, Rect};
+use crate::media::color::{add_changes, writable};
 use crate::media::decode::Decoder;
 use crate::media::still::Writer;
 use crate::stats::{thread_cpu_time, Clock, StageStat};
@@ -843,6 +844,14 @@ fn paste_frame(
     if let Some(kept) = kept {
         crate::media::compare::after_paste(frame, kept);
     }
+    // A picture no one else holds takes its changes here, on the pool's threads, where the
+    // encode stage's one thread would (it adds them itself to a picture the decoder still
+    // holds, in a copy).
+    if let Picture::Planes { source, changes, .. } = &mut frame.picture {
+        if !changes.is_empty() && writable(source) && add_changes(source, changes) {
+            changes.drain(..).for_each(|c| change_pool.put(c.rgb));
+        }
+    }
     for (crop, _, _, _) in crops {
         restored_pool.put(crop);
     }
@@ -1003,5 +1012,91 @@ mod tests {
             assert_eq!(fa, fb, "mesh input: angle {angle}, scale {scale}");
             assert!(planes.rgb.is_empty(), "the mesh's crop read from the planes too");
         }
+    }
+    /// A picture no one else holds takes its changes on the paste's threads: its planes are
+    /// then what the encode stage would have made of them. One the decoder still holds keeps
+    /// its changes for the encode stage, its planes untouched.
+    #[test]
+    fn the_paste_adds_the_changes_to_a_picture_only_it_holds() {
+        crate::init_ffmpeg();
+        let (w, h, size) = (320usize, 240usize, 64usize);
+        let mut yuv = VideoFrame::new(Pixel::YUV420P, w as u32, h as u32);
+        for plane in 0..3 {
+            let n = yuv.data(plane).len();
+            for (i, v) in yuv.data_mut(plane)[..n].iter_mut().enumerate() {
+                *v = ((i * 7919 + plane * 131) % 200) as u8 + 30;
+            }
+        }
+        let tpl = crate::faces::align::template(size);
+        let face = Face {
+            bbox: [0.0, 0.0, 1.0, 1.0],
+            score: 1.0,
+            landmarks: tpl.map(|[x, y]| [1.5 * x + 90.0, 1.5 * y + 60.0]),
+            ..Default::default()
+        };
+        let paste = |source: VideoFrame| {
+            let mut frame = Frame {
+                picture: Picture::Planes {
+                    source,
+                    partial: true,
+                    changes: Vec::new(),
+                },
+                width: w,
+                height: h,
+                ..Frame::blank(0)
+            };
+            let (mut crop, mut scratch) = (Vec::new(), WarpScratch::default());
+            let (to_crop, region) = align_face(&mut frame, &face, (&tpl, size), &mut crop, &mut scratch);
+            let mut job = FaceJob::detected(face.clone());
+            (job.to_crop, job.region) = (to_crop, region);
+            // Twenty levels brighter, less in blue.
+            job.restored = Some(
+                (0..3 * size * size)
+                    .map(|i| crate::frame::change_steps([20.0, 20.0, 5.0][i % 3]))
+                    .collect(),
+            );
+            let mut ff = FaceFrame {
+                frame,
+                faces: vec![job],
+            };
+            let mask = Mask::build(MaskKind::Face, size, &tpl);
+            let pools = (&Pool::new(2), &Pool::new(2));
+            let view = View {
+                blend: 1.0,
+                compare: None,
+            };
+            paste_frame(
+                &mut ff,
+                (&mask, MaskKind::Face, &mut Vec::new()),
+                (view, Default::default()),
+                &mut Scratch::default(),
+                pools,
+            );
+            ff.frame
+        };
+        let planes = |f: &Frame| {
+            let Picture::Planes { source, changes, .. } = &f.picture else {
+                unreachable!()
+            };
+            (
+                (0..3).map(|p| source.data(p).to_vec()).collect::<Vec<_>>(),
+                changes.clone(),
+            )
+        };
+        // Only the paste holds it: changed, nothing left for the encode stage.
+        let (added, left) = planes(&paste(yuv.clone()));
+        assert!(left.is_empty());
+        assert_ne!(added[0], yuv.data(0), "the luma took the change");
+        // The decoder still holds it (a second reference to its buffers): untouched, the changes
+        // kept; added as the encode stage adds them to its copy, the same planes as above.
+        // SAFETY: `yuv` is a valid frame; the clone is a new reference to the same buffers,
+        // owned (and freed) by the wrapper.
+        let held = unsafe { VideoFrame::wrap(ffmpeg_next::ffi::av_frame_clone(yuv.as_ptr())) };
+        let (untouched, kept) = planes(&paste(held));
+        assert_eq!(untouched[0], yuv.data(0));
+        assert_eq!(kept.len(), 1);
+        let mut copy = yuv.clone();
+        assert!(add_changes(&mut copy, &kept));
+        assert_eq!(added, (0..3).map(|p| copy.data(p).to_vec()).collect::<Vec<_>>());
     }
 }
