@@ -94,15 +94,111 @@ pub(crate) fn scale_packed(
     size: (usize, usize),
     dst: &mut Vec<u8>,
 ) -> Result<()> {
-    let (width, height) = size;
     scaler.run(src, tmp)?;
+    copy_rows(tmp, size, dst);
+    Ok(())
+}
+
+/// The `width x height` packed RGB24 rows of `tmp`, without its row padding, into `dst`.
+fn copy_rows(tmp: &VideoFrame, (width, height): (usize, usize), dst: &mut Vec<u8>) {
     let (stride, data, row) = (tmp.stride(0), tmp.data(0), width * 3);
     dst.clear();
     dst.reserve(height * row);
     for y in 0..height {
         dst.extend_from_slice(&data[y * stride..y * stride + row]);
     }
-    Ok(())
+}
+
+/// A picture's conversion to packed RGB24 of another size through swscale ([`scale_packed`]'s):
+/// on one thread, or with each picture's rows shared among `threads` threads of swscale's own
+/// (its slice threading), for a conversion that would otherwise hold a stage's one thread (the
+/// decode stage's detection copy on a host of many cores). Both give the same values.
+pub(crate) enum Shrink {
+    One(Scaler),
+    Sliced(Sliced),
+}
+
+/// An swscale context made with its `threads` option (see [`Shrink`]), freed on drop.
+pub(crate) struct Sliced {
+    ctx: std::ptr::NonNull<ffmpeg::ffi::SwsContext>,
+    dst: (Pixel, u32, u32),
+}
+
+// SAFETY: as for `SendScaler`: swscale keeps no thread-local state, and the context is only
+// used through `&mut self` of its one owner (its slice threads are its own, joined in each call).
+unsafe impl Send for Sliced {}
+
+impl Drop for Sliced {
+    fn drop(&mut self) {
+        // SAFETY: the context was made by `sws_alloc_context` and is freed once, here.
+        unsafe { ffmpeg::ffi::sws_freeContext(self.ctx.as_ptr()) }
+    }
+}
+
+impl Shrink {
+    /// Converts `src` (`from`, `w x h`) to `to` at `dw x dh` with `flags`, on `threads` threads
+    /// (1: the calling thread alone), set to `matrix` and `full` range towards RGB.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        (from, w, h): (Pixel, u32, u32),
+        (to, dw, dh): (Pixel, u32, u32),
+        flags: Flags,
+        threads: usize,
+        matrix: Matrix,
+        full: bool,
+    ) -> Result<Self> {
+        if threads <= 1 {
+            let mut s = Scaler::get(from, w, h, to, dw, dh, flags)?;
+            set_matrix(&mut s, matrix, full, true);
+            return Ok(Shrink::One(s));
+        }
+        // SAFETY: a fresh context, given its options by name (each one swscale has, set to a
+        // value of its type) before `sws_init_context`; freed on any failure.
+        unsafe {
+            use ffmpeg::ffi::{av_opt_set_int, av_opt_set_pixel_fmt, AVPixelFormat};
+            let ctx = std::ptr::NonNull::new(ffmpeg::ffi::sws_alloc_context())
+                .ok_or_else(|| anyhow::anyhow!("out of memory making a scaler"))?;
+            let sliced = Sliced { ctx, dst: (to, dw, dh) };
+            let p = ctx.as_ptr().cast::<std::ffi::c_void>();
+            let mut ok = true;
+            for (name, v) in [(c"srcw", w), (c"srch", h), (c"dstw", dw), (c"dsth", dh)] {
+                ok &= av_opt_set_int(p, name.as_ptr(), i64::from(v), 0) >= 0;
+            }
+            ok &= av_opt_set_pixel_fmt(p, c"src_format".as_ptr(), AVPixelFormat::from(from), 0) >= 0;
+            ok &= av_opt_set_pixel_fmt(p, c"dst_format".as_ptr(), AVPixelFormat::from(to), 0) >= 0;
+            ok &= av_opt_set_int(p, c"sws_flags".as_ptr(), i64::from(flags.bits()), 0) >= 0;
+            ok &= av_opt_set_int(p, c"threads".as_ptr(), threads as i64, 0) >= 0;
+            if !ok || ffmpeg::ffi::sws_init_context(ctx.as_ptr(), std::ptr::null_mut(), std::ptr::null_mut()) < 0 {
+                anyhow::bail!("swscale cannot convert {from:?} {w}x{h} to {to:?} {dw}x{dh} on {threads} threads");
+            }
+            set_matrix_of(ctx.as_ptr(), matrix, full, true);
+            Ok(Shrink::Sliced(sliced))
+        }
+    }
+
+    /// [`scale_packed`] through this conversion.
+    pub(crate) fn packed(&mut self, src: &VideoFrame, tmp: &mut VideoFrame, dst: &mut Vec<u8>) -> Result<()> {
+        match self {
+            Shrink::One(s) => {
+                let (w, h) = (s.output().width as usize, s.output().height as usize);
+                scale_packed(s, src, tmp, (w, h), dst)
+            }
+            Shrink::Sliced(s) => {
+                let (fmt, w, h) = s.dst;
+                if tmp.format() != fmt || tmp.width() != w || tmp.height() != h {
+                    *tmp = VideoFrame::new(fmt, w, h);
+                }
+                // SAFETY: both frames are valid; `tmp` has buffers of the context's output size
+                // and format, which swscale writes (rows padded as FFmpeg allocates them).
+                let r = unsafe { ffmpeg::ffi::sws_scale_frame(s.ctx.as_ptr(), tmp.as_mut_ptr(), src.as_ptr()) };
+                if r < 0 {
+                    return Err(ffmpeg::Error::from(r).into());
+                }
+                copy_rows(tmp, (w as usize, h as usize), dst);
+                Ok(())
+            }
+        }
+    }
 }
 
 /// An swscale context owned by one thread at a time. ffmpeg-next marks it `!Send` because it
@@ -762,6 +858,12 @@ fn add_change_420(pic: &mut VideoFrame, ch: &Change, rows: &[[f32; 3]; 3]) {
 /// Sets a scaler between YUV and RGB to the YUV side's `matrix` and range (`full` or limited;
 /// swscale otherwise assumes BT.601 whatever the stream says), `to_rgb` the direction.
 pub(crate) fn set_matrix(scaler: &mut Scaler, matrix: Matrix, full: bool, to_rgb: bool) {
+    // SAFETY: the scaler is a live context we own.
+    set_matrix_of(unsafe { scaler.as_mut_ptr() }, matrix, full, to_rgb);
+}
+
+/// [`set_matrix`] for the live swscale context `ctx`.
+fn set_matrix_of(ctx: *mut ffmpeg::ffi::SwsContext, matrix: Matrix, full: bool, to_rgb: bool) {
     let cs = match matrix {
         Matrix::Bt601 => ffmpeg::ffi::SWS_CS_ITU601,
         Matrix::Bt709 => ffmpeg::ffi::SWS_CS_ITU709,
@@ -771,20 +873,11 @@ pub(crate) fn set_matrix(scaler: &mut Scaler, matrix: Matrix, full: bool, to_rgb
     // RGB, and a 1 there adds a second range conversion.
     let full = i32::from(full);
     let (src_range, dst_range) = if to_rgb { (full, 0) } else { (0, full) };
-    // SAFETY: the scaler is a live context we own; the table is FFmpeg's static coefficients
-    // for a valid colour space constant, read (not kept) by the call.
+    // SAFETY: `ctx` is a live context we own; the table is FFmpeg's static coefficients for a
+    // valid colour space constant, read (not kept) by the call.
     unsafe {
         let table = ffmpeg::ffi::sws_getCoefficients(cs);
-        ffmpeg::ffi::sws_setColorspaceDetails(
-            scaler.as_mut_ptr(),
-            table,
-            src_range,
-            table,
-            dst_range,
-            0,
-            1 << 16,
-            1 << 16,
-        );
+        ffmpeg::ffi::sws_setColorspaceDetails(ctx, table, src_range, table, dst_range, 0, 1 << 16, 1 << 16);
     }
 }
 
@@ -935,6 +1028,48 @@ mod tests {
             }
         }
         yuv
+    }
+
+    /// The detection copy shared among swscale's threads is the one-thread copy byte for byte:
+    /// 1080p and 720p to the detector's 640 x 360, a size of no whole ratio, both matrices and
+    /// both ranges.
+    #[test]
+    fn a_shrink_on_several_threads_is_the_one_thread_shrink() {
+        for ((w, h), (dw, dh)) in [
+            ((1920, 1080), (640, 360)),
+            ((1280, 720), (640, 360)),
+            ((1000, 562), (333, 187)),
+        ] {
+            let yuv = patterned(w, h, 219, 16);
+            for (matrix, full) in [(Matrix::Bt709, false), (Matrix::Bt601, true)] {
+                let shrunk = |threads| {
+                    let mut s = Shrink::new(
+                        (Pixel::YUV420P, w as u32, h as u32),
+                        (Pixel::RGB24, dw, dh),
+                        Flags::AREA,
+                        threads,
+                        matrix,
+                        full,
+                    )
+                    .unwrap();
+                    assert_eq!(matches!(s, Shrink::Sliced(_)), threads > 1);
+                    let (mut tmp, mut out) = (VideoFrame::empty(), Vec::new());
+                    // Twice: the second picture reuses the first's buffers.
+                    for _ in 0..2 {
+                        s.packed(&yuv, &mut tmp, &mut out).unwrap();
+                    }
+                    out
+                };
+                let one = shrunk(1);
+                assert_eq!(one.len(), (dw * dh * 3) as usize);
+                for threads in [2, 4] {
+                    assert!(
+                        one == shrunk(threads),
+                        "{w}x{h} to {dw}x{dh}, {matrix:?} full {full}, {threads} threads"
+                    );
+                }
+            }
+        }
     }
 
     fn region_conversion_at(w: usize, h: usize) {

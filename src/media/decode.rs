@@ -13,7 +13,7 @@ use ffmpeg::{media, Rational};
 use ffmpeg_next as ffmpeg;
 
 use crate::frame::{Frame, Picture, Pool};
-use crate::media::color::{is_full_range, scale_packed, set_matrix, Matrix, Planar};
+use crate::media::color::{is_full_range, scale_packed, set_matrix, Matrix, Planar, Shrink};
 use crate::media::input::Opened;
 
 /// Reads the next packet of `ictx` into `packet`, releasing the one `packet` held first.
@@ -325,6 +325,9 @@ pub struct Decoder {
     /// their own planes): set for video outputs.
     planes: bool,
     span: Option<Span>,
+    /// Threads the detection copy's conversion shares each picture among (1: the decode
+    /// stage's own thread alone).
+    det_threads: usize,
 }
 
 /// A CUDA device context for FFmpeg's hwaccel (NVDEC), freed on drop.
@@ -379,7 +382,16 @@ impl Decoder {
             hwaccel,
             planes: false,
             span: None,
+            det_threads: 1,
         }
+    }
+
+    /// Shares the detection copy's conversion among `threads` threads of swscale's own (see
+    /// [`crate::media::color::Shrink`]): on a host of many cores the decode stage's one thread
+    /// would otherwise spend most of its time on it.
+    pub(crate) fn with_det_threads(mut self, threads: usize) -> Self {
+        self.det_threads = threads.max(1);
+        self
     }
 
     /// Decodes only `span` (a segment and its warm-up).
@@ -621,7 +633,7 @@ struct Convert<'a> {
     decoder: &'a Decoder,
     pools: (&'a Pool<Vec<u8>>, &'a Pool<Vec<u8>>),
     /// The whole-picture and detection scalers, for the pixel format they were made for.
-    scalers: Option<(Option<Scaler>, Scaler, Pixel)>,
+    scalers: Option<(Option<Scaler>, Shrink, Pixel)>,
     /// The picture the decoder fills.
     yuv: VideoFrame,
     sw: VideoFrame,
@@ -683,8 +695,14 @@ impl<'a> Convert<'a> {
                 .transpose()?;
             // The detection copy is area-averaged: a fast bilinear shrink by 2-3 times
             // skips pixels and aliases, which moves the points the detector finds.
-            let mut det = Scaler::get(fmt, w as u32, h as u32, Pixel::RGB24, dw as u32, dh as u32, Flags::AREA)?;
-            set_matrix(&mut det, Matrix::of(yuv), is_full_range(yuv), true);
+            let det = Shrink::new(
+                (fmt, w as u32, h as u32),
+                (Pixel::RGB24, dw as u32, dh as u32),
+                Flags::AREA,
+                self.decoder.det_threads,
+                Matrix::of(yuv),
+                is_full_range(yuv),
+            )?;
             self.scalers = Some((full, det, fmt));
         }
         let (full, det, _) = self.scalers.as_mut().expect("just set");
@@ -700,7 +718,7 @@ impl<'a> Convert<'a> {
             scale_packed(full, yuv, &mut self.rgb, (w, h), &mut buf)
                 .with_context(|| format!("{path}: colour conversion failed at frame {index}"))?;
         }
-        scale_packed(det, yuv, &mut self.small, (dw, dh), &mut det_buf)?;
+        det.packed(yuv, &mut self.small, &mut det_buf)?;
         let pts = yuv.timestamp().or(yuv.pts()).or_else(|| self.last_pts.map(|p| p + 1));
         self.last_pts = pts;
         let source = std::mem::replace(&mut self.yuv, VideoFrame::empty());

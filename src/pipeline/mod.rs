@@ -82,7 +82,7 @@ fn run_inner(
     let faces_sink = job.faces_json.as_deref().map(sink::FacesSink::create).transpose()?;
     // An image stream may have left the detector at another picture's size.
     engine.detector.start(engine.key.det_size);
-    let (decoder, turn) = decoder_for(job, engine.detector.size);
+    let (decoder, turn) = decoder_for(job, engine.detector.size, engine.pool_threads);
     run_wired(
         engine,
         job,
@@ -148,7 +148,7 @@ pub(crate) fn run_segment(
         .with_context(|| format!("segment file {}", out.packets.display()))?;
     let faces_sink = sink::FacesSink::create(out.faces)?;
     engine.detector.start(engine.key.det_size);
-    let (decoder, turn) = decoder_for(job, engine.detector.size);
+    let (decoder, turn) = decoder_for(job, engine.detector.size, engine.pool_threads);
     let decoder = decoder.with_span(out.span);
     let (summary, faces) = run_wired(
         engine,
@@ -219,7 +219,7 @@ fn run_wired(
 /// The decoder for `job`'s source with the detector's input size `det` (upright), and for a
 /// still stored sideways or mirrored, its EXIF orientation with the detection copy's stored
 /// size (the decode stage turns both upright).
-fn decoder_for(job: &Job, det: (usize, usize)) -> (Decoder, Option<stages::Turn>) {
+fn decoder_for(job: &Job, det: (usize, usize), threads: usize) -> (Decoder, Option<stages::Turn>) {
     let o = job.source.orientation;
     let stored = if crate::media::orient::swaps(o) {
         (det.1, det.0)
@@ -228,7 +228,9 @@ fn decoder_for(job: &Job, det: (usize, usize)) -> (Decoder, Option<stages::Turn>
     };
     // A video's output is made from its source's own planes; a still's is written from RGB.
     let planes = !crate::media::kind::is_still(&job.output);
-    let decoder = Decoder::new(job.source.clone(), stored, job.hwaccel_cuda).with_planes(planes);
+    let decoder = Decoder::new(job.source.clone(), stored, job.hwaccel_cuda)
+        .with_planes(planes)
+        .with_det_threads(crate::defaults::det_copy_threads(threads));
     (decoder, (o > 1).then_some((o, stored)))
 }
 
@@ -239,7 +241,7 @@ pub(crate) fn collect_crops(engine: &mut Engine, job: &Job, want: usize, max_fra
     let size = engine.info.size;
     // An image stream may have left the detector at another picture's size.
     engine.detector.start(engine.key.det_size);
-    let (decoder, turn) = decoder_for(job, engine.detector.size);
+    let (decoder, turn) = decoder_for(job, engine.detector.size, engine.pool_threads);
     let detector = &mut engine.detector;
     let pools = ctx::Pools::new(DEPTH, 0);
     let ctx = ctx::StageCtx {
