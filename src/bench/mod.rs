@@ -385,10 +385,13 @@ fn feed(engine: &mut Engine, job: &Job, repeat: usize, name: &str, log: &dyn Fn(
                 .filter(|(n, _)| names.contains(n))
                 .map(|(n, _)| (n.to_string(), ms_of(&fast_runs, n, |st| st.model_cpu)))
                 .collect(),
+            // And the decode stage's detection copies, shared out on a host of more cores.
             fast_stage_spread_ms: ON_GPU
                 .iter()
-                .filter(|(n, _)| names.contains(n))
-                .map(|(n, _)| (n.to_string(), ms_of(&fast_runs, n, |st| st.spread_cpu)))
+                .map(|(n, _)| *n)
+                .chain(["decode"])
+                .filter(|n| names.contains(n))
+                .map(|n| (n.to_string(), ms_of(&fast_runs, n, |st| st.spread_cpu)))
                 .collect(),
             fast_stage_busy: names
                 .iter()
@@ -594,6 +597,7 @@ impl Feeder {
         let mut best = (per_core * cores as f64, format!("all {cores} cores"));
         let pool = cores.min(crate::defaults::POOL_THREADS_MAX);
         for ((name, ms), &threads) in stages.iter().zip(&self.stage_threads) {
+            let width = if threads > 1 { pool } else { 1 };
             // (core-ms, threads) parts of the stage, each a cap of its own.
             let parts = match gpu(name) {
                 // On one thread but for the part it still spreads over the pool.
@@ -601,11 +605,16 @@ impl Feeder {
                     let spread = spread_ms(name);
                     vec![(ms - model_ms(name) - spread, 1), (spread, pool)]
                 }
-                Some(false) => vec![(ms - model_ms(name), threads)],
-                None => vec![(*ms, threads)],
+                Some(false) => vec![(ms - model_ms(name), width)],
+                // The decode stage's detection copies, made on this machine's one thread
+                // alone, on the threads such a host shares them among.
+                None if name == "decode" => {
+                    let spread = spread_ms(name);
+                    vec![(ms - spread, width), (spread, crate::defaults::det_copy_threads(cores))]
+                }
+                None => vec![(*ms, width)],
             };
-            for (ms, threads) in parts {
-                let width = if threads > 1 { pool } else { 1 };
+            for (ms, width) in parts {
                 let cap = 1000.0 / ms.max(1e-9) * width as f64;
                 if cap < best.0 {
                     let how = if width == 1 { "one thread" } else { "its pool" };
@@ -724,6 +733,25 @@ mod tests {
         let (faces, limit) = f.host(16, super::ON_GPU);
         assert!((faces - 16000.0 / 11.5).abs() < 1e-6, "{faces} {limit}");
         assert_eq!(limit, "all 16 cores");
+    }
+
+    #[test]
+    fn a_host_of_more_cores_shares_out_the_detection_copies() {
+        let mut f = Feeder {
+            // The decode stage's thread at 0.8 ms a face, 0.6 of it the detection copies.
+            fast_stage_core_ms: vec![("decode".into(), 0.8), ("encode".into(), 0.3)],
+            fast_stage_spread_ms: vec![("decode".into(), 0.6)],
+            stage_threads: vec![1, 1],
+            fast_process_core_ms: 5.0,
+            per_core_faces_per_s: 200.0,
+            ..Feeder::default()
+        };
+        // 16 cores: the copies on four threads (0.15 ms a thread), 0.2 ms left on the stage's
+        // own: neither caps the 3200 faces/s all cores feed.
+        assert_eq!(f.host(16, &[]), (3200.0, "all 16 cores".to_string()));
+        // All of it on the thread (a build that made the copies there whatever the cores): 1250.
+        f.fast_stage_spread_ms.clear();
+        assert_eq!(f.host(16, &[]), (1250.0, "decode (one thread)".to_string()));
     }
 
     #[test]

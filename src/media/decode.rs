@@ -299,6 +299,9 @@ pub struct DecodeReport {
     /// Packets the demuxer marked to be decoded but not shown: those before an edit list's
     /// start (a stream-copied trim), which FFmpeg decodes for their references and drops.
     pub discarded_packets: u64,
+    /// CPU time the detection copies took on the decoding thread when made there alone (none
+    /// when shared among swscale's threads): work a host of more cores shares out.
+    pub det_cpu: std::time::Duration,
 }
 
 /// The part of a video one segment decodes: from the keyframe at `seek` (the start when
@@ -496,6 +499,7 @@ impl Decoder {
                     }
                 };
                 let mut frame = convert.frame(index)?;
+                report.det_cpu += std::mem::take(&mut convert.det_cpu);
                 frame.warm = span.is_some_and(|s| index < s.start || index >= s.end);
                 report.frames += 1;
                 if !emit(frame) || max_frames.is_some_and(|m| report.frames >= m) {
@@ -640,6 +644,8 @@ struct Convert<'a> {
     rgb: VideoFrame,
     small: VideoFrame,
     last_pts: Option<i64>,
+    /// See [`DecodeReport::det_cpu`]: since it was last taken.
+    det_cpu: std::time::Duration,
 }
 
 impl<'a> Convert<'a> {
@@ -653,6 +659,7 @@ impl<'a> Convert<'a> {
             rgb: VideoFrame::empty(),
             small: VideoFrame::empty(),
             last_pts: None,
+            det_cpu: std::time::Duration::ZERO,
         }
     }
 
@@ -718,7 +725,11 @@ impl<'a> Convert<'a> {
             scale_packed(full, yuv, &mut self.rgb, (w, h), &mut buf)
                 .with_context(|| format!("{path}: colour conversion failed at frame {index}"))?;
         }
+        let one = matches!(det, Shrink::One(_)).then(crate::stats::thread_cpu_time);
         det.packed(yuv, &mut self.small, &mut det_buf)?;
+        if let Some(c) = one {
+            self.det_cpu += crate::stats::thread_cpu_time().saturating_sub(c);
+        }
         let pts = yuv.timestamp().or(yuv.pts()).or_else(|| self.last_pts.map(|p| p + 1));
         self.last_pts = pts;
         let source = std::mem::replace(&mut self.yuv, VideoFrame::empty());

@@ -54,7 +54,7 @@ pub fn decode(
     let (mut t, mut c) = (Instant::now(), thread_cpu_time());
     let mut cancelled = false;
     let input = decoder.path().display().to_string();
-    decoder
+    let report = decoder
         .run(pools, max_frames, |mut f| {
             if let Some((o, det)) = turn {
                 crate::media::orient::turn_frame(o, &mut f, det, pools);
@@ -69,7 +69,9 @@ pub fn decode(
         })
         .with_context(|| format!("decode stage, input {input}"))
         .kind(Kind::BadInput)?;
-    let stat = clock.finish();
+    let mut stat = clock.finish();
+    // The detection copies made on this thread alone: a host of more cores shares them out.
+    stat.spread_cpu = report.det_cpu;
     if cancelled {
         return Err(Cancelled {
             frames: stat.items,
