@@ -1032,41 +1032,47 @@ mod tests {
 
     /// The detection copy shared among swscale's threads is the one-thread copy byte for byte:
     /// 1080p and 720p to the detector's 640 x 360, a size of no whole ratio, both matrices and
-    /// both ranges.
+    /// both ranges; from NV12 (what NVDEC gives) and 10-bit 4:2:0 too.
     #[test]
     fn a_shrink_on_several_threads_is_the_one_thread_shrink() {
-        for ((w, h), (dw, dh)) in [
+        let sizes = [
             ((1920, 1080), (640, 360)),
             ((1280, 720), (640, 360)),
             ((1000, 562), (333, 187)),
-        ] {
-            let yuv = patterned(w, h, 219, 16);
-            for (matrix, full) in [(Matrix::Bt709, false), (Matrix::Bt601, true)] {
-                let shrunk = |threads| {
-                    let mut s = Shrink::new(
-                        (Pixel::YUV420P, w as u32, h as u32),
-                        (Pixel::RGB24, dw, dh),
-                        Flags::AREA,
-                        threads,
-                        matrix,
-                        full,
-                    )
-                    .unwrap();
-                    assert_eq!(matches!(s, Shrink::Sliced(_)), threads > 1);
-                    let (mut tmp, mut out) = (VideoFrame::empty(), Vec::new());
-                    // Twice: the second picture reuses the first's buffers.
-                    for _ in 0..2 {
-                        s.packed(&yuv, &mut tmp, &mut out).unwrap();
+        ];
+        for fmt in [Pixel::YUV420P, Pixel::NV12, Pixel::YUV420P10LE] {
+            for ((w, h), (dw, dh)) in sizes {
+                let mut yuv = patterned(w, h, 219, 16);
+                if fmt != Pixel::YUV420P {
+                    let mut other = VideoFrame::empty();
+                    convert(&mut None, Pixel::YUV420P, fmt, &yuv, &mut other).unwrap();
+                    yuv = other;
+                }
+                for (matrix, full) in [(Matrix::Bt709, false), (Matrix::Bt601, true)] {
+                    let shrunk = |threads| {
+                        let mut s = Shrink::new(
+                            (fmt, w as u32, h as u32),
+                            (Pixel::RGB24, dw, dh),
+                            Flags::AREA,
+                            threads,
+                            matrix,
+                            full,
+                        )
+                        .unwrap();
+                        assert_eq!(matches!(s, Shrink::Sliced(_)), threads > 1);
+                        let (mut tmp, mut out) = (VideoFrame::empty(), Vec::new());
+                        // Twice: the second picture reuses the first's buffers.
+                        for _ in 0..2 {
+                            s.packed(&yuv, &mut tmp, &mut out).unwrap();
+                        }
+                        out
+                    };
+                    let one = shrunk(1);
+                    assert_eq!(one.len(), (dw * dh * 3) as usize);
+                    for threads in [2, 4] {
+                        let what = format!("{fmt:?} {w}x{h} to {dw}x{dh}, {matrix:?} full {full}, {threads} threads");
+                        assert!(one == shrunk(threads), "{what}");
                     }
-                    out
-                };
-                let one = shrunk(1);
-                assert_eq!(one.len(), (dw * dh * 3) as usize);
-                for threads in [2, 4] {
-                    assert!(
-                        one == shrunk(threads),
-                        "{w}x{h} to {dw}x{dh}, {matrix:?} full {full}, {threads} threads"
-                    );
                 }
             }
         }
