@@ -83,6 +83,14 @@ impl Drop for Ticket {
 /// any stage returns or panics.
 pub(crate) struct OpenOnExit(pub Arc<Budget>);
 
+impl OpenOnExit {
+    /// Runs `f` (a stage's body) holding `guard`: the budget opens when `f` returns or panics.
+    pub(crate) fn around<T>(guard: Option<Self>, f: impl FnOnce() -> T) -> T {
+        let _open = guard;
+        f()
+    }
+}
+
 impl Drop for OpenOnExit {
     fn drop(&mut self) {
         self.0.open();

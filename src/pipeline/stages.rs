@@ -936,14 +936,9 @@ mod tests {
     use ffmpeg_next::format::Pixel;
     use ffmpeg_next::util::frame::video::Video as VideoFrame;
 
-    /// A video frame whose output is made from its planes is warped from texels converted
-    /// straight from them: its crops equal the ones warped from the frame's RGB picture, for a
-    /// face inside the picture, one cut by its edge and one turned, bicubically and through the
-    /// area filter.
-    #[test]
-    fn crops_from_the_planes_equal_crops_from_the_rgb_picture() {
+    /// A `w x h` yuv420p picture of levels 16 to 234 in a pattern.
+    fn patterned(w: usize, h: usize) -> VideoFrame {
         crate::init_ffmpeg();
-        let (w, h, size) = (320usize, 240usize, 128usize);
         let mut yuv = VideoFrame::new(Pixel::YUV420P, w as u32, h as u32);
         for plane in 0..3 {
             let n = yuv.data(plane).len();
@@ -951,6 +946,17 @@ mod tests {
                 *v = ((i * 7919 + plane * 131) % 219) as u8 + 16;
             }
         }
+        yuv
+    }
+
+    /// A video frame whose output is made from its planes is warped from texels converted
+    /// straight from them: its crops equal the ones warped from the frame's RGB picture, for a
+    /// face inside the picture, one cut by its edge and one turned, bicubically and through the
+    /// area filter.
+    #[test]
+    fn crops_from_the_planes_equal_crops_from_the_rgb_picture() {
+        let (w, h, size) = (320usize, 240usize, 128usize);
+        let yuv = patterned(w, h);
         let frame = |planes: bool| Frame {
             picture: if planes {
                 Picture::Planes {
@@ -1015,20 +1021,14 @@ mod tests {
             assert!(planes.rgb.is_empty(), "the mesh's crop read from the planes too");
         }
     }
+
     /// A picture no one else holds takes its changes on the paste's threads: its planes are
     /// then what the encode stage would have made of them. One the decoder still holds keeps
     /// its changes for the encode stage, its planes untouched.
     #[test]
     fn the_paste_adds_the_changes_to_a_picture_only_it_holds() {
-        crate::init_ffmpeg();
         let (w, h, size) = (320usize, 240usize, 64usize);
-        let mut yuv = VideoFrame::new(Pixel::YUV420P, w as u32, h as u32);
-        for plane in 0..3 {
-            let n = yuv.data(plane).len();
-            for (i, v) in yuv.data_mut(plane)[..n].iter_mut().enumerate() {
-                *v = ((i * 7919 + plane * 131) % 200) as u8 + 30;
-            }
-        }
+        let yuv = patterned(w, h);
         let tpl = crate::faces::align::template(size);
         let face = Face {
             bbox: [0.0, 0.0, 1.0, 1.0],

@@ -189,14 +189,9 @@ impl<'s> Line<'s> {
     ) {
         let (tx, rx) = bounded::<FaceFrame>(DEPTH);
         let input = std::mem::replace(&mut self.rx, rx);
-        let guard = self.guard.clone().map(OpenOnExit);
-        self.joins.push((
-            name,
-            s.spawn(move || {
-                let _open = guard;
-                f(input, tx)
-            }),
-        ));
+        let open = self.guard.clone().map(OpenOnExit);
+        self.joins
+            .push((name, s.spawn(move || OpenOnExit::around(open, || f(input, tx)))));
     }
 }
 
@@ -262,10 +257,7 @@ pub(crate) fn wire<T: Send>(
         } else {
             let (tx, rx) = bounded::<Frame>(DEPTH);
             let open = guard();
-            let h = s.spawn(move || {
-                let _open = open;
-                stages::pass_ahead(passers_ref, every, dec_rx, tx)
-            });
+            let h = s.spawn(move || OpenOnExit::around(open, || stages::pass_ahead(passers_ref, every, dec_rx, tx)));
             (Some(h), rx)
         };
         // The detect stage turns frames into face frames: the line starts after it.
@@ -273,15 +265,9 @@ pub(crate) fn wire<T: Send>(
         let open = guard();
         let detect = if follow {
             let meshers = meshers.take().expect("the detect stage meshes");
-            s.spawn(move || {
-                let _open = open;
-                stages::detect_follow(detector, meshers, ctx, dec_rx, det_tx)
-            })
+            s.spawn(move || OpenOnExit::around(open, || stages::detect_follow(detector, meshers, ctx, dec_rx, det_tx)))
         } else {
-            s.spawn(move || {
-                let _open = open;
-                stages::detect(detector, &ctx.pools.det, dec_rx, det_tx)
-            })
+            s.spawn(move || OpenOnExit::around(open, || stages::detect(detector, &ctx.pools.det, dec_rx, det_tx)))
         };
         let mut line = Line {
             rx: det_rx,
@@ -317,10 +303,7 @@ pub(crate) fn wire<T: Send>(
         }
         let Line { rx, joins, .. } = line;
         let open = guard();
-        let encode = s.spawn(move || {
-            let _open = open;
-            encode(ctx.pools, rx)
-        });
+        let encode = s.spawn(move || OpenOnExit::around(open, || encode(ctx.pools, rx)));
 
         let decode = joined("decode", decode.join())?;
         let mut stages = vec![decode];
@@ -433,19 +416,25 @@ pub(crate) fn joined<T>(name: &str, r: std::thread::Result<Result<T>>) -> Result
 mod tests {
     use super::*;
 
-    #[test]
-    fn the_pools_hold_what_the_planned_stages_can() {
-        // A default video on two cores: one CPU worker, batch 4, smoothing sigma 6, the mesh in
-        // the detect stage (it follows the faces), no passes ahead below four cores.
-        let steps = [Step::Smooth, Step::Align, Step::Enhance, Step::Temporal, Step::Paste];
-        let sizes = |threads, pass_threads| Sizes {
+    /// A default video's stages: the mesh in the detect stage (it follows the faces).
+    const VIDEO: [Step; 5] = [Step::Smooth, Step::Align, Step::Enhance, Step::Temporal, Step::Paste];
+
+    /// A default video's sizes on `threads` cores: one CPU worker, batch 4, smoothing sigma 6,
+    /// `pass_threads` running the passes ahead (none below four cores).
+    fn sizes(threads: usize, pass_threads: usize) -> Sizes {
+        Sizes {
             threads,
             pass_threads,
             mesh_threads: threads,
             smooth_held: 13,
             batch: 4,
             workers: 1,
-        };
+        }
+    }
+
+    #[test]
+    fn the_pools_hold_what_the_planned_stages_can() {
+        let steps = VIDEO;
         let frames = |threads, ahead| frames_for(&steps, &sizes(threads, ahead));
         assert_eq!(frames(2, 0), 64, "README's figure");
         assert_eq!(frames(3, 0) - frames(2, 0), 6, "three frames per pool stage and core");
@@ -461,15 +450,7 @@ mod tests {
 
     #[test]
     fn a_videos_budget_is_what_keeps_its_stages_busy() {
-        let steps = [Step::Smooth, Step::Align, Step::Enhance, Step::Temporal, Step::Paste];
-        let sizes = |threads, pass_threads| Sizes {
-            threads,
-            pass_threads,
-            mesh_threads: threads,
-            smooth_held: 13,
-            batch: 4,
-            workers: 1,
-        };
+        let steps = VIDEO;
         let budget = |threads, ahead| in_flight_for(&steps, &sizes(threads, ahead));
         // decode, detect, temporal, encode 4; alignment and paste 2 each; look-ahead 13;
         // the dispatcher's 8: README's figure, under half of what the queues could hold.
