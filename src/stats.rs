@@ -447,6 +447,9 @@ impl fmt::Display for Summary {
                 s.threads.max(1),
                 100.0 * s.queue_fill()
             )?;
+            if let (true, Some((budget, most))) = (s.name == "decode", self.in_flight) {
+                write!(f, "   at most {most} frames in flight of a budget of {budget}")?;
+            }
             if s.name == "detect" {
                 write!(f, "   {} full passes", self.detect.full)?;
                 if self.detect.followed > 0 {
@@ -507,5 +510,34 @@ mod tests {
         };
         assert!((st(true).busy_share(1.0) - 0.9).abs() < 1e-9);
         assert!((st(false).busy_share(1.0) - 0.225).abs() < 1e-9);
+    }
+    /// The run's table says how many decoded frames were in flight against the budget, and
+    /// the stats JSON has both figures.
+    #[test]
+    fn the_run_reports_its_frames_in_flight_against_the_budget() {
+        let summary = Summary {
+            frames: 10,
+            faces: 10,
+            stages: vec![StageStat {
+                name: "decode",
+                ..StageStat::default()
+            }],
+            in_flight: Some((29, 27)),
+            ..Summary::default()
+        };
+        let text = summary.to_string();
+        assert!(text.contains("at most 27 frames in flight of a budget of 29"), "{text}");
+        let json = summary.to_json();
+        assert!(
+            json.contains("\"frames_in_flight_budget\":29,\"frames_in_flight_max\":27"),
+            "{json}"
+        );
+        // A stream of pictures has no budget: neither line nor figures.
+        let pictures = Summary {
+            in_flight: None,
+            ..summary
+        };
+        assert!(!pictures.to_string().contains("in flight"));
+        assert!(pictures.to_json().contains("\"frames_in_flight_budget\":null"));
     }
 }
