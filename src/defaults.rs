@@ -23,12 +23,14 @@ pub(crate) const PASS_AHEAD_CORES: usize = 4;
 /// `DETECT_EVERY`, so three keep ahead of the chain with room to spare, and each session that
 /// runs a pass holds about 45 MiB of arena.
 pub(crate) const PASS_AHEAD_MAX: usize = 3;
-/// Threads the decode stage's detection copy (the picture shrunk to the detector's size, every
-/// frame) is shared among on a machine of `pool_threads`: its one thread alone below
-/// [`PASS_AHEAD_CORES`] (every core is busy anyway), else one for every four cores, two to four.
-/// The copy is most of that stage's work (about 80 % on the 720p sample): on its one thread it
-/// would cap a 16-core GPU host near 1,500 faces/s of a two-face 720p clip.
-pub(crate) fn det_copy_threads(pool_threads: usize) -> usize {
+/// Threads the decode stage's conversions through swscale (the detection copy: the picture
+/// shrunk to the detector's size, every frame; the whole picture's RGB for a source not
+/// converted region by region) are shared among on a machine of `pool_threads`: its one thread
+/// alone below [`PASS_AHEAD_CORES`] (every core is busy anyway), else one for every four cores,
+/// two to four. The detection copy is most of that stage's work (about 80 % on the 720p
+/// sample): on its one thread it would cap a 16-core GPU host near 1,500 faces/s of a two-face
+/// 720p clip.
+pub(crate) fn convert_threads(pool_threads: usize) -> usize {
     if pool_threads >= PASS_AHEAD_CORES {
         (pool_threads / 4).clamp(2, 4)
     } else {
@@ -139,7 +141,7 @@ pub const JOB_SEGMENT_S: f64 = 30.0;
 mod tests {
     #[test]
     fn the_detection_copy_is_shared_out_from_four_cores() {
-        let threads = [2, 3, 4, 8, 12, 16, 64].map(super::det_copy_threads);
+        let threads = [2, 3, 4, 8, 12, 16, 64].map(super::convert_threads);
         assert_eq!(threads, [1, 1, 2, 2, 3, 4, 4]);
     }
 }

@@ -321,6 +321,34 @@ fn sideways_phone_video_keeps_its_rotation_and_its_faces_are_found() {
     assert_eq!(video_pts(&out), video_pts(&input));
 }
 
+/// From four cores the decode stage shares its conversions through swscale among swscale's
+/// threads (the detection copy; for a source not converted region by region, such as yuv444p,
+/// the whole picture's RGB too): the same pictures as a run on two cores.
+#[test]
+fn conversions_shared_among_threads_write_the_same_pictures() {
+    let dir = tempfile::tempdir().unwrap();
+    let yuv444 = dir.path().join("in444.mkv");
+    deep_source(&yuv444, "yuv444p", "libx264", false);
+    for input in [yuv444, asset("samples/test/astronaut.mp4")] {
+        let pictures = |threads: &str| {
+            let out = dir.path().join(format!("threads-{threads}.mkv"));
+            let model = asset("models/standin/negate-256.onnx");
+            ok(&gpen(&[
+                &input,
+                &out,
+                &"--model",
+                &model,
+                &"--frames",
+                &"12",
+                &"--threads",
+                &threads,
+            ]));
+            framemd5(&out, "0:v", false)
+        };
+        assert_eq!(pictures("2"), pictures("8"), "{}", input.display());
+    }
+}
+
 #[test]
 fn other_pixel_formats_in_and_out_keep_faces_changed_and_the_rest_intact() {
     let dir = tempfile::tempdir().unwrap();

@@ -610,7 +610,7 @@ impl Feeder {
                 // alone, on the threads such a host shares them among.
                 None if name == "decode" => {
                     let spread = spread_ms(name);
-                    vec![(ms - spread, width), (spread, crate::defaults::det_copy_threads(cores))]
+                    vec![(ms - spread, width), (spread, crate::defaults::convert_threads(cores))]
                 }
                 None => vec![(*ms, width)],
             };

@@ -1030,18 +1030,22 @@ mod tests {
         yuv
     }
 
-    /// The detection copy shared among swscale's threads is the one-thread copy byte for byte:
-    /// 1080p and 720p to the detector's 640 x 360, a size of no whole ratio, both matrices and
-    /// both ranges; from NV12 (what NVDEC gives) and 10-bit 4:2:0 too.
+    /// A conversion shared among swscale's threads is the one-thread conversion byte for byte:
+    /// the detection copy from 1080p and 720p to the detector's 640 x 360 and at a size of no
+    /// whole ratio, a whole picture's RGB at its own size, both matrices and both ranges; from
+    /// NV12 (what NVDEC gives) and 10-bit 4:2:0 too.
     #[test]
     fn a_shrink_on_several_threads_is_the_one_thread_shrink() {
+        // The detection copy (area) and a whole picture's RGB at its own size (bilinear).
         let sizes = [
-            ((1920, 1080), (640, 360)),
-            ((1280, 720), (640, 360)),
-            ((1000, 562), (333, 187)),
+            ((1920, 1080), (640, 360), Flags::AREA),
+            ((1280, 720), (640, 360), Flags::AREA),
+            ((1000, 562), (333, 187), Flags::AREA),
+            ((1920, 1080), (1920, 1080), Flags::BILINEAR),
+            ((1000, 562), (1000, 562), Flags::BILINEAR),
         ];
         for fmt in [Pixel::YUV420P, Pixel::NV12, Pixel::YUV420P10LE] {
-            for ((w, h), (dw, dh)) in sizes {
+            for ((w, h), (dw, dh), flags) in sizes {
                 let mut yuv = patterned(w, h, 219, 16);
                 if fmt != Pixel::YUV420P {
                     let mut other = VideoFrame::empty();
@@ -1053,7 +1057,7 @@ mod tests {
                         let mut s = Shrink::new(
                             (fmt, w as u32, h as u32),
                             (Pixel::RGB24, dw, dh),
-                            Flags::AREA,
+                            flags,
                             threads,
                             matrix,
                             full,

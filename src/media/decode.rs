@@ -7,13 +7,13 @@ use std::sync::Arc;
 
 use anyhow::{anyhow, bail, Context, Result};
 use ffmpeg::format::Pixel;
-use ffmpeg::software::scaling::{Context as Scaler, Flags};
+use ffmpeg::software::scaling::Flags;
 use ffmpeg::util::frame::video::Video as VideoFrame;
 use ffmpeg::{media, Rational};
 use ffmpeg_next as ffmpeg;
 
 use crate::frame::{Frame, Picture, Pool};
-use crate::media::color::{is_full_range, scale_packed, set_matrix, Matrix, Planar, Shrink};
+use crate::media::color::{is_full_range, Matrix, Planar, Shrink};
 use crate::media::input::Opened;
 
 /// Reads the next packet of `ictx` into `packet`, releasing the one `packet` held first.
@@ -299,9 +299,11 @@ pub struct DecodeReport {
     /// Packets the demuxer marked to be decoded but not shown: those before an edit list's
     /// start (a stream-copied trim), which FFmpeg decodes for their references and drops.
     pub discarded_packets: u64,
-    /// CPU time the detection copies took on the decoding thread when made there alone (none
-    /// when shared among swscale's threads): work a host of more cores shares out.
-    pub det_cpu: std::time::Duration,
+    /// CPU time the conversions through swscale (the detection copy; the whole picture's RGB
+    /// for a source not converted region by region) took on the decoding thread when made
+    /// there alone (none when shared among swscale's threads): work a host of more cores
+    /// shares out.
+    pub convert_cpu: std::time::Duration,
 }
 
 /// The part of a video one segment decodes: from the keyframe at `seek` (the start when
@@ -328,9 +330,9 @@ pub struct Decoder {
     /// their own planes): set for video outputs.
     planes: bool,
     span: Option<Span>,
-    /// Threads the detection copy's conversion shares each picture among (1: the decode
+    /// Threads the conversions through swscale share each picture among (1: the decode
     /// stage's own thread alone).
-    det_threads: usize,
+    convert_threads: usize,
 }
 
 /// A CUDA device context for FFmpeg's hwaccel (NVDEC), freed on drop.
@@ -385,15 +387,16 @@ impl Decoder {
             hwaccel,
             planes: false,
             span: None,
-            det_threads: 1,
+            convert_threads: 1,
         }
     }
 
-    /// Shares the detection copy's conversion among `threads` threads of swscale's own (see
+    /// Shares the conversions through swscale (the detection copy, and the whole picture's RGB
+    /// where it is made here) among `threads` threads of swscale's own (see
     /// [`crate::media::color::Shrink`]): on a host of many cores the decode stage's one thread
-    /// would otherwise spend most of its time on it.
-    pub(crate) fn with_det_threads(mut self, threads: usize) -> Self {
-        self.det_threads = threads.max(1);
+    /// would otherwise spend most of its time on them.
+    pub(crate) fn with_convert_threads(mut self, threads: usize) -> Self {
+        self.convert_threads = threads.max(1);
         self
     }
 
@@ -499,7 +502,7 @@ impl Decoder {
                     }
                 };
                 let mut frame = convert.frame(index)?;
-                report.det_cpu += std::mem::take(&mut convert.det_cpu);
+                report.convert_cpu += std::mem::take(&mut convert.convert_cpu);
                 frame.warm = span.is_some_and(|s| index < s.start || index >= s.end);
                 report.frames += 1;
                 if !emit(frame) || max_frames.is_some_and(|m| report.frames >= m) {
@@ -637,15 +640,15 @@ struct Convert<'a> {
     decoder: &'a Decoder,
     pools: (&'a Pool<Vec<u8>>, &'a Pool<Vec<u8>>),
     /// The whole-picture and detection scalers, for the pixel format they were made for.
-    scalers: Option<(Option<Scaler>, Shrink, Pixel)>,
+    scalers: Option<(Option<Shrink>, Shrink, Pixel)>,
     /// The picture the decoder fills.
     yuv: VideoFrame,
     sw: VideoFrame,
     rgb: VideoFrame,
     small: VideoFrame,
     last_pts: Option<i64>,
-    /// See [`DecodeReport::det_cpu`]: since it was last taken.
-    det_cpu: std::time::Duration,
+    /// See [`DecodeReport::convert_cpu`]: since it was last taken.
+    convert_cpu: std::time::Duration,
 }
 
 impl<'a> Convert<'a> {
@@ -659,7 +662,7 @@ impl<'a> Convert<'a> {
             rgb: VideoFrame::empty(),
             small: VideoFrame::empty(),
             last_pts: None,
-            det_cpu: std::time::Duration::ZERO,
+            convert_cpu: std::time::Duration::ZERO,
         }
     }
 
@@ -685,31 +688,20 @@ impl<'a> Convert<'a> {
         // anything else whole.
         let regions = fmt == Pixel::YUV420P && !is_full_range(yuv);
         if self.scalers.as_ref().is_none_or(|s| s.2 != fmt) {
-            let full = (!regions)
-                .then(|| {
-                    let mut s = Scaler::get(
-                        fmt,
-                        w as u32,
-                        h as u32,
-                        Pixel::RGB24,
-                        w as u32,
-                        h as u32,
-                        Flags::BILINEAR,
-                    )?;
-                    set_matrix(&mut s, Matrix::of(yuv), is_full_range(yuv), true);
-                    Ok::<_, ffmpeg::Error>(s)
-                })
-                .transpose()?;
+            let to_rgb = |(dw, dh): (usize, usize), flags| {
+                Shrink::new(
+                    (fmt, w as u32, h as u32),
+                    (Pixel::RGB24, dw as u32, dh as u32),
+                    flags,
+                    self.decoder.convert_threads,
+                    Matrix::of(yuv),
+                    is_full_range(yuv),
+                )
+            };
+            let full = (!regions).then(|| to_rgb((w, h), Flags::BILINEAR)).transpose()?;
             // The detection copy is area-averaged: a fast bilinear shrink by 2-3 times
             // skips pixels and aliases, which moves the points the detector finds.
-            let det = Shrink::new(
-                (fmt, w as u32, h as u32),
-                (Pixel::RGB24, dw as u32, dh as u32),
-                Flags::AREA,
-                self.decoder.det_threads,
-                Matrix::of(yuv),
-                is_full_range(yuv),
-            )?;
+            let det = to_rgb((dw, dh), Flags::AREA)?;
             self.scalers = Some((full, det, fmt));
         }
         let (full, det, _) = self.scalers.as_mut().expect("just set");
@@ -721,14 +713,14 @@ impl<'a> Convert<'a> {
             self.pools.1.get(),
         );
         let planes = self.decoder.planes && Planar::of(fmt).is_some();
+        let one = matches!(det, Shrink::One(_)).then(crate::stats::thread_cpu_time);
         if let Some(full) = full {
-            scale_packed(full, yuv, &mut self.rgb, (w, h), &mut buf)
+            full.packed(yuv, &mut self.rgb, &mut buf)
                 .with_context(|| format!("{path}: colour conversion failed at frame {index}"))?;
         }
-        let one = matches!(det, Shrink::One(_)).then(crate::stats::thread_cpu_time);
         det.packed(yuv, &mut self.small, &mut det_buf)?;
         if let Some(c) = one {
-            self.det_cpu += crate::stats::thread_cpu_time().saturating_sub(c);
+            self.convert_cpu += crate::stats::thread_cpu_time().saturating_sub(c);
         }
         let pts = yuv.timestamp().or(yuv.pts()).or_else(|| self.last_pts.map(|p| p + 1));
         self.last_pts = pts;

@@ -230,7 +230,7 @@ fn decoder_for(job: &Job, det: (usize, usize), threads: usize) -> (Decoder, Opti
     let planes = !crate::media::kind::is_still(&job.output);
     let decoder = Decoder::new(job.source.clone(), stored, job.hwaccel_cuda)
         .with_planes(planes)
-        .with_det_threads(crate::defaults::det_copy_threads(threads));
+        .with_convert_threads(crate::defaults::convert_threads(threads));
     (decoder, (o > 1).then_some((o, stored)))
 }
 

@@ -71,7 +71,7 @@ pub fn decode(
         .kind(Kind::BadInput)?;
     let mut stat = clock.finish();
     // The detection copies made on this thread alone: a host of more cores shares them out.
-    stat.spread_cpu = report.det_cpu;
+    stat.spread_cpu = report.convert_cpu;
     if cancelled {
         return Err(Cancelled {
             frames: stat.items,
