@@ -323,17 +323,19 @@ fn sideways_phone_video_keeps_its_rotation_and_its_faces_are_found() {
 
 /// From four cores the decode stage shares its conversions through swscale among swscale's
 /// threads (the detection copy; for a source not converted region by region, such as yuv444p,
-/// the whole picture's RGB too): the same pictures as a run on two cores.
+/// the whole picture's RGB too): none of their time is then on the stage's own thread, where a
+/// run on two cores spends it, and the pictures are the same.
 #[test]
 fn conversions_shared_among_threads_write_the_same_pictures() {
     let dir = tempfile::tempdir().unwrap();
     let yuv444 = dir.path().join("in444.mkv");
     deep_source(&yuv444, "yuv444p", "libx264", false);
+    let model = asset("models/standin/negate-256.onnx");
     for input in [yuv444, asset("samples/test/astronaut.mp4")] {
-        let pictures = |threads: &str| {
-            let out = dir.path().join(format!("threads-{threads}.mkv"));
-            let model = asset("models/standin/negate-256.onnx");
-            ok(&gpen(&[
+        // The pictures, and the conversions' CPU seconds on the decode stage's own thread.
+        let run = |threads: &str| {
+            let (out, stats) = (dir.path().join("shared.mkv"), dir.path().join("shared.json"));
+            let args: [&dyn AsRef<std::ffi::OsStr>; 10] = [
                 &input,
                 &out,
                 &"--model",
@@ -342,10 +344,22 @@ fn conversions_shared_among_threads_write_the_same_pictures() {
                 &"12",
                 &"--threads",
                 &threads,
-            ]));
-            framemd5(&out, "0:v", false)
+                &"--stats-json",
+                &stats,
+            ];
+            ok(&gpen(&args));
+            let json = std::fs::read_to_string(&stats).unwrap();
+            let decode = json.split("{\"name\":\"decode\"").nth(1).expect("a decode stage");
+            let spread = decode.split("\"spread_cpu_s\":").nth(1).expect("its spread");
+            let end = spread.find([',', '}']).unwrap();
+            (framemd5(&out, "0:v", false), spread[..end].parse::<f64>().unwrap())
         };
-        assert_eq!(pictures("2"), pictures("8"), "{}", input.display());
+        let ((alone, on_thread), (shared, left)) = (run("2"), run("8"));
+        assert!(
+            on_thread > 0.0 && left == 0.0,
+            "{on_thread} s on two cores, {left} s on eight"
+        );
+        assert_eq!(alone, shared, "{}", input.display());
     }
 }
 

@@ -460,10 +460,18 @@ pub struct Paste<'a> {
 /// buffer of a group of overlapping faces.
 #[derive(Default)]
 pub struct Scratch {
-    mips: Vec<Vec<f32>>,
-    /// The change widened into floats, for a face larger than the crop.
-    widened: Vec<f32>,
+    levels: Levels,
     acc: Vec<f32>,
+}
+
+/// Reusable buffers of one face's change as [`accumulate`] reads it: its mip levels, the row
+/// pairs' sums the first level is made from ([`halve_steps`]), and the change widened into
+/// floats for a face larger than the crop.
+#[derive(Default)]
+struct Levels {
+    mips: Vec<Vec<f32>>,
+    sums: Vec<i32>,
+    widened: Vec<f32>,
 }
 
 /// What pasting `faces` changes in the frame, one [`Change`] per group of overlapping faces.
@@ -509,7 +517,7 @@ pub fn changes(
                 r,
                 &faces[one],
                 mask,
-                (&mut scratch.mips, &mut scratch.widened),
+                &mut scratch.levels,
             );
             out.push(Change { rect: r, rgb });
             continue;
@@ -519,14 +527,7 @@ pub fn changes(
         acc.clear();
         acc.resize(rw * rh * 5, 0.0);
         for &i in &group {
-            accumulate(
-                &mut acc,
-                Cells::Sums,
-                r,
-                &faces[i],
-                mask,
-                (&mut scratch.mips, &mut scratch.widened),
-            );
+            accumulate(&mut acc, Cells::Sums, r, &faces[i], mask, &mut scratch.levels);
         }
         for (a, d) in acc.chunks_exact(5).zip(rgb.chunks_exact_mut(3)) {
             let alpha = a[4] * blend;
@@ -638,16 +639,17 @@ pub(crate) fn halve<T: Copy + Into<f32>>(src: &[T], w: usize, h: usize, out: &mu
 /// order, in integers as in floats, so the sum is the one [`halve`] makes), each pair of rows
 /// summed in integers first and each block from its two columns' sums, loops the compiler
 /// turns into vector code (compiled for AVX2 where the CPU has it); odd sides go to [`halve`].
-pub(crate) fn halve_steps(src: &[i16], w: usize, h: usize, out: &mut Vec<f32>) -> (usize, usize) {
+/// `sums` holds a row pair's sums (reused from face to face).
+pub(crate) fn halve_steps(src: &[i16], w: usize, h: usize, out: &mut Vec<f32>, sums: &mut Vec<i32>) -> (usize, usize) {
     if !(w.is_multiple_of(2) && h.is_multiple_of(2)) || w == 0 || h == 0 {
         return halve(src, w, h, out);
     }
     #[cfg(target_arch = "x86_64")]
     if crate::faces::align::avx2() {
         // SAFETY: the CPU has AVX2 (checked just above).
-        return unsafe { halve_steps_avx2(src, w, h, out) };
+        return unsafe { halve_steps_avx2(src, w, h, out, sums) };
     }
-    halve_steps_body(src, w, h, out)
+    halve_steps_body(src, w, h, out, sums)
 }
 
 /// [`halve_steps_body`] compiled for AVX2.
@@ -656,17 +658,18 @@ pub(crate) fn halve_steps(src: &[i16], w: usize, h: usize, out: &mut Vec<f32>) -
 /// The CPU must have AVX2.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn halve_steps_avx2(src: &[i16], w: usize, h: usize, out: &mut Vec<f32>) -> (usize, usize) {
-    halve_steps_body(src, w, h, out)
+unsafe fn halve_steps_avx2(src: &[i16], w: usize, h: usize, out: &mut Vec<f32>, sums: &mut Vec<i32>) -> (usize, usize) {
+    halve_steps_body(src, w, h, out, sums)
 }
 
 /// The body of [`halve_steps`], for even sides.
 #[inline(always)]
-fn halve_steps_body(src: &[i16], w: usize, h: usize, out: &mut Vec<f32>) -> (usize, usize) {
+fn halve_steps_body(src: &[i16], w: usize, h: usize, out: &mut Vec<f32>, cols: &mut Vec<i32>) -> (usize, usize) {
     let (hw, hh) = (w / 2, h / 2);
     out.clear();
     out.resize(hw * hh * 3, 0.0);
-    let mut cols = vec![0i32; w * 3];
+    // Every value is written before it is read, row pair by row pair.
+    cols.resize(w * 3, 0);
     for (o, rows) in out.chunks_exact_mut(hw * 3).zip(src.chunks_exact(2 * w * 3)) {
         let (top, bottom) = rows.split_at(w * 3);
         for ((c, &t), &b) in cols.iter_mut().zip(top).zip(bottom) {
@@ -726,7 +729,7 @@ fn accumulate(
     r: Rect,
     face: &Paste,
     mask: &Mask,
-    (mips, widened): (&mut Vec<Vec<f32>>, &mut Vec<f32>),
+    Levels { mips, sums, widened }: &mut Levels,
 ) {
     let mask = face.mask.unwrap_or(mask);
     let size = mask.size;
@@ -742,7 +745,7 @@ fn accumulate(
     for l in 0..level as usize {
         let (done, rest) = mips.split_at_mut(l);
         sw = match l {
-            0 => halve_steps(face.change, sw, sw, &mut rest[0]).0,
+            0 => halve_steps(face.change, sw, sw, &mut rest[0], sums).0,
             _ => halve(&done[l - 1], sw, sw, &mut rest[0]).0,
         };
     }
@@ -1242,14 +1245,7 @@ mod tests {
         };
         let n = region.width() * region.height() * 5;
         let (mut a, mut b) = (vec![0.0; n], vec![0.0; n]);
-        accumulate(
-            &mut a,
-            Cells::Sums,
-            region,
-            &face,
-            &mask,
-            (&mut Vec::new(), &mut Vec::new()),
-        );
+        accumulate(&mut a, Cells::Sums, region, &face, &mask, &mut Levels::default());
         accumulate_level(&mut b, Cells::Sums, region, &face, &mask, (&change[..], size, 0));
         assert_eq!(a, b);
         assert!(a.iter().any(|&v| v != 0.0));
@@ -1296,14 +1292,7 @@ mod tests {
             // group give.
             let (rw, rh) = (region.width(), region.height());
             let mut sums = vec![0.0; rw * rh * 5];
-            accumulate(
-                &mut sums,
-                Cells::Sums,
-                region,
-                &faces[0],
-                &with,
-                (&mut Vec::new(), &mut Vec::new()),
-            );
+            accumulate(&mut sums, Cells::Sums, region, &faces[0], &with, &mut Levels::default());
             let mut want = vec![0.0f32; rw * rh * 3];
             for (a, d) in sums.chunks_exact(5).zip(want.chunks_exact_mut(3)) {
                 let alpha = a[4] * 0.8;
@@ -1353,10 +1342,15 @@ mod tests {
                 src[3 * w + 4] = i16::MIN;
             }
             let mut fast = Vec::new();
-            assert_eq!(halve_steps(&src, w, h, &mut fast), halve(&src, w, h, &mut out));
+            // The row pairs' sums reused from a wider change, as from face to face.
+            let mut sums = vec![i32::MAX; 9 * w];
+            assert_eq!(
+                halve_steps(&src, w, h, &mut fast, &mut sums),
+                halve(&src, w, h, &mut out)
+            );
             assert_eq!(fast, out, "{w}x{h}");
             if w % 2 == 0 && h % 2 == 0 {
-                assert_eq!(halve_steps_body(&src, w, h, &mut fast), (w / 2, h / 2));
+                assert_eq!(halve_steps_body(&src, w, h, &mut fast, &mut sums), (w / 2, h / 2));
                 assert_eq!(fast, out, "plain body, {w}x{h}");
             }
         }

@@ -109,16 +109,16 @@ fn copy_rows(tmp: &VideoFrame, (width, height): (usize, usize), dst: &mut Vec<u8
     }
 }
 
-/// A picture's conversion to packed RGB24 of another size through swscale ([`scale_packed`]'s):
-/// on one thread, or with each picture's rows shared among `threads` threads of swscale's own
-/// (its slice threading), for a conversion that would otherwise hold a stage's one thread (the
-/// decode stage's detection copy on a host of many cores). Both give the same values.
-pub(crate) enum Shrink {
+/// A picture's conversion to packed RGB24, at its own size or another, through swscale
+/// ([`scale_packed`]'s): on one thread, or with each picture's rows shared among `threads`
+/// threads of swscale's own (its slice threading), for a conversion that would otherwise hold a
+/// stage's one thread (the decode stage's on a host of many cores). Both give the same values.
+pub(crate) enum ToRgb {
     One(Scaler),
     Sliced(Sliced),
 }
 
-/// An swscale context made with its `threads` option (see [`Shrink`]), freed on drop.
+/// An swscale context made with its `threads` option (see [`ToRgb`]), freed on drop.
 pub(crate) struct Sliced {
     ctx: std::ptr::NonNull<ffmpeg::ffi::SwsContext>,
     dst: (Pixel, u32, u32),
@@ -135,7 +135,7 @@ impl Drop for Sliced {
     }
 }
 
-impl Shrink {
+impl ToRgb {
     /// Converts `src` (`from`, `w x h`) to `to` at `dw x dh` with `flags`, on `threads` threads
     /// (1: the calling thread alone), set to `matrix` and `full` range towards RGB.
     #[allow(clippy::too_many_arguments)]
@@ -150,7 +150,7 @@ impl Shrink {
         if threads <= 1 {
             let mut s = Scaler::get(from, w, h, to, dw, dh, flags)?;
             set_matrix(&mut s, matrix, full, true);
-            return Ok(Shrink::One(s));
+            return Ok(ToRgb::One(s));
         }
         // SAFETY: a fresh context, given its options by name (each one swscale has, set to a
         // value of its type) before `sws_init_context`; freed on any failure.
@@ -172,18 +172,18 @@ impl Shrink {
                 anyhow::bail!("swscale cannot convert {from:?} {w}x{h} to {to:?} {dw}x{dh} on {threads} threads");
             }
             set_matrix_of(ctx.as_ptr(), matrix, full, true);
-            Ok(Shrink::Sliced(sliced))
+            Ok(ToRgb::Sliced(sliced))
         }
     }
 
     /// [`scale_packed`] through this conversion.
-    pub(crate) fn packed(&mut self, src: &VideoFrame, tmp: &mut VideoFrame, dst: &mut Vec<u8>) -> Result<()> {
+    pub(crate) fn run(&mut self, src: &VideoFrame, tmp: &mut VideoFrame, dst: &mut Vec<u8>) -> Result<()> {
         match self {
-            Shrink::One(s) => {
+            ToRgb::One(s) => {
                 let (w, h) = (s.output().width as usize, s.output().height as usize);
                 scale_packed(s, src, tmp, (w, h), dst)
             }
-            Shrink::Sliced(s) => {
+            ToRgb::Sliced(s) => {
                 let (fmt, w, h) = s.dst;
                 if tmp.format() != fmt || tmp.width() != w || tmp.height() != h {
                     *tmp = VideoFrame::new(fmt, w, h);
@@ -1035,7 +1035,7 @@ mod tests {
     /// whole ratio, a whole picture's RGB at its own size, both matrices and both ranges; from
     /// NV12 (what NVDEC gives) and 10-bit 4:2:0 too.
     #[test]
-    fn a_shrink_on_several_threads_is_the_one_thread_shrink() {
+    fn a_conversion_on_several_threads_is_the_one_thread_conversion() {
         // The detection copy (area) and a whole picture's RGB at its own size (bilinear).
         let sizes = [
             ((1920, 1080), (640, 360), Flags::AREA),
@@ -1053,8 +1053,8 @@ mod tests {
                     yuv = other;
                 }
                 for (matrix, full) in [(Matrix::Bt709, false), (Matrix::Bt601, true)] {
-                    let shrunk = |threads| {
-                        let mut s = Shrink::new(
+                    let converted = |threads| {
+                        let mut s = ToRgb::new(
                             (fmt, w as u32, h as u32),
                             (Pixel::RGB24, dw, dh),
                             flags,
@@ -1063,19 +1063,19 @@ mod tests {
                             full,
                         )
                         .unwrap();
-                        assert_eq!(matches!(s, Shrink::Sliced(_)), threads > 1);
+                        assert_eq!(matches!(s, ToRgb::Sliced(_)), threads > 1);
                         let (mut tmp, mut out) = (VideoFrame::empty(), Vec::new());
                         // Twice: the second picture reuses the first's buffers.
                         for _ in 0..2 {
-                            s.packed(&yuv, &mut tmp, &mut out).unwrap();
+                            s.run(&yuv, &mut tmp, &mut out).unwrap();
                         }
                         out
                     };
-                    let one = shrunk(1);
+                    let one = converted(1);
                     assert_eq!(one.len(), (dw * dh * 3) as usize);
                     for threads in [2, 4] {
                         let what = format!("{fmt:?} {w}x{h} to {dw}x{dh}, {matrix:?} full {full}, {threads} threads");
-                        assert!(one == shrunk(threads), "{what}");
+                        assert!(one == converted(threads), "{what}");
                     }
                 }
             }

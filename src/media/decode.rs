@@ -13,7 +13,7 @@ use ffmpeg::{media, Rational};
 use ffmpeg_next as ffmpeg;
 
 use crate::frame::{Frame, Picture, Pool};
-use crate::media::color::{is_full_range, Matrix, Planar, Shrink};
+use crate::media::color::{is_full_range, Matrix, Planar, ToRgb};
 use crate::media::input::Opened;
 
 /// Reads the next packet of `ictx` into `packet`, releasing the one `packet` held first.
@@ -393,7 +393,7 @@ impl Decoder {
 
     /// Shares the conversions through swscale (the detection copy, and the whole picture's RGB
     /// where it is made here) among `threads` threads of swscale's own (see
-    /// [`crate::media::color::Shrink`]): on a host of many cores the decode stage's one thread
+    /// [`crate::media::color::ToRgb`]): on a host of many cores the decode stage's one thread
     /// would otherwise spend most of its time on them.
     pub(crate) fn with_convert_threads(mut self, threads: usize) -> Self {
         self.convert_threads = threads.max(1);
@@ -640,7 +640,7 @@ struct Convert<'a> {
     decoder: &'a Decoder,
     pools: (&'a Pool<Vec<u8>>, &'a Pool<Vec<u8>>),
     /// The whole-picture and detection scalers, for the pixel format they were made for.
-    scalers: Option<(Option<Shrink>, Shrink, Pixel)>,
+    scalers: Option<(Option<ToRgb>, ToRgb, Pixel)>,
     /// The picture the decoder fills.
     yuv: VideoFrame,
     sw: VideoFrame,
@@ -689,7 +689,7 @@ impl<'a> Convert<'a> {
         let regions = fmt == Pixel::YUV420P && !is_full_range(yuv);
         if self.scalers.as_ref().is_none_or(|s| s.2 != fmt) {
             let to_rgb = |(dw, dh): (usize, usize), flags| {
-                Shrink::new(
+                ToRgb::new(
                     (fmt, w as u32, h as u32),
                     (Pixel::RGB24, dw as u32, dh as u32),
                     flags,
@@ -713,12 +713,12 @@ impl<'a> Convert<'a> {
             self.pools.1.get(),
         );
         let planes = self.decoder.planes && Planar::of(fmt).is_some();
-        let one = matches!(det, Shrink::One(_)).then(crate::stats::thread_cpu_time);
+        let one = matches!(det, ToRgb::One(_)).then(crate::stats::thread_cpu_time);
         if let Some(full) = full {
-            full.packed(yuv, &mut self.rgb, &mut buf)
+            full.run(yuv, &mut self.rgb, &mut buf)
                 .with_context(|| format!("{path}: colour conversion failed at frame {index}"))?;
         }
-        det.packed(yuv, &mut self.small, &mut det_buf)?;
+        det.run(yuv, &mut self.small, &mut det_buf)?;
         if let Some(c) = one {
             self.convert_cpu += crate::stats::thread_cpu_time().saturating_sub(c);
         }

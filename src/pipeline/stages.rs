@@ -154,14 +154,18 @@ pub(crate) fn detect_follow(
     } else {
         ctx.threads.max(1)
     };
-    let mut scratch: Vec<WarpScratch> = (0..warpers).map(|_| WarpScratch::default()).collect();
-    let pool = crate::parts::pool(warpers, "mesh");
+    let mut meshing = Meshing {
+        scratch: (0..warpers).map(|_| WarpScratch::default()).collect(),
+        pool: crate::parts::pool(warpers, "mesh"),
+        rois: Vec::new(),
+        regions: Vec::new(),
+        cpu: MeshCpu::default(),
+    };
     // The faces followed into the next frame (their boxes and points; outlines not kept).
     let mut prev: Vec<Face> = Vec::new();
     // A face was kept without a mesh on the frame before: a whole-frame pass finds it again.
     let mut unfollowed = false;
-    let (mut item, mut followed, mut cpu) = (None, 0u64, MeshCpu::default());
-    let (mut rois, mut regions) = (Vec::new(), Vec::new());
+    let (mut item, mut followed) = (None, 0u64);
     while let Some(mut frame) = recv(&rx, &mut clock) {
         if item != Some(frame.item) {
             if item.is_some() || frame.det_size != detector.size {
@@ -189,19 +193,11 @@ pub(crate) fn detect_follow(
             }
             // The followed faces by their meshes, then the pass's by theirs, in one go.
             let n = prev.len();
-            rois.clear();
-            rois.extend(prev.iter().map(mesh::follow_roi));
-            rois.extend(found.iter().map(mesh::roi));
-            mesh_faces(
-                meshers,
-                (&mut scratch, pool.as_ref()),
-                &mut frame,
-                (&rois, &mut regions),
-                &mut cpu,
-            )?;
-            let mut jobs = Vec::with_capacity(rois.len());
+            let rois = prev.iter().map(mesh::follow_roi).chain(found.iter().map(mesh::roi));
+            let meshed_now = meshing.run(meshers, &mut frame, rois)?;
+            let mut jobs = Vec::with_capacity(meshed_now);
             let mut lost = false;
-            let mut meshes = meshed(meshers, rois.len());
+            let mut meshes = meshed(meshers, meshed_now);
             for (face, found) in prev.drain(..).zip(meshes.by_ref().take(n)) {
                 if found.presence < ctx.treatment.face_check {
                     lost = true;
@@ -225,16 +221,8 @@ pub(crate) fn detect_follow(
                 // Look for the lost face (and any other) at once.
                 found = detector.pass(&frame.det, dims)?;
                 found.retain(|f| jobs.iter().all(|j| iou(&j.face.bbox, &f.bbox) < detector.nms_iou));
-                rois.clear();
-                rois.extend(found.iter().map(mesh::roi));
-                mesh_faces(
-                    meshers,
-                    (&mut scratch, pool.as_ref()),
-                    &mut frame,
-                    (&rois, &mut regions),
-                    &mut cpu,
-                )?;
-                for (face, found) in found.into_iter().zip(meshed(meshers, rois.len())) {
+                let meshed_now = meshing.run(meshers, &mut frame, found.iter().map(mesh::roi))?;
+                for (face, found) in found.into_iter().zip(meshed(meshers, meshed_now)) {
                     let mut job = FaceJob::detected(face);
                     if judge(&mut job, found, ctx, &tally) {
                         jobs.push(job);
@@ -260,11 +248,11 @@ pub(crate) fn detect_follow(
             break;
         }
     }
-    clock.add(std::time::Duration::ZERO, cpu.helpers);
+    clock.add(std::time::Duration::ZERO, meshing.cpu.helpers);
     let mut stat = clock.finish();
     stat.threads = meshers.len().max(1);
     stat.chain = true;
-    stat.spread_cpu = cpu.warps;
+    stat.spread_cpu = meshing.cpu.warps;
     stat.model_cpu = models(detector, meshers).saturating_sub(model_at_start);
     let mut counts = detector.counts();
     counts.followed = followed;
@@ -307,6 +295,29 @@ pub(crate) fn pass_ahead(
     let model: std::time::Duration = passers.iter().map(Passer::model_cpu).sum();
     stat.model_cpu = model.saturating_sub(model_at_start);
     Ok((stat, passers.iter().map(Passer::runs).sum::<u64>() - runs_at_start))
+}
+
+/// What meshing a video's faces keeps from frame to frame in the detect stage: a warp scratch
+/// per thread the crops are shared out on, their pool, the crops' frame -> crop transforms and
+/// frame regions, and the CPU time it spent.
+struct Meshing {
+    scratch: Vec<WarpScratch>,
+    pool: Option<rayon::ThreadPool>,
+    rois: Vec<Affine>,
+    regions: Vec<Option<Rect>>,
+    cpu: MeshCpu,
+}
+
+impl Meshing {
+    /// Meshes the faces of `f` whose frame -> crop transforms are `rois` ([`mesh_faces`]);
+    /// returns how many were meshed (their meshes are then read with [`meshed`]).
+    fn run(&mut self, meshers: &mut [Mesher], f: &mut Frame, rois: impl Iterator<Item = Affine>) -> Result<usize> {
+        self.rois.clear();
+        self.rois.extend(rois);
+        let scratch = (&mut self.scratch[..], self.pool.as_ref());
+        mesh_faces(meshers, scratch, f, (&self.rois, &mut self.regions), &mut self.cpu)?;
+        Ok(self.rois.len())
+    }
 }
 
 /// CPU time a frame's meshing spent: on threads other than the caller's, and warping crops on
