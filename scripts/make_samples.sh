@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Sample clips made with FFmpeg from samples/astronaut.png (NASA, public domain, shipped in the
-# scikit-image wheel). In: `all` (default) or `test`. Out, under samples/ (skipped when present):
+# scikit-image wheel). In: `all` (default), `test`, or `closeup` (the test clips and the 4K
+# close-up). Out, under samples/ (skipped when present):
 #   astronaut-1080p.mp4  1920x1080, 30 fps, 10 s, one face, camera motion, blur, noise, AAC audio
 #   group-1080p.mp4      1920x1080, 30 fps, 4 s, four faces of different sizes, AAC audio
 #   twofaces-720p.mp4    1280x720, 25 fps, 8 s, one large and one small face, slow drift, AAC audio
+#   closeup-4k.mp4       3840x2160, 30 fps, 6 s, one face 1,000 px across (only with the argument closeup)
 #   test/astronaut.mp4   640x360, 30 fps, 2 s, motion, AAC audio (fast end-to-end tests)
 #   test/group.mkv       640x360, 25 fps, 1 s, four faces, audio and a subtitle track
 #   test/vfr.mkv         640x360, variable frame rate, 40 frames, audio
@@ -62,6 +64,13 @@ if [ "$what" = all ]; then
     -c:a aac -b:a 96k -movflags +faststart
   make twofaces-720p.mp4 -loop 1 -i $src -f lavfi -i "$(aac 500 8)" \
     -filter_complex "$(twofaces 1280 720 8 25)" -map '[v]' -map 1:a -t 8 "${x264[@]}" \
+    -c:a aac -b:a 96k -movflags +faststart
+fi
+# A 4K close-up (a face about 1,000 pixels across, as a phone records a talking head), made
+# only when asked (`scripts/make_samples.sh closeup`): the large-face benchmarks' clip.
+if [ "$what" = closeup ]; then
+  make closeup-4k.mp4 -loop 1 -i $src -f lavfi -i "$(aac 440 6)" \
+    -filter_complex "$(moving 3840 2160 6 30 2100)" -map '[v]' -map 1:a -t 6 "${x264[@]}" \
     -c:a aac -b:a 96k -movflags +faststart
 fi
 make test/astronaut.mp4 -loop 1 -i $src -f lavfi -i "$(aac 440 2)" \

@@ -798,6 +798,28 @@ thread_local! {
 /// sample whose 2 x 2 pixels all lie in the change from their sum in the same order; chroma
 /// samples at the change's edges (pixels outside it changed by zero) as the general loop does.
 fn add_change_420(pic: &mut VideoFrame, ch: &Change, rows: &[[f32; 3]; 3]) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::faces::align::avx2() {
+        // SAFETY: the CPU has AVX2 (checked just above).
+        return unsafe { add_change_420_avx2(pic, ch, rows) };
+    }
+    add_change_420_body(pic, ch, rows)
+}
+
+/// [`add_change_420_body`] compiled for AVX2 (the same operations on each value, so the same
+/// values).
+///
+/// # Safety
+/// The CPU must have AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn add_change_420_avx2(pic: &mut VideoFrame, ch: &Change, rows: &[[f32; 3]; 3]) {
+    add_change_420_body(pic, ch, rows)
+}
+
+/// The body of [`add_change_420`].
+#[inline(always)]
+fn add_change_420_body(pic: &mut VideoFrame, ch: &Change, rows: &[[f32; 3]; 3]) {
     let (width, height) = (pic.width() as usize, pic.height() as usize);
     let r = ch.rect.clip(width, height);
     if r.x0 >= r.x1 || r.y0 >= r.y1 {
@@ -805,33 +827,35 @@ fn add_change_420(pic: &mut VideoFrame, ch: &Change, rows: &[[f32; 3]; 3]) {
     }
     let rw = ch.rect.width();
     let row_of = |y: usize| &ch.rgb[((y - ch.rect.y0) * rw + r.x0 - ch.rect.x0) * 3..][..(r.x1 - r.x0) * 3];
-    let level = |p: u8, d: f32| ((p as f32 + d).clamp(0.0, 255.0) + 0.5) as u8;
-    let k = rows[0];
-    let stride = pic.stride(0);
-    let luma = pic.data_mut(0);
-    for y in r.y0..r.y1 {
-        let dst = &mut luma[y * stride + r.x0..][..r.x1 - r.x0];
-        for (p, c) in dst.iter_mut().zip(row_of(y).chunks_exact(3)) {
-            *p = level(*p, k[0] * c[0] + k[1] * c[1] + k[2] * c[2]);
-        }
-    }
-    // Chroma samples whose blocks lie wholly in the change (each plane in a pass of its own,
-    // the blocks' sums made for each), then the ones at its edges.
+    // In 0.5 ..= 255.5 after the clamp, so truncating to i32 is the saturating cast to u8's
+    // value, in a form the compiler turns into vector code.
+    let level = |p: u8, d: f32| ((p as f32 + d).clamp(0.0, 255.0) + 0.5) as i32 as u8;
+    // Chroma samples whose blocks lie wholly in the change, then the ones at its edges.
     let (ix0, ix1) = (r.x0.div_ceil(2), r.x1 / 2);
     let (iy0, iy1) = (r.y0.div_ceil(2), r.y1 / 2);
     let mean_of = |sum: [f32; 3]| sum.map(|v| v / 4.0);
-    if ix0 < ix1 {
+    let (k, luma_stride) = (rows[0], pic.stride(0));
+    // Each row's luma, and once a pair of rows makes whole chroma blocks, both chroma planes'
+    // samples of that pair while its rows are still in the cache: the change, a frame's worth
+    // of floats under a large face, is read from memory once where a pass a plane read it
+    // three times (the same operations on each value, so the same values).
+    for y in r.y0..r.y1 {
+        let dst = &mut pic.data_mut(0)[y * luma_stride + r.x0..][..r.x1 - r.x0];
+        for (p, c) in dst.iter_mut().zip(row_of(y).chunks_exact(3)) {
+            *p = level(*p, k[0] * c[0] + k[1] * c[1] + k[2] * c[2]);
+        }
+        let cy = y / 2;
+        if y % 2 == 0 || !(iy0..iy1).contains(&cy) || ix0 >= ix1 {
+            continue;
+        }
+        let off = (2 * ix0 - r.x0) * 3;
+        let (top, bottom) = (&row_of(2 * cy)[off..], &row_of(2 * cy + 1)[off..]);
         for (plane, k) in [(1, rows[1]), (2, rows[2])] {
             let stride = pic.stride(plane);
-            let data = pic.data_mut(plane);
-            for cy in iy0..iy1 {
-                let off = (2 * ix0 - r.x0) * 3;
-                let (top, bottom) = (&row_of(2 * cy)[off..], &row_of(2 * cy + 1)[off..]);
-                let dst = &mut data[cy * stride + ix0..][..ix1 - ix0];
-                for ((p, t), b) in dst.iter_mut().zip(top.chunks_exact(6)).zip(bottom.chunks_exact(6)) {
-                    let m = mean_of(std::array::from_fn(|c| ((t[c] + t[3 + c]) + b[c]) + b[3 + c]));
-                    *p = level(*p, k[0] * m[0] + k[1] * m[1] + k[2] * m[2]);
-                }
+            let dst = &mut pic.data_mut(plane)[cy * stride + ix0..][..ix1 - ix0];
+            for ((p, t), b) in dst.iter_mut().zip(top.chunks_exact(6)).zip(bottom.chunks_exact(6)) {
+                let m = mean_of(std::array::from_fn(|c| ((t[c] + t[3 + c]) + b[c]) + b[3 + c]));
+                *p = level(*p, k[0] * m[0] + k[1] * m[1] + k[2] * m[2]);
             }
         }
     }
