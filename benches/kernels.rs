@@ -91,16 +91,18 @@ fn main() {
     }
     let frame: Vec<u8> = (0..w * h * 3).map(|i| ((i * 7919) % 251) as u8).collect();
     // `KERNELS=warp` times only the warp of a face smaller than the crop, in bytes as the
-    // pipeline writes it (GPEN_VIDEO_PLAIN_TAPS=1 for the four-lane taps).
+    // pipeline writes it (GPEN_VIDEO_PLAIN_TAPS=1 for the four-lane taps; `EYE=175` sets another
+    // distance between the eyes, in frame pixels, 60 by default).
     if std::env::var("KERNELS").as_deref() == Ok("warp") {
-        let to_crop = face(size, 60.0, 900.0, 520.0, 0.12);
+        let eye = std::env::var("EYE").ok().and_then(|v| v.parse().ok()).unwrap_or(60.0);
+        let to_crop = face(size, eye, 900.0, 520.0, 0.12);
         let region = crop_footprint(&to_crop, size, w, h);
         let (mut out, mut scratch) = (vec![0u8; 3 * size * size], WarpScratch::default());
         let ms = median_ms(41, || {
             warp_face(&frame, (w, h), &to_crop, region, size, &mut out[..], &mut scratch);
             black_box(&out);
         });
-        println!("warp into the crop in bytes, face 60 px between the eyes {ms:>8.2}");
+        println!("warp into the crop in bytes, face {eye} px between the eyes {ms:>8.2}");
         return;
     }
     temporal(size, 15);
