@@ -446,10 +446,87 @@ pub(crate) fn warp_cubic_loading<O: CropOut + ?Sized>(
     scratch: &mut WarpScratch,
 ) {
     let r = texel_rect(region, frame);
-    scratch.texels.clear();
-    load(r, &mut scratch.texels);
     let inv = to_crop.inverse().unwrap_or(Affine::IDENTITY);
-    warp_cubic_plain(&scratch.texels, r, frame, &inv, size, out);
+    for (tile, t) in tiles(&inv, size, r, frame, 0.0) {
+        scratch.texels.clear();
+        load(t, &mut scratch.texels);
+        warp_cubic_plain(&scratch.texels, t, frame, &inv, size, tile, out);
+    }
+}
+
+/// Crop pixels on a side of a tile of a warp that goes by tiles (see [`tiles`]).
+const TILE: usize = 128;
+
+/// Texels of a face from which its warp goes by tiles (2 MB of four-float texels: about what
+/// a core's cache holds, where a large face's region is many times that).
+const TILES_FROM: usize = 1 << 17;
+
+/// A rectangle of crop pixels a warp writes in one go: rows `ys`, columns `xs` (starting at a
+/// multiple of four).
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct Tile {
+    ys: std::ops::Range<usize>,
+    xs: std::ops::Range<usize>,
+}
+
+impl Tile {
+    /// The whole crop.
+    pub(crate) fn whole(size: usize) -> Self {
+        Tile {
+            ys: 0..size,
+            xs: 0..size,
+        }
+    }
+}
+
+/// The parts of a warp of a `size` crop (crop -> frame map `inv`) over the texels of `r` on a
+/// `width x height` frame: the whole crop over `r` for a face of few texels; for a larger one,
+/// tiles of [`TILE`] crop pixels, each over the part of `r` its taps read (the frame points of
+/// its pixels, clamped to the frame as the clamped samplers clamp them, grown by the taps'
+/// reach and `spread` frame pixels more, and a margin for the points' rounding), so each tile's
+/// texels are made and read while they are in the cache. Each tile's pixels read the same
+/// texels as over the whole of `r`, and take the fast or the clamped taps as they would there:
+/// the same crop.
+fn tiles(inv: &Affine, size: usize, r: Rect, (width, height): (usize, usize), spread: f64) -> Vec<(Tile, Rect)> {
+    if r.width() * r.height() < TILES_FROM || size <= TILE {
+        return vec![(Tile::whole(size), r)];
+    }
+    let m = inv.0;
+    let reach = 4.0 + spread;
+    let mut out = Vec::new();
+    for ty in (0..size).step_by(TILE) {
+        for tx in (0..size).step_by(TILE) {
+            let tile = Tile {
+                ys: ty..(ty + TILE).min(size),
+                xs: tx..(tx + TILE).min(size),
+            };
+            let corners = [
+                (tile.xs.start, tile.ys.start),
+                (tile.xs.end - 1, tile.ys.start),
+                (tile.xs.start, tile.ys.end - 1),
+                (tile.xs.end - 1, tile.ys.end - 1),
+            ]
+            .map(|(x, y)| {
+                let (x, y) = (x as f64, y as f64);
+                (
+                    (m[0] * x + m[1] * y + m[2]).clamp(0.0, (width - 1) as f64),
+                    (m[3] * x + m[4] * y + m[5]).clamp(0.0, (height - 1) as f64),
+                )
+            });
+            let lo = |v: f64, floor: usize| ((v - reach).floor().max(0.0) as usize).max(floor);
+            let hi = |v: f64, ceil: usize| ((v + reach).ceil().max(0.0) as usize + 1).min(ceil);
+            let (x0, x1) = corners
+                .iter()
+                .fold((f64::MAX, f64::MIN), |(a, b), c| (a.min(c.0), b.max(c.0)));
+            let (y0, y1) = corners
+                .iter()
+                .fold((f64::MAX, f64::MIN), |(a, b), c| (a.min(c.1), b.max(c.1)));
+            let t = Rect::new(lo(x0, r.x0), lo(y0, r.y0), hi(x1, r.x1), hi(y1, r.y1));
+            // A tile whose taps fall outside `r` (none do) reads the whole of it.
+            out.push((tile, if t.x0 < t.x1 && t.y0 < t.y1 { t } else { r }));
+        }
+    }
+    out
 }
 
 /// The texels a warp over `region` of a `frame`-sized picture reads: the region grown by the
@@ -474,15 +551,16 @@ pub(crate) fn warp_cubic_plain<O: CropOut + ?Sized>(
     frame: (usize, usize),
     inv: &Affine,
     size: usize,
+    tile: Tile,
     out: &mut O,
 ) {
     #[cfg(target_arch = "x86_64")]
     if fused_taps() {
         // SAFETY: the CPU has AVX2 and FMA (checked just above).
-        unsafe { warp_cubic_fused(tex, r, frame, inv, size, out) };
+        unsafe { warp_cubic_fused(tex, r, frame, inv, size, tile, out) };
         return;
     }
-    warp_cubic_body::<O, false>(tex, r, frame, inv, size, out);
+    warp_cubic_body::<O, false>(tex, r, frame, inv, size, tile, out);
 }
 
 /// Whether this CPU takes the interior taps eight lanes at a time with fused multiply-adds
@@ -507,9 +585,10 @@ unsafe fn warp_cubic_fused<O: CropOut + ?Sized>(
     frame: (usize, usize),
     inv: &Affine,
     size: usize,
+    tile: Tile,
     out: &mut O,
 ) {
-    warp_cubic_body::<O, true>(tex, r, frame, inv, size, out);
+    warp_cubic_body::<O, true>(tex, r, frame, inv, size, tile, out);
 }
 
 /// The sixteen taps of an interior sample: texels `base ..= base + 3` of four rows `tw` apart,
@@ -548,6 +627,7 @@ fn warp_cubic_body<O: CropOut + ?Sized, const FUSED: bool>(
     (width, height): (usize, usize),
     inv: &Affine,
     size: usize,
+    Tile { ys, xs }: Tile,
     out: &mut O,
 ) {
     let (tw, th) = (r.width(), r.height());
@@ -559,12 +639,12 @@ fn warp_cubic_body<O: CropOut + ?Sized, const FUSED: bool>(
     );
     let (ox, oy) = (f32x4::splat(r.x0 as f32), f32x4::splat(r.y0 as f32));
     let mut row = CropRow::new(inv);
-    for y in 0..size {
+    for y in ys {
         row.start(y);
         // Four crop pixels at a time: their source points, weights and whether they are inside
         // in one vector pass each, their taps one by one.
-        for x4 in (0..size).step_by(4) {
-            let n = (size - x4).min(4);
+        for x4 in xs.clone().step_by(4) {
+            let n = (xs.end - x4).min(4);
             let (vx, vy) = row.points(x4);
             let (lx, ly) = (vx - ox, vy - oy);
             let inside = (lx.simd_ge(lo) & ly.simd_ge(lo) & lx.simd_lt(lim_x) & ly.simd_lt(lim_y)).to_bitmask();
@@ -827,7 +907,7 @@ pub fn warp_face<O: CropOut + ?Sized>(
     // The level's pixels under the face are read as f32 texels.
     let t = Rect::new(0, 0, lw, lh);
     load_texels(src, lw, t, &mut scratch.texels);
-    area_taps(&scratch.texels, t, &m, size, out, |x, y| {
+    area_taps(&scratch.texels, t, &m, size, Tile::whole(size), out, |x, y| {
         sample_rgb_f32(src, lw, lh, x, y)
     });
 }
@@ -845,14 +925,19 @@ pub(crate) fn warp_area_loading<O: CropOut + ?Sized>(
     out: &mut O,
     scratch: &mut WarpScratch,
 ) {
-    let t = texel_rect(region, (width, height));
-    scratch.texels.clear();
-    load(t, &mut scratch.texels);
+    let r = texel_rect(region, (width, height));
     let inv = to_crop.inverse().unwrap_or(Affine::IDENTITY);
-    let tex = &scratch.texels[..];
-    area_taps(tex, t, &inv, size, out, |x, y| {
-        bilinear_texels_clamped(tex, t, (width, height), x, y)
-    });
+    // The four taps spread a quarter of a crop pixel from its point along each crop axis.
+    let m = inv.0;
+    let spread = 0.25 * (m[0].abs() + m[1].abs() + m[3].abs() + m[4].abs());
+    for (tile, t) in tiles(&inv, size, r, (width, height), spread) {
+        scratch.texels.clear();
+        load(t, &mut scratch.texels);
+        let tex = &scratch.texels[..];
+        area_taps(tex, t, &inv, size, tile, out, |x, y| {
+            bilinear_texels_clamped(tex, t, (width, height), x, y)
+        });
+    }
 }
 
 /// [`sample_rgb_f32`] over the texels of rectangle `t` of a `width x height` picture, which
@@ -887,6 +972,7 @@ fn area_taps<O: CropOut + ?Sized>(
     t: Rect,
     m: &Affine,
     size: usize,
+    Tile { ys, xs }: Tile,
     out: &mut O,
     outside: impl Fn(f32, f32) -> [f32; 3],
 ) {
@@ -902,12 +988,12 @@ fn area_taps<O: CropOut + ?Sized>(
     );
     let (dxs, dys) = (f32x4::new(taps.map(|t| t.0)), f32x4::new(taps.map(|t| t.1)));
     let mut row = CropRow::new(&Affine(m));
-    for y in 0..size {
+    for y in ys {
         row.start(y);
-        for x4 in (0..size).step_by(4) {
+        for x4 in xs.clone().step_by(4) {
             let (vx, vy) = row.points(x4);
             let (vx, vy) = (vx.to_array(), vy.to_array());
-            for k in 0..(size - x4).min(4) {
+            for k in 0..(xs.end - x4).min(4) {
                 // The pixel's four taps, one per lane.
                 let (px, py) = (f32x4::splat(vx[k]) + dxs, f32x4::splat(vy[k]) + dys);
                 let (lx, ly) = (px - t0x, py - t0y);
@@ -1090,7 +1176,64 @@ fn crop_luma_half_body(crop: &[u8], size: usize, out: &mut Vec<f32>) {
 mod tests {
     use super::*;
 
-    use crate::geom::{fit_similarity, similarity};
+    use crate::geom::{crop_footprint, fit_similarity, similarity};
+
+    /// A large face's warp tile by tile (each tile's texels made apart) writes, to the bit, the
+    /// crop the warp over all its texels at once writes: bicubically and through the area
+    /// filter, inside the picture, cut by its edges and turned (upside down too).
+    #[test]
+    fn a_warp_tile_by_tile_is_the_warp_over_the_whole_region() {
+        let (w, h, size) = (1280usize, 720usize, 512usize);
+        let frame: Vec<u8> = (0..w * h * 3).map(|i| ((i * 7919 + i / 977) % 251) as u8).collect();
+        let tpl = template(size);
+        let (mut cubic, mut area) = (0, 0);
+        for (eye, cx, cy, angle) in [
+            (150.0, 640.0, 360.0, 0.1),
+            (170.0, 90.0, 640.0, -0.5),
+            (230.0, 1200.0, 90.0, 2.0),
+            (200.0, 640.0, 360.0, 0.0),
+            (120.0, 40.0, 30.0, 0.7),
+            (240.0, 700.0, 420.0, 3.1),
+        ] {
+            // The face `eye` frame pixels between the eyes at (cx, cy), turned by `angle`.
+            let k = eye / (tpl[1][0] - tpl[0][0]) as f64;
+            let (sn, cs) = f64::sin_cos(angle);
+            let points = tpl.map(|[x, y]| {
+                let (x, y) = (x as f64 - size as f64 / 2.0, y as f64 - size as f64 / 2.0);
+                [(cx + k * (cs * x - sn * y)) as f32, (cy + k * (sn * x + cs * y)) as f32]
+            });
+            let to_crop = fit_similarity(&points, &tpl);
+            let inv = to_crop.inverse().expect("a similarity");
+            let region = crop_footprint(&to_crop, size, w, h).expect("on the frame");
+            let r = texel_rect(region, (w, h));
+            let by_area = area_at_level_zero(&to_crop);
+            let spread = if by_area { 1.0 } else { 0.0 };
+            assert!(tiles(&inv, size, r, (w, h), spread).len() > 1, "eye {eye}: one tile");
+            let mut load = |t: Rect, tex: &mut Vec<f32x4>| load_texels(&frame, w, t, tex);
+            let (mut tiled, mut whole) = (vec![0u8; 3 * size * size], vec![1u8; 3 * size * size]);
+            let (mut scratch, mut tex) = (WarpScratch::default(), Vec::new());
+            load_texels(&frame, w, r, &mut tex);
+            if by_area {
+                warp_area_loading(&mut load, (w, h), &to_crop, region, size, &mut tiled[..], &mut scratch);
+                area_taps(&tex, r, &inv, size, Tile::whole(size), &mut whole[..], |x, y| {
+                    bilinear_texels_clamped(&tex, r, (w, h), x, y)
+                });
+                area += 1;
+            } else {
+                warp_cubic_loading(&mut load, (w, h), &to_crop, region, size, &mut tiled[..], &mut scratch);
+                warp_cubic_plain(&tex, r, (w, h), &inv, size, Tile::whole(size), &mut whole[..]);
+                cubic += 1;
+            }
+            assert!(tiled == whole, "eye {eye}, angle {angle}: the tiles' crop differs");
+        }
+        assert!(cubic >= 2 && area >= 2, "{cubic} bicubic and {area} area warps");
+    }
+
+    /// Whether a face aligned by `to_crop` is read through the area filter at the frame's own
+    /// resolution (as the pipeline does for the faces it warps from the planes).
+    fn area_at_level_zero(to_crop: &Affine) -> bool {
+        filtered(to_crop) && mip_level(1.0 / to_crop.scale(), 6) == 0
+    }
 
     /// Renders a soft blob, warps it into the crop with the fitted transform and back with the
     /// inverse: the blob's centroid must land within half a pixel of where it started.
@@ -1240,12 +1383,12 @@ mod tests {
             let mut tex = Vec::new();
             load_texels(&img, w, r, &mut tex);
             let inv = to_crop.inverse().unwrap();
-            warp_cubic_body::<[f32], false>(&tex, r, (w, h), &inv, size, &mut a[..]);
+            warp_cubic_body::<[f32], false>(&tex, r, (w, h), &inv, size, Tile::whole(size), &mut a[..]);
             assert_eq!(apart(&a), 0.0, "plain taps: angle {angle}, scale {scale}");
             #[cfg(target_arch = "x86_64")]
             if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
                 // SAFETY: the CPU has AVX2 and FMA (checked just above).
-                unsafe { warp_cubic_fused(&tex, r, (w, h), &inv, size, &mut a[..]) };
+                unsafe { warp_cubic_fused(&tex, r, (w, h), &inv, size, Tile::whole(size), &mut a[..]) };
                 assert!(
                     apart(&a) <= 1e-5,
                     "fused taps: angle {angle}, scale {scale}: {} apart",

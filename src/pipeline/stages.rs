@@ -966,7 +966,31 @@ mod tests {
     /// area filter.
     #[test]
     fn crops_from_the_planes_equal_crops_from_the_rgb_picture() {
-        let (w, h, size) = (320usize, 240usize, 128usize);
+        // Faces in a small picture, then faces whose regions are large enough for the warp to go
+        // tile by tile (each tile's texels made from the planes apart).
+        let small: &[(f64, f64, f64, f64)] = &[
+            (0.05, 0.8, 100.0, 60.0),
+            (0.2, 1.1, 250.0, -30.0),
+            (2.0, 0.6, 200.0, 220.0),
+            // Faces up to twice the crop: the area filter, at the frame's resolution, also
+            // read from the planes (inside, cut by two edges, turned).
+            (0.1, 1.6, -40.0, -30.0),
+            (-0.3, 1.9, 150.0, 80.0),
+            (2.5, 1.7, 230.0, 200.0),
+        ];
+        let large: &[(f64, f64, f64, f64)] = &[
+            (0.2, 1.45, 301.0, 47.0),
+            (-0.4, 1.3, -60.0, 151.0),
+            (0.1, 1.6, 99.0, 41.0),
+            (-0.3, 1.9, 501.0, 101.0),
+            (2.5, 1.7, 803.0, 499.0),
+        ];
+        for (w, h, size, faces) in [(320usize, 240usize, 128usize, small), (960, 540, 256, large)] {
+            crops_from_the_planes_in(w, h, size, faces);
+        }
+    }
+
+    fn crops_from_the_planes_in(w: usize, h: usize, size: usize, faces: &[(f64, f64, f64, f64)]) {
         let yuv = patterned(w, h);
         let frame = |planes: bool| Frame {
             picture: if planes {
@@ -989,16 +1013,7 @@ mod tests {
             ..Frame::blank(0)
         };
         let tpl = crate::faces::align::template(size);
-        for (angle, scale, tx, ty) in [
-            (0.05, 0.8, 100.0, 60.0),
-            (0.2, 1.1, 250.0, -30.0),
-            (2.0, 0.6, 200.0, 220.0),
-            // Faces up to twice the crop: the area filter, at the frame's resolution, also
-            // read from the planes (inside, cut by two edges, turned).
-            (0.1, 1.6, -40.0, -30.0),
-            (-0.3, 1.9, 150.0, 80.0),
-            (2.5, 1.7, 230.0, 200.0),
-        ] {
+        for &(angle, scale, tx, ty) in faces {
             let (s, c) = f64::sin_cos(angle);
             let landmarks = tpl.map(|[x, y]| {
                 let (x, y) = (x as f64, y as f64);
