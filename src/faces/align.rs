@@ -463,7 +463,6 @@ const TILES_FROM: usize = 1 << 17;
 
 /// A rectangle of crop pixels a warp writes in one go: rows `ys`, columns `xs` (starting at a
 /// multiple of four).
-#[derive(Clone, Debug, PartialEq)]
 pub(crate) struct Tile {
     ys: std::ops::Range<usize>,
     xs: std::ops::Range<usize>,
@@ -482,51 +481,50 @@ impl Tile {
 /// The parts of a warp of a `size` crop (crop -> frame map `inv`) over the texels of `r` on a
 /// `width x height` frame: the whole crop over `r` for a face of few texels; for a larger one,
 /// tiles of [`TILE`] crop pixels, each over the part of `r` its taps read (the frame points of
-/// its pixels, clamped to the frame as the clamped samplers clamp them, grown by the taps'
-/// reach and `spread` frame pixels more, and a margin for the points' rounding), so each tile's
+/// its corners, clamped to the frame as the clamped samplers clamp them, grown by the taps'
+/// reach, `spread` frame pixels more and a margin for the points' rounding), so each tile's
 /// texels are made and read while they are in the cache. Each tile's pixels read the same
 /// texels as over the whole of `r`, and take the fast or the clamped taps as they would there:
 /// the same crop.
-fn tiles(inv: &Affine, size: usize, r: Rect, (width, height): (usize, usize), spread: f64) -> Vec<(Tile, Rect)> {
-    if r.width() * r.height() < TILES_FROM || size <= TILE {
-        return vec![(Tile::whole(size), r)];
-    }
-    let m = inv.0;
-    let reach = 4.0 + spread;
-    let mut out = Vec::new();
-    for ty in (0..size).step_by(TILE) {
-        for tx in (0..size).step_by(TILE) {
+fn tiles(
+    inv: &Affine,
+    size: usize,
+    r: Rect,
+    (width, height): (usize, usize),
+    spread: f64,
+) -> impl Iterator<Item = (Tile, Rect)> {
+    let step = if r.width() * r.height() < TILES_FROM || size <= TILE {
+        size
+    } else {
+        TILE
+    };
+    let (m, reach) = (inv.0, 4.0 + spread);
+    let starts = move || (0..size).step_by(step);
+    starts().flat_map(move |ty| {
+        starts().map(move |tx| {
             let tile = Tile {
-                ys: ty..(ty + TILE).min(size),
-                xs: tx..(tx + TILE).min(size),
+                ys: ty..(ty + step).min(size),
+                xs: tx..(tx + step).min(size),
             };
-            let corners = [
-                (tile.xs.start, tile.ys.start),
-                (tile.xs.end - 1, tile.ys.start),
-                (tile.xs.start, tile.ys.end - 1),
-                (tile.xs.end - 1, tile.ys.end - 1),
-            ]
-            .map(|(x, y)| {
-                let (x, y) = (x as f64, y as f64);
-                (
-                    (m[0] * x + m[1] * y + m[2]).clamp(0.0, (width - 1) as f64),
-                    (m[3] * x + m[4] * y + m[5]).clamp(0.0, (height - 1) as f64),
-                )
-            });
+            if step == size {
+                return (tile, r);
+            }
+            // The tile's corners on the frame, clamped to it: their extremes bound its points.
+            let (mut x0, mut x1, mut y0, mut y1) = (f64::MAX, f64::MIN, f64::MAX, f64::MIN);
+            for y in [tile.ys.start, tile.ys.end - 1].map(|v| v as f64) {
+                for x in [tile.xs.start, tile.xs.end - 1].map(|v| v as f64) {
+                    let fx = (m[0] * x + m[1] * y + m[2]).clamp(0.0, (width - 1) as f64);
+                    let fy = (m[3] * x + m[4] * y + m[5]).clamp(0.0, (height - 1) as f64);
+                    (x0, x1, y0, y1) = (x0.min(fx), x1.max(fx), y0.min(fy), y1.max(fy));
+                }
+            }
             let lo = |v: f64, floor: usize| ((v - reach).floor().max(0.0) as usize).max(floor);
-            let hi = |v: f64, ceil: usize| ((v + reach).ceil().max(0.0) as usize + 1).min(ceil);
-            let (x0, x1) = corners
-                .iter()
-                .fold((f64::MAX, f64::MIN), |(a, b), c| (a.min(c.0), b.max(c.0)));
-            let (y0, y1) = corners
-                .iter()
-                .fold((f64::MAX, f64::MIN), |(a, b), c| (a.min(c.1), b.max(c.1)));
+            let hi = |v: f64, ceil: usize| ((v + reach).ceil() as usize + 1).min(ceil);
             let t = Rect::new(lo(x0, r.x0), lo(y0, r.y0), hi(x1, r.x1), hi(y1, r.y1));
             // A tile whose taps fall outside `r` (none do) reads the whole of it.
-            out.push((tile, if t.x0 < t.x1 && t.y0 < t.y1 { t } else { r }));
-        }
-    }
-    out
+            (tile, if t.x0 < t.x1 && t.y0 < t.y1 { t } else { r })
+        })
+    })
 }
 
 /// The texels a warp over `region` of a `frame`-sized picture reads: the region grown by the
@@ -1208,7 +1206,7 @@ mod tests {
             let r = texel_rect(region, (w, h));
             let by_area = area_at_level_zero(&to_crop);
             let spread = if by_area { 1.0 } else { 0.0 };
-            assert!(tiles(&inv, size, r, (w, h), spread).len() > 1, "eye {eye}: one tile");
+            assert!(tiles(&inv, size, r, (w, h), spread).count() > 1, "eye {eye}: one tile");
             let mut load = |t: Rect, tex: &mut Vec<f32x4>| load_texels(&frame, w, t, tex);
             let (mut tiled, mut whole) = (vec![0u8; 3 * size * size], vec![1u8; 3 * size * size]);
             let (mut scratch, mut tex) = (WarpScratch::default(), Vec::new());

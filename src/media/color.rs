@@ -1073,7 +1073,7 @@ mod tests {
                 let mut yuv = patterned(w, h, 219, 16);
                 if fmt != Pixel::YUV420P {
                     let mut other = VideoFrame::empty();
-                    convert(&mut None, Pixel::YUV420P, fmt, &yuv, &mut other).unwrap();
+                    convert(&mut None, Pixel::YUV420P, fmt, &yuv, &mut other).expect("swscale converts 4:2:0");
                     yuv = other;
                 }
                 for (matrix, full) in [(Matrix::Bt709, false), (Matrix::Bt601, true)] {
@@ -1086,12 +1086,12 @@ mod tests {
                             matrix,
                             full,
                         )
-                        .unwrap();
+                        .expect("a conversion swscale makes");
                         assert_eq!(matches!(s, ToRgb::Sliced(_)), threads > 1);
                         let (mut tmp, mut out) = (VideoFrame::empty(), Vec::new());
                         // Twice: the second picture reuses the first's buffers.
                         for _ in 0..2 {
-                            s.run(&yuv, &mut tmp, &mut out).unwrap();
+                            s.run(&yuv, &mut tmp, &mut out).expect("the conversion runs");
                         }
                         out
                     };

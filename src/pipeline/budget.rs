@@ -81,11 +81,13 @@ impl Drop for Ticket {
 
 /// Opens `budget` when dropped: held by each stage's thread of a line, so the budget opens when
 /// any stage returns or panics.
-pub(crate) struct OpenOnExit(pub Arc<Budget>);
+struct OpenOnExit(Arc<Budget>);
 
-impl OpenOnExit {
-    /// Runs `f` (a stage's body) holding `guard`: the budget opens when `f` returns or panics.
-    pub(crate) fn around<T>(guard: Option<Self>, f: impl FnOnce() -> T) -> T {
+/// `f` (a stage's body, to run on its thread) holding `budget` open on its exit: the budget
+/// opens when `f` returns or panics. Without a budget, `f` as it is.
+pub(crate) fn opened_on_exit<T>(budget: Option<&Arc<Budget>>, f: impl FnOnce() -> T) -> impl FnOnce() -> T {
+    let guard = budget.cloned().map(OpenOnExit);
+    move || {
         let _open = guard;
         f()
     }
@@ -111,7 +113,7 @@ mod tests {
         let b = Arc::clone(&budget);
         let waiter = std::thread::spawn(move || {
             let t = b.take();
-            tx.send(()).unwrap();
+            tx.send(()).expect("the test waits for it");
             t
         });
         assert!(
@@ -122,13 +124,17 @@ mod tests {
         drop(first);
         rx.recv_timeout(Duration::from_secs(5))
             .expect("a ticket given back lets the next go");
-        let third = waiter.join().unwrap();
+        let third = waiter.join().expect("the waiter took its ticket");
         assert_eq!(budget.most(), 2);
         // Opened (a stage stopped), it never waits again.
         budget.open();
         let more: Vec<_> = (0..5).map(|_| budget.take()).collect();
         assert_eq!(budget.most(), 7);
         drop((second, third, more));
-        assert_eq!(budget.out.lock().unwrap().frames, 0, "every ticket came back");
+        assert_eq!(
+            budget.out.lock().expect("not poisoned").frames,
+            0,
+            "every ticket came back"
+        );
     }
 }

@@ -20,7 +20,7 @@ use std::time::Instant;
 use anyhow::{anyhow, Result};
 use crossbeam_channel::{bounded, unbounded, Receiver, Sender};
 
-use super::budget::{Budget, OpenOnExit};
+use super::budget::{opened_on_exit, Budget};
 use super::ctx::{Pools, StageCtx, DEPTH};
 use super::dispatch::{self, held_frames, Batch, Flush, Restored};
 use super::stages;
@@ -175,7 +175,7 @@ enum Out {
 struct Line<'s> {
     rx: Receiver<FaceFrame>,
     /// The budget each stage opens when it returns.
-    guard: Option<std::sync::Arc<Budget>>,
+    budget: Option<std::sync::Arc<Budget>>,
     joins: Vec<(&'static str, std::thread::ScopedJoinHandle<'s, Result<Out>>)>,
 }
 
@@ -189,9 +189,8 @@ impl<'s> Line<'s> {
     ) {
         let (tx, rx) = bounded::<FaceFrame>(DEPTH);
         let input = std::mem::replace(&mut self.rx, rx);
-        let open = self.guard.clone().map(OpenOnExit);
-        self.joins
-            .push((name, s.spawn(move || OpenOnExit::around(open, || f(input, tx)))));
+        let body = opened_on_exit(self.budget.as_ref(), move || f(input, tx));
+        self.joins.push((name, s.spawn(body)));
     }
 }
 
@@ -230,9 +229,6 @@ pub(crate) fn wire<T: Send>(
     if middle.video {
         pools.budget = Some(Budget::new(in_flight_for(&steps, &sizes)));
     }
-    // Each stage after decoding opens the budget when it returns, so a line that stops early
-    // never leaves the decoder waiting for frames stuck in a queue.
-    let guard = || pools.budget.clone().map(OpenOnExit);
     let worker_targets: Vec<Target> = engine.workers.iter().map(|w| w.target.clone()).collect();
     let ctx = StageCtx {
         treatment: &middle.treatment,
@@ -245,6 +241,9 @@ pub(crate) fn wire<T: Send>(
         sides: middle.sides,
     };
     let (ctx, flush, batch) = (&ctx, middle.flush, engine.batch);
+    // Each stage after decoding opens the budget when it returns, so a line that stops early
+    // never leaves the decoder waiting for frames stuck in a queue.
+    let budget = ctx.pools.budget.as_ref();
     // Each taken by the one stage that runs it.
     let detector = &mut engine.detector;
     let (mut meshers, mut workers, mut smoother) = (Some(&mut engine.meshers), Some(&mut engine.workers), smoother);
@@ -256,22 +255,26 @@ pub(crate) fn wire<T: Send>(
             (None, dec_rx)
         } else {
             let (tx, rx) = bounded::<Frame>(DEPTH);
-            let open = guard();
-            let h = s.spawn(move || OpenOnExit::around(open, || stages::pass_ahead(passers_ref, every, dec_rx, tx)));
+            let h = s.spawn(opened_on_exit(budget, move || {
+                stages::pass_ahead(passers_ref, every, dec_rx, tx)
+            }));
             (Some(h), rx)
         };
         // The detect stage turns frames into face frames: the line starts after it.
         let (det_tx, det_rx) = bounded::<FaceFrame>(DEPTH);
-        let open = guard();
         let detect = if follow {
             let meshers = meshers.take().expect("the detect stage meshes");
-            s.spawn(move || OpenOnExit::around(open, || stages::detect_follow(detector, meshers, ctx, dec_rx, det_tx)))
+            s.spawn(opened_on_exit(budget, move || {
+                stages::detect_follow(detector, meshers, ctx, dec_rx, det_tx)
+            }))
         } else {
-            s.spawn(move || OpenOnExit::around(open, || stages::detect(detector, &ctx.pools.det, dec_rx, det_tx)))
+            s.spawn(opened_on_exit(budget, move || {
+                stages::detect(detector, &ctx.pools.det, dec_rx, det_tx)
+            }))
         };
         let mut line = Line {
             rx: det_rx,
-            guard: ctx.pools.budget.clone(),
+            budget: budget.cloned(),
             joins: Vec::new(),
         };
         for step in &steps {
@@ -302,8 +305,7 @@ pub(crate) fn wire<T: Send>(
             }
         }
         let Line { rx, joins, .. } = line;
-        let open = guard();
-        let encode = s.spawn(move || OpenOnExit::around(open, || encode(ctx.pools, rx)));
+        let encode = s.spawn(opened_on_exit(budget, move || encode(ctx.pools, rx)));
 
         let decode = joined("decode", decode.join())?;
         let mut stages = vec![decode];
