@@ -133,6 +133,9 @@ pub const JOBS_QUOTA_GB: f64 = 50.0;
 pub const JOB_TTL_H: f64 = 24.0;
 /// Jobs waiting or running at once (`serve --max-jobs`).
 pub const MAX_JOBS: usize = 16;
+/// Slowest average a job's upload may come at once `--read-timeout-s` has passed, KB a second
+/// (256 kbit/s: a phone on a poor connection still uploads; a trickle is cut off).
+pub const MIN_UPLOAD_KBS: u64 = 32;
 /// Segment length of a job's film, in seconds (`serve --job-segment-s`): what a restart
 /// resumes from, short enough that little is redone.
 pub const JOB_SEGMENT_S: f64 = 30.0;

@@ -136,6 +136,8 @@ pub enum Kind {
     TooMany,
     /// Not allowed: a service's token missing or wrong.
     Unauthorized,
+    /// Refused whoever asks: a request from another site, or for a host name the service is not.
+    Forbidden,
 }
 
 /// An error marked with its [`Kind`]; it reads as the error it wraps.

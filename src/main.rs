@@ -165,8 +165,18 @@ struct ServeArgs {
     job_segment_s: f64,
     /// Require `Authorization: Bearer TOKEN` on every API call and the page (also read from
     /// GPEN_VIDEO_TOKEN, which keeps it out of the process list). /healthz and /metrics stay open.
+    /// An empty token is refused.
     #[arg(long, value_name = "TOKEN", help_heading = "Service")]
     token: Option<String>,
+    /// A host name to answer for without a token, besides the listening address and loopback
+    /// names (localhost): the name a proxy or a LAN reaches this service by. Repeatable. Any
+    /// other Host is refused (403), so no web site can reach the service by DNS rebinding.
+    #[arg(long, value_name = "NAME", help_heading = "Service")]
+    allow_host: Vec<String>,
+    /// Slowest average a job's upload may come at, in kilobytes a second, once
+    /// --read-timeout-s has passed (408 below it): an upload trickling in is cut off.
+    #[arg(long, value_name = "KB/S", default_value_t = defaults::MIN_UPLOAD_KBS, help_heading = "Jobs")]
+    min_upload_kbs: u64,
     #[command(flatten)]
     run: RunArgs,
 }
@@ -470,12 +480,26 @@ fn run_serve(s: ServeArgs) -> anyhow::Result<()> {
             max_pixels: s.max_pixels,
             max_photo_bytes: s.max_body_mb * 1024 * 1024,
         },
-        token: s
-            .token
-            .or_else(|| std::env::var("GPEN_VIDEO_TOKEN").ok())
-            .filter(|t| !t.is_empty()),
+        token: token_of(s.token)?,
+        allow_hosts: s.allow_host,
+        min_upload_rate: s.min_upload_kbs.saturating_mul(1000),
     };
     gpen_video::serve::run(settings, opts, &interrupts)
+}
+
+/// The service's token, from --token or GPEN_VIDEO_TOKEN: none when neither is given; one that
+/// is empty (an unset variable in a template, a typo) is refused rather than left open.
+fn token_of(flag: Option<String>) -> anyhow::Result<Option<String>> {
+    let (given, from) = match flag {
+        Some(t) => (Some(t), "--token"),
+        None => (std::env::var("GPEN_VIDEO_TOKEN").ok(), "GPEN_VIDEO_TOKEN"),
+    };
+    match given {
+        Some(t) if t.trim().is_empty() => anyhow::bail!(
+            "{from} is empty: give the token the service should require, or leave {from} out to run without one"
+        ),
+        t => Ok(t),
+    }
 }
 
 /// `value` when it is a positive finite number, else an error naming `flag`.

@@ -100,6 +100,19 @@ fn wait_for(server: &Server, id: &str, states: &[&str], secs: u64, headers: &[(&
     }
 }
 
+/// What the jobs folder holds besides its lock file (`.lock`, taken by the service running on
+/// it).
+fn entries(jobs_dir: &Path) -> Vec<String> {
+    std::fs::read_dir(jobs_dir)
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().to_string())
+                .filter(|n| n != ".lock")
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 fn cli_run(input: &Path, out: &Path) {
     ok(&gpen(&[&input, &out, &"--model", &model()]));
 }
@@ -200,10 +213,7 @@ fn a_video_and_a_photo_job_restore_as_the_cli_does_and_results_are_read_by_range
         .map(|j| j["id"].as_str().unwrap().to_string())
         .collect();
     assert_eq!(listed, [id.clone(), photo_id.clone()]);
-    let mut names: Vec<String> = std::fs::read_dir(&jobs_dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
-        .collect();
+    let mut names = entries(&jobs_dir);
     names.sort();
     let mut want_names = vec![id.clone(), photo_id.clone()];
     want_names.sort();
@@ -361,11 +371,7 @@ fn limits_tokens_and_bad_ids_get_their_status() {
     assert_eq!(status, 400, "{}", String::from_utf8_lossy(&body));
     let (status, _, body) = server.call("POST", "/v1/jobs?blend=7", &auth, Some(b"x"), &[]);
     assert_eq!(status, 400, "{}", String::from_utf8_lossy(&body));
-    assert_eq!(
-        std::fs::read_dir(&jobs_dir).unwrap().count(),
-        0,
-        "refused uploads left files"
-    );
+    assert_eq!(entries(&jobs_dir).len(), 0, "refused uploads left files");
     // One job at most (--max-jobs 1): a second waits outside with 429; a result before it
     // exists is 409; a cancelled job goes with its files.
     let (status, body, _) = post(&server, &video, "", &auth);
@@ -450,7 +456,7 @@ fn the_quota_removes_the_oldest_results_and_old_results_expire() {
         );
         std::thread::sleep(Duration::from_millis(200));
     }
-    assert_eq!(std::fs::read_dir(&jobs_dir).unwrap().count(), 0);
+    assert_eq!(entries(&jobs_dir).len(), 0);
     assert_eq!(server.stop(), Some(0));
 }
 
@@ -548,8 +554,6 @@ fn an_upload_just_over_the_limit_is_answered_not_cut_off() {
         assert_eq!(status, 413, "{size} bytes: {words}");
         assert!(words.contains("--max-job-mb"), "{words}");
     }
-    let left: Vec<_> = std::fs::read_dir(&jobs_dir)
-        .map(|d| d.flatten().map(|e| e.file_name()).collect())
-        .unwrap_or_default();
+    let left = entries(&jobs_dir);
     assert!(left.is_empty(), "nothing kept: {left:?}");
 }

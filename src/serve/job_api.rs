@@ -7,9 +7,9 @@ use std::sync::Arc;
 use std::task::{Context as TaskContext, Poll};
 use std::time::Instant;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use axum::body::{Body, Bytes, HttpBody};
-use axum::extract::{Path as UrlPath, Query, Request, State};
+use axum::extract::{Path as UrlPath, RawQuery, Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use tokio::io::{AsyncRead, AsyncWriteExt, ReadBuf};
@@ -28,10 +28,11 @@ fn json(status: StatusCode, v: &serde_json::Value) -> Response {
         .into_response()
 }
 
-/// An error as the API answers it: its status by kind, the message in words (and in JSON when
-/// the client asked for JSON).
-fn error(e: &anyhow::Error) -> Response {
-    let (mut r, _) = super::refuse(e);
+/// An error as the API answers it: its status by kind, the message in words, the jobs folder's
+/// place on the server never shown.
+fn error(app: &App, e: &anyhow::Error) -> Response {
+    let words = app.jobs.in_words(&format!("{e:#}"), None);
+    let (mut r, _) = super::refuse_in(crate::engine::kind_of(e), &words);
     if r.status() == StatusCode::UNAUTHORIZED {
         r.headers_mut()
             .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
@@ -54,13 +55,9 @@ fn id_of(id: &str) -> Result<&str> {
 
 /// `POST /v1/jobs`: the body streamed into a new job's folder, checked, queued: 202 with the
 /// job's record and its `Location`.
-pub(super) async fn create(
-    State(app): State<Arc<App>>,
-    query: Result<Query<JobQuery>, axum::extract::rejection::QueryRejection>,
-    req: Request,
-) -> Response {
+pub(super) async fn create(State(app): State<Arc<App>>, RawQuery(query): RawQuery, req: Request) -> Response {
     let start = Instant::now();
-    let r = create_job(&app, query, req).await;
+    let r = create_job(&app, query.as_deref(), req).await;
     let response = match r {
         Ok(rec) => {
             let mut r = json(StatusCode::ACCEPTED, &rec.answer());
@@ -69,7 +66,7 @@ pub(super) async fn create(
             }
             r
         }
-        Err(e) => error(&e),
+        Err(e) => error(&app, &e),
     };
     tracing::info!(
         method = "POST",
@@ -81,23 +78,18 @@ pub(super) async fn create(
     response
 }
 
-async fn create_job(
-    app: &Arc<App>,
-    query: Result<Query<JobQuery>, axum::extract::rejection::QueryRejection>,
-    req: Request,
-) -> Result<super::jobs::Record> {
+/// What a job's query takes, for the errors that say so.
+const TAKES: &str = "name=FILE, model=NAME (GET /v1/info lists them), blend=0..1, mask=NAME, temporal=FRAMES, smooth=FRAMES, compare=side|split|none";
+
+async fn create_job(app: &Arc<App>, query: Option<&str>, req: Request) -> Result<super::jobs::Record> {
     let (parts, body) = req.into_parts();
     let checked = (|| -> Result<JobQuery> {
         super::authorize(app, &parts.headers)?;
         if !app.ready.load(std::sync::atomic::Ordering::SeqCst) {
             return Err(Failure::error(Kind::Busy, "loading the model; try again shortly"));
         }
-        let Query(q) = query.map_err(|e| {
-            Failure::error(
-                Kind::BadInput,
-                format!("{e}: the query takes name=FILE, model=NAME (GET /v1/info lists them), blend=0..1, mask=NAME, temporal=FRAMES, smooth=FRAMES, compare=side|split|none"),
-            )
-        })?;
+        let q: JobQuery = super::query_of(query, TAKES)?;
+        super::jobs::check_name(q.name.as_deref().unwrap_or(""))?;
         Ok(q)
     })();
     let q = match checked {
@@ -114,116 +106,113 @@ async fn create_job(
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse().ok());
-    let too_big = |n: u64| {
-        Failure::error(
-            Kind::TooLarge,
-            format!(
-                "the upload is larger than {} MB (--max-job-mb){}",
-                opts.max_upload / 1_000_000,
-                if n > 0 {
-                    format!(": {} MB sent", n / 1_000_000)
-                } else {
-                    String::new()
-                }
-            ),
-        )
-    };
     // An upload refused for its size is still read, up to a job's size and a photo's more
     // (`refused_drain`), so a client that sends its whole body before it reads the answer gets
     // the 413 rather than a broken pipe.
     let refused_drain = opts.max_upload + app.opts.max_body as u64;
     if let Some(n) = declared.filter(|&n| n > opts.max_upload) {
         super::discard_up_to(body, refused_drain, &app.opts).await;
-        return Err(too_big(n));
+        return Err(too_big(opts.max_upload, n));
     }
-    // Room under the quota for what is declared (or the largest upload), made off the async
-    // threads (it walks the folder and may remove old results).
-    let want = declared.unwrap_or(opts.max_upload.min(opts.quota));
-    let prep = {
+    // A place under --max-jobs and the quota for what is declared, taken off the async threads
+    // (it walks the folder); nothing is removed for bytes that have not arrived.
+    let begun = {
         let jobs = jobs.clone();
-        tokio::task::spawn_blocking(move || -> Result<(u64, (String, std::path::PathBuf))> {
-            let room = jobs.make_room(want.min(jobs.opts.max_upload).max(1))?;
-            Ok((room, jobs.reserve()?))
-        })
-        .await
-        .map_err(|_| Failure::error(Kind::Engine, "internal error"))?
+        tokio::task::spawn_blocking(move || jobs.begin_upload(declared))
+            .await
+            .map_err(|_| Failure::error(Kind::Engine, "internal error"))?
     };
-    let (room, (id, dir)) = match prep {
-        Ok(p) => p,
+    let mut upload = match begun {
+        Ok(u) => u,
         Err(e) => {
             super::discard(body, &app.opts).await;
             return Err(e);
         }
     };
-    let limit = opts.max_upload.min(room);
-    let received = receive_to(body, &dir.join("input.part"), (limit, refused_drain), &app.opts).await;
-    if let Err(e) = received {
-        let _ = tokio::fs::remove_dir_all(&dir).await;
-        let e = if matches!(crate::engine::kind_of(&e), Kind::TooLarge) && limit < opts.max_upload {
-            Failure::error(
-                Kind::TooLarge,
-                format!(
-                    "the jobs folder has room for {} MB more (--jobs-quota-gb): delete finished jobs or try later",
-                    limit / 1_000_000
-                ),
-            )
-        } else if matches!(crate::engine::kind_of(&e), Kind::TooLarge) {
-            too_big(0)
-        } else {
-            e
-        };
-        return Err(e);
-    }
+    let part = upload.dir.join("input.part");
+    receive_to(body, &part, &mut upload, (opts.max_upload, refused_drain), app).await?;
     // Probing opens the upload with FFmpeg: off the async threads.
-    tokio::task::spawn_blocking(move || jobs.admit(&id, q))
+    tokio::task::spawn_blocking(move || jobs.admit(upload, q))
         .await
         .map_err(|_| Failure::error(Kind::Engine, "internal error"))?
 }
 
-/// Streams `body` into `path`, at most `limit` bytes, each piece within `--read-timeout-s`; a
-/// body over `limit` is read on and dropped up to `drain` bytes in all (see [`super::discard`]).
+fn too_big(max: u64, sent: u64) -> anyhow::Error {
+    Failure::error(
+        Kind::TooLarge,
+        format!(
+            "the upload is larger than {} MB (--max-job-mb){}",
+            max / 1_000_000,
+            if sent > 0 {
+                format!(": {} MB sent", sent / 1_000_000)
+            } else {
+                String::new()
+            }
+        ),
+    )
+}
+
+/// Streams `body` into `path`, at most `limit` bytes, each piece taking its room under the
+/// quota as it arrives; a body over `limit` is read on and dropped up to `drain` bytes in all
+/// (see [`super::discard`]). Cut off when nothing arrives for `--read-timeout-s`, when after
+/// that long it has come slower than `--min-upload-kbs` on average, or when the service stops.
 async fn receive_to(
     body: Body,
     path: &std::path::Path,
+    upload: &mut super::jobs::Upload,
     (limit, drain): (u64, u64),
-    opts: &super::ServeOptions,
+    app: &App,
 ) -> Result<()> {
+    let opts = &app.opts;
+    let mut stop = app.stopping.subscribe();
     let mut body = body;
     let mut file = tokio::fs::File::create(path)
         .await
-        .with_context(|| format!("cannot create {}", path.display()))?;
+        .map_err(|e| Failure::error(Kind::Io, format!("cannot store the upload ({e})")))?;
+    let (started, mut last) = (Instant::now(), Instant::now());
     let mut seen = 0u64;
     loop {
         let next = std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx));
-        let frame = match tokio::time::timeout(opts.read_timeout, next).await {
-            Err(_) => {
+        let frame = tokio::select! {
+            f = next => Pace::Frame(f),
+            () = tokio::time::sleep(std::time::Duration::from_millis(500)) => Pace::Wait,
+            _ = stop.wait_for(|s| *s) => {
                 return Err(Failure::error(
-                    Kind::Slow,
-                    format!(
-                        "the upload stalled: nothing arrived for {} s (--read-timeout-s)",
-                        opts.read_timeout.as_secs()
-                    ),
+                    Kind::Busy,
+                    "the service is stopping: send the upload again once it is back",
                 ))
             }
-            Ok(None) => break,
-            Ok(Some(Err(e))) => {
+        };
+        check_pace(opts, started, last, seen)?;
+        let frame = match frame {
+            Pace::Wait => continue,
+            Pace::Frame(None) => break,
+            Pace::Frame(Some(Err(e))) => {
                 return Err(Failure::error(
                     Kind::BadInput,
                     format!("the upload was not received whole ({e})"),
                 ))
             }
-            Ok(Some(Ok(f))) => f,
+            Pace::Frame(Some(Ok(f))) => f,
         };
         let Some(data) = frame.data_ref() else { continue };
-        seen += data.len() as u64;
+        last = Instant::now();
+        let n = data.len() as u64;
+        seen += n;
         if seen > limit {
             drop(file);
             super::discard_up_to(body, drain.saturating_sub(seen), opts).await;
-            return Err(Failure::error(Kind::TooLarge, "the upload is too large"));
+            return Err(too_big(limit, 0));
+        }
+        if upload.fits(n) {
+            upload.take(n)?;
+        } else {
+            // The room grows: it walks the folder and may remove an old result.
+            tokio::task::block_in_place(|| upload.take(n))?;
         }
         file.write_all(data)
             .await
-            .map_err(|e| Failure::error(Kind::Io, format!("cannot write the upload: {e}")))?;
+            .map_err(|e| Failure::error(Kind::Io, format!("cannot store the upload ({e})")))?;
     }
     file.flush().await?;
     if seen == 0 {
@@ -232,10 +221,45 @@ async fn receive_to(
     Ok(())
 }
 
+/// What waiting for an upload's next piece gave: a piece (or its end), or a tick to check the
+/// pace.
+enum Pace<F> {
+    Frame(Option<F>),
+    Wait,
+}
+
+/// Whether an upload `seen` bytes in is keeping pace: something arrived within
+/// `--read-timeout-s`, and past that long its average is at least `--min-upload-kbs`.
+fn check_pace(opts: &super::ServeOptions, started: Instant, last: Instant, seen: u64) -> Result<()> {
+    if last.elapsed() > opts.read_timeout {
+        return Err(Failure::error(
+            Kind::Slow,
+            format!(
+                "the upload stalled: nothing arrived for {} s (--read-timeout-s)",
+                opts.read_timeout.as_secs()
+            ),
+        ));
+    }
+    let grace = opts.read_timeout.as_secs_f64();
+    let secs = started.elapsed().as_secs_f64();
+    let min = opts.min_upload_rate as f64;
+    if secs > grace && (seen as f64) < min * (secs - grace) {
+        return Err(Failure::error(
+            Kind::Slow,
+            format!(
+                "the upload is too slow: {:.1} KB in {secs:.0} s, under {:.0} KB/s (--min-upload-kbs)",
+                seen as f64 / 1e3,
+                min / 1e3
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// `GET /v1/jobs`: every job, oldest first.
 pub(super) async fn list(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
     if let Err(e) = super::authorize(&app, &headers) {
-        return error(&e);
+        return error(&app, &e);
     }
     let jobs: Vec<serde_json::Value> = jobs_of(&app).list().iter().map(|r| r.answer()).collect();
     json(StatusCode::OK, &serde_json::json!({ "jobs": jobs }))
@@ -248,7 +272,7 @@ pub(super) async fn show(State(app): State<Arc<App>>, UrlPath(id): UrlPath<Strin
         .and_then(|id| jobs_of(&app).get(&id).ok_or_else(|| not_found(&id)));
     match r {
         Ok(rec) => json(StatusCode::OK, &rec.answer()),
-        Err(e) => error(&e),
+        Err(e) => error(&app, &e),
     }
 }
 
@@ -268,7 +292,7 @@ pub(super) async fn delete(State(app): State<Arc<App>>, UrlPath(id): UrlPath<Str
             StatusCode::OK,
             &serde_json::json!({"id": rec.id, "state": "cancelled", "removed": true}),
         ),
-        Err(e) => error(&e),
+        Err(e) => error(&app, &e),
     }
 }
 
@@ -326,24 +350,16 @@ pub fn range_of(header: Option<&str>, len: u64) -> Result<Option<(u64, u64)>, ()
 pub(super) async fn result(
     State(app): State<Arc<App>>,
     UrlPath(id): UrlPath<String>,
-    Query(q): Query<std::collections::HashMap<String, String>>,
+    RawQuery(query): RawQuery,
     headers: HeaderMap,
 ) -> Response {
     let found = super::authorize(&app, &headers)
-        .and_then(|()| id_of(&id).map(str::to_string))
-        .and_then(|id| jobs_of(&app).result(&id));
-    let (rec, path) = match found {
+        .and_then(|()| super::query_of::<ResultQuery>(query.as_deref(), "download=1"))
+        .and_then(|q| Ok((q, id_of(&id)?.to_string())))
+        .and_then(|(q, id)| Ok((q, jobs_of(&app).result(&id)?)));
+    let (q, (rec, file)) = match found {
         Ok(f) => f,
-        Err(e) => return error(&e),
-    };
-    let file = match std::fs::File::open(&path) {
-        Ok(f) => f,
-        Err(e) => {
-            return error(&Failure::error(
-                Kind::Io,
-                format!("cannot read job {}'s result: {e}", rec.id),
-            ))
-        }
+        Err(e) => return error(&app, &e),
     };
     let len = file.metadata().map(|m| m.len()).unwrap_or(0);
     let range = headers.get(header::RANGE).and_then(|v| v.to_str().ok());
@@ -367,10 +383,10 @@ pub(super) async fn result(
     if start > 0 {
         use std::io::Seek;
         if let Err(e) = file.seek(std::io::SeekFrom::Start(start)) {
-            return error(&Failure::error(
-                Kind::Io,
-                format!("cannot read job {}'s result: {e}", rec.id),
-            ));
+            return error(
+                &app,
+                &Failure::error(Kind::Io, format!("cannot read job {}'s result: {e}", rec.id)),
+            );
         }
     }
     let body = FileBody {
@@ -393,15 +409,19 @@ pub(super) async fn result(
             h.insert(header::CONTENT_RANGE, v);
         }
     }
-    let disposition = if q.get("download").is_some_and(|v| v == "1") {
-        "attachment"
-    } else {
-        "inline"
-    };
+    let disposition = if q.download == Some(1) { "attachment" } else { "inline" };
     if let Ok(v) = HeaderValue::from_str(&format!("{disposition}; filename=\"{}\"", rec.download_name())) {
         h.insert(header::CONTENT_DISPOSITION, v);
     }
     r
+}
+
+/// The query of `GET /v1/jobs/{id}/result`.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ResultQuery {
+    /// 1: as an attachment (a download), else inline.
+    download: Option<u8>,
 }
 
 /// A file's bytes from where it stands, `left` of them, read as the client takes them.

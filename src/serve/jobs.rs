@@ -69,6 +69,7 @@ impl State {
 
 /// The flags a job may set, as its query gives them (the CLI's names and meanings).
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct JobQuery {
     /// The upload's file name (its extension says what it is; shown and used for the download).
     pub name: Option<String>,
@@ -105,6 +106,41 @@ pub struct Record {
 }
 
 impl Record {
+    /// A record with nothing in it yet (the fields a caller sets come first).
+    fn blank() -> Record {
+        Record {
+            id: String::new(),
+            state: State::Failed,
+            kind: String::new(),
+            name: String::new(),
+            input: String::new(),
+            output: String::new(),
+            query: JobQuery::default(),
+            created: 0.0,
+            started: None,
+            finished: None,
+            frames_done: 0,
+            frames_total: None,
+            fps: None,
+            error: None,
+            result_bytes: None,
+        }
+    }
+
+    /// Whether the record's file names are the plain names the service gives (`input.EXT`,
+    /// `result.EXT`): a record changed outside the service may name nothing else.
+    fn check_names(&self) -> Result<(), String> {
+        for (field, value, stem) in [("input", &self.input, "input."), ("output", &self.output, "result.")] {
+            if !value.strip_prefix(stem).is_some_and(valid_ext) {
+                tracing::warn!(job = %self.id, "its record names {field} {value:?}");
+                return Err(format!(
+                    "has a record (job.json) whose {field} is not a file name the service gives (changed outside it)"
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// The record as the API answers it: with progress, ETA and links.
     pub fn answer(&self) -> serde_json::Value {
         let progress = match (self.state, self.frames_total) {
@@ -155,6 +191,36 @@ impl Record {
 struct Entry {
     rec: Record,
     cancel: CancelToken,
+    /// Why its folder did not check out (a record naming files outside it, a symbolic link, a
+    /// damaged record): such a job is listed as failed and never run, served, expired or
+    /// removed; its files are left on disk for whoever put them there.
+    foreign: Option<String>,
+}
+
+impl Entry {
+    /// A folder named like job `id` that did not check out (`why`): listed as failed.
+    fn foreign(id: &str, why: String) -> Entry {
+        let rec = Record {
+            id: id.to_string(),
+            kind: "unknown".into(),
+            name: id.to_string(),
+            error: Some(format!("the job's folder {why}: left on disk as it is")),
+            ..Record::blank()
+        };
+        Entry {
+            rec,
+            cancel: CancelToken::new(),
+            foreign: Some(why),
+        }
+    }
+}
+
+/// The room an upload being received holds under the quota: what it claims in all (its declared
+/// length; a chunked one's grows with what arrives) and what it may write now.
+#[derive(Clone, Copy, Debug, Default)]
+struct Room {
+    claim: u64,
+    granted: u64,
 }
 
 /// The jobs of a service: the table, the folder, and the thread that runs them.
@@ -162,11 +228,16 @@ pub struct Jobs {
     pub opts: JobsOptions,
     settings: Settings,
     table: Mutex<BTreeMap<String, Entry>>,
+    /// Uploads being received, by id: each holds a place under `--max-jobs` and its room under
+    /// the quota. Taken before `table` wherever both are held.
+    uploads: Mutex<BTreeMap<String, Room>>,
     /// Signalled when a job is queued or the service stops.
     wake: Condvar,
     stopping: AtomicBool,
     /// Seconds each finished job ran, for the metrics' histogram.
     pub seconds: Mutex<Vec<f64>>,
+    /// The folder's advisory lock, held while the service runs: one service a folder.
+    _lock: std::fs::File,
 }
 
 fn now() -> f64 {
@@ -191,6 +262,35 @@ pub fn valid_id(id: &str) -> bool {
     id.len() == 32 && id.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
 
+/// Whether `ext` is an extension the service gives a job's files: 1 to 16 ASCII letters and
+/// digits (so `input.EXT` and `result.EXT` are plain names inside the job's folder).
+pub fn valid_ext(ext: &str) -> bool {
+    (1..=16).contains(&ext.len()) && ext.bytes().all(|b| b.is_ascii_alphanumeric())
+}
+
+/// Checks an upload's given `name` (shown, and its extension names a video's container): at
+/// most 255 bytes of printable text, its extension 1 to 16 letters and digits.
+pub fn check_name(name: &str) -> Result<()> {
+    let bad = |why: &str| Failure::error(Kind::BadInput, format!("name: {why}"));
+    if name.len() > 255 {
+        return Err(bad("give at most 255 bytes (the upload's file name)"));
+    }
+    if name.chars().any(char::is_control) {
+        return Err(bad("give the upload's file name, without control characters"));
+    }
+    if let Some(ext) = Path::new(name).extension() {
+        let ext = ext.to_string_lossy();
+        if !valid_ext(&ext) {
+            let shown: String = ext.chars().take(20).collect();
+            return Err(bad(&format!(
+                "the extension \".{shown}{}\" is not a video's or photo's: give 1 to 16 letters and digits (clip.mp4, photo.jpg)",
+                if ext.chars().count() > 20 { "..." } else { "" }
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// The default jobs folder: under the user's state folder, beside nothing a user names.
 pub fn default_dir() -> Result<PathBuf> {
     if let Some(d) = std::env::var_os("XDG_STATE_HOME").filter(|d| !d.is_empty()) {
@@ -206,27 +306,239 @@ pub fn default_dir() -> Result<PathBuf> {
 /// which holds every stream FFmpeg decodes.
 const KEPT_CONTAINERS: [&str; 3] = ["mp4", "mkv", "mov"];
 
+/// The lock file in the jobs folder (its name is no job id, so it is never taken for a job).
+const LOCK_FILE: &str = ".lock";
+
+/// An upload's room grows by at most this much ahead of the bytes that arrived, taken only from
+/// free room (a finished result is removed only for bytes that are here).
+const ROOM_AHEAD: u64 = 8 << 20;
+
+/// Opens `path` for reading without following a symbolic link (or blocking on a pipe), and only
+/// if it is a plain file.
+pub fn open_plain(path: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)?;
+    if !f.metadata()?.is_file() {
+        return Err(std::io::Error::other("not a plain file"));
+    }
+    Ok(f)
+}
+
+/// Takes the jobs folder's advisory lock (a second service on the folder is refused, naming the
+/// process that holds it); the lock file holds this process's id.
+fn lock_folder(dir: &Path) -> Result<std::fs::File> {
+    use std::io::{Read, Seek, Write};
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = dir.join(LOCK_FILE);
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&path)
+        .with_context(|| format!("cannot open {} (the jobs folder's lock)", path.display()))?;
+    if f.try_lock().is_err() {
+        let mut pid = String::new();
+        let _ = f.read_to_string(&mut pid);
+        let pid = pid.trim();
+        bail!(
+            "the jobs folder {} is in use by another gpen-video serve{}: give this one its own --jobs-dir, or stop that one first",
+            dir.display(),
+            if pid.is_empty() { String::new() } else { format!(" (process {pid})") }
+        );
+    }
+    f.set_len(0)?;
+    f.rewind()?;
+    writeln!(f, "{}", std::process::id())?;
+    Ok(f)
+}
+
+/// What a folder named like a job id holds, read at start.
+enum Loaded {
+    /// A job of this service's, its record checked.
+    Job(Box<Record>),
+    /// An upload that never finished (its part alone): nothing to resume.
+    Unfinished,
+    /// A job deleted whose files were not all removed yet.
+    Deleted,
+    /// Something that did not check out, and why: left as it is.
+    Foreign(String),
+}
+
+/// Reads back the folder `dir` of job `id` (see [`Loaded`]), following no symbolic link.
+fn load(dir: &Path, id: &str, kind: std::fs::FileType) -> Loaded {
+    if kind.is_symlink() {
+        return Loaded::Foreign("is a symbolic link, which the service never follows".into());
+    }
+    if !kind.is_dir() {
+        return Loaded::Foreign("is not a folder".into());
+    }
+    if let Some(why) = odd_entry(dir) {
+        return Loaded::Foreign(why);
+    }
+    let bytes = match open_plain(&dir.join("job.json")).and_then(|mut f| {
+        let mut b = Vec::new();
+        std::io::Read::read_to_end(&mut f, &mut b).map(|_| b)
+    }) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let only_part = std::fs::read_dir(dir).is_ok_and(|d| d.flatten().all(|e| e.file_name() == "input.part"));
+            return if only_part {
+                Loaded::Unfinished
+            } else {
+                Loaded::Foreign("holds files but no record (job.json)".into())
+            };
+        }
+        Err(e) => return Loaded::Foreign(format!("has a record (job.json) that cannot be read ({e})")),
+    };
+    let rec: Record = match serde_json::from_slice(&bytes) {
+        Ok(r) => r,
+        Err(e) => return Loaded::Foreign(format!("has a damaged record (job.json: {e})")),
+    };
+    if rec.id != id {
+        return Loaded::Foreign("has a record (job.json) of another job".into());
+    }
+    if let Err(why) = rec.check_names() {
+        return Loaded::Foreign(why);
+    }
+    if rec.state == State::Cancelled {
+        return Loaded::Deleted;
+    }
+    Loaded::Job(Box::new(rec))
+}
+
+/// The first thing under `dir` that is neither a plain file nor a folder (a symbolic link, a
+/// pipe, a device), said in words; symbolic links are never followed.
+fn odd_entry(dir: &Path) -> Option<String> {
+    for e in walkdir::WalkDir::new(dir).min_depth(1).follow_links(false) {
+        let e = match e {
+            Ok(e) => e,
+            Err(e) => return Some(format!("cannot be read ({e})")),
+        };
+        let t = e.file_type();
+        let name = e.path().strip_prefix(dir).unwrap_or(e.path()).display().to_string();
+        if t.is_symlink() {
+            return Some(format!(
+                "holds a symbolic link ({name}), which the service never follows"
+            ));
+        }
+        if !t.is_file() && !t.is_dir() {
+            return Some(format!("holds {name}, which is neither a file nor a folder"));
+        }
+    }
+    None
+}
+
+/// Removes a job's folder without following a symbolic link, its record last: a service
+/// stopped midway finds the record (cancelled) and finishes the removal at its next start.
+fn remove_job_dir(dir: &Path) -> std::io::Result<()> {
+    for e in std::fs::read_dir(dir)? {
+        let e = e?;
+        if e.file_name() == "job.json" {
+            continue;
+        }
+        if e.file_type()?.is_dir() {
+            std::fs::remove_dir_all(e.path())?;
+        } else {
+            std::fs::remove_file(e.path())?;
+        }
+    }
+    match std::fs::remove_file(dir.join("job.json")) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+        _ => {}
+    }
+    std::fs::remove_dir(dir)
+}
+
+/// The bytes in the jobs folder outside the uploads being received: (those of finished jobs,
+/// which may be removed for room, oldest first, with their ids; all the others).
+struct Usage {
+    finished: Vec<(f64, String, u64)>,
+    fixed: u64,
+}
+
+impl Usage {
+    fn total(&self) -> u64 {
+        self.fixed + self.finished.iter().map(|f| f.2).sum::<u64>()
+    }
+}
+
+/// An upload being received into its job's folder: its place under `--max-jobs` and its room
+/// under the quota. Dropped before [`Jobs::admit`] takes it, it gives both back and its folder
+/// goes.
+pub struct Upload {
+    jobs: Arc<Jobs>,
+    pub id: String,
+    pub dir: PathBuf,
+    declared: Option<u64>,
+    written: u64,
+    granted: u64,
+    admitted: bool,
+}
+
+impl Upload {
+    /// Whether `n` more bytes fit in the room already held.
+    pub fn fits(&self, n: u64) -> bool {
+        self.written + n <= self.granted
+    }
+
+    /// Room for `n` more bytes that arrived (see [`Jobs::grow`]; blocking when the room must
+    /// grow: it walks the folder), counted as written.
+    pub fn take(&mut self, n: u64) -> Result<()> {
+        if !self.fits(n) {
+            self.granted = self.jobs.grow(&self.id, self.declared, self.written, n)?;
+        }
+        self.written += n;
+        Ok(())
+    }
+}
+
+impl Drop for Upload {
+    fn drop(&mut self) {
+        if !self.admitted {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+        self.jobs.uploads().remove(&self.id);
+    }
+}
+
 impl Jobs {
-    /// Opens (creating) the jobs folder and reads back the jobs in it.
+    /// Opens (creating) the jobs folder, takes its lock and reads back the jobs in it.
     pub fn open(settings: Settings, opts: JobsOptions) -> Result<Arc<Jobs>> {
         std::fs::create_dir_all(&opts.dir)
             .with_context(|| format!("cannot create the jobs folder {} (--jobs-dir)", opts.dir.display()))?;
+        let lock = lock_folder(&opts.dir)?;
         let mut table = BTreeMap::new();
         for entry in std::fs::read_dir(&opts.dir).with_context(|| format!("cannot read {}", opts.dir.display()))? {
             let entry = entry?;
             let name = entry.file_name().to_string_lossy().to_string();
-            if !valid_id(&name) || !entry.path().is_dir() {
+            if !valid_id(&name) {
                 continue;
             }
             let dir = entry.path();
-            let rec: Option<Record> = std::fs::read(dir.join("job.json"))
-                .ok()
-                .and_then(|b| serde_json::from_slice(&b).ok());
-            let Some(mut rec) = rec.filter(|r: &Record| r.id == name) else {
-                // An upload that never finished (or a record beyond reading): nothing to resume.
-                tracing::info!(job = %name, "removing an unfinished upload");
-                let _ = std::fs::remove_dir_all(&dir);
-                continue;
+            let mut rec = match load(&dir, &name, entry.file_type()?) {
+                Loaded::Job(rec) => *rec,
+                Loaded::Unfinished => {
+                    tracing::info!(job = %name, "removing an unfinished upload");
+                    let _ = std::fs::remove_dir_all(&dir);
+                    continue;
+                }
+                Loaded::Deleted => {
+                    tracing::info!(job = %name, "removing a job deleted before the service stopped");
+                    if let Err(e) = remove_job_dir(&dir) {
+                        tracing::warn!(job = %name, "cannot remove the deleted job's files: {e}");
+                    }
+                    continue;
+                }
+                Loaded::Foreign(why) => {
+                    tracing::warn!(job = %name, "left as it is, listed as failed: the folder {why}");
+                    table.insert(name.clone(), Entry::foreign(&name, why));
+                    continue;
+                }
             };
             match rec.state {
                 State::Running | State::Queued => {
@@ -234,7 +546,7 @@ impl Jobs {
                     rec.fps = None;
                     tracing::info!(job = %name, "queued again after a restart (a film resumes from its finished segments)");
                 }
-                State::Done if !dir.join(&rec.output).is_file() => {
+                State::Done if !std::fs::symlink_metadata(dir.join(&rec.output)).is_ok_and(|m| m.is_file()) => {
                     rec.state = State::Failed;
                     rec.error = Some("the result is missing from the jobs folder".into());
                 }
@@ -246,6 +558,7 @@ impl Jobs {
                 Entry {
                     rec,
                     cancel: CancelToken::new(),
+                    foreign: None,
                 },
             );
         }
@@ -253,14 +566,20 @@ impl Jobs {
             opts,
             settings,
             table: Mutex::new(table),
+            uploads: Mutex::new(BTreeMap::new()),
             wake: Condvar::new(),
             stopping: AtomicBool::new(false),
             seconds: Mutex::new(Vec::new()),
+            _lock: lock,
         }))
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Entry>> {
         self.table.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn uploads(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Room>> {
+        self.uploads.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn dir_of(&self, id: &str) -> PathBuf {
@@ -285,8 +604,8 @@ impl Jobs {
         (n(State::Queued), n(State::Running), n(State::Done), n(State::Failed))
     }
 
-    /// The result file of a done job.
-    pub fn result(&self, id: &str) -> Result<(Record, PathBuf)> {
+    /// The result file of a done job, opened (a plain file of its folder, no link followed).
+    pub fn result(&self, id: &str) -> Result<(Record, std::fs::File)> {
         let rec = self.get(id).ok_or_else(|| not_found(id))?;
         if rec.state != State::Done {
             return Err(Failure::error(
@@ -297,71 +616,172 @@ impl Jobs {
                 ),
             ));
         }
-        let path = self.dir_of(id).join(&rec.output);
-        Ok((rec, path))
+        let file = open_plain(&self.dir_of(id).join(&rec.output))
+            .map_err(|e| Failure::error(Kind::Io, format!("cannot read job {id}'s result ({e})")))?;
+        Ok((rec, file))
     }
 
     /// Cancels a job and removes it with its files (a running one's files once it has stopped).
+    /// The deletion is on disk (the record says cancelled) before this returns, so a service
+    /// killed after its answer removes the job at its next start instead of running it again.
     pub fn delete(&self, id: &str) -> Result<Record> {
         let mut t = self.lock();
-        let mut e = t.remove(id).ok_or_else(|| not_found(id))?;
-        e.cancel.cancel();
-        let running = e.rec.state == State::Running;
-        if !e.rec.state.finished() {
-            e.rec.state = State::Cancelled;
+        let e = t.get(id).ok_or_else(|| not_found(id))?;
+        if let Some(why) = &e.foreign {
+            return Err(Failure::error(
+                Kind::Conflict,
+                format!("job {id} is left on disk for its owner (its folder {why}): remove the folder {id} from the jobs folder by hand"),
+            ));
+        }
+        let mut rec = e.rec.clone();
+        let running = rec.state == State::Running;
+        rec.state = State::Cancelled;
+        let dir = self.dir_of(id);
+        write_atomic(&dir.join("job.json"), &serde_json::to_vec_pretty(&rec)?)
+            .map_err(|e| Failure::error(Kind::Io, format!("cannot record job {id}'s deletion ({e:#})")))?;
+        if let Some(e) = t.remove(id) {
+            e.cancel.cancel();
         }
         drop(t);
         if !running {
-            std::fs::remove_dir_all(self.dir_of(id))
-                .with_context(|| format!("cannot remove job {id}'s files"))
-                .map_err(|e| Failure::error(Kind::Io, format!("{e:#}")))?;
+            remove_job_dir(&dir).map_err(|e| {
+                Failure::error(
+                    Kind::Io,
+                    format!("cannot remove job {id}'s files ({e}); they go at the next start"),
+                )
+            })?;
         }
         // A running job's folder goes when its thread sees the job gone (`run_one`).
-        Ok(e.rec)
+        Ok(rec)
     }
 
-    /// Room for `incoming` more bytes under the quota, made by removing finished jobs, oldest
-    /// first; the bytes that may still come in, or why none.
-    pub fn make_room(&self, incoming: u64) -> Result<u64> {
-        self.expire();
-        let quota_full = || {
-            Failure::error(
-                Kind::TooLarge,
-                format!(
-                    "the upload is larger than the jobs folder holds ({:.3} GB, --jobs-quota-gb)",
-                    self.opts.quota as f64 / 1e9
-                ),
-            )
+    /// The bytes in the folder outside `uploads` (see [`Usage`]).
+    fn usage(&self, uploads: &BTreeMap<String, Room>) -> Usage {
+        let mut u = Usage {
+            finished: Vec::new(),
+            fixed: 0,
         };
-        if incoming > self.opts.quota {
-            return Err(quota_full());
+        let Ok(dir) = std::fs::read_dir(&self.opts.dir) else {
+            return u;
+        };
+        let t = self.lock();
+        for e in dir.flatten() {
+            let name = e.file_name().to_string_lossy().to_string();
+            if uploads.contains_key(&name) {
+                continue;
+            }
+            let bytes = crate::output::bytes_under(&e.path());
+            match t.get(&name) {
+                Some(j) if j.rec.state.finished() && j.foreign.is_none() => {
+                    u.finished.push((j.rec.finished.unwrap_or(0.0), name, bytes));
+                }
+                _ => u.fixed += bytes,
+            }
         }
-        let mut used = crate::output::bytes_under(&self.opts.dir);
-        while used.saturating_add(incoming) > self.opts.quota {
-            let oldest = {
-                let t = self.lock();
-                t.values()
-                    .filter(|e| e.rec.state.finished())
-                    .min_by(|a, b| a.rec.finished.unwrap_or(0.0).total_cmp(&b.rec.finished.unwrap_or(0.0)))
-                    .map(|e| e.rec.id.clone())
-            };
-            let Some(id) = oldest else { break };
-            tracing::info!(job = %id, "removing a finished job to make room (--jobs-quota-gb)");
-            let _ = self.delete(&id);
-            used = crate::output::bytes_under(&self.opts.dir);
-        }
-        let left = self.opts.quota.saturating_sub(used);
-        if left < incoming.max(1) {
+        u.finished.sort_by(|a, b| a.0.total_cmp(&b.0));
+        u
+    }
+
+    /// The quota as a number of bytes, said in words for an error.
+    fn quota_words(&self) -> String {
+        format!("{:.3} GB, --jobs-quota-gb", self.opts.quota as f64 / 1e9)
+    }
+
+    /// A place for an upload of `declared` bytes (or a chunked one), or why not: too many jobs
+    /// waiting, running or being uploaded (`--max-jobs`), or no room under the quota for what it
+    /// declares once every finished job is gone. Nothing is removed here: room is made as the
+    /// bytes arrive ([`Upload::room_for`]).
+    pub fn begin_upload(self: &Arc<Self>, declared: Option<u64>) -> Result<Upload> {
+        self.expire();
+        let mut ups = self.uploads();
+        let waiting = self.lock().values().filter(|e| !e.rec.state.finished()).count() + ups.len();
+        if waiting >= self.opts.max_jobs {
             return Err(Failure::error(
-                Kind::TooLarge,
+                Kind::TooMany,
                 format!(
-                    "the jobs folder holds {:.2} GB of its {:.2} GB (--jobs-quota-gb) in jobs not finished: try again once they are done, or delete some",
-                    used as f64 / 1e9,
-                    self.opts.quota as f64 / 1e9
+                    "{waiting} jobs are waiting, running or being uploaded (--max-jobs {}): send this one when one is done",
+                    self.opts.max_jobs
                 ),
             ));
         }
-        Ok(left)
+        let claim = declared.unwrap_or(0);
+        if claim > self.opts.quota {
+            return Err(Failure::error(
+                Kind::TooLarge,
+                format!(
+                    "the upload is larger than the jobs folder holds ({})",
+                    self.quota_words()
+                ),
+            ));
+        }
+        let usage = self.usage(&ups);
+        let claimed: u64 = ups.values().map(|r| r.claim.max(r.granted)).sum();
+        if usage.fixed + claimed + claim > self.opts.quota {
+            return Err(self.no_room(usage.fixed + claimed));
+        }
+        let id = new_id()?;
+        let dir = self.dir_of(&id);
+        std::fs::create_dir(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        ups.insert(id.clone(), Room { claim, granted: 0 });
+        Ok(Upload {
+            jobs: self.clone(),
+            id,
+            dir,
+            declared,
+            written: 0,
+            granted: 0,
+            admitted: false,
+        })
+    }
+
+    fn no_room(&self, held: u64) -> anyhow::Error {
+        Failure::error(
+            Kind::TooLarge,
+            format!(
+                "the jobs folder holds {:.3} GB of its {} in jobs not finished and uploads under way: try again once they are done, or delete some",
+                held as f64 / 1e9,
+                self.quota_words()
+            ),
+        )
+    }
+
+    /// Room for upload `id`, `written` bytes in, to write `n` more that arrived: finished jobs are
+    /// removed, oldest first, only as far as these bytes need; room ahead (up to
+    /// [`ROOM_AHEAD`]) is taken only where it is free. The bytes it may write in all.
+    fn grow(&self, id: &str, declared: Option<u64>, written: u64, n: u64) -> Result<u64> {
+        let mut ups = self.uploads();
+        let need = written + n;
+        let mine = ups.get(id).copied().unwrap_or_default();
+        let others: Vec<Room> = ups.iter().filter(|(k, _)| k.as_str() != id).map(|(_, r)| *r).collect();
+        let claim = declared.unwrap_or(mine.claim.max(need));
+        let others_claimed: u64 = others.iter().map(|r| r.claim.max(r.granted)).sum();
+        let others_granted: u64 = others.iter().map(|r| r.granted).sum();
+        let mut usage = self.usage(&ups);
+        if usage.fixed + others_claimed + claim > self.opts.quota {
+            return Err(self.no_room(usage.fixed + others_claimed));
+        }
+        while usage.total() + others_granted + need > self.opts.quota {
+            let Some((_, old, _)) = usage.finished.first().cloned() else {
+                return Err(self.no_room(usage.total() + others_granted));
+            };
+            tracing::info!(job = %old, "removing a finished job to make room (--jobs-quota-gb)");
+            if let Err(e) = self.delete(&old) {
+                tracing::warn!(job = %old, "cannot remove it: {e:#}");
+                return Err(self.no_room(usage.total() + others_granted));
+            }
+            usage = self.usage(&ups);
+        }
+        let free = self.opts.quota - (usage.total() + others_granted);
+        let ahead = (free - need).min(ROOM_AHEAD);
+        let granted = declared.map_or(need + ahead, |d| d.min(need + ahead).max(need));
+        ups.insert(
+            id.to_string(),
+            Room {
+                claim: claim.max(granted),
+                granted,
+            },
+        );
+        Ok(granted)
     }
 
     /// Removes finished jobs older than `--job-ttl-h`.
@@ -370,7 +790,7 @@ impl Jobs {
         let old: Vec<String> = self
             .lock()
             .values()
-            .filter(|e| e.rec.state.finished() && e.rec.finished.unwrap_or(0.0) < cutoff)
+            .filter(|e| e.foreign.is_none() && e.rec.state.finished() && e.rec.finished.unwrap_or(0.0) < cutoff)
             .map(|e| e.rec.id.clone())
             .collect();
         for id in old {
@@ -379,33 +799,35 @@ impl Jobs {
         }
     }
 
-    /// A place for a new job: its id and folder, or why not (too many jobs waiting).
-    pub fn reserve(&self) -> Result<(String, PathBuf)> {
-        let waiting = self.lock().values().filter(|e| !e.rec.state.finished()).count();
-        if waiting >= self.opts.max_jobs {
-            return Err(Failure::error(
-                Kind::TooMany,
-                format!(
-                    "{waiting} jobs are waiting or running (--max-jobs {}): send this one when one is done",
-                    self.opts.max_jobs
-                ),
-            ));
-        }
-        let id = new_id()?;
-        let dir = self.dir_of(&id);
-        std::fs::create_dir(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
-        Ok((id, dir))
+    /// Checks a finished upload (`dir/input.part`), names it by what it is and queues its job;
+    /// its record. On error the folder is removed (with the upload).
+    pub fn admit(&self, mut up: Upload, query: JobQuery) -> Result<Record> {
+        let dir = up.dir.clone();
+        let r = self.admit_in(&up.id, &dir, query);
+        up.admitted = r.is_ok();
+        r
     }
 
-    /// Checks a finished upload (`dir/input.part`), names it by what it is and queues its job;
-    /// its record. On error the folder is removed.
-    pub fn admit(&self, id: &str, query: JobQuery) -> Result<Record> {
-        let dir = self.dir_of(id);
-        let r = self.admit_in(id, &dir, query);
-        if r.is_err() {
-            let _ = std::fs::remove_dir_all(&dir);
+    /// `message` with the server's paths in it said in words: the upload by the name it was
+    /// given, the job's files by what they are (a client never sees where the service keeps
+    /// them).
+    pub fn in_words(&self, message: &str, rec: Option<&Record>) -> String {
+        let mut m = message.to_string();
+        if let Some(r) = rec {
+            let dir = self.dir_of(&r.id);
+            m = m
+                .replace(
+                    &dir.join(&r.input).display().to_string(),
+                    &format!("the upload {:?}", r.name),
+                )
+                .replace(
+                    &dir.join("input.part").display().to_string(),
+                    &format!("the upload {:?}", r.name),
+                )
+                .replace(&dir.join(&r.output).display().to_string(), "the result")
+                .replace(&dir.display().to_string(), "the job's folder");
         }
-        r
+        m.replace(&self.opts.dir.display().to_string(), "the jobs folder")
     }
 
     fn admit_in(&self, id: &str, dir: &Path, query: JobQuery) -> Result<Record> {
@@ -423,6 +845,7 @@ impl Jobs {
             return Err(Failure::error(Kind::BadInput, "empty body: send a video or a photo"));
         }
         let name = query.name.clone().unwrap_or_default();
+        check_name(&name)?;
         let named_ext = crate::media::kind::ext_of(Path::new(&name));
         let photo = match imagesize::image_type(&head) {
             Ok(imagesize::ImageType::Png) => Some("png"),
@@ -466,29 +889,35 @@ impl Jobs {
         let input = format!("input.{in_ext}");
         let output = format!("result.{out_ext}");
         std::fs::rename(&part, dir.join(&input))?;
-        let job = settings
-            .job(&dir.join(&input), &dir.join(&output), CancelToken::new())
-            .map_err(|e| Failure::error(Kind::BadInput, format!("the upload cannot be read: {e:#}")))?;
-        let rec = Record {
+        let named = Record {
             id: id.to_string(),
-            state: State::Queued,
-            kind: kind.to_string(),
             name: if name.is_empty() {
                 format!("upload.{in_ext}")
             } else {
-                name
+                name.clone()
             },
-            input,
-            output,
+            input: input.clone(),
+            output: output.clone(),
+            ..Record::blank()
+        };
+        let job = settings
+            .job(&dir.join(&input), &dir.join(&output), CancelToken::new())
+            .map_err(|e| {
+                Failure::error(
+                    Kind::BadInput,
+                    format!(
+                        "the upload cannot be read: {}",
+                        self.in_words(&format!("{e:#}"), Some(&named))
+                    ),
+                )
+            })?;
+        let rec = Record {
+            state: State::Queued,
+            kind: kind.to_string(),
             query,
             created: now(),
-            started: None,
-            finished: None,
-            frames_done: 0,
             frames_total: job.source.frames_to_run(job.treatment.max_frames),
-            fps: None,
-            error: None,
-            result_bytes: None,
+            ..named
         };
         write_atomic(&dir.join("job.json"), &serde_json::to_vec_pretty(&rec)?)?;
         self.lock().insert(
@@ -496,6 +925,7 @@ impl Jobs {
             Entry {
                 rec: rec.clone(),
                 cancel: CancelToken::new(),
+                foreign: None,
             },
         );
         self.wake.notify_all();
@@ -538,14 +968,13 @@ impl Jobs {
     }
 
     /// Updates job `id`'s record (if it is still there) and writes it.
+    /// Updates job `id`'s record (if it is still there) and writes it, under the table's lock so
+    /// that a deletion's record is never overwritten by an older state.
     fn update(&self, id: &str, f: impl FnOnce(&mut Record)) {
-        let rec = {
-            let mut t = self.lock();
-            let Some(e) = t.get_mut(id) else { return };
-            f(&mut e.rec);
-            e.rec.clone()
-        };
-        if let Ok(bytes) = serde_json::to_vec_pretty(&rec) {
+        let mut t = self.lock();
+        let Some(e) = t.get_mut(id) else { return };
+        f(&mut e.rec);
+        if let Ok(bytes) = serde_json::to_vec_pretty(&e.rec) {
             if let Err(e) = write_atomic(&self.dir_of(id).join("job.json"), &bytes) {
                 tracing::warn!(job = %id, "cannot write the job's record: {e:#}");
             }
@@ -558,6 +987,16 @@ impl Jobs {
         };
         let start = Instant::now();
         let frames_before = rec.frames_done;
+        // Changed since the start (a link or a pipe put in its folder): never run, left as it is.
+        if let Some(why) = odd_entry(&self.dir_of(id)) {
+            tracing::warn!(job = %id, "left as it is, listed as failed: the folder {why}");
+            if let Some(e) = self.lock().get_mut(id) {
+                e.rec.state = State::Failed;
+                e.rec.error = Some(format!("the job's folder {why}: left on disk as it is"));
+                e.foreign = Some(why);
+            }
+            return;
+        }
         self.update(id, |r| {
             r.state = State::Running;
             r.started = Some(now());
@@ -578,7 +1017,9 @@ impl Jobs {
         let gone = !self.lock().contains_key(id);
         if gone {
             // Deleted while it ran: its folder goes now that nothing writes in it.
-            let _ = std::fs::remove_dir_all(self.dir_of(id));
+            if let Err(e) = remove_job_dir(&self.dir_of(id)) {
+                tracing::warn!(job = %id, "cannot remove the deleted job's files ({e}); they go at the next start");
+            }
             tracing::info!(job = %id, "job cancelled and removed");
             return;
         }
@@ -606,7 +1047,7 @@ impl Jobs {
                 });
             }
             Err(e) => {
-                let why = format!("{e:#}");
+                let why = self.in_words(&format!("{e:#}"), Some(&rec));
                 self.update(id, |r| {
                     r.state = State::Failed;
                     r.finished = Some(now());

@@ -33,7 +33,7 @@ use anyhow::{anyhow, Context, Result};
 use crate::engine::{kind_of, Failure, Kind};
 use crate::media::bounds;
 use axum::body::Body;
-use axum::extract::{DefaultBodyLimit, Query, Request, State};
+use axum::extract::{DefaultBodyLimit, RawQuery, Request, State};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -66,6 +66,11 @@ pub struct ServeOptions {
     pub jobs: jobs::JobsOptions,
     /// Every API call and the page need `Authorization: Bearer TOKEN` when set.
     pub token: Option<String>,
+    /// Host names answered besides the listening address and loopback names (`--allow-host`;
+    /// without a token every other Host is refused, against DNS rebinding).
+    pub allow_hosts: Vec<String>,
+    /// Slowest average an upload may come at once `--read-timeout-s` has passed, bytes a second.
+    pub min_upload_rate: u64,
 }
 
 /// Where a picture's result goes.
@@ -91,6 +96,8 @@ struct App {
     places: Arc<tokio::sync::Semaphore>,
     /// Video and photo jobs (`/v1/jobs`), run one at a time on a thread of their own.
     jobs: Arc<jobs::Jobs>,
+    /// Set when the service stops: uploads in flight end at once (503) instead of holding it.
+    stopping: tokio::sync::watch::Sender<bool>,
 }
 
 /// Checks the request's `Authorization: Bearer` against `--token` (when one is set), in time
@@ -100,7 +107,7 @@ fn authorize(app: &App, headers: &axum::http::HeaderMap) -> Result<()> {
     let given = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
+        .and_then(bearer)
         .map(str::to_string)
         .or_else(|| page::cookie_token(headers))
         .unwrap_or_default();
@@ -116,6 +123,132 @@ fn authorize(app: &App, headers: &axum::http::HeaderMap) -> Result<()> {
     }
 }
 
+/// The token of an `Authorization: Bearer TOKEN` value (the scheme in any case, RFC 9110).
+fn bearer(value: &str) -> Option<&str> {
+    let (scheme, token) = value.trim().split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+}
+
+/// Whether `host` (a Host header: a name or an address, maybe with a port) may be answered
+/// by a service listening on `listen` without a token: a loopback name or address, the address
+/// it listens on (any address where it listens on all of them), or one of `allowed`. A name a
+/// web site controls (DNS rebinding) is none of these.
+fn host_allowed(host: &str, listen: SocketAddr, allowed: &[String]) -> bool {
+    let name = match host.strip_prefix('[') {
+        Some(rest) => rest.split(']').next().unwrap_or(""),
+        None => host
+            .rsplit_once(':')
+            .filter(|(_, port)| port.bytes().all(|b| b.is_ascii_digit()))
+            .map_or(host, |(h, _)| h),
+    };
+    if name.is_empty() {
+        return false;
+    }
+    if allowed
+        .iter()
+        .any(|a| a.eq_ignore_ascii_case(name) || a.eq_ignore_ascii_case(host))
+    {
+        return true;
+    }
+    let lower = name.to_ascii_lowercase();
+    if lower == "localhost" || lower.ends_with(".localhost") {
+        return true;
+    }
+    match name.parse::<std::net::IpAddr>() {
+        Ok(ip) => ip.is_loopback() || ip == listen.ip() || listen.ip().is_unspecified(),
+        Err(_) => false,
+    }
+}
+
+/// Who may call (every route): without a token, only requests for a Host this service is
+/// ([`host_allowed`]); with or without one, a request that changes something (POST, DELETE...)
+/// only from the service's own origin when a browser says where it comes from (`Origin`, else
+/// `Sec-Fetch-Site`): another site, or another port of this host (the same site to a cookie),
+/// is refused. Every answer forbids framing.
+async fn guard(State(app): State<Arc<App>>, req: Request, next: axum::middleware::Next) -> Response {
+    let checked = caller_checked(&app.opts, req.method(), req.headers());
+    let mut response = match checked {
+        Ok(()) => next.run(req).await,
+        Err(e) => {
+            tracing::info!(method = %req.method(), path = %req.uri().path(), "refused: {e:#}");
+            discard(req.into_body(), &app.opts).await;
+            refuse(&e).0
+        }
+    };
+    let h = response.headers_mut();
+    h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+    h.insert(header::X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
+    if !h.contains_key(header::CONTENT_SECURITY_POLICY) {
+        h.insert(
+            header::CONTENT_SECURITY_POLICY,
+            HeaderValue::from_static("frame-ancestors 'none'"),
+        );
+    }
+    response
+}
+
+/// The checks of [`guard`].
+fn caller_checked(opts: &ServeOptions, method: &axum::http::Method, headers: &axum::http::HeaderMap) -> Result<()> {
+    use axum::http::Method;
+    let host = headers.get(header::HOST).and_then(|v| v.to_str().ok()).unwrap_or("");
+    if opts.token.is_none() && !host_allowed(host, opts.listen, &opts.allow_hosts) {
+        return Err(Failure::error(
+            Kind::Forbidden,
+            format!(
+                "this service does not answer for the host {host:?}: open it by its address or as localhost, or start it with --allow-host NAME (or --token)"
+            ),
+        ));
+    }
+    if matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS) {
+        return Ok(());
+    }
+    let header = |n: &str| headers.get(n).and_then(|v| v.to_str().ok());
+    let own = |origin: &str| {
+        ["http://", "https://"].iter().any(|s| {
+            origin
+                .strip_prefix(s)
+                .is_some_and(|o| !host.is_empty() && o.eq_ignore_ascii_case(host))
+        })
+    };
+    let foreign = match (header("origin"), header("sec-fetch-site")) {
+        (Some(origin), _) => !own(origin),
+        (None, Some(site)) => matches!(site, "cross-site" | "same-site"),
+        (None, None) => false,
+    };
+    if foreign {
+        return Err(Failure::error(
+            Kind::Forbidden,
+            format!(
+                "a request from another site ({}) may not change anything here: use this service's own page or a client of your own",
+                header("origin").unwrap_or("another origin")
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// A request's query as `T`, each parameter checked by its name first, so that a misspelt or
+/// unknown one is refused by name (400) instead of ignored, and a bad value names its
+/// parameter; `takes` says what the query takes.
+fn query_of<T: serde::de::DeserializeOwned>(raw: Option<&str>, takes: &str) -> Result<T> {
+    let bad = |m: String| Failure::error(Kind::BadInput, m);
+    let raw = raw.unwrap_or("");
+    let pairs: Vec<(String, String)> = serde_urlencoded::from_str(raw)
+        .map_err(|e| bad(format!("the query cannot be read ({e}): it takes {takes}")))?;
+    for (k, v) in &pairs {
+        let one = serde_urlencoded::to_string([(k, v)]).unwrap_or_default();
+        if let Err(e) = serde_urlencoded::from_str::<T>(&one) {
+            let e = e.to_string();
+            return Err(bad(if e.starts_with("unknown field") {
+                format!("{k}: no such parameter; the query takes {takes}")
+            } else {
+                format!("{k}={v}: {e}; the query takes {takes}")
+            }));
+        }
+    }
+    serde_urlencoded::from_str(raw).map_err(|e| bad(format!("{e}: the query takes {takes}")))
+}
+
 /// Whether `a` equals `b`, in time that does not depend on where they differ.
 fn same(a: &[u8], b: &[u8]) -> bool {
     let mut diff = a.len() ^ b.len();
@@ -127,6 +260,7 @@ fn same(a: &[u8], b: &[u8]) -> bool {
 
 /// The query of `POST /v1/restore`.
 #[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
 struct RestoreQuery {
     format: Option<String>,
     blend: Option<f32>,
@@ -159,6 +293,7 @@ pub fn run(settings: Settings, opts: ServeOptions, ints: &Interrupts) -> Result<
     let jobs = jobs::Jobs::open(settings.clone(), opts.jobs.clone())?;
     let app = Arc::new(App {
         jobs: jobs.clone(),
+        stopping: tokio::sync::watch::Sender::new(false),
         settings,
         opts: opts.clone(),
         metrics: Metrics::default(),
@@ -209,6 +344,7 @@ pub fn run(settings: Settings, opts: ServeOptions, ints: &Interrupts) -> Result<
         .route("/", get(page::page))
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics_page))
+        .layer(axum::middleware::from_fn_with_state(app.clone(), guard))
         .layer(DefaultBodyLimit::disable())
         .with_state(app.clone());
     let (soft, hard, signal) = (ints.soft.clone(), ints.hard.clone(), ints.signal.clone());
@@ -223,12 +359,22 @@ pub fn run(settings: Settings, opts: ServeOptions, ints: &Interrupts) -> Result<
         std::process::exit(128 + signal.load(Ordering::SeqCst));
     });
     let header_timeout = opts.read_timeout;
-    let served = runtime.block_on(serve_connections(listener, router, header_timeout, async move {
-        while !soft.load(Ordering::SeqCst) && !failed.load(Ordering::SeqCst) {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        tracing::info!("stopping: no new connections; answering the requests in flight");
-    }));
+    // Requests accepted are answered within --deadline-s; what still holds a connection after
+    // that and a little more (a long download) is cut off.
+    let bound = opts.deadline + Duration::from_secs(5);
+    let stop_app = app.clone();
+    let served = runtime.block_on(serve_connections(
+        listener,
+        router,
+        (header_timeout, bound),
+        async move {
+            while !soft.load(Ordering::SeqCst) && !failed.load(Ordering::SeqCst) {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            stop_app.stopping.send_replace(true);
+            tracing::info!("stopping: no new connections; answering the requests in flight, uploads in flight refused");
+        },
+    ));
     // Every handler has answered: the engine's stream ends with its channel; the running job
     // stops where it is (queued again: it resumes at the next start).
     app.tx.lock().unwrap_or_else(|e| e.into_inner()).take();
@@ -247,11 +393,11 @@ pub fn run(settings: Settings, opts: ServeOptions, ints: &Interrupts) -> Result<
 
 /// Accepts connections until `stop` resolves, each served by hyper's HTTP/1 with a deadline
 /// on its headers (`header_timeout`: a client that never finishes them is cut off), then waits
-/// for the connections in flight to answer what they accepted.
+/// for the connections in flight to answer what they accepted, at most `bound`.
 async fn serve_connections(
     listener: tokio::net::TcpListener,
     router: Router,
-    header_timeout: Duration,
+    (header_timeout, bound): (Duration, Duration),
     stop: impl std::future::Future<Output = ()>,
 ) -> std::io::Result<()> {
     use hyper_util::rt::{TokioIo, TokioTimer};
@@ -283,7 +429,12 @@ async fn serve_connections(
         }
     }
     drop(listener);
-    graceful.shutdown().await;
+    if tokio::time::timeout(bound, graceful.shutdown()).await.is_err() {
+        tracing::warn!(
+            "connections still open {} s after the stop were cut off",
+            bound.as_secs()
+        );
+    }
     Ok(())
 }
 
@@ -391,6 +542,7 @@ fn status_of(kind: Kind) -> (StatusCode, Outcome) {
         Kind::Conflict => (StatusCode::CONFLICT, Outcome::BadRequest),
         Kind::TooMany => (StatusCode::TOO_MANY_REQUESTS, Outcome::Busy),
         Kind::Unauthorized => (StatusCode::UNAUTHORIZED, Outcome::BadRequest),
+        Kind::Forbidden => (StatusCode::FORBIDDEN, Outcome::BadRequest),
     }
 }
 
@@ -526,33 +678,26 @@ fn check_picture(bytes: &[u8], max_pixels: u64) -> Result<&'static str> {
 fn admit(
     app: &App,
     headers: &axum::http::HeaderMap,
-    query: Result<Query<RestoreQuery>, axum::extract::rejection::QueryRejection>,
+    query: Option<&str>,
 ) -> Result<(Ask, tokio::sync::OwnedSemaphorePermit)> {
     authorize(app, headers)?;
     if !app.ready.load(Ordering::SeqCst) {
         return Err(Failure::error(Kind::Busy, "loading the model; try again shortly"));
     }
-    let Query(q) = query.map_err(|e| {
-        Failure::error(
-            Kind::BadInput,
-            format!("{e}: the query takes format=png|jpg|webp|tiff|bmp, blend=0..1, compare=side|split, json=1"),
-        )
-    })?;
+    let q: RestoreQuery = query_of(
+        query,
+        "format=png|jpg|webp|tiff|bmp, blend=0..1, compare=side|split, json=1",
+    )?;
     let ask = Ask::of(&q, &app.settings.recipe.treatment)?;
     Ok((ask, take_place(app)?))
 }
 
 /// Restores one request's picture, in memory from its body to the answer's bytes. A refused
 /// request's body is read and dropped first (see [`discard`]).
-async fn restore_one(
-    app: &Arc<App>,
-    query: Result<Query<RestoreQuery>, axum::extract::rejection::QueryRejection>,
-    req: Request,
-    start: Instant,
-) -> Result<Restored> {
+async fn restore_one(app: &Arc<App>, query: Option<String>, req: Request, start: Instant) -> Result<Restored> {
     let opts = &app.opts;
     let (parts, body) = req.into_parts();
-    let (ask, _place) = match admit(app, &parts.headers, query) {
+    let (ask, _place) = match admit(app, &parts.headers, query.as_deref()) {
         Ok(a) => a,
         Err(e) => {
             discard(body, opts).await;
@@ -658,11 +803,7 @@ fn respond(r: Restored, start: Instant) -> Response {
     r
 }
 
-async fn restore(
-    State(app): State<Arc<App>>,
-    query: Result<Query<RestoreQuery>, axum::extract::rejection::QueryRejection>,
-    req: Request,
-) -> Response {
+async fn restore(State(app): State<Arc<App>>, RawQuery(query): RawQuery, req: Request) -> Response {
     let start = Instant::now();
     // A client that closes the connection drops this future before its answer: the guard
     // logs and counts it then.
@@ -748,8 +889,13 @@ async fn discard_up_to(mut body: Body, limit: u64, opts: &ServeOptions) {
 
 /// The answer to a failed request: its status by its kind, the error in words.
 fn refuse(e: &anyhow::Error) -> (Response, Outcome) {
-    let (status, outcome) = status_of(kind_of(e));
-    let mut response = (status, format!("{e:#}\n")).into_response();
+    refuse_in(kind_of(e), &format!("{e:#}"))
+}
+
+/// [`refuse`] of a failure of `kind` said in `words`.
+fn refuse_in(kind: Kind, words: &str) -> (Response, Outcome) {
+    let (status, outcome) = status_of(kind);
+    let mut response = (status, format!("{words}\n")).into_response();
     if status == StatusCode::SERVICE_UNAVAILABLE {
         response
             .headers_mut()
@@ -775,6 +921,7 @@ mod tests {
         assert_eq!(status(Kind::Conflict), 409);
         assert_eq!(status(Kind::TooMany), 429);
         assert_eq!(status(Kind::Unauthorized), 401);
+        assert_eq!(status(Kind::Forbidden), 403);
         let e = Failure::error(Kind::TooLarge, "big").context("the upload");
         assert_eq!(
             refuse(&e).0.status().as_u16(),
