@@ -150,7 +150,7 @@ fn bad_requests_get_their_status_and_the_service_goes_on() {
     still_serving("a cut picture");
     // A body larger than --max-body-mb (sent only until the answer can come).
     let head = format!(
-        "POST /v1/restore HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n",
+        "POST /v1/restore HTTP/1.1\r\nHost: localhost\r\nContent-Length: {}\r\n\r\n",
         3 << 20
     );
     let status = raw(&server.addr, &head, &vec![0u8; (2 << 20) + 4096], Duration::ZERO);
@@ -162,7 +162,7 @@ fn bad_requests_get_their_status_and_the_service_goes_on() {
     assert_eq!(status, 400, "{}", String::from_utf8_lossy(&body));
     // An upload that stops: fewer bytes than its Content-Length, then the connection closes.
     let head = format!(
-        "POST /v1/restore HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n",
+        "POST /v1/restore HTTP/1.1\r\nHost: localhost\r\nContent-Length: {}\r\n\r\n",
         good.len()
     );
     let status = raw(&server.addr, &head, &good[..1000], Duration::ZERO);
@@ -175,7 +175,8 @@ fn bad_requests_get_their_status_and_the_service_goes_on() {
     assert!(server.metric("gpen_requests_total{outcome=\"slow_client\"}") >= 1.0);
     // A client that never finishes its headers is cut off too (it would hold a connection).
     let mut c = TcpStream::connect(&server.addr).unwrap();
-    c.write_all(b"POST /v1/restore HTTP/1.1\r\nHost: x\r\n").unwrap();
+    c.write_all(b"POST /v1/restore HTTP/1.1\r\nHost: localhost\r\n")
+        .unwrap();
     c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     let t = std::time::Instant::now();
     let mut buf = [0u8; 256];
@@ -313,7 +314,7 @@ fn a_request_leaves_nothing_on_disk_even_when_its_client_leaves() {
     assert!(body.starts_with(&[0xff, 0xd8]), "a JPEG answer");
     // Clients that send a whole picture and leave while it is being restored.
     let head = format!(
-        "POST /v1/restore HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n",
+        "POST /v1/restore HTTP/1.1\r\nHost: localhost\r\nContent-Length: {}\r\n\r\n",
         image.len()
     );
     for pause in [0, 5, 20, 60] {
