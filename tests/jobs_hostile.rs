@@ -657,6 +657,7 @@ fn answers_name_the_parameter_and_the_upload_never_a_server_path() {
     for (query, named) in [
         ("/v1/jobs?name=a.mp4&blnd=0.3&temporl=2", "blnd"),
         ("/v1/jobs?name=a.mp4&blend=lots", "blend=lots"),
+        ("/v1/jobs?name=a.mp4&blend=7", "blend must be between 0 and 1"),
         ("/v1/restore?formt=png", "formt"),
         ("/v1/restore?blend=x", "blend=x"),
     ] {

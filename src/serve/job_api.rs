@@ -89,7 +89,7 @@ async fn create_job(app: &Arc<App>, query: Option<&str>, req: Request) -> Result
             return Err(Failure::error(Kind::Busy, "loading the model; try again shortly"));
         }
         let q: JobQuery = super::query_of(query, TAKES)?;
-        super::jobs::check_name(q.name.as_deref().unwrap_or(""))?;
+        app.jobs.check_query(&q)?;
         Ok(q)
     })();
     let q = match checked {

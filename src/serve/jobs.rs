@@ -808,6 +808,12 @@ impl Jobs {
         r
     }
 
+    /// Checks a job's query (its model offered, its flags in range) before its upload is read.
+    pub fn check_query(&self, query: &JobQuery) -> Result<()> {
+        check_name(query.name.as_deref().unwrap_or(""))?;
+        settings_of(&self.settings, query).map(drop)
+    }
+
     /// `message` with the server's paths in it said in words: the upload by the name it was
     /// given, the job's files by what they are (a client never sees where the service keeps
     /// them).
@@ -1189,7 +1195,8 @@ fn treatment_of(settings: &Settings, q: &JobQuery) -> Result<Treatment> {
             _ => return Err(bad(format!("compare={c}: give side, split or none"))),
         };
     }
-    t.check().map_err(|e| bad(format!("{e:#}")))?;
+    // The CLI's words name its flags (`--blend must be ...`); a query names its parameters.
+    t.check().map_err(|e| bad(format!("{e:#}").replacen("--", "", 1)))?;
     Ok(t)
 }
 
