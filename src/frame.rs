@@ -224,7 +224,8 @@ pub struct FaceJob {
     /// filter (empty without it).
     pub luma: Vec<f32>,
     /// The face mesh doubts it is a face (presence below `--face-check`) and the detector is
-    /// not confident: the smoother keeps it only if its track confirms it.
+    /// not confident: the smoother keeps it only if detections that look like a face confirm it
+    /// where it lies (see [`crate::defaults::SUPPORT_SCORE`]).
     pub doubt: bool,
 }
 

@@ -259,6 +259,50 @@ fn detections_that_are_not_faces_are_dropped() {
     assert_eq!(json_number(&json, "faces"), 0, "{json}");
 }
 
+/// A Mandelbrot zoom (FFmpeg's `mandelbrot` source, 640x360, 3 s) at the default settings: the
+/// detector finds "faces" in its texture again and again in one place, some scoring 0.5 or
+/// more, and the face mesh doubts them; the detector's five points on them huddle in the box's
+/// middle, so no detection supports another and none is restored (the negate stand-in would
+/// show it), though the detector alone finds them.
+#[test]
+fn texture_found_again_and_again_in_one_place_is_not_restored() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let zoom = d.join("zoom.mp4");
+    ffmpeg(&[
+        "-f",
+        "lavfi",
+        "-i",
+        "mandelbrot=s=640x360:r=25",
+        "-t",
+        "3",
+        "-c:v",
+        "libx264",
+        "-pix_fmt",
+        "yuv420p",
+        "-threads",
+        "1",
+        arg(&zoom),
+    ]);
+    let model = asset("models/standin/negate-256.onnx");
+    let run = |extra: &[&dyn AsRef<std::ffi::OsStr>]| {
+        let (out, stats) = (d.join("out.mp4"), d.join("stats.json"));
+        let mut args: Vec<&dyn AsRef<std::ffi::OsStr>> = vec![&zoom, &out, &"--model", &model, &"--stats-json", &stats];
+        args.extend_from_slice(extra);
+        ok(&gpen(&args));
+        std::fs::read_to_string(&stats).unwrap()
+    };
+    let alone = run(&[&"--mesh", &"none"]);
+    assert!(
+        json_number(&alone, "frames_with_faces") >= 2,
+        "the detector alone finds the texture's faces: {alone}"
+    );
+    let checked = run(&[]);
+    assert_eq!(json_number(&checked, "faces"), 0, "{checked}");
+    assert_eq!(json_number(&checked, "detections_kept_doubted"), 0, "{checked}");
+    assert!(json_number(&checked, "detections_not_faces") >= 2, "{checked}");
+}
+
 /// A face mesh file that is not there is an error naming it and what to do; `--mesh none`
 /// runs without one (no outline recorded).
 #[test]

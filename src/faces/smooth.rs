@@ -14,7 +14,7 @@ use std::collections::VecDeque;
 
 use ffmpeg_next::util::frame::video::Video as VideoFrame;
 
-use crate::defaults::{SUPPORT_FRAMES, SUPPORT_REACH, SUPPORT_SCORE};
+use crate::defaults::{SUPPORT_EYES, SUPPORT_FRAMES, SUPPORT_MOUTH, SUPPORT_REACH, SUPPORT_SCORE};
 use crate::faces::detect::iou;
 use crate::frame::{Face, FaceFrame};
 
@@ -58,8 +58,8 @@ pub(crate) struct Smoother {
     pub cuts: u64,
     /// Faces the mesh doubted, dropped and kept by their support.
     doubted: (u64, u64),
-    /// Every face scoring at least [`SUPPORT_SCORE`] (frame, box), oldest first, as far back as
-    /// a doubted face still held may look ([`SUPPORT_REACH`]).
+    /// Every face that supports the doubted faces where it lies ([`supports`]: frame, box),
+    /// oldest first, as far back as a doubted face still held may look ([`SUPPORT_REACH`]).
     strong: VecDeque<(u64, [f32; 4])>,
 }
 
@@ -82,11 +82,12 @@ impl Smoother {
     }
 
     /// The faces the mesh doubted ([`crate::frame::FaceJob::doubt`]) this smoother dropped and
-    /// kept: one is kept when at least [`SUPPORT_FRAMES`] faces scoring at least
-    /// [`SUPPORT_SCORE`] lie where it lies (its own included; boxes overlapping as tracks link
+    /// kept: one is kept when at least [`SUPPORT_FRAMES`] faces that support it ([`supports`])
+    /// lie where it lies (its own included if it supports; boxes overlapping as tracks link
     /// them) within [`SUPPORT_REACH`] frames of it, behind it or in the look-ahead: a face the
     /// detector finds now and then where it was, even with its track broken by the frames it
-    /// missed.
+    /// missed, or with its points misplaced on a frame or two; not texture the detector finds
+    /// again and again in one place, its points huddled.
     pub(crate) fn doubted(&self) -> (u64, u64) {
         self.doubted
     }
@@ -102,7 +103,7 @@ impl Smoother {
         let n = ff.frame.index;
         let cut = ff.frame.picture.source().is_some_and(|s| self.scene_cut(s));
         let ids = self.link(n, &ff.faces.iter().map(|j| &j.face).collect::<Vec<_>>(), cut);
-        let strong = ff.faces.iter().filter(|j| j.face.score >= SUPPORT_SCORE);
+        let strong = ff.faces.iter().filter(|j| supports(&j.face));
         self.strong.extend(strong.map(|j| (n, j.face.bbox)));
         if self.radius == 0 {
             // No smoothing: the faces are only linked into tracks (the temporal filter follows
@@ -283,6 +284,24 @@ impl Smoother {
             .sum();
         diff / (CUT_BLOCKS * CUT_BLOCKS) as u32 >= CUT_LEVEL
     }
+}
+
+/// Whether `face` supports the faces the mesh doubted where it lies (see [`SUPPORT_SCORE`]): it
+/// scores at least that, and the mesh took it for a face (it has the mesh's outline) or its
+/// five points are spread as a face's are: the eyes at least [`SUPPORT_EYES`] of its box's width
+/// apart, the mouth corners at least [`SUPPORT_MOUTH`]. The points are the detector's here (a
+/// doubted face keeps them, and the smoother reads them before smoothing).
+fn supports(face: &Face) -> bool {
+    if face.score < SUPPORT_SCORE {
+        return false;
+    }
+    if face.outline.is_some() {
+        return true;
+    }
+    let p = &face.landmarks;
+    let width = (face.bbox[2] - face.bbox[0]).max(1.0);
+    let apart = |a: [f32; 2], b: [f32; 2]| (a[0] - b[0]).hypot(a[1] - b[1]) / width;
+    apart(p[0], p[1]) >= SUPPORT_EYES && apart(p[3], p[4]) >= SUPPORT_MOUTH
 }
 
 /// Distance between the eyes of a face's points (at least a pixel).
@@ -533,6 +552,42 @@ mod tests {
             true
         });
         assert!(out.iter().all(|v| v == &vec![100.0, 400.0]), "{out:?}");
+    }
+
+    /// Doubted faces found again and again in one place are kept when their points are spread
+    /// as a face's are (a face the mesh doubts), dropped when the points huddle in the box's
+    /// middle (texture), and kept where face-shaped detections around them support them.
+    #[test]
+    fn doubted_faces_are_kept_by_face_shaped_support_only() {
+        // A box 90 px wide round the points; `spread` 1 is a face's points, 0.1 huddled ones.
+        let doubted = |i: u64, spread: f32| {
+            let mut ff = frame(i, &[points_at(100.0, 100.0)]);
+            let job = &mut ff.faces[0];
+            let c = [125.0, 125.0];
+            for q in &mut job.face.landmarks {
+                *q = [c[0] + (q[0] - c[0]) * spread, c[1] + (q[1] - c[1]) * spread];
+            }
+            (job.face.score, job.doubt) = (0.6, true);
+            ff
+        };
+        let kept = |frames: Vec<FaceFrame>| {
+            let mut s = Smoother::new(3.0);
+            let mut kept = Vec::new();
+            let mut emit = |ff: FaceFrame| {
+                kept.push(ff.faces.len());
+                true
+            };
+            for ff in frames {
+                s.push(ff, &mut emit);
+            }
+            s.finish(&mut emit);
+            kept
+        };
+        assert_eq!(kept((0..20).map(|i| doubted(i, 1.0)).collect()), vec![1; 20]);
+        assert_eq!(kept((0..20).map(|i| doubted(i, 0.1)).collect()), vec![0; 20]);
+        // Points misplaced on one frame of a face: the frames around it keep it.
+        let mixed = (0..20).map(|i| doubted(i, if i == 10 { 0.1 } else { 1.0 })).collect();
+        assert_eq!(kept(mixed), vec![1; 20]);
     }
 
     #[test]
