@@ -8,6 +8,7 @@
 use std::hint::black_box;
 use std::time::Instant;
 
+use gpen_video::cpu::Cpu;
 use gpen_video::faces::align::{crop_to_tensor, template, warp_face, warp_to_tensor, WarpScratch};
 use gpen_video::faces::paste::{changes, Mask, Paste, Scratch};
 use gpen_video::frame::change_steps;
@@ -80,29 +81,40 @@ fn main() {
             .map(|k| (0..3 * size * size).map(|i| ((i * 7919 + k) % 256) as u8).collect())
             .collect();
         let mut tensor = vec![0.0f32; 4 * 3 * size * size];
-        let ms = median_ms(41, || {
-            for (crop, item) in crops.iter().zip(tensor.chunks_exact_mut(3 * size * size)) {
-                crop_to_tensor(crop, item);
-            }
-            black_box(&tensor);
-        });
-        println!("the model's input from four crops, per face          {:>8.3}", ms / 4.0);
+        for cpu in Cpu::available() {
+            let ms = median_ms(41, || {
+                for (crop, item) in crops.iter().zip(tensor.chunks_exact_mut(3 * size * size)) {
+                    crop_to_tensor(cpu, crop, item);
+                }
+                black_box(&tensor);
+            });
+            println!(
+                "the model's input from four crops, per face, {:<9} {:>8.3}",
+                cpu.name(),
+                ms / 4.0
+            );
+        }
         return;
     }
     let frame: Vec<u8> = (0..w * h * 3).map(|i| ((i * 7919) % 251) as u8).collect();
     // `KERNELS=warp` times only the warp of a face smaller than the crop, in bytes as the
-    // pipeline writes it (GPEN_VIDEO_PLAIN_TAPS=1 for the four-lane taps; `EYE=175` sets another
-    // distance between the eyes, in frame pixels, 60 by default).
+    // pipeline writes it, at every CPU level this machine runs (`EYE=175` sets another distance
+    // between the eyes, in frame pixels, 60 by default).
     if std::env::var("KERNELS").as_deref() == Ok("warp") {
         let eye = std::env::var("EYE").ok().and_then(|v| v.parse().ok()).unwrap_or(60.0);
         let to_crop = face(size, eye, 900.0, 520.0, 0.12);
         let region = crop_footprint(&to_crop, size, w, h);
-        let (mut out, mut scratch) = (vec![0u8; 3 * size * size], WarpScratch::default());
-        let ms = median_ms(41, || {
-            warp_face(&frame, (w, h), &to_crop, region, size, &mut out[..], &mut scratch);
-            black_box(&out);
-        });
-        println!("warp into the crop in bytes, face {eye} px between the eyes {ms:>8.2}");
+        for cpu in Cpu::available() {
+            let (mut out, mut scratch) = (vec![0u8; 3 * size * size], WarpScratch::at(cpu));
+            let ms = median_ms(41, || {
+                warp_face(&frame, (w, h), &to_crop, region, size, &mut out[..], &mut scratch);
+                black_box(&out);
+            });
+            println!(
+                "warp into the crop in bytes, face {eye} px between the eyes, {:<9} {ms:>8.2}",
+                cpu.name()
+            );
+        }
         return;
     }
     temporal(size, 15);

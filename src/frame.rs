@@ -69,7 +69,7 @@ pub struct Frame {
     pub pass: Option<Vec<Face>>,
     /// The frame's place in its line's budget of frames in flight, given back when the frame is
     /// dropped (a video's decode stage takes it; other frames have none).
-    pub ticket: Option<crate::pipeline::Ticket>,
+    pub ticket: Option<crate::budget::Ticket>,
 }
 
 /// What a frame's output is made from: its RGB picture, or the decoded picture's own planes.

@@ -5,8 +5,10 @@
 
 pub mod batch;
 pub mod bench;
+pub mod budget;
 pub mod config;
 pub mod console;
+pub mod cpu;
 pub mod defaults;
 pub mod engine;
 pub mod faces;

@@ -209,14 +209,14 @@ pub struct Summary {
     /// A video's budget of decoded frames in flight, and the most that were out at once.
     pub in_flight: Option<(usize, usize)>,
     /// Detector passes: over whole frames, and over windows around tracked faces.
-    pub detect: crate::faces::detect::DetectCounts,
+    pub detect: DetectCounts,
     pub wall: Duration,
     pub stages: Vec<StageStat>,
     pub workers: Vec<WorkerStat>,
     /// Peak resident memory of the process so far, in bytes (Linux).
     pub peak_rss: Option<u64>,
     /// The restoration's flicker inside faces, when the temporal filter ran.
-    pub flicker: Option<crate::faces::temporal::Flicker>,
+    pub flicker: Option<Flicker>,
 }
 
 impl Summary {
@@ -334,7 +334,7 @@ struct SummaryJson<'a> {
     workers: Vec<WorkerJson<'a>>,
 }
 
-/// [`crate::faces::temporal::Flicker`] as JSON: levels of frame-to-frame RMS change inside
+/// [`Flicker`] as JSON: levels of frame-to-frame RMS change inside
 /// faces, in crop space along each track.
 #[derive(Serialize)]
 struct FlickerJson {
@@ -490,6 +490,75 @@ impl fmt::Display for Summary {
             )?;
         }
         Ok(())
+    }
+}
+
+/// Counts of detector passes in a run.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DetectCounts {
+    /// Passes over the whole detection copy.
+    pub full: u64,
+    /// Passes over a window around a tracked face.
+    pub windows: u64,
+    /// Frames with more faces than `--max-faces` (the rest were left out).
+    pub capped: u64,
+    /// Faces followed by the face mesh from their points on the frame before (no detector
+    /// pass for them).
+    pub followed: u64,
+    /// Detections the face mesh did not take for faces (dropped).
+    pub not_faces: u64,
+    /// Detections the face mesh doubted, kept on the detector's confident score or their
+    /// track's support (see [`crate::defaults::CONFIDENT`]).
+    pub kept_doubted: u64,
+}
+
+/// The flicker figures of a run: inside faces, in crop space, frame to frame along each track
+/// (so neither camera nor face motion counts).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Flicker {
+    /// Whether the filter ran (a memory above 0), or only measured.
+    pub filtered: bool,
+    /// Pairs of consecutive crops of one track, and the face pixels summed over them.
+    pub pairs: u64,
+    pub(crate) cells: u64,
+    /// Sums of squared frame-to-frame changes: of the input, of the output, and of what the
+    /// output would be without the filter.
+    pub(crate) input_sq: f64,
+    pub(crate) output_sq: f64,
+    pub(crate) raw_sq: f64,
+    /// Sums of the absolute change pasted after the filter and given by the model.
+    pub(crate) kept_abs: f64,
+    pub(crate) model_abs: f64,
+}
+
+impl Flicker {
+    fn rms(&self, sq: f64) -> f64 {
+        (sq / self.cells.max(1) as f64).sqrt()
+    }
+
+    /// Frame-to-frame RMS change of the input inside faces, in levels.
+    pub(crate) fn input_rms(&self) -> f64 {
+        self.rms(self.input_sq)
+    }
+
+    /// The restoration's flicker: the output's frame-to-frame RMS change inside faces minus the
+    /// input's, in levels.
+    pub fn output(&self) -> f64 {
+        self.rms(self.output_sq) - self.input_rms()
+    }
+
+    /// The flicker the model's change would have had without the filter.
+    pub fn unfiltered(&self) -> f64 {
+        self.rms(self.raw_sq) - self.input_rms()
+    }
+
+    /// Share of the model's change (mean absolute value of its luma) the filter kept.
+    pub fn kept(&self) -> f64 {
+        if self.model_abs > 0.0 {
+            self.kept_abs / self.model_abs
+        } else {
+            1.0
+        }
     }
 }
 

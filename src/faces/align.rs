@@ -7,6 +7,7 @@
 
 use wide::f32x4;
 
+use crate::cpu::Cpu;
 use crate::frame::change_steps;
 use crate::geom::{Affine, Rect};
 
@@ -344,10 +345,10 @@ where
 /// The model's input (an NCHW item in [-1, 1]) from a crop in bytes: each level `b` as
 /// `b / 127.5 - 1` (the value the float warp gives a whole level), eight at a time on a CPU
 /// with AVX2.
-pub fn crop_to_tensor(crop: &[u8], out: &mut [f32]) {
+pub fn crop_to_tensor(cpu: Cpu, crop: &[u8], out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
-    if avx2() {
-        // SAFETY: the CPU has AVX2 (checked just above).
+    if cpu.avx2() {
+        // SAFETY: a `Cpu` says AVX2 only where this CPU has it (see `crate::cpu`).
         return unsafe { crop_to_tensor_avx2(crop, out) };
     }
     crop_to_tensor_body(crop, out);
@@ -396,11 +397,27 @@ pub fn warp_to_tensor<O: CropOut + ?Sized>(
 }
 
 /// Reusable buffers of the warp: box-filtered levels of the frame region under a large face,
-/// and the region under a face as four f32 lanes per pixel.
+/// and the region under a face as four f32 lanes per pixel; and the CPU level its taps run at.
 #[derive(Default)]
 pub struct WarpScratch {
     levels: Vec<Vec<u8>>,
     texels: Vec<f32x4>,
+    cpu: Cpu,
+}
+
+impl WarpScratch {
+    /// The CPU level its warps run at.
+    pub fn cpu(&self) -> Cpu {
+        self.cpu
+    }
+
+    /// Buffers for warps whose taps run at `cpu` (the default: the detected level).
+    pub fn at(cpu: Cpu) -> WarpScratch {
+        WarpScratch {
+            cpu,
+            ..WarpScratch::default()
+        }
+    }
 }
 
 /// Copies the `r` region of packed RGB24 `width` wide into `out` as (R, G, B, 0) in f32, row
@@ -450,7 +467,7 @@ pub(crate) fn warp_cubic_loading<O: CropOut + ?Sized>(
     for (tile, t) in tiles(&inv, size, r, frame, 0.0) {
         scratch.texels.clear();
         load(t, &mut scratch.texels);
-        warp_cubic_plain(&scratch.texels, t, frame, &inv, size, tile, out);
+        warp_cubic_plain(scratch.cpu, &scratch.texels, t, frame, &inv, size, tile, out);
     }
 }
 
@@ -544,6 +561,7 @@ fn texel_rect(region: Rect, (width, height): (usize, usize)) -> Rect {
 /// within a few float steps of it). Samples at the frame's edge take a clamped sampler over
 /// the same texels.
 pub(crate) fn warp_cubic_plain<O: CropOut + ?Sized>(
+    cpu: Cpu,
     tex: &[f32x4],
     r: Rect,
     frame: (usize, usize),
@@ -553,25 +571,12 @@ pub(crate) fn warp_cubic_plain<O: CropOut + ?Sized>(
     out: &mut O,
 ) {
     #[cfg(target_arch = "x86_64")]
-    if fused_taps() {
-        // SAFETY: the CPU has AVX2 and FMA (checked just above).
+    if cpu.fma() {
+        // SAFETY: a `Cpu` says AVX2 and FMA only where this CPU has them (see `crate::cpu`).
         unsafe { warp_cubic_fused(tex, r, frame, inv, size, tile, out) };
         return;
     }
     warp_cubic_body::<O, false>(tex, r, frame, inv, size, tile, out);
-}
-
-/// Whether this CPU takes the interior taps eight lanes at a time with fused multiply-adds
-/// (AVX2 and FMA; `GPEN_VIDEO_PLAIN_TAPS=1` turns it off, to compare).
-pub(crate) fn fused_taps() -> bool {
-    static FUSED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *FUSED.get_or_init(|| {
-        #[cfg(target_arch = "x86_64")]
-        let cpu = is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma");
-        #[cfg(not(target_arch = "x86_64"))]
-        let cpu = false;
-        cpu && std::env::var_os("GPEN_VIDEO_PLAIN_TAPS").is_none_or(|v| v != "1")
-    })
 }
 
 /// [`warp_cubic_body`] compiled for AVX2 and FMA.
@@ -1041,10 +1046,10 @@ pub(crate) fn tensor_to_rgb(t: &[f32], size: usize, out: &mut Vec<u8>) {
 /// [`CHANGE_STEPS`](crate::frame::CHANGE_STEPS) (levels x 128), the output clamped to the
 /// picture's range first. Zero where the model gave its input back. False when an output
 /// value is not finite (a broken model, an overflow in fp16): `out` is then not a change.
-pub(crate) fn tensor_change(restored: &[f32], given: &[u8], size: usize, out: &mut Vec<i16>) -> bool {
+pub(crate) fn tensor_change(cpu: Cpu, restored: &[f32], given: &[u8], size: usize, out: &mut Vec<i16>) -> bool {
     #[cfg(target_arch = "x86_64")]
-    if avx2() {
-        // SAFETY: the CPU has AVX2 (checked just above).
+    if cpu.avx2() {
+        // SAFETY: a `Cpu` says AVX2 only where this CPU has it (see `crate::cpu`).
         return unsafe { tensor_change_avx2(restored, given, size, out) };
     }
     tensor_change_body(restored, given, size, out)
@@ -1088,13 +1093,6 @@ fn tensor_change_body(restored: &[f32], given: &[u8], size: usize, out: &mut Vec
     finite
 }
 
-/// Whether this CPU has AVX2 (checked once), for kernels compiled for it beside the plain ones.
-#[cfg(target_arch = "x86_64")]
-pub(crate) fn avx2() -> bool {
-    static AVX2: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *AVX2.get_or_init(|| is_x86_feature_detected!("avx2"))
-}
-
 /// What a model with byte I/O changed in one crop: `restored` minus `given`, both planar bytes
 /// (levels), as packed RGB in steps (see [`tensor_change`]; whole levels are exact).
 pub(crate) fn bytes_change(restored: &[u8], given: &[u8], size: usize, out: &mut Vec<i16>) {
@@ -1122,10 +1120,10 @@ pub(crate) fn mip_level(scale: f64, max: u32) -> u32 {
 
 /// Luma (levels) of each 2x2 block of a crop in planar bytes of `size`, for the temporal
 /// filter's likeness test.
-pub(crate) fn crop_luma_half(crop: &[u8], size: usize, out: &mut Vec<f32>) {
+pub(crate) fn crop_luma_half(cpu: Cpu, crop: &[u8], size: usize, out: &mut Vec<f32>) {
     #[cfg(target_arch = "x86_64")]
-    if avx2() {
-        // SAFETY: the CPU has AVX2 (checked just above).
+    if cpu.avx2() {
+        // SAFETY: a `Cpu` says AVX2 only where this CPU has it (see `crate::cpu`).
         return unsafe { crop_luma_half_avx2(crop, size, out) };
     }
     crop_luma_half_body(crop, size, out);
@@ -1219,7 +1217,16 @@ mod tests {
                 area += 1;
             } else {
                 warp_cubic_loading(&mut load, (w, h), &to_crop, region, size, &mut tiled[..], &mut scratch);
-                warp_cubic_plain(&tex, r, (w, h), &inv, size, Tile::whole(size), &mut whole[..]);
+                warp_cubic_plain(
+                    scratch.cpu(),
+                    &tex,
+                    r,
+                    (w, h),
+                    &inv,
+                    size,
+                    Tile::whole(size),
+                    &mut whole[..],
+                );
                 cubic += 1;
             }
             assert!(tiled == whole, "eye {eye}, angle {angle}: the tiles' crop differs");
@@ -1355,28 +1362,27 @@ mod tests {
         for (angle, scale, tx, ty) in cases {
             let to_crop = crate::geom::similarity(angle, scale, tx, ty);
             let region = crate::geom::crop_footprint(&to_crop, size, w, h);
-            let (mut a, mut b) = (vec![0.0; 3 * size * size], vec![0.0; 3 * size * size]);
-            warp_face(
-                &img,
-                (w, h),
-                &to_crop,
-                region,
-                size,
-                &mut a,
-                &mut WarpScratch::default(),
-            );
+            let mut b = vec![0.0; 3 * size * size];
             warp_to_tensor(&img, w, h, &to_crop, size, &mut b);
-            // The fused taps add the same products in another order: a few float steps apart
-            // (in [-1, 1], so 1e-5 is about a thousandth of a level); the plain taps are exact.
-            let apart = |a: &[f32]| a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0.0f32, f32::max);
-            let allowed = if fused_taps() { 1e-5 } else { 0.0 };
-            assert!(
-                apart(&a) <= allowed,
-                "angle {angle}, scale {scale}: {} apart",
-                apart(&a)
-            );
-            // Each sampler on its own, whichever the CPU and the switch pick for a run.
+            // At every level this CPU runs: the fused taps add the same products in another
+            // order, a few float steps apart (in [-1, 1], so 1e-5 is about a thousandth of a
+            // level); the plain taps are exact.
+            for cpu in Cpu::available() {
+                let mut a = vec![0.0; 3 * size * size];
+                let mut scratch = WarpScratch::at(cpu);
+                warp_face(&img, (w, h), &to_crop, region, size, &mut a, &mut scratch);
+                let apart = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0.0f32, f32::max);
+                let allowed = if cpu.fma() { 1e-5 } else { 0.0 };
+                assert!(
+                    apart <= allowed,
+                    "{}: angle {angle}, scale {scale}: {apart} apart",
+                    cpu.name()
+                );
+            }
+            // Each sampler on its own.
             let Some(region) = region else { continue };
+            let mut a = vec![0.0; 3 * size * size];
+            let apart = |a: &[f32]| a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0.0f32, f32::max);
             let r = texel_rect(region, (w, h));
             let mut tex = Vec::new();
             load_texels(&img, w, r, &mut tex);
@@ -1384,8 +1390,8 @@ mod tests {
             warp_cubic_body::<[f32], false>(&tex, r, (w, h), &inv, size, Tile::whole(size), &mut a[..]);
             assert_eq!(apart(&a), 0.0, "plain taps: angle {angle}, scale {scale}");
             #[cfg(target_arch = "x86_64")]
-            if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
-                // SAFETY: the CPU has AVX2 and FMA (checked just above).
+            if Cpu::detected().fma() {
+                // SAFETY: a `Cpu` says AVX2 and FMA only where this CPU has them.
                 unsafe { warp_cubic_fused(&tex, r, (w, h), &inv, size, Tile::whole(size), &mut a[..]) };
                 assert!(
                     apart(&a) <= 1e-5,
@@ -1454,28 +1460,30 @@ mod tests {
         }
     }
 
-    /// The AVX2 forms give, to the bit, what the plain bodies give (every x86-64 CPU takes the
-    /// bodies when it lacks AVX2; a CPU with it runs the AVX2 forms here).
+    /// Every kernel of this file at every level the CPU runs gives, to the bit, what its plain
+    /// body gives (the warp's taps: see the fast samplers' test).
     #[test]
-    fn the_avx2_kernels_equal_the_plain_ones() {
+    fn every_kernel_at_every_level_equals_its_plain_body() {
         let size = 70;
         let n = 3 * size * size;
         let crop: Vec<u8> = (0..n).map(|i| (i * 7919 % 251) as u8).collect();
         let out: Vec<f32> = (0..n).map(|i| ((i * 37) % 1001) as f32 / 480.0 - 1.04).collect();
-        let (mut a, mut b) = (Vec::new(), Vec::new());
-        assert_eq!(
-            tensor_change(&out, &crop, size, &mut a),
-            tensor_change_body(&out, &crop, size, &mut b)
-        );
-        assert_eq!(a, b);
-        let (mut a, mut b) = (vec![0.0f32; n], vec![0.0f32; n]);
-        crop_to_tensor(&crop, &mut a);
-        crop_to_tensor_body(&crop, &mut b);
-        assert_eq!(a, b);
-        let (mut a, mut b) = (Vec::new(), Vec::new());
-        crop_luma_half(&crop, size, &mut a);
-        crop_luma_half_body(&crop, size, &mut b);
-        assert_eq!(a, b);
+        for cpu in Cpu::available() {
+            let (mut a, mut b) = (Vec::new(), Vec::new());
+            assert_eq!(
+                tensor_change(cpu, &out, &crop, size, &mut a),
+                tensor_change_body(&out, &crop, size, &mut b)
+            );
+            assert_eq!(a, b, "{}", cpu.name());
+            let (mut a, mut b) = (vec![0.0f32; n], vec![0.0f32; n]);
+            crop_to_tensor(cpu, &crop, &mut a);
+            crop_to_tensor_body(&crop, &mut b);
+            assert_eq!(a, b, "{}", cpu.name());
+            let (mut a, mut b) = (Vec::new(), Vec::new());
+            crop_luma_half(cpu, &crop, size, &mut a);
+            crop_luma_half_body(&crop, size, &mut b);
+            assert_eq!(a, b, "{}", cpu.name());
+        }
     }
 
     /// The half-resolution luma of a crop is, to the bit, each 2 x 2 block's pixel-by-pixel
@@ -1486,7 +1494,7 @@ mod tests {
             let (h, plane) = (size / 2, size * size);
             let crop: Vec<u8> = (0..3 * plane).map(|i| (i * 7919 % 251) as u8).collect();
             let mut out = Vec::new();
-            crop_luma_half(&crop, size, &mut out);
+            crop_luma_half(Cpu::detected(), &crop, size, &mut out);
             let luma = |i: usize| {
                 0.299 * f32::from(crop[i]) + 0.587 * f32::from(crop[plane + i]) + 0.114 * f32::from(crop[2 * plane + i])
             };
@@ -1506,7 +1514,7 @@ mod tests {
     fn a_crop_to_the_models_input_is_each_levels_value() {
         let crop: Vec<u8> = (0..3 * 7 * 7 + 256).map(|i| (i * 37 % 256) as u8).collect();
         let mut t = vec![0.0f32; crop.len()];
-        crop_to_tensor(&crop, &mut t);
+        crop_to_tensor(Cpu::detected(), &crop, &mut t);
         for (&b, &v) in crop.iter().zip(&t) {
             assert_eq!(v, b as f32 * (1.0 / 127.5) - 1.0, "level {b}");
         }
@@ -1520,12 +1528,21 @@ mod tests {
         let n = 3 * size * size;
         let given = vec![7u8; n];
         let mut out = Vec::new();
-        assert!(tensor_change(&vec![0.25f32; n], &given, size, &mut out));
+        assert!(tensor_change(
+            Cpu::detected(),
+            &vec![0.25f32; n],
+            &given,
+            size,
+            &mut out
+        ));
         for at in [0, 63, 64, size * size + 5, n - 1] {
             for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
                 let mut restored = vec![0.25f32; n];
                 restored[at] = bad;
-                assert!(!tensor_change(&restored, &given, size, &mut out), "{bad} at {at}");
+                assert!(
+                    !tensor_change(Cpu::detected(), &restored, &given, size, &mut out),
+                    "{bad} at {at}"
+                );
             }
         }
     }
@@ -1540,7 +1557,7 @@ mod tests {
         let floats: Vec<f32> = out.iter().map(|&b| b as f32 / 127.5 - 1.0).collect();
         let (mut a, mut b) = (Vec::new(), Vec::new());
         bytes_change(&out, &given, size, &mut a);
-        assert!(tensor_change(&floats, &given, size, &mut b));
+        assert!(tensor_change(Cpu::detected(), &floats, &given, size, &mut b));
         assert_eq!(a, b);
     }
 
@@ -1553,11 +1570,11 @@ mod tests {
             let given: Vec<u8> = (0..n).map(|i| ((i * 53) % 256) as u8).collect();
             let floats: Vec<f32> = out.iter().map(|&b| b as f32 / 127.5 - 1.0).collect();
             let (mut fresh_f, mut fresh_b) = (Vec::new(), Vec::new());
-            assert!(tensor_change(&floats, &given, size, &mut fresh_f));
+            assert!(tensor_change(Cpu::detected(), &floats, &given, size, &mut fresh_f));
             bytes_change(&out, &given, size, &mut fresh_b);
             for used_len in [n, n + 50] {
                 let mut used = vec![i16::MIN; used_len];
-                assert!(tensor_change(&floats, &given, size, &mut used));
+                assert!(tensor_change(Cpu::detected(), &floats, &given, size, &mut used));
                 assert_eq!(used, fresh_f, "floats, size {size}, buffer of {used_len}");
                 let mut used = vec![i16::MIN; used_len];
                 bytes_change(&out, &given, size, &mut used);
@@ -1573,7 +1590,7 @@ mod tests {
             let restored: Vec<f32> = (0..n).map(|i| ((i * 37) % 101) as f32 / 40.0 - 1.26).collect();
             let given: Vec<u8> = (0..n).map(|i| ((i * 53) % 256) as u8).collect();
             let mut got = Vec::new();
-            assert!(tensor_change(&restored, &given, size, &mut got));
+            assert!(tensor_change(Cpu::detected(), &restored, &given, size, &mut got));
             let plane = size * size;
             let level = |v: f32| (v + 1.0) * 127.5;
             for i in 0..plane {
@@ -1621,14 +1638,14 @@ mod tests {
             warp_face(&img, (w, h), &to_crop, region, size, &mut f, &mut scratch);
             warp_face(&img, (w, h), &to_crop, region, size, &mut b, &mut scratch);
             let mut t = vec![0.0f32; f.len()];
-            crop_to_tensor(&b, &mut t);
+            crop_to_tensor(Cpu::detected(), &b, &mut t);
             for ((x, y), z) in f.iter().zip(&b).zip(&t) {
                 let level = (x + 1.0) * 127.5;
                 assert!((level - f32::from(*y)).abs() <= 0.5 + 1e-3, "eye {eye}: {level} vs {y}");
                 assert!(((z + 1.0) * 127.5 - level).abs() <= 0.5 + 1e-3);
             }
             let mut change = Vec::new();
-            assert!(tensor_change(&t, &b, size, &mut change));
+            assert!(tensor_change(Cpu::detected(), &t, &b, size, &mut change));
             assert!(change.iter().all(|&v| v == 0), "eye {eye}");
         }
     }

@@ -14,6 +14,7 @@ use ort::session::Session;
 use ort::value::{TensorRef, ValueType};
 
 use crate::frame::Face;
+use crate::stats::DetectCounts;
 
 /// Detection input size for a frame: the long side scaled to `long_side` (never up), each side
 /// rounded to the nearest multiple of 32 as CenterFace needs (the stretch stays under half a
@@ -229,25 +230,6 @@ struct Tracking {
     /// Full and windowed passes so far.
     full_runs: u64,
     window_runs: u64,
-}
-
-/// Counts of detector passes in a run.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct DetectCounts {
-    /// Passes over the whole detection copy.
-    pub full: u64,
-    /// Passes over a window around a tracked face.
-    pub windows: u64,
-    /// Frames with more faces than `--max-faces` (the rest were left out).
-    pub capped: u64,
-    /// Faces followed by the face mesh from their points on the frame before (no detector
-    /// pass for them).
-    pub followed: u64,
-    /// Detections the face mesh did not take for faces (dropped).
-    pub not_faces: u64,
-    /// Detections the face mesh doubted, kept on the detector's confident score or their
-    /// track's support (see [`crate::defaults::CONFIDENT`]).
-    pub kept_doubted: u64,
 }
 
 impl Detector {

@@ -228,7 +228,11 @@ impl Enhancer {
             let at = slot * item..(slot + 1) * item;
             match &mut bound.tensors {
                 Tensors::Bytes(i, _) => i.extract_tensor_mut().1[at].copy_from_slice(crop),
-                Tensors::Floats(i, _) => crate::faces::align::crop_to_tensor(crop, &mut i.extract_tensor_mut().1[at]),
+                Tensors::Floats(i, _) => crate::faces::align::crop_to_tensor(
+                    crate::cpu::Cpu::detected(),
+                    crop,
+                    &mut i.extract_tensor_mut().1[at],
+                ),
             }
         }
         self.session.run_binding(&bound.binding).map_err(ort_err)?;

@@ -472,6 +472,8 @@ struct Levels {
     mips: Vec<Vec<f32>>,
     sums: Vec<i32>,
     widened: Vec<f32>,
+    /// The CPU level the halving runs at (the detected one).
+    cpu: crate::cpu::Cpu,
 }
 
 /// What pasting `faces` changes in the frame, one [`Change`] per group of overlapping faces.
@@ -640,13 +642,20 @@ pub(crate) fn halve<T: Copy + Into<f32>>(src: &[T], w: usize, h: usize, out: &mu
 /// summed in integers first and each block from its two columns' sums, loops the compiler
 /// turns into vector code (compiled for AVX2 where the CPU has it); odd sides go to [`halve`].
 /// `sums` holds a row pair's sums (reused from face to face).
-pub(crate) fn halve_steps(src: &[i16], w: usize, h: usize, out: &mut Vec<f32>, sums: &mut Vec<i32>) -> (usize, usize) {
+pub(crate) fn halve_steps(
+    cpu: crate::cpu::Cpu,
+    src: &[i16],
+    w: usize,
+    h: usize,
+    out: &mut Vec<f32>,
+    sums: &mut Vec<i32>,
+) -> (usize, usize) {
     if !(w.is_multiple_of(2) && h.is_multiple_of(2)) || w == 0 || h == 0 {
         return halve(src, w, h, out);
     }
     #[cfg(target_arch = "x86_64")]
-    if crate::faces::align::avx2() {
-        // SAFETY: the CPU has AVX2 (checked just above).
+    if cpu.avx2() {
+        // SAFETY: a `Cpu` says AVX2 only where this CPU has it (see `crate::cpu`).
         return unsafe { halve_steps_avx2(src, w, h, out, sums) };
     }
     halve_steps_body(src, w, h, out, sums)
@@ -729,7 +738,12 @@ fn accumulate(
     r: Rect,
     face: &Paste,
     mask: &Mask,
-    Levels { mips, sums, widened }: &mut Levels,
+    Levels {
+        mips,
+        sums,
+        widened,
+        cpu,
+    }: &mut Levels,
 ) {
     let mask = face.mask.unwrap_or(mask);
     let size = mask.size;
@@ -745,7 +759,7 @@ fn accumulate(
     for l in 0..level as usize {
         let (done, rest) = mips.split_at_mut(l);
         sw = match l {
-            0 => halve_steps(face.change, sw, sw, &mut rest[0], sums).0,
+            0 => halve_steps(*cpu, face.change, sw, sw, &mut rest[0], sums).0,
             _ => halve(&done[l - 1], sw, sw, &mut rest[0]).0,
         };
     }
@@ -1175,7 +1189,13 @@ mod tests {
             let mut scratch = crate::faces::align::WarpScratch::default();
             crate::faces::align::warp_face(&frame, (w, h), &to_crop, Some(region), size, &mut t, &mut scratch);
             let (mut crop, zero) = (Vec::new(), vec![0u8; t.len()]);
-            assert!(crate::faces::align::tensor_change(&t, &zero, size, &mut crop));
+            assert!(crate::faces::align::tensor_change(
+                crate::cpu::Cpu::detected(),
+                &t,
+                &zero,
+                size,
+                &mut crop
+            ));
             let mask = Mask::new(size);
             let mut back = vec![0u8; frame.len()];
             paste(&mut back, w, &crop, &to_crop, region, &mask, 1.0);
@@ -1342,13 +1362,14 @@ mod tests {
                 src[3 * w + 4] = i16::MIN;
             }
             let mut fast = Vec::new();
-            // The row pairs' sums reused from a wider change, as from face to face.
-            let mut sums = vec![i32::MAX; 9 * w];
-            assert_eq!(
-                halve_steps(&src, w, h, &mut fast, &mut sums),
-                halve(&src, w, h, &mut out)
-            );
-            assert_eq!(fast, out, "{w}x{h}");
+            let want = halve(&src, w, h, &mut out);
+            for cpu in crate::cpu::Cpu::available() {
+                // The row pairs' sums reused from a wider change, as from face to face.
+                let mut sums = vec![i32::MAX; 9 * w];
+                assert_eq!(halve_steps(cpu, &src, w, h, &mut fast, &mut sums), want);
+                assert_eq!(fast, out, "{}: {w}x{h}", cpu.name());
+            }
+            let mut sums = Vec::new();
             if w % 2 == 0 && h % 2 == 0 {
                 assert_eq!(halve_steps_body(&src, w, h, &mut fast, &mut sums), (w / 2, h / 2));
                 assert_eq!(fast, out, "plain body, {w}x{h}");

@@ -23,7 +23,9 @@
 use std::collections::HashMap;
 use std::ops::Range;
 
+use crate::cpu::Cpu;
 use crate::frame::{round_steps, FaceJob, CHANGE_STEPS};
+use crate::stats::Flicker;
 
 /// Input luma difference (levels, half-resolution crop) up to which a pixel's history keeps its
 /// full weight (sensor noise stays below it), and from which it has none (a real change).
@@ -34,56 +36,6 @@ const CHANGED: f32 = 30.0;
 /// starts afresh, as the model's change under the old light no longer fits. Sensor noise
 /// averages out of the mean, and an exposure that drifts moves it by a level or so a frame.
 const RELIT: f32 = 5.0;
-
-/// The flicker figures of a run: inside faces, in crop space, frame to frame along each track
-/// (so neither camera nor face motion counts).
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct Flicker {
-    /// Whether the filter ran (a memory above 0), or only measured.
-    pub filtered: bool,
-    /// Pairs of consecutive crops of one track, and the face pixels summed over them.
-    pub pairs: u64,
-    cells: u64,
-    /// Sums of squared frame-to-frame changes: of the input, of the output, and of what the
-    /// output would be without the filter.
-    input_sq: f64,
-    output_sq: f64,
-    raw_sq: f64,
-    /// Sums of the absolute change pasted after the filter and given by the model.
-    kept_abs: f64,
-    model_abs: f64,
-}
-
-impl Flicker {
-    fn rms(&self, sq: f64) -> f64 {
-        (sq / self.cells.max(1) as f64).sqrt()
-    }
-
-    /// Frame-to-frame RMS change of the input inside faces, in levels.
-    pub(crate) fn input_rms(&self) -> f64 {
-        self.rms(self.input_sq)
-    }
-
-    /// The restoration's flicker: the output's frame-to-frame RMS change inside faces minus the
-    /// input's, in levels.
-    pub fn output(&self) -> f64 {
-        self.rms(self.output_sq) - self.input_rms()
-    }
-
-    /// The flicker the model's change would have had without the filter.
-    pub fn unfiltered(&self) -> f64 {
-        self.rms(self.raw_sq) - self.input_rms()
-    }
-
-    /// Share of the model's change (mean absolute value of its luma) the filter kept.
-    pub fn kept(&self) -> f64 {
-        if self.model_abs > 0.0 {
-            self.kept_abs / self.model_abs
-        } else {
-            1.0
-        }
-    }
-}
 
 /// Frames each of the two averages runs before it is used (see the module's text): six times
 /// the memory's time constant, whose weight then is `(m / (1 + m))^span` (0.12 % at 4).
@@ -135,6 +87,8 @@ pub struct Temporal {
     pool: Option<rayon::ThreadPool>,
     helper_cpu: std::time::Duration,
     pub flicker: Flicker,
+    /// The CPU level the bands' kernels run at (the detected one unless [`Temporal::at`]).
+    cpu: Cpu,
 }
 
 /// Mean luma (levels) of each 2x2 block of rows of packed RGB `rgb` in steps (`size` wide, see
@@ -361,6 +315,8 @@ struct Partial {
 /// One band of cell rows of one face: its part of every buffer (the luma planes whole, as
 /// the shares read a row on either side), and what to do.
 struct Band<'a> {
+    /// The CPU level its kernels run at.
+    cpu: Cpu,
     rows: Range<usize>,
     size: usize,
     step: Step,
@@ -386,8 +342,8 @@ impl Band<'_> {
     /// the filter, the shares, the averages, the output's luma with it.
     fn run(self, scratch: &mut Vec<f32>) -> Partial {
         #[cfg(target_arch = "x86_64")]
-        if crate::faces::align::avx2() {
-            // SAFETY: the CPU has AVX2 (checked just above).
+        if self.cpu.avx2() {
+            // SAFETY: a `Cpu` says AVX2 only where this CPU has it (see `crate::cpu`).
             return unsafe { self.run_avx2(scratch) };
         }
         self.run_body(scratch)
@@ -563,7 +519,7 @@ impl FaceWork<'_> {
     fn cut<'b>(
         &'b mut self,
         ranges: &[Range<usize>],
-        (size, w_max, a_first): (usize, f32, bool),
+        (cpu, size, w_max, a_first): (Cpu, usize, f32, bool),
         inside: &'b [bool],
         out: &mut Vec<Band<'b>>,
     ) {
@@ -584,6 +540,7 @@ impl FaceWork<'_> {
         }
         for r in ranges {
             out.push(Band {
+                cpu,
                 rows: r.clone(),
                 size,
                 step: self.step,
@@ -625,6 +582,7 @@ impl Temporal {
             scratch: vec![Vec::new()],
             pool: None,
             helper_cpu: std::time::Duration::ZERO,
+            cpu: Cpu::detected(),
             flicker: Flicker {
                 filtered: memory > 0.0,
                 ..Flicker::default()
@@ -638,6 +596,12 @@ impl Temporal {
         self.threads = threads.max(1);
         self.scratch.resize_with(self.threads, Vec::new);
         self.pool = crate::parts::pool(self.threads, "temporal");
+        self
+    }
+
+    /// Runs the bands' kernels at `cpu` (a test's or a benchmark's choice).
+    pub fn at(mut self, cpu: Cpu) -> Self {
+        self.cpu = cpu;
         self
     }
 
@@ -687,7 +651,7 @@ impl Temporal {
         let a_first = index % (2 * self.span) < self.span;
         let mut bands = Vec::new();
         for w in work.iter_mut() {
-            w.cut(&ranges, (size, self.memory, a_first), &self.face, &mut bands);
+            w.cut(&ranges, (self.cpu, size, self.memory, a_first), &self.face, &mut bands);
         }
         let (partials, cpu) = run_bands(bands, &mut self.scratch, self.pool.as_ref());
         self.helper_cpu += cpu;

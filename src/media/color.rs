@@ -12,6 +12,7 @@ use ffmpeg::software::scaling::{Context as Scaler, Flags};
 use ffmpeg::util::frame::video::Video as VideoFrame;
 use ffmpeg_next as ffmpeg;
 
+use crate::cpu::Cpu;
 use crate::frame::{Change, Frame, Picture};
 use crate::geom::Rect;
 use wide::f32x4;
@@ -351,9 +352,15 @@ pub(crate) fn yuv420p_rgb_rows(
 /// Appends region `r` of a yuv420p picture of `width x height` to `out` as texels, row by row
 /// (R, G, B, 0 in f32: the levels [`yuv420p_rgb_rows`] gives, what the crop warp reads), eight
 /// pixels at a time with AVX2 and four without, with no packed RGB row between.
-pub(crate) fn yuv420p_texels(yuv: &VideoFrame, (width, height): (usize, usize), r: Rect, out: &mut Vec<f32x4>) {
+pub(crate) fn yuv420p_texels(
+    cpu: Cpu,
+    yuv: &VideoFrame,
+    (width, height): (usize, usize),
+    r: Rect,
+    out: &mut Vec<f32x4>,
+) {
     #[cfg(target_arch = "x86_64")]
-    let eight = crate::faces::align::avx2();
+    let eight = cpu.avx2();
     yuv420p_region_rows(yuv, (width, height), r, |_, src| {
         let (start, n) = (out.len(), src.luma.len());
         // Written in place of the row's texels, not zeroed first (that doubled the stores).
@@ -729,7 +736,7 @@ pub(crate) fn add_changes(pic: &mut VideoFrame, changes: &[Change]) -> bool {
     // per-sample checks, the same values.
     if layout == Planar::of(Pixel::YUV420P).expect("a planar layout") && !GENERAL_ADD.get() {
         for ch in changes {
-            add_change_420(pic, ch, &rows);
+            add_change_420(Cpu::detected(), pic, ch, &rows);
         }
         return true;
     }
@@ -797,10 +804,10 @@ thread_local! {
 /// level leaves a sample as it was either way: `(p + d + 0.5)` truncated is `p`), each chroma
 /// sample whose 2 x 2 pixels all lie in the change from their sum in the same order; chroma
 /// samples at the change's edges (pixels outside it changed by zero) as the general loop does.
-fn add_change_420(pic: &mut VideoFrame, ch: &Change, rows: &[[f32; 3]; 3]) {
+fn add_change_420(cpu: Cpu, pic: &mut VideoFrame, ch: &Change, rows: &[[f32; 3]; 3]) {
     #[cfg(target_arch = "x86_64")]
-    if crate::faces::align::avx2() {
-        // SAFETY: the CPU has AVX2 (checked just above).
+    if cpu.avx2() {
+        // SAFETY: a `Cpu` says AVX2 only where this CPU has it (see `crate::cpu`).
         return unsafe { add_change_420_avx2(pic, ch, rows) };
     }
     add_change_420_body(pic, ch, rows)
@@ -1183,6 +1190,17 @@ mod tests {
         GENERAL_ADD.set(true);
         assert!(add_changes(&mut general, &changes));
         GENERAL_ADD.set(false);
+        // The 4:2:0 form at every level this CPU runs gives the general loop's planes.
+        for cpu in Cpu::available() {
+            let mut at = patterned(w, h, 256, 0);
+            let rows = Matrix::of(&at).change_rows(8, is_full_range(&at));
+            for ch in &changes {
+                add_change_420(cpu, &mut at, ch, &rows);
+            }
+            for plane in 0..3 {
+                assert_eq!(at.data(plane), general.data(plane), "{}: plane {plane}", cpu.name());
+            }
+        }
         let mut moved = 0;
         for plane in 0..3 {
             assert_eq!(fast.data(plane), general.data(plane), "plane {plane}");
@@ -1221,10 +1239,12 @@ mod tests {
                     want.push([p[0] as f32, p[1] as f32, p[2] as f32, 0.0]);
                 }
             }
-            let mut got = vec![f32x4::splat(-1.0)];
-            yuv420p_texels(&yuv, (w, h), r, &mut got);
-            let got: Vec<[f32; 4]> = got[1..].iter().map(|t| t.to_array()).collect();
-            assert_eq!(got, want, "{r:?}");
+            for cpu in Cpu::available() {
+                let mut got = vec![f32x4::splat(-1.0)];
+                yuv420p_texels(cpu, &yuv, (w, h), r, &mut got);
+                let got: Vec<[f32; 4]> = got[1..].iter().map(|t| t.to_array()).collect();
+                assert_eq!(got, want, "{}: {r:?}", cpu.name());
+            }
             // The plain rows too, where the CPU takes eight pixels at a time above.
             let mut plain = Vec::new();
             yuv420p_region_rows(&yuv, (w, h), r, |_, src| {

@@ -176,7 +176,7 @@ fn first_frame(
         .decoder()
         .video()
         .ok()?;
-    crate::media::decode::first_picture(ictx, index, &mut dec, 64)
+    crate::media::read::first_picture(ictx, index, &mut dec, 64)
 }
 
 #[cfg(test)]

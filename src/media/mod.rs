@@ -12,5 +12,6 @@ pub mod input;
 pub mod kind;
 pub mod orient;
 pub mod packets;
+pub mod read;
 pub mod sniff;
 pub mod still;

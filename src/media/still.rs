@@ -68,7 +68,7 @@ fn read_alpha(path: &Path, (bytes, max_pixels): (Option<&Arc<[u8]>>, Option<u64>
     let mut ctx = codec::context::Context::from_parameters(stream.parameters())?;
     crate::media::decode::cap_pixels(&mut ctx, max_pixels);
     let mut dec = ctx.decoder().video()?;
-    let Some(picture) = crate::media::decode::first_picture(&mut ictx, index, &mut dec, usize::MAX) else {
+    let Some(picture) = crate::media::read::first_picture(&mut ictx, index, &mut dec, usize::MAX) else {
         bail!(
             "{}: its picture could not be decoded again for its alpha channel",
             path.display()

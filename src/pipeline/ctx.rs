@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use super::budget::Budget;
+use crate::budget::Budget;
 use crate::frame::Pool;
 use crate::treatment::Treatment;
 

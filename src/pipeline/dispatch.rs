@@ -10,6 +10,7 @@ use anyhow::{anyhow, bail, Result};
 use crossbeam_channel::{never, select, Receiver, Sender};
 
 use super::DEPTH;
+use crate::cpu::Cpu;
 use crate::faces::align::{bytes_change, tensor_change};
 use crate::faces::enhance::Restored as Output;
 use crate::faces::enhance::Worker;
@@ -209,7 +210,13 @@ pub(crate) fn work(
                 // NaN or infinity (a broken model, an overflow in fp16): keep the face as it was
                 // rather than paste a black or white square.
                 Output::Floats(out) => {
-                    if !tensor_change(out, crops[i], size, restored[i].as_mut().expect("filled above")) {
+                    if !tensor_change(
+                        Cpu::detected(),
+                        out,
+                        crops[i],
+                        size,
+                        restored[i].as_mut().expect("filled above"),
+                    ) {
                         if let Some(buf) = restored[i].take() {
                             restored_pool.put(buf);
                         }

@@ -12,7 +12,6 @@
 //! `FaceFrame`. End of stream is a dropped sender. A stage whose downstream has gone simply
 //! stops; the stage that failed reports the error, and the partial output is removed.
 
-mod budget;
 mod ctx;
 mod dispatch;
 mod pool;
@@ -26,7 +25,6 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use crossbeam_channel::bounded;
 
-pub use budget::Ticket;
 pub use stages::align_face;
 pub use stream::{run_images, ImageDone, Outcome};
 

@@ -9,14 +9,14 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use crossbeam_channel::{Receiver, Sender};
 
-use super::budget::Budget;
 use super::ctx::StageCtx;
 use super::pool;
 use super::sink::FacesSink;
 use super::DEPTH;
+use crate::budget::Budget;
 use crate::engine::{CancelToken, Cancelled, Kind, KindExt};
 use crate::faces::align::{filtered, mip_level, warp_area_loading, warp_cubic_loading, warp_face, WarpScratch};
-use crate::faces::detect::{iou, nms_by, DetectCounts, Detector, Passer};
+use crate::faces::detect::{iou, nms_by, Detector, Passer};
 use crate::faces::mesh::{self, Mesher};
 use crate::faces::paste::{apply_rgb, changes, Mask, MaskKind, Paste, Scratch};
 use crate::faces::smooth::Smoother;
@@ -25,6 +25,7 @@ use crate::geom::{crop_footprint, fit_similarity, Affine, Rect};
 use crate::media::color::{add_changes, writable};
 use crate::media::decode::Decoder;
 use crate::media::still::Writer;
+use crate::stats::DetectCounts;
 use crate::stats::{thread_cpu_time, Clock, StageStat};
 
 /// Receives the next item, recording the queue length the stage found.
@@ -585,7 +586,7 @@ pub(crate) fn temporal(
     ctx: &StageCtx,
     rx: Receiver<FaceFrame>,
     tx: Sender<FaceFrame>,
-) -> Result<(StageStat, crate::faces::temporal::Flicker)> {
+) -> Result<(StageStat, crate::stats::Flicker)> {
     let mut clock = Clock::new("temporal", DEPTH);
     let luma_pool = &ctx.pools.luma;
     let mut filter =
@@ -656,7 +657,7 @@ pub(crate) fn align(ctx: &StageCtx, rx: Receiver<FaceFrame>, tx: Sender<FaceFram
             let (to_crop, region) = align_face(&mut ff.frame, &job.face, (tpl, size), &mut crop, scratch);
             if let Some(pool) = luma_pool {
                 let mut luma = pool.get();
-                crate::faces::align::crop_luma_half(&crop, size, &mut luma);
+                crate::faces::align::crop_luma_half(scratch.cpu(), &crop, size, &mut luma);
                 job.luma = luma;
             }
             (job.to_crop, job.region, job.crop) = (to_crop, region, crop);
@@ -747,8 +748,9 @@ fn warp_ready<O: crate::faces::align::CropOut + ?Sized>(
     let (w, h) = (f.width, f.height);
     if let (true, Some(r), Picture::Planes { source, .. }) = (warps_from_planes(f, to_crop, region), region, &f.picture)
     {
+        let cpu = scratch.cpu();
         let mut load = |t: Rect, texels: &mut Vec<_>| {
-            crate::media::color::yuv420p_texels(source, (w, h), t, texels);
+            crate::media::color::yuv420p_texels(cpu, source, (w, h), t, texels);
         };
         if area_at_full_resolution(to_crop) {
             warp_area_loading(&mut load, (w, h), to_crop, r, size, out, scratch);

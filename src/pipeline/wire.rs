@@ -20,15 +20,15 @@ use std::time::Instant;
 use anyhow::{anyhow, Result};
 use crossbeam_channel::{bounded, unbounded, Receiver, Sender};
 
-use super::budget::{opened_on_exit, Budget};
 use super::ctx::{Pools, StageCtx, DEPTH};
 use super::dispatch::{self, held_frames, Batch, Flush, Restored};
 use super::stages;
+use crate::budget::{opened_on_exit, Budget};
 use crate::engine::Engine;
 use crate::faces::smooth::Smoother;
-use crate::faces::temporal::Flicker;
 use crate::frame::{FaceFrame, Frame};
 use crate::runtime::Target;
+use crate::stats::Flicker;
 use crate::stats::{gpu_memory_by_index, peak_rss, StageStat, Summary, WorkerStat};
 use crate::treatment::Treatment;
 
