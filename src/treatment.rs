@@ -69,6 +69,12 @@ struct DefaultTreatment {
     treatment: Treatment,
 }
 
+/// The flags a service's job may set (`?blend=0.8&mask=face`), by their command-line names:
+/// each is parsed and checked by its declaration above, as on the command line
+/// ([`Treatment::with_flags`]). A new job flag is its name here and its line in
+/// [`Treatment::take`]; the test of this file fails for a name without one.
+pub const JOB_FLAGS: [&str; 5] = ["blend", "mask", "temporal", "smooth", "compare"];
+
 impl Default for Treatment {
     fn default() -> Self {
         <DefaultTreatment as clap::Parser>::parse_from(["gpen-video"]).treatment
@@ -82,6 +88,57 @@ impl Treatment {
         View {
             blend: self.blend,
             compare: self.compare,
+        }
+    }
+
+    /// This treatment with `flags` (a flag's name of `allowed`, without its dashes, and its
+    /// value) set as the command line sets them: each parsed by its own declaration (clap) and
+    /// the whole checked ([`Treatment::check`]). A name outside `allowed`, a value the flag does
+    /// not take or one out of its range is an error naming the flag (the words use the
+    /// command line's `--name`). `compare=none` (or empty) asks for no view.
+    pub fn with_flags(&self, flags: &[(String, String)], allowed: &[&str]) -> Result<Treatment> {
+        let parse = |args: &[String]| {
+            <DefaultTreatment as clap::Parser>::try_parse_from(
+                std::iter::once("gpen-video".to_string()).chain(args.iter().cloned()),
+            )
+            .map(|d| d.treatment)
+        };
+        let mut args = Vec::new();
+        for (k, v) in flags {
+            if !allowed.contains(&k.as_str()) {
+                bail!("{k}: no such parameter; give {}", allowed.join(", "));
+            }
+            if k == "compare" && matches!(v.as_str(), "" | "none" | "off") {
+                continue;
+            }
+            let arg = format!("--{k}={v}");
+            // Each alone first, so an error names the flag it is about.
+            if let Err(e) = parse(std::slice::from_ref(&arg)) {
+                let words = e.to_string();
+                let first = words.lines().next().unwrap_or_default().trim_start_matches("error: ");
+                bail!("{k}={v}: {first}");
+            }
+            args.push(arg);
+        }
+        let parsed =
+            parse(&args).map_err(|e| anyhow::anyhow!("{}", e.to_string().lines().next().unwrap_or_default()))?;
+        let mut t = self.clone();
+        for (k, _) in flags {
+            t.take(&parsed, k);
+        }
+        t.check()?;
+        Ok(t)
+    }
+
+    /// Sets the field of job flag `name` ([`JOB_FLAGS`]) from `from`.
+    fn take(&mut self, from: &Treatment, name: &str) {
+        match name {
+            "blend" => self.blend = from.blend,
+            "mask" => self.mask = from.mask,
+            "temporal" => self.temporal = from.temporal,
+            "smooth" => self.smooth = from.smooth,
+            "compare" => self.compare = from.compare,
+            _ => {}
         }
     }
 
@@ -128,5 +185,56 @@ impl Treatment {
             bail!("--max-faces must be at least 1");
         }
         check_encoder(&self.encode)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every job flag is one of the command line's and takes effect (a name in `JOB_FLAGS`
+    /// without its line in `take` fails here); values are parsed and checked as the command
+    /// line's, and anything else is refused naming it.
+    #[test]
+    fn a_jobs_flags_are_the_command_lines() {
+        let base = Treatment::default();
+        let other = [
+            ("blend", "0.25"),
+            ("mask", "box"),
+            ("temporal", "1"),
+            ("smooth", "2"),
+            ("compare", "side"),
+        ];
+        assert_eq!(other.map(|(k, _)| k), JOB_FLAGS);
+        for (k, v) in other {
+            let t = base.with_flags(&[(k.into(), v.into())], &JOB_FLAGS).unwrap();
+            assert_ne!(t, base, "{k}={v} changed nothing");
+        }
+        let side = base
+            .with_flags(&[("compare".into(), "split".into())], &JOB_FLAGS)
+            .unwrap();
+        assert_eq!(
+            side.with_flags(&[("compare".into(), "none".into())], &JOB_FLAGS)
+                .unwrap(),
+            base
+        );
+        let err = |k: &str, v: &str| {
+            base.with_flags(&[(k.into(), v.into())], &JOB_FLAGS)
+                .unwrap_err()
+                .to_string()
+        };
+        assert!(
+            err("blend", "lots").starts_with("blend=lots: invalid value"),
+            "{}",
+            err("blend", "lots")
+        );
+        assert!(
+            err("mask", "oval").starts_with("mask=oval: invalid value"),
+            "{}",
+            err("mask", "oval")
+        );
+        assert!(err("blend", "7").contains("--blend must be between 0 and 1"));
+        assert!(err("crf", "0").starts_with("crf: no such parameter"));
+        assert!(err("blnd", "0.3").starts_with("blnd: no such parameter"));
     }
 }

@@ -174,6 +174,15 @@ fn the_jobs_folder_is_the_only_place_touched_and_what_does_not_check_out_is_left
     let d7 = plant(7, "queued", "result.mp4");
     std::fs::create_dir_all(d7.join(".result.mp4.segments")).unwrap();
     std::os::unix::fs::symlink(&outside, d7.join(".result.mp4.segments/seg")).unwrap();
+    // 8: a finished job of an earlier version, its query's flags as numbers and nulls: kept.
+    let d8 = plant(8, "done", "result.mp4");
+    std::fs::copy(&video, d8.join("result.mp4")).unwrap();
+    let old = record(&id(8), "done", "input.mp4", "result.mp4").replace(
+        "\"query\":{}",
+        "\"query\":{\"name\":\"clip.mp4\",\"model\":null,\"blend\":0.5,\"mask\":null,\"temporal\":null,\"smooth\":null,\"compare\":null}",
+    );
+    assert!(old.contains("\"blend\":0.5"), "{old}");
+    std::fs::write(d8.join("job.json"), old).unwrap();
     let before = |p: &Path| std::fs::read_dir(p).unwrap().count();
     let outside_before = before(&outside);
 
@@ -198,6 +207,13 @@ fn the_jobs_folder_is_the_only_place_touched_and_what_does_not_check_out_is_left
             "job {k}'s folder went"
         );
     }
+    assert_eq!(
+        state_of(&server, &id(8)).1["state"],
+        "done",
+        "an earlier version's record"
+    );
+    let (status, _, _) = server.call("GET", &format!("/v1/jobs/{}/result", id(8)), &[], None, &[]);
+    assert_eq!(status, 200);
     assert!(state_of(&server, &id(6)).1["error"]
         .as_str()
         .unwrap()

@@ -88,8 +88,17 @@ async fn create_job(app: &Arc<App>, query: Option<&str>, req: Request) -> Result
         if !app.ready.load(std::sync::atomic::Ordering::SeqCst) {
             return Err(Failure::error(Kind::Busy, "loading the model; try again shortly"));
         }
-        let q: JobQuery = super::query_of(query, TAKES)?;
-        app.jobs.check_query(&q)?;
+        let q = JobQuery::parse(query.unwrap_or(""))?;
+        app.jobs.check_query(&q).map_err(|e| {
+            let words = format!("{e:#}");
+            match words.split_once("; give ") {
+                // An unknown parameter: all that a job's query takes.
+                Some((head, _)) if head.ends_with("no such parameter") => {
+                    Failure::error(Kind::BadInput, format!("{head}; the query takes {TAKES}"))
+                }
+                _ => e,
+            }
+        })?;
         Ok(q)
     })();
     let q = match checked {
@@ -296,21 +305,6 @@ pub(super) async fn delete(State(app): State<Arc<App>>, UrlPath(id): UrlPath<Str
     }
 }
 
-/// Content types of the results a job writes, by extension.
-fn mime_of(ext: &str) -> &'static str {
-    match ext {
-        "mp4" => "video/mp4",
-        "mov" => "video/quicktime",
-        "mkv" => "video/x-matroska",
-        "png" => "image/png",
-        "jpg" => "image/jpeg",
-        "webp" => "image/webp",
-        "tiff" => "image/tiff",
-        "bmp" => "image/bmp",
-        _ => "application/octet-stream",
-    }
-}
-
 /// The byte range a `Range` header asks of a file of `len` bytes: `Ok(None)` for the whole file
 /// (no header, or one this server does not split: several ranges, other units), `Err` when it
 /// cannot be satisfied.
@@ -401,7 +395,7 @@ pub(super) async fn result(
         .extension()
         .and_then(|e| e.to_str())
         .unwrap_or("");
-    h.insert(header::CONTENT_TYPE, HeaderValue::from_static(mime_of(ext)));
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static(super::mime_of(ext)));
     h.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
     h.insert(header::CONTENT_LENGTH, HeaderValue::from(count));
     if status == StatusCode::PARTIAL_CONTENT {

@@ -28,7 +28,6 @@ use crate::engine::{CancelToken, Failure, Kind};
 use crate::faces::paste::MaskKind;
 use crate::output::write_atomic;
 use crate::treatment::Treatment;
-use clap::ValueEnum as _;
 
 /// How jobs are kept and limited.
 #[derive(Clone, Debug)]
@@ -67,19 +66,56 @@ impl State {
     }
 }
 
-/// The flags a job may set, as its query gives them (the CLI's names and meanings).
+/// What a job's query gives: its upload's name, its model, and the treatment's flags it sets
+/// (the command line's names and values, parsed and checked by the treatment's own declaration:
+/// [`Treatment::with_flags`] over [`crate::treatment::JOB_FLAGS`]).
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct JobQuery {
     /// The upload's file name (its extension says what it is; shown and used for the download).
     pub name: Option<String>,
     /// One of [`offered_models`] by name (never a path).
     pub model: Option<String>,
-    pub blend: Option<f32>,
-    pub mask: Option<String>,
-    pub temporal: Option<f32>,
-    pub smooth: Option<f32>,
-    pub compare: Option<String>,
+    /// The flags as given (a record of an earlier version holds numbers and nulls here).
+    #[serde(flatten)]
+    pub flags: BTreeMap<String, serde_json::Value>,
+}
+
+impl JobQuery {
+    /// The query of `raw` (`name=clip.mp4&blend=0.8`): every parameter but `name` and `model`
+    /// is a flag, judged by the treatment ([`JobQuery::flags`]).
+    pub fn parse(raw: &str) -> Result<JobQuery> {
+        let pairs: Vec<(String, String)> = serde_urlencoded::from_str(raw)
+            .map_err(|e| Failure::error(Kind::BadInput, format!("the query cannot be read ({e})")))?;
+        let mut q = JobQuery::default();
+        for (k, v) in pairs {
+            let slot = match k.as_str() {
+                "name" => &mut q.name,
+                "model" => &mut q.model,
+                _ => {
+                    if q.flags.insert(k.clone(), serde_json::Value::String(v)).is_some() {
+                        return Err(Failure::error(Kind::BadInput, format!("{k}: given twice")));
+                    }
+                    continue;
+                }
+            };
+            if slot.replace(v).is_some() {
+                return Err(Failure::error(Kind::BadInput, format!("{k}: given twice")));
+            }
+        }
+        Ok(q)
+    }
+
+    /// The flags as the treatment takes them: (name, value) in text, nulls left out.
+    fn flag_pairs(&self) -> Vec<(String, String)> {
+        self.flags
+            .iter()
+            .filter_map(|(k, v)| match v {
+                serde_json::Value::Null => None,
+                serde_json::Value::String(s) => Some((k.clone(), s.clone())),
+                other => Some((k.clone(), other.to_string())),
+            })
+            .collect()
+    }
 }
 
 /// A job's record (`job.json`).
@@ -853,14 +889,7 @@ impl Jobs {
         let name = query.name.clone().unwrap_or_default();
         check_name(&name)?;
         let named_ext = crate::media::kind::ext_of(Path::new(&name));
-        let photo = match imagesize::image_type(&head) {
-            Ok(imagesize::ImageType::Png) => Some("png"),
-            Ok(imagesize::ImageType::Jpeg) => Some("jpg"),
-            Ok(imagesize::ImageType::Webp) => Some("webp"),
-            Ok(imagesize::ImageType::Tiff) => Some("tiff"),
-            Ok(imagesize::ImageType::Bmp) => Some("bmp"),
-            _ => None,
-        };
+        let photo = super::picture_type(&head);
         let (kind, in_ext, out_ext) = match photo {
             Some(ext) => {
                 let len = std::fs::metadata(&part)?.len();
@@ -1162,41 +1191,23 @@ fn settings_of(settings: &Settings, q: &JobQuery) -> Result<Settings> {
     Ok(s)
 }
 
-/// The service's treatment with a job's flags on it, checked as the CLI checks them.
+/// The service's treatment with a job's flags on it, parsed and checked by the command line's
+/// own declaration; a mesh mask asked of a service without the mesh is the face ellipse.
 fn treatment_of(settings: &Settings, q: &JobQuery) -> Result<Treatment> {
-    let bad = |m: String| Failure::error(Kind::BadInput, m);
-    let mut t = (*settings.recipe.treatment).clone();
-    if let Some(b) = q.blend {
-        t.blend = b;
-    }
-    if let Some(v) = q.temporal {
-        t.temporal = v;
-    }
-    if let Some(v) = q.smooth {
-        t.smooth = v;
-    }
-    if let Some(m) = &q.mask {
-        t.mask = <MaskKind as clap::ValueEnum>::from_str(m, true).map_err(|_| {
-            let names: Vec<String> = MaskKind::value_variants()
-                .iter()
-                .filter_map(|v| clap::ValueEnum::to_possible_value(v).map(|p| p.get_name().to_string()))
-                .collect();
-            bad(format!("mask={m}: give {}", names.join(", ")))
+    let mut t = settings
+        .recipe
+        .treatment
+        .with_flags(&q.flag_pairs(), &crate::treatment::JOB_FLAGS)
+        // The command line's words name its flags (`--blend must be ...`); a query, parameters.
+        .map_err(|e| {
+            Failure::error(
+                Kind::BadInput,
+                format!("{e:#}").replace("'--", "'").replacen("--", "", 1),
+            )
         })?;
-        if t.mask == MaskKind::Mesh && settings.recipe.mesh.is_none() {
-            t.mask = MaskKind::Face;
-        }
+    if t.mask == MaskKind::Mesh && settings.recipe.mesh.is_none() {
+        t.mask = MaskKind::Face;
     }
-    if let Some(c) = &q.compare {
-        t.compare = match c.as_str() {
-            "" | "none" | "off" => None,
-            "side" => Some(crate::media::compare::Compare::Side),
-            "split" => Some(crate::media::compare::Compare::Split),
-            _ => return Err(bad(format!("compare={c}: give side, split or none"))),
-        };
-    }
-    // The CLI's words name its flags (`--blend must be ...`); a query names its parameters.
-    t.check().map_err(|e| bad(format!("{e:#}").replacen("--", "", 1)))?;
     Ok(t)
 }
 

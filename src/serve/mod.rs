@@ -277,6 +277,35 @@ const FORMATS: [(&str, &str); 5] = [
     ("bmp", "image/bmp"),
 ];
 
+/// The video containers a job's result is kept in, by extension (see [`FORMATS`]).
+const VIDEO_FORMATS: [(&str, &str); 3] = [
+    ("mp4", "video/mp4"),
+    ("mov", "video/quicktime"),
+    ("mkv", "video/x-matroska"),
+];
+
+/// The content type of a file the service answers, by its extension.
+fn mime_of(ext: &str) -> &'static str {
+    FORMATS
+        .iter()
+        .chain(&VIDEO_FORMATS)
+        .find(|(e, _)| *e == ext)
+        .map_or("application/octet-stream", |f| f.1)
+}
+
+/// The picture format of `bytes` by their first bytes, as the extension of [`FORMATS`] its
+/// writer goes by; `None` for anything else (a video, garbage).
+pub(crate) fn picture_type(bytes: &[u8]) -> Option<&'static str> {
+    match imagesize::image_type(bytes).ok()? {
+        imagesize::ImageType::Png => Some("png"),
+        imagesize::ImageType::Jpeg => Some("jpg"),
+        imagesize::ImageType::Webp => Some("webp"),
+        imagesize::ImageType::Tiff => Some("tiff"),
+        imagesize::ImageType::Bmp => Some("bmp"),
+        _ => None,
+    }
+}
+
 /// Serves until SIGTERM or Ctrl-C, then answers the requests in flight and returns.
 pub fn run(settings: Settings, opts: ServeOptions, ints: &Interrupts) -> Result<()> {
     // A service runs for weeks with threads that come and go (the async runtime's blocking
@@ -629,18 +658,11 @@ async fn receive(body: Body, opts: &ServeOptions) -> Result<axum::body::Bytes> {
 /// allocate, whichever header it reads), and its compressed metadata within
 /// [`crate::defaults::MAX_METADATA_BYTES`] inflated, so a decompression bomb is never allocated.
 fn check_picture(bytes: &[u8], max_pixels: u64) -> Result<&'static str> {
-    let ext = match imagesize::image_type(bytes) {
-        Ok(imagesize::ImageType::Png) => "png",
-        Ok(imagesize::ImageType::Jpeg) => "jpg",
-        Ok(imagesize::ImageType::Webp) => "webp",
-        Ok(imagesize::ImageType::Tiff) => "tiff",
-        Ok(imagesize::ImageType::Bmp) => "bmp",
-        _ => {
-            return Err(Failure::error(
-                Kind::BadInput,
-                "not a picture this service takes: send JPEG, PNG, WebP, TIFF or BMP bytes",
-            ))
-        }
+    let Some(ext) = picture_type(bytes) else {
+        return Err(Failure::error(
+            Kind::BadInput,
+            "not a picture this service takes: send JPEG, PNG, WebP, TIFF or BMP bytes",
+        ));
     };
     let (width, height) = bounds::largest_frame(bytes, ext).ok_or_else(|| {
         Failure::error(
@@ -787,10 +809,7 @@ fn respond(r: Restored, start: Instant) -> Response {
         });
         return ([(header::CONTENT_TYPE, "application/json")], record.to_string() + "\n").into_response();
     }
-    let mime = FORMATS
-        .iter()
-        .find(|(e, _)| *e == format)
-        .map_or("application/octet-stream", |f| f.1);
+    let mime = mime_of(format);
     let mut r = ([(header::CONTENT_TYPE, mime)], image).into_response();
     let h = r.headers_mut();
     h.insert("x-faces", HeaderValue::from(done.faces));
