@@ -467,7 +467,7 @@ pub(crate) fn warp_cubic_loading<O: CropOut + ?Sized>(
     for (tile, t) in tiles(&inv, size, r, frame, 0.0) {
         scratch.texels.clear();
         load(t, &mut scratch.texels);
-        warp_cubic_plain(scratch.cpu, &scratch.texels, t, frame, &inv, size, tile, out);
+        warp_cubic_plain(scratch.cpu, (&scratch.texels, t), frame, &inv, size, tile, out);
     }
 }
 
@@ -562,8 +562,7 @@ fn texel_rect(region: Rect, (width, height): (usize, usize)) -> Rect {
 /// the same texels.
 pub(crate) fn warp_cubic_plain<O: CropOut + ?Sized>(
     cpu: Cpu,
-    tex: &[f32x4],
-    r: Rect,
+    (tex, r): (&[f32x4], Rect),
     frame: (usize, usize),
     inv: &Affine,
     size: usize,
@@ -1219,8 +1218,7 @@ mod tests {
                 warp_cubic_loading(&mut load, (w, h), &to_crop, region, size, &mut tiled[..], &mut scratch);
                 warp_cubic_plain(
                     scratch.cpu(),
-                    &tex,
-                    r,
+                    (&tex, r),
                     (w, h),
                     &inv,
                     size,
