@@ -36,7 +36,9 @@ pub struct View {
     pub compare: Option<Compare>,
 }
 
-/// One decoded video frame in packed RGB24, with where it sits in the source.
+/// One decoded frame, with where it sits in the source: its picture (see [`Picture`]: the
+/// decoded planes the paste's changes go into, or whole RGB), the face regions' packed RGB the
+/// crop warp reads where it needs them, and the detector's downscaled copy.
 pub struct Frame {
     /// Position in decode order of output frames (0-based).
     pub index: u64,

@@ -142,6 +142,18 @@ pub fn crop_footprint(to_crop: &Affine, size: usize, width: usize, height: usize
 }
 
 /// The similarity turning by `angle`, scaling by `scale` and moving by (tx, ty), for tests.
+/// Maps a point of a picture shown rotated by `rotation` degrees counterclockwise (a multiple
+/// of 90, as a display matrix says) back to the stored picture of `w x h` pixels.
+pub fn display_to_storage(x: f32, y: f32, rotation: u32, (w, h): (usize, usize)) -> (f32, f32) {
+    let (wl, hl) = (w as f32 - 1.0, h as f32 - 1.0);
+    match rotation {
+        90 => (wl - y, x),
+        180 => (wl - x, hl - y),
+        270 => (y, hl - x),
+        _ => (x, y),
+    }
+}
+
 #[cfg(test)]
 pub(crate) fn similarity(angle: f64, scale: f64, tx: f64, ty: f64) -> Affine {
     let (s, c) = angle.sin_cos();

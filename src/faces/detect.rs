@@ -14,6 +14,7 @@ use ort::session::Session;
 use ort::value::{TensorRef, ValueType};
 
 use crate::frame::Face;
+use crate::geom::display_to_storage;
 use crate::stats::DetectCounts;
 
 /// Detection input size for a frame: the long side scaled to `long_side` (never up), each side
@@ -103,18 +104,6 @@ pub(crate) fn decode_maps(
         }
     }
     faces
-}
-
-/// Maps a point of a picture shown rotated by `rotation` degrees counterclockwise (a multiple
-/// of 90, as a display matrix says) back to the stored picture of `w x h` pixels.
-pub(crate) fn display_to_storage(x: f32, y: f32, rotation: u32, (w, h): (usize, usize)) -> (f32, f32) {
-    let (wl, hl) = (w as f32 - 1.0, h as f32 - 1.0);
-    match rotation {
-        90 => (wl - y, x),
-        180 => (wl - x, hl - y),
-        270 => (y, hl - x),
-        _ => (x, y),
-    }
 }
 
 /// How faces are looked for: what the detector is built with (part of every job's recipe).

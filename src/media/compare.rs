@@ -208,7 +208,7 @@ mod tests {
                 for (x, want_original) in [(shown.0 as f32 * 0.25, true), (shown.0 as f32 * 0.75, false)] {
                     let y = shown.1 as f32 * 0.5;
                     let x = if mirror { shown.0 as f32 - 1.0 - x } else { x };
-                    let (sx, sy) = crate::faces::detect::display_to_storage(x, y, turn, stored);
+                    let (sx, sy) = crate::geom::display_to_storage(x, y, turn, stored);
                     let along = if sides.stacked { sy / h as f32 } else { sx / w as f32 };
                     let first = along < 1.0;
                     let original = first != sides.restored_first;

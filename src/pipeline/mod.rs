@@ -2,10 +2,13 @@
 //! the finished output file, its side outputs and a `Summary`.
 //!
 //! ```text
-//!  decode ─> detect ─> smooth ─> align ─> dispatch ═╦═> worker 0 (session on cpu / cuda:0) ═╦═> dispatch ─> paste ─> encode ─> OUT
-//!   frames    faces     points    crops   gathers    ╚═> worker 1 (cuda:1) ...             ═╝   frames in    blend    source pts,
-//!                       over time         batches        whichever is free takes a batch         order     (mask)   audio copied
+//!  decode ─> [pass] ─> detect ─> [mesh] ─> [smooth] ─> align ─> dispatch ═╦═> worker 0 (cpu / cuda:0) ═╦═> dispatch ─> [temporal] ─> paste ─> encode ─> OUT
+//!   frames   whole-    faces     468 pts,   points     crops    gathers   ╚═> worker 1 (cuda:1) ...   ═╝   frames in    the change    blend    source pts,
+//!            frame     (or       face       over time           batches       whichever is free            order        along each    (mask)   audio copied
+//!            passes    followed) check                                                                                  track
+//!            ahead
 //! ```
+//! Stages in brackets run where the job needs them (`wire::plan`).
 //! Each stage (`stages.rs`, `dispatch.rs`) is a scoped thread joined to the next by a bounded
 //! channel, so memory stays bounded however long the video; buffers travel back through pools
 //! instead of being reallocated. From detection on, every stage passes the same envelope, a

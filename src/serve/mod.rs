@@ -10,9 +10,10 @@
 //!   size and pixels checked      bounded)   batches; a lone one waits at most --max-wait-ms
 //! ```
 //! Every request's picture goes through the very pipeline `batch` streams a folder's stills
-//! through (`pipeline::run_images`): the body is written to a private temporary folder, restored
-//! into another file there, read back and removed. So the bytes answered are what `gpen-video IN
-//! OUT` writes for the same picture and settings. Limits come before any decoding: the body's
+//! through (`pipeline::run_images`), in memory from the body to the answer (FFmpeg reads the
+//! body through a custom I/O context and the restored picture is encoded to memory: nothing is
+//! written to disk). So the bytes answered are what `gpen-video IN OUT` writes for the same
+//! picture and settings. Every route goes through [`guard`] (who may call) first. Limits come before any decoding: the body's
 //! size (413), the picture's pixels read from its header (413: a decompression bomb is never
 //! allocated), the queue (503 with Retry-After), the time to send the body (408) and to answer
 //! (504); an unreadable picture is a 400 that says why. SIGTERM or Ctrl-C: no new connection,
