@@ -393,27 +393,7 @@ fn feed(engine: &mut Engine, job: &Job, repeat: usize, name: &str, log: &dyn Fn(
                 .filter(|n| names.contains(n))
                 .map(|n| (n.to_string(), ms_of(&fast_runs, n, |st| st.spread_cpu)))
                 .collect(),
-            fast_stage_busy: names
-                .iter()
-                .map(|n| {
-                    let of = |f: fn(&StageStat, f64) -> f64| {
-                        median(
-                            fast_runs
-                                .iter()
-                                .filter_map(|(s, _)| {
-                                    let st = s.stages.iter().find(|st| st.name == *n)?;
-                                    Some(f(st, s.wall.as_secs_f64()))
-                                })
-                                .collect(),
-                        )
-                    };
-                    (
-                        n.to_string(),
-                        of(|st, wall| st.busy_share(wall)),
-                        of(|st, _| st.queue_fill()),
-                    )
-                })
-                .collect(),
+            fast_stage_busy: busy_figures(&fast_runs, &names),
             fast_cores_busy: median(
                 fast_runs
                     .iter()
@@ -446,6 +426,30 @@ fn feed(engine: &mut Engine, job: &Job, repeat: usize, name: &str, log: &dyn Fn(
         w.skip_model = false;
     }
     result
+}
+
+/// Each of stage `names`' median busy share and queue fill over `runs`.
+fn busy_figures(runs: &[(Summary, Duration)], names: &[&str]) -> Vec<(String, f64, f64)> {
+    names
+        .iter()
+        .map(|n| {
+            let of = |f: fn(&StageStat, f64) -> f64| {
+                median(
+                    runs.iter()
+                        .filter_map(|(s, _)| {
+                            let st = s.stages.iter().find(|st| st.name == *n)?;
+                            Some(f(st, s.wall.as_secs_f64()))
+                        })
+                        .collect(),
+                )
+            };
+            (
+                n.to_string(),
+                of(|st, wall| st.busy_share(wall)),
+                of(|st, _| st.queue_fill()),
+            )
+        })
+        .collect()
 }
 
 /// Every worker runs full batches of the crops at once, at least `min_batches` each and for at

@@ -148,34 +148,16 @@ pub(crate) fn detect_follow(
         |d: &Detector, m: &[Mesher]| d.model_cpu() + m.iter().map(Mesher::model_cpu).sum::<std::time::Duration>();
     let model_at_start = models(detector, meshers);
     let tally = Tally::default();
-    // A warp scratch per thread the crops are shared out on: each session's, or with one
-    // session (a GPU), the pool's threads.
-    let warpers = if meshers.len() > 1 {
-        meshers.len()
-    } else {
-        ctx.threads.max(1)
-    };
-    let mut meshing = Meshing {
-        scratch: (0..warpers).map(|_| WarpScratch::default()).collect(),
-        pool: crate::parts::pool(warpers, "mesh"),
-        rois: Vec::new(),
-        regions: Vec::new(),
-        cpu: MeshCpu::default(),
-    };
-    // The faces followed into the next frame (their boxes and points; outlines not kept).
-    let mut prev: Vec<Face> = Vec::new();
-    // A face was kept without a mesh on the frame before: a whole-frame pass finds it again.
-    let mut unfollowed = false;
-    let (mut item, mut followed) = (None, 0u64);
+    let mut meshing = Meshing::new(meshers.len(), ctx.threads);
+    let mut follow = Follow::default();
     while let Some(mut frame) = recv(&rx, &mut clock) {
-        if item != Some(frame.item) {
-            if item.is_some() || frame.det_size != detector.size {
-                detector.next_picture(frame.det_size);
-            }
-            item = Some(frame.item);
-            prev.clear();
-            unfollowed = false;
-        }
+        follow.picture(&frame, detector);
+        let Follow {
+            prev,
+            unfollowed,
+            followed,
+            ..
+        } = &mut follow;
         let (index, dims) = (frame.index, (frame.width, frame.height));
         let mut step = || -> Result<Vec<FaceJob>> {
             let cut = detector.scene_cut(&frame.det);
@@ -183,7 +165,7 @@ pub(crate) fn detect_follow(
                 prev.clear();
             }
             let mut found = Vec::new();
-            let passed = detector.pass_due(index, cut, prev.is_empty()) || unfollowed;
+            let passed = detector.pass_due(index, cut, prev.is_empty()) || *unfollowed;
             if passed {
                 found = match frame.pass.take() {
                     Some(ahead) => ahead,
@@ -211,7 +193,7 @@ pub(crate) fn detect_follow(
                 take_mesh(&mut job, found, &ctx.template);
                 jobs.push(job);
             }
-            followed += jobs.len() as u64;
+            *followed += jobs.len() as u64;
             for (face, found) in found.drain(..).zip(meshes) {
                 let mut job = FaceJob::detected(face);
                 if judge(&mut job, found, ctx, &tally) {
@@ -237,13 +219,7 @@ pub(crate) fn detect_follow(
         let faces = clock
             .time(&mut step)
             .with_context(|| format!("detect stage, frame {index}"))?;
-        unfollowed = faces.iter().any(|j| j.face.outline.is_none());
-        prev.extend(faces.iter().filter(|j| j.face.outline.is_some()).map(|j| Face {
-            bbox: j.face.bbox,
-            score: j.face.score,
-            landmarks: j.face.landmarks,
-            outline: None,
-        }));
+        follow.keep(&faces);
         ctx.pools.det.put(std::mem::take(&mut frame.det));
         if tx.send(FaceFrame { frame, faces }).is_err() {
             break;
@@ -256,9 +232,51 @@ pub(crate) fn detect_follow(
     stat.spread_cpu = meshing.cpu.warps;
     stat.model_cpu = models(detector, meshers).saturating_sub(model_at_start);
     let mut counts = detector.counts();
-    counts.followed = followed;
+    counts.followed = follow.followed;
     (counts.not_faces, counts.kept_doubted) = tally.counts();
     Ok((stat, counts))
+}
+
+/// What the detect stage of [`detect_follow`] carries from frame to frame.
+#[derive(Default)]
+struct Follow {
+    /// The faces followed into the next frame (their boxes and points; outlines not kept).
+    prev: Vec<Face>,
+    /// A face was kept without a mesh on the frame before: a whole-frame pass finds it again.
+    unfollowed: bool,
+    /// The picture of an image stream the faces are on (a video's frames are all picture 0).
+    item: Option<usize>,
+    /// Faces followed by their meshes so far.
+    followed: u64,
+}
+
+impl Follow {
+    /// Starts afresh where `frame` begins another picture of a stream (the detector set to its
+    /// size): nothing is followed from one picture into the next.
+    fn picture(&mut self, frame: &Frame, detector: &mut Detector) {
+        if self.item == Some(frame.item) {
+            return;
+        }
+        if self.item.is_some() || frame.det_size != detector.size {
+            detector.next_picture(frame.det_size);
+        }
+        self.item = Some(frame.item);
+        self.prev.clear();
+        self.unfollowed = false;
+    }
+
+    /// Keeps a frame's faces to follow into the next: those with a mesh by their points; one
+    /// kept without asks for a whole-frame pass.
+    fn keep(&mut self, faces: &[FaceJob]) {
+        self.unfollowed = faces.iter().any(|j| j.face.outline.is_none());
+        self.prev
+            .extend(faces.iter().filter(|j| j.face.outline.is_some()).map(|j| Face {
+                bbox: j.face.bbox,
+                score: j.face.score,
+                landmarks: j.face.landmarks,
+                outline: None,
+            }));
+    }
 }
 
 /// Runs a video's whole-frame passes ahead of the detect stage's chain
@@ -310,6 +328,19 @@ struct Meshing {
 }
 
 impl Meshing {
+    /// A warp scratch per thread the crops are shared out on: each of `sessions`' own, or with
+    /// one session (a GPU), the pool's `threads`.
+    fn new(sessions: usize, threads: usize) -> Meshing {
+        let warpers = if sessions > 1 { sessions } else { threads.max(1) };
+        Meshing {
+            scratch: (0..warpers).map(|_| WarpScratch::default()).collect(),
+            pool: crate::parts::pool(warpers, "mesh"),
+            rois: Vec::new(),
+            regions: Vec::new(),
+            cpu: MeshCpu::default(),
+        }
+    }
+
     /// Meshes the faces of `f` whose frame -> crop transforms are `rois` ([`mesh_faces`]);
     /// returns how many were meshed (their meshes are then read with [`meshed`]).
     fn run(&mut self, meshers: &mut [Mesher], f: &mut Frame, rois: impl Iterator<Item = Affine>) -> Result<usize> {

@@ -159,6 +159,18 @@ fn follows(engine: &Engine, middle: &Middle) -> bool {
     middle.video && engine.detector.tracks() && !engine.meshers.is_empty()
 }
 
+/// The detector's helper sessions that run a tracked video's passes ahead of detection: they
+/// fall on frame numbers, so on a machine of several cores they run ahead (on the CPU) and the
+/// chain only follows and meshes. Where the cores are all busy anyway (2), that gains nothing
+/// and a session's pass costs memory (about 45 MiB of ONNX Runtime's arena each): none.
+fn passers_for(engine: &mut Engine, follow: bool) -> Vec<crate::faces::detect::Passer> {
+    if follow && engine.pool_threads >= crate::defaults::PASS_AHEAD_CORES {
+        engine.detector.passers(crate::defaults::PASS_AHEAD_MAX)
+    } else {
+        Vec::new()
+    }
+}
+
 /// What a middle stage hands back when joined.
 enum Out {
     Stage(StageStat),
@@ -206,15 +218,7 @@ pub(crate) fn wire<T: Send>(
 ) -> Result<(Summary, T)> {
     let steps = plan(engine, &middle);
     let follow = follows(engine, &middle);
-    // A tracked video's passes fall on frame numbers: on a machine of several cores they run
-    // ahead on some of the detector's helper sessions (on the CPU), and the chain only follows
-    // and meshes. Where the cores are all busy anyway (2), that gains nothing and a session's
-    // pass costs memory (about 45 MiB of ONNX Runtime's arena each).
-    let mut passers = if follow && engine.pool_threads >= crate::defaults::PASS_AHEAD_CORES {
-        engine.detector.passers(crate::defaults::PASS_AHEAD_MAX)
-    } else {
-        Vec::new()
-    };
+    let mut passers = passers_for(engine, follow);
     let every = engine.detector.every();
     let smoother = middle.video.then(|| Smoother::new(middle.treatment.smooth));
     let sizes = Sizes {
@@ -306,16 +310,41 @@ pub(crate) fn wire<T: Send>(
         }
         let Line { rx, joins, .. } = line;
         let encode = s.spawn(opened_on_exit(budget, move || encode(ctx.pools, rx)));
+        let handles = Handles {
+            decode,
+            ahead,
+            detect,
+            joins,
+            encode,
+        };
+        handles.gather(&worker_targets, start, ctx.pools.budget.as_deref())
+    });
+    engine.detector.take_back(passers);
+    run
+}
 
-        let decode = joined("decode", decode.join())?;
-        let mut stages = vec![decode];
+/// The threads of a running line, from decoding to encoding, in pipeline order.
+struct Handles<'s, T> {
+    decode: std::thread::ScopedJoinHandle<'s, Result<StageStat>>,
+    /// The passes run ahead of detection, and how many.
+    ahead: Option<std::thread::ScopedJoinHandle<'s, Result<(StageStat, u64)>>>,
+    detect: std::thread::ScopedJoinHandle<'s, Result<(StageStat, crate::stats::DetectCounts)>>,
+    joins: Vec<(&'static str, std::thread::ScopedJoinHandle<'s, Result<Out>>)>,
+    encode: std::thread::ScopedJoinHandle<'s, Result<Encoded<T>>>,
+}
+
+impl<T> Handles<'_, T> {
+    /// Joins every stage in pipeline order (the first that failed is the error) into the run's
+    /// summary and what the encode stage gives back.
+    fn gather(self, targets: &[Target], start: Instant, budget: Option<&Budget>) -> Result<(Summary, T)> {
+        let mut stages = vec![joined("decode", self.decode.join())?];
         let mut passes_ahead = 0;
-        if let Some(h) = ahead {
+        if let Some(h) = self.ahead {
             let (stat, runs) = joined("pass", h.join())?;
             stages.push(stat);
             passes_ahead = runs;
         }
-        let (detect, mut counts) = joined("detect", detect.join())?;
+        let (detect, mut counts) = joined("detect", self.detect.join())?;
         counts.full += passes_ahead;
         stages.push(detect);
         let mut summary = Summary {
@@ -323,21 +352,19 @@ pub(crate) fn wire<T: Send>(
             stages,
             ..Summary::default()
         };
-        for (name, h) in joins {
-            summary.add(joined(name, h.join())?, &worker_targets);
+        for (name, h) in self.joins {
+            summary.add(joined(name, h.join())?, targets);
         }
-        let encoded = joined("encode", encode.join())?;
+        let encoded = joined("encode", self.encode.join())?;
         summary.frames = encoded.stage.items;
         summary.faces = encoded.faces;
         summary.frames_with_faces = encoded.frames_with_faces;
         summary.stages.push(encoded.stage);
         summary.wall = start.elapsed();
         summary.peak_rss = peak_rss();
-        summary.in_flight = ctx.pools.budget.as_ref().map(|b| (b.cap(), b.most()));
+        summary.in_flight = budget.map(|b| (b.cap(), b.most()));
         Ok((summary, encoded.extra))
-    });
-    engine.detector.take_back(passers);
-    run
+    }
 }
 
 impl Summary {
