@@ -66,14 +66,7 @@ fn in_flight_for(plan: &[Step], ctx: &Sizes) -> usize {
     {
         return n.max(floor);
     }
-    let stage = |step: Step| match step {
-        Step::Align | Step::Paste => ctx.threads,
-        Step::Mesh => ctx.mesh_threads,
-        Step::Smooth => ctx.smooth_held,
-        Step::Enhance => held_frames(ctx.batch, ctx.workers),
-        Step::Temporal => 1,
-    };
-    (2 + ctx.pass_threads + plan.iter().map(|&s| stage(s)).sum::<usize>() + 1).max(floor)
+    (2 + ctx.pass_threads + plan.iter().map(|&s| s.declared(ctx).busy).sum::<usize>() + 1).max(floor)
 }
 
 /// The variable that sets a video's budget of frames in flight (see [`in_flight_for`]).
@@ -124,20 +117,38 @@ struct Sizes {
     workers: usize,
 }
 
+/// What a stage does with a run's frames, declared once for each stage (see [`Step::declared`]).
+struct Decl {
+    /// Its thread's name in the stage table.
+    name: &'static str,
+    /// Frames it keeps besides its input queue and the frame it works on (a pool stage's other
+    /// threads and their reorder buffer, the smoother's look-ahead, the dispatcher's frames
+    /// waiting for their faces): what the pools are sized from.
+    kept: usize,
+    /// Frames in hand that keep it busy: its share of a video's budget of frames in flight.
+    busy: usize,
+}
+
 impl Step {
-    /// Frames the stage may hold: its input queue, the one it works on, and what it keeps
-    /// besides (a pool stage's other threads and their reorder buffer, the smoother's
-    /// look-ahead, the dispatcher's frames waiting for their faces).
-    fn holds(self, s: &Sizes) -> usize {
-        DEPTH
-            + 1
-            + match self {
-                Step::Align | Step::Paste => 3 * (s.threads - 1),
-                Step::Mesh => 3 * (s.mesh_threads - 1),
-                Step::Smooth => s.smooth_held,
-                Step::Enhance => held_frames(s.batch, s.workers),
-                Step::Temporal => 0,
+    /// The stage's declaration at the run's `s` sizes: where a new stage states its frames.
+    fn declared(self, s: &Sizes) -> Decl {
+        let (name, kept, busy) = match self {
+            Step::Mesh => ("mesh", 3 * (s.mesh_threads - 1), s.mesh_threads),
+            Step::Smooth => ("smooth", s.smooth_held, s.smooth_held),
+            Step::Align => ("align", 3 * (s.threads - 1), s.threads),
+            Step::Enhance => {
+                let held = held_frames(s.batch, s.workers);
+                ("dispatch", held, held)
             }
+            Step::Temporal => ("temporal", 0, 1),
+            Step::Paste => ("paste", 3 * (s.threads - 1), s.threads),
+        };
+        Decl { name, kept, busy }
+    }
+
+    /// Frames the stage may hold: its input queue, the one it works on, and what it keeps.
+    fn holds(self, s: &Sizes) -> usize {
+        DEPTH + 1 + self.declared(s).kept
     }
 }
 
@@ -281,31 +292,30 @@ pub(crate) fn wire<T: Send>(
             budget: budget.cloned(),
             joins: Vec::new(),
         };
-        for step in &steps {
+        for &step in &steps {
+            let name = step.declared(&sizes).name;
             match step {
                 Step::Mesh => {
                     let meshers = meshers.take().expect("one mesh stage");
-                    line.then(s, "mesh", move |rx, tx| {
+                    line.then(s, name, move |rx, tx| {
                         stages::mesh(meshers, ctx, rx, tx).map(|(st, n)| Out::Mesh(st, n))
                     });
                 }
                 Step::Smooth => {
                     let smoother = smoother.take().expect("planned with a smoother");
-                    line.then(s, "smooth", move |rx, tx| {
+                    line.then(s, name, move |rx, tx| {
                         stages::smooth(smoother, rx, tx).map(|(st, n)| Out::Smooth(st, n))
                     });
                 }
-                Step::Align => line.then(s, "align", move |rx, tx| stages::align(ctx, rx, tx).map(Out::Stage)),
+                Step::Align => line.then(s, name, move |rx, tx| stages::align(ctx, rx, tx).map(Out::Stage)),
                 Step::Enhance => {
                     let workers = workers.take().expect("one enhance stage");
-                    line.then(s, "dispatch", move |rx, tx| enhance(workers, batch, ctx, flush, rx, tx));
+                    line.then(s, name, move |rx, tx| enhance(workers, batch, ctx, flush, rx, tx));
                 }
-                Step::Temporal => line.then(s, "temporal", move |rx, tx| {
+                Step::Temporal => line.then(s, name, move |rx, tx| {
                     stages::temporal(ctx, rx, tx).map(|(st, f)| Out::Temporal(st, f))
                 }),
-                Step::Paste => line.then(s, "paste", move |rx, tx| {
-                    stages::paste_back(ctx, rx, tx).map(Out::Stage)
-                }),
+                Step::Paste => line.then(s, name, move |rx, tx| stages::paste_back(ctx, rx, tx).map(Out::Stage)),
             }
         }
         let Line { rx, joins, .. } = line;
