@@ -20,29 +20,8 @@ fn model() -> String {
     arg(&asset("models/standin/identity-256.onnx")).to_string()
 }
 
-/// A clip of `seconds` at 30 fps, a keyframe every second, from the shipped portrait.
 fn clip(dir: &Path, seconds: u32) -> PathBuf {
-    let out = dir.join(format!("clip-{seconds}s.mp4"));
-    ffmpeg(&[
-        "-loop",
-        "1",
-        "-i",
-        arg(&asset("samples/astronaut.png")),
-        "-vf",
-        "scale=640:640,crop=480:360:x='80+40*sin(t)':y=60,format=yuv420p",
-        "-r",
-        "30",
-        "-t",
-        &seconds.to_string(),
-        "-c:v",
-        "libx264",
-        "-preset",
-        "ultrafast",
-        "-g",
-        "30",
-        arg(&out),
-    ]);
-    out
+    moving_portrait(dir, seconds)
 }
 
 /// A job record as the service writes it (`job.json`), with the given state and file names.
@@ -234,20 +213,7 @@ fn the_jobs_folder_is_the_only_place_touched_and_what_does_not_check_out_is_left
         assert!(start.elapsed() < Duration::from_secs(20), "the upload never began");
         std::thread::sleep(Duration::from_millis(20));
     }
-    let second = Command::new(env!("CARGO_BIN_EXE_gpen-video"))
-        .args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--model",
-            &model(),
-            "--jobs-dir",
-            arg(&jobs),
-        ])
-        .env("ORT_DYLIB_PATH", asset(".deps/lib/libonnxruntime.so"))
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
+    let second = serve_expecting_refusal(&jobs, &[], None);
     let words = String::from_utf8_lossy(&second.stderr);
     assert_ne!(second.status.code(), Some(0), "{words}");
     assert!(
@@ -615,31 +581,35 @@ fn who_may_call() {
     drop(server);
 
     // An empty token is refused at start, from the flag or the variable.
-    for (flag, env) in [(Some(""), None), (None, Some(""))] {
-        let mut c = Command::new(env!("CARGO_BIN_EXE_gpen-video"));
-        c.args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--model",
-            &model(),
-            "--jobs-dir",
-            arg(&jobs),
-        ])
-        .env("ORT_DYLIB_PATH", asset(".deps/lib/libonnxruntime.so"))
-        .env_remove("GPEN_VIDEO_TOKEN")
-        .stdin(Stdio::null());
-        if let Some(f) = flag {
-            c.args(["--token", f]);
-        }
-        if let Some(e) = env {
-            c.env("GPEN_VIDEO_TOKEN", e);
-        }
-        let out = c.output().unwrap();
+    for (flag, env) in [(&["--token", ""][..], None), (&[][..], Some(""))] {
+        let out = serve_expecting_refusal(&jobs, flag, env);
         let words = String::from_utf8_lossy(&out.stderr);
         assert_ne!(out.status.code(), Some(0), "{words}");
         assert!(words.contains("is empty"), "{words}");
     }
+}
+
+/// Runs `serve` on `jobs` with `extra` flags and `GPEN_VIDEO_TOKEN` set to `token` (unset
+/// without), for a start that is refused: its exit and its words.
+fn serve_expecting_refusal(jobs: &Path, extra: &[&str], token: Option<&str>) -> std::process::Output {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_gpen-video"));
+    c.args([
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--model",
+        &model(),
+        "--jobs-dir",
+        arg(jobs),
+    ])
+    .args(extra)
+    .env("ORT_DYLIB_PATH", asset(".deps/lib/libonnxruntime.so"))
+    .env_remove("GPEN_VIDEO_TOKEN")
+    .stdin(Stdio::null());
+    if let Some(t) = token {
+        c.env("GPEN_VIDEO_TOKEN", t);
+    }
+    c.output().unwrap()
 }
 
 fn hex_of(s: &str) -> String {

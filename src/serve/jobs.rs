@@ -50,9 +50,10 @@ pub struct JobsOptions {
 }
 
 /// Where a job is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum State {
+    #[default]
     Queued,
     Running,
     Done,
@@ -88,17 +89,12 @@ impl JobQuery {
             .map_err(|e| Failure::error(Kind::BadInput, format!("the query cannot be read ({e})")))?;
         let mut q = JobQuery::default();
         for (k, v) in pairs {
-            let slot = match k.as_str() {
-                "name" => &mut q.name,
-                "model" => &mut q.model,
-                _ => {
-                    if q.flags.insert(k.clone(), serde_json::Value::String(v)).is_some() {
-                        return Err(Failure::error(Kind::BadInput, format!("{k}: given twice")));
-                    }
-                    continue;
-                }
+            let twice = match k.as_str() {
+                "name" => q.name.replace(v).is_some(),
+                "model" => q.model.replace(v).is_some(),
+                _ => q.flags.insert(k.clone(), serde_json::Value::String(v)).is_some(),
             };
-            if slot.replace(v).is_some() {
+            if twice {
                 return Err(Failure::error(Kind::BadInput, format!("{k}: given twice")));
             }
         }
@@ -119,7 +115,7 @@ impl JobQuery {
 }
 
 /// A job's record (`job.json`).
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct Record {
     pub id: String,
     pub state: State,
@@ -142,27 +138,6 @@ pub struct Record {
 }
 
 impl Record {
-    /// A record with nothing in it yet (the fields a caller sets come first).
-    fn blank() -> Record {
-        Record {
-            id: String::new(),
-            state: State::Failed,
-            kind: String::new(),
-            name: String::new(),
-            input: String::new(),
-            output: String::new(),
-            query: JobQuery::default(),
-            created: 0.0,
-            started: None,
-            finished: None,
-            frames_done: 0,
-            frames_total: None,
-            fps: None,
-            error: None,
-            result_bytes: None,
-        }
-    }
-
     /// Whether the record's file names are the plain names the service gives (`input.EXT`,
     /// `result.EXT`): a record changed outside the service may name nothing else.
     fn check_names(&self) -> Result<(), String> {
@@ -240,8 +215,9 @@ impl Entry {
             id: id.to_string(),
             kind: "unknown".into(),
             name: id.to_string(),
+            state: State::Failed,
             error: Some(format!("the job's folder {why}: left on disk as it is")),
-            ..Record::blank()
+            ..Record::default()
         };
         Entry {
             rec,
@@ -337,10 +313,6 @@ pub fn default_dir() -> Result<PathBuf> {
         None => bail!("no HOME or XDG_STATE_HOME to keep jobs under: pass --jobs-dir DIR"),
     }
 }
-
-/// Video containers kept as they are for the result; any other video is written as Matroska,
-/// which holds every stream FFmpeg decodes.
-const KEPT_CONTAINERS: [&str; 3] = ["mp4", "mkv", "mov"];
 
 /// The lock file in the jobs folder (its name is no job id, so it is never taken for a job).
 const LOCK_FILE: &str = ".lock";
@@ -913,7 +885,9 @@ impl Jobs {
                 } else {
                     named_ext.clone()
                 };
-                let out = if KEPT_CONTAINERS.contains(&ext.as_str()) {
+                // Containers the service answers are kept; any other video is written as
+                // Matroska, which holds every stream FFmpeg decodes.
+                let out = if super::VIDEO_FORMATS.iter().any(|(e, _)| *e == ext) {
                     ext.clone()
                 } else {
                     "mkv".into()
@@ -933,7 +907,7 @@ impl Jobs {
             },
             input: input.clone(),
             output: output.clone(),
-            ..Record::blank()
+            ..Record::default()
         };
         let job = settings
             .job(&dir.join(&input), &dir.join(&output), CancelToken::new())
@@ -1241,15 +1215,9 @@ mod tests {
             name: "../my clip (1).mp4".into(),
             input: "input.mp4".into(),
             output: "result.mp4".into(),
-            query: JobQuery::default(),
-            created: 0.0,
-            started: None,
-            finished: None,
             frames_done: 10,
             frames_total: Some(10),
-            fps: None,
-            error: None,
-            result_bytes: None,
+            ..Record::default()
         };
         assert_eq!(rec.download_name(), "my_clip__1_-restored.mp4");
         assert_eq!(rec.answer()["progress"], 1.0);

@@ -430,3 +430,36 @@ pub fn listener() -> (u16, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
     });
     (port, hits)
 }
+
+/// A clip of `seconds` at 30 fps with a keyframe every second, from the shipped portrait
+/// moving a little (so a film is cut into one-second segments), with a tone.
+pub fn moving_portrait(dir: &Path, seconds: u32) -> PathBuf {
+    let out = dir.join(format!("clip-{seconds}s.mp4"));
+    ffmpeg(&[
+        "-loop",
+        "1",
+        "-i",
+        arg(&asset("samples/astronaut.png")),
+        "-f",
+        "lavfi",
+        "-i",
+        &format!("sine=frequency=440:duration={seconds}"),
+        "-vf",
+        "scale=640:640,crop=480:360:x='80+40*sin(t)':y=60,format=yuv420p",
+        "-r",
+        "30",
+        "-t",
+        &seconds.to_string(),
+        "-c:v",
+        "libx264",
+        "-preset",
+        "ultrafast",
+        "-g",
+        "30",
+        "-c:a",
+        "aac",
+        "-shortest",
+        arg(&out),
+    ]);
+    out
+}
