@@ -8,11 +8,11 @@
 use std::hint::black_box;
 use std::time::Instant;
 
-use gpen_video::cpu::Cpu;
 use gpen_video::faces::align::{crop_to_tensor, template, warp_face, warp_to_tensor, WarpScratch};
 use gpen_video::faces::paste::{changes, Mask, Paste, Scratch};
-use gpen_video::frame::change_steps;
 use gpen_video::geom::{crop_footprint, fit_similarity, Affine};
+use gpen_video::kernels::change_steps;
+use gpen_video::kernels::Cpu;
 
 /// Median milliseconds of `runs` calls of `f`.
 fn median_ms(runs: usize, mut f: impl FnMut()) -> f64 {

@@ -7,9 +7,9 @@
 
 use wide::f32x4;
 
-use crate::cpu::Cpu;
-use crate::frame::change_steps;
 use crate::geom::{Affine, Rect};
+use crate::kernels::change_steps;
+use crate::kernels::Cpu;
 
 /// Frame pixels per crop pixel from which the warp filters first (below it, one bilinear
 /// sample per crop pixel reads every frame pixel at least once).
@@ -348,7 +348,7 @@ where
 pub fn crop_to_tensor(cpu: Cpu, crop: &[u8], out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     if cpu.avx2() {
-        // SAFETY: a `Cpu` says AVX2 only where this CPU has it (see `crate::cpu`).
+        // SAFETY: a `Cpu` says AVX2 only where this CPU has it (see `crate::kernels::cpu`).
         return unsafe { crop_to_tensor_avx2(crop, out) };
     }
     crop_to_tensor_body(crop, out);
@@ -571,7 +571,7 @@ pub(crate) fn warp_cubic_plain<O: CropOut + ?Sized>(
 ) {
     #[cfg(target_arch = "x86_64")]
     if cpu.fma() {
-        // SAFETY: a `Cpu` says AVX2 and FMA only where this CPU has them (see `crate::cpu`).
+        // SAFETY: a `Cpu` says AVX2 and FMA only where this CPU has them (see `crate::kernels::cpu`).
         unsafe { warp_cubic_fused(tex, r, frame, inv, size, tile, out) };
         return;
     }
@@ -1042,13 +1042,13 @@ pub(crate) fn tensor_to_rgb(t: &[f32], size: usize, out: &mut Vec<u8>) {
 
 /// What the model changed in one crop: `restored` (its output, an NCHW item in [-1, 1]) minus
 /// `given` (its input, the crop in planar bytes), as packed RGB in steps of
-/// [`CHANGE_STEPS`](crate::frame::CHANGE_STEPS) (levels x 128), the output clamped to the
+/// [`CHANGE_STEPS`](crate::kernels::CHANGE_STEPS) (levels x 128), the output clamped to the
 /// picture's range first. Zero where the model gave its input back. False when an output
 /// value is not finite (a broken model, an overflow in fp16): `out` is then not a change.
 pub(crate) fn tensor_change(cpu: Cpu, restored: &[f32], given: &[u8], size: usize, out: &mut Vec<i16>) -> bool {
     #[cfg(target_arch = "x86_64")]
     if cpu.avx2() {
-        // SAFETY: a `Cpu` says AVX2 only where this CPU has it (see `crate::cpu`).
+        // SAFETY: a `Cpu` says AVX2 only where this CPU has it (see `crate::kernels::cpu`).
         return unsafe { tensor_change_avx2(restored, given, size, out) };
     }
     tensor_change_body(restored, given, size, out)
@@ -1096,7 +1096,7 @@ fn tensor_change_body(restored: &[f32], given: &[u8], size: usize, out: &mut Vec
 /// (levels), as packed RGB in steps (see [`tensor_change`]; whole levels are exact).
 pub(crate) fn bytes_change(restored: &[u8], given: &[u8], size: usize, out: &mut Vec<i16>) {
     let plane = size * size;
-    let unit = crate::frame::CHANGE_STEPS as i16;
+    let unit = crate::kernels::CHANGE_STEPS as i16;
     // Every value is written below: a buffer back from the pool at this size is not zeroed first.
     out.resize(plane * 3, 0);
     for c in 0..3 {
@@ -1122,7 +1122,7 @@ pub(crate) fn mip_level(scale: f64, max: u32) -> u32 {
 pub(crate) fn crop_luma_half(cpu: Cpu, crop: &[u8], size: usize, out: &mut Vec<f32>) {
     #[cfg(target_arch = "x86_64")]
     if cpu.avx2() {
-        // SAFETY: a `Cpu` says AVX2 only where this CPU has it (see `crate::cpu`).
+        // SAFETY: a `Cpu` says AVX2 only where this CPU has it (see `crate::kernels::cpu`).
         return unsafe { crop_luma_half_avx2(crop, size, out) };
     }
     crop_luma_half_body(crop, size, out);
@@ -1597,8 +1597,8 @@ mod tests {
                     let float = level(restored[j]).clamp(0.0, 255.0) - f32::from(given[j]);
                     assert_eq!(got[3 * i + c], change_steps(float), "{i} {c}");
                     // The nearest step: within half of one (1/256 of a level) of the float.
-                    let off = crate::frame::change_levels(got[3 * i + c]) - float;
-                    assert!(off.abs() <= 0.5 / crate::frame::CHANGE_STEPS, "{i} {c}: {off}");
+                    let off = crate::kernels::change_levels(got[3 * i + c]) - float;
+                    assert!(off.abs() <= 0.5 / crate::kernels::CHANGE_STEPS, "{i} {c}: {off}");
                 }
             }
         }

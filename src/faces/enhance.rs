@@ -229,7 +229,7 @@ impl Enhancer {
             match &mut bound.tensors {
                 Tensors::Bytes(i, _) => i.extract_tensor_mut().1[at].copy_from_slice(crop),
                 Tensors::Floats(i, _) => crate::faces::align::crop_to_tensor(
-                    crate::cpu::Cpu::detected(),
+                    crate::kernels::Cpu::detected(),
                     crop,
                     &mut i.extract_tensor_mut().1[at],
                 ),

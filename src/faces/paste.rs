@@ -12,8 +12,9 @@
 use wide::f32x4;
 
 use crate::faces::align::{cubic3_taps, cubic_weights4, mip_level, sample_cubic3, Tap};
-use crate::frame::{Change, CHANGE_STEPS};
+use crate::frame::Change;
 use crate::geom::{Affine, Rect};
+use crate::kernels::CHANGE_STEPS;
 
 /// The paste mask's shape.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, clap::ValueEnum, serde::Serialize)]
@@ -473,7 +474,7 @@ struct Levels {
     sums: Vec<i32>,
     widened: Vec<f32>,
     /// The CPU level the halving runs at (the detected one).
-    cpu: crate::cpu::Cpu,
+    cpu: crate::kernels::Cpu,
 }
 
 /// What pasting `faces` changes in the frame, one [`Change`] per group of overlapping faces.
@@ -643,7 +644,7 @@ pub(crate) fn halve<T: Copy + Into<f32>>(src: &[T], w: usize, h: usize, out: &mu
 /// turns into vector code (compiled for AVX2 where the CPU has it); odd sides go to [`halve`].
 /// `sums` holds a row pair's sums (reused from face to face).
 pub(crate) fn halve_steps(
-    cpu: crate::cpu::Cpu,
+    cpu: crate::kernels::Cpu,
     src: &[i16],
     w: usize,
     h: usize,
@@ -655,7 +656,7 @@ pub(crate) fn halve_steps(
     }
     #[cfg(target_arch = "x86_64")]
     if cpu.avx2() {
-        // SAFETY: a `Cpu` says AVX2 only where this CPU has it (see `crate::cpu`).
+        // SAFETY: a `Cpu` says AVX2 only where this CPU has it (see `crate::kernels::cpu`).
         return unsafe { halve_steps_avx2(src, w, h, out, sums) };
     }
     halve_steps_body(src, w, h, out, sums)
@@ -1082,7 +1083,7 @@ mod tests {
         let (w, h, size) = (200usize, 120usize, 64usize);
         let to_crop = Affine([1.0, 0.0, -50.0, 0.0, 1.0, -20.0]); // crop at (50, 20)
                                                                   // A crop restored to 200 from a frame of 10.
-        let crop = vec![crate::frame::change_steps(190.0); size * size * 3];
+        let crop = vec![crate::kernels::change_steps(190.0); size * size * 3];
         let mask = Mask::new(size);
         let mut frame = vec![10u8; w * h * 3];
         let r = crate::geom::crop_footprint(&to_crop, size, w, h).unwrap();
@@ -1106,7 +1107,7 @@ mod tests {
     fn overlapping_faces_combine_by_the_larger_mask_in_any_order() {
         let (w, h, size) = (160usize, 64usize, 64usize);
         let mask = Mask::new(size);
-        let crop = vec![crate::frame::change_steps(240.0); size * size * 3];
+        let crop = vec![crate::kernels::change_steps(240.0); size * size * 3];
         let at = |x0: f64| Affine([1.0, 0.0, -x0, 0.0, 1.0, 0.0]);
         let faces = |order: [f64; 2]| {
             order.map(|x0| Paste {
@@ -1141,7 +1142,7 @@ mod tests {
         let size = 256;
         let crop: Vec<i16> = (0..size * size)
             .flat_map(|i| {
-                let v = crate::frame::change_steps(if (i % size + i / size) % 2 == 0 { 0.0 } else { 255.0 });
+                let v = crate::kernels::change_steps(if (i % size + i / size) % 2 == 0 { 0.0 } else { 255.0 });
                 [v, v, v]
             })
             .collect();
@@ -1190,7 +1191,7 @@ mod tests {
             crate::faces::align::warp_face(&frame, (w, h), &to_crop, Some(region), size, &mut t, &mut scratch);
             let (mut crop, zero) = (Vec::new(), vec![0u8; t.len()]);
             assert!(crate::faces::align::tensor_change(
-                crate::cpu::Cpu::detected(),
+                crate::kernels::Cpu::detected(),
                 &t,
                 &zero,
                 size,
@@ -1278,7 +1279,7 @@ mod tests {
     fn skipping_what_lies_outside_the_face_mask_changes_nothing() {
         let (w, h, size) = (700usize, 500usize, 256usize);
         let change: Vec<i16> = (0..size * size * 3)
-            .map(|i| crate::frame::change_steps(((i * 31) % 17) as f32 - 8.0))
+            .map(|i| crate::kernels::change_steps(((i * 31) % 17) as f32 - 8.0))
             .collect();
         let t = crate::faces::align::template(size);
         let with = Mask::face(size, &t);
@@ -1363,7 +1364,7 @@ mod tests {
             }
             let mut fast = Vec::new();
             let want = halve(&src, w, h, &mut out);
-            for cpu in crate::cpu::Cpu::available() {
+            for cpu in crate::kernels::Cpu::available() {
                 // The row pairs' sums reused from a wider change, as from face to face.
                 let mut sums = vec![i32::MAX; 9 * w];
                 assert_eq!(halve_steps(cpu, &src, w, h, &mut fast, &mut sums), want);

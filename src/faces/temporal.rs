@@ -23,8 +23,9 @@
 use std::collections::HashMap;
 use std::ops::Range;
 
-use crate::cpu::Cpu;
-use crate::frame::{round_steps, FaceJob, CHANGE_STEPS};
+use crate::frame::FaceJob;
+use crate::kernels::Cpu;
+use crate::kernels::{round_steps, CHANGE_STEPS};
 use crate::stats::Flicker;
 
 /// Input luma difference (levels, half-resolution crop) up to which a pixel's history keeps its
@@ -343,7 +344,7 @@ impl Band<'_> {
     fn run(self, scratch: &mut Vec<f32>) -> Partial {
         #[cfg(target_arch = "x86_64")]
         if self.cpu.avx2() {
-            // SAFETY: a `Cpu` says AVX2 only where this CPU has it (see `crate::cpu`).
+            // SAFETY: a `Cpu` says AVX2 only where this CPU has it (see `crate::kernels::cpu`).
             return unsafe { self.run_avx2(scratch) };
         }
         self.run_body(scratch)
@@ -791,7 +792,8 @@ mod tests {
             }
         }
     }
-    use crate::frame::{change_levels, change_steps, Face};
+    use crate::frame::Face;
+    use crate::kernels::{change_levels, change_steps};
 
     /// The averages in steps stay within what rounding each step can add up to (half a step
     /// over 1 - share) of the same averages in floats, over many frames of changing detail:

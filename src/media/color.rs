@@ -12,9 +12,9 @@ use ffmpeg::software::scaling::{Context as Scaler, Flags};
 use ffmpeg::util::frame::video::Video as VideoFrame;
 use ffmpeg_next as ffmpeg;
 
-use crate::cpu::Cpu;
 use crate::frame::{Change, Frame, Picture};
 use crate::geom::Rect;
+use crate::kernels::Cpu;
 use wide::f32x4;
 
 /// The YCbCr matrix of a picture (limited range): what its stream says, else the usual
@@ -807,7 +807,7 @@ thread_local! {
 fn add_change_420(cpu: Cpu, pic: &mut VideoFrame, ch: &Change, rows: &[[f32; 3]; 3]) {
     #[cfg(target_arch = "x86_64")]
     if cpu.avx2() {
-        // SAFETY: a `Cpu` says AVX2 only where this CPU has it (see `crate::cpu`).
+        // SAFETY: a `Cpu` says AVX2 only where this CPU has it (see `crate::kernels::cpu`).
         return unsafe { add_change_420_avx2(pic, ch, rows) };
     }
     add_change_420_body(pic, ch, rows)

@@ -1113,7 +1113,7 @@ mod tests {
             // Twenty levels brighter, less in blue.
             job.restored = Some(
                 (0..3 * size * size)
-                    .map(|i| crate::frame::change_steps([20.0, 20.0, 5.0][i % 3]))
+                    .map(|i| crate::kernels::change_steps([20.0, 20.0, 5.0][i % 3]))
                     .collect(),
             );
             let mut ff = FaceFrame {
