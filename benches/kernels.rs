@@ -8,10 +8,12 @@
 use std::hint::black_box;
 use std::time::Instant;
 
-use gpen_video::faces::align::{crop_to_tensor, template, warp_face, warp_to_tensor, WarpScratch};
+use gpen_video::faces::align::template;
 use gpen_video::faces::paste::{changes, Mask, Paste, Scratch};
 use gpen_video::geom::{crop_footprint, fit_similarity, Affine};
 use gpen_video::kernels::change_steps;
+use gpen_video::kernels::tensor::crop_to_tensor;
+use gpen_video::kernels::warp::{warp_face, warp_to_tensor, WarpScratch};
 use gpen_video::kernels::Cpu;
 
 /// Median milliseconds of `runs` calls of `f`.

@@ -182,10 +182,10 @@ pub struct FaceJob {
     /// The frame region the crop covers (clipped to the frame), if any; set at alignment.
     pub region: Option<Rect>,
     /// The aligned crop in planar RGB24 (`3 * size * size` bytes: the model's input before
-    /// its float conversion, see [`crate::faces::align::crop_to_tensor`]).
+    /// its float conversion, see [`crate::kernels::tensor::crop_to_tensor`]).
     pub crop: Vec<u8>,
     /// What the model changed in the crop, once enhanced: packed RGB of `size * size` in
-    /// steps of [`CHANGE_STEPS`](crate::kernels::CHANGE_STEPS) (see [`crate::faces::align::tensor_change`]).
+    /// steps of [`CHANGE_STEPS`](crate::kernels::CHANGE_STEPS) (see [`crate::kernels::tensor::tensor_change`]).
     pub restored: Option<Vec<i16>>,
     /// The mesh outline in the model's crop (placed by the mesh's own five points, so the
     /// smoothing of the points does not move it), for the mesh paste mask.

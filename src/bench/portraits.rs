@@ -167,7 +167,7 @@ fn generate(dir: &Path, n: usize, log: &dyn Fn(&str)) -> Result<Vec<PathBuf>> {
                 let xo = if i % 2 == 1 { side - 1 - x } else { x };
                 let sx = cx * sw as f32 + (xo as f32 + 0.5 - side as f32 / 2.0) * k - 0.5;
                 let sy = cy * sh as f32 + (y as f32 + 0.5 - side as f32 / 2.0) * k - 0.5;
-                let px = crate::faces::align::sample_rgb_f32(&picture, sw, sh, sx, sy);
+                let px = crate::kernels::sample::sample_rgb_f32(&picture, sw, sh, sx, sy);
                 let d = (y * side + x) * 3;
                 for c in 0..3 {
                     rgb[d + c] = px[c].round().clamp(0.0, 255.0) as u8;

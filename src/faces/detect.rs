@@ -890,7 +890,7 @@ fn fill_window_resampled(
             if xs < -0.5 || ys < -0.5 || xs > sw as f32 - 0.5 || ys > sh as f32 - 0.5 {
                 continue;
             }
-            let px = crate::faces::align::sample_rgb_f32(det, sw, sh, xs, ys);
+            let px = crate::kernels::sample::sample_rgb_f32(det, sw, sh, xs, ys);
             for (c, v) in px.into_iter().enumerate() {
                 input[c * plane + yi * nw + xi] = v;
             }

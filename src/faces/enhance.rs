@@ -228,7 +228,7 @@ impl Enhancer {
             let at = slot * item..(slot + 1) * item;
             match &mut bound.tensors {
                 Tensors::Bytes(i, _) => i.extract_tensor_mut().1[at].copy_from_slice(crop),
-                Tensors::Floats(i, _) => crate::faces::align::crop_to_tensor(
+                Tensors::Floats(i, _) => crate::kernels::tensor::crop_to_tensor(
                     crate::kernels::Cpu::detected(),
                     crop,
                     &mut i.extract_tensor_mut().1[at],

@@ -11,9 +11,11 @@
 
 use wide::f32x4;
 
-use crate::faces::align::{cubic3_taps, cubic_weights4, mip_level, sample_cubic3, Tap};
 use crate::frame::Change;
 use crate::geom::{Affine, Rect};
+use crate::kernels::halve::{halve, halve_steps};
+use crate::kernels::sample::{cubic3_taps, cubic_weights4, sample_cubic3, Tap};
+use crate::kernels::warp::mip_level;
 use crate::kernels::CHANGE_STEPS;
 
 /// The paste mask's shape.
@@ -448,7 +450,7 @@ pub(crate) const MIP_FROM: f64 = 3.0;
 
 /// One face to paste: what the model changed in its crop (restored minus the crop it was given,
 /// packed RGB in steps of [`CHANGE_STEPS`], the mask's size: see
-/// [`crate::faces::align::tensor_change`]) and where it goes.
+/// [`crate::kernels::tensor::tensor_change`]) and where it goes.
 pub struct Paste<'a> {
     pub change: &'a [i16],
     pub to_crop: Affine,
@@ -598,103 +600,6 @@ pub fn paste(frame: &mut [u8], width: usize, change: &[i16], to_crop: &Affine, r
     paste_all(frame, width, &[face], mask, blend, &mut Scratch::default());
 }
 
-/// Halves a packed three-channel picture of `w x h` (floats, or a change in steps) into floats
-/// by 2x2 box averages (odd edges repeat the last pixel).
-pub(crate) fn halve<T: Copy + Into<f32>>(src: &[T], w: usize, h: usize, out: &mut Vec<f32>) -> (usize, usize) {
-    let (hw, hh) = (w.div_ceil(2).max(1), h.div_ceil(2).max(1));
-    out.clear();
-    if w.is_multiple_of(2) && h.is_multiple_of(2) {
-        // Even sides (a crop's levels): each block's two rows side by side, no edge to repeat;
-        // the same sums in the same order (0.90 against 1.01 core-ms a face for the group
-        // sample's paste without it, paired).
-        out.resize(hw * hh * 3, 0.0);
-        for (o, rows) in out.chunks_exact_mut(hw * 3).zip(src.chunks_exact(2 * w * 3)) {
-            let (top, bottom) = rows.split_at(w * 3);
-            for ((o, t), b) in o
-                .chunks_exact_mut(3)
-                .zip(top.chunks_exact(6))
-                .zip(bottom.chunks_exact(6))
-            {
-                for c in 0..3 {
-                    let [tl, tr, bl, br]: [f32; 4] = [t[c], t[3 + c], b[c], b[3 + c]].map(Into::into);
-                    o[c] = (((tl + tr) + bl) + br) * 0.25;
-                }
-            }
-        }
-        return (hw, hh);
-    }
-    out.reserve(hw * hh * 3);
-    for y in 0..hh {
-        let (ya, yb) = ((2 * y).min(h - 1), (2 * y + 1).min(h - 1));
-        for x in 0..hw {
-            let (xa, xb) = ((2 * x).min(w - 1), (2 * x + 1).min(w - 1));
-            for c in 0..3 {
-                let at = |y: usize, x: usize| -> f32 { src[(y * w + x) * 3 + c].into() };
-                let s = at(ya, xa) + at(ya, xb) + at(yb, xa) + at(yb, xb);
-                out.push(s * 0.25);
-            }
-        }
-    }
-    (hw, hh)
-}
-
-/// [`halve`] of a change in steps: the same values (a block's four steps sum exactly in any
-/// order, in integers as in floats, so the sum is the one [`halve`] makes), each pair of rows
-/// summed in integers first and each block from its two columns' sums, loops the compiler
-/// turns into vector code (compiled for AVX2 where the CPU has it); odd sides go to [`halve`].
-/// `sums` holds a row pair's sums (reused from face to face).
-pub(crate) fn halve_steps(
-    cpu: crate::kernels::Cpu,
-    src: &[i16],
-    w: usize,
-    h: usize,
-    out: &mut Vec<f32>,
-    sums: &mut Vec<i32>,
-) -> (usize, usize) {
-    if !(w.is_multiple_of(2) && h.is_multiple_of(2)) || w == 0 || h == 0 {
-        return halve(src, w, h, out);
-    }
-    #[cfg(target_arch = "x86_64")]
-    if cpu.avx2() {
-        // SAFETY: a `Cpu` says AVX2 only where this CPU has it (see `crate::kernels::cpu`).
-        return unsafe { halve_steps_avx2(src, w, h, out, sums) };
-    }
-    halve_steps_body(src, w, h, out, sums)
-}
-
-/// [`halve_steps_body`] compiled for AVX2.
-///
-/// # Safety
-/// The CPU must have AVX2.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn halve_steps_avx2(src: &[i16], w: usize, h: usize, out: &mut Vec<f32>, sums: &mut Vec<i32>) -> (usize, usize) {
-    halve_steps_body(src, w, h, out, sums)
-}
-
-/// The body of [`halve_steps`], for even sides.
-#[inline(always)]
-fn halve_steps_body(src: &[i16], w: usize, h: usize, out: &mut Vec<f32>, cols: &mut Vec<i32>) -> (usize, usize) {
-    let (hw, hh) = (w / 2, h / 2);
-    out.clear();
-    out.resize(hw * hh * 3, 0.0);
-    // Every value is written before it is read, row pair by row pair.
-    cols.resize(w * 3, 0);
-    for (o, rows) in out.chunks_exact_mut(hw * 3).zip(src.chunks_exact(2 * w * 3)) {
-        let (top, bottom) = rows.split_at(w * 3);
-        for ((c, &t), &b) in cols.iter_mut().zip(top).zip(bottom) {
-            *c = i32::from(t) + i32::from(b);
-        }
-        // A block's value c: its left column's c plus its right column's (three values on).
-        for (o, pair) in o.chunks_exact_mut(3).zip(cols.chunks_exact(6)) {
-            for c in 0..3 {
-                o[c] = (pair[c] + pair[3 + c]) as f32 * 0.25;
-            }
-        }
-    }
-    (hw, hh)
-}
-
 /// Indices of faces in groups whose regions overlap (directly or through another face).
 fn overlapping_groups(faces: &[Paste]) -> Vec<Vec<usize>> {
     let overlap = |a: Rect, b: Rect| a.x0 < b.x1 && b.x0 < a.x1 && a.y0 < b.y1 && b.y0 < a.y1;
@@ -795,7 +700,7 @@ fn accumulate_level<T: Tap>(
     let rw = r.width();
     let Rect { x0, y0, x1, y1 } = face.region;
     let (half, inv_k) = (f32x4::splat((k - 1.0) / 2.0), f32x4::splat(1.0 / k));
-    // Level points whose taps [`cubic3_taps`] may read (see [`crate::faces::align::cubic3_inside`]).
+    // Level points whose taps [`cubic3_taps`] may read (see [`crate::kernels::sample::cubic3_inside`]).
     let (one, lim_u, lim_v) = (
         f32x4::splat(1.0),
         f32x4::splat(sw as f32 - 3.0),
@@ -912,6 +817,7 @@ fn accumulate_cell(row: &mut [f32], cells: Cells, x: usize, a: f32, p: [f32; 3])
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kernels::halve::halve_steps_body;
 
     /// Four points at once give what one point at a time gives (f32 against f64 arithmetic:
     /// within a millionth), off the crop included, for a tabulated mask and a coarser mesh one.
@@ -1187,10 +1093,10 @@ mod tests {
             let to_crop = crate::geom::similarity(0.1, scale, -(scale * 37.3), -(scale * 41.7));
             let region = crate::geom::crop_footprint(&to_crop, size, w, h).unwrap();
             let mut t = vec![0.0f32; 3 * size * size];
-            let mut scratch = crate::faces::align::WarpScratch::default();
-            crate::faces::align::warp_face(&frame, (w, h), &to_crop, Some(region), size, &mut t, &mut scratch);
+            let mut scratch = crate::kernels::warp::WarpScratch::default();
+            crate::kernels::warp::warp_face(&frame, (w, h), &to_crop, Some(region), size, &mut t, &mut scratch);
             let (mut crop, zero) = (Vec::new(), vec![0u8; t.len()]);
-            assert!(crate::faces::align::tensor_change(
+            assert!(crate::kernels::tensor::tensor_change(
                 crate::kernels::Cpu::detected(),
                 &t,
                 &zero,

@@ -4,8 +4,13 @@
 //! nothing of faces, frames or FFmpeg. faces/ and media/ hold the policy (which face, which crop,
 //! which mask, which picture) and call down here.
 
+pub mod bands;
 pub mod cpu;
+pub mod halve;
+pub mod sample;
 pub mod steps;
+pub mod tensor;
+pub mod warp;
 
 pub use cpu::Cpu;
 pub use steps::{change_levels, change_steps, round_steps, CHANGE_STEPS};

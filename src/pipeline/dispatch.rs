@@ -10,10 +10,10 @@ use anyhow::{anyhow, bail, Result};
 use crossbeam_channel::{never, select, Receiver, Sender};
 
 use super::DEPTH;
-use crate::faces::align::{bytes_change, tensor_change};
 use crate::faces::enhance::Restored as Output;
 use crate::faces::enhance::Worker;
 use crate::frame::{FaceFrame, Pool};
+use crate::kernels::tensor::{bytes_change, tensor_change};
 use crate::kernels::Cpu;
 use crate::stats::{Clock, StageStat, WorkerStat};
 

@@ -15,13 +15,13 @@ use super::sink::FacesSink;
 use super::DEPTH;
 use crate::budget::Budget;
 use crate::engine::{CancelToken, Cancelled, Kind, KindExt};
-use crate::faces::align::{filtered, mip_level, warp_area_loading, warp_cubic_loading, warp_face, WarpScratch};
 use crate::faces::detect::{iou, nms_by, Detector, Passer};
 use crate::faces::mesh::{self, Mesher};
 use crate::faces::paste::{apply_rgb, changes, Mask, MaskKind, Paste, Scratch};
 use crate::faces::smooth::Smoother;
 use crate::frame::{Face, FaceFrame, FaceJob, Frame, Picture, Pool, View};
 use crate::geom::{crop_footprint, fit_similarity, Affine, Rect};
+use crate::kernels::warp::{filtered, mip_level, warp_area_loading, warp_cubic_loading, warp_face, WarpScratch};
 use crate::media::color::{add_changes, writable};
 use crate::media::decode::Decoder;
 use crate::media::still::Writer;
@@ -688,7 +688,7 @@ pub(crate) fn align(ctx: &StageCtx, rx: Receiver<FaceFrame>, tx: Sender<FaceFram
             let (to_crop, region) = align_face(&mut ff.frame, &job.face, (tpl, size), &mut crop, scratch);
             if let Some(pool) = luma_pool {
                 let mut luma = pool.get();
-                crate::faces::align::crop_luma_half(scratch.cpu(), &crop, size, &mut luma);
+                crate::kernels::tensor::crop_luma_half(scratch.cpu(), &crop, size, &mut luma);
                 job.luma = luma;
             }
             (job.to_crop, job.region, job.crop) = (to_crop, region, crop);
@@ -728,7 +728,7 @@ pub fn align_face(
 /// face region converted from the planes straight into texels; a face larger than the crop
 /// (filtered first, see [`warp_face`]) or a frame held in RGB is read from the frame's RGB,
 /// which is made to cover the region first.
-fn warp_from_frame<O: crate::faces::align::CropOut + ?Sized>(
+fn warp_from_frame<O: crate::kernels::warp::CropOut + ?Sized>(
     f: &mut Frame,
     to_crop: &Affine,
     region: Option<Rect>,
@@ -768,7 +768,7 @@ fn ready_to_warp(f: &mut Frame, to_crop: &Affine, region: Option<Rect>) {
 
 /// [`warp_from_frame`] on a frame made ready for it by [`ready_to_warp`]: it only reads the
 /// frame, so several threads may warp its faces at once.
-fn warp_ready<O: crate::faces::align::CropOut + ?Sized>(
+fn warp_ready<O: crate::kernels::warp::CropOut + ?Sized>(
     f: &Frame,
     to_crop: &Affine,
     region: Option<Rect>,
