@@ -10,9 +10,11 @@
 //! In a video with a mesh the detect stage follows the faces by their meshes (no mesh stage),
 //! and from four pool threads its whole-frame passes run ahead of it (`pass`).
 //! The line is data: [`plan`] lists the stages a run builds (the optional ones each by one
-//! line), the pools are sized from that list ([`pools_for`]), and [`Line::then`] spawns
-//! each stage on a scoped thread joined to the one before by a bounded channel of `DEPTH`
-//! frames. Every stage borrows what it reads from one [`StageCtx`] built here.
+//! line); each stage declares once ([`Step::declared`]) its name, the frames it keeps and those
+//! that keep it busy, and how it starts (the parts it takes, the body its thread runs); the pools
+//! and a video's budget are sized from that list ([`pools_for`], [`in_flight_for`]), and `wire`
+//! walks it, [`Line::then`] spawning each stage on a scoped thread joined to the one before by
+//! a bounded channel of `DEPTH` frames. Every stage borrows what it reads from one [`StageCtx`] built here.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -127,23 +129,74 @@ struct Decl {
     kept: usize,
     /// Frames in hand that keep it busy: its share of a video's budget of frames in flight.
     busy: usize,
+    /// How it starts: takes its parts and gives the body its thread runs.
+    start: Start,
+}
+
+/// What the middle stages take to run, each part taken by the one stage that runs it (the
+/// detect stage takes the meshers when it follows the faces by their meshes).
+struct Parts<'e> {
+    meshers: Option<&'e mut Vec<crate::faces::mesh::Mesher>>,
+    smoother: Option<Smoother>,
+    workers: Option<&'e mut Vec<crate::faces::enhance::Worker>>,
+    batch: usize,
+    flush: Flush,
+}
+
+/// A middle stage's body: from the line's end into its own queue.
+type Body<'e> = Box<dyn FnOnce(Receiver<FaceFrame>, Sender<FaceFrame>) -> Result<Out> + Send + 'e>;
+
+/// How a stage starts (see [`Decl::start`]).
+type Start = for<'e> fn(&mut Parts<'e>, &'e StageCtx<'e>) -> Body<'e>;
+
+fn start_mesh<'e>(p: &mut Parts<'e>, ctx: &'e StageCtx<'e>) -> Body<'e> {
+    let meshers = p.meshers.take().expect("one mesh stage");
+    Box::new(move |rx, tx| stages::mesh(meshers, ctx, rx, tx).map(|(st, n)| Out::Mesh(st, n)))
+}
+
+fn start_smooth<'e>(p: &mut Parts<'e>, _: &'e StageCtx<'e>) -> Body<'e> {
+    let smoother = p.smoother.take().expect("planned with a smoother");
+    Box::new(move |rx, tx| stages::smooth(smoother, rx, tx).map(|(st, n)| Out::Smooth(st, n)))
+}
+
+fn start_align<'e>(_: &mut Parts<'e>, ctx: &'e StageCtx<'e>) -> Body<'e> {
+    Box::new(move |rx, tx| stages::align(ctx, rx, tx).map(Out::Stage))
+}
+
+fn start_enhance<'e>(p: &mut Parts<'e>, ctx: &'e StageCtx<'e>) -> Body<'e> {
+    let workers = p.workers.take().expect("one enhance stage");
+    let (batch, flush) = (p.batch, p.flush);
+    Box::new(move |rx, tx| enhance(workers, batch, ctx, flush, rx, tx))
+}
+
+fn start_temporal<'e>(_: &mut Parts<'e>, ctx: &'e StageCtx<'e>) -> Body<'e> {
+    Box::new(move |rx, tx| stages::temporal(ctx, rx, tx).map(|(st, f)| Out::Temporal(st, f)))
+}
+
+fn start_paste<'e>(_: &mut Parts<'e>, ctx: &'e StageCtx<'e>) -> Body<'e> {
+    Box::new(move |rx, tx| stages::paste_back(ctx, rx, tx).map(Out::Stage))
 }
 
 impl Step {
     /// The stage's declaration at the run's `s` sizes: where a new stage states its frames.
     fn declared(self, s: &Sizes) -> Decl {
-        let (name, kept, busy) = match self {
-            Step::Mesh => ("mesh", 3 * (s.mesh_threads - 1), s.mesh_threads),
-            Step::Smooth => ("smooth", s.smooth_held, s.smooth_held),
-            Step::Align => ("align", 3 * (s.threads - 1), s.threads),
+        let (name, kept, busy, start): (_, _, _, Start) = match self {
+            Step::Mesh => ("mesh", 3 * (s.mesh_threads - 1), s.mesh_threads, start_mesh),
+            Step::Smooth => ("smooth", s.smooth_held, s.smooth_held, start_smooth),
+            Step::Align => ("align", 3 * (s.threads - 1), s.threads, start_align),
             Step::Enhance => {
                 let held = held_frames(s.batch, s.workers);
-                ("dispatch", held, held)
+                ("dispatch", held, held, start_enhance)
             }
-            Step::Temporal => ("temporal", 0, 1),
-            Step::Paste => ("paste", 3 * (s.threads - 1), s.threads),
+            Step::Temporal => ("temporal", 0, 1, start_temporal),
+            Step::Paste => ("paste", 3 * (s.threads - 1), s.threads, start_paste),
         };
-        Decl { name, kept, busy }
+        Decl {
+            name,
+            kept,
+            busy,
+            start,
+        }
     }
 
     /// Frames the stage may hold: its input queue, the one it works on, and what it keeps.
@@ -255,13 +308,19 @@ pub(crate) fn wire<T: Send>(
         tracked: middle.video,
         sides: middle.sides,
     };
-    let (ctx, flush, batch) = (&ctx, middle.flush, engine.batch);
+    let ctx = &ctx;
     // Each stage after decoding opens the budget when it returns, so a line that stops early
     // never leaves the decoder waiting for frames stuck in a queue.
     let budget = ctx.pools.budget.as_ref();
     // Each taken by the one stage that runs it.
     let detector = &mut engine.detector;
-    let (mut meshers, mut workers, mut smoother) = (Some(&mut engine.meshers), Some(&mut engine.workers), smoother);
+    let mut parts = Parts {
+        meshers: Some(&mut engine.meshers),
+        smoother,
+        workers: Some(&mut engine.workers),
+        batch: engine.batch,
+        flush: middle.flush,
+    };
     let passers_ref = &mut passers;
     let run = std::thread::scope(|s| {
         let (dec_tx, dec_rx) = bounded::<Frame>(DEPTH);
@@ -278,7 +337,7 @@ pub(crate) fn wire<T: Send>(
         // The detect stage turns frames into face frames: the line starts after it.
         let (det_tx, det_rx) = bounded::<FaceFrame>(DEPTH);
         let detect = if follow {
-            let meshers = meshers.take().expect("the detect stage meshes");
+            let meshers = parts.meshers.take().expect("the detect stage meshes");
             s.spawn(opened_on_exit(budget, move || {
                 stages::detect_follow(detector, meshers, ctx, dec_rx, det_tx)
             }))
@@ -293,30 +352,8 @@ pub(crate) fn wire<T: Send>(
             joins: Vec::new(),
         };
         for &step in &steps {
-            let name = step.declared(&sizes).name;
-            match step {
-                Step::Mesh => {
-                    let meshers = meshers.take().expect("one mesh stage");
-                    line.then(s, name, move |rx, tx| {
-                        stages::mesh(meshers, ctx, rx, tx).map(|(st, n)| Out::Mesh(st, n))
-                    });
-                }
-                Step::Smooth => {
-                    let smoother = smoother.take().expect("planned with a smoother");
-                    line.then(s, name, move |rx, tx| {
-                        stages::smooth(smoother, rx, tx).map(|(st, n)| Out::Smooth(st, n))
-                    });
-                }
-                Step::Align => line.then(s, name, move |rx, tx| stages::align(ctx, rx, tx).map(Out::Stage)),
-                Step::Enhance => {
-                    let workers = workers.take().expect("one enhance stage");
-                    line.then(s, name, move |rx, tx| enhance(workers, batch, ctx, flush, rx, tx));
-                }
-                Step::Temporal => line.then(s, name, move |rx, tx| {
-                    stages::temporal(ctx, rx, tx).map(|(st, f)| Out::Temporal(st, f))
-                }),
-                Step::Paste => line.then(s, name, move |rx, tx| stages::paste_back(ctx, rx, tx).map(Out::Stage)),
-            }
+            let Decl { name, start, .. } = step.declared(&sizes);
+            line.then(s, name, start(&mut parts, ctx));
         }
         let Line { rx, joins, .. } = line;
         let encode = s.spawn(opened_on_exit(budget, move || encode(ctx.pools, rx)));
