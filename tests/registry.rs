@@ -500,6 +500,15 @@ fn verify_matches_the_face_mesh_to_its_entry() {
     assert!(r.to_string().contains("face mesh (I/O: ok)"), "{r}");
 }
 
+/// The set-up's face-identity model (dlib's, converted) is the registry's, with a descriptor's I/O.
+#[test]
+fn verify_matches_the_identity_model_to_its_entry() {
+    let r = registry::verify_path(&asset("models/face-id.onnx")).unwrap();
+    assert_eq!(r.entry.as_ref().map(|e| e.name.as_str()), Some("face-id"));
+    assert_eq!(r.checksum, Checksum::Match, "{r}");
+    assert!(matches!(r.facts, ModelFacts::Identity { size: 150, dims: 128 }), "{r}");
+}
+
 #[test]
 fn resolve_model_maps_names_to_files_under_models() {
     let p = registry::resolve_model("centerface").unwrap();

@@ -48,6 +48,8 @@ pub enum Kind {
     Detector,
     /// The face mesh: [N,3,192,192] in, 468 points and a presence logit out.
     Mesh,
+    /// A face descriptor (dlib's face recognition ResNet): [N,3,S,S] in, [N,D] out.
+    Identity,
 }
 
 /// Whether the batch dimension is fixed in the graph.
@@ -206,6 +208,11 @@ impl Registry {
                 Kind::Detector => {
                     if e.input_size != 0 || !e.template.is_empty() {
                         bail!("{n}: a detector has no input_size or template");
+                    }
+                }
+                Kind::Identity => {
+                    if e.input_size == 0 || e.template.is_empty() {
+                        bail!("{n}: an identity model needs input_size and template");
                     }
                 }
                 Kind::Mesh => {

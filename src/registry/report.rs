@@ -38,7 +38,7 @@ pub fn list_table() -> Result<String> {
                 match e.kind {
                     Kind::Enhancer => format!("{0}x{0}", e.input_size),
                     Kind::Detector => "any/32".into(),
-                    Kind::Mesh => format!("{0}x{0}", e.input_size),
+                    Kind::Mesh | Kind::Identity => format!("{0}x{0}", e.input_size),
                 },
                 match e.batch {
                     Batch::Fixed1 => "fixed 1".into(),
@@ -135,6 +135,8 @@ pub enum ModelFacts {
     },
     /// The face mesh's I/O checks out.
     Mesh,
+    /// A face descriptor: [N,3,size,size] in, [N,dims] out.
+    Identity { size: i64, dims: i64 },
 }
 
 /// The result of `verify PATH`.
@@ -188,6 +190,18 @@ pub fn verify_path(path: &Path) -> Result<FileReport> {
 /// CenterFace's through the detector's own check, as `--detector` does. Errors name the file.
 pub(crate) fn read_facts(path: &Path, kind: Option<Kind>) -> Result<ModelFacts> {
     let session = crate::runtime::cpu_session(path, 1, "model")?;
+    let identity = match kind {
+        Some(k) => k == Kind::Identity,
+        None => session
+            .metadata()
+            .ok()
+            .and_then(|m| m.custom("gpen_video.kind"))
+            .is_some_and(|k| k == "face identity"),
+    };
+    if identity {
+        return identity_facts(&session)
+            .with_context(|| format!("{} does not fit a face descriptor's I/O", path.display()));
+    }
     let mesh = match kind {
         Some(k) => k == Kind::Mesh,
         None => session
@@ -233,6 +247,27 @@ pub(crate) fn read_facts(path: &Path, kind: Option<Kind>) -> Result<ModelFacts> 
             .collect();
         ModelFacts::Enhancer { info, meta }
     })
+}
+
+/// A face descriptor's I/O: one input [N,3,S,S], one output [N,D].
+fn identity_facts(session: &ort::session::Session) -> Result<ModelFacts> {
+    let dims = |t: &ort::value::ValueType| match t {
+        ort::value::ValueType::Tensor { shape, .. } => shape.iter().copied().collect(),
+        _ => Vec::new(),
+    };
+    let (inputs, outputs) = (session.inputs(), session.outputs());
+    if inputs.len() != 1 || outputs.len() != 1 {
+        bail!(
+            "expected one input and one output, found {} and {}",
+            inputs.len(),
+            outputs.len()
+        );
+    }
+    let (i, o): (Vec<i64>, Vec<i64>) = (dims(inputs[0].dtype()), dims(outputs[0].dtype()));
+    if i.len() != 4 || i[1] != 3 || i[2] <= 0 || i[2] != i[3] || o.len() != 2 || o[1] <= 0 {
+        bail!("input {i:?} and output {o:?}, not [N,3,S,S] and [N,D]");
+    }
+    Ok(ModelFacts::Identity { size: i[2], dims: o[1] })
 }
 
 impl fmt::Display for FileReport {
@@ -286,6 +321,11 @@ impl fmt::Display for FileReport {
                     crate::faces::mesh::SIZE
                 )?;
                 writeln!(f, "  outputs    468 points x (x, y, z); face-presence logit")?;
+            }
+            ModelFacts::Identity { size, dims } => {
+                writeln!(f, "  kind       face identity (I/O: ok)")?;
+                writeln!(f, "  input      float32 [N,3,{size},{size}], RGB in [0,255]")?;
+                writeln!(f, "  output     float32 [N,{dims}] descriptor")?;
             }
             ModelFacts::Detector { input, shape, outputs } => {
                 let dims: Vec<String> = shape
