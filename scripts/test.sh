@@ -14,6 +14,17 @@ SAMPLES=test scripts/setup.sh
 # shellcheck disable=SC1091
 source .deps/env.sh
 scripts/container-pins.sh
+# Photos of real people for the identity tests (Rust and the conversion's): face_recognition's
+# test images (its sdist, 3 MB; White House photographs, public domain), unpacked into
+# samples/people/.
+[ -f .deps/wheels/face_recognition-1.3.0.tar.gz ] ||
+  .deps/venv/bin/python -m pip download -q --disable-pip-version-check --no-deps --no-binary=:all: \
+    "face_recognition==1.3.0" -d .deps/wheels
+mkdir -p samples/people
+[ -f samples/people/biden.jpg ] ||
+  tar -xzf .deps/wheels/face_recognition-1.3.0.tar.gz -C samples/people --strip-components=3 \
+    face_recognition-1.3.0/tests/test_images/obama.jpg face_recognition-1.3.0/tests/test_images/obama2.jpg \
+    face_recognition-1.3.0/tests/test_images/obama3.jpg face_recognition-1.3.0/tests/test_images/biden.jpg
 cargo fmt --all -- --check
 cargo clippy --release --locked --all-targets -- -D warnings
 cargo test --release --locked
@@ -25,10 +36,6 @@ scripts/container-build-stage.py
 # TFLite's own interpreter, the reference the face-mesh conversion is tested against.
 .deps/venv/bin/python -c "import ai_edge_litert" 2>/dev/null ||
   .deps/venv/bin/python -m pip install -q --disable-pip-version-check "ai-edge-litert==2.3.0"
-# The face-identity conversion's photos: face_recognition's test images (its sdist, 3 MB).
-[ -f .deps/wheels/face_recognition-1.3.0.tar.gz ] ||
-  .deps/venv/bin/python -m pip download -q --disable-pip-version-check --no-deps --no-binary=:all: \
-    "face_recognition==1.3.0" -d .deps/wheels
 .deps/venv/bin/python -m unittest discover -s models -p 'test_*.py'
 if [ "${GPEN_VIDEO_SLURM_TEST:-0}" = 1 ]; then
   scripts/slurm-test.sh

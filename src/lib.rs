@@ -18,6 +18,7 @@ pub mod kernels;
 pub mod media;
 pub mod output;
 pub mod parts;
+pub mod people;
 pub mod pipeline;
 pub mod registry;
 pub mod runtime;
