@@ -45,6 +45,11 @@ pub(crate) const MASK: &str = "mesh";
 /// The face mesh's presence probability below which a detection is dropped (MediaPipe's own
 /// threshold).
 pub(crate) const FACE_CHECK: f32 = 0.5;
+/// Identity distance under which two faces are one person (`--face-distance`): dlib's usual
+/// threshold for its 128-D descriptors (same person below it on 99.4 % of LFW's pairs).
+pub(crate) const FACE_DISTANCE: f32 = 0.6;
+/// The face-identity model (made by scripts/setup.sh from dlib's model).
+pub(crate) const FACE_ID_MODEL: &str = "models/face-id.onnx";
 /// A detection scoring at least this is kept whatever the face mesh's presence: the mesh was
 /// made for clear faces, and doubts the blurred, blocky and noisy ones a restorer exists for.
 pub(crate) const CONFIDENT: f32 = 0.75;

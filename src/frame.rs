@@ -199,6 +199,8 @@ pub struct FaceJob {
     /// not confident: the smoother keeps it only if detections that look like a face confirm it
     /// where it lies (see [`crate::defaults::SUPPORT_SCORE`]).
     pub doubt: bool,
+    /// Why the face is left alone (`small`, `not named`, `skipped`: see `people::Chooser`).
+    pub left: Option<&'static str>,
 }
 
 impl FaceJob {
@@ -214,6 +216,7 @@ impl FaceJob {
             track: None,
             luma: Vec::new(),
             doubt: false,
+            left: None,
         }
     }
 }
@@ -223,6 +226,9 @@ impl FaceJob {
 pub(crate) struct FaceFrame {
     pub frame: Frame,
     pub faces: Vec<FaceJob>,
+    /// Faces the job's selection leaves alone (each with [`FaceJob::left`]): recorded, never
+    /// restored.
+    pub left: Vec<FaceJob>,
 }
 
 /// A free list of reusable buffers shared between stages: the hot path takes a buffer here

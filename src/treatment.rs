@@ -30,6 +30,8 @@ pub struct Treatment {
     pub fp16: bool,
     #[command(flatten)]
     pub detection: DetectSettings,
+    #[command(flatten)]
+    pub selection: crate::people::Selection,
     /// How much of the restored face to blend in: 0 keeps the original, 1 the restored face.
     #[arg(long, default_value_t = defaults::BLEND, value_name = "0..1", help_heading = "Output")]
     pub blend: f32,
@@ -144,6 +146,7 @@ impl Treatment {
 
     /// Checks every range (NaN fails every comparison, so each range accepts only good values).
     pub fn check(&self) -> Result<()> {
+        self.selection.check()?;
         let in_range = |v: f32, lo: f32, hi: f32| (lo..=hi).contains(&v);
         if !in_range(self.blend, 0.0, 1.0) {
             bail!("--blend must be between 0 and 1, got {}", self.blend);

@@ -435,6 +435,7 @@ mod tests {
                     })
                 })
                 .collect(),
+            left: Vec::new(),
         }
     }
 

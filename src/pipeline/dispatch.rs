@@ -360,6 +360,7 @@ mod tests {
         FaceFrame {
             frame: Frame::blank(index),
             faces: (0..faces).map(|_| job()).collect(),
+            left: Vec::new(),
         }
     }
 

@@ -28,6 +28,9 @@ struct FaceRecord<'a> {
     face: &'a Face,
     #[serde(skip_serializing_if = "Option::is_none")]
     track: Option<u64>,
+    /// Why the face was left alone (`small`, `not named`, `skipped`), absent when restored.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    left: Option<&'static str>,
 }
 
 /// Streams frame records into a pending file.
@@ -56,12 +59,17 @@ impl FacesSink {
     fn line(index: u64, faces: &[FaceJob]) -> Result<String> {
         let record = FrameRecord {
             frame: index,
-            regions: faces.iter().filter_map(|f| f.region).collect(),
+            regions: faces
+                .iter()
+                .filter(|f| f.left.is_none())
+                .filter_map(|f| f.region)
+                .collect(),
             faces: faces
                 .iter()
                 .map(|f| FaceRecord {
                     face: &f.face,
                     track: f.track,
+                    left: f.left,
                 })
                 .collect(),
         };

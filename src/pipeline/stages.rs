@@ -106,7 +106,14 @@ pub fn detect(
             .with_context(|| format!("detect stage, frame {}", frame.index))?;
         det_pool.put(std::mem::take(&mut frame.det));
         let faces = faces.into_iter().map(FaceJob::detected).collect();
-        if tx.send(FaceFrame { frame, faces }).is_err() {
+        if tx
+            .send(FaceFrame {
+                frame,
+                faces,
+                left: Vec::new(),
+            })
+            .is_err()
+        {
             break;
         }
     }
@@ -221,7 +228,14 @@ pub(crate) fn detect_follow(
             .with_context(|| format!("detect stage, frame {index}"))?;
         follow.keep(&faces);
         ctx.pools.det.put(std::mem::take(&mut frame.det));
-        if tx.send(FaceFrame { frame, faces }).is_err() {
+        if tx
+            .send(FaceFrame {
+                frame,
+                faces,
+                left: Vec::new(),
+            })
+            .is_err()
+        {
             break;
         }
     }
@@ -675,6 +689,28 @@ pub fn smooth(
     Ok((clock.finish(), smoother.doubted()))
 }
 
+/// Leaves alone the faces the job's selection leaves out (too small, or not the people it
+/// names: see [`crate::people::Chooser`]): they travel on in [`FaceFrame::left`] for the record.
+pub(crate) fn choose(
+    mut chooser: crate::people::Chooser,
+    rx: Receiver<FaceFrame>,
+    tx: Sender<FaceFrame>,
+) -> Result<StageStat> {
+    let mut clock = Clock::new("choose", DEPTH);
+    while let Some(mut ff) = recv(&rx, &mut clock) {
+        clock.time(|| chooser.choose(&mut ff))?;
+        if tx.send(ff).is_err() {
+            break;
+        }
+    }
+    tracing::debug!(
+        "choose: {} faces described, {} left alone",
+        chooser.described,
+        chooser.left
+    );
+    Ok(clock.finish())
+}
+
 /// Aligns every face to the model's template and warps its crop (buffers from the crop pool;
 /// with the temporal filter, the crop's half-resolution luma too), on the pool stages' threads;
 /// frames leave in order.
@@ -929,7 +965,15 @@ pub fn encode(
     let mut clock = Clock::new("encode", DEPTH);
     let (mut n_faces, mut with_faces) = (0u64, 0u64);
     let out = output.display();
-    while let Some(FaceFrame { mut frame, faces: jobs }) = recv(&rx, &mut clock) {
+    while let Some(FaceFrame {
+        mut frame,
+        faces: mut jobs,
+        left,
+    }) = recv(&rx, &mut clock)
+    {
+        // The faces left alone are recorded with the restored ones, after them.
+        let restored = jobs.len() as u64;
+        jobs.extend(left);
         if frame.warm {
             // A segment's warm-up frame: it built the state, it is not written.
             if let Some(sink) = &mut faces {
@@ -950,8 +994,8 @@ pub fn encode(
             .with_context(|| format!("encode stage, output {out}, frame {}", frame.index))
             .kind(Kind::Io)?;
         clock.count(1);
-        n_faces += jobs.len() as u64;
-        with_faces += u64::from(!jobs.is_empty());
+        n_faces += restored;
+        with_faces += u64::from(restored > 0);
         if let Some(sink) = &mut faces {
             sink.frame(frame.index, &jobs)?;
         }
@@ -1119,6 +1163,7 @@ mod tests {
             let mut ff = FaceFrame {
                 frame,
                 faces: vec![job],
+                left: Vec::new(),
             };
             let mask = Mask::build(MaskKind::Face, size, &tpl);
             let pools = (&Pool::new(2), &Pool::new(2));

@@ -242,7 +242,7 @@ fn encode<R: Send>(
     let run = || {
         let mut clock = Clock::new("encode", DEPTH);
         let (mut n_faces, mut with_faces) = (0u64, 0u64);
-        while let Ok(FaceFrame { mut frame, faces }) = {
+        while let Ok(FaceFrame { mut frame, faces, .. }) = {
             clock.queue(rx.len());
             rx.recv()
         } {

@@ -102,6 +102,7 @@ pub(crate) struct Encoded<T> {
 enum Step {
     Mesh,
     Smooth,
+    Choose,
     Align,
     Enhance,
     Temporal,
@@ -139,6 +140,7 @@ struct Parts<'e> {
     meshers: Option<&'e mut Vec<crate::faces::mesh::Mesher>>,
     smoother: Option<Smoother>,
     workers: Option<&'e mut Vec<crate::faces::enhance::Worker>>,
+    chooser: Option<crate::people::Chooser>,
     batch: usize,
     flush: Flush,
 }
@@ -157,6 +159,11 @@ fn start_mesh<'e>(p: &mut Parts<'e>, ctx: &'e StageCtx<'e>) -> Body<'e> {
 fn start_smooth<'e>(p: &mut Parts<'e>, _: &'e StageCtx<'e>) -> Body<'e> {
     let smoother = p.smoother.take().expect("planned with a smoother");
     Box::new(move |rx, tx| stages::smooth(smoother, rx, tx).map(|(st, n)| Out::Smooth(st, n)))
+}
+
+fn start_choose<'e>(p: &mut Parts<'e>, _: &'e StageCtx<'e>) -> Body<'e> {
+    let chooser = p.chooser.take().expect("planned with a chooser");
+    Box::new(move |rx, tx| stages::choose(chooser, rx, tx).map(Out::Stage))
 }
 
 fn start_align<'e>(_: &mut Parts<'e>, ctx: &'e StageCtx<'e>) -> Body<'e> {
@@ -183,6 +190,7 @@ impl Step {
         let (name, kept, busy, start): (_, _, _, Start) = match self {
             Step::Mesh => ("mesh", 3 * (s.mesh_threads - 1), s.mesh_threads, start_mesh),
             Step::Smooth => ("smooth", s.smooth_held, s.smooth_held, start_smooth),
+            Step::Choose => ("choose", 0, 1, start_choose),
             Step::Align => ("align", 3 * (s.threads - 1), s.threads, start_align),
             Step::Enhance => {
                 let held = held_frames(s.batch, s.workers);
@@ -210,6 +218,7 @@ fn plan(engine: &Engine, middle: &Middle) -> Vec<Step> {
     let mut steps = Vec::new();
     steps.extend((!engine.meshers.is_empty() && !follows(engine, middle)).then_some(Step::Mesh));
     steps.extend(middle.video.then_some(Step::Smooth));
+    steps.extend(middle.treatment.selection.active().then_some(Step::Choose));
     steps.extend([Step::Align, Step::Enhance]);
     // Always measured in a video; filtered when its memory is above 0.
     steps.extend(middle.video.then_some(Step::Temporal));
@@ -281,6 +290,22 @@ pub(crate) fn wire<T: Send>(
     encode: impl FnOnce(&Pools, Receiver<FaceFrame>) -> Result<Encoded<T>> + Send,
 ) -> Result<(Summary, T)> {
     let steps = plan(engine, &middle);
+    // The people named are described before any frame is decoded: a photo without a face
+    // fails the job here.
+    let chooser = if middle.treatment.selection.active() {
+        let size = engine.detector.size;
+        let model = crate::config::find_asset(crate::defaults::FACE_ID_MODEL);
+        let c = crate::people::Chooser::new(
+            &middle.treatment.selection,
+            &mut engine.detector,
+            model.as_deref(),
+            engine.key.rotation,
+        );
+        engine.detector.start(size);
+        Some(c?)
+    } else {
+        None
+    };
     let follow = follows(engine, &middle);
     let mut passers = passers_for(engine, follow);
     let every = engine.detector.every();
@@ -318,6 +343,7 @@ pub(crate) fn wire<T: Send>(
         meshers: Some(&mut engine.meshers),
         smoother,
         workers: Some(&mut engine.workers),
+        chooser,
         batch: engine.batch,
         flush: middle.flush,
     };

@@ -1,0 +1,171 @@
+//! Whose faces: `--only-face`, `--skip-face` and `--min-face` on real photos of two real people
+//! side by side (Barack Obama and Joe Biden, White House photographs from face_recognition's test
+//! images, public domain, unpacked by scripts/test.sh into samples/people/), named by other
+//! photos of them, in a video and a still, through a stand-in that changes every face it is given.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::*;
+
+fn people(p: &str) -> PathBuf {
+    let path = asset(&format!("samples/people/{p}"));
+    assert!(
+        path.is_file(),
+        "{} is missing: run scripts/test.sh first",
+        path.display()
+    );
+    path
+}
+
+/// Obama on the left, Biden on the right, each fitted into 360x480: a one-second clip, or one still.
+fn pair(dir: &Path, still: bool) -> PathBuf {
+    let out = dir.join(if still { "pair.png" } else { "pair.mp4" });
+    let (a, b) = (people("obama.jpg"), people("biden.jpg"));
+    let fit = "scale=360:480:force_original_aspect_ratio=decrease,pad=360:480:(ow-iw)/2:(oh-ih)/2";
+    let filter = format!("[0]{fit}[a];[1]{fit}[b];[a][b]hstack,format=yuv420p");
+    let mut args = vec![
+        "-loop",
+        "1",
+        "-i",
+        arg(&a),
+        "-loop",
+        "1",
+        "-i",
+        arg(&b),
+        "-filter_complex",
+        &filter,
+    ];
+    if still {
+        args.extend(["-frames:v", "1"]);
+    } else {
+        args.extend(["-t", "1", "-r", "10", "-c:v", "libx264", "-crf", "16"]);
+    }
+    args.push(arg(&out));
+    ffmpeg(&args);
+    out
+}
+
+/// Mean absolute change (levels) inside each box from `input` to `output`, across frames.
+fn boxes_changed(input: &Path, output: &Path, boxes: &[[f64; 4]]) -> Vec<f64> {
+    let ((w, _, a), (_, _, b)) = (rgb_frames(input), rgb_frames(output));
+    boxes
+        .iter()
+        .map(|bx| {
+            let (mut sum, mut n) = (0.0, 0.0);
+            for (fa, fb) in a.iter().zip(&b) {
+                for y in bx[1] as usize..bx[3] as usize {
+                    for x in bx[0] as usize..bx[2] as usize {
+                        let i = (y * w + x) * 3;
+                        sum += (0..3)
+                            .map(|c| (f64::from(fa[i + c]) - f64::from(fb[i + c])).abs())
+                            .sum::<f64>();
+                        n += 3.0;
+                    }
+                }
+            }
+            sum / n
+        })
+        .collect()
+}
+
+/// Runs the negating stand-in on `input` with `extra`; the change of each half and the
+/// `left` reasons of the first frame's faces, left to right.
+fn run(dir: &Path, input: &Path, extra: &[&str]) -> (Vec<f64>, Vec<String>) {
+    let ext = input.extension().unwrap().to_str().unwrap();
+    let out = dir.join(format!("out-{}.{ext}", extra.join("-").replace(['/', '.'], "_")));
+    let json = dir.join("faces.json");
+    let model = asset("models/standin/negate-512.onnx");
+    let mut args: Vec<&dyn AsRef<std::ffi::OsStr>> = vec![&input, &out, &"--model", &model, &"--faces-json", &json];
+    let extra: Vec<String> = extra
+        .iter()
+        .map(|a| {
+            if a.ends_with(".jpg") {
+                arg(&people(a)).to_string()
+            } else {
+                a.to_string()
+            }
+        })
+        .collect();
+    for a in &extra {
+        args.push(a);
+    }
+    ok(&gpen(&args));
+    let text = std::fs::read_to_string(&json).unwrap();
+    let first = text.lines().find(|l| l.starts_with("{\"frame\"")).unwrap().to_string();
+    let mut faces: Vec<([f64; 4], String)> = first
+        .split("{\"bbox\":[")
+        .skip(1)
+        .map(|f| {
+            let v: Vec<f64> = f
+                .split(']')
+                .next()
+                .unwrap()
+                .split(',')
+                .map(|x| x.parse().unwrap())
+                .collect();
+            let left = f
+                .split("\"left\":\"")
+                .nth(1)
+                .map_or("", |r| r.split('"').next().unwrap());
+            ([v[0], v[1], v[2], v[3]], left.to_string())
+        })
+        .collect();
+    faces.sort_by(|a, b| a.0[0].total_cmp(&b.0[0]));
+    assert_eq!(faces.len(), 2, "two faces in {first}");
+    let boxes: Vec<[f64; 4]> = faces.iter().map(|f| f.0).collect();
+    (
+        boxes_changed(input, &out, &boxes),
+        faces.into_iter().map(|f| f.1).collect(),
+    )
+}
+
+fn check(input: &Path, dir: &Path) {
+    // Everyone: both faces change.
+    let (c, left) = run(dir, input, &[]);
+    let (l, r) = (c[0], c[1]);
+    assert!(l > 8.0 && r > 8.0, "both restored: {l} {r}");
+    assert_eq!(left, ["", ""]);
+    // Only Obama, named by another photo of him.
+    let (c, left) = run(dir, input, &["--only-face", "obama2.jpg"]);
+    let (l, r) = (c[0], c[1]);
+    assert!(l > 8.0 && r < 2.5, "only the left face: {l} {r}");
+    assert_eq!(left, ["", "not named"]);
+    // Never Obama: Biden alone changes.
+    let (c, left) = run(dir, input, &["--skip-face", "obama3.jpg"]);
+    let (l, r) = (c[0], c[1]);
+    assert!(l < 2.5 && r > 8.0, "only the right face: {l} {r}");
+    assert_eq!(left, ["skipped", ""]);
+    // Faces under 1,000 pixels tall (both) are left alone.
+    let (c, left) = run(dir, input, &["--min-face", "1000"]);
+    let (l, r) = (c[0], c[1]);
+    assert!(l < 2.5 && r < 2.5, "neither: {l} {r}");
+    assert_eq!(left, ["small", "small"]);
+}
+
+#[test]
+fn only_skip_and_min_face_choose_the_faces_of_a_video() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = pair(dir.path(), false);
+    check(&input, dir.path());
+}
+
+#[test]
+fn only_skip_and_min_face_choose_the_faces_of_a_still() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = pair(dir.path(), true);
+    check(&input, dir.path());
+}
+
+#[test]
+fn a_reference_photo_without_a_face_fails_before_any_frame() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = pair(dir.path(), false);
+    let wall = dir.path().join("wall.png");
+    lavfi_picture("color=c=gray:s=320x240", &wall);
+    let out = dir.path().join("out.mp4");
+    fails(&input, &out, &[&"--only-face", &wall], "wall.png: no face found");
+    let missing = dir.path().join("nobody.jpg");
+    fails(&input, &out, &[&"--skip-face", &missing], "nobody.jpg");
+}
