@@ -6,6 +6,7 @@
 
 pub mod cpu;
 pub mod steps;
+pub mod yuv;
 
 pub use cpu::Cpu;
 pub use steps::{change_levels, change_steps, round_steps, CHANGE_STEPS};
