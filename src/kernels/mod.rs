@@ -11,6 +11,7 @@ pub mod sample;
 pub mod steps;
 pub mod tensor;
 pub mod warp;
+pub mod yuv;
 
 pub use cpu::Cpu;
 pub use steps::{change_levels, change_steps, round_steps, CHANGE_STEPS};
