@@ -191,20 +191,7 @@ pub struct Settings {
     cores: usize,
 }
 
-/// Finds a file the set-up installs (`models/...`): relative to the working directory, then to
-/// the checkout the executable was built in.
-pub fn find_asset(rel: &str) -> Option<PathBuf> {
-    let here = PathBuf::from(rel);
-    if here.exists() {
-        return Some(here);
-    }
-    let exe = std::env::current_exe().ok()?;
-    exe.ancestors()
-        .skip(1)
-        .take(4)
-        .map(|d| d.join(rel))
-        .find(|p| p.exists())
-}
+pub use crate::defaults::find_asset;
 
 /// Says once per process that there is no face mesh and what that means.
 fn say_no_mesh_once() {

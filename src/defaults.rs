@@ -160,6 +160,21 @@ pub const MIN_UPLOAD_KBS: u64 = 32;
 /// resumes from, short enough that little is redone.
 pub const JOB_SEGMENT_S: f64 = 30.0;
 
+/// Finds a file the set-up installs (`models/...`): relative to the working directory, then to
+/// the checkout the executable was built in.
+pub fn find_asset(rel: &str) -> Option<std::path::PathBuf> {
+    let here = std::path::PathBuf::from(rel);
+    if here.exists() {
+        return Some(here);
+    }
+    let exe = std::env::current_exe().ok()?;
+    exe.ancestors()
+        .skip(1)
+        .take(4)
+        .map(|d| d.join(rel))
+        .find(|p| p.exists())
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

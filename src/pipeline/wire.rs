@@ -294,7 +294,7 @@ pub(crate) fn wire<T: Send>(
     // fails the job here.
     let chooser = if middle.treatment.selection.active() {
         let size = engine.detector.size;
-        let model = crate::config::find_asset(crate::defaults::FACE_ID_MODEL);
+        let model = crate::defaults::find_asset(crate::defaults::FACE_ID_MODEL);
         let c = crate::people::Chooser::new(
             &middle.treatment.selection,
             &mut engine.detector,
