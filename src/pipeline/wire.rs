@@ -4,8 +4,8 @@
 //! out, the run's `Summary` and what the encode stage handed back.
 //!
 //! ```text
-//!  decode ─> [pass] ─> detect ─> [mesh] ─> [smooth] ─> align ─> enhance (dispatch ═╦═ worker 0 ═╦═) ─> [temporal] ─> paste ─> encode
-//!  (caller's)                                                                     ╚═ worker 1 ═╝                            (caller's)
+//!  decode ─> [pass] ─> detect ─> [mesh] ─> [smooth] ─> [choose] ─> align ─> enhance (dispatch ═╦═ worker 0 ═╦═) ─> [temporal] ─> paste ─> encode
+//!  (caller's)                                                                                  ╚═ worker 1 ═╝                            (caller's)
 //! ```
 //! In a video with a mesh the detect stage follows the faces by their meshes (no mesh stage),
 //! and from four pool threads its whole-frame passes run ahead of it (`pass`).
