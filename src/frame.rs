@@ -201,6 +201,9 @@ pub struct FaceJob {
     pub doubt: bool,
     /// Why the face is left alone (`small`, `not named`, `skipped`: see `people::Chooser`).
     pub left: Option<&'static str>,
+    /// How much of who the face is its restoration kept (the cosine similarity of its identity
+    /// descriptors before and after), where measured (see `people::IdentityMeter`).
+    pub identity: Option<f32>,
 }
 
 impl FaceJob {
@@ -217,6 +220,7 @@ impl FaceJob {
             luma: Vec::new(),
             doubt: false,
             left: None,
+            identity: None,
         }
     }
 }

@@ -272,3 +272,98 @@ fn to_chip_region(landmarks: &[[f32; 2]; 5], width: usize, height: usize) -> Opt
         height,
     )
 }
+
+/// Faces of a track between two measures of its identity when the faces are not each recorded
+/// (`--faces-json` measures every face): its first face, then one in this many.
+pub const IDENTITY_EVERY: u64 = 50;
+
+/// How much a restoration keeps of who a face is: the cosine similarity of the identity
+/// descriptors of a face as the model was given it and as it is pasted (1 for an unchanged
+/// face), measured in the model's crop (the same chip geometry both times) on the faces of each
+/// track at `every`, and gathered per track for the summary.
+pub struct IdentityMeter {
+    identifier: Identifier,
+    every: u64,
+    /// Per track (`None`: faces without one): faces seen and figures measured.
+    tracks: std::collections::BTreeMap<Option<u64>, (u64, Vec<f32>)>,
+    scratch: WarpScratch,
+    packed: [Vec<u8>; 2],
+}
+
+impl IdentityMeter {
+    /// A meter with the identity model at `model`, measuring every face (`each`) or a track's
+    /// first and one in [`IDENTITY_EVERY`].
+    pub fn new(model: &Path, each: bool) -> Result<Self> {
+        let session = crate::runtime::cpu_session(model, 1, "face-identity model")?;
+        let identifier =
+            Identifier::new(session).with_context(|| format!("face-identity model {}", model.display()))?;
+        Ok(IdentityMeter {
+            identifier,
+            every: if each { 1 } else { IDENTITY_EVERY },
+            tracks: Default::default(),
+            scratch: WarpScratch::default(),
+            packed: Default::default(),
+        })
+    }
+
+    /// Whether `job`'s identity is to be measured (counting it among its track's faces): a
+    /// restored face of a frame that is written, its track's first or one in `every`.
+    pub(crate) fn due(&mut self, job: &crate::frame::FaceJob, warm: bool) -> bool {
+        if warm || job.restored.is_none() {
+            return false;
+        }
+        let (seen, _) = self.tracks.entry(job.track).or_default();
+        *seen += 1;
+        job.track.is_none() || (*seen - 1) % self.every == 0
+    }
+
+    /// Measures `job` from `crop` (planar RGB24 of `size`: the crop the model was given, made
+    /// again) and its restored change, writing the figure into
+    /// [`crate::frame::FaceJob::identity`].
+    pub(crate) fn measure(&mut self, job: &mut crate::frame::FaceJob, crop: &[u8], size: usize) -> Result<()> {
+        let plane = size * size;
+        let Some(change) = job.restored.as_deref().filter(|c| c.len() >= 3 * plane) else {
+            return Ok(());
+        };
+        // The crop as given (planar) and as restored, both packed.
+        let [given, restored] = &mut self.packed;
+        given.resize(3 * plane, 0);
+        restored.resize(3 * plane, 0);
+        for i in 0..plane {
+            for c in 0..3 {
+                let g = crop[c * plane + i];
+                given[3 * i + c] = g;
+                let d = crate::kernels::change_levels(change[3 * i + c]);
+                restored[3 * i + c] = (f32::from(g) + d).round().clamp(0.0, 255.0) as u8;
+            }
+        }
+        let points = job.face.landmarks.map(|[x, y]| {
+            let (u, v) = job.to_crop.apply(f64::from(x), f64::from(y));
+            [u as f32, v as f32]
+        });
+        let a = chip(given, (size, size), &points, &mut self.scratch);
+        let b = chip(restored, (size, size), &points, &mut self.scratch);
+        let d = self.identifier.describe(&[&a, &b])?;
+        let figure = crate::faces::identity::cosine(&d[0], &d[1]);
+        job.identity = Some(figure);
+        self.tracks.entry(job.track).or_default().1.push(figure);
+        Ok(())
+    }
+
+    /// Each track's identity figures: its median, the faces measured.
+    pub fn tracks(&self) -> Vec<crate::stats::TrackIdentity> {
+        self.tracks
+            .iter()
+            .filter(|(_, (_, f))| !f.is_empty())
+            .map(|(&track, (_, f))| {
+                let mut s = f.clone();
+                s.sort_by(f32::total_cmp);
+                crate::stats::TrackIdentity {
+                    track,
+                    median: s[s.len() / 2],
+                    measured: s.len() as u64,
+                }
+            })
+            .collect()
+    }
+}

@@ -217,6 +217,19 @@ pub struct Summary {
     pub peak_rss: Option<u64>,
     /// The restoration's flicker inside faces, when the temporal filter ran.
     pub flicker: Option<Flicker>,
+    /// How much of who each face is the restoration kept, per track (with the identity model).
+    pub identity: Vec<TrackIdentity>,
+}
+
+/// One track's identity figure: the median cosine similarity of its faces' identity
+/// descriptors before and after restoration (1 for unchanged faces), over the faces measured.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct TrackIdentity {
+    /// The track (absent for faces without one: pictures).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub track: Option<u64>,
+    pub median: f32,
+    pub measured: u64,
 }
 
 impl Summary {
@@ -255,6 +268,7 @@ impl Summary {
             faces_per_s: self.faces_per_s(),
             peak_rss_bytes: self.peak_rss,
             faces_not_finite: self.faces_not_finite(),
+            identity: &self.identity,
             flicker: self.flicker.map(|f| FlickerJson {
                 output_levels: f.output(),
                 unfiltered_levels: f.unfiltered(),
@@ -330,6 +344,9 @@ struct SummaryJson<'a> {
     /// The restoration's flicker inside faces (with the temporal filter).
     #[serde(skip_serializing_if = "Option::is_none")]
     flicker: Option<FlickerJson>,
+    /// Each track's identity figure, when measured.
+    #[serde(skip_serializing_if = "<[TrackIdentity]>::is_empty")]
+    identity: &'a [TrackIdentity],
     stages: Vec<StageJson>,
     workers: Vec<WorkerJson<'a>>,
 }
@@ -430,6 +447,22 @@ impl fmt::Display for Summary {
                 "  flicker inside faces: the restored detail changes {:+.2} levels more from frame to frame than the input's {:.2} ({filter})",
                 fl.output(),
                 fl.input_rms(),
+            )?;
+        }
+        if let Some(worst) = self.identity.iter().min_by(|a, b| a.median.total_cmp(&b.median)) {
+            let each: Vec<String> = self
+                .identity
+                .iter()
+                .map(|t| match t.track {
+                    Some(n) => format!("track {n} {:.3}", t.median),
+                    None => format!("pictures {:.3}", t.median),
+                })
+                .collect();
+            writeln!(
+                f,
+                "  identity kept (cosine of the faces' descriptors before and after; 1 is unchanged): {}; worst {:.3}",
+                each.join(", "),
+                worst.median
             )?;
         }
         writeln!(

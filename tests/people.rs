@@ -169,3 +169,49 @@ fn a_reference_photo_without_a_face_fails_before_any_frame() {
     let missing = dir.path().join("nobody.jpg");
     fails(&input, &out, &[&"--skip-face", &missing], "nobody.jpg");
 }
+
+/// The identity figure: each recorded face's cosine similarity of its descriptors before and
+/// after restoration, near 1 through a stand-in that gives its input back and clearly lower
+/// through one that negates it; each track's median in the summary and the stats file.
+#[test]
+fn identity_is_kept_by_an_unchanged_face_and_lost_by_a_changed_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = pair(dir.path(), false);
+    let figures = |model: &str| -> (Vec<f64>, String, String) {
+        let (out, json, stats) = (
+            dir.path().join(format!("{model}.mp4")),
+            dir.path().join(format!("{model}.json")),
+            dir.path().join(format!("{model}-stats.json")),
+        );
+        let m = asset(&format!("models/standin/{model}.onnx"));
+        let r = gpen(&[
+            &input,
+            &out,
+            &"--model",
+            &m,
+            &"--faces-json",
+            &json,
+            &"--stats-json",
+            &stats,
+        ]);
+        let stderr = ok(&r);
+        let text = std::fs::read_to_string(&json).unwrap();
+        let each: Vec<f64> = text
+            .split("\"identity\":")
+            .skip(1)
+            .map(|t| t.split(['}', ',']).next().unwrap().parse().unwrap())
+            .collect();
+        (each, stderr, std::fs::read_to_string(&stats).unwrap())
+    };
+    let (same, words, stats) = figures("identity-512");
+    assert_eq!(same.len(), 20, "every face of the 10 frames measured");
+    assert!(same.iter().all(|&v| v > 0.995), "{same:?}");
+    assert!(
+        words.contains("identity kept") && words.contains("track 0 1.000"),
+        "{words}"
+    );
+    assert!(stats.contains("\"identity\":[{\"track\":0,\"median\":"), "{stats}");
+    let (changed, words, _) = figures("negate-512");
+    assert!(changed.iter().all(|&v| v < 0.95), "{changed:?}");
+    assert!(words.contains("worst 0."), "{words}");
+}

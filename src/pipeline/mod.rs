@@ -179,6 +179,8 @@ fn run_wired(
         video: true,
         flush: dispatch::Flush::Idle,
         sides: crate::media::compare::Sides::of(&job.source),
+        identity: true,
+        each_face: job.faces_json.is_some(),
     };
     let (cancel, output) = (&job.cancel, job.output.as_path());
     wire(

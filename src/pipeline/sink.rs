@@ -31,6 +31,9 @@ struct FaceRecord<'a> {
     /// Why the face was left alone (`small`, `not named`, `skipped`), absent when restored.
     #[serde(skip_serializing_if = "Option::is_none")]
     left: Option<&'static str>,
+    /// How much of who the face is its restoration kept (cosine similarity), where measured.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    identity: Option<f32>,
 }
 
 /// Streams frame records into a pending file.
@@ -70,6 +73,7 @@ impl FacesSink {
                     face: &f.face,
                     track: f.track,
                     left: f.left,
+                    identity: f.identity,
                 })
                 .collect(),
         };

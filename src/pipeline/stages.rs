@@ -711,6 +711,35 @@ pub(crate) fn choose(
     Ok(clock.finish())
 }
 
+/// Measures how much of who each restored face is the restoration kept (see
+/// [`crate::people::IdentityMeter`]); returns the stage's statistics and each track's figure.
+pub(crate) fn identity(
+    mut meter: crate::people::IdentityMeter,
+    ctx: &StageCtx,
+    rx: Receiver<FaceFrame>,
+    tx: Sender<FaceFrame>,
+) -> Result<(StageStat, Vec<crate::stats::TrackIdentity>)> {
+    let mut clock = Clock::new("identity", DEPTH);
+    let (mut crop, mut scratch) = (Vec::new(), WarpScratch::default());
+    while let Some(mut ff) = recv(&rx, &mut clock) {
+        let FaceFrame { frame, faces, .. } = &mut ff;
+        clock.time(|| -> Result<()> {
+            for job in faces.iter_mut().filter(|j| j.left.is_none()) {
+                if meter.due(job, frame.warm) {
+                    // The crop the model was given, made again as the align stage made it.
+                    align_face(frame, &job.face, (&ctx.template, ctx.size), &mut crop, &mut scratch);
+                    meter.measure(job, &crop, ctx.size)?;
+                }
+            }
+            Ok(())
+        })?;
+        if tx.send(ff).is_err() {
+            break;
+        }
+    }
+    Ok((clock.finish(), meter.tracks()))
+}
+
 /// Aligns every face to the model's template and warps its crop (buffers from the crop pool;
 /// with the temporal filter, the crop's half-resolution luma too), on the pool stages' threads;
 /// frames leave in order.

@@ -104,6 +104,9 @@ fn run_inner<R: Send>(
         flush: flush.map_or(Flush::Never, Flush::After),
         // Pictures are turned upright as they are decoded.
         sides: Default::default(),
+        // Measured where the faces are recorded: a picture's faces have no track to sample.
+        identity: first.0.faces_json.is_some(),
+        each_face: true,
     };
     // Pictures are opened and written on as many threads as the pool stages have: a photo's
     // decoding or PNG encoding takes longer than its model share on a GPU.

@@ -85,6 +85,11 @@ pub(crate) struct Middle {
     pub flush: Flush,
     /// Where a side-by-side view puts its pictures (see [`crate::media::compare::Sides`]).
     pub sides: crate::media::compare::Sides,
+    /// Measure how much of each face's identity the restoration keeps (with the identity model:
+    /// see [`crate::people::IdentityMeter`]), and on every face (`each_face`: the faces are
+    /// recorded) or a few of each track.
+    pub identity: bool,
+    pub each_face: bool,
 }
 
 /// What an encode stage reports: its clock, the faces it wrote, the frames with faces, and
@@ -106,6 +111,7 @@ enum Step {
     Align,
     Enhance,
     Temporal,
+    Identity,
     Paste,
 }
 
@@ -141,6 +147,7 @@ struct Parts<'e> {
     smoother: Option<Smoother>,
     workers: Option<&'e mut Vec<crate::faces::enhance::Worker>>,
     chooser: Option<crate::people::Chooser>,
+    meter: Option<crate::people::IdentityMeter>,
     batch: usize,
     flush: Flush,
 }
@@ -180,6 +187,11 @@ fn start_temporal<'e>(_: &mut Parts<'e>, ctx: &'e StageCtx<'e>) -> Body<'e> {
     Box::new(move |rx, tx| stages::temporal(ctx, rx, tx).map(|(st, f)| Out::Temporal(st, f)))
 }
 
+fn start_identity<'e>(p: &mut Parts<'e>, ctx: &'e StageCtx<'e>) -> Body<'e> {
+    let meter = p.meter.take().expect("planned with a meter");
+    Box::new(move |rx, tx| stages::identity(meter, ctx, rx, tx).map(|(st, t)| Out::Identity(st, t)))
+}
+
 fn start_paste<'e>(_: &mut Parts<'e>, ctx: &'e StageCtx<'e>) -> Body<'e> {
     Box::new(move |rx, tx| stages::paste_back(ctx, rx, tx).map(Out::Stage))
 }
@@ -197,6 +209,7 @@ impl Step {
                 ("dispatch", held, held, start_enhance)
             }
             Step::Temporal => ("temporal", 0, 1, start_temporal),
+            Step::Identity => ("identity", 0, 1, start_identity),
             Step::Paste => ("paste", 3 * (s.threads - 1), s.threads, start_paste),
         };
         Decl {
@@ -222,8 +235,14 @@ fn plan(engine: &Engine, middle: &Middle) -> Vec<Step> {
     steps.extend([Step::Align, Step::Enhance]);
     // Always measured in a video; filtered when its memory is above 0.
     steps.extend(middle.video.then_some(Step::Temporal));
+    steps.extend(identity_model().filter(|_| middle.identity).map(|_| Step::Identity));
     steps.push(Step::Paste);
     steps
+}
+
+/// The face-identity model, when the set-up made it.
+fn identity_model() -> Option<std::path::PathBuf> {
+    crate::defaults::find_asset(crate::defaults::FACE_ID_MODEL)
 }
 
 /// Whether the detect stage follows a video's faces by their meshes
@@ -252,6 +271,7 @@ enum Out {
     /// The smooth stage and the doubted faces it dropped and kept.
     Smooth(StageStat, (u64, u64)),
     Temporal(StageStat, Flicker),
+    Identity(StageStat, Vec<crate::stats::TrackIdentity>),
     Enhance(dispatch::DispatchStat, Vec<WorkerStat>),
 }
 
@@ -294,11 +314,10 @@ pub(crate) fn wire<T: Send>(
     // fails the job here.
     let chooser = if middle.treatment.selection.active() {
         let size = engine.detector.size;
-        let model = crate::defaults::find_asset(crate::defaults::FACE_ID_MODEL);
         let c = crate::people::Chooser::new(
             &middle.treatment.selection,
             &mut engine.detector,
-            model.as_deref(),
+            identity_model().as_deref(),
             engine.key.rotation,
         );
         engine.detector.start(size);
@@ -344,6 +363,12 @@ pub(crate) fn wire<T: Send>(
         smoother,
         workers: Some(&mut engine.workers),
         chooser,
+        meter: match identity_model() {
+            Some(m) if steps.contains(&Step::Identity) => {
+                Some(crate::people::IdentityMeter::new(&m, middle.each_face)?)
+            }
+            _ => None,
+        },
         batch: engine.batch,
         flush: middle.flush,
     };
@@ -453,6 +478,10 @@ impl Summary {
             Out::Temporal(st, flicker) => {
                 self.stages.push(st);
                 self.flicker = Some(flicker);
+            }
+            Out::Identity(st, tracks) => {
+                self.stages.push(st);
+                self.identity = tracks;
             }
             Out::Enhance(d, mut workers) => {
                 self.stages.push(d.stage);
