@@ -21,7 +21,17 @@ fn people(p: &str) -> PathBuf {
 
 /// Obama on the left, Biden on the right, each fitted into 360x480: a one-second clip, or one still.
 fn pair(dir: &Path, still: bool) -> PathBuf {
-    let out = dir.join(if still { "pair.png" } else { "pair.mp4" });
+    pair_of(dir, still, 1)
+}
+
+/// [`pair`] as a clip of `seconds` (keyframes each second).
+fn pair_of(dir: &Path, still: bool, seconds: u32) -> PathBuf {
+    let out = dir.join(if still {
+        "pair.png".to_string()
+    } else {
+        format!("pair-{seconds}.mp4")
+    });
+    let t = seconds.to_string();
     let (a, b) = (people("obama.jpg"), people("biden.jpg"));
     let fit = "scale=360:480:force_original_aspect_ratio=decrease,pad=360:480:(ow-iw)/2:(oh-ih)/2";
     let filter = format!("[0]{fit}[a];[1]{fit}[b];[a][b]hstack,format=yuv420p");
@@ -40,7 +50,7 @@ fn pair(dir: &Path, still: bool) -> PathBuf {
     if still {
         args.extend(["-frames:v", "1"]);
     } else {
-        args.extend(["-t", "1", "-r", "10", "-c:v", "libx264", "-crf", "16"]);
+        args.extend(["-t", &t, "-r", "10", "-g", "10", "-c:v", "libx264", "-crf", "16"]);
     }
     args.push(arg(&out));
     ffmpeg(&args);
@@ -214,4 +224,88 @@ fn identity_is_kept_by_an_unchanged_face_and_lost_by_a_changed_one() {
     let (changed, words, _) = figures("negate-512");
     assert!(changed.iter().all(|&v| v < 0.95), "{changed:?}");
     assert!(words.contains("worst 0."), "{words}");
+}
+
+/// The face boxes of `input`'s first frame, left to right (from a run with `--faces-json`).
+fn boxes(dir: &Path, input: &Path) -> Vec<[f64; 4]> {
+    let ext = input.extension().unwrap().to_str().unwrap();
+    let (out, json) = (dir.join(format!("boxes.{ext}")), dir.join("boxes.json"));
+    let model = asset("models/standin/identity-512.onnx");
+    ok(&gpen(&[&input, &out, &"--model", &model, &"--faces-json", &json]));
+    let text = std::fs::read_to_string(&json).unwrap();
+    let first = text.lines().find(|l| l.starts_with("{\"frame\"")).unwrap().to_string();
+    let mut b: Vec<[f64; 4]> = first
+        .split("{\"bbox\":[")
+        .skip(1)
+        .map(|f| {
+            let v: Vec<f64> = f
+                .split(']')
+                .next()
+                .unwrap()
+                .split(',')
+                .map(|x| x.parse().unwrap())
+                .collect();
+            [v[0], v[1], v[2], v[3]]
+        })
+        .collect();
+    b.sort_by(|a, c| a[0].total_cmp(&c[0]));
+    b
+}
+
+/// A long clip in segments: each segment (with its warm-up) restores Obama alone.
+#[test]
+fn a_long_clip_in_segments_restores_only_the_named_person() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = pair_of(dir.path(), false, 4);
+    let b = boxes(dir.path(), &input);
+    let out = dir.path().join("segments.mp4");
+    let (model, photo) = (asset("models/standin/negate-512.onnx"), people("obama2.jpg"));
+    let stats = dir.path().join("stats.json");
+    ok(&gpen(&[
+        &input,
+        &out,
+        &"--model",
+        &model,
+        &"--only-face",
+        &photo,
+        &"--segment",
+        &"1",
+        &"--stats-json",
+        &stats,
+    ]));
+    assert!(
+        std::fs::read_to_string(&stats).unwrap().contains("\"segments\":"),
+        "cut into segments"
+    );
+    let c = boxes_changed(&input, &out, &b);
+    assert!(c[0] > 8.0 && c[1] < 2.5, "only the left face, in every segment: {c:?}");
+}
+
+/// A folder (`batch`) of a clip and a still: both restore Biden alone.
+#[test]
+fn a_folder_restores_only_the_people_not_skipped() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("in");
+    std::fs::create_dir(&src).unwrap();
+    let (clip, still) = (pair(&src, false), pair(&src, true));
+    let (bc, bs) = (boxes(dir.path(), &clip), boxes(dir.path(), &still));
+    let out = dir.path().join("out");
+    let (model, photo) = (asset("models/standin/negate-512.onnx"), people("obama3.jpg"));
+    ok(&gpen(&[
+        &"batch",
+        &src,
+        &out,
+        &"--model",
+        &model,
+        &"--skip-face",
+        &photo,
+    ]));
+    for (input, b) in [(&clip, &bc), (&still, &bs)] {
+        let c = boxes_changed(input, &out.join(input.file_name().unwrap()), b);
+        assert!(
+            c[0] < 2.5 && c[1] > 8.0,
+            "{}: only the right face: {c:?}",
+            input.display()
+        );
+    }
 }
