@@ -177,6 +177,10 @@ struct ServeArgs {
     /// --read-timeout-s has passed (408 below it): an upload trickling in is cut off.
     #[arg(long, value_name = "KB/S", default_value_t = defaults::MIN_UPLOAD_KBS, help_heading = "Jobs")]
     min_upload_kbs: u64,
+    /// A person a job may name by NAME (`only-face=NAME`, `skip-face=NAME`), from the reference
+    /// photo PHOTO (its largest face). Repeatable. Jobs name people only by these names.
+    #[arg(long = "face", value_name = "NAME=PHOTO", value_parser = face_of, help_heading = "Jobs")]
+    faces: Vec<(String, std::path::PathBuf)>,
     #[command(flatten)]
     run: RunArgs,
 }
@@ -479,12 +483,26 @@ fn run_serve(s: ServeArgs) -> anyhow::Result<()> {
             segment: s.job_segment_s,
             max_pixels: s.max_pixels,
             max_photo_bytes: s.max_body_mb * 1024 * 1024,
+            faces: s.faces.into_iter().collect(),
         },
         token: token_of(s.token)?,
         allow_hosts: s.allow_host,
         min_upload_rate: s.min_upload_kbs.saturating_mul(1000),
     };
     gpen_video::serve::run(settings, opts, &interrupts)
+}
+
+/// A `--face NAME=PHOTO`: a name of letters, digits, `-` and `_`, and a photo that is a file.
+fn face_of(arg: &str) -> Result<(String, std::path::PathBuf), String> {
+    let (name, photo) = arg.split_once('=').ok_or_else(|| format!("`{arg}`: give NAME=PHOTO"))?;
+    if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {
+        return Err(format!("`{name}`: a face's name is letters, digits, - and _"));
+    }
+    let photo = std::path::PathBuf::from(photo);
+    if !photo.is_file() {
+        return Err(format!("{}: no such photo", photo.display()));
+    }
+    Ok((name.to_string(), photo))
 }
 
 /// The service's token, from --token or GPEN_VIDEO_TOKEN: none when neither is given; one that

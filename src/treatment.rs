@@ -75,7 +75,17 @@ struct DefaultTreatment {
 /// each is parsed and checked by its declaration above, as on the command line
 /// ([`Treatment::with_flags`]). A new job flag is its name here and its line in
 /// [`Treatment::take`]; the test of this file fails for a name without one.
-pub const JOB_FLAGS: [&str; 5] = ["blend", "mask", "temporal", "smooth", "compare"];
+pub const JOB_FLAGS: [&str; 9] = [
+    "blend",
+    "mask",
+    "temporal",
+    "smooth",
+    "compare",
+    "only-face",
+    "skip-face",
+    "face-distance",
+    "min-face",
+];
 
 impl Default for Treatment {
     fn default() -> Self {
@@ -140,6 +150,10 @@ impl Treatment {
             "temporal" => self.temporal = from.temporal,
             "smooth" => self.smooth = from.smooth,
             "compare" => self.compare = from.compare,
+            "only-face" => self.selection.only_face = from.selection.only_face.clone(),
+            "skip-face" => self.selection.skip_face = from.selection.skip_face.clone(),
+            "face-distance" => self.selection.face_distance = from.selection.face_distance,
+            "min-face" => self.selection.min_face = from.selection.min_face,
             _ => {}
         }
     }
@@ -207,6 +221,10 @@ mod tests {
             ("temporal", "1"),
             ("smooth", "2"),
             ("compare", "side"),
+            ("only-face", "someone.jpg"),
+            ("skip-face", "someone-else.jpg"),
+            ("face-distance", "0.5"),
+            ("min-face", "40"),
         ];
         assert_eq!(other.map(|(k, _)| k), JOB_FLAGS);
         for (k, v) in other {

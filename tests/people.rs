@@ -309,3 +309,52 @@ fn a_folder_restores_only_the_people_not_skipped() {
         );
     }
 }
+
+/// The service's jobs name people by the names it holds (`--face NAME=PHOTO`), never by a path:
+/// a video job with `only-face=obama` restores Obama alone; an unknown name is refused naming the
+/// ones held.
+#[test]
+fn a_service_job_restores_only_the_person_it_names() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = pair(dir.path(), false);
+    let b = boxes(dir.path(), &input);
+    let (model, photo) = (asset("models/standin/negate-512.onnx"), people("obama2.jpg"));
+    let face = format!("obama={}", arg(&photo));
+    let jobs = dir.path().join("jobs");
+    let server = common::server::Server::start(&["--model", arg(&model), "--jobs-dir", arg(&jobs), "--face", &face]);
+    let (status, _, info) = server.call("GET", "/v1/info", &[], None, &[]);
+    assert_eq!(status, 200);
+    assert!(String::from_utf8_lossy(&info).contains("\"faces\":[\"obama\"]"));
+    let body = std::fs::read(&input).unwrap();
+    let post = |query: &str| server.call("POST", &format!("/v1/jobs?name=pair.mp4{query}"), &[], Some(&body), &[]);
+    for bad in ["nobody", "..%2Fobama2.jpg"] {
+        let (status, _, words) = post(&format!("&only-face={bad}"));
+        let words = String::from_utf8_lossy(&words).to_string();
+        assert_eq!(status, 400, "{words}");
+        assert!(
+            words.contains("no such face") && words.contains("holds obama"),
+            "{words}"
+        );
+    }
+    let (status, _, answer) = post("&only-face=obama");
+    assert_eq!(status, 202, "{}", String::from_utf8_lossy(&answer));
+    let v: serde_json::Value = serde_json::from_slice(&answer).unwrap();
+    let id = v["id"].as_str().unwrap().to_string();
+    let start = std::time::Instant::now();
+    loop {
+        let (_, _, rec) = server.call("GET", &format!("/v1/jobs/{id}"), &[], None, &[]);
+        let v: serde_json::Value = serde_json::from_slice(&rec).unwrap();
+        if v["state"] == "done" {
+            break;
+        }
+        assert!(v["state"] != "failed", "{v}");
+        assert!(start.elapsed().as_secs() < 120, "{v}");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let (_, _, result) = server.call("GET", &format!("/v1/jobs/{id}/result"), &[], None, &[]);
+    let out = dir.path().join("job.mp4");
+    std::fs::write(&out, result).unwrap();
+    let c = boxes_changed(&input, &out, &b);
+    assert!(c[0] > 8.0 && c[1] < 2.5, "only the left face: {c:?}");
+    assert_eq!(server.stop(), Some(0));
+}

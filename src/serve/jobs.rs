@@ -47,6 +47,9 @@ pub struct JobsOptions {
     pub max_pixels: u64,
     /// Largest photo, in bytes (`--max-body-mb`): a photo is read whole to be checked.
     pub max_photo_bytes: u64,
+    /// The people a job may name (`only-face=NAME`, `skip-face=NAME`): each name's reference
+    /// photo (`--face NAME=PHOTO`). A job names people only by these names, never by a path.
+    pub faces: BTreeMap<String, PathBuf>,
 }
 
 /// Where a job is.
@@ -819,7 +822,7 @@ impl Jobs {
     /// Checks a job's query (its model offered, its flags in range) before its upload is read.
     pub fn check_query(&self, query: &JobQuery) -> Result<()> {
         check_name(query.name.as_deref().unwrap_or(""))?;
-        settings_of(&self.settings, query).map(drop)
+        settings_of(&self.settings, &self.opts.faces, query).map(drop)
     }
 
     /// `message` with the server's paths in it said in words: the upload by the name it was
@@ -845,7 +848,7 @@ impl Jobs {
     }
 
     fn admit_in(&self, id: &str, dir: &Path, query: JobQuery) -> Result<Record> {
-        let settings = settings_of(&self.settings, &query)?;
+        let settings = settings_of(&self.settings, &self.opts.faces, &query)?;
         let part = dir.join("input.part");
         let head = {
             use std::io::Read;
@@ -1072,7 +1075,7 @@ impl Jobs {
     /// those already done), anything else in one run.
     fn restore(&self, rec: &Record, cancel: &CancelToken, progress: &(dyn Fn(u64) + Sync)) -> Result<()> {
         let dir = self.dir_of(&rec.id);
-        let mut settings = settings_of(&self.settings, &rec.query)?;
+        let mut settings = settings_of(&self.settings, &self.opts.faces, &rec.query)?;
         settings.stats_json = None;
         settings.faces_json = None;
         let job = settings.job(&dir.join(&rec.input), &dir.join(&rec.output), cancel.clone())?;
@@ -1145,7 +1148,7 @@ fn same_file(a: &Path, b: &Path) -> bool {
 }
 
 /// The service's settings with a job's model and flags on them, checked as the CLI checks them.
-fn settings_of(settings: &Settings, q: &JobQuery) -> Result<Settings> {
+fn settings_of(settings: &Settings, faces: &BTreeMap<String, PathBuf>, q: &JobQuery) -> Result<Settings> {
     let mut s = settings.clone();
     if let Some(name) = q.model.as_deref().filter(|m| !m.is_empty()) {
         let offered = offered_models(settings);
@@ -1161,17 +1164,40 @@ fn settings_of(settings: &Settings, q: &JobQuery) -> Result<Settings> {
             })?;
         s.recipe.model = crate::config::Asset(path.clone());
     }
-    s.recipe.treatment = Arc::new(treatment_of(settings, q)?);
+    s.recipe.treatment = Arc::new(treatment_of(settings, faces, q)?);
     Ok(s)
 }
 
 /// The service's treatment with a job's flags on it, parsed and checked by the command line's
 /// own declaration; a mesh mask asked of a service without the mesh is the face ellipse.
-fn treatment_of(settings: &Settings, q: &JobQuery) -> Result<Treatment> {
+fn treatment_of(settings: &Settings, faces: &BTreeMap<String, PathBuf>, q: &JobQuery) -> Result<Treatment> {
+    let mut pairs = Vec::new();
+    for (k, v) in q.flag_pairs() {
+        if k != "only-face" && k != "skip-face" {
+            pairs.push((k, v));
+            continue;
+        }
+        // People by the names the service holds (comma-separated), never by a path.
+        for name in v.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+            let Some(photo) = faces.get(name) else {
+                let held: Vec<&str> = faces.keys().map(String::as_str).collect();
+                let held = if held.is_empty() {
+                    "this service holds none (start it with --face NAME=PHOTO)".to_string()
+                } else {
+                    format!("this service holds {}", held.join(", "))
+                };
+                return Err(Failure::error(
+                    Kind::BadInput,
+                    format!("{k}={name}: no such face; {held}"),
+                ));
+            };
+            pairs.push((k.clone(), photo.display().to_string()));
+        }
+    }
     let mut t = settings
         .recipe
         .treatment
-        .with_flags(&q.flag_pairs(), &crate::treatment::JOB_FLAGS)
+        .with_flags(&pairs, &crate::treatment::JOB_FLAGS)
         // The command line's words name its flags (`--blend must be ...`); a query, parameters.
         .map_err(|e| {
             Failure::error(

@@ -101,6 +101,7 @@ pub(super) async fn info(State(app): State<Arc<App>>, headers: HeaderMap) -> Res
         "smooth": t.smooth,
         "compare": t.compare.map(|c| c.to_string()),
         "max_job_mb": app.jobs.opts.max_upload / 1_000_000,
+        "faces": app.jobs.opts.faces.keys().collect::<Vec<_>>(),
     });
     ([(header::CONTENT_TYPE, "application/json")], v.to_string() + "\n").into_response()
 }
