@@ -178,6 +178,11 @@ fn a_reference_photo_without_a_face_fails_before_any_frame() {
     fails(&input, &out, &[&"--only-face", &wall], "wall.png: no face found");
     let missing = dir.path().join("nobody.jpg");
     fails(&input, &out, &[&"--skip-face", &missing], "nobody.jpg");
+    // A photo of two people names the larger: the run says so.
+    let two = pair(dir.path(), true);
+    let model = asset("models/standin/identity-512.onnx");
+    let words = ok(&gpen(&[&input, &out, &"--model", &model, &"--only-face", &two]));
+    assert!(words.contains("pair.png: 2 faces in it, the largest taken"), "{words}");
 }
 
 /// The identity figure: each recorded face's cosine similarity of its descriptors before and
