@@ -317,8 +317,8 @@ impl IdentityMeter {
         job.track.is_none() || (*seen - 1) % self.every == 0
     }
 
-    /// Measures `job` from `crop` (planar RGB24 of `size`: the crop the model was given, made
-    /// again) and its restored change, writing the figure into
+    /// Measures `job` from `crop` (planar RGB24 of `size`: the crop the model was given) and its
+    /// restored change, writing the figure into
     /// [`crate::frame::FaceJob::identity`].
     pub(crate) fn measure(&mut self, job: &mut crate::frame::FaceJob, crop: &[u8], size: usize) -> Result<()> {
         let plane = size * size;

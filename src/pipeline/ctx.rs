@@ -54,6 +54,9 @@ pub(crate) struct StageCtx<'a> {
     pub threads: usize,
     /// Whether the temporal filter runs (alignment then keeps each crop's luma for it).
     pub temporal: bool,
+    /// The crops stay with their faces after the model (the identity stage reads them and
+    /// gives them back to their pool).
+    pub keep_crops: bool,
     /// Whether a smoother links the faces into tracks after the mesh (a video): the mesh then
     /// leaves the faces it doubts to their track (see [`crate::defaults::SUPPORT_SCORE`]).
     pub tracked: bool,

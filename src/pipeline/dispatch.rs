@@ -75,7 +75,7 @@ pub(crate) fn dispatch(
     enh_tx: &Sender<FaceFrame>,
     batch: usize,
     n_workers: usize,
-    crop_pool: &Pool<Vec<u8>>,
+    (crop_pool, keep): (&Pool<Vec<u8>>, bool),
     flush: Flush,
 ) -> Result<DispatchStat> {
     let mut clock = Clock::new("dispatch", DEPTH);
@@ -156,11 +156,22 @@ pub(crate) fn dispatch(
                 let done = d.map_err(|_| anyhow!("enhance workers stopped unexpectedly"))??;
                 in_flight -= 1;
                 clock.time(|| {
+                    // Each crop back to its face when a later stage reads it (`keep`: the identity
+                    // stage, which gives it back), else to the pool.
+                    let mut crops = done.crops.into_iter();
                     for ((seq, face), rgb) in done.keys.into_iter().zip(done.restored) {
-                        batcher.frame_mut(seq).faces[face].restored = rgb;
+                        let job = &mut batcher.frame_mut(seq).faces[face];
+                        job.restored = rgb;
+                        if let Some(c) = crops.next() {
+                            if keep {
+                                job.crop = c;
+                            } else {
+                                crop_pool.put(c);
+                            }
+                        }
                         batcher.done(seq);
                     }
-                    done.crops.into_iter().for_each(|c| crop_pool.put(c));
+                    crops.for_each(|c| crop_pool.put(c));
                 });
             },
             default(wait) => stalled = true,
@@ -440,7 +451,7 @@ mod tests {
                 }
                 sizes
             });
-            dispatch(align_rx, &job_tx, &done_rx, &enh_tx, 4, 1, &pool, flush).unwrap();
+            dispatch(align_rx, &job_tx, &done_rx, &enh_tx, 4, 1, (&pool, false), flush).unwrap();
             drop(job_tx);
             assert_eq!(enh_rx.try_iter().count() as u64, n, "every frame comes out");
             worker.join().unwrap()

@@ -254,6 +254,7 @@ pub(crate) fn collect_crops(engine: &mut Engine, job: &Job, want: usize, max_fra
         pools: &pools,
         threads: 1,
         temporal: false,
+        keep_crops: false,
         tracked: false,
         sides: Default::default(),
     };

@@ -720,16 +720,20 @@ pub(crate) fn identity(
     tx: Sender<FaceFrame>,
 ) -> Result<(StageStat, Vec<crate::stats::TrackIdentity>)> {
     let mut clock = Clock::new("identity", DEPTH);
-    let (mut crop, mut scratch) = (Vec::new(), WarpScratch::default());
+    let crop_pool = &ctx.pools.crop;
     while let Some(mut ff) = recv(&rx, &mut clock) {
-        let FaceFrame { frame, faces, .. } = &mut ff;
+        let warm = ff.frame.warm;
         clock.time(|| -> Result<()> {
-            for job in faces.iter_mut().filter(|j| j.left.is_none()) {
-                if meter.due(job, frame.warm) {
-                    // The crop the model was given, made again as the align stage made it.
-                    align_face(frame, &job.face, (&ctx.template, ctx.size), &mut crop, &mut scratch);
-                    meter.measure(job, &crop, ctx.size)?;
-                }
+            for job in &mut ff.faces {
+                // The crop the model was given (kept with its face by the dispatcher).
+                let crop = std::mem::take(&mut job.crop);
+                let measured = if meter.due(job, warm) {
+                    meter.measure(job, &crop, ctx.size)
+                } else {
+                    Ok(())
+                };
+                crop_pool.put_vec(crop);
+                measured?;
             }
             Ok(())
         })?;

@@ -349,6 +349,7 @@ pub(crate) fn wire<T: Send>(
         pools: &pools,
         threads: engine.pool_threads,
         temporal: steps.contains(&Step::Temporal),
+        keep_crops: steps.contains(&Step::Identity),
         tracked: middle.video,
         sides: middle.sides,
     };
@@ -515,7 +516,7 @@ fn enhance(
             })
             .collect();
         drop((batch_rx, done_tx));
-        let stat = dispatch::dispatch(rx, &batch_tx, &done_rx, &tx, batch, n, &ctx.pools.crop, flush);
+        let stat = dispatch::dispatch(rx, &batch_tx, &done_rx, &tx, batch, n, (&ctx.pools.crop, ctx.keep_crops), flush);
         drop(batch_tx);
         let stat = stat?;
         let workers = threads
