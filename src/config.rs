@@ -145,6 +145,8 @@ pub struct Options {
     pub faces_json: Option<PathBuf>,
     /// Where to write the run's statistics as JSON.
     pub stats_json: Option<PathBuf>,
+    /// Measure the identity each face keeps (see `people::IdentityMeter`).
+    pub identity: bool,
 }
 
 impl Options {
@@ -163,6 +165,7 @@ impl Options {
             detect_gpu: false,
             faces_json: None,
             stats_json: None,
+            identity: false,
         }
     }
 }
@@ -187,6 +190,7 @@ pub struct Settings {
     pub detect_gpu: bool,
     pub faces_json: Option<PathBuf>,
     pub stats_json: Option<PathBuf>,
+    pub identity: bool,
     /// All cores ONNX Runtime may use (the split above divides them).
     cores: usize,
 }
@@ -278,6 +282,7 @@ impl Settings {
             detect_gpu: o.detect_gpu,
             faces_json: o.faces_json.clone(),
             stats_json: o.stats_json.clone(),
+            identity: o.identity,
             cores,
         };
         s.set_targets(targets, cores);
@@ -357,6 +362,7 @@ impl Settings {
             view: None,
             hwaccel_cuda: self.hwaccel_cuda,
             faces_json: self.faces_json.clone(),
+            identity: self.identity,
             cancel,
         })
     }
@@ -382,6 +388,7 @@ impl Settings {
             view: None,
             hwaccel_cuda: false,
             faces_json: None,
+            identity: false,
             cancel,
         })
     }
@@ -527,6 +534,7 @@ mod tests {
             detect_gpu: false,
             faces_json: None,
             stats_json: None,
+            identity: false,
             cores,
         };
         s.set_targets(targets, cores);

@@ -214,6 +214,8 @@ pub struct Job {
     pub hwaccel_cuda: bool,
     /// Where each frame's faces are streamed as JSON.
     pub faces_json: Option<PathBuf>,
+    /// Measure the identity each face keeps (on with `faces_json`, every face).
+    pub identity: bool,
     pub cancel: CancelToken,
 }
 

@@ -54,6 +54,12 @@ struct Cli {
     /// Write the run's statistics (stages, workers) as JSON to PATH.
     #[arg(long, value_name = "PATH", help_heading = "Output")]
     stats_json: Option<PathBuf>,
+    /// Measure how much of who each face is the restoration keeps (the cosine similarity of its
+    /// identity descriptors before and after, 1 for an unchanged face) on a few faces of each
+    /// track: each track's median and the worst in the summary and --stats-json. --faces-json
+    /// measures every face and records each figure.
+    #[arg(long, help_heading = "Output")]
+    identity: bool,
     #[command(flatten)]
     segment: SegmentArg,
     /// Segments of a long video restored at once, each its own pipeline (on CUDA one GPU each,
@@ -368,6 +374,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     let quiet = cli.run.quiet;
     let mut o = cli.run.options(input, output)?;
     o.faces_json = cli.faces_json;
+    o.identity = cli.identity;
     o.stats_json = cli.stats_json;
     // Ctrl-C stops the run (also while models load); the partial output is removed and the
     // exit code is 130.
@@ -773,6 +780,7 @@ mod tests {
         ("hwaccel", None),
         ("detect_device", None),
         ("quiet", None),
+        ("identity", None),
     ];
 
     #[derive(Parser)]

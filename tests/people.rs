@@ -229,6 +229,16 @@ fn identity_is_kept_by_an_unchanged_face_and_lost_by_a_changed_one() {
     let (changed, words, _) = figures("negate-512");
     assert!(changed.iter().all(|&v| v < 0.95), "{changed:?}");
     assert!(words.contains("worst 0."), "{words}");
+    // --identity alone measures a few faces of each track for the summary; a plain run, none.
+    let out = dir.path().join("sampled.mp4");
+    let m = asset("models/standin/negate-512.onnx");
+    let words = ok(&gpen(&[&input, &out, &"--model", &m, &"--identity"]));
+    assert!(
+        words.contains("identity kept") && words.contains("track 1 0."),
+        "{words}"
+    );
+    let words = ok(&gpen(&[&input, &out, &"--model", &m]));
+    assert!(!words.contains("identity"), "{words}");
 }
 
 /// The face boxes of `input`'s first frame, left to right (from a run with `--faces-json`).

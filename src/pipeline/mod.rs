@@ -179,7 +179,7 @@ fn run_wired(
         video: true,
         flush: dispatch::Flush::Idle,
         sides: crate::media::compare::Sides::of(&job.source),
-        identity: true,
+        identity: job.identity || job.faces_json.is_some(),
         each_face: job.faces_json.is_some(),
     };
     let (cancel, output) = (&job.cancel, job.output.as_path());

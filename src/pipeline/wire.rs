@@ -516,7 +516,16 @@ fn enhance(
             })
             .collect();
         drop((batch_rx, done_tx));
-        let stat = dispatch::dispatch(rx, &batch_tx, &done_rx, &tx, batch, n, (&ctx.pools.crop, ctx.keep_crops), flush);
+        let stat = dispatch::dispatch(
+            rx,
+            &batch_tx,
+            &done_rx,
+            &tx,
+            batch,
+            n,
+            (&ctx.pools.crop, ctx.keep_crops),
+            flush,
+        );
         drop(batch_tx);
         let stat = stat?;
         let workers = threads
