@@ -305,6 +305,13 @@ step whole-file-unbudgeted "$device" 16 "$out/whole-file-unbudgeted.stats.json" 
 step whole-file-4jobs "$device" 16 "$out/whole-file-4jobs.stats.json" "$step_timeout" -- \
   "${gv[@]}" "$sample" "$out/whole-file-4jobs.mp4" --model "$wm" "${wf[@]}" --batch 16 "${whole[@]}" \
   --segment 1 --jobs 4 --stats-json "$out/whole-file-4jobs.stats.json" "${common[@]}"
+# Identity kept measured (the identity stage, on this host's CPU, beside the GPU's model): its
+# core-ms a face and the faces/s against whole-file's, when the bundle has the identity model.
+if [ -f "$B/models/face-id.onnx" ]; then
+  step whole-file-identity "$device" 16 "$out/whole-file-identity.stats.json" "$step_timeout" -- \
+    "${gv[@]}" "$sample" "$out/whole-file-identity.mp4" --model "$wm" "${wf[@]}" --batch 16 "${whole[@]}" \
+    --identity --stats-json "$out/whole-file-identity.stats.json" "${common[@]}"
+fi
 # The service: a portrait posted at concurrency 1, 4 and 16 (images/s, P50/P99 latency, batch
 # fill), then SIGTERM, which must end it with exit 0 (serve-check.py).
 if command -v python3 >/dev/null && [ -f "$B/serve-check.py" ]; then

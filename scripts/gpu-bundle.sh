@@ -87,6 +87,8 @@ cp "$bin" "$stage/bin/"
 # The face mesh goes too when the set-up made it (the run falls back to the ellipse without it).
 mesh=()
 [ -f models/face-mesh.onnx ] && mesh=(models/face-mesh.onnx)
+# And the identity model (22 MB), for the runner's identity step.
+[ -f models/face-id.onnx ] && mesh+=(models/face-id.onnx)
 cp models/centerface.onnx "${mesh[@]}" "${models[@]}" "$stage/models/"
 cp "$sample" "$stage/samples/"
 # The service check's portrait and script (run.sh's serve step).
