@@ -14,6 +14,13 @@ In: an output folder. Out: ONNX files whose input `input` and output `output` ar
   identity-512-bytes.onnx / negate-256-bytes.onnx  identity and negate with byte I/O (uint8
                                           levels in and out, the conversions in the graph: see
                                           byte_io.py)
+  codeformer-512.onnx                     CodeFormer's contract (facefusion's codeformer.onnx):
+                                          inputs `input` float32 [1,3,512,512] and `weight` float64
+                                          [1] (the fidelity), outputs `logits` [1,256,1024],
+                                          `output` [1,3,512,512] and `lq_feat` [1,256,16,16] (the
+                                          image output second here, so it is found by its shape);
+                                          y = x (1 - 2 w): fidelity 0 gives the input back, 1
+                                          negates it
 Each file's metadata says it is a stand-in, so nobody mistakes it for a restorer.
 """
 import os
@@ -72,6 +79,42 @@ def build(name: str, kind: str, size: int, batch="N", width=None) -> onnx.ModelP
     return model
 
 
+def build_codeformer(size: int = 512) -> onnx.ModelProto:
+    """CodeFormer's I/O contract around y = x (1 - 2 w) (see the module's note)."""
+    x = helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 3, size, size])
+    w = helper.make_tensor_value_info("weight", TensorProto.DOUBLE, [1])
+    outs = [
+        helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 256, 1024]),
+        helper.make_tensor_value_info("output", TensorProto.FLOAT, [1, 3, size, size]),
+        helper.make_tensor_value_info("lq_feat", TensorProto.FLOAT, [1, 256, 16, 16]),
+    ]
+    inits = [
+        numpy_helper.from_array(np.array([1.0], np.float32), "one"),
+        numpy_helper.from_array(np.array([2.0], np.float32), "two"),
+        numpy_helper.from_array(np.array([1, 256, 1024], np.int64), "logits_shape"),
+        numpy_helper.from_array(np.array([1, 256, 16, 16], np.int64), "feat_shape"),
+    ]
+    nodes = [
+        helper.make_node("Cast", ["weight"], ["wf"], to=TensorProto.FLOAT),
+        helper.make_node("Mul", ["wf", "two"], ["w2"]),
+        helper.make_node("Sub", ["one", "w2"], ["k"]),
+        helper.make_node("Mul", ["input", "k"], ["output"]),
+        helper.make_node("ConstantOfShape", ["logits_shape"], ["logits"],
+                         value=numpy_helper.from_array(np.array([0.0], np.float32))),
+        helper.make_node("ConstantOfShape", ["feat_shape"], ["lq_feat"],
+                         value=numpy_helper.from_array(np.array([0.0], np.float32))),
+    ]
+    graph = helper.make_graph(nodes, "codeformer-standin", [x, w], outs, initializer=inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    for k, v in {"gpen_video.weights": "stand-in (codeformer): not a restorer",
+                 "gpen_video.size": str(size)}.items():
+        p = model.metadata_props.add()
+        p.key, p.value = k, v
+    onnx.checker.check_model(model)
+    return model
+
+
 def main(out: str) -> None:
     os.makedirs(out, exist_ok=True)
     specs = {
@@ -94,6 +137,7 @@ def main(out: str) -> None:
         if fname.endswith("-bytes.onnx"):
             model = wrap(model)
         save(model, path)
+    save(build_codeformer(), os.path.join(out, "codeformer-512.onnx"))
 
 
 if __name__ == "__main__":

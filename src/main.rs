@@ -754,6 +754,7 @@ mod tests {
         ("detector", Some("other-detector.onnx")),
         ("batch", Some("8")),
         ("fp16", Some("")),
+        ("fidelity", Some("0.3")),
         ("frames", Some("10")),
         ("det_size", Some("320")),
         ("det_threshold", Some("0.7")),

@@ -28,6 +28,11 @@ pub struct Treatment {
     /// Half precision: TensorRT's fp16 mode with --trt, else the model must be an fp16 export.
     #[arg(long, help_heading = "Model")]
     pub fp16: bool,
+    /// Fidelity of a model that takes one (CodeFormer's weight): 0 restores the most (invents
+    /// the most detail), 1 keeps the most of the face as it is. Without it such a model gets
+    /// 0.5; a model without a fidelity input refuses it.
+    #[arg(long, value_name = "0..1", help_heading = "Model")]
+    pub fidelity: Option<f32>,
     #[command(flatten)]
     pub detection: DetectSettings,
     #[command(flatten)]
@@ -75,7 +80,7 @@ struct DefaultTreatment {
 /// each is parsed and checked by its declaration above, as on the command line
 /// ([`Treatment::with_flags`]). A new job flag is its name here and its line in
 /// [`Treatment::take`]; the test of this file fails for a name without one.
-pub const JOB_FLAGS: [&str; 9] = [
+pub const JOB_FLAGS: [&str; 10] = [
     "blend",
     "mask",
     "temporal",
@@ -85,6 +90,7 @@ pub const JOB_FLAGS: [&str; 9] = [
     "skip-face",
     "face-distance",
     "min-face",
+    "fidelity",
 ];
 
 impl Default for Treatment {
@@ -154,6 +160,7 @@ impl Treatment {
             "skip-face" => self.selection.skip_face = from.selection.skip_face.clone(),
             "face-distance" => self.selection.face_distance = from.selection.face_distance,
             "min-face" => self.selection.min_face = from.selection.min_face,
+            "fidelity" => self.fidelity = from.fidelity,
             _ => {}
         }
     }
@@ -161,6 +168,9 @@ impl Treatment {
     /// Checks every range (NaN fails every comparison, so each range accepts only good values).
     pub fn check(&self) -> Result<()> {
         self.selection.check()?;
+        if let Some(w) = self.fidelity.filter(|w| !(0.0..=1.0).contains(w)) {
+            bail!("--fidelity must be between 0 and 1, got {w}");
+        }
         let in_range = |v: f32, lo: f32, hi: f32| (lo..=hi).contains(&v);
         if !in_range(self.blend, 0.0, 1.0) {
             bail!("--blend must be between 0 and 1, got {}", self.blend);
@@ -225,6 +235,7 @@ mod tests {
             ("skip-face", "someone-else.jpg"),
             ("face-distance", "0.5"),
             ("min-face", "40"),
+            ("fidelity", "0.7"),
         ];
         assert_eq!(other.map(|(k, _)| k), JOB_FLAGS);
         for (k, v) in other {

@@ -28,22 +28,51 @@ pub struct ModelInfo {
     /// The model takes and gives uint8 levels (its conversions inside the graph: see
     /// `models/byte_io.py`) rather than float32 in [-1, 1].
     pub bytes: bool,
+    /// A second input that takes the fidelity (CodeFormer's `weight`: 0 most restored, 1 most
+    /// faithful), when the model has one.
+    pub weight: Option<WeightInput>,
 }
 
+/// A model's fidelity input: its name, whether it takes a double (else a float), its shape
+/// (one value: [1], [1,1] or a scalar).
+#[derive(Clone, Debug, PartialEq)]
+pub struct WeightInput {
+    pub name: String,
+    pub double: bool,
+    pub shape: Vec<usize>,
+}
+
+/// The fidelity a model with a weight input gets when none is given (CodeFormer's own default).
+pub const DEFAULT_FIDELITY: f32 = 0.5;
+
 impl ModelInfo {
-    /// Reads and checks the I/O contract: one float32 [N,3,S,S] input and a same-shaped output
-    /// (or uint8 both, a model with byte I/O).
+    /// Reads and checks the I/O contract: one float32 [N,3,S,S] input (beside it, at most a
+    /// fidelity input of one value: CodeFormer's `weight`) and an output of the same shape (the
+    /// first that has it: CodeFormer's other outputs are its codebook's logits and features), or
+    /// uint8 both, a model with byte I/O.
     pub fn read(session: &Session) -> Result<Self> {
         let (ins, outs) = (session.inputs(), session.outputs());
-        if ins.len() != 1 || outs.is_empty() {
+        let image = |v: &ValueType| matches!(v, ValueType::Tensor { shape, .. } if shape.len() == 4);
+        let Some(at) = ins.iter().position(|i| image(i.dtype())) else {
             bail!(
-                "expected one input and at least one output, found {} inputs and {} outputs",
+                "expected an image input [N,3,S,S], found {} inputs ({})",
+                ins.len(),
+                ins.iter().map(|i| i.name().to_string()).collect::<Vec<_>>().join(", ")
+            );
+        };
+        if ins.len() > 2 || outs.is_empty() {
+            bail!(
+                "expected one image input (and at most a fidelity input) and at least one output, found {} inputs and {} outputs",
                 ins.len(),
                 outs.len()
             );
         }
-        let input = ins[0].name().to_string();
-        let ValueType::Tensor { ty, shape, .. } = ins[0].dtype() else {
+        let weight = match ins.iter().enumerate().find(|(i, _)| *i != at) {
+            None => None,
+            Some((_, w)) => Some(WeightInput::read(w.name(), w.dtype())?),
+        };
+        let input = ins[at].name().to_string();
+        let ValueType::Tensor { ty, shape, .. } = ins[at].dtype() else {
             bail!("input `{input}` is not a tensor");
         };
         let bytes = match ty {
@@ -55,8 +84,20 @@ impl ModelInfo {
         if dims.len() != 4 || dims[1] != 3 || dims[2] <= 0 || dims[2] != dims[3] {
             bail!("input `{input}` has shape {dims:?}; a GPEN model takes [N,3,S,S] with a fixed square size S");
         }
-        let output = outs[0].name().to_string();
-        if let ValueType::Tensor { ty, .. } = outs[0].dtype() {
+        // The image output: the first shaped like the input (a model of one output: that one).
+        let shaped = |v: &ValueType| match v {
+            ValueType::Tensor { shape, .. } => {
+                let o: Vec<i64> = shape.iter().copied().collect();
+                o.len() == 4
+                    && (o[1] == 3 || o[1] < 0)
+                    && (o[2] == dims[2] || o[2] < 0)
+                    && (o[3] == dims[3] || o[3] < 0)
+            }
+            _ => false,
+        };
+        let out_at = outs.iter().position(|o| shaped(o.dtype())).unwrap_or(0);
+        let output = outs[out_at].name().to_string();
+        if let ValueType::Tensor { ty, .. } = outs[out_at].dtype() {
             match (bytes, ty) {
                 (false, TensorElementType::Float32) | (true, TensorElementType::Uint8) => {}
                 (false, _) => {
@@ -65,7 +106,7 @@ impl ModelInfo {
                 (true, _) => bail!("output `{output}` is {ty:?}: a model with uint8 input must give uint8 output"),
             }
         }
-        if let ValueType::Tensor { shape: oshape, .. } = outs[0].dtype() {
+        if let ValueType::Tensor { shape: oshape, .. } = outs[out_at].dtype() {
             let o: Vec<i64> = oshape.iter().copied().collect();
             let fits = o.len() == 4
                 && (o[1] == 3 || o[1] < 0)
@@ -92,6 +133,30 @@ impl ModelInfo {
             precision,
             template,
             bytes,
+            weight,
+        })
+    }
+}
+
+impl WeightInput {
+    /// A fidelity input `name` of type `v`: one float or double value.
+    fn read(name: &str, v: &ValueType) -> Result<WeightInput> {
+        let ValueType::Tensor { ty, shape, .. } = v else {
+            bail!("input `{name}` is not a tensor");
+        };
+        let double = match ty {
+            TensorElementType::Float64 => true,
+            TensorElementType::Float32 => false,
+            _ => bail!("input `{name}` is {ty:?}: a second input must be a fidelity weight (float or double)"),
+        };
+        let dims: Vec<i64> = shape.iter().copied().collect();
+        if dims.len() > 2 || dims.iter().any(|&d| d > 1) {
+            bail!("input `{name}` has shape {dims:?}: a second input must be a fidelity weight of one value ([1] or [1,1])");
+        }
+        Ok(WeightInput {
+            name: name.to_string(),
+            double,
+            shape: dims.iter().map(|_| 1).collect(),
         })
     }
 }
@@ -103,6 +168,14 @@ impl ModelInfo {
 struct Bound {
     binding: IoBinding,
     tensors: Tensors,
+    /// The fidelity input, when the model has one (its value written before each run).
+    weight: Option<Weight>,
+}
+
+/// A bound fidelity value.
+enum Weight {
+    Float(Tensor<f32>),
+    Double(Tensor<f64>),
 }
 
 /// A bound input and output: floats, or bytes for a model with byte I/O.
@@ -128,6 +201,8 @@ pub struct Enhancer {
     /// this), so buffers exist for at most log2(batch) + 1 sizes, under twice a full batch in
     /// all, however batches split.
     batch: usize,
+    /// The fidelity a model with a weight input is given (see [`ModelInfo::weight`]).
+    fidelity: f32,
 }
 
 /// Where the bound crops live on `target`: host memory the pipeline writes and reads directly,
@@ -162,7 +237,13 @@ impl Enhancer {
             allocator,
             bound: Vec::new(),
             batch: 1,
+            fidelity: DEFAULT_FIDELITY,
         })
+    }
+
+    /// Sets the fidelity a model with a weight input is given (0 most restored, 1 most faithful).
+    pub fn set_fidelity(&mut self, w: f32) {
+        self.fidelity = w;
     }
 
     /// Batch sizes that have buffers bound so far.
@@ -218,9 +299,34 @@ impl Enhancer {
                 binding.bind_output(output, &mut o).map_err(ort_err)?;
                 Tensors::Floats(i, o)
             };
-            self.bound[feed] = Some(Bound { binding, tensors });
+            let weight = match &self.info.weight {
+                None => None,
+                Some(w) => {
+                    let shape = w.shape.iter().map(|&d| d as i64).collect::<Vec<_>>();
+                    let t = if w.double {
+                        let t = Tensor::<f64>::new(&self.allocator, shape).map_err(ort_err)?;
+                        binding.bind_input(w.name.as_str(), &t).map_err(ort_err)?;
+                        Weight::Double(t)
+                    } else {
+                        let t = Tensor::<f32>::new(&self.allocator, shape).map_err(ort_err)?;
+                        binding.bind_input(w.name.as_str(), &t).map_err(ort_err)?;
+                        Weight::Float(t)
+                    };
+                    Some(t)
+                }
+            };
+            self.bound[feed] = Some(Bound {
+                binding,
+                tensors,
+                weight,
+            });
         }
         let bound = self.bound[feed].as_mut().expect("bound above");
+        match &mut bound.weight {
+            Some(Weight::Double(t)) => t.extract_tensor_mut().1.fill(f64::from(self.fidelity)),
+            Some(Weight::Float(t)) => t.extract_tensor_mut().1.fill(self.fidelity),
+            None => {}
+        }
         for (slot, crop) in crops.iter().enumerate() {
             if crop.len() != item {
                 bail!("crop {slot} has {} values, expected {item}", crop.len());

@@ -310,6 +310,17 @@ pub(crate) fn wire<T: Send>(
     encode: impl FnOnce(&Pools, Receiver<FaceFrame>) -> Result<Encoded<T>> + Send,
 ) -> Result<(Summary, T)> {
     let steps = plan(engine, &middle);
+    let fidelity = middle.treatment.fidelity;
+    if fidelity.is_some() && engine.info.weight.is_none() {
+        anyhow::bail!(
+            "--fidelity: the model {} has no fidelity input (CodeFormer's `weight`); leave --fidelity out",
+            engine.key.model.display()
+        );
+    }
+    for w in &mut engine.workers {
+        w.enhancer
+            .set_fidelity(fidelity.unwrap_or(crate::faces::enhance::DEFAULT_FIDELITY));
+    }
     // The people named are described before any frame is decoded: a photo without a face
     // fails the job here.
     let chooser = if middle.treatment.selection.active() {
