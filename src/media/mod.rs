@@ -3,7 +3,6 @@
 //! Everything that touches pictures and colour lives here: FFmpeg's, and the stills `image`
 //! reads (`still_in`).
 
-pub(crate) mod bounds;
 pub mod color;
 pub mod compare;
 pub mod decode;
