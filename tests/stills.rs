@@ -317,3 +317,20 @@ fn a_webp_output_too_wide_for_webp_is_refused_up_front() {
     assert!(!err.contains("starting"), "refused before the run: {err}");
     assert!(!out.exists());
 }
+
+/// A QOI picture is read as a still (by `image`; it was taken for a video and refused with a
+/// still OUT): restored to PNG exactly as the PNG it was made from, the face found. QOI is not
+/// written.
+#[test]
+fn a_qoi_still_is_read_as_its_png_is() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let png = picture(d, "png", &[]);
+    let qoi = picture(d, "qoi", &[]);
+    assert_eq!(&std::fs::read(&qoi).unwrap()[..4], b"qoif");
+    let (from_qoi, faces, _) = run_with_faces(d, &qoi, "from-qoi.png", &identity(), &[]);
+    assert_eq!(faces[0].1.len(), 1, "the face is found");
+    let (from_png, _, _) = run_with_faces(d, &png, "from-png.png", &identity(), &[]);
+    assert_eq!(rgb_frames(&from_qoi), rgb_frames(&from_png), "the same picture");
+    fails(&png, &d.join("out.qoi"), &[], "does not write .qoi images");
+}
