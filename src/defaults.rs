@@ -132,9 +132,9 @@ pub const MAX_BODY_MB: u64 = 50;
 /// `serve`: largest picture, in pixels, an upload's header may declare; its decoder is held to
 /// it (`media::still_in`).
 pub const MAX_PIXELS: u64 = 40_000_000;
-/// Most bytes a still's decoder may allocate besides its picture and a few of its rows (a PNG's
-/// inflated ICC profile, TIFF's tags): a profile past it is left out. Real ICC profiles stay far
-/// below it; PNG text is never inflated.
+/// Most bytes a still's decoder may allocate besides its picture, a row and a TIFF's strips
+/// (`media::still_in`): a PNG's inflated ICC profile, left out past it. Real ICC profiles stay
+/// far below it; PNG text is never inflated.
 pub const MAX_METADATA_BYTES: u64 = 8 << 20;
 /// `serve`: seconds a client has to send its headers and then its body.
 pub const READ_TIMEOUT_S: u64 = 10;

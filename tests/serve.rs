@@ -537,7 +537,7 @@ fn metadata_bombs_are_not_inflated_and_hidden_frame_headers_are_refused() {
         assert!(body.len() < 1 << 20, "{chunk}: {} bytes answered", body.len());
     }
     let grown = peak_memory(server.child.id()).saturating_sub(before);
-    assert!(grown < 40 << 20, "the peak grew by {} MiB", grown >> 20);
+    assert!(grown < 24 << 20, "the peak grew by {} MiB", grown >> 20);
     for (what, hidden, why) in [
         ("JPEG", &two_sofs, "Two Start of Frame Markers"),
         ("WebP", &canvas, "Inconsistent image sizes"),

@@ -9,9 +9,9 @@
 //! The bounds: a picture of more pixels than the cap (a service's `--max-pixels`) or than
 //! FFmpeg converts and encodes is refused once its header is read, before its data is; every
 //! decoder is held to sides within the cap, and besides the picture may allocate
-//! [`crate::defaults::MAX_METADATA_BYTES`] and a few rows (PNG's inflated ICC profile, TIFF's
-//! tags and strips). PNG text chunks are never inflated, and an ICC profile past the limit is
-//! dropped by the PNG decoder. A frame header that hides another (a second JPEG SOF, a WebP
+//! [`crate::defaults::MAX_METADATA_BYTES`] and a row (PNG's inflated ICC profile and its rows)
+//! and, for TIFF, another picture's worth of compressed strips. PNG text chunks are never
+//! inflated, and an ICC profile past the limit is dropped by the PNG decoder. A frame header that hides another (a second JPEG SOF, a WebP
 //! bitstream larger than its canvas) is an error of the decoder, not a larger allocation.
 //!
 //! Colour: 8 bits a channel whatever the source's depth (16-bit PNG and TIFF rounded to 8), grey
@@ -35,8 +35,7 @@ const FORMATS: [ImageFormat; 6] = [
     ImageFormat::Qoi,
 ];
 
-/// Bytes a decoder may allocate besides its picture for a row of the widest picture allowed
-/// (RGBA at 16 bits: PNG's row buffers).
+/// Bytes a PNG decoder allocates for each pixel of a row (RGBA at 16 bits, at most).
 const ROW_BYTES_PER_PIXEL: u64 = 8;
 
 /// The format `image` reads of a picture whose bytes start with `head`, among those read here.
@@ -152,16 +151,18 @@ fn fits(w: u64, h: u64, cap: Option<u64>) -> bool {
     cap.is_none_or(|c| w.saturating_mul(h) <= c) && crate::media::sniff::too_large(w, h).is_none()
 }
 
-/// The limits a still's decoder works under: sides within the cap (set once its header showed
-/// it fits, so a picture too large is named with its size), and
-/// [`crate::defaults::MAX_METADATA_BYTES`] plus a row of the widest picture allowed for what it
-/// allocates besides the picture (PNG's whole budget, given before its header is read).
-fn limits(cap: Option<u64>) -> Limits {
+/// The limits a still's decoder works under, `head` the source's first bytes: sides within the
+/// cap (set once its header showed it fits, so a picture too large is named with its size), and
+/// for what it allocates before its size is known [`crate::defaults::MAX_METADATA_BYTES`] (a
+/// PNG's inflated ICC profile) and, for a PNG, a row of the width its header declares (PNG's
+/// whole budget, given before its header is read).
+fn limits(cap: Option<u64>, head: &[u8]) -> Limits {
     let side = crate::media::sniff::ffmpeg_max_side().min(cap.unwrap_or(u64::MAX));
+    let row = crate::media::sniff::png_size(head).map_or(0, |(w, _)| w.min(side));
     let mut l = Limits::no_limits();
     l.max_image_width = Some(u32::try_from(side).unwrap_or(u32::MAX));
     l.max_image_height = l.max_image_width;
-    l.max_alloc = Some(crate::defaults::MAX_METADATA_BYTES + side * ROW_BYTES_PER_PIXEL);
+    l.max_alloc = Some(crate::defaults::MAX_METADATA_BYTES + row * ROW_BYTES_PER_PIXEL);
     l
 }
 
@@ -205,7 +206,7 @@ fn decoder<'a>(path: &Path, bytes: Option<&'a [u8]>, cap: Option<u64>) -> Result
     let Some(format) = format_of(&head) else {
         return Ok(None);
     };
-    let mut limits = limits(cap);
+    let mut limits = limits(cap, &head);
     let opened = if format == ImageFormat::WebP {
         image::codecs::webp::WebPDecoder::new(input)
             .map_err(Unread::from)
@@ -239,8 +240,10 @@ fn decoder<'a>(path: &Path, bytes: Option<&'a [u8]>, cap: Option<u64>) -> Result
     if !fits(u64::from(w), u64::from(h), cap) {
         return Err(Unread::TooLarge(w.into(), h.into()));
     }
-    // Its picture, and besides it what the limits gave before (TIFF sizes its buffers by them).
-    limits.max_alloc = limits.max_alloc.map(|m| m.saturating_add(dec.total_bytes()));
+    // Its picture, and besides it another picture's worth and what the limits gave before:
+    // TIFF sizes its picture and its compressed strips by them (one strip may hold it all).
+    let picture = dec.total_bytes();
+    limits.max_alloc = limits.max_alloc.map(|m| m.saturating_add(picture.saturating_mul(2)));
     dec.set_limits(limits)?;
     let original = dec.original_color_type();
     let channels = u16::from(original.channel_count().max(1));
@@ -352,11 +355,16 @@ mod tests {
 
     #[test]
     fn the_limits_bound_the_sides_by_the_cap_and_by_ffmpeg() {
-        let l = limits(Some(1_000_000));
+        let head = png(640, 2, image::ExtendedColorType::Rgb8);
+        let l = limits(Some(1_000_000), &head);
         assert_eq!(l.max_image_width, Some(1_000_000));
-        assert_eq!(l.max_alloc, Some(crate::defaults::MAX_METADATA_BYTES + 8_000_000));
+        assert_eq!(l.max_alloc, Some(crate::defaults::MAX_METADATA_BYTES + 640 * 8));
         let side = crate::media::sniff::ffmpeg_max_side();
-        assert_eq!(limits(None).max_image_height, Some(side as u32));
+        let l = limits(None, b"\xff\xd8\xff");
+        assert_eq!(
+            (l.max_image_height, l.max_alloc),
+            (Some(side as u32), Some(crate::defaults::MAX_METADATA_BYTES))
+        );
         assert!(fits(16000, 16000, None) && !fits(20000, 20000, None));
         assert!(fits(side, 1, None) && !fits(side + 1, 1, None));
         assert!(fits(1000, 1000, Some(1_000_000)) && !fits(1001, 1000, Some(1_000_000)));
@@ -381,6 +389,49 @@ mod tests {
         assert_eq!((rgb.len(), alpha.len()), (5 * 4 * 3, 5 * 4));
         // Grey and alpha: grey repeated into R, G and B, the alpha apart.
         assert_eq!((&rgb[..6], &alpha[..2]), (&[0u8, 0, 0, 2, 2, 2][..], &[1u8, 3][..]));
+    }
+
+    /// An uncompressed `w` x `h` RGB TIFF of one strip (as some scanners write them).
+    fn tiff_one_strip(w: u32, h: u32) -> Vec<u8> {
+        let data_len = w * h * 3;
+        let tags: [(u16, u16, u32); 9] = [
+            (256, 4, w),
+            (257, 4, h),
+            (258, 3, 8),
+            (259, 3, 1),
+            (262, 3, 2),
+            (273, 4, 8 + 2 + 9 * 12 + 4),
+            (277, 3, 3),
+            (278, 4, h),
+            (279, 4, data_len),
+        ];
+        let mut t = b"II*\0\x08\0\0\0".to_vec();
+        t.extend(9u16.to_le_bytes());
+        for (tag, kind, value) in tags {
+            t.extend(tag.to_le_bytes());
+            t.extend(kind.to_le_bytes());
+            t.extend(1u32.to_le_bytes());
+            // BitsPerSample's one value stands for all three samples.
+            t.extend(if kind == 3 {
+                [value.to_le_bytes()[0], value.to_le_bytes()[1], 0, 0]
+            } else {
+                value.to_le_bytes()
+            });
+        }
+        t.extend(0u32.to_le_bytes());
+        t.extend((0..data_len).map(|i| (i % 253) as u8));
+        t
+    }
+
+    #[test]
+    fn a_tiff_whose_one_strip_is_larger_than_the_metadata_allowance_is_read() {
+        let tiff = tiff_one_strip(2000, 1500);
+        assert!(tiff.len() as u64 > crate::defaults::MAX_METADATA_BYTES);
+        let path = Path::new("scan.tiff");
+        let h = header(path, Some(&tiff), Some(3_000_000)).unwrap().expect("a TIFF");
+        assert_eq!((h.codec(), h.width, h.height, h.depth), ("tiff", 2000, 1500, 8));
+        let picture = decode(path, Some(&tiff), Some(3_000_000)).unwrap();
+        assert_eq!(&rgb(picture)[..4], &[0, 1, 2, 3]);
     }
 
     #[test]
