@@ -11,8 +11,9 @@
 //! decoder is held to sides within the cap, and besides the picture may allocate
 //! [`crate::defaults::MAX_METADATA_BYTES`] and a row (PNG's inflated ICC profile and its rows)
 //! and, for TIFF, another picture's worth of compressed strips. PNG text chunks are never
-//! inflated, and an ICC profile past the limit is dropped by the PNG decoder. A frame header that hides another (a second JPEG SOF, a WebP
-//! bitstream larger than its canvas) is an error of the decoder, not a larger allocation.
+//! inflated, and an ICC profile past the limit is dropped by the PNG decoder. A frame header
+//! that hides another (a second JPEG SOF, a WebP bitstream larger than its canvas) is an error
+//! of the decoder, not a larger allocation.
 //!
 //! Colour: 8 bits a channel whatever the source's depth (16-bit PNG and TIFF rounded to 8), grey
 //! repeated into R, G and B, CMYK JPEG converted to RGB by the JPEG decoder, the colours under
