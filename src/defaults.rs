@@ -134,11 +134,12 @@ pub const MAX_WAIT_MS: u64 = 5;
 pub const QUEUE: usize = 64;
 /// `serve`: largest request body, in megabytes.
 pub const MAX_BODY_MB: u64 = 50;
-/// `serve`: largest picture, in pixels, read from every frame header before decoding (and
-/// FFmpeg's own cap on what the upload's decoders allocate).
+/// `serve`: largest picture, in pixels, an upload's header may declare; its decoder is held to
+/// it (`media::still_in`).
 pub const MAX_PIXELS: u64 = 40_000_000;
-/// `serve`: most bytes a picture's compressed metadata (PNG zTXt, iTXt, iCCP) may inflate to;
-/// real ICC profiles and text stay far below it.
+/// Most bytes a still's decoder may allocate besides its picture, a row and a TIFF's strips
+/// (`media::still_in`): a PNG's inflated ICC profile, left out past it. Real ICC profiles stay
+/// far below it; PNG text is never inflated.
 pub const MAX_METADATA_BYTES: u64 = 8 << 20;
 /// `serve`: seconds a client has to send its headers and then its body.
 pub const READ_TIMEOUT_S: u64 = 10;

@@ -135,9 +135,9 @@ struct ServeArgs {
     /// Largest request body, in megabytes (413 above it).
     #[arg(long, value_name = "MB", default_value_t = defaults::MAX_BODY_MB, value_parser = clap::value_parser!(u64).range(1..=4096), help_heading = "Service")]
     max_body_mb: u64,
-    /// Largest picture, in pixels, read before anything is decoded from every frame header the
-    /// upload holds, and the most its decoder may allocate (413 above it: a decompression bomb
-    /// is never allocated).
+    /// Largest picture, in pixels, an upload may be: read from its header before anything is
+    /// decoded, and its decoder held to it (413 above it: a decompression bomb is never
+    /// allocated).
     #[arg(long, value_name = "PIXELS", default_value_t = defaults::MAX_PIXELS, help_heading = "Service")]
     max_pixels: u64,
     /// Seconds a client has to send its headers (the connection is closed after) and then its

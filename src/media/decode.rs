@@ -50,6 +50,9 @@ pub struct SourceInfo {
     /// EXIF orientation of a still (1 to 8, 1 upright): the decode stage turns its frames
     /// upright, and `width` and `height` are the stored picture's.
     pub orientation: u8,
+    /// A still `image` reads (its header): decoded by [`crate::media::still_in`], not FFmpeg,
+    /// and `params` is empty.
+    pub still: Option<Arc<crate::media::still_in::Header>>,
 }
 
 impl std::fmt::Debug for SourceInfo {
@@ -126,6 +129,20 @@ pub fn probe_memory(name: &Path, bytes: Arc<[u8]>) -> Result<SourceInfo> {
 /// given, else from the file.
 fn probe_source(path: &Path, bytes: Option<Arc<[u8]>>) -> Result<SourceInfo> {
     crate::init_ffmpeg();
+    if crate::media::kind::is_still_input(path) {
+        use crate::media::still_in::{header, Unread};
+        match header(path, bytes.as_deref(), None) {
+            Ok(Some(h)) => return Ok(still_source(path, bytes, h)),
+            Ok(None) => {}
+            // A file of a kind `image` does not decode (an arithmetic-coded JPEG, a TIFF of
+            // an unusual layout) is FFmpeg's; bytes in memory (a service's) are read only by
+            // `image`, within its limits.
+            Err(Unread::Unsupported(why)) if bytes.is_none() => {
+                tracing::debug!(file = %path.display(), why, "left to FFmpeg");
+            }
+            Err(e) => return Err(e.into_error(path, bytes.as_deref(), None)),
+        }
+    }
     let explain = || crate::media::sniff::explain_source(path, bytes.as_deref());
     let mut ictx = crate::media::input::open_source(path, bytes.as_ref()).map_err(|e| {
         if e.is::<crate::media::input::Refused>() {
@@ -215,7 +232,32 @@ fn probe_source(path: &Path, bytes: Option<Arc<[u8]>>) -> Result<SourceInfo> {
         orientation,
         hdr,
         max_pixels: None,
+        still: None,
     })
+}
+
+/// The source of a still `image` reads, from its header `h`: one picture, timed as FFmpeg
+/// times a picture file (1/25 s).
+fn still_source(path: &Path, bytes: Option<Arc<[u8]>>, h: crate::media::still_in::Header) -> SourceInfo {
+    SourceInfo {
+        path: path.to_path_buf(),
+        bytes,
+        stream_index: 0,
+        width: h.width as usize,
+        height: h.height as usize,
+        time_base: Rational(1, 25),
+        avg_frame_rate: Rational(25, 1),
+        declared_frames: Some(1),
+        duration_s: Some(0.04),
+        codec: h.codec().to_string(),
+        params: ffmpeg::codec::Parameters::new(),
+        rotation: 0,
+        mirror: false,
+        hdr: None,
+        max_pixels: None,
+        orientation: h.orientation,
+        still: Some(Arc::new(h)),
+    }
 }
 
 /// Caps the pictures decoder context `ctx` allocates at `max` pixels (none: FFmpeg's own
@@ -388,6 +430,9 @@ impl Decoder {
         max_frames: Option<u64>,
         emit: impl FnMut(Frame) -> bool,
     ) -> Result<DecodeReport> {
+        if self.info.still.is_some() {
+            return self.run_still(pools, emit);
+        }
         // FFmpeg's reason for a file it could not read through ("invalid data", a read or
         // flush failure) is replaced by what the file's bytes show, when they show it; other
         // failures (the GPU, the truncation check, conversions) keep their own.
@@ -410,6 +455,70 @@ impl Decoder {
                 None => e,
             }
         })
+    }
+
+    /// [`Decoder::run`] for a still `image` reads: its one picture decoded (within
+    /// `max_pixels`, see [`crate::media::still_in`]), its detection copy made through swscale
+    /// as a decoded picture's is.
+    fn run_still(
+        &self,
+        pools: (&Pool<Vec<u8>>, &Pool<Vec<u8>>),
+        mut emit: impl FnMut(Frame) -> bool,
+    ) -> Result<DecodeReport> {
+        let info = &self.info;
+        let picture = crate::media::still_in::decode(&info.path, info.bytes.as_deref(), info.max_pixels)?;
+        let (w, h) = (picture.width() as usize, picture.height() as usize);
+        if (w, h) != (info.width, info.height) {
+            bail!(
+                "{}: the picture is {w}x{h}, its header said {}x{}",
+                info.path.display(),
+                info.width,
+                info.height
+            );
+        }
+        let rgb = crate::media::still_in::rgb(picture);
+        let mut staged = VideoFrame::new(Pixel::RGB24, w as u32, h as u32);
+        let stride = staged.stride(0);
+        for (row, line) in rgb.chunks_exact(w * 3).zip(staged.data_mut(0).chunks_mut(stride)) {
+            line[..w * 3].copy_from_slice(row);
+        }
+        let (dw, dh) = self.det_size;
+        // The detection copy is area-averaged, as a decoded picture's (see `Convert::frame`).
+        let mut det = ToRgb::new(
+            (Pixel::RGB24, w as u32, h as u32),
+            (Pixel::RGB24, dw as u32, dh as u32),
+            Flags::AREA,
+            self.convert_threads,
+            Matrix::of(&staged),
+            true,
+        )?;
+        let one = matches!(det, ToRgb::One(_)).then(crate::stats::thread_cpu_time);
+        let mut det_buf = pools.1.get();
+        det.run(&staged, &mut VideoFrame::empty(), &mut det_buf)?;
+        let mut report = DecodeReport {
+            frames: 1,
+            ..Default::default()
+        };
+        if let Some(c) = one {
+            report.convert_cpu = crate::stats::thread_cpu_time().saturating_sub(c);
+        }
+        emit(Frame {
+            index: 0,
+            pts: Some(0),
+            width: w,
+            height: h,
+            rgb,
+            det: det_buf,
+            det_size: (dw, dh),
+            item: 0,
+            warm: false,
+            view: None,
+            dropped: None,
+            picture: Picture::Rgb,
+            pass: None,
+            ticket: None,
+        });
+        Ok(report)
     }
 
     fn run_frames(

@@ -8,11 +8,12 @@ use std::path::Path;
 pub const STILL_EXTENSIONS: [&str; 7] = ["png", "jpg", "jpeg", "webp", "tif", "tiff", "bmp"];
 
 /// Extensions of still-image formats it does not write (GIF is read as a video).
-pub const OTHER_IMAGE_EXTENSIONS: [&str; 5] = ["gif", "jxl", "avif", "heic", "heif"];
+pub const OTHER_IMAGE_EXTENSIONS: [&str; 6] = ["gif", "jxl", "avif", "heic", "heif", "qoi"];
 
-/// Extensions of pictures read as stills (into a still output) but not written: AVIF, and
-/// HEIC/HEIF, which FFmpeg builds without HEIF support refuse with a message saying so.
-pub(crate) const STILL_INPUT_ONLY_EXTENSIONS: [&str; 3] = ["avif", "heic", "heif"];
+/// Extensions of pictures read as stills (into a still output) but not written: QOI (read by
+/// `image`), AVIF, and HEIC/HEIF, which FFmpeg builds without HEIF support refuse with a
+/// message saying so.
+pub(crate) const STILL_INPUT_ONLY_EXTENSIONS: [&str; 4] = ["avif", "heic", "heif", "qoi"];
 
 /// The extension of `path`, lower case ("" for none).
 pub fn ext_of(path: &Path) -> String {
@@ -27,12 +28,13 @@ pub fn is_still(path: &Path) -> bool {
     STILL_EXTENSIONS.contains(&ext_of(path).as_str())
 }
 
-/// Whether input `path` is a still picture (one gpen-video writes, or AVIF/HEIC).
+/// Whether input `path` is a still picture (one gpen-video writes, or QOI, AVIF or HEIC).
 pub(crate) fn is_still_input(path: &Path) -> bool {
     is_still(path) || STILL_INPUT_ONLY_EXTENSIONS.contains(&ext_of(path).as_str())
 }
 
-/// Whether `path` names a still-image format gpen-video does not write (GIF, JPEG XL, AVIF, HEIC).
+/// Whether `path` names a still-image format gpen-video does not write (GIF, JPEG XL, AVIF,
+/// HEIC, QOI).
 pub fn is_other_image(path: &Path) -> bool {
     OTHER_IMAGE_EXTENSIONS.contains(&ext_of(path).as_str())
 }

@@ -1,8 +1,8 @@
 //! Media files: in, a source path (video or still) and encoder settings; out, decoded frames
 //! with their pictures, and encoded output files (videos with their side streams, stills).
-//! Everything that touches FFmpeg's pictures and colour lives here.
+//! Everything that touches pictures and colour lives here: FFmpeg's, and the stills `image`
+//! reads (`still_in`).
 
-pub(crate) mod bounds;
 pub mod color;
 pub mod compare;
 pub mod decode;
@@ -15,3 +15,4 @@ pub mod packets;
 pub mod read;
 pub mod sniff;
 pub mod still;
+pub mod still_in;

@@ -1,8 +1,10 @@
-//! What a file's own bytes say when FFmpeg cannot read it: in, a path or the file's bytes in
-//! memory with its name (its first and last bytes: PNG chunks, JPEG markers, WebP chunks,
-//! ISO-BMFF boxes); out, a sentence naming the
-//! real cause (a picture too large to decode, an animated WebP, a HEIC picture, a JPEG without
-//! its frame header, a file cut short, a playlist or list of other files) and what to do, or nothing when the bytes say nothing.
+//! What a file's own bytes say when its decoder (FFmpeg, or `image` for a still) cannot read
+//! it: in, a path or the file's bytes in memory with its name (its first and last bytes: PNG
+//! chunks, JPEG markers, WebP chunks, ISO-BMFF boxes); out, a sentence naming the real cause (a
+//! picture too large to decode, an animated WebP, a HEIC picture, a JPEG without its frame
+//! header, a file cut short, a playlist or list of other files) and what to do, or nothing when
+//! the bytes say nothing. Words only: what a still may allocate is bounded where it is decoded
+//! (`media::still_in`).
 
 use std::io::{Read, Seek, SeekFrom};
 use std::path::Path;
@@ -10,6 +12,11 @@ use std::path::Path;
 /// The most pixels FFmpeg decodes in one picture: `av_image_check_size` wants
 /// (w + 128) * (h + 128) below INT_MAX / 8.
 const FFMPEG_MAX_PIXELS: u64 = (i32::MAX as u64) / 8;
+
+/// The widest (or tallest) picture FFmpeg takes, one pixel high (see [`FFMPEG_MAX_PIXELS`]).
+pub(crate) fn ffmpeg_max_side() -> u64 {
+    (FFMPEG_MAX_PIXELS - 1) / 129 - 128
+}
 
 /// How many bytes of the file's start are looked at.
 const HEAD: usize = 64 * 1024;
@@ -87,25 +94,31 @@ fn list(head: &[u8]) -> Option<String> {
     ))
 }
 
-/// "a W x H picture (N megapixels) ..." when it is larger than FFmpeg decodes.
-fn too_large(w: u64, h: u64) -> Option<String> {
-    ((w + 128).saturating_mul(h + 128) >= FFMPEG_MAX_PIXELS).then(|| {
+/// "a W x H picture (N megapixels) ..." when it is larger than FFmpeg decodes, converts and
+/// encodes (a still read by `image` is still converted and written by FFmpeg).
+pub(crate) fn too_large(w: u64, h: u64) -> Option<String> {
+    (w.saturating_add(128).saturating_mul(h.saturating_add(128)) >= FFMPEG_MAX_PIXELS).then(|| {
         format!(
-            "a {w}x{h} picture ({} megapixels), larger than FFmpeg decodes (about {} megapixels at most, e.g. 16000x16000): scale it down first (e.g. magick {{in}} -resize 50% smaller.png) and restore that",
+            "a {w}x{h} picture ({} megapixels), larger than FFmpeg decodes or encodes (about {} megapixels at most, e.g. 16000x16000): scale it down first (e.g. magick {{in}} -resize 50% smaller.png) and restore that",
             w * h / 1_000_000,
             FFMPEG_MAX_PIXELS / 1_000_000
         )
     })
 }
 
+/// The size a PNG's header (its first chunk, IHDR) declares, whatever follows it.
+pub(crate) fn png_size(head: &[u8]) -> Option<(u64, u64)> {
+    // The signature, then length, "IHDR", width, height.
+    if !head.starts_with(b"\x89PNG\r\n\x1a\n") || head.get(12..16) != Some(b"IHDR") {
+        return None;
+    }
+    let side = |i: usize| Some(u64::from(u32::from_be_bytes(head.get(i..i + 4)?.try_into().ok()?)));
+    Some((side(16)?, side(20)?))
+}
+
 fn png(head: &[u8], tail: &[u8], size: u64) -> Option<String> {
-    // The IHDR chunk comes first: length, "IHDR", width, height.
-    if head.len() >= 24 && &head[12..16] == b"IHDR" {
-        let w = u32::from_be_bytes(head[16..20].try_into().ok()?) as u64;
-        let h = u32::from_be_bytes(head[20..24].try_into().ok()?) as u64;
-        if let Some(why) = too_large(w, h) {
-            return Some(why);
-        }
+    if let Some(why) = png_size(head).and_then(|(w, h)| too_large(w, h)) {
+        return Some(why);
     }
     // Every PNG ends with an empty IEND chunk: its type and CRC are the last 8 bytes.
     if size > 8 && !tail.ends_with(b"IEND\xae\x42\x60\x82") {
@@ -154,14 +167,15 @@ fn jpeg(head: &[u8]) -> Option<String> {
     )
 }
 
+/// What an animated WebP is and what to do, `{in}` its name.
+pub(crate) const ANIMATED_WEBP: &str = "an animated WebP, which FFmpeg cannot decode; convert it to a video first (e.g. magick {in} frame-%04d.png, then ffmpeg -framerate 10 -i frame-%04d.png anim.mp4) and restore that";
+
 fn webp(head: &[u8]) -> Option<String> {
     // VP8X's flags byte: bit 1 is "animated"; an ANIM chunk says the same.
     let animated =
         (head.len() > 20 && &head[12..16] == b"VP8X" && head[20] & 0x02 != 0) || head.windows(4).any(|w| w == b"ANIM");
     if animated {
-        return Some(
-            "an animated WebP, which FFmpeg cannot decode; convert it to a video first (e.g. magick {in} frame-%04d.png, then ffmpeg -framerate 10 -i frame-%04d.png anim.mp4) and restore that".into(),
-        );
+        return Some(ANIMATED_WEBP.into());
     }
     if head.len() > 30 && &head[12..16] == b"VP8X" {
         let w = 1 + u32::from_le_bytes([head[24], head[25], head[26], 0]) as u64;

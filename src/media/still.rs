@@ -56,9 +56,38 @@ fn alpha_pixel_for(formats: &[Pixel]) -> Option<Pixel> {
 }
 
 /// The alpha channel of the first picture of the source `path` (read from its `bytes` when it
-/// is in memory; one byte a pixel, turned upright for EXIF orientation `o`): read again from
-/// the source, since the restoration works in RGB.
-fn read_alpha(path: &Path, (bytes, max_pixels): (Option<&Arc<[u8]>>, Option<u64>), o: u8) -> Result<Vec<u8>> {
+/// is in memory, by `image` for a still it reads (`by_image`), else by FFmpeg; one byte a
+/// pixel, turned upright for EXIF orientation `o`): read again from the source, since the
+/// restoration works in RGB.
+fn read_alpha(
+    path: &Path,
+    (bytes, max_pixels): (Option<&Arc<[u8]>>, Option<u64>),
+    by_image: bool,
+    o: u8,
+) -> Result<Vec<u8>> {
+    let (w, h, alpha) = if by_image {
+        let picture = crate::media::still_in::decode(path, bytes.map(|b| &b[..]), max_pixels)?;
+        (
+            picture.width() as usize,
+            picture.height() as usize,
+            crate::media::still_in::alpha(&picture),
+        )
+    } else {
+        ffmpeg_alpha(path, (bytes, max_pixels))?
+    };
+    // Three equal channels, so the RGB orientation code turns it.
+    let a3: Vec<u8> = alpha.iter().flat_map(|&a| [a; 3]).collect();
+    let mut up = Vec::new();
+    crate::media::orient::upright(o, &a3, w, h, &mut up);
+    Ok(up.into_iter().step_by(3).collect())
+}
+
+/// The alpha channel of the first picture FFmpeg decodes of the source `path` (of its `bytes`
+/// when given) as stored, with the picture's width and height.
+fn ffmpeg_alpha(
+    path: &Path,
+    (bytes, max_pixels): (Option<&Arc<[u8]>>, Option<u64>),
+) -> Result<(usize, usize, Vec<u8>)> {
     let mut ictx = crate::media::input::open_source(path, bytes)?;
     let stream = ictx
         .streams()
@@ -78,16 +107,15 @@ fn read_alpha(path: &Path, (bytes, max_pixels): (Option<&Arc<[u8]>>, Option<u64>
     convert(&mut None, picture.format(), Pixel::RGBA, &picture, &mut rgba)?;
     let (w, h) = (picture.width() as usize, picture.height() as usize);
     let stride = rgba.stride(0);
-    // Three equal channels, so the RGB orientation code turns it.
-    let mut a3 = Vec::with_capacity(w * h * 3);
+    let mut alpha = Vec::with_capacity(w * h);
     for y in 0..h {
-        for px in rgba.data(0)[y * stride..y * stride + w * 4].chunks_exact(4) {
-            a3.extend_from_slice(&[px[3]; 3]);
-        }
+        alpha.extend(
+            rgba.data(0)[y * stride..y * stride + w * 4]
+                .chunks_exact(4)
+                .map(|px| px[3]),
+        );
     }
-    let mut up = Vec::new();
-    crate::media::orient::upright(o, &a3, w, h, &mut up);
-    Ok(up.into_iter().step_by(3).collect())
+    Ok((w, h, alpha))
 }
 
 /// Writes one still image: the first frame it is given, encoded whole.
@@ -110,6 +138,9 @@ pub struct StillWriter {
     source: PathBuf,
     /// The source's bytes, when it is in memory.
     source_bytes: Option<Arc<[u8]>>,
+    /// The source's header, when `image` reads it (its ICC profile and EXIF block are taken
+    /// from it, its alpha read again by `image`).
+    still: Option<Arc<crate::media::still_in::Header>>,
     /// The cap on the pictures the source's decoder allocates (see `SourceInfo::max_pixels`).
     max_pixels: Option<u64>,
     /// The picture is kept in memory ([`StillWriter::in_memory`]), not written to `path`.
@@ -136,19 +167,26 @@ impl StillWriter {
         let (mut alpha, mut alpha_lost) = (None, false);
         // A palette may have transparent entries or none: whether anything is transparent is
         // known once the picture is read again (at write).
-        if crate::media::decode::has_alpha_channel(&src.params) {
+        let has_alpha = match &src.still {
+            Some(h) => h.alpha,
+            None => crate::media::decode::has_alpha_channel(&src.params),
+        };
+        if has_alpha {
             match alpha_pixel_for(&formats) {
                 Some(p) => (pix, alpha) = (p, Some(src.orientation)),
                 None => alpha_lost = true,
             }
         }
         // Stills go through 8-bit RGB: say so for a deeper source (a 16-bit PNG or TIFF).
-        let depth = codec::context::Context::from_parameters(src.params.clone())
-            .and_then(|c| c.decoder().video())
-            .ok()
-            .and_then(|d| d.format().descriptor())
-            // SAFETY: the descriptor points into FFmpeg's static table of pixel formats.
-            .map_or(8, |d| unsafe { (*d.as_ptr()).comp[0].depth });
+        let depth = match &src.still {
+            Some(h) => i32::from(h.depth),
+            None => codec::context::Context::from_parameters(src.params.clone())
+                .and_then(|c| c.decoder().video())
+                .ok()
+                .and_then(|d| d.format().descriptor())
+                // SAFETY: the descriptor points into FFmpeg's static table of pixel formats.
+                .map_or(8, |d| unsafe { (*d.as_ptr()).comp[0].depth }),
+        };
         if depth > 8 {
             tracing::warn!(file = %src.path.display(), "a {depth}-bit picture: the still is written with 8 bits per channel");
         }
@@ -194,6 +232,7 @@ impl StillWriter {
             full: Vec::new(),
             source: src.path.clone(),
             source_bytes: src.bytes.clone(),
+            still: src.still.clone(),
             max_pixels: src.max_pixels,
             in_memory: false,
             encoded: None,
@@ -232,14 +271,12 @@ impl StillWriter {
         let rgb = self.full_rgb(frame);
         let staged = stage(rgb, alpha.as_deref(), w, h);
         let bytes = self.encode(staged)?;
-        let bytes = match &self.source_bytes {
-            Some(src) => with_metadata(src, bytes),
-            None => match std::fs::read(&self.source) {
-                Ok(src) => with_metadata(&src, bytes),
-                Err(_) => bytes,
-            },
+        let (icc, exif) = match (&self.still, &self.source_bytes) {
+            (Some(h), _) => (h.icc.clone(), h.exif.clone()),
+            (None, Some(src)) => metadata_of(src),
+            (None, None) => std::fs::read(&self.source).map_or((None, None), |src| metadata_of(&src)),
         };
-        self.deliver(bytes)
+        self.deliver(with_metadata(icc, exif, bytes))
     }
 
     /// The whole RGB picture of `frame`: its own, or for a source the decoder converted only in
@@ -271,7 +308,8 @@ impl StillWriter {
     /// when the source has transparency the output format cannot hold.
     fn source_alpha(&self, w: usize, h: usize) -> Result<Option<Vec<u8>>> {
         let bytes = (self.source_bytes.as_ref(), self.max_pixels);
-        if self.alpha_lost && read_alpha(&self.source, bytes, 1).is_ok_and(|a| a.iter().any(|&v| v < 255)) {
+        let by_image = self.still.is_some();
+        if self.alpha_lost && read_alpha(&self.source, bytes, by_image, 1).is_ok_and(|a| a.iter().any(|&v| v < 255)) {
             tracing::warn!(
                 file = %self.source.display(),
                 "the picture has transparency (an alpha channel) and a .{} file cannot hold it: its transparent pixels are written as the colours stored under them. Choose .png, .webp or .tiff to keep it",
@@ -279,7 +317,7 @@ impl StillWriter {
             );
         }
         let Some(o) = self.alpha else { return Ok(None) };
-        let a = read_alpha(&self.source, bytes, o)?;
+        let a = read_alpha(&self.source, bytes, by_image, o)?;
         if a.len() != w * h {
             bail!(
                 "{}: its alpha channel does not match the picture's size",
@@ -376,26 +414,31 @@ fn stage(rgb: &[u8], alpha: Option<&[u8]>, w: usize, h: usize) -> VideoFrame {
     staged
 }
 
-/// `encoded` with the EXIF and ICC blocks of the `source` file's bytes, where both formats hold
-/// them (JPEG, PNG and WebP; TIFF and BMP carry none). The EXIF orientation is reset to
-/// upright: the picture was turned upright before it was encoded.
-fn with_metadata(source: &[u8], encoded: Vec<u8>) -> Vec<u8> {
+/// The ICC profile and EXIF block of a still FFmpeg reads, from its file's bytes (`source`):
+/// those of a JPEG, PNG or WebP (what `img-parts` reads), none of any other.
+fn metadata_of(source: &[u8]) -> (Option<Vec<u8>>, Option<Vec<u8>>) {
     use img_parts::{Bytes, DynImage, ImageEXIF, ImageICC};
-    let Ok(Some(src)) = DynImage::from_bytes(Bytes::copy_from_slice(source)) else {
-        return encoded;
-    };
-    let (icc, exif) = (src.icc_profile(), src.exif());
+    match DynImage::from_bytes(Bytes::copy_from_slice(source)) {
+        Ok(Some(src)) => (src.icc_profile().map(|b| b.to_vec()), src.exif().map(|b| b.to_vec())),
+        _ => (None, None),
+    }
+}
+
+/// `encoded` with the source's ICC profile and EXIF block, where its format holds them (JPEG,
+/// PNG and WebP; TIFF and BMP carry none). The EXIF orientation is reset to upright: the
+/// picture was turned upright before it was encoded.
+fn with_metadata(icc: Option<Vec<u8>>, exif: Option<Vec<u8>>, encoded: Vec<u8>) -> Vec<u8> {
+    use img_parts::{Bytes, DynImage, ImageEXIF, ImageICC};
     if icc.is_none() && exif.is_none() {
         return encoded;
     }
-    let exif = exif.map(|e| {
-        let mut tiff = e.to_vec();
+    let exif = exif.map(|mut tiff| {
         set_orientation_upright(&mut tiff);
         Bytes::from(tiff)
     });
     match DynImage::from_bytes(Bytes::from(encoded.clone())) {
         Ok(Some(mut out)) => {
-            out.set_icc_profile(icc);
+            out.set_icc_profile(icc.map(Bytes::from));
             out.set_exif(exif);
             out.encoder().bytes().to_vec()
         }
@@ -405,37 +448,7 @@ fn with_metadata(source: &[u8], encoded: Vec<u8>) -> Vec<u8> {
 
 /// Sets the Orientation entry (0x0112) of an EXIF block's first IFD, if it has one, to 1.
 fn set_orientation_upright(tiff: &mut [u8]) {
-    let le = match tiff.get(..2) {
-        Some(b"II") => true,
-        Some(b"MM") => false,
-        _ => return,
-    };
-    let u16_at = |b: &[u8], i: usize| -> Option<u16> {
-        let v: [u8; 2] = b.get(i..i + 2)?.try_into().ok()?;
-        Some(if le {
-            u16::from_le_bytes(v)
-        } else {
-            u16::from_be_bytes(v)
-        })
-    };
-    let Some(ifd) = tiff.get(4..8).and_then(|v| <[u8; 4]>::try_from(v).ok()) else {
-        return;
-    };
-    let ifd = (if le {
-        u32::from_le_bytes(ifd)
-    } else {
-        u32::from_be_bytes(ifd)
-    }) as usize;
-    let Some(count) = u16_at(tiff, ifd) else { return };
-    for k in 0..count as usize {
-        let at = ifd + 2 + 12 * k;
-        if u16_at(tiff, at) == Some(0x0112) && u16_at(tiff, at + 2) == Some(3) {
-            if let Some(v) = tiff.get_mut(at + 8..at + 10) {
-                v.copy_from_slice(&if le { 1u16.to_le_bytes() } else { 1u16.to_be_bytes() });
-            }
-            return;
-        }
-    }
+    let _ = image::metadata::Orientation::remove_from_exif_chunk(tiff);
 }
 
 /// What the encode stage writes into: a video file or one still image.

@@ -32,7 +32,6 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, Context, Result};
 
 use crate::engine::{kind_of, Failure, Kind};
-use crate::media::bounds;
 use axum::body::Body;
 use axum::extract::{DefaultBodyLimit, RawQuery, Request, State};
 use axum::http::{header, HeaderValue, StatusCode};
@@ -295,14 +294,16 @@ fn mime_of(ext: &str) -> &'static str {
 }
 
 /// The picture format of `bytes` by their first bytes, as the extension of [`FORMATS`] its
-/// writer goes by; `None` for anything else (a video, garbage).
+/// writer goes by; `None` for anything else (a video, garbage, a picture of a format the
+/// service does not take).
 pub(crate) fn picture_type(bytes: &[u8]) -> Option<&'static str> {
-    match imagesize::image_type(bytes).ok()? {
-        imagesize::ImageType::Png => Some("png"),
-        imagesize::ImageType::Jpeg => Some("jpg"),
-        imagesize::ImageType::Webp => Some("webp"),
-        imagesize::ImageType::Tiff => Some("tiff"),
-        imagesize::ImageType::Bmp => Some("bmp"),
+    use image::ImageFormat;
+    match crate::media::still_in::format_of(bytes)? {
+        ImageFormat::Png => Some("png"),
+        ImageFormat::Jpeg => Some("jpg"),
+        ImageFormat::WebP => Some("webp"),
+        ImageFormat::Tiff => Some("tiff"),
+        ImageFormat::Bmp => Some("bmp"),
         _ => None,
     }
 }
@@ -654,47 +655,40 @@ async fn receive(body: Body, opts: &ServeOptions) -> Result<axum::body::Bytes> {
     Ok(bytes)
 }
 
-/// The picture's format (its writer's extension), checked before anything is decoded: the
-/// largest frame any of its headers declares within `--max-pixels` (what its decoder will
-/// allocate, whichever header it reads), and its compressed metadata within
-/// [`crate::defaults::MAX_METADATA_BYTES`] inflated, so a decompression bomb is never allocated.
+/// The picture's format (its writer's extension), checked before anything is decoded: its
+/// header read by the decoder that will decode it, under that decoder's limits (see
+/// [`crate::media::still_in`]), its size within `--max-pixels`. A picture too large is a 413;
+/// one whose header cannot be read (damaged, cut short, animated) a 400 that says why.
 fn check_picture(bytes: &[u8], max_pixels: u64) -> Result<&'static str> {
+    use crate::media::still_in::{header, Unread};
     let Some(ext) = picture_type(bytes) else {
         return Err(Failure::error(
             Kind::BadInput,
             "not a picture this service takes: send JPEG, PNG, WebP, TIFF or BMP bytes",
         ));
     };
-    let (width, height) = bounds::largest_frame(bytes, ext).ok_or_else(|| {
-        Failure::error(
+    let name = std::path::PathBuf::from(format!("upload.{ext}"));
+    match header(&name, Some(bytes), Some(max_pixels)) {
+        Ok(Some(_)) => Ok(ext),
+        Ok(None) => Err(Failure::error(
             Kind::BadInput,
-            "the picture's header is damaged: its size cannot be read",
-        )
-    })?;
-    let pixels = width.saturating_mul(height);
-    if pixels > max_pixels {
-        return Err(Failure::error(
+            "not a picture this service takes: send JPEG, PNG, WebP, TIFF or BMP bytes",
+        )),
+        Err(Unread::TooLarge(width, height)) => Err(Failure::error(
             Kind::TooLarge,
             format!(
                 "a {}x{} picture ({:.1} megapixels) is larger than this service takes ({:.1}, --max-pixels); scale it down first",
                 width,
                 height,
-                pixels as f64 / 1e6,
+                width.saturating_mul(height) as f64 / 1e6,
                 max_pixels as f64 / 1e6
             ),
-        ));
+        )),
+        Err(e) => Err(Failure::error(
+            Kind::BadInput,
+            format!("{:#}", e.into_error(&name, Some(bytes), Some(max_pixels))),
+        )),
     }
-    let limit = crate::defaults::MAX_METADATA_BYTES;
-    if let Some(chunk) = bounds::metadata_over(bytes, limit) {
-        return Err(Failure::error(
-            Kind::TooLarge,
-            format!(
-                "the PNG's compressed metadata (its {chunk} chunk) inflates to more than {} MiB, which no photo needs; remove it (e.g. magick in.png -strip out.png) and send that",
-                limit >> 20
-            ),
-        ));
-    }
-    Ok(ext)
 }
 
 /// The request's query checked and a place in the queue taken, or why not.
