@@ -65,6 +65,9 @@ pub struct Engine {
     pub batch: usize,
     /// Threads of each pool stage (alignment, paste).
     pub pool_threads: usize,
+    /// Where the face-identity model runs (the choose and identity stages): where detection
+    /// and the mesh run, one thread on the CPU.
+    pub identity_opts: SessionOptions,
 }
 
 /// A stop request shared with whoever may set it (Ctrl-C, a batch coordinator).
@@ -375,6 +378,11 @@ impl Engine {
             info,
             batch,
             pool_threads,
+            identity_opts: SessionOptions {
+                threads: 1,
+                varied_shapes: true,
+                ..det_opts
+            },
         })
     }
 

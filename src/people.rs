@@ -145,14 +145,19 @@ impl Chooser {
     /// The chooser of `selection`: each reference photo described (by `detector`, left reset,
     /// and the identity model at `model`), or an error naming the photo. `rotation` is the
     /// video's display rotation (faces are measured upright).
-    pub fn new(selection: &Selection, detector: &mut Detector, model: Option<&Path>, rotation: u32) -> Result<Self> {
+    pub fn new(
+        selection: &Selection,
+        detector: &mut Detector,
+        model: Option<(&Path, &crate::runtime::SessionOptions)>,
+        rotation: u32,
+    ) -> Result<Self> {
         let mut identifier = None;
         let (mut only, mut skip) = (Vec::new(), Vec::new());
         if selection.names_people() {
-            let model = model.ok_or_else(|| {
+            let (model, opts) = model.ok_or_else(|| {
                 anyhow!("--only-face and --skip-face need the face-identity model models/face-id.onnx: run scripts/setup.sh")
             })?;
-            let session = crate::runtime::cpu_session(model, 1, "face-identity model")?;
+            let session = crate::runtime::session(model, opts, "face-identity model")?;
             let mut id =
                 Identifier::new(session).with_context(|| format!("face-identity model {}", model.display()))?;
             for (paths, out) in [(&selection.only_face, &mut only), (&selection.skip_face, &mut skip)] {
@@ -293,8 +298,8 @@ pub struct IdentityMeter {
 impl IdentityMeter {
     /// A meter with the identity model at `model`, measuring every face (`each`) or a track's
     /// first and one in [`IDENTITY_EVERY`].
-    pub fn new(model: &Path, each: bool) -> Result<Self> {
-        let session = crate::runtime::cpu_session(model, 1, "face-identity model")?;
+    pub fn new(model: &Path, opts: &crate::runtime::SessionOptions, each: bool) -> Result<Self> {
+        let session = crate::runtime::session(model, opts, "face-identity model")?;
         let identifier =
             Identifier::new(session).with_context(|| format!("face-identity model {}", model.display()))?;
         Ok(IdentityMeter {

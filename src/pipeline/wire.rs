@@ -325,10 +325,11 @@ pub(crate) fn wire<T: Send>(
     // fails the job here.
     let chooser = if middle.treatment.selection.active() {
         let size = engine.detector.size;
+        let model = identity_model();
         let c = crate::people::Chooser::new(
             &middle.treatment.selection,
             &mut engine.detector,
-            identity_model().as_deref(),
+            model.as_deref().map(|m| (m, &engine.identity_opts)),
             engine.key.rotation,
         );
         engine.detector.start(size);
@@ -376,9 +377,11 @@ pub(crate) fn wire<T: Send>(
         workers: Some(&mut engine.workers),
         chooser,
         meter: match identity_model() {
-            Some(m) if steps.contains(&Step::Identity) => {
-                Some(crate::people::IdentityMeter::new(&m, middle.each_face)?)
-            }
+            Some(m) if steps.contains(&Step::Identity) => Some(crate::people::IdentityMeter::new(
+                &m,
+                &engine.identity_opts,
+                middle.each_face,
+            )?),
             _ => None,
         },
         batch: engine.batch,
