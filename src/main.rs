@@ -330,6 +330,10 @@ impl RunArgs {
         o.hwaccel_cuda = self.hwaccel.is_some();
         o.detect_gpu = self.detect_device == "gpu";
         o.treatment = self.treatment;
+        // A registered model's own default fidelity, where --fidelity is not given.
+        if o.treatment.fidelity.is_none() {
+            o.treatment.fidelity = self.model.as_deref().and_then(registry::default_fidelity);
+        }
         Ok(o)
     }
 }

@@ -105,6 +105,15 @@ pub struct Entry {
     pub source_sha256: String,
     #[serde(default)]
     pub source_bytes: u64,
+    /// The fidelity a model with a weight input is given by default (CodeFormer's 0.5).
+    #[serde(default)]
+    pub fidelity: Option<f32>,
+    /// The blend its users usually restore at (facefusion's default: 0.8), for reference.
+    #[serde(default)]
+    pub blend: Option<f32>,
+    /// The licence of the weights, as their authors publish it.
+    #[serde(default)]
+    pub licence: String,
 }
 
 impl Entry {
@@ -196,6 +205,11 @@ impl Registry {
             if e.normalisation.is_empty() {
                 bail!("{n}: normalisation is empty");
             }
+            for (what, v) in [("fidelity", e.fidelity), ("blend", e.blend)] {
+                if v.is_some_and(|v| !(0.0..=1.0).contains(&v)) {
+                    bail!("{n}: {what} must be between 0 and 1");
+                }
+            }
             match e.kind {
                 Kind::Enhancer => {
                     if e.input_size == 0 || e.template.is_empty() {
@@ -285,6 +299,17 @@ pub fn resolve_model(arg: &str) -> Result<PathBuf> {
             reg.names()
         ),
     }
+}
+
+/// The default fidelity the registry gives the model `arg` names (by name, or a path to its
+/// registered file), if any.
+pub fn default_fidelity(arg: &str) -> Option<f32> {
+    let reg = registry().ok()?;
+    let by_file = std::path::Path::new(arg).file_name().and_then(|f| f.to_str());
+    reg.models
+        .iter()
+        .find(|e| e.name.eq_ignore_ascii_case(arg) || by_file == Some(e.file.as_str()))
+        .and_then(|e| e.fidelity)
 }
 
 /// The `gpen-video models` subcommands.

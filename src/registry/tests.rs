@@ -143,3 +143,27 @@ fn resolve_model_refuses_an_unknown_name_and_passes_paths() {
         PathBuf::from("some/dir/m.onnx")
     );
 }
+
+/// The names people know for other restorers are registered with their facts, and CodeFormer's
+/// default fidelity is found by its name or its file.
+#[test]
+fn other_restorers_are_known_by_their_names() {
+    let reg = registry().unwrap();
+    for name in [
+        "codeformer",
+        "gfpgan-1.2",
+        "gfpgan-1.3",
+        "gfpgan-1.4",
+        "restoreformer-pp",
+        "gpen-bfr-256",
+        "GPEN-BFR-2048",
+    ] {
+        let e = reg.find(name).unwrap_or_else(|| panic!("{name} is not registered"));
+        assert_eq!(e.kind, Kind::Enhancer, "{name}");
+    }
+    assert_eq!(reg.find("gpen-bfr-256").unwrap().template, "arcface_128");
+    assert_eq!(reg.find("codeformer").unwrap().template, "ffhq");
+    assert_eq!(default_fidelity("CodeFormer"), Some(0.5));
+    assert_eq!(default_fidelity("some/where/codeformer.onnx"), Some(0.5));
+    assert_eq!(default_fidelity("gfpgan-1.4"), None);
+}
