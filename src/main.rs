@@ -785,7 +785,6 @@ mod tests {
         ("hwaccel", None),
         ("detect_device", None),
         ("quiet", None),
-        ("identity", None),
     ];
 
     #[derive(Parser)]
