@@ -299,17 +299,14 @@ impl<'s> Line<'s> {
     }
 }
 
-/// Runs `decode -> detect -> ... -> paste -> encode` on `engine` to the end of `decode`'s
-/// frames. `start` is when the run began (for the wall time). The first failing stage in
-/// pipeline order is the error reported; later ones only saw it stop.
-pub(crate) fn wire<T: Send>(
+/// What a run sets up before any frame is decoded: the model's fidelity (a model without a
+/// fidelity input refuses one), the people named described (a photo without a face fails the
+/// job here) and the identity meter, for the choose and identity stages `steps` plans.
+fn prepare(
     engine: &mut Engine,
-    middle: Middle,
-    start: Instant,
-    decode: impl FnOnce(&Pools, Sender<Frame>) -> Result<StageStat> + Send,
-    encode: impl FnOnce(&Pools, Receiver<FaceFrame>) -> Result<Encoded<T>> + Send,
-) -> Result<(Summary, T)> {
-    let steps = plan(engine, &middle);
+    middle: &Middle,
+    steps: &[Step],
+) -> Result<(Option<crate::people::Chooser>, Option<crate::people::IdentityMeter>)> {
     let fidelity = middle.treatment.fidelity;
     if fidelity.is_some() && engine.info.weight.is_none() {
         anyhow::bail!(
@@ -321,22 +318,44 @@ pub(crate) fn wire<T: Send>(
         w.enhancer
             .set_fidelity(fidelity.unwrap_or(crate::faces::enhance::DEFAULT_FIDELITY));
     }
-    // The people named are described before any frame is decoded: a photo without a face
-    // fails the job here.
-    let chooser = if middle.treatment.selection.active() {
+    let model = identity_model();
+    let chooser = if steps.contains(&Step::Choose) {
         let size = engine.detector.size;
-        let model = identity_model();
         let c = crate::people::Chooser::new(
             &middle.treatment.selection,
             &mut engine.detector,
             model.as_deref().map(|m| (m, &engine.identity_opts)),
             engine.key.rotation,
         );
+        // The references' pictures set the detector to their size: back to the run's.
         engine.detector.start(size);
         Some(c?)
     } else {
         None
     };
+    let meter = match model {
+        Some(m) if steps.contains(&Step::Identity) => Some(crate::people::IdentityMeter::new(
+            &m,
+            &engine.identity_opts,
+            middle.each_face,
+        )?),
+        _ => None,
+    };
+    Ok((chooser, meter))
+}
+
+/// Runs `decode -> detect -> ... -> paste -> encode` on `engine` to the end of `decode`'s
+/// frames. `start` is when the run began (for the wall time). The first failing stage in
+/// pipeline order is the error reported; later ones only saw it stop.
+pub(crate) fn wire<T: Send>(
+    engine: &mut Engine,
+    middle: Middle,
+    start: Instant,
+    decode: impl FnOnce(&Pools, Sender<Frame>) -> Result<StageStat> + Send,
+    encode: impl FnOnce(&Pools, Receiver<FaceFrame>) -> Result<Encoded<T>> + Send,
+) -> Result<(Summary, T)> {
+    let steps = plan(engine, &middle);
+    let (chooser, meter) = prepare(engine, &middle, &steps)?;
     let follow = follows(engine, &middle);
     let mut passers = passers_for(engine, follow);
     let every = engine.detector.every();
@@ -376,14 +395,7 @@ pub(crate) fn wire<T: Send>(
         smoother,
         workers: Some(&mut engine.workers),
         chooser,
-        meter: match identity_model() {
-            Some(m) if steps.contains(&Step::Identity) => Some(crate::people::IdentityMeter::new(
-                &m,
-                &engine.identity_opts,
-                middle.each_face,
-            )?),
-            _ => None,
-        },
+        meter,
         batch: engine.batch,
         flush: middle.flush,
     };
