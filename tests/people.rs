@@ -102,28 +102,8 @@ fn run(dir: &Path, input: &Path, extra: &[&str]) -> (Vec<f64>, Vec<String>) {
         args.push(a);
     }
     ok(&gpen(&args));
-    let text = std::fs::read_to_string(&json).unwrap();
-    let first = text.lines().find(|l| l.starts_with("{\"frame\"")).unwrap().to_string();
-    let mut faces: Vec<([f64; 4], String)> = first
-        .split("{\"bbox\":[")
-        .skip(1)
-        .map(|f| {
-            let v: Vec<f64> = f
-                .split(']')
-                .next()
-                .unwrap()
-                .split(',')
-                .map(|x| x.parse().unwrap())
-                .collect();
-            let left = f
-                .split("\"left\":\"")
-                .nth(1)
-                .map_or("", |r| r.split('"').next().unwrap());
-            ([v[0], v[1], v[2], v[3]], left.to_string())
-        })
-        .collect();
-    faces.sort_by(|a, b| a.0[0].total_cmp(&b.0[0]));
-    assert_eq!(faces.len(), 2, "two faces in {first}");
+    let faces = first_faces(&json);
+    assert_eq!(faces.len(), 2, "two faces in {faces:?}");
     let boxes: Vec<[f64; 4]> = faces.iter().map(|f| f.0).collect();
     (
         boxes_changed(input, &out, &boxes),
@@ -241,30 +221,35 @@ fn identity_is_kept_by_an_unchanged_face_and_lost_by_a_changed_one() {
     assert!(!words.contains("identity"), "{words}");
 }
 
+/// The first frame's faces in a `--faces-json` record, left to right: each box and why it was
+/// left alone (empty when restored).
+fn first_faces(json: &Path) -> Vec<([f64; 4], String)> {
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(json).unwrap()).unwrap();
+    let mut faces: Vec<([f64; 4], String)> = v[0]["faces"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| {
+            let b: Vec<f64> = f["bbox"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_f64().unwrap())
+                .collect();
+            ([b[0], b[1], b[2], b[3]], f["left"].as_str().unwrap_or("").to_string())
+        })
+        .collect();
+    faces.sort_by(|a, b| a.0[0].total_cmp(&b.0[0]));
+    faces
+}
+
 /// The face boxes of `input`'s first frame, left to right (from a run with `--faces-json`).
 fn boxes(dir: &Path, input: &Path) -> Vec<[f64; 4]> {
     let ext = input.extension().unwrap().to_str().unwrap();
     let (out, json) = (dir.join(format!("boxes.{ext}")), dir.join("boxes.json"));
     let model = asset("models/standin/identity-512.onnx");
     ok(&gpen(&[&input, &out, &"--model", &model, &"--faces-json", &json]));
-    let text = std::fs::read_to_string(&json).unwrap();
-    let first = text.lines().find(|l| l.starts_with("{\"frame\"")).unwrap().to_string();
-    let mut b: Vec<[f64; 4]> = first
-        .split("{\"bbox\":[")
-        .skip(1)
-        .map(|f| {
-            let v: Vec<f64> = f
-                .split(']')
-                .next()
-                .unwrap()
-                .split(',')
-                .map(|x| x.parse().unwrap())
-                .collect();
-            [v[0], v[1], v[2], v[3]]
-        })
-        .collect();
-    b.sort_by(|a, c| a[0].total_cmp(&c[0]));
-    b
+    first_faces(&json).into_iter().map(|f| f.0).collect()
 }
 
 /// A long clip in segments: each segment (with its warm-up) restores Obama alone.
