@@ -58,32 +58,37 @@ pub(crate) fn sample_rgb_cubic_f32(rgb: &[u8], width: usize, height: usize, x: f
 /// change field in f32) at (x, y), edges replicated, not clamped.
 #[inline(always)]
 pub(crate) fn sample_cubic3<T: Copy + Into<f32>>(px: &[T], width: usize, height: usize, x: f32, y: f32) -> [f32; 3] {
+    cubic_clamped((width, height), x, y, |xx, yy| {
+        let p = &px[(yy * width + xx) * 3..][..3];
+        [p[0].into(), p[1].into(), p[2].into()]
+    })
+}
+
+/// The bicubic sum at (x, y) of a `width x height` picture whose pixel (x, y) `tap` reads, the
+/// point and the 4 x 4 neighbourhood clamped to the picture (edges replicated): the one body
+/// of the clamped samplers (over packed pixels, [`sample_cubic3`]; over a region's texels, the
+/// warp's), so they give the same sums in the same order.
+#[inline(always)]
+pub(crate) fn cubic_clamped(
+    (width, height): (usize, usize),
+    x: f32,
+    y: f32,
+    tap: impl Fn(usize, usize) -> [f32; 3],
+) -> [f32; 3] {
     let xf = x.clamp(0.0, (width - 1) as f32);
     let yf = y.clamp(0.0, (height - 1) as f32);
     // Non-negative after the clamp, so truncation is floor.
     let (x0, y0) = (xf as usize, yf as usize);
     let (wx, wy) = (cubic_weights(xf - x0 as f32), cubic_weights(yf - y0 as f32));
-    let xs = [
-        x0.saturating_sub(1),
-        x0,
-        (x0 + 1).min(width - 1),
-        (x0 + 2).min(width - 1),
-    ]
-    .map(|x| x * 3);
-    let ys = [
-        y0.saturating_sub(1),
-        y0,
-        (y0 + 1).min(height - 1),
-        (y0 + 2).min(height - 1),
-    ];
+    let around = |v: usize, n: usize| [v.saturating_sub(1), v, (v + 1).min(n - 1), (v + 2).min(n - 1)];
+    let (xs, ys) = (around(x0, width), around(y0, height));
     let mut out = [0.0f32; 3];
     for (&yy, &wj) in ys.iter().zip(&wy) {
-        let row = &px[yy * width * 3..(yy + 1) * width * 3];
         let mut acc = [0.0f32; 3];
         for (&xx, &wi) in xs.iter().zip(&wx) {
-            let p = &row[xx..xx + 3];
+            let p = tap(xx, yy);
             for c in 0..3 {
-                acc[c] += wi * p[c].into();
+                acc[c] += wi * p[c];
             }
         }
         for c in 0..3 {

@@ -7,7 +7,7 @@
 use wide::f32x4;
 
 use crate::geom::{Affine, Rect};
-use crate::kernels::sample::{cubic_weights, cubic_weights4, sample_rgb_cubic_f32, sample_rgb_f32};
+use crate::kernels::sample::{cubic_clamped, cubic_weights4, sample_rgb_cubic_f32, sample_rgb_f32};
 use crate::kernels::Cpu;
 
 /// Frame pixels per crop pixel from which the warp filters first (below it, one bilinear
@@ -499,39 +499,12 @@ impl CropRow {
 /// frame's edge is clamped as there (and a tap past `r` inside the frame, which the warp never
 /// makes, reads `r`'s edge).
 fn cubic_texels_clamped(tex: &[f32x4], r: Rect, (width, height): (usize, usize), x: f32, y: f32) -> [f32; 3] {
-    let xf = x.clamp(0.0, (width - 1) as f32);
-    let yf = y.clamp(0.0, (height - 1) as f32);
-    // Non-negative after the clamp, so truncation is floor.
-    let (x0, y0) = (xf as usize, yf as usize);
-    let (wx, wy) = (cubic_weights(xf - x0 as f32), cubic_weights(yf - y0 as f32));
-    let xs = [
-        x0.saturating_sub(1),
-        x0,
-        (x0 + 1).min(width - 1),
-        (x0 + 2).min(width - 1),
-    ]
-    .map(|x| x.clamp(r.x0, r.x1 - 1) - r.x0);
-    let ys = [
-        y0.saturating_sub(1),
-        y0,
-        (y0 + 1).min(height - 1),
-        (y0 + 2).min(height - 1),
-    ]
-    .map(|y| y.clamp(r.y0, r.y1 - 1) - r.y0);
     let tw = r.width();
-    let mut out = [0.0f32; 3];
-    for (&yy, &wj) in ys.iter().zip(&wy) {
-        let mut acc = [0.0f32; 3];
-        for (&xx, &wi) in xs.iter().zip(&wx) {
-            let p = tex[yy * tw + xx].to_array();
-            for c in 0..3 {
-                acc[c] += wi * p[c];
-            }
-        }
-        for c in 0..3 {
-            out[c] += wj * acc[c];
-        }
-    }
+    let out = cubic_clamped((width, height), x, y, |xx, yy| {
+        let (tx, ty) = (xx.clamp(r.x0, r.x1 - 1) - r.x0, yy.clamp(r.y0, r.y1 - 1) - r.y0);
+        let p = tex[ty * tw + tx].to_array();
+        [p[0], p[1], p[2]]
+    });
     out.map(|v| v.clamp(0.0, 255.0))
 }
 
