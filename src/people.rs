@@ -125,6 +125,16 @@ struct TrackChoice {
     skip: f32,
 }
 
+impl TrackChoice {
+    /// A track not described yet.
+    const NONE: TrackChoice = TrackChoice {
+        best: 0.0,
+        views: 0,
+        only: f32::MAX,
+        skip: f32::MAX,
+    };
+}
+
 /// The choice of faces along a job: each face too small left alone, each track matched against
 /// the people named on a few of its best views and its decision kept along it (a new track, after
 /// a cut or a re-entry, is matched afresh); faces without a track (pictures) each on their own.
@@ -237,19 +247,10 @@ impl Chooser {
             let closest = |refs: &[Descriptor]| refs.iter().map(|r| distance(r, &d)).fold(f32::MAX, f32::min);
             let (only, skip) = (closest(&self.only), closest(&self.skip));
             let key = job.track.unwrap_or(u64::MAX);
-            let e = self.tracks.entry(key).or_insert(TrackChoice {
-                best: 0.0,
-                views: 0,
-                only: f32::MAX,
-                skip: f32::MAX,
-            });
+            let e = self.tracks.entry(key).or_insert(TrackChoice::NONE);
+            // A face without a track is decided on its own view alone.
             if job.track.is_none() {
-                *e = TrackChoice {
-                    best: 0.0,
-                    views: 0,
-                    only: f32::MAX,
-                    skip: f32::MAX,
-                };
+                *e = TrackChoice::NONE;
             }
             e.best = e.best.max(worth);
             e.views += 1;
