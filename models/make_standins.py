@@ -21,6 +21,20 @@ In: an output folder. Out: ONNX files whose input `input` and output `output` ar
                                           image output second here, so it is found by its shape);
                                           y = x (1 - 2 w): fidelity 0 gives the input back, 1
                                           negates it
+Files of the contracts of facefusion's enhancers, batch fixed at 1 as those files declare it
+(input `input` float32 [1,3,S,S]; the image output first, or the one shaped like the input):
+  ff-gfpgan-512.onnx                      GFPGAN 1.2/1.3/1.4's: y = 0.6 x - 0.2
+  ff-gpen-bfr-256.onnx                    GPEN-BFR's: y = -x through Reshape to [1,3,S*S] and back
+                                          (constant shapes that name the batch: a symbolic batch
+                                          needs them freed)
+  ff-restoreformer-512.onnx               RestoreFormer++'s: y = 0.5 x, its output named `1233`
+                                          (as a traced export names it)
+  ff-tied-256.onnx                        a graph that ties its batch to 1 (Reshape to [3,S,S],
+                                          Neg, Unsqueeze): a symbolic batch must be refused
+  plain-512-batch1.onnx                   GPEN's contract with the work of codeformer-512.onnx at
+                                          its default fidelity (y = x (1 - 2 * 0.5), the two
+                                          extra outputs as zeros): the pair measures what the
+                                          weight input costs
 Each file's metadata says it is a stand-in, so nobody mistakes it for a restorer.
 """
 import os
@@ -115,6 +129,65 @@ def build_codeformer(size: int = 512) -> onnx.ModelProto:
     return model
 
 
+def _finish(nodes, name, ins, outs, inits, kind, size) -> onnx.ModelProto:
+    graph = helper.make_graph(nodes, name, ins, outs, initializer=inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    for k, v in {"gpen_video.weights": f"stand-in ({kind}): not a restorer",
+                 "gpen_video.size": str(size)}.items():
+        p = model.metadata_props.add()
+        p.key, p.value = k, v
+    onnx.checker.check_model(model)
+    return model
+
+
+def build_contract(kind: str, size: int) -> onnx.ModelProto:
+    """A batch-1 stand-in of one of facefusion's contracts (see the module's note)."""
+    x = helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 3, size, size])
+    out_name = "1233" if kind == "restoreformer" else "output"
+    y = helper.make_tensor_value_info(out_name, TensorProto.FLOAT, [1, 3, size, size])
+    outs, inits, nodes = [y], [], []
+    const = lambda name, v, dt=np.float32: inits.append(numpy_helper.from_array(np.array(v, dt), name))
+    if kind == "gfpgan":
+        const("gain", 0.6)
+        const("lift", -0.2)
+        nodes += [helper.make_node("Mul", ["input", "gain"], ["scaled"]),
+                  helper.make_node("Add", ["scaled", "lift"], [out_name])]
+    elif kind == "gpen":
+        const("flat_shape", [1, 3, size * size], np.int64)
+        const("image_shape", [1, 3, size, size], np.int64)
+        nodes += [helper.make_node("Reshape", ["input", "flat_shape"], ["flat"]),
+                  helper.make_node("Neg", ["flat"], ["negated"]),
+                  helper.make_node("Reshape", ["negated", "image_shape"], [out_name])]
+    elif kind == "restoreformer":
+        const("half", 0.5)
+        nodes.append(helper.make_node("Mul", ["input", "half"], [out_name]))
+    elif kind == "tied":
+        const("chw", [3, size, size], np.int64)
+        const("axes", [0], np.int64)
+        nodes += [helper.make_node("Reshape", ["input", "chw"], ["chw_x"]),
+                  helper.make_node("Neg", ["chw_x"], ["negated"]),
+                  helper.make_node("Unsqueeze", ["negated", "axes"], [out_name])]
+    elif kind == "plain":
+        # codeformer-512's graph with its weight a constant 0.5 (see build_codeformer).
+        outs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 256, 1024]), y,
+                helper.make_tensor_value_info("lq_feat", TensorProto.FLOAT, [1, 256, 16, 16])]
+        const("wf", [0.5])
+        const("one", [1.0])
+        const("two", [2.0])
+        const("logits_shape", [1, 256, 1024], np.int64)
+        const("feat_shape", [1, 256, 16, 16], np.int64)
+        zero = numpy_helper.from_array(np.array([0.0], np.float32))
+        nodes += [helper.make_node("Mul", ["wf", "two"], ["w2"]),
+                  helper.make_node("Sub", ["one", "w2"], ["k"]),
+                  helper.make_node("Mul", ["input", "k"], [out_name]),
+                  helper.make_node("ConstantOfShape", ["logits_shape"], ["logits"], value=zero),
+                  helper.make_node("ConstantOfShape", ["feat_shape"], ["lq_feat"], value=zero)]
+    else:
+        raise ValueError(kind)
+    return _finish(nodes, f"{kind}-standin", [x], outs, inits, kind, size)
+
+
 def main(out: str) -> None:
     os.makedirs(out, exist_ok=True)
     specs = {
@@ -138,6 +211,10 @@ def main(out: str) -> None:
             model = wrap(model)
         save(model, path)
     save(build_codeformer(), os.path.join(out, "codeformer-512.onnx"))
+    for fname, kind, size in [("ff-gfpgan-512.onnx", "gfpgan", 512), ("ff-gpen-bfr-256.onnx", "gpen", 256),
+                              ("ff-restoreformer-512.onnx", "restoreformer", 512),
+                              ("ff-tied-256.onnx", "tied", 256), ("plain-512-batch1.onnx", "plain", 512)]:
+        save(build_contract(kind, size), os.path.join(out, fname))
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ use serde::Serialize;
 
 use crate::defaults;
 use crate::engine::{CancelToken, Engine, EngineKey, EngineSpec, Job, Kind, KindExt};
+use crate::faces::align::Template;
 use crate::faces::detect::det_size;
 use crate::faces::enhance::Fault;
 use crate::faces::paste::MaskKind;
@@ -60,6 +61,9 @@ pub struct Recipe {
     pub detector: Asset,
     /// The face mesh, when there is one (MediaPipe's face landmark model).
     pub mesh: Option<Asset>,
+    /// The model's template as its registry entry gives it (`None`: the file's own, else ffhq).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub template: Option<Template>,
     #[serde(flatten)]
     pub treatment: std::sync::Arc<Treatment>,
 }
@@ -127,6 +131,8 @@ pub struct Options {
     pub output: PathBuf,
     /// Enhancer model; `None` picks the default the set-up provides.
     pub model: Option<PathBuf>,
+    /// The template the model's registry entry gives (a file's own metadata wins).
+    pub model_template: Option<Template>,
     pub detector: Option<PathBuf>,
     /// The face mesh: `None` picks the set-up's if present; `Some("none")` runs without one.
     pub mesh: Option<PathBuf>,
@@ -155,6 +161,7 @@ impl Options {
             input: input.into(),
             output: output.into(),
             model: None,
+            model_template: None,
             detector: None,
             mesh: None,
             device: Device::Cpu(1),
@@ -270,6 +277,7 @@ impl Settings {
                 model: Asset(model),
                 detector: Asset(detector),
                 mesh: mesh.map(Asset),
+                template: o.model_template,
                 treatment: std::sync::Arc::new(t),
             },
             faults: Vec::new(),
@@ -404,6 +412,7 @@ impl Settings {
             model: self.recipe.model.0.clone(),
             detector: self.recipe.detector.0.clone(),
             mesh: self.recipe.mesh.as_ref().map(|m| m.0.clone()),
+            template: self.recipe.template,
             targets: self.targets.clone(),
             det_size: {
                 let (w, h) = job.source.upright_size();
@@ -438,6 +447,7 @@ impl Settings {
             model: self.recipe.model.0.clone(),
             detector: self.recipe.detector.0.clone(),
             mesh: self.recipe.mesh.as_ref().map(|m| m.0.clone()),
+            template: self.recipe.template,
             targets: self.targets.clone(),
             det_size: det_size(d, d, d),
             rotation: 0,
@@ -522,6 +532,7 @@ mod tests {
                 model: Asset("m.onnx".into()),
                 detector: Asset("d.onnx".into()),
                 mesh: None,
+                template: None,
                 treatment: Default::default(),
             },
             targets: Vec::new(),

@@ -184,3 +184,15 @@ mod tests {
         assert_eq!(threads, [1, 1, 2, 2, 3, 4, 4]);
     }
 }
+
+/// A folder of the user's by the XDG base directories: `$VAR/gpen-video` (when `VAR` is set and
+/// not empty), else `$HOME/HOME_REL/gpen-video`; `None` with neither. `var`: XDG_CONFIG_HOME
+/// (`.config`), XDG_DATA_HOME (`.local/share`), XDG_STATE_HOME (`.local/state`).
+pub fn user_dir(var: &str, home_rel: &str) -> Option<std::path::PathBuf> {
+    let nonempty = |k: &str| std::env::var_os(k).filter(|d| !d.is_empty());
+    match (nonempty(var), nonempty("HOME")) {
+        (Some(d), _) => Some(std::path::PathBuf::from(d).join("gpen-video")),
+        (None, Some(h)) => Some(std::path::PathBuf::from(h).join(home_rel).join("gpen-video")),
+        (None, None) => None,
+    }
+}

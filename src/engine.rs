@@ -23,6 +23,8 @@ pub struct EngineKey {
     pub detector: PathBuf,
     /// The face mesh, if any.
     pub mesh: Option<PathBuf>,
+    /// The model's template by its registry entry, for a file that does not name its own.
+    pub template: Option<crate::faces::align::Template>,
     pub targets: Vec<Target>,
     /// Size of the detection copy (the detector's input).
     pub det_size: (usize, usize),
@@ -292,6 +294,12 @@ impl Engine {
                 skip_model: false,
                 live: Default::default(),
             });
+        }
+        for w in &mut workers {
+            let info = &mut w.enhancer.info;
+            if let (false, Some(t)) = (info.template_in_file, key.template) {
+                info.template = t;
+            }
         }
         let info = workers[0].enhancer.info.clone();
         if s.fp16 && !s.trt && info.precision.as_deref() != Some("fp16") {

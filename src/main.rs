@@ -321,7 +321,9 @@ fn parse_segment(s: &str) -> Result<f64, String> {
 impl RunArgs {
     fn options(self, input: PathBuf, output: PathBuf) -> anyhow::Result<Options> {
         let mut o = Options::new(input, output);
-        o.model = self.model.as_deref().map(registry::resolve_model).transpose()?;
+        let model = self.model.as_deref().map(registry::resolve).transpose()?;
+        o.model = model.as_ref().map(|m| m.path.clone());
+        o.model_template = model.as_ref().and_then(|m| m.template);
         o.detector = self.detector;
         o.mesh = self.mesh;
         o.device = self.device;
@@ -332,7 +334,7 @@ impl RunArgs {
         o.treatment = self.treatment;
         // A registered model's own default fidelity, where --fidelity is not given.
         if o.treatment.fidelity.is_none() {
-            o.treatment.fidelity = self.model.as_deref().and_then(registry::default_fidelity);
+            o.treatment.fidelity = model.and_then(|m| m.fidelity);
         }
         Ok(o)
     }

@@ -56,6 +56,12 @@ impl Template {
     }
 }
 
+impl serde::Serialize for Template {
+    fn serialize<S: serde::Serializer>(&self, ser: S) -> Result<S::Ok, S::Error> {
+        ser.serialize_str(self.name())
+    }
+}
+
 impl std::str::FromStr for Template {
     type Err = String;
     /// A template by name; an unknown name is an error naming the choices.

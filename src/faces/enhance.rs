@@ -23,8 +23,11 @@ pub struct ModelInfo {
     pub weights_note: Option<String>,
     /// The file's `gpen_video.precision` metadata (`fp16` for half-precision exports).
     pub precision: Option<String>,
-    /// Alignment template the model was trained with (`gpen_video.template`; default ffhq).
+    /// Alignment template the model was trained with: its file's `gpen_video.template`, else
+    /// the one its registry entry gives (see `Engine::load`), else ffhq.
     pub template: Template,
+    /// Whether the file itself names its template (then no registry entry overrides it).
+    pub template_in_file: bool,
     /// The model takes and gives uint8 levels (its conversions inside the graph: see
     /// `models/byte_io.py`) rather than float32 in [-1, 1].
     pub bytes: bool,
@@ -119,10 +122,10 @@ impl ModelInfo {
         let meta = session.metadata().ok();
         let weights_note = meta.as_ref().and_then(|m| m.custom("gpen_video.weights"));
         let precision = meta.as_ref().and_then(|m| m.custom("gpen_video.precision"));
-        let template = meta
-            .as_ref()
-            .and_then(|m| m.custom("gpen_video.template"))
-            .map_or(Ok(Template::Ffhq), |name| name.parse::<Template>())
+        let named = meta.as_ref().and_then(|m| m.custom("gpen_video.template"));
+        let template = named
+            .as_deref()
+            .map_or(Ok(Template::Ffhq), str::parse::<Template>)
             .map_err(|e| anyhow::anyhow!("its gpen_video.template metadata: {e}"))?;
         Ok(Self {
             input,
@@ -132,6 +135,7 @@ impl ModelInfo {
             weights_note,
             precision,
             template,
+            template_in_file: named.is_some(),
             bytes,
             weight,
         })

@@ -19,14 +19,18 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 
 use anyhow::{anyhow, bail, Context, Result};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::config::find_asset;
+use crate::faces::align::Template;
 
+mod add;
 mod fetch;
+pub mod rebatch;
 pub(crate) mod report;
 #[cfg(test)]
 mod tests;
+pub mod user;
 
 pub use fetch::{check_entry_file, download_url, fetch, fetch_entry, fetch_url, DEFAULT_STALL_S, STALL_ENV};
 use report::verify_all;
@@ -39,7 +43,7 @@ pub(crate) const EMBEDDED: &str = include_str!("../../models/models.toml");
 pub(crate) const URL_BASE_ENV: &str = "GPEN_VIDEO_MODEL_URL_BASE";
 
 /// What a model does in the pipeline.
-#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
 pub enum Kind {
     /// GPEN-BFR: float32 [N,3,S,S] in, same out.
@@ -53,7 +57,7 @@ pub enum Kind {
 }
 
 /// Whether the batch dimension is fixed in the graph.
-#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq)]
 pub enum Batch {
     #[serde(rename = "fixed-1")]
     Fixed1,
@@ -62,7 +66,7 @@ pub enum Batch {
 }
 
 /// Where a model file comes from.
-#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
 pub enum Source {
     /// Published at `url`.
@@ -71,49 +75,59 @@ pub enum Source {
     Export,
     /// Made by scripts/setup.sh (`make`).
     Setup,
+    /// A user's own file, recorded by `gpen-video models add` in the user registry; `file` is
+    /// its absolute path.
+    User,
 }
 
 /// One `[[model]]` of models.toml; the file's header documents every field.
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Entry {
     pub name: String,
     pub kind: Kind,
     pub file: String,
     pub source: Source,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub url: String,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub sha256: String,
     /// File size in bytes; 0 when unknown.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub bytes: u64,
     /// Square crop side of an enhancer; 0 for a detector.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub input_size: usize,
     pub batch: Batch,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub template: String,
     pub normalisation: String,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub make: String,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub notes: String,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub checkpoint_url: String,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub source_sha256: String,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub source_bytes: u64,
     /// The fidelity a model with a weight input is given by default (CodeFormer's 0.5).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fidelity: Option<f32>,
     /// The blend its users usually restore at (facefusion's default: 0.8), for reference.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub blend: Option<f32>,
     /// The licence of the weights, as their authors publish it.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub licence: String,
+    /// A user entry whose `file` is a copy made with a symbolic batch: the file the user added.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub origin: String,
+}
+
+fn is_zero<T: Default + PartialEq>(v: &T) -> bool {
+    *v == T::default()
 }
 
 impl Entry {
@@ -130,7 +144,15 @@ impl Entry {
     /// The file under models/ if present (working directory first, then the checkout the
     /// executable was built in, as [`find_asset`] searches).
     pub fn local_path(&self) -> Option<PathBuf> {
+        if self.source == Source::User {
+            return Some(PathBuf::from(&self.file)).filter(|p| p.is_file());
+        }
         find_asset(&self.rel_path()).filter(|p| p.is_file())
+    }
+
+    /// The alignment template the entry names, if it names one a model can use.
+    pub fn template(&self) -> Option<Template> {
+        self.template.parse().ok()
     }
 
     /// What to do to get this model onto this machine.
@@ -139,12 +161,16 @@ impl Entry {
             Source::Download => format!("run `gpen-video models fetch {}`", self.name),
             Source::Export => format!("build it with `{}`", self.make),
             Source::Setup => format!("make it with {}", self.make),
+            Source::User => format!(
+                "put it back at {}, or record it again with `gpen-video models add PATH --name {}`",
+                self.file, self.name
+            ),
         }
     }
 }
 
 /// Every known model, in file order.
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Registry {
     #[serde(rename = "model")]
@@ -176,10 +202,15 @@ impl Registry {
             if !names.insert(n.to_ascii_lowercase()) {
                 bail!("model name `{n}` appears twice (names are case-insensitive)");
             }
-            if e.file.is_empty() || e.file.contains('/') || !e.file.ends_with(".onnx") {
+            if e.source == Source::User {
+                if !e.file.starts_with('/') || !e.file.ends_with(".onnx") {
+                    bail!("{n}: file `{}` must be an absolute path to an *.onnx file", e.file);
+                }
+            } else if e.file.is_empty() || e.file.contains('/') || !e.file.ends_with(".onnx") {
                 bail!("{n}: file `{}` must be a plain *.onnx file name", e.file);
             }
-            if !files.insert(e.file.to_ascii_lowercase()) {
+            // A user's file may be known under several names (with other templates, say).
+            if e.source != Source::User && !files.insert(e.file.to_ascii_lowercase()) {
                 bail!("{n}: file `{}` is used by another entry", e.file);
             }
             for (what, h) in [("sha256", &e.sha256), ("source_sha256", &e.source_sha256)] {
@@ -275,40 +306,112 @@ pub fn registry() -> Result<&'static Registry> {
         .map_err(|e| anyhow!("embedded model registry: {e}"))
 }
 
-/// Resolves `--model ARG`: a registry name gives its file under models/ (an error says how to
-/// get it when absent); anything else is a path.
-pub fn resolve_model(arg: &str) -> Result<PathBuf> {
-    let path = PathBuf::from(arg);
-    let looks_like_path = arg.contains(std::path::MAIN_SEPARATOR) || arg.contains('/') || arg.ends_with(".onnx");
-    if looks_like_path || path.is_file() {
-        return Ok(path);
-    }
-    let reg = registry()?;
-    match reg.find(arg) {
-        Some(e) => e.local_path().ok_or_else(|| match e.source {
-            Source::Download => anyhow!(
-                "model {} is not downloaded: run `gpen-video models fetch {}`",
-                e.name,
-                e.name
-            ),
-            _ => anyhow!("model {} is not in models/: {}", e.name, e.how_to_get()),
-        }),
-        None if path.exists() => Ok(path),
-        None => bail!(
-            "model `{arg}` is neither a file nor a known model name; known names: {} (`gpen-video models list`)",
-            reg.names()
-        ),
+/// Every model known here: the user's own (`gpen-video models add`) first, then the registry's.
+pub fn known() -> Result<Vec<Entry>> {
+    let mut all = user::load()?.models;
+    all.extend(registry()?.models.iter().cloned());
+    Ok(all)
+}
+
+/// A model as `--model` names it: its file, and what its entry (if any) says of it.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Resolved {
+    pub path: PathBuf,
+    /// The entry's name, when one was found by name or by file.
+    pub name: Option<String>,
+    /// The template the entry gives (the model's own; a file's metadata overrides it).
+    pub template: Option<Template>,
+    /// The fidelity the entry gives a model with a weight input.
+    pub fidelity: Option<f32>,
+}
+
+impl Resolved {
+    fn of(path: PathBuf, e: Option<&Entry>) -> Self {
+        Resolved {
+            path,
+            name: e.map(|e| e.name.clone()),
+            template: e.and_then(Entry::template),
+            fidelity: e.and_then(|e| e.fidelity),
+        }
     }
 }
 
-/// The default fidelity the registry gives the model `arg` names (by name, or a path to its
-/// registered file), if any.
+/// The entry a path is the file of: a user entry by its file (or the file it was copied from),
+/// else a registry entry by file name.
+fn entry_of_path<'a>(all: &'a [Entry], path: &std::path::Path) -> Option<&'a Entry> {
+    let abs = path.canonicalize().ok();
+    let user = all.iter().filter(|e| e.source == Source::User).find(|e| {
+        [&e.file, &e.origin]
+            .into_iter()
+            .any(|f| !f.is_empty() && std::path::Path::new(f).canonicalize().ok() == abs && abs.is_some())
+    });
+    let name = path.file_name().and_then(|f| f.to_str());
+    user.or_else(|| {
+        all.iter()
+            .filter(|e| e.source != Source::User)
+            .find(|e| name.is_some_and(|n| e.file.eq_ignore_ascii_case(n)))
+    })
+}
+
+/// Resolves `--model ARG`: a known name (the user's own first, then the registry's) gives its
+/// file (an error says how to get it when absent); anything else is a path, with the facts of
+/// the entry it is the file of.
+pub fn resolve(arg: &str) -> Result<Resolved> {
+    let path = PathBuf::from(arg);
+    let all = known()?;
+    let looks_like_path = arg.contains(std::path::MAIN_SEPARATOR) || arg.contains('/') || arg.ends_with(".onnx");
+    if looks_like_path || path.is_file() {
+        return Ok(Resolved::of(path.clone(), entry_of_path(&all, &path)));
+    }
+    let named = |user: bool| {
+        all.iter()
+            .filter(|e| (e.source == Source::User) == user)
+            .find(|e| e.name.eq_ignore_ascii_case(arg))
+    };
+    // A user entry whose file is missing does not hide a registry file that is present.
+    let e = match (named(true), named(false)) {
+        (Some(u), Some(r)) if u.local_path().is_none() && r.local_path().is_some() => Some(r),
+        (Some(u), _) => Some(u),
+        (None, r) => r,
+    };
+    match e {
+        Some(e) => {
+            let p = e.local_path().ok_or_else(|| match e.source {
+                Source::Download => anyhow!(
+                    "model {} is not downloaded: run `gpen-video models fetch {}`",
+                    e.name,
+                    e.name
+                ),
+                Source::User => anyhow!("model {}: its file {} is gone: {}", e.name, e.file, e.how_to_get()),
+                _ => anyhow!("model {} is not in models/: {}", e.name, e.how_to_get()),
+            })?;
+            if e.source == Source::User {
+                user::check_unchanged(e, &p)?;
+            }
+            Ok(Resolved::of(p, Some(e)))
+        }
+        None if path.exists() => Ok(Resolved::of(path, None)),
+        None => {
+            let names: Vec<&str> = all.iter().map(|e| e.name.as_str()).collect();
+            bail!(
+                "model `{arg}` is neither a file nor a known model name; known names: {} (`gpen-video models list`)",
+                names.join(", ")
+            )
+        }
+    }
+}
+
+/// The file `--model ARG` names (see [`resolve`]).
+pub fn resolve_model(arg: &str) -> Result<PathBuf> {
+    resolve(arg).map(|r| r.path)
+}
+
+/// The default fidelity the entry of `arg` (a name, or a path to its file) gives, if any.
 pub fn default_fidelity(arg: &str) -> Option<f32> {
-    let reg = registry().ok()?;
-    let by_file = std::path::Path::new(arg).file_name().and_then(|f| f.to_str());
-    reg.models
-        .iter()
-        .find(|e| e.name.eq_ignore_ascii_case(arg) || by_file == Some(e.file.as_str()))
+    let all = known().ok()?;
+    all.iter()
+        .find(|e| e.name.eq_ignore_ascii_case(arg))
+        .or_else(|| entry_of_path(&all, std::path::Path::new(arg)))
         .and_then(|e| e.fidelity)
 }
 
@@ -324,6 +427,32 @@ pub enum ModelsCmd {
     Verify {
         /// An ONNX file to check.
         path: Option<PathBuf>,
+    },
+    /// Record your own restorer file under a name, so `--model NAME` finds it in every command
+    /// (the service, batch and segments too). Its checksum and I/O contract are checked once; a
+    /// file whose batch is fixed at 1 gets a copy with a symbolic batch (under
+    /// $XDG_DATA_HOME/gpen-video/models), kept only if a batch of four gives, to the bit, what
+    /// four single calls give, so it runs batched on a GPU. Your file is only read. The list is
+    /// $XDG_CONFIG_HOME/gpen-video/models.toml.
+    Add {
+        /// The ONNX file (input [1 or N,3,S,S]; CodeFormer's second input `weight` is welcome).
+        path: PathBuf,
+        /// The name to use with --model (a registry name such as `codeformer` takes its facts:
+        /// template, default fidelity, licence).
+        #[arg(long, value_name = "NAME")]
+        name: String,
+        /// The alignment template the model was trained with, when neither the file nor the
+        /// registry's entry of that name says: ffhq or arcface_128.
+        #[arg(long, value_name = "NAME")]
+        template: Option<Template>,
+        /// Keep a batch-1 file as it is (no copy with a symbolic batch).
+        #[arg(long)]
+        keep_batch: bool,
+    },
+    /// Forget one of your own models (its copy, if one was made, is deleted; your file is not).
+    Remove {
+        /// The name it was added under.
+        name: String,
     },
     /// Download a model into models/ (or DIR). It is kept only if it verifies: its sha256 when
     /// on record, otherwise its recorded size and its I/O contract (as `--model` checks it).
@@ -363,6 +492,28 @@ pub fn run(cmd: ModelsCmd) -> Result<()> {
             Ok(())
         }
         ModelsCmd::Verify { path: None } => verify_all(),
+        ModelsCmd::Add {
+            path,
+            name,
+            template,
+            keep_batch,
+        } => {
+            let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
+            let args = add::AddArgs {
+                path,
+                name,
+                template,
+                keep_batch,
+                threads,
+            };
+            let (_, said) = add::add(&args)?;
+            crate::console::print_text(&said);
+            Ok(())
+        }
+        ModelsCmd::Remove { name } => {
+            crate::console::print_text(&add::remove(&name)?);
+            Ok(())
+        }
         ModelsCmd::Fetch { name, to, url } => {
             let progress = std::io::stderr().is_terminal();
             let path = fetch(&name, to.as_deref(), url.as_deref(), progress)?;

@@ -24,12 +24,11 @@ fn human_bytes(n: u64) -> String {
 
 /// The `models list` table.
 pub fn list_table() -> Result<String> {
-    let reg = registry()?;
+    let known = super::known()?;
     let head = [
         "NAME", "KIND", "INPUT", "BATCH", "TEMPLATE", "SIZE", "SHA256", "SOURCE", "PRESENT",
     ];
-    let rows: Vec<[String; 9]> = reg
-        .models
+    let rows: Vec<[String; 9]> = known
         .iter()
         .map(|e| {
             [
@@ -51,7 +50,10 @@ pub fn list_table() -> Result<String> {
                 },
                 human_bytes(e.bytes),
                 if e.sha().is_some() { "on record" } else { "none" }.into(),
-                format!("{:?}", e.source).to_lowercase(),
+                match e.source {
+                    super::Source::User => "yours".into(),
+                    s => format!("{s:?}").to_lowercase(),
+                },
                 match e.local_path() {
                     Some(_) => "yes".into(),
                     None => "no".into(),
@@ -85,8 +87,13 @@ pub fn list_table() -> Result<String> {
     out.push_str(
         "\nSIZE: published file size (? = unknown). SHA256: whether a checksum is on record. \
          SOURCE: download = `gpen-video models fetch NAME`; export = built by models/gpen_export.py; \
-         setup = made by scripts/setup.sh.\n",
+         setup = made by scripts/setup.sh; yours = recorded by `gpen-video models add PATH --name NAME`.\n",
     );
+    if let Ok(f) = super::user::file() {
+        if known.iter().any(|e| e.source == super::Source::User) {
+            let _ = writeln!(out, "Your models are listed in {}.", f.display());
+        }
+    }
     Ok(out)
 }
 
@@ -344,9 +351,9 @@ impl fmt::Display for FileReport {
 
 /// `verify` without a path: every registry file present under models/.
 pub(super) fn verify_all() -> Result<()> {
-    let reg = registry()?;
+    let known = super::known()?;
     let (mut seen, mut bad) = (0, Vec::new());
-    for e in &reg.models {
+    for e in &known {
         let Some(p) = e.local_path() else { continue };
         seen += 1;
         let sha = sha256_file(&p)?;

@@ -308,11 +308,8 @@ pub fn check_name(name: &str) -> Result<()> {
 
 /// The default jobs folder: under the user's state folder, beside nothing a user names.
 pub fn default_dir() -> Result<PathBuf> {
-    if let Some(d) = std::env::var_os("XDG_STATE_HOME").filter(|d| !d.is_empty()) {
-        return Ok(PathBuf::from(d).join("gpen-video/jobs"));
-    }
-    match std::env::var_os("HOME").filter(|d| !d.is_empty()) {
-        Some(h) => Ok(PathBuf::from(h).join(".local/state/gpen-video/jobs")),
+    match crate::defaults::user_dir("XDG_STATE_HOME", ".local/state") {
+        Some(d) => Ok(d.join("jobs")),
         None => bail!("no HOME or XDG_STATE_HOME to keep jobs under: pass --jobs-dir DIR"),
     }
 }
@@ -1119,22 +1116,68 @@ pub fn not_found(id: &str) -> anyhow::Error {
     )
 }
 
-/// The models a job may ask for by name: the service's own (by its file name), then every
-/// enhancer of the registry whose file is present under models/. (name, file).
-pub fn offered_models(settings: &Settings) -> Vec<(String, PathBuf)> {
+/// A restorer a job may ask for by name, with the facts the page shows.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct Offered {
+    pub name: String,
+    #[serde(skip)]
+    pub path: PathBuf,
+    /// Its template by its entry (`None`: the file's own).
+    #[serde(skip)]
+    pub template: Option<crate::faces::align::Template>,
+    /// The fidelity it takes by default, for a model with a weight input (CodeFormer's).
+    pub fidelity: Option<f32>,
+    /// Square crop side, where the entry says.
+    pub size: Option<usize>,
+    /// The blend its users usually restore at, where the entry says.
+    pub blend: Option<f32>,
+    /// "service" (the service's own model), "registry" or "yours" (`models add`).
+    pub source: &'static str,
+}
+
+/// The models a job may ask for by name: the service's own (by its name, else its file name),
+/// then every enhancer of the user's and the registry's whose file is here.
+pub fn offered_models(settings: &Settings) -> Vec<Offered> {
     let own = settings.recipe.model.path().to_path_buf();
-    let own_name = own
-        .file_name()
-        .map(|n| n.to_string_lossy().to_string())
-        .unwrap_or_default();
-    let mut v = vec![(own_name, own)];
-    if let Ok(reg) = crate::registry::registry() {
-        for e in reg.models.iter().filter(|e| e.kind == crate::registry::Kind::Enhancer) {
-            if let Some(p) = e.local_path() {
-                if !v.iter().any(|(_, q)| same_file(q, &p)) {
-                    v.push((e.name.clone(), p));
-                }
-            }
+    let known = crate::registry::known().unwrap_or_default();
+    let enhancers = || known.iter().filter(|e| e.kind == crate::registry::Kind::Enhancer);
+    let own_entry = enhancers().find(|e| e.local_path().is_some_and(|p| same_file(&p, &own)));
+    let offered = |e: &crate::registry::Entry, path: PathBuf, source| Offered {
+        name: e.name.clone(),
+        path,
+        template: e.template(),
+        fidelity: e.fidelity,
+        size: Some(e.input_size),
+        blend: e.blend,
+        source,
+    };
+    let mut v = vec![match own_entry {
+        Some(e) => offered(e, own.clone(), "service"),
+        None => Offered {
+            name: own
+                .file_name()
+                .map(|n| n.to_string_lossy().to_string())
+                .unwrap_or_default(),
+            path: own.clone(),
+            template: settings.recipe.template,
+            fidelity: settings.recipe.treatment.fidelity,
+            size: None,
+            blend: None,
+            source: "service",
+        },
+    }];
+    for e in enhancers() {
+        let Some(p) = e.local_path() else { continue };
+        let taken = v
+            .iter()
+            .any(|o| same_file(&o.path, &p) || o.name.eq_ignore_ascii_case(&e.name));
+        if !taken {
+            let source = if e.source == crate::registry::Source::User {
+                "yours"
+            } else {
+                "registry"
+            };
+            v.push(offered(e, p, source));
         }
     }
     v
@@ -1148,23 +1191,31 @@ fn same_file(a: &Path, b: &Path) -> bool {
 }
 
 /// The service's settings with a job's model and flags on them, checked as the CLI checks them.
+/// A job that picks another model starts from that model's own default fidelity.
 fn settings_of(settings: &Settings, faces: &BTreeMap<String, PathBuf>, q: &JobQuery) -> Result<Settings> {
     let mut s = settings.clone();
     if let Some(name) = q.model.as_deref().filter(|m| !m.is_empty()) {
         let offered = offered_models(settings);
-        let (_, path) = offered
+        let m = offered
             .iter()
-            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .find(|o| o.name.eq_ignore_ascii_case(name))
+            .or_else(|| offered.iter().find(|o| o.path.file_name().is_some_and(|f| f == name)))
             .ok_or_else(|| {
-                let names: Vec<&str> = offered.iter().map(|(n, _)| n.as_str()).collect();
+                let names: Vec<&str> = offered.iter().map(|o| o.name.as_str()).collect();
                 Failure::error(
                     Kind::BadInput,
                     format!("model={name}: this service offers {}", names.join(", ")),
                 )
             })?;
-        s.recipe.model = crate::config::Asset(path.clone());
+        if m.source != "service" {
+            let mut t = (*s.recipe.treatment).clone();
+            t.fidelity = m.fidelity;
+            s.recipe.treatment = Arc::new(t);
+            s.recipe.model = crate::config::Asset(m.path.clone());
+            s.recipe.template = m.template;
+        }
     }
-    s.recipe.treatment = Arc::new(treatment_of(settings, faces, q)?);
+    s.recipe.treatment = Arc::new(treatment_of(&s, faces, q)?);
     Ok(s)
 }
 

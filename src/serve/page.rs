@@ -82,10 +82,8 @@ pub(super) async fn info(State(app): State<Arc<App>>, headers: HeaderMap) -> Res
         return super::refuse(&e).0;
     }
     let t = &app.settings.recipe.treatment;
-    let models: Vec<String> = super::jobs::offered_models(&app.settings)
-        .into_iter()
-        .map(|(n, _)| n)
-        .collect();
+    let restorers = super::jobs::offered_models(&app.settings);
+    let models: Vec<&str> = restorers.iter().map(|o| o.name.as_str()).collect();
     let masks: Vec<String> = [MaskKind::Mesh, MaskKind::Face, MaskKind::Box]
         .iter()
         .filter(|m| **m != MaskKind::Mesh || app.settings.recipe.mesh.is_some())
@@ -94,6 +92,7 @@ pub(super) async fn info(State(app): State<Arc<App>>, headers: HeaderMap) -> Res
     let v = serde_json::json!({
         "model": models.first(),
         "models": models,
+        "restorers": restorers,
         "blend": t.blend,
         "mask": t.mask.to_string(),
         "masks": masks,

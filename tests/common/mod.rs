@@ -18,6 +18,13 @@ pub fn asset(rel: &str) -> PathBuf {
     p
 }
 
+/// An empty folder this test process gives the binary as its XDG config and data folders, so no
+/// test reads or writes the user's own models' list (a test that wants one sets its own).
+pub fn no_user_dirs() -> &'static Path {
+    static DIR: std::sync::OnceLock<tempfile::TempDir> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| tempfile::tempdir().unwrap()).path()
+}
+
 pub fn gpen(args: &[&dyn AsRef<std::ffi::OsStr>]) -> Output {
     gpen_env(args, &[])
 }
@@ -32,6 +39,8 @@ pub fn gpen_env(args: &[&dyn AsRef<std::ffi::OsStr>], env: &[(&str, &str)]) -> O
         c.arg("--quiet");
     }
     c.env("ORT_DYLIB_PATH", asset(".deps/lib/libonnxruntime.so"));
+    c.env("XDG_CONFIG_HOME", no_user_dirs())
+        .env("XDG_DATA_HOME", no_user_dirs());
     c.envs(env.iter().copied());
     c.stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped());

@@ -30,6 +30,8 @@ impl Server {
             .args(["serve", "--listen", "127.0.0.1:0"])
             .args(extra)
             .env("XDG_STATE_HOME", state.path())
+            .env("XDG_CONFIG_HOME", super::no_user_dirs())
+            .env("XDG_DATA_HOME", super::no_user_dirs())
             .envs(env.iter().copied())
             .env("ORT_DYLIB_PATH", asset(".deps/lib/libonnxruntime.so"))
             .env("RUST_LOG", "gpen_video=info")

@@ -1,0 +1,202 @@
+//! `gpen-video models add` and the user registry, end to end: a user's own batch-1 file gets a
+//! checked copy with a symbolic batch that gives the same pixels at batch 4 as the file at batch
+//! 1; a graph that ties its batch keeps batch 1; the template belongs to the model (a registry
+//! name's, or `--template`); a recorded file that changed is refused until added again; `models
+//! remove` deletes the copy, never the user's file. Every run gets its own XDG folders.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::*;
+
+/// A user's XDG config and data folders for one test.
+struct User {
+    dir: tempfile::TempDir,
+}
+
+impl User {
+    fn new() -> Self {
+        User {
+            dir: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    fn env(&self) -> Vec<(&'static str, String)> {
+        let d = self.dir.path();
+        vec![
+            ("XDG_CONFIG_HOME", d.join("config").display().to_string()),
+            ("XDG_DATA_HOME", d.join("data").display().to_string()),
+        ]
+    }
+
+    fn run(&self, args: &[&dyn AsRef<std::ffi::OsStr>]) -> std::process::Output {
+        let env = self.env();
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        gpen_env(args, &env)
+    }
+
+    fn ok(&self, args: &[&dyn AsRef<std::ffi::OsStr>]) -> (String, String) {
+        let out = self.run(args);
+        let err = ok(&out);
+        (String::from_utf8_lossy(&out.stdout).to_string(), err)
+    }
+
+    fn copies(&self) -> PathBuf {
+        self.dir.path().join("data/gpen-video/models")
+    }
+}
+
+/// The decoded frames of a video, one digest each.
+fn frames(f: &Path) -> Vec<String> {
+    framemd5(f, "0:v", false)
+}
+
+/// A private copy of a stand-in, as a user's own file.
+fn users_file(dir: &Path, standin: &str) -> PathBuf {
+    let p = dir.join(standin);
+    std::fs::copy(asset(&format!("models/standin/{standin}")), &p).unwrap();
+    p
+}
+
+#[test]
+fn a_batch_one_file_gets_a_copy_that_gives_the_same_pixels_at_batch_four() {
+    let (user, dir) = (User::new(), tempfile::tempdir().unwrap());
+    // GPEN-BFR's contract with constant reshapes that name the batch: the copy frees them.
+    let file = users_file(dir.path(), "ff-gpen-bfr-256.onnx");
+    let before = std::fs::read(&file).unwrap();
+    let (said, _) = user.ok(&[&"models", &"add", &file, &"--name", &"my-gpen"]);
+    assert!(said.contains("symbolic batch") && said.contains("to the bit"), "{said}");
+    assert_eq!(std::fs::read(&file).unwrap(), before, "the user's file is only read");
+    assert!(user.copies().join("my-gpen.onnx").is_file());
+    let (list, _) = user.ok(&[&"models", &"list"]);
+    let row = list.lines().find(|l| l.starts_with("my-gpen ")).expect("listed");
+    assert!(
+        row.contains("dynamic") && row.contains("yours") && row.ends_with("yes"),
+        "{row}"
+    );
+
+    let input = asset("samples/test/group.mkv");
+    let one = dir.path().join("one.mkv");
+    let four = dir.path().join("four.mkv");
+    let (_, err_one) = user.ok(&[&input, &one, &"--model", &file]);
+    let (_, err_four) = user.ok(&[&input, &four, &"--model", &"my-gpen"]);
+    let (b1, b4) = (batches(&err_one), batches(&err_four));
+    assert!(b1 >= 3 * b4, "the copy runs batches of four: {b1} vs {b4} batches");
+    let (f1, f4) = (frames(&one), frames(&four));
+    assert_eq!(f1.len(), f4.len());
+    assert_eq!(f1, f4, "the same pixels at batch 4 as at batch 1");
+    assert_ne!(
+        f1,
+        frames(&{
+            let plain = dir.path().join("plain.mkv");
+            user.ok(&[&input, &plain, &"--model", &asset("models/standin/identity-256.onnx")]);
+            plain
+        })
+    );
+}
+
+#[test]
+fn a_graph_that_ties_its_batch_keeps_batch_one_and_still_runs() {
+    let (user, dir) = (User::new(), tempfile::tempdir().unwrap());
+    let file = users_file(dir.path(), "ff-tied-256.onnx");
+    let (said, _) = user.ok(&[&"models", &"add", &file, &"--name", &"tied"]);
+    assert!(
+        said.contains("batch stays at 1") && said.contains("ties the batch"),
+        "{said}"
+    );
+    assert!(!user.copies().join("tied.onnx").exists(), "no copy left behind");
+    let out = dir.path().join("out.mp4");
+    let (_, err) = user.ok(&[
+        &asset("samples/test/astronaut.mp4"),
+        &out,
+        &"--model",
+        &"tied",
+        &"--frames",
+        &"4",
+    ]);
+    assert!(batches(&err) >= 4, "one crop per call: {err}");
+    let (said, _) = user.ok(&[&"models", &"add", &file, &"--name", &"kept", &"--keep-batch"]);
+    assert!(said.contains("stays at 1 (--keep-batch)"), "{said}");
+}
+
+/// The template belongs to the model: the same file added under the registry's `gpen-bfr-256`
+/// aligns faces to arcface_128 (as facefusion does), under a name of the user's to ffhq, and
+/// under that name with `--template arcface_128` as the registry's entry does.
+#[test]
+fn the_template_belongs_to_the_model() {
+    let (user, dir) = (User::new(), tempfile::tempdir().unwrap());
+    let file = users_file(dir.path(), "negate-256.onnx");
+    let (said, _) = user.ok(&[&"models", &"add", &file, &"--name", &"gpen-bfr-256"]);
+    assert!(
+        said.contains("recorded GPEN-BFR-256") && said.contains("template arcface_128"),
+        "{said}"
+    );
+    let input = asset("samples/test/astronaut.mp4");
+    let run = |model: &str| {
+        let out = dir.path().join(format!("{model}.mp4"));
+        user.ok(&[&input, &out, &"--model", &model, &"--frames", &"4"]);
+        frames(&out)
+    };
+    let arcface = run("gpen-bfr-256");
+    user.ok(&[&"models", &"add", &file, &"--name", &"mine"]);
+    let ffhq = run("mine");
+    assert_ne!(arcface, ffhq, "two templates, two alignments");
+    user.ok(&[
+        &"models",
+        &"add",
+        &file,
+        &"--name",
+        &"mine",
+        &"--template",
+        &"arcface_128",
+    ]);
+    assert_eq!(run("mine"), arcface);
+}
+
+#[test]
+fn a_changed_file_is_refused_and_remove_leaves_the_users_file() {
+    let (user, dir) = (User::new(), tempfile::tempdir().unwrap());
+    let file = users_file(dir.path(), "negate-256.onnx");
+    user.ok(&[&"models", &"add", &file, &"--name", &"mine"]);
+    let mut bytes = std::fs::read(&file).unwrap();
+    bytes.extend_from_slice(b"\0\0");
+    std::fs::write(&file, &bytes).unwrap();
+    let out = dir.path().join("out.mp4");
+    let r = user.run(&[&asset("samples/test/astronaut.mp4"), &out, &"--model", &"mine"]);
+    let err = String::from_utf8_lossy(&r.stderr);
+    assert!(
+        !r.status.success() && err.contains("it changed") && err.contains("models add"),
+        "{err}"
+    );
+    assert!(!out.exists());
+
+    let batch1 = users_file(dir.path(), "identity-512-batch1.onnx");
+    user.ok(&[&"models", &"add", &batch1, &"--name", &"id"]);
+    let copy = user.copies().join("id.onnx");
+    assert!(copy.is_file());
+    let (said, _) = user.ok(&[&"models", &"remove", &"id"]);
+    assert!(said.contains("removed id"), "{said}");
+    assert!(
+        !copy.exists() && batch1.is_file(),
+        "the copy goes, the user's file stays"
+    );
+    let r = user.run(&[&"models", &"remove", &"id"]);
+    assert!(String::from_utf8_lossy(&r.stderr).contains("no model of yours is called `id`"));
+    for (bad, why) in [("a b", "--name `a b`"), ("../x", "--name `../x`")] {
+        let r = user.run(&[&"models", &"add", &batch1, &"--name", &bad]);
+        assert!(String::from_utf8_lossy(&r.stderr).contains(why), "{bad}");
+    }
+    let r = user.run(&[
+        &"models",
+        &"add",
+        &asset("models/standin/bad-shape.onnx"),
+        &"--name",
+        &"bad",
+    ]);
+    let err = String::from_utf8_lossy(&r.stderr);
+    assert!(
+        !r.status.success() && err.contains("does not fit a face restorer's I/O contract"),
+        "{err}"
+    );
+}
