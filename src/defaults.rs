@@ -176,15 +176,6 @@ pub fn find_asset(rel: &str) -> Option<std::path::PathBuf> {
         .find(|p| p.exists())
 }
 
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn the_detection_copy_is_shared_out_from_four_cores() {
-        let threads = [2, 3, 4, 8, 12, 16, 64].map(super::convert_threads);
-        assert_eq!(threads, [1, 1, 2, 2, 3, 4, 4]);
-    }
-}
-
 /// A folder of the user's by the XDG base directories: `$VAR/gpen-video` (when `VAR` is set and
 /// not empty), else `$HOME/HOME_REL/gpen-video`; `None` with neither. `var`: XDG_CONFIG_HOME
 /// (`.config`), XDG_DATA_HOME (`.local/share`), XDG_STATE_HOME (`.local/state`).
@@ -194,5 +185,14 @@ pub fn user_dir(var: &str, home_rel: &str) -> Option<std::path::PathBuf> {
         (Some(d), _) => Some(std::path::PathBuf::from(d).join("gpen-video")),
         (None, Some(h)) => Some(std::path::PathBuf::from(h).join(home_rel).join("gpen-video")),
         (None, None) => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_detection_copy_is_shared_out_from_four_cores() {
+        let threads = [2, 3, 4, 8, 12, 16, 64].map(super::convert_threads);
+        assert_eq!(threads, [1, 1, 2, 2, 3, 4, 4]);
     }
 }
