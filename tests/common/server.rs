@@ -164,3 +164,26 @@ impl Server {
         (status, got, bytes)
     }
 }
+
+impl Server {
+    /// Posts a job (`query` without the leading `?`), waits until it is done (failing on a failed
+    /// job or after two minutes) and returns its result's bytes.
+    pub fn run_job(&self, query: &str, body: &[u8]) -> Vec<u8> {
+        let (status, _, answer) = self.call("POST", &format!("/v1/jobs?{query}"), &[], Some(body), &[]);
+        assert_eq!(status, 202, "{query}: {}", String::from_utf8_lossy(&answer));
+        let v: serde_json::Value = serde_json::from_slice(&answer).unwrap();
+        let id = v["id"].as_str().unwrap().to_string();
+        let start = std::time::Instant::now();
+        loop {
+            let (_, _, rec) = self.call("GET", &format!("/v1/jobs/{id}"), &[], None, &[]);
+            let v: serde_json::Value = serde_json::from_slice(&rec).unwrap();
+            if v["state"] == "done" {
+                break;
+            }
+            assert!(v["state"] != "failed", "{query}: {v}");
+            assert!(start.elapsed().as_secs() < 120, "{query}: {v}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        self.call("GET", &format!("/v1/jobs/{id}/result"), &[], None, &[]).2
+    }
+}
