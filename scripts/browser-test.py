@@ -70,6 +70,15 @@ def main():
         want_photo = os.path.join(work, "cli.jpg")
         subprocess.run([a.bin, photo, want_photo, "--model", a.model, "-q"], check=True, env=env,
                        capture_output=True)
+        # A user's CodeFormer (the stand-in of its contract), recorded by name: the page offers it
+        # with its fidelity slider, and a job sent at fidelity 0 equals the CLI's at 0.
+        env["XDG_CONFIG_HOME"] = os.path.join(work, "config")
+        env["XDG_DATA_HOME"] = os.path.join(work, "data")
+        subprocess.run([a.bin, "models", "add", os.path.join(ROOT, "models/standin/codeformer-512.onnx"),
+                        "--name", "codeformer"], check=True, env=env, capture_output=True)
+        want_faithful = os.path.join(work, "cli-faithful.jpg")
+        subprocess.run([a.bin, photo, want_faithful, "--model", "codeformer", "--fidelity", "0", "-q"],
+                       check=True, env=env, capture_output=True)
 
         env["XDG_STATE_HOME"] = os.path.join(work, "state")
         server, base = serve_child.start(
@@ -116,6 +125,28 @@ def main():
                 d.value.save_as(path)
                 got[name] = path
             page.screenshot(path=os.path.join(a.shots, "page.jpg"), type="jpeg", quality=80)
+            # The restorers by name; CodeFormer's fidelity slider shows only for CodeFormer.
+            options = page.locator("#model-select option").all_inner_texts()
+            if not any(o.startswith("codeformer") for o in options):
+                problems.append(f"codeformer is not offered: {options}")
+            if page.locator("#fidelity-field").is_visible():
+                problems.append("the fidelity slider shows for a model without a fidelity input")
+            page.select_option("#model-select", "codeformer")
+            if not page.locator("#fidelity-field").is_visible():
+                problems.append("no fidelity slider for codeformer")
+            elif page.locator("#fidelity").input_value() != "0.5":
+                problems.append("codeformer's slider does not start at its default 0.5")
+            page.locator("#fidelity").fill("0")
+            page.screenshot(path=os.path.join(a.shots, "fidelity.jpg"), type="jpeg", quality=80)
+            faithful = os.path.join(work, "faithful", "portrait.jpg")
+            os.makedirs(os.path.dirname(faithful))
+            shutil.copy(photo, faithful)
+            page.set_input_files("input[type=file]", [faithful])
+            until(lambda: page.locator(".item a[download]").count() == 3, 120, "the codeformer photo's link")
+            with page.expect_download() as d:
+                page.locator(".item").first.locator("a[download]").click()
+            got_faithful = os.path.join(work, "got-faithful.jpg")
+            d.value.save_as(got_faithful)
             phone = browser.new_context(viewport={"width": 390, "height": 844}, device_scale_factor=2)
             pp = phone.new_page()
             pp.on("console", lambda m: problems.append(f"console {m.type}: {m.text}") if m.type == "error" else None)
@@ -127,6 +158,9 @@ def main():
         with open(got["portrait.jpg"], "rb") as f, open(want_photo, "rb") as g:
             if f.read() != g.read():
                 problems.append("the photo downloaded differs from gpen-video IN OUT's")
+        with open(got_faithful, "rb") as f, open(want_faithful, "rb") as g:
+            if f.read() != g.read():
+                problems.append("codeformer at fidelity 0 from the page differs from the CLI's")
         n, m = frames(got["clip.mp4"]), frames(clip)
         if n != m:
             problems.append(f"the clip downloaded has {n} frames, the source {m}")
