@@ -312,6 +312,21 @@ if [ -f "$B/models/face-id.onnx" ]; then
     "${gv[@]}" "$sample" "$out/whole-file-identity.mp4" --model "$wm" "${wf[@]}" --batch 16 "${whole[@]}" \
     --identity --stats-json "$out/whole-file-identity.stats.json" "${common[@]}"
 fi
+# A user's batch-1 files of other contracts (CodeFormer's double weight and three outputs;
+# GPEN-BFR's constant reshapes): `models add` writes checked copies with a symbolic batch (under
+# this run's own XDG folders), which then run at batch 16 on the device.
+if [ -f "$B/models/user/codeformer-512.onnx" ]; then
+  ug=(env "XDG_CONFIG_HOME=$out/xdg/config" "XDG_DATA_HOME=$out/xdg/data" "${gv[@]}")
+  "${ug[@]}" models add "$B/models/user/codeformer-512.onnx" --name codeformer >"$out/user-models-add.log" 2>&1 &&
+    "${ug[@]}" models add "$B/models/user/ff-gpen-bfr-256.onnx" --name gpen-bfr-256 >>"$out/user-models-add.log" 2>&1 ||
+    echo "   models add failed: $(tail -1 "$out/user-models-add.log")"
+  step user-codeformer "$device" 16 "$out/user-codeformer.stats.json" "$step_timeout" -- \
+    "${ug[@]}" "$sample" "$out/user-codeformer.mp4" --model codeformer --fidelity 0.7 --batch 16 "${whole[@]}" \
+    --stats-json "$out/user-codeformer.stats.json" "${common[@]}"
+  step user-gpen-bfr-256 "$device" 16 "$out/user-gpen-bfr-256.stats.json" "$step_timeout" -- \
+    "${ug[@]}" "$sample" "$out/user-gpen-bfr-256.mp4" --model gpen-bfr-256 --batch 16 "${whole[@]}" \
+    --stats-json "$out/user-gpen-bfr-256.stats.json" "${common[@]}"
+fi
 # The service: a portrait posted at concurrency 1, 4 and 16 (images/s, P50/P99 latency, batch
 # fill), then SIGTERM, which must end it with exit 0 (serve-check.py).
 if command -v python3 >/dev/null && [ -f "$B/serve-check.py" ]; then

@@ -90,6 +90,10 @@ mesh=()
 # And the identity model (22 MB), for the runner's identity step.
 [ -f models/face-id.onnx ] && mesh+=(models/face-id.onnx)
 cp models/centerface.onnx "${mesh[@]}" "${models[@]}" "$stage/models/"
+# Users' batch-1 files of other contracts (stand-ins, under a kilobyte each), for the runner's
+# user-model step: `models add` makes a checked copy with a symbolic batch that runs batched.
+mkdir -p "$stage/models/user"
+cp models/standin/codeformer-512.onnx models/standin/ff-gpen-bfr-256.onnx "$stage/models/user/"
 cp "$sample" "$stage/samples/"
 # The service check's portrait and script (run.sh's serve step).
 mkdir -p "$stage/portraits"
