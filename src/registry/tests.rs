@@ -167,3 +167,45 @@ fn other_restorers_are_known_by_their_names() {
     assert_eq!(default_fidelity("some/where/codeformer.onnx"), Some(0.5));
     assert_eq!(default_fidelity("gfpgan-1.4"), None);
 }
+
+/// The batch rewrite changes only what a batch-1 file declares, and refuses a file that declares
+/// no batch of 1 or has no such input.
+#[test]
+fn the_batch_rewrite_frees_only_a_declared_batch_of_one() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("models/standin");
+    let one = std::fs::read(root.join("ff-gpen-bfr-256.onnx")).unwrap();
+    let (plain, changed) = rebatch::symbolic(&one, "input", false).unwrap();
+    assert_eq!(changed, 0);
+    let (freed, changed) = rebatch::symbolic(&one, "input", true).unwrap();
+    assert_eq!(changed, 2, "both reshape shapes start with the batch");
+    for bytes in [&plain, &freed] {
+        let m = onnx_rs::parse(bytes).unwrap();
+        let g = m.graph.as_ref().unwrap();
+        for v in g.input.iter().chain(&g.output) {
+            let dims = v.tensor_shape().unwrap();
+            assert_eq!(dims.dim[0].value, onnx_rs::ast::Dimension::Param(rebatch::SYMBOL), "{}", v.name);
+        }
+        assert!(m.metadata_props.iter().any(|p| p.key == "gpen_video.batch"));
+    }
+    let dynamic = std::fs::read(root.join("identity-512.onnx")).unwrap();
+    let err = rebatch::symbolic(&dynamic, "input", false).unwrap_err().to_string();
+    assert!(err.contains("does not declare a batch of 1"), "{err}");
+    let err = rebatch::symbolic(&one, "image", false).unwrap_err().to_string();
+    assert!(err.contains("no input `image`"), "{err}");
+    assert!(rebatch::symbolic(b"not onnx at all", "input", false).is_err());
+}
+
+/// A user entry names an absolute file; two may share one (other templates), a registry's may not.
+#[test]
+fn user_entries_name_absolute_files() {
+    let entry = |name: &str, file: &str, source: &str| {
+        format!(
+            "[[model]]\nname = \"{name}\"\nkind = \"enhancer\"\nfile = \"{file}\"\nsource = \"{source}\"\nbatch = \"dynamic\"\ninput_size = 256\ntemplate = \"ffhq\"\nnormalisation = \"x\"\nmake = \"m\"\n"
+        )
+    };
+    let e = Registry::parse(&entry("a", "m.onnx", "user")).unwrap_err();
+    assert!(format!("{e:#}").contains("absolute path"), "{e:#}");
+    Registry::parse(&(entry("a", "/x/m.onnx", "user") + &entry("b", "/x/m.onnx", "user"))).unwrap();
+    let e = Registry::parse(&(entry("a", "m.onnx", "export") + &entry("b", "m.onnx", "export"))).unwrap_err();
+    assert!(format!("{e:#}").contains("used by another entry"), "{e:#}");
+}
