@@ -8,5 +8,15 @@ scripts/setup.sh
 source .deps/env.sh
 cargo build --release --locked
 mkdir -p out
-target/release/gpen-video samples/astronaut-1080p.mp4 out/astronaut-1080p-restored.mp4 "$@"
+# Without a restorer of one's own, the identity stand-in is named (gpen-video refuses to pick a
+# stand-in by itself), and said loudly: it changes nothing.
+model=()
+if [ ! -f models/GPEN-BFR-512.onnx ] && [ -z "${GPEN_VIDEO_MODEL:-}" ] && [[ " $* " != *" --model"* ]]; then
+  echo "note: no restorer here (models/GPEN-BFR-512.onnx): this run names the identity stand-in, which" \
+    "changes nothing; get GPEN-BFR-512 with \`target/release/gpen-video models fetch GPEN-BFR-512\`," \
+    "or pass --model NAME|PATH" >&2
+  model=(--model models/standin/identity-512.onnx)
+fi
+# The sample's output is this script's own: a rerun replaces it (-y).
+target/release/gpen-video samples/astronaut-1080p.mp4 out/astronaut-1080p-restored.mp4 -y "${model[@]}" "$@"
 echo "wrote out/astronaut-1080p-restored.mp4"

@@ -238,7 +238,9 @@ impl Settings {
         let model = match &o.model {
             Some(p) => p.clone(),
             None => defaults::MODELS.iter().find_map(|m| find_asset(m)).ok_or_else(|| {
-                anyhow!("no model given and none installed: run scripts/setup.sh, put GPEN-BFR-512.onnx in models/, or pass --model PATH")
+                anyhow!(
+                    "no restorer: models/GPEN-BFR-512.onnx is not here and no --model was given. Get one with `gpen-video models fetch GPEN-BFR-512`, record a file you have with `gpen-video models add PATH --name NAME`, build one from a checkpoint with models/gpen_export.py, or name a file with --model PATH (or GPEN_VIDEO_MODEL); the set-up's stand-ins (models/standin/, which restore nothing) run only when named"
+                )
             })?,
         };
         let detector = match &o.detector {

@@ -102,9 +102,9 @@ pub(crate) const CRF_VP9: u32 = 31;
 pub(crate) const PRESET: &str = "medium";
 /// `--quality` for JPEG and WebP outputs (1 to 100, higher is better).
 pub(crate) const QUALITY: u32 = 92;
-/// The default enhancer: the official GPEN-BFR-512 if the user put it in models/, else the
-/// set-up's identity stand-in.
-pub(crate) const MODELS: [&str; 2] = ["models/GPEN-BFR-512.onnx", "models/standin/identity-512.onnx"];
+/// The default restorer: the official GPEN-BFR-512 if the user put it in models/ (nothing else:
+/// a stand-in that restores nothing runs only when named).
+pub(crate) const MODELS: [&str; 1] = ["models/GPEN-BFR-512.onnx"];
 /// The CenterFace detector the set-up installs.
 pub(crate) const DETECTOR: &str = "models/centerface.onnx";
 /// The face mesh the set-up makes (MediaPipe's face landmark model as ONNX).

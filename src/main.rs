@@ -69,6 +69,12 @@ struct Cli {
     /// Start a long video afresh: drop the segments an earlier run of this OUT finished.
     #[arg(long, help_heading = "Long videos")]
     force: bool,
+    /// Replace OUT if it exists (by default an existing OUT is refused, and kept).
+    #[arg(short = 'y', long = "overwrite", help_heading = "Output", conflicts_with = "keep")]
+    overwrite: bool,
+    /// Never replace OUT: if it exists, say so and end at once with exit code 0.
+    #[arg(short = 'n', long = "no-overwrite", id = "keep", help_heading = "Output")]
+    keep: bool,
 }
 
 /// How long videos are cut.
@@ -270,10 +276,11 @@ struct BenchArgs {
 /// flag that changes the output, `config::Treatment`).
 #[derive(Args, Debug)]
 struct RunArgs {
-    /// Enhancer model: a registry name (see `gpen-video models list`) or an ONNX file with input
-    /// [N,3,S,S] in [-1,1] (GPEN-BFR). Default: models/GPEN-BFR-512.onnx if present, else the
-    /// set-up's stand-in (which restores nothing).
-    #[arg(long, value_name = "NAME|PATH", help_heading = "Model")]
+    /// Restorer: a name (`gpen-video models list`: the registry's and your own, `models add`) or
+    /// an ONNX file with input [N,3,S,S] in [-1,1] (GPEN-BFR, GFPGAN, RestoreFormer++, CodeFormer).
+    /// Default: models/GPEN-BFR-512.onnx; without it the run is refused (a stand-in that restores
+    /// nothing runs only when named here).
+    #[arg(long, value_name = "NAME|PATH", env = "GPEN_VIDEO_MODEL", help_heading = "Model")]
     model: Option<String>,
     /// Where the model runs: cpu, cpu:N (N CPU sessions), cuda:N, cuda:N,M or cuda:all. One
     /// enhancement worker per GPU; batches go to whichever is free.
@@ -302,9 +309,25 @@ struct RunArgs {
     mesh: Option<PathBuf>,
     #[command(flatten)]
     treatment: Treatment,
-    /// No progress bar.
+    /// Nothing on the terminal when all goes well: no progress bar, no summary, no information
+    /// lines (warnings and errors still show).
     #[arg(long, short, help_heading = "Output")]
     quiet: bool,
+    /// The whole summary when done: flicker and identity figures, each stage's threads, busy
+    /// share and core-ms per face, each worker's batches (by default one line).
+    #[arg(long, short = 'v', visible_alias = "verbose", help_heading = "Output")]
+    stats: bool,
+}
+
+impl RunArgs {
+    /// The log level when RUST_LOG does not set one: warnings only for --quiet.
+    fn log_filter(&self) -> &'static str {
+        if self.quiet {
+            "warn"
+        } else {
+            "gpen_video=info,warn"
+        }
+    }
 }
 
 fn parse_device(s: &str) -> Result<Device, String> {
@@ -346,10 +369,15 @@ fn main() -> ExitCode {
         libc::mallopt(libc::M_MMAP_THRESHOLD, gpen_video::defaults::MMAP_THRESHOLD as i32);
     }
     let cli = Cli::parse();
+    let level = match &cli.cmd {
+        None => cli.run.log_filter(),
+        Some(Cmd::Bench(b)) => b.run.log_filter(),
+        Some(Cmd::Batch(b)) => b.run.log_filter(),
+        Some(Cmd::Serve(s)) => s.run.log_filter(),
+        Some(Cmd::Models { .. }) => "gpen_video=info,warn",
+    };
     tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "gpen_video=info,warn".into()),
-        )
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| level.into()))
         .with_writer(|| gpen_video::console::LogWriter)
         .fmt_fields(gpen_video::console::log_fields())
         // Colour codes only for a terminal: a log file or a pipe gets plain text.
@@ -377,7 +405,21 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     let (Some(input), Some(output)) = (cli.input, cli.output) else {
         bail!("give IN and OUT (see --help)")
     };
-    let quiet = cli.run.quiet;
+    let (quiet, stats) = (cli.run.quiet, cli.run.stats);
+    if output.exists() {
+        if cli.keep {
+            if !quiet {
+                eprint_line(&format!("{} exists: kept as it is (-n)", output.display()));
+            }
+            return Ok(());
+        }
+        if !cli.overwrite {
+            bail!(
+                "{} exists: pass -y to replace it (or -n to keep it and end at once)",
+                output.display()
+            );
+        }
+    }
     let mut o = cli.run.options(input, output)?;
     o.faces_json = cli.faces_json;
     o.identity = cli.identity;
@@ -395,7 +437,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             &work,
             cli.jobs as usize,
             o.threads.is_some(),
-            quiet,
+            (quiet, stats),
             &interrupts,
         );
     }
@@ -416,19 +458,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         "starting"
     );
     let total = job.source.frames_to_run(job.treatment.max_frames);
-    let bar = if !quiet && std::io::stderr().is_terminal() {
-        let bar = ProgressBar::new(total.unwrap_or(0));
-        bar.set_style(
-            ProgressStyle::with_template(
-                "{spinner} [{elapsed_precise}] {wide_bar} {pos}/{len} frames  {per_sec}  ETA {eta}",
-            )
-            .expect("valid template"),
-        );
-        bar
-    } else {
-        ProgressBar::hidden()
-    };
-    let summary = pipeline::run(&mut engine, &job, &|n| bar.set_position(n));
+    let bar = progress_bar(total.unwrap_or(0), quiet);
+    let summary = pipeline::run(&mut engine, &job, &|p| show_progress(&bar, p, ""));
     if summary.is_ok() {
         hold_after_output();
     }
@@ -447,12 +478,59 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     }
     let summary = summary?;
     bar.finish_and_clear();
-    eprint_line(&format!("{}: {summary}", o.output.display()));
+    if stats {
+        eprint_line(&format!("{}: {summary}", o.output.display()));
+    } else if !quiet {
+        eprint_line(&format!("{}: {}", o.output.display(), summary.headline()));
+        if let Some(line) = summary.identity_line() {
+            eprint_line(&format!("  {line}"));
+        }
+    }
+    if summary.faces == 0 {
+        tracing::warn!(
+            "no face was found in {}: {} is the input re-encoded, unchanged (--det-threshold lower finds fainter faces)",
+            o.input.display(),
+            o.output.display()
+        );
+    }
     stale_segments_note(&o.output);
     if let Some(path) = &settings.stats_json {
-        gpen_video::output::write_atomic(path, (summary.to_json() + "\n").as_bytes())?;
+        write_stats(path, &summary.to_json())?;
     }
     Ok(())
+}
+
+/// Writes a run's statistics to PATH, or to standard output for `-`.
+fn write_stats(path: &std::path::Path, json: &str) -> anyhow::Result<()> {
+    if path.as_os_str() == "-" {
+        use std::io::Write as _;
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "{json}").and_then(|()| out.flush())?;
+        return Ok(());
+    }
+    gpen_video::output::write_atomic(path, (json.to_string() + "\n").as_bytes())
+}
+
+/// The progress bar of a run on a terminal (hidden for --quiet or when stderr is not one):
+/// frames against the total, the faces restored, frames a second and the time left.
+fn progress_bar(total: u64, quiet: bool) -> ProgressBar {
+    if quiet || !std::io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(total);
+    bar.set_style(
+        ProgressStyle::with_template("{spinner} [{elapsed_precise}] {wide_bar} {pos}/{len} frames  {msg}  ETA {eta}")
+            .expect("valid template"),
+    );
+    bar
+}
+
+/// Shows `p` on `bar`: faces restored and frames a second (one decimal), then `extra`.
+fn show_progress(bar: &ProgressBar, p: pipeline::Progress, extra: &str) {
+    bar.set_position(p.frames);
+    let secs = bar.elapsed().as_secs_f64();
+    let fps = if secs > 0.5 { p.frames as f64 / secs } else { 0.0 };
+    bar.set_message(format!("{} faces  {fps:.1} fps{extra}", p.faces));
 }
 
 /// Names the work folder an earlier segmented run of `output` left beside it (killed, or run
@@ -549,7 +627,7 @@ fn run_segmented(
     work: &gpen_video::segment::Work,
     jobs: usize,
     threads_given: bool,
-    quiet: bool,
+    (quiet, stats): (bool, bool),
     interrupts: &gpen_video::interrupt::Interrupts,
 ) -> anyhow::Result<()> {
     let total = work.segments().len();
@@ -561,18 +639,7 @@ fn run_segmented(
         jobs,
         "starting"
     );
-    let bar = if !quiet && std::io::stderr().is_terminal() {
-        let bar = ProgressBar::new(work.frames());
-        bar.set_style(
-            ProgressStyle::with_template(
-                "{spinner} [{elapsed_precise}] {wide_bar} {pos}/{len} frames  {msg}  {per_sec}  ETA {eta}",
-            )
-            .expect("valid template"),
-        );
-        bar
-    } else {
-        ProgressBar::hidden()
-    };
+    let bar = progress_bar(work.frames(), quiet);
     let all = |_: &gpen_video::segment::plan::Segment| true;
     let share = gpen_video::segment::Share {
         jobs,
@@ -582,9 +649,8 @@ fn run_segmented(
         // Ctrl-C cancels the segments in flight (the job's cancel token).
         stop: &|| false,
     };
-    let done = gpen_video::segment::run(settings, job, work, &share, &|frames, segs| {
-        bar.set_position(frames);
-        bar.set_message(format!("{segs}/{total} segments"));
+    let done = gpen_video::segment::run(settings, job, work, &share, &|p, segs| {
+        show_progress(&bar, p, &format!("  {segs}/{total} segments"));
     });
     if done.as_ref().is_ok_and(|d| d.joined.is_some()) {
         hold_after_output();
@@ -605,9 +671,15 @@ fn run_segmented(
         ))
     })?;
     bar.finish_and_clear();
-    eprint_line(&format!("{out}: {}", gpen_video::segment::describe(&done, total)));
+    if !quiet {
+        eprint_line(&format!("{out}: {}", gpen_video::segment::describe(&done, total)));
+    }
     for (record, summary) in &done.restored {
-        tracing::info!(segment = record.number + 1, "{summary}");
+        if stats {
+            eprint_line(&format!("segment {}: {summary}", record.number + 1));
+        } else {
+            tracing::info!(segment = record.number + 1, "{}", summary.headline());
+        }
     }
     if let Some(path) = &settings.stats_json {
         let segments: Vec<serde_json::Value> = done
@@ -631,7 +703,7 @@ fn run_segmented(
                 "frames": j.frames, "faces": j.faces, "warm_frames": j.warm_frames, "join_s": j.join.as_secs_f64(),
             })),
         });
-        gpen_video::output::write_atomic(path, (json.to_string() + "\n").as_bytes())?;
+        write_stats(path, &json.to_string())?;
     }
     if done.joined.is_none() && !done.joined_elsewhere {
         bail!("{out} not joined: other segments are not done (another process holds them)");
@@ -787,6 +859,7 @@ mod tests {
         ("hwaccel", None),
         ("detect_device", None),
         ("quiet", None),
+        ("stats", None),
     ];
 
     #[derive(Parser)]

@@ -410,12 +410,13 @@ pub(crate) fn peak_rss() -> Option<u64> {
     Some(kb * 1024)
 }
 
-impl fmt::Display for Summary {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+impl Summary {
+    /// The summary's first line: frames, faces, batches, time and rates (what a run prints by
+    /// default; `--stats` prints the whole [`Display`](fmt::Display)).
+    pub fn headline(&self) -> String {
         let wall = self.wall.as_secs_f64().max(1e-9);
         let per_frame = self.faces as f64 / self.frames.max(1) as f64;
-        writeln!(
-            f,
+        format!(
             "{} frames, {} faces ({per_frame:.2} per frame, {} frames with faces), {} batches, {wall:.2} s, {:.1} fps, {:.1} faces/s{}",
             self.frames,
             self.faces,
@@ -424,7 +425,34 @@ impl fmt::Display for Summary {
             self.fps(),
             self.faces_per_s(),
             self.peak_rss.map_or(String::new(), |b| format!(", peak memory {} MiB", b >> 20))
-        )?;
+        )
+    }
+}
+
+impl Summary {
+    /// How much identity each track kept, when it was measured (`--identity`).
+    pub fn identity_line(&self) -> Option<String> {
+        let worst = self.identity.iter().min_by(|a, b| a.median.total_cmp(&b.median))?;
+        let each: Vec<String> = self
+            .identity
+            .iter()
+            .map(|t| match t.track {
+                Some(n) => format!("track {n} {:.3}", t.median),
+                None => format!("pictures {:.3}", t.median),
+            })
+            .collect();
+        Some(format!(
+            "identity kept (cosine of the faces' descriptors before and after; 1 is unchanged): {}; worst {:.3}",
+            each.join(", "),
+            worst.median
+        ))
+    }
+}
+
+impl fmt::Display for Summary {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let wall = self.wall.as_secs_f64().max(1e-9);
+        writeln!(f, "{}", self.headline())?;
         if self.faces_not_finite() > 0 {
             writeln!(
                 f,
@@ -449,21 +477,8 @@ impl fmt::Display for Summary {
                 fl.input_rms(),
             )?;
         }
-        if let Some(worst) = self.identity.iter().min_by(|a, b| a.median.total_cmp(&b.median)) {
-            let each: Vec<String> = self
-                .identity
-                .iter()
-                .map(|t| match t.track {
-                    Some(n) => format!("track {n} {:.3}", t.median),
-                    None => format!("pictures {:.3}", t.median),
-                })
-                .collect();
-            writeln!(
-                f,
-                "  identity kept (cosine of the faces' descriptors before and after; 1 is unchanged): {}; worst {:.3}",
-                each.join(", "),
-                worst.median
-            )?;
+        if let Some(line) = self.identity_line() {
+            writeln!(f, "  {line}")?;
         }
         writeln!(
             f,

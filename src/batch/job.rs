@@ -416,8 +416,8 @@ fn run_clip(
             stop: &|| ctx.ints.requested(),
         };
         let total = work.segments().len();
-        let done = crate::segment::run(settings, &job_spec, &work, &share, &|frames, _| {
-            let _ = events.send(Event::Progress { job, frames });
+        let done = crate::segment::run(settings, &job_spec, &work, &share, &|p, _| {
+            let _ = events.send(Event::Progress { job, frames: p.frames });
         })
         .inspect_err(|_| *cached = None)?;
         let Some(joined) = &done.joined else {
@@ -438,8 +438,8 @@ fn run_clip(
         return Ok(Ran::Done(note, entry));
     }
     let engine = settings.engine_for(cached, &job_spec)?;
-    let run = crate::pipeline::run(engine, &job_spec, &|frames| {
-        let _ = events.send(Event::Progress { job, frames });
+    let run = crate::pipeline::run(engine, &job_spec, &|p| {
+        let _ = events.send(Event::Progress { job, frames: p.frames });
     });
     // A failed run may leave a session in a bad state: the next clip loads fresh ones.
     let summary = run.inspect_err(|_| *cached = None)?;

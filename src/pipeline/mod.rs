@@ -41,10 +41,17 @@ use crate::stats::Summary;
 pub(crate) use ctx::DEPTH;
 use wire::{joined, wire, Encoded, Middle};
 
+/// How far a run is: frames written and faces restored in them so far.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Progress {
+    pub frames: u64,
+    pub faces: u64,
+}
+
 /// Runs `job` on `engine` to completion, writing `job.output` (and its faces JSON). `progress`
-/// is called with the number of frames encoded so far. The engine stays usable for another
+/// is called with the frames written and faces restored so far. The engine stays usable for another
 /// job; on any error nothing is left under the output names.
-pub fn run(engine: &mut Engine, job: &Job, progress: &(dyn Fn(u64) + Sync)) -> Result<Summary> {
+pub fn run(engine: &mut Engine, job: &Job, progress: &(dyn Fn(Progress) + Sync)) -> Result<Summary> {
     let partial = Partial::beside(&job.output)?;
     match run_inner(engine, job, partial.path(), progress) {
         Ok((summary, faces)) => {
@@ -72,7 +79,7 @@ fn run_inner(
     engine: &mut Engine,
     job: &Job,
     partial: &std::path::Path,
-    progress: &(dyn Fn(u64) + Sync),
+    progress: &(dyn Fn(Progress) + Sync),
 ) -> Result<(Summary, Option<sink::FacesSink>)> {
     let start = Instant::now();
     let out_name = job.output.display().to_string();
@@ -141,7 +148,7 @@ pub(crate) fn run_segment(
     engine: &mut Engine,
     job: &Job,
     out: SegmentOut<'_>,
-    progress: &(dyn Fn(u64) + Sync),
+    progress: &(dyn Fn(Progress) + Sync),
 ) -> Result<SegmentDone> {
     let start = Instant::now();
     let out_src = output_source(job);
@@ -172,7 +179,7 @@ fn run_wired(
     (decoder, turn, max_frames): (Decoder, Option<stages::Turn>, Option<u64>),
     (encoder, faces_sink): (Writer, Option<sink::FacesSink>),
     start: Instant,
-    progress: &(dyn Fn(u64) + Sync),
+    progress: &(dyn Fn(Progress) + Sync),
 ) -> Result<(Summary, Option<sink::FacesSink>)> {
     let middle = Middle {
         treatment: job.treatment.clone(),

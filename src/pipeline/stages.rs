@@ -983,7 +983,7 @@ pub(crate) struct EncodeStat {
 
 /// Encodes frames in order into `encoder`'s file and records their faces in `faces`; frame
 /// buffers go back to `rgb_pool`, the paste's change buffers to `change_pool`. `progress` gets
-/// the number of frames written so far.
+/// the frames written and faces restored so far.
 #[allow(clippy::too_many_arguments)]
 pub fn encode(
     mut encoder: Writer,
@@ -992,7 +992,7 @@ pub fn encode(
     (rgb_pool, change_pool): (&Pool<Vec<u8>>, &Pool<Vec<f32>>),
     max_frames: Option<u64>,
     cancel: &CancelToken,
-    progress: &(dyn Fn(u64) + Sync),
+    progress: &(dyn Fn(super::Progress) + Sync),
     rx: Receiver<FaceFrame>,
 ) -> Result<EncodeStat> {
     let mut clock = Clock::new("encode", DEPTH);
@@ -1032,7 +1032,10 @@ pub fn encode(
         if let Some(sink) = &mut faces {
             sink.frame(frame.index, &jobs)?;
         }
-        progress(encoder.frames());
+        progress(super::Progress {
+            frames: encoder.frames(),
+            faces: n_faces,
+        });
         crate::media::color::give_back_rgb(&mut frame, rgb_pool);
         if let Picture::Planes { changes, .. } = &mut frame.picture {
             changes.drain(..).for_each(|c| change_pool.put(c.rgb));

@@ -18,6 +18,7 @@
 
 pub mod plan;
 
+use crate::pipeline::Progress;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -224,7 +225,7 @@ impl Work {
         engine: &mut Engine,
         job: &Job,
         seg: &Segment,
-        progress: &(dyn Fn(u64) + Sync),
+        progress: &(dyn Fn(Progress) + Sync),
     ) -> Result<(Record, Summary)> {
         let start = Instant::now();
         let n = seg.number;
@@ -532,14 +533,14 @@ pub struct Done {
 
 /// Restores the segments of `work` that `share` gives this process, `share.jobs` at a time
 /// (each job its own engine, GPUs shared out as batch does), then joins OUT if the set is
-/// whole. `progress` is called with the frames finished so far (segments done before
-/// included) and the segments done.
+/// whole. `progress` is called with the frames and faces finished so far (segments done
+/// before included) and the segments done.
 pub fn run(
     settings: &Settings,
     job: &Job,
     work: &Work,
     share: &Share<'_>,
-    progress: &(dyn Fn(u64, usize) + Sync),
+    progress: &(dyn Fn(Progress, usize) + Sync),
 ) -> Result<Done> {
     // Each segment's record read once: what is done before this run starts.
     let records: Vec<Option<Record>> = work.segments().iter().map(|s| work.record(s.number)).collect();
@@ -547,11 +548,13 @@ pub fn run(
     let pending: Vec<&Segment> = mine.iter().copied().filter(|s| records[s.number].is_none()).collect();
     let kept = mine.len() - pending.len();
     let frames_done = AtomicU64::new(records.iter().flatten().map(|r| r.frames).sum());
+    let faces_done = AtomicU64::new(records.iter().flatten().map(|r| r.faces).sum());
     let segs_done = AtomicU64::new(records.iter().flatten().count() as u64);
-    progress(
-        frames_done.load(Ordering::Relaxed),
-        segs_done.load(Ordering::Relaxed) as usize,
-    );
+    let so_far = || Progress {
+        frames: frames_done.load(Ordering::Relaxed),
+        faces: faces_done.load(Ordering::Relaxed),
+    };
+    progress(so_far(), segs_done.load(Ordering::Relaxed) as usize);
     let restored = Mutex::new(Vec::new());
     let failure: Mutex<Option<anyhow::Error>> = Mutex::new(None);
     let stop = std::sync::atomic::AtomicBool::new(false);
@@ -561,7 +564,7 @@ pub fn run(
             for js in &per_job {
                 let own_job = job.clone();
                 let (pending, restored, failure, stop) = (&pending, &restored, &failure, &stop);
-                let (frames_done, segs_done) = (&frames_done, &segs_done);
+                let (frames_done, faces_done, segs_done, so_far) = (&frames_done, &faces_done, &segs_done, &so_far);
                 s.spawn(move || {
                     let job = &own_job;
                     let mut engine: Option<Engine> = None;
@@ -581,17 +584,19 @@ pub fn run(
                                 return Ok(());
                             };
                             let engine = js.engine_for(&mut engine, job)?;
-                            let last = AtomicU64::new(0);
-                            let tick = |n: u64| {
-                                let before = last.swap(n, Ordering::Relaxed);
-                                let total = frames_done.fetch_add(n.saturating_sub(before), Ordering::Relaxed)
-                                    + n.saturating_sub(before);
-                                progress(total, segs_done.load(Ordering::Relaxed) as usize);
+                            let (last_frames, last_faces) = (AtomicU64::new(0), AtomicU64::new(0));
+                            let tick = |p: Progress| {
+                                let add = |total: &AtomicU64, last: &AtomicU64, n: u64| {
+                                    total.fetch_add(n.saturating_sub(last.swap(n, Ordering::Relaxed)), Ordering::Relaxed);
+                                };
+                                add(frames_done, &last_frames, p.frames);
+                                add(faces_done, &last_faces, p.faces);
+                                progress(so_far(), segs_done.load(Ordering::Relaxed) as usize);
                             };
                             let (record, summary) = work.restore(engine, job, seg, &tick)?;
                             drop(claim);
                             let segs = segs_done.fetch_add(1, Ordering::Relaxed) + 1;
-                            progress(frames_done.load(Ordering::Relaxed), segs as usize);
+                            progress(so_far(), segs as usize);
                             restored
                                 .lock()
                                 .unwrap_or_else(|e| e.into_inner())

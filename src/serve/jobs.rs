@@ -134,6 +134,9 @@ pub struct Record {
     pub started: Option<f64>,
     pub finished: Option<f64>,
     pub frames_done: u64,
+    /// Faces restored in the frames done (a finished job with none found no face).
+    #[serde(default)]
+    pub faces_done: u64,
     pub frames_total: Option<u64>,
     pub fps: Option<f64>,
     pub error: Option<String>,
@@ -1011,10 +1014,12 @@ impl Jobs {
             r.started = Some(now());
         });
         tracing::info!(job = %id, name = %rec.name, "job started");
-        let progress = |frames: u64| {
+        let progress = |p: crate::pipeline::Progress| {
+            let (frames, faces) = (p.frames, p.faces);
             let mut t = self.lock();
             if let Some(e) = t.get_mut(id) {
                 e.rec.frames_done = frames;
+                e.rec.faces_done = faces;
                 let secs = start.elapsed().as_secs_f64();
                 if secs > 0.5 {
                     e.rec.fps = Some(frames.saturating_sub(frames_before) as f64 / secs);
@@ -1070,7 +1075,12 @@ impl Jobs {
 
     /// Restores a job's input into its result: a film long enough in segments (resumed from
     /// those already done), anything else in one run.
-    fn restore(&self, rec: &Record, cancel: &CancelToken, progress: &(dyn Fn(u64) + Sync)) -> Result<()> {
+    fn restore(
+        &self,
+        rec: &Record,
+        cancel: &CancelToken,
+        progress: &(dyn Fn(crate::pipeline::Progress) + Sync),
+    ) -> Result<()> {
         let dir = self.dir_of(&rec.id);
         let mut settings = settings_of(&self.settings, &self.opts.faces, &rec.query)?;
         settings.stats_json = None;
@@ -1086,7 +1096,7 @@ impl Jobs {
                 wait: true,
                 stop: &stop,
             };
-            let done = crate::segment::run(&settings, &job, &work, &share, &|frames, _| progress(frames))?;
+            let done = crate::segment::run(&settings, &job, &work, &share, &|p, _| progress(p))?;
             tracing::info!(job = %rec.id, "{}", crate::segment::describe(&done, work.segments().len()));
             if done.joined.is_none() && !done.joined_elsewhere {
                 bail!("the film's segments were not joined");

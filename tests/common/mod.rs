@@ -34,13 +34,20 @@ pub fn gpen(args: &[&dyn AsRef<std::ffi::OsStr>]) -> Output {
 pub fn gpen_env(args: &[&dyn AsRef<std::ffi::OsStr>], env: &[(&str, &str)]) -> Output {
     let mut c = Command::new(env!("CARGO_BIN_EXE_gpen-video"));
     c.args(args.iter().map(|a| a.as_ref())).env("RUST_LOG", "warn");
-    // Runs and benchmarks without a progress bar (`models` has none).
-    if args.first().is_none_or(|a| a.as_ref() != "models") {
-        c.arg("--quiet");
+    let first = args.first().map(|a| a.as_ref().to_string_lossy().to_string());
+    // Runs and benchmarks without a progress bar and with the whole summary (`models` has
+    // neither); a run may replace its OUT (each test's outputs are its own).
+    if first.as_deref() != Some("models") {
+        c.args(["--quiet", "--stats"]);
+    }
+    if !matches!(first.as_deref(), Some("models" | "batch" | "serve" | "bench")) {
+        c.arg("-y");
     }
     c.env("ORT_DYLIB_PATH", asset(".deps/lib/libonnxruntime.so"));
     c.env("XDG_CONFIG_HOME", no_user_dirs())
         .env("XDG_DATA_HOME", no_user_dirs());
+    // The stand-in that changes nothing, named (a test that wants another passes --model).
+    c.env("GPEN_VIDEO_MODEL", asset("models/standin/identity-512.onnx"));
     c.envs(env.iter().copied());
     c.stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped());

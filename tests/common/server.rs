@@ -32,6 +32,7 @@ impl Server {
             .env("XDG_STATE_HOME", state.path())
             .env("XDG_CONFIG_HOME", super::no_user_dirs())
             .env("XDG_DATA_HOME", super::no_user_dirs())
+            .env("GPEN_VIDEO_MODEL", asset("models/standin/identity-512.onnx"))
             .envs(env.iter().copied())
             .env("ORT_DYLIB_PATH", asset(".deps/lib/libonnxruntime.so"))
             .env("RUST_LOG", "gpen_video=info")
