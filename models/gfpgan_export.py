@@ -59,7 +59,7 @@ OPSET = 17
 IR_VERSION = 8
 SQRT2 = math.sqrt(2.0)
 LRELU = gfpgan_arch.LRELU
-_Graph = gpen_export._Graph
+_Graph = gpen_export._Graph  # the same op-by-op graph writer as the GPEN exporter
 
 
 def _unsq(g: _Graph, x: str, name: str) -> str:
