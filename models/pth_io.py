@@ -270,10 +270,24 @@ class _PickleWriter:
 
 def _state_dict_pickle(state: dict, legacy: bool):
     w = _PickleWriter()
-    w.ordered_dict_empty()
+    blobs: list = []
+    _write_dict(w, state, blobs, legacy)
+    return w.end(), blobs
+
+
+def _write_dict(w: _PickleWriter, state: dict, blobs: list, legacy: bool) -> None:
+    """A dict of tensors as an OrderedDict (a state dict); a dict holding dicts (a wrapper such
+    as {"params_ema": state_dict}) as a plain dict, its dicts written the same way."""
+    if any(isinstance(v, dict) for v in state.values()):
+        w.b += b"}"  # EMPTY_DICT
+    else:
+        w.ordered_dict_empty()
     w.b += b"("  # MARK for SETITEMS
-    blobs = []
-    for i, (name, arr) in enumerate(state.items()):
+    for name, arr in state.items():
+        if isinstance(arr, dict):
+            w.str_(name)
+            _write_dict(w, arr, blobs, legacy)
+            continue
         arr = np.asarray(arr, order="C")
         dt = arr.dtype.newbyteorder("<")
         st = DTYPE_STORAGES.get(np.dtype(arr.dtype.newbyteorder("=")).str)
@@ -285,16 +299,16 @@ def _state_dict_pickle(state: dict, legacy: bool):
             stride.append(acc)
             acc *= max(n, 1)
         stride = tuple(reversed(stride))
-        key = str(i)
+        key = str(len(blobs))
         w.str_(name)
         w.tensor(key, st, int(arr.size), shape, stride, legacy)
         blobs.append((key, arr.astype(dt, copy=False).tobytes(), arr.dtype.itemsize))
     w.b += b"u"  # SETITEMS
-    return w.end(), blobs
 
 
 def save(state: dict, path, legacy: bool = False) -> None:
-    """torch.save(state_dict, path) for a flat dict of name -> numpy array."""
+    """torch.save(state_dict, path) for a flat dict of name -> numpy array, or for a dict of
+    such dicts (a wrapped checkpoint such as GFPGAN's {"params_ema": state_dict})."""
     data_pkl, blobs = _state_dict_pickle(state, legacy)
     if legacy:
         with open(path, "wb") as f:

@@ -27,6 +27,11 @@ mkdir -p samples/people
     face_recognition-1.3.0/tests/test_images/obama3.jpg face_recognition-1.3.0/tests/test_images/biden.jpg
 cargo fmt --all -- --check
 cargo clippy --release --locked --all-targets -- -D warnings
+# A small GFPGANv1Clean (the real structure at 512, random weights, batch declared 1) for the
+# Rust tests (models/gfpgan_export.py; about a second).
+[ -f models/gfpgan-512-narrow-random.onnx ] ||
+  .deps/venv/bin/python models/gfpgan_export.py --size 512 --narrow 0.03125 --batch1 \
+    --out models/gfpgan-512-narrow-random.onnx
 cargo test --release --locked
 # The service's page in Debian's chromium, headless, driven by Playwright (installs both).
 scripts/browser-test.sh
