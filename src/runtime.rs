@@ -125,6 +125,18 @@ pub fn cpu_session(path: &Path, threads: usize, what: &str) -> Result<Session> {
 /// Opens `path` on the options' target. A GPU provider that fails to register is an error that
 /// says what is missing; there is never a silent fallback to the CPU.
 pub fn session(path: &Path, o: &SessionOptions, what: &str) -> Result<Session> {
+    session_at(path, o, what, GraphOptimizationLevel::Level3)
+}
+
+/// [`session`] without the layout optimizations (level 2): a file's fixed shapes and the same
+/// graph with a symbolic batch then run the same kernels, so their results can be compared to
+/// the bit (at level 3 the fixed shapes get blocked-layout convolutions, which differ from the
+/// plain ones in the last bit).
+pub fn session_portable(path: &Path, o: &SessionOptions, what: &str) -> Result<Session> {
+    session_at(path, o, what, GraphOptimizationLevel::Level2)
+}
+
+fn session_at(path: &Path, o: &SessionOptions, what: &str, level: GraphOptimizationLevel) -> Result<Session> {
     let env = init()?;
     match std::fs::metadata(path) {
         Err(e) => bail!("cannot read {what} {}: {e}", path.display()),
@@ -133,7 +145,7 @@ pub fn session(path: &Path, o: &SessionOptions, what: &str) -> Result<Session> {
     }
     let mut b = Session::builder(env)
         .map_err(ort_err)?
-        .with_optimization_level(GraphOptimizationLevel::Level3)
+        .with_optimization_level(level)
         .map_err(ort_err)?
         .with_intra_threads(o.threads.max(1))
         .map_err(ort_err)?

@@ -200,3 +200,51 @@ fn a_changed_file_is_refused_and_remove_leaves_the_users_file() {
         "{err}"
     );
 }
+
+/// A real architecture: GFPGAN v1.3/1.4's (GFPGANv1Clean, models/gfpgan_export.py; a narrow
+/// network with random weights, its batch declared 1 as facefusion's files declare it) gets a
+/// checked copy with a symbolic batch, and restores a video with the same pixels at batch 4 as
+/// one face per call, and a still.
+#[test]
+fn a_real_gfpgan_export_declared_batch_one_runs_batched_with_the_same_pixels() {
+    let (user, dir) = (User::new(), tempfile::tempdir().unwrap());
+    let file = asset("models/gfpgan-512-narrow-random.onnx");
+    let (said, _) = user.ok(&[&"models", &"add", &file, &"--name", &"gfpgan-1.4"]);
+    assert!(said.contains("symbolic batch"), "{said}");
+    let input = asset("samples/test/group.mkv");
+    let run = |batch: &str| {
+        let out = dir.path().join(format!("b{batch}.mkv"));
+        let (_, err) = user.ok(&[
+            &input,
+            &out,
+            &"--model",
+            &"gfpgan-1.4",
+            &"--batch",
+            &batch,
+            &"--frames",
+            &"12",
+        ]);
+        (frames(&out), batches(&err))
+    };
+    let ((one, calls_one), (four, calls_four)) = (run("1"), run("4"));
+    assert!(
+        calls_one >= 3 * calls_four,
+        "{calls_one} calls one by one, {calls_four} in fours"
+    );
+    assert_eq!(one, four, "the same pixels at batch 4 as one face per call");
+    let plain = dir.path().join("plain.mkv");
+    user.ok(&[
+        &input,
+        &plain,
+        &"--model",
+        &asset("models/standin/identity-512.onnx"),
+        &"--frames",
+        &"12",
+    ]);
+    assert_ne!(frames(&plain), four, "GFPGAN changed the faces");
+    let still = dir.path().join("portrait.png");
+    ffmpeg(&["-i", arg(&asset("samples/astronaut.png")), arg(&still)]);
+    let out = dir.path().join("restored.png");
+    user.ok(&[&still, &out, &"--model", &"gfpgan-1.4"]);
+    assert!(out.is_file());
+}

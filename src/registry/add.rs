@@ -144,7 +144,7 @@ pub fn add(a: &AddArgs) -> Result<(Entry, String)> {
                 Ok(copy) => {
                     let _ = writeln!(
                         said,
-                        "its batch is fixed at 1: wrote {} with a symbolic batch (checked: a batch of {} gives, to the bit, what {} single calls give)",
+                        "its batch is fixed at 1: wrote {} with a symbolic batch (checked to the bit: its single calls give the file's results, and a batch of {} what {} single calls give)",
                         copy.display(),
                         rebatch::CHECK_BATCH,
                         rebatch::CHECK_BATCH

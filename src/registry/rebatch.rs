@@ -1,7 +1,7 @@
 //! A batch-1 model made to take batches: in, an ONNX file whose declared image input and outputs
 //! fix the batch at 1; out, the bytes of a copy whose batch dimension is a symbol, and the check
-//! that the copy, given four crops in one call, gives to the bit what the file gives them one by
-//! one. Many published restorers declare batch 1 although nothing in their graph depends on it;
+//! that the copy computes what the file computes and that, given four crops in one call, it gives
+//! to the bit what it gives them one by one. Many published restorers declare batch 1 although nothing in their graph depends on it;
 //! the copy lets the pipeline gather crops into batches on a GPU as it does for its own exports.
 //!
 //! Two tries, each checked: the declared shapes alone (the image input's first dimension, and
@@ -137,38 +137,64 @@ fn outputs_of(e: &mut Enhancer, crops: &[&[u8]]) -> Result<Vec<Vec<u32>>> {
     Ok(out)
 }
 
-/// A model on the CPU, as the pipeline loads it.
-fn load(path: &Path, threads: usize, fidelity: f32) -> Result<Enhancer> {
-    let session = crate::runtime::session(path, &SessionOptions::cpu(threads), "model")?;
+/// A model on the CPU, as the pipeline loads it (`portable`: without the layout optimizations,
+/// see `runtime::session_portable`).
+fn load(path: &Path, threads: usize, fidelity: f32, portable: bool) -> Result<Enhancer> {
+    let o = SessionOptions::cpu(threads);
+    let session = if portable {
+        crate::runtime::session_portable(path, &o, "model")?
+    } else {
+        crate::runtime::session(path, &o, "model")?
+    };
     let mut e = Enhancer::for_target(session, &Target::Cpu(0))?;
     e.set_fidelity(fidelity);
     Ok(e)
 }
 
-/// Checks that `copy` run on [`CHECK_BATCH`] crops in one call gives, to the bit, what
-/// `original` gives them one call each (on the CPU, at `fidelity` for a model with a weight).
-pub fn check(original: &Path, copy: &Path, threads: usize, fidelity: f32) -> Result<()> {
-    let mut one = load(original, threads, fidelity)?;
-    let mut many = load(copy, threads, fidelity).context("the copy does not load")?;
-    if many.info.fixed_batch.is_some() {
-        bail!("the copy still declares a fixed batch");
-    }
-    many.set_batch(CHECK_BATCH);
-    let crops = check_crops(one.info.size);
-    let mut singles = Vec::new();
-    for c in &crops {
-        singles.extend(outputs_of(&mut one, &[c])?);
-    }
-    let refs: Vec<&[u8]> = crops.iter().map(Vec::as_slice).collect();
-    let batched = outputs_of(&mut many, &refs).context("a batch of four fails to run")?;
-    for (i, (a, b)) in singles.iter().zip(&batched).enumerate() {
-        let differ = a.iter().zip(b).filter(|(x, y)| x != y).count();
-        if differ > 0 || a.len() != b.len() {
-            bail!(
-                "crop {i} of a batch of {CHECK_BATCH} differs from its single call in {differ} of {} values",
-                a.len()
-            );
+/// Where two lists of outputs differ: `Err` names the first crop that does and by how much.
+fn same(a: &[Vec<u32>], b: &[Vec<u32>], what: &str) -> Result<()> {
+    for (i, (x, y)) in a.iter().zip(b).enumerate() {
+        let differ = x.iter().zip(y).filter(|(p, q)| p != q).count();
+        if differ > 0 || x.len() != y.len() {
+            bail!("crop {i} {what} in {differ} of {} values", x.len());
         }
     }
     Ok(())
+}
+
+/// Checks `copy` against `original` (on the CPU, at `fidelity` for a model with a weight), to
+/// the bit, on [`CHECK_BATCH`] crops: the copy's single calls give what the file's give (both
+/// without the layout optimizations, which pick other kernels for a file's fixed shapes than for
+/// a symbolic batch), and the copy's one call on all of them gives what its single calls give
+/// (as the pipeline runs it).
+pub fn check(original: &Path, copy: &Path, threads: usize, fidelity: f32) -> Result<()> {
+    let mut file = load(original, threads, fidelity, true)?;
+    let crops = check_crops(file.info.size);
+    let singles = |e: &mut Enhancer| -> Result<Vec<Vec<u32>>> {
+        let mut all = Vec::new();
+        for c in &crops {
+            all.extend(outputs_of(e, &[c])?);
+        }
+        Ok(all)
+    };
+    let want = singles(&mut file)?;
+    let mut same_kernels = load(copy, threads, fidelity, true).context("the copy does not load")?;
+    same(
+        &want,
+        &singles(&mut same_kernels)?,
+        "of the copy differs from the file's",
+    )?;
+    let mut many = load(copy, threads, fidelity, false)?;
+    if many.info.fixed_batch.is_some() {
+        bail!("the copy still declares a fixed batch");
+    }
+    let one_by_one = singles(&mut many)?;
+    many.set_batch(CHECK_BATCH);
+    let refs: Vec<&[u8]> = crops.iter().map(Vec::as_slice).collect();
+    let batched = outputs_of(&mut many, &refs).context("a batch of four fails to run")?;
+    same(
+        &one_by_one,
+        &batched,
+        &format!("of a batch of {CHECK_BATCH} differs from its single call"),
+    )
 }

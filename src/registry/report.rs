@@ -86,7 +86,7 @@ pub fn list_table() -> Result<String> {
     }
     out.push_str(
         "\nSIZE: published file size (? = unknown). SHA256: whether a checksum is on record. \
-         SOURCE: download = `gpen-video models fetch NAME`; export = built by models/gpen_export.py; \
+         SOURCE: download = `gpen-video models fetch NAME`; export = built here by models/gpen_export.py or models/gfpgan_export.py (the entry's make); \
          setup = made by scripts/setup.sh; yours = recorded by `gpen-video models add PATH --name NAME`.\n",
     );
     if let Ok(f) = super::user::file() {

@@ -183,7 +183,12 @@ fn the_batch_rewrite_frees_only_a_declared_batch_of_one() {
         let g = m.graph.as_ref().unwrap();
         for v in g.input.iter().chain(&g.output) {
             let dims = v.tensor_shape().unwrap();
-            assert_eq!(dims.dim[0].value, onnx_rs::ast::Dimension::Param(rebatch::SYMBOL), "{}", v.name);
+            assert_eq!(
+                dims.dim[0].value,
+                onnx_rs::ast::Dimension::Param(rebatch::SYMBOL),
+                "{}",
+                v.name
+            );
         }
         assert!(m.metadata_props.iter().any(|p| p.key == "gpen_video.batch"));
     }

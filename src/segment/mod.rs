@@ -587,7 +587,10 @@ pub fn run(
                             let (last_frames, last_faces) = (AtomicU64::new(0), AtomicU64::new(0));
                             let tick = |p: Progress| {
                                 let add = |total: &AtomicU64, last: &AtomicU64, n: u64| {
-                                    total.fetch_add(n.saturating_sub(last.swap(n, Ordering::Relaxed)), Ordering::Relaxed);
+                                    total.fetch_add(
+                                        n.saturating_sub(last.swap(n, Ordering::Relaxed)),
+                                        Ordering::Relaxed,
+                                    );
                                 };
                                 add(frames_done, &last_frames, p.frames);
                                 add(faces_done, &last_faces, p.faces);
