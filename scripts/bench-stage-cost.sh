@@ -22,6 +22,7 @@ for i in $(seq "$pairs"); do
   for side in A B; do
     bin=$new; read -ra extra <<< "${A_FLAGS:-}"
     [ "$side" = B ] && bin=$base && read -ra extra <<< "${BASE_FLAGS:-}"
+    rm -f "$tmp/out.mkv"  # (an existing OUT is refused; older builds have no -y)
     "$bin" "$src" "$tmp/out.mkv" -q --stats-json "$tmp/$side-$i.json" "$@" "${extra[@]}" >/dev/null 2>&1
   done
 done

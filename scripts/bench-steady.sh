@@ -38,6 +38,7 @@ EOF
 
 echo "== landmark jitter, still noisy 1080p clip"
 for smooth in 0 6; do
+  rm -f "$work/o.mp4"
   "$bin" "$work/still.mp4" "$work/o.mp4" -q --model "$model" --smooth "$smooth" --faces-json "$work/f.json" 2>/dev/null
   echo "--smooth $smooth: $(jitter "$work/f.json")"
 done
@@ -48,6 +49,7 @@ declare -A fps
 for r in $(seq "$repeats"); do
   for c in "${configs[@]}"; do
     # shellcheck disable=SC2086
+    rm -f "$work/b.mp4"
     "$bin" samples/astronaut-1080p.mp4 "$work/b.mp4" -q --model "$model" --frames 120 $c \
       --stats-json "$work/s.json" 2>/dev/null
     v=$(python3 -c "import json,sys; s=json.load(open(sys.argv[1])); print(s['frames']/s['wall_s'])" "$work/s.json")

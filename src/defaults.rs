@@ -122,7 +122,9 @@ pub(crate) const POOL_THREADS_MAX: usize = 16;
 pub const MMAP_THRESHOLD: usize = 4 << 20;
 
 /// `bench`: counted runs per source, after one warm-up run.
-pub const BENCH_REPEAT: usize = 3;
+pub const BENCH_REPEAT: usize = 2;
+/// `bench`: frames a run restores when `--frames` is not given (10 s of the 25 fps samples).
+pub const BENCH_FRAMES: u64 = 250;
 /// `bench`: the sources timed when none are given (the set-up makes them).
 pub const BENCH_SOURCES: [&str; 2] = ["samples/astronaut-1080p.mp4", "samples/group-1080p.mp4"];
 

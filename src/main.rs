@@ -110,9 +110,11 @@ enum Cmd {
     /// in flight; twice: stop).
     #[command(allow_negative_numbers = true)]
     Batch(BatchArgs),
-    /// Restore photos over HTTP: POST an image to /v1/restore and get it back restored (in its
-    /// own format, or ?format=png|jpg|webp|tiff|bmp; ?blend=0..1, ?compare=side|split, ?json=1 for
-    /// a JSON record of faces and timings). One engine is loaded at start; the faces of
+    /// Restore photos and videos over HTTP, with a page to use it from a browser: open
+    /// http://ADDRESS/ (the address it prints) to drop files, watch them restore, compare and
+    /// download. POST an image to /v1/restore and get it back restored (in its own format, or
+    /// ?format=png|jpg|webp|tiff|bmp; ?blend=0..1, ?compare=side|split, ?json=1 for a JSON record
+    /// of faces and timings); POST a video to /v1/jobs for a job restored in the background. One engine is loaded at start; the faces of
     /// concurrent requests fill the model's batches. GET /healthz (200 once the model is loaded)
     /// and GET /metrics (Prometheus). SIGTERM or Ctrl-C: stop accepting, answer the requests in
     /// flight, exit 0.
@@ -244,7 +246,8 @@ struct BenchArgs {
     /// Videos to run (default: the 1080p samples the set-up makes).
     #[arg(value_name = "SOURCES")]
     sources: Vec<PathBuf>,
-    /// Counted runs per source, after one warm-up run.
+    /// Counted runs per source, after one warm-up run. Each run restores --frames frames
+    /// (default 250: 10 s of the samples); a line is printed as each finishes.
     #[arg(long, default_value_t = defaults::BENCH_REPEAT, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1000))]
     repeat: usize,
     /// What to time: all (pipeline, enhance-only ceiling and feeder), pipeline, enhance, or
@@ -735,6 +738,7 @@ fn run_bench(b: BenchArgs) -> anyhow::Result<()> {
         b.sources
     };
     let json = b.json;
+    let quiet = b.run.quiet;
     let interrupts = gpen_video::interrupt::install()?;
     let settings = Settings::resolve(&b.run.options(PathBuf::new(), PathBuf::new())?)?;
     if let Some(path) = &json {
@@ -748,14 +752,25 @@ fn run_bench(b: BenchArgs) -> anyhow::Result<()> {
             .concat(),
         )?;
     }
+    let mut settings = settings;
+    if settings.recipe.treatment.max_frames.is_none() {
+        let mut t = (*settings.recipe.treatment).clone();
+        t.max_frames = Some(defaults::BENCH_FRAMES);
+        settings.recipe.treatment = std::sync::Arc::new(t);
+    }
     let opts = BenchOptions {
         sources,
         repeat: b.repeat,
         stage: b.stage,
         settings,
         cancel: CancelToken::from_flag(interrupts.soft.clone()),
+        bar: !quiet && std::io::stderr().is_terminal(),
     };
-    let report = bench::run(&opts, &|line| eprint_line(line))?;
+    let report = bench::run(&opts, &|line| {
+        if !quiet {
+            eprint_line(line)
+        }
+    })?;
     print_text(&report.table());
     if let Some(path) = json {
         gpen_video::output::write_atomic(&path, report.to_json().as_bytes())?;

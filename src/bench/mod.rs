@@ -41,6 +41,30 @@ pub struct BenchOptions {
     pub settings: Settings,
     /// Stops the benchmark (Ctrl-C).
     pub cancel: CancelToken,
+    /// A progress bar for each run (on a terminal, without --quiet).
+    pub bar: bool,
+}
+
+/// One pipeline run of a benchmark, with a progress bar named `label` when `bar`.
+fn timed(engine: &mut Engine, job: &Job, bar: bool, label: &str) -> Result<Summary> {
+    let total = job.source.frames_to_run(job.treatment.max_frames).unwrap_or(0);
+    let pb = if bar {
+        let pb = indicatif::ProgressBar::new(total);
+        pb.set_style(
+            indicatif::ProgressStyle::with_template("{spinner} {prefix} {wide_bar} {pos}/{len} frames  {msg}")
+                .expect("valid template"),
+        );
+        pb.set_prefix(label.to_string());
+        pb
+    } else {
+        indicatif::ProgressBar::hidden()
+    };
+    let r = pipeline::run(engine, job, &|p| {
+        pb.set_position(p.frames);
+        pb.set_message(format!("{} faces", p.faces));
+    });
+    pb.finish_and_clear();
+    r
 }
 
 /// How long each enhance-only run lasts at least.
@@ -212,7 +236,14 @@ fn bench_source(o: &BenchOptions, src: &Path, tmp: &Path, report: &mut BenchRepo
     // batches.
     if with_pipeline {
         let warm_up = job.with_treatment(|t| t.max_frames = Some((4 * batch * engine.workers.len()).max(8) as u64));
-        pipeline::run(&mut engine, &warm_up, &|_| ())?;
+        log(&format!(
+            "{name}: warm-up, then {} counted run(s) of {} frames",
+            o.repeat.max(1),
+            job.source
+                .frames_to_run(job.treatment.max_frames)
+                .map_or("all".into(), |n| n.to_string())
+        ));
+        timed(&mut engine, &warm_up, o.bar, &format!("{name} warm-up"))?;
     }
     if with_ceiling {
         ceiling(&mut engine, &crops, 4, CEILING_TIME)?;
@@ -222,7 +253,7 @@ fn bench_source(o: &BenchOptions, src: &Path, tmp: &Path, report: &mut BenchRepo
     let (mut runs, mut rates, mut ms, mut ratios) = (Vec::<Summary>::new(), Vec::new(), Vec::new(), Vec::new());
     for i in 1..=o.repeat.max(1) {
         if with_pipeline {
-            let s = pipeline::run(&mut engine, &job, &|_| ())?;
+            let s = timed(&mut engine, &job, o.bar, &format!("{name} run {i}/{}", o.repeat.max(1)))?;
             log(&format!(
                 "{name}: run {i}: {:.2} fps, {:.2} faces/s",
                 s.fps(),
@@ -271,7 +302,7 @@ fn bench_source(o: &BenchOptions, src: &Path, tmp: &Path, report: &mut BenchRepo
         });
     }
     if matches!(o.stage, Stage::All | Stage::Feeder) {
-        let feeder = feed(&mut engine, &job, o.repeat.max(1), &name, log)?;
+        let feeder = feed(&mut engine, &job, (o.repeat.max(1), o.bar), &name, log)?;
         report.feeder.push(Feeder {
             model_faces_per_s: model_ceiling,
             cores: o.settings.cores(),
@@ -325,7 +356,13 @@ fn process_cpu() -> Duration {
 
 /// Times the pipeline with the model skipped (see [`Feeder`]), `repeat` runs at the job's
 /// encoder settings and as many with the fastest preset, in turn.
-fn feed(engine: &mut Engine, job: &Job, repeat: usize, name: &str, log: &dyn Fn(&str)) -> Result<Feeder> {
+fn feed(
+    engine: &mut Engine,
+    job: &Job,
+    (repeat, bar): (usize, bool),
+    name: &str,
+    log: &dyn Fn(&str),
+) -> Result<Feeder> {
     let fast = job.with_treatment(|t| t.encode.preset = Some("ultrafast".into()));
     for w in &mut engine.workers {
         w.skip_model = true;
@@ -335,7 +372,7 @@ fn feed(engine: &mut Engine, job: &Job, repeat: usize, name: &str, log: &dyn Fn(
         for i in 1..=repeat {
             for (j, out) in [(job, &mut runs), (&fast, &mut fast_runs)] {
                 let c = process_cpu();
-                let s = pipeline::run(engine, j, &|_| ())?;
+                let s = timed(engine, j, bar, &format!("{name} without the model {i}/{repeat}"))?;
                 let cpu = process_cpu().saturating_sub(c);
                 out.push((s, cpu));
             }

@@ -366,6 +366,14 @@ pub fn run(settings: Settings, opts: ServeOptions, ints: &Interrupts) -> Result<
     crate::console::eprint!(
         "gpen-video serve: listening on http://{local} (POST /v1/restore, /v1/jobs, GET /healthz, GET /metrics)"
     );
+    crate::console::eprint!(
+        "gpen-video serve: the page: open http://{local}/{} in a browser",
+        if opts.token.is_some() {
+            "?token=TOKEN (your --token)"
+        } else {
+            ""
+        }
+    );
     let router = Router::new()
         .route("/v1/restore", post(restore))
         .route("/v1/jobs", post(job_api::create).get(job_api::list))
