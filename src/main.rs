@@ -818,7 +818,8 @@ fn run_batch(b: BatchArgs) -> ExitCode {
             report: b.report,
             shard: b.shard,
             shard_count: b.shard_count,
-            quiet: b.run.quiet,
+            // --quiet: only what went wrong is said; with --stats, every clip's line too.
+            quiet: b.run.quiet && !b.run.stats,
             segment: b.segment.seconds,
             base: b.run.options(PathBuf::new(), PathBuf::new())?,
         };

@@ -76,7 +76,8 @@ fn names_that_spell_protocols_are_read_as_the_files_they_name() {
     // Relative, as a user types it, from the folder that holds both.
     let r = std::process::Command::new(env!("CARGO_BIN_EXE_gpen-video"))
         .current_dir(d)
-        .args(["concat:other.mp4", "out.mp4", "--quiet"])
+        .args(["concat:other.mp4", "out.mp4", "--quiet", "--model"])
+        .arg(asset("models/standin/identity-512.onnx"))
         .env("ORT_DYLIB_PATH", asset(".deps/lib/libonnxruntime.so"))
         .env("RUST_LOG", "warn")
         .output()
@@ -94,7 +95,13 @@ fn names_that_spell_protocols_are_read_as_the_files_they_name() {
     clip(&sub.join("x.mp4"), "320x240", 10);
     let r = std::process::Command::new(env!("CARGO_BIN_EXE_gpen-video"))
         .current_dir(d)
-        .args([&format!("http:/127.0.0.1:{port}/x.mp4"), "out2.mp4", "--quiet"])
+        .args([
+            &format!("http:/127.0.0.1:{port}/x.mp4"),
+            "out2.mp4",
+            "--quiet",
+            "--model",
+        ])
+        .arg(asset("models/standin/identity-512.onnx"))
         .env("ORT_DYLIB_PATH", asset(".deps/lib/libonnxruntime.so"))
         .env("RUST_LOG", "warn")
         .output()

@@ -349,7 +349,7 @@ fn without_the_mesh_file_the_run_falls_back_and_says_so() {
         .current_dir(d)
         .arg(asset("samples/test/astronaut.mp4"))
         .arg(&out)
-        .args(["--quiet", "--frames", "5", "--model"])
+        .args(["--frames", "5", "--model"])
         .arg(asset("models/standin/negate-256.onnx"))
         .arg("--detector")
         .arg(asset("models/centerface.onnx"))

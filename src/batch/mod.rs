@@ -63,7 +63,7 @@ pub struct BatchOptions {
     pub shard: Option<String>,
     /// Number of shards for `--shard auto` when the environment does not say.
     pub shard_count: Option<usize>,
-    /// No progress bars.
+    /// No progress bars, and only failures and stops said.
     pub quiet: bool,
     /// Length of a long video's segments in seconds (0: never cut). With a shard, the segments
     /// of a long video are shared out to every shard, and the one that finishes the last joins.
@@ -104,7 +104,9 @@ pub fn run(o: &BatchOptions, ints: &Interrupts) -> Result<Report> {
     let (todo, long) = select(o, shard, scan.clips, &all, &settings_hash, &mut report);
     let per_job = base.per_job(o.jobs, todo.len(), o.base.threads.is_some());
     report.jobs = per_job.len();
-    say_plan(&report, shard, todo.len(), per_job.len());
+    if !o.quiet {
+        say_plan(&report, shard, todo.len(), per_job.len());
+    }
 
     let visible = !o.quiet && std::io::stderr().is_terminal();
     let mut view = View::new(visible, &todo, o, &base);
@@ -459,6 +461,8 @@ struct View {
     overall: ProgressBar,
     jobs: Vec<JobBar>,
     visible: bool,
+    /// Only failures and stops are said (--quiet).
+    quiet: bool,
     /// Frames of the clips finished so far (done ones count, failed ones do not).
     done_frames: u64,
 }
@@ -489,6 +493,7 @@ impl View {
             overall,
             jobs: Vec::new(),
             visible,
+            quiet: o.quiet,
             done_frames: 0,
         }
     }
@@ -504,7 +509,11 @@ impl View {
         });
     }
 
+    /// A line on what happened: with --quiet only failures and stops (what went wrong) show.
     fn log(&self, line: String) {
+        if self.quiet && !(line.starts_with("failed") || line.starts_with("stop")) {
+            return;
+        }
         if self.visible {
             let _ = self.mp.println(crate::console::escape_controls(&line));
         } else {

@@ -30,24 +30,36 @@ pub fn gpen(args: &[&dyn AsRef<std::ffi::OsStr>]) -> Output {
 }
 
 /// Runs the binary with extra environment, killing it (and failing) if it runs past 5 minutes:
-/// a hang is a failure, not a stuck CI job.
+/// a hang is a failure, not a stuck CI job. Runs and benchmarks get `--quiet --stats` (no
+/// progress bar, the whole summary; `models` has neither), a run `-y` (each test's outputs are
+/// its own), and GPEN_VIDEO_MODEL names the identity stand-in (a test that wants another passes
+/// --model).
 pub fn gpen_env(args: &[&dyn AsRef<std::ffi::OsStr>], env: &[(&str, &str)]) -> Output {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_gpen-video"));
-    c.args(args.iter().map(|a| a.as_ref())).env("RUST_LOG", "warn");
     let first = args.first().map(|a| a.as_ref().to_string_lossy().to_string());
-    // Runs and benchmarks without a progress bar and with the whole summary (`models` has
-    // neither); a run may replace its OUT (each test's outputs are its own).
+    let mut all: Vec<&dyn AsRef<std::ffi::OsStr>> = args.to_vec();
     if first.as_deref() != Some("models") {
-        c.args(["--quiet", "--stats"]);
+        all.extend([&"--quiet" as &dyn AsRef<std::ffi::OsStr>, &"--stats"]);
     }
     if !matches!(first.as_deref(), Some("models" | "batch" | "serve" | "bench")) {
-        c.arg("-y");
+        all.push(&"-y");
     }
+    let model = asset("models/standin/identity-512.onnx");
+    let model = model.to_str().unwrap();
+    let mut with: Vec<(&str, &str)> = vec![("RUST_LOG", "warn"), ("GPEN_VIDEO_MODEL", model)];
+    with.extend_from_slice(env);
+    gpen_plain(&all, &with)
+}
+
+/// Runs the binary with these arguments and environment only (besides ONNX Runtime's library
+/// and empty XDG folders; no RUST_LOG or GPEN_VIDEO_MODEL from the caller's environment), as a
+/// user's shell would, with the 5-minute limit of [`gpen_env`].
+pub fn gpen_plain(args: &[&dyn AsRef<std::ffi::OsStr>], env: &[(&str, &str)]) -> Output {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_gpen-video"));
+    c.args(args.iter().map(|a| a.as_ref()));
+    c.env_remove("RUST_LOG").env_remove("GPEN_VIDEO_MODEL");
     c.env("ORT_DYLIB_PATH", asset(".deps/lib/libonnxruntime.so"));
     c.env("XDG_CONFIG_HOME", no_user_dirs())
         .env("XDG_DATA_HOME", no_user_dirs());
-    // The stand-in that changes nothing, named (a test that wants another passes --model).
-    c.env("GPEN_VIDEO_MODEL", asset("models/standin/identity-512.onnx"));
     c.envs(env.iter().copied());
     c.stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped());
