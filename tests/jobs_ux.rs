@@ -213,3 +213,31 @@ fn a_job_counts_the_faces_it_found() {
     assert!(v["faces_done"].as_u64().unwrap() > 0, "{v}");
     assert_eq!(server.stop(), Some(0));
 }
+
+/// A job that fails (a clip cut off after its header) says why in the upload's own name: never
+/// the folder the service keeps jobs in, nor the files it names inside it.
+#[test]
+fn a_failed_jobs_error_names_no_server_path() {
+    let dir = tempfile::tempdir().unwrap();
+    // Its index first (faststart), so it is taken, and its media cut off after 60%.
+    let whole = dir.path().join("whole.mp4");
+    let moving = moving_portrait(dir.path(), 4);
+    ffmpeg(&["-i", arg(&moving), "-c", "copy", "-movflags", "+faststart", arg(&whole)]);
+    let bytes = std::fs::read(&whole).unwrap();
+    let cut = dir.path().join("holiday.mp4");
+    std::fs::write(&cut, &bytes[..bytes.len() * 6 / 10]).unwrap();
+    let server = start(dir.path(), &[]);
+    let id = post(&server, &cut, &[]);
+    let v = wait_for(&server, &id, &["done", "failed"], 60);
+    let error = v["error"].as_str().unwrap_or_default().to_string();
+    assert_eq!(v["state"], "failed", "{v}");
+    let jobs = dir.path().join("jobs");
+    for leak in [arg(&jobs), arg(dir.path()), "input.mp4", "result.mp4", &id] {
+        assert!(!error.contains(leak), "the error shows {leak:?}: {error}");
+    }
+    assert!(
+        error.contains("holiday.mp4"),
+        "the error does not name the upload: {error}"
+    );
+    assert_eq!(server.stop(), Some(0));
+}
