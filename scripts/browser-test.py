@@ -5,8 +5,12 @@ Starts `gpen-video serve` on a loopback port (a jobs folder of its own), opens t
 a photo and a short clip at once, waits until both items are `done`, downloads both through
 their links, and checks: the photo's bytes equal `gpen-video IN OUT`'s for the same flags, the
 clip decodes with the source's frame count, Tab alone reaches the file chooser and a download
-link, the browser's console saw no error. Saves
-screenshots (desktop and phone widths) into --shots.
+link, the browser's console saw no error. Then, as a person uses it: a film running is
+cancelled (it reads cancelled, offers Remove, and Remove takes it away) while a photo sent after
+it finishes first; a photo shows the faces found; a clip without a face is warned of; progress
+bars and download links are named and the list is no live region; the list comes back after a
+reload and another browser sees none of it; a file over --max-job-mb is refused before any
+upload. Saves screenshots (desktop 1366x768 and phone 390x844, light and dark) into --shots.
 
     scripts/browser-test.py [--bin target/release/gpen-video] [--shots out/browser]
 
@@ -46,6 +50,160 @@ def until(ok, seconds, what):
         if time.time() > end:
             sys.exit(f"browser-test: FAILED: not {what} within {seconds} s")
         time.sleep(0.2)
+
+
+def watch(page, problems):
+    page.on("console", lambda m: problems.append(f"console {m.type}: {m.text}") if m.type == "error" else None)
+    page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
+
+
+def item(page, name):
+    return page.locator(".item", has=page.locator(".name", has_text=name)).first
+
+
+def state_of(page, name):
+    return item(page, name).get_attribute("data-state")
+
+
+def check_cancel_and_lanes(page, film, photo2, problems):
+    """A film running, a photo sent after it finishes first; the film cancelled shows cancelled,
+    its Cancel gone and Remove there; Remove takes it off the list."""
+    page.set_input_files("input[type=file]", [film])
+    until(lambda: state_of(page, os.path.basename(film)) == "running", 60, "the film running")
+    page.set_input_files("input[type=file]", [photo2])
+    until(lambda: state_of(page, os.path.basename(photo2)) in ("done", "failed"), 60, "the photo done")
+    if state_of(page, os.path.basename(film)) != "running":
+        problems.append("the photo did not finish while the film was still running")
+    it = item(page, os.path.basename(photo2))
+    faces = it.locator(".faces").inner_text()
+    if "face" not in faces or faces.startswith("0"):
+        problems.append(f"the photo's faces read {faces!r}")
+    if "of 1 frames" in it.inner_text():
+        problems.append("a photo reads in frames")
+    f = item(page, os.path.basename(film))
+    f.locator("button.cancel").click()
+    until(lambda: state_of(page, os.path.basename(film)) == "cancelled", 30, "the film cancelled")
+    if f.locator("button.cancel").is_visible() or not f.locator("button.remove").is_visible():
+        problems.append("a cancelled film still offers Cancel, or offers no Remove")
+    if "cancelled" not in f.locator(".status").inner_text():
+        problems.append("a cancelled film does not read cancelled: " + f.locator(".status").inner_text())
+
+
+def check_noface(page, noface, problems):
+    page.set_input_files("input[type=file]", [noface])
+    until(lambda: state_of(page, os.path.basename(noface)) in ("done", "failed"), 90, "the no-face clip done")
+    warn = item(page, os.path.basename(noface)).locator(".warn")
+    if not warn.count() or "No face found" not in warn.inner_text():
+        problems.append("no warning on a clip without a face")
+
+
+def check_a11y(page, problems):
+    if page.locator("#items").get_attribute("aria-live"):
+        problems.append("the list is a live region")
+    if page.locator("[role=status]#announce").count() != 1:
+        problems.append("no status region for state changes")
+    for p in page.locator(".item progress").all():
+        if not (p.get_attribute("aria-label") or "").startswith("Progress of "):
+            problems.append("a progress bar without a name")
+    for a in page.locator(".item a.download").all():
+        text, name = a.inner_text(), a.get_attribute("download")
+        if text != "Download " + name or "-restored." not in name:
+            problems.append(f"a download link reads {text!r}")
+    handle = page.locator(".item .handle").first
+    handle.focus()
+    page.keyboard.press("ArrowRight")
+    if handle.get_attribute("aria-valuenow") != "52":
+        problems.append("the comparison's handle does not move by keyboard")
+
+
+def check_reload(browser, ctx, page, url, problems):
+    """The list comes back after a reload; another browser's key sees none of it."""
+    before = sorted(i.get_attribute("data-id") for i in page.locator(".item").all())
+    page.reload()
+    page.wait_for_selector("#mask option", state="attached")
+    until(lambda: page.locator(".item").count() == len(before), 30, "the list back after a reload")
+    after = sorted(i.get_attribute("data-id") for i in page.locator(".item").all())
+    if after != before:
+        problems.append(f"after a reload the list holds {after}, before {before}")
+    other = browser.new_context()
+    op = other.new_page()
+    op.goto(url)
+    op.wait_for_selector("#mask option", state="attached")
+    time.sleep(1)
+    if op.locator(".item").count():
+        problems.append("another browser sees this one's jobs")
+    other.close()
+    f = page.locator(".item[data-state=cancelled]").first
+    f.locator("button.remove").click()
+    until(lambda: page.locator(".item[data-state=cancelled]").count() == 0, 10, "the cancelled film removed")
+
+
+def check_oversize(browser, a, env, work, problems):
+    """A file over --max-job-mb is refused in the page: no upload is sent."""
+    big = os.path.join(work, "big.mp4")
+    with open(big, "wb") as f:
+        f.write(os.urandom(3_000_000))
+    server, base = serve_child.start(
+        a.bin, ["--model", a.model, "--jobs-dir", os.path.join(work, "jobs-small"), "--max-job-mb", "1"],
+        env, "browser-test")
+    try:
+        ctx = browser.new_context()
+        page = ctx.new_page()
+        watch(page, problems)
+        posts = []
+        page.on("request", lambda r: posts.append(r.url) if r.method == "POST" else None)
+        page.goto(base + "/")
+        page.wait_for_selector("#mask option", state="attached")
+        page.set_input_files("input[type=file]", [big])
+        until(lambda: page.locator(".item[data-state=failed]").count() == 1, 10, "the big file refused")
+        text = page.locator(".item .error").inner_text()
+        if "up to 1 MB" not in text or "--" in text:
+            problems.append(f"the big file's refusal reads {text!r}")
+        time.sleep(0.5)
+        if posts:
+            problems.append(f"the big file was sent: {posts}")
+        ctx.close()
+    finally:
+        serve_child.stop(server)
+
+
+def shots(browser, ctx, url, out, problems):
+    """Desktop and phone, light and dark, with this browser's list; the dark page is dark."""
+    state = ctx.storage_state()
+    for scheme in ("light", "dark"):
+        for name, vp, scale in (("desktop", (1366, 768), 1), ("phone", (390, 844), 2)):
+            c = browser.new_context(viewport={"width": vp[0], "height": vp[1]}, device_scale_factor=scale,
+                                    color_scheme=scheme, storage_state=state)
+            p = c.new_page()
+            watch(p, problems)
+            p.goto(url)
+            p.wait_for_selector(".item .compare img", state="attached")
+            time.sleep(1)
+            if scheme == "dark" and name == "desktop":
+                bg = p.locator("body").evaluate("e => getComputedStyle(e).backgroundColor")
+                rgb = [int(x) for x in bg[bg.index("(") + 1:bg.index(")")].split(",")[:3]]
+                if sum(rgb) > 150:
+                    problems.append(f"the dark page's background is {bg}")
+            p.screenshot(path=os.path.join(out, f"{name}-{scheme}.jpg"), type="jpeg", quality=80)
+            c.close()
+
+
+def ux(browser, ctx, page, url, a, env, work, problems):
+    film = os.path.join(work, "film.mp4")
+    portrait = os.path.join(ROOT, "samples/astronaut.png")
+    ffmpeg("-loop", "1", "-i", portrait, "-vf", "scale=640:640,crop=480:360:x='80+40*sin(t)':y=60,format=yuv420p",
+           "-r", "25", "-t", "20", "-c:v", "libx264", "-preset", "ultrafast", film)
+    photo2 = os.path.join(work, "second.jpg")
+    ffmpeg("-i", portrait, "-vf", "scale=320:320", "-q:v", "3", photo2)
+    noface = os.path.join(work, "noface.mp4")
+    ffmpeg("-f", "lavfi", "-i", "testsrc=size=320x240:rate=25", "-t", "1", "-pix_fmt", "yuv420p",
+           "-c:v", "libx264", "-preset", "ultrafast", noface)
+    check_cancel_and_lanes(page, film, photo2, problems)
+    check_noface(page, noface, problems)
+    check_a11y(page, problems)
+    check_reload(browser, ctx, page, url, problems)
+    check_oversize(browser, a, env, work, problems)
+    shots(browser, ctx, url, a.shots, problems)
 
 
 def main():
@@ -153,6 +311,7 @@ def main():
             pp.goto(url)
             pp.wait_for_selector("#mask option", state="attached")
             pp.screenshot(path=os.path.join(a.shots, "phone.jpg"), type="jpeg", quality=80)
+            ux(browser, ctx, page, url, a, env, work, problems)
             browser.close()
 
         with open(got["portrait.jpg"], "rb") as f, open(want_photo, "rb") as g:

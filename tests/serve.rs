@@ -347,8 +347,10 @@ fn a_request_leaves_nothing_on_disk_even_when_its_client_leaves() {
 #[test]
 fn a_service_whose_model_cannot_load_exits_non_zero_with_the_reason() {
     let mut child = Command::new(env!("CARGO_BIN_EXE_gpen-video"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--device", "cuda:0", "--model"])
-        .arg(asset("models/standin/identity-256.onnx"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--device", "cuda:0"])
+        // A restorer named (no stand-in is picked unasked): what fails is the device.
+        .arg("--model")
+        .arg(asset("models/standin/identity-512.onnx"))
         .env("ORT_DYLIB_PATH", asset(".deps/lib/libonnxruntime.so"))
         .stderr(Stdio::piped())
         .spawn()

@@ -88,6 +88,7 @@ async fn create_job(app: &Arc<App>, query: Option<&str>, req: Request) -> Result
         if !app.ready.load(std::sync::atomic::Ordering::SeqCst) {
             return Err(Failure::error(Kind::Busy, "loading the model; try again shortly"));
         }
+        owner_of(&parts.headers)?;
         let q = JobQuery::parse(query.unwrap_or(""))?;
         app.jobs.check_query(&q).map_err(|e| {
             let words = format!("{e:#}");
@@ -141,7 +142,8 @@ async fn create_job(app: &Arc<App>, query: Option<&str>, req: Request) -> Result
     let part = upload.dir.join("input.part");
     receive_to(body, &part, &mut upload, (opts.max_upload, refused_drain), app).await?;
     // Probing opens the upload with FFmpeg: off the async threads.
-    tokio::task::spawn_blocking(move || jobs.admit(upload, q))
+    let owner = owner_of(&parts.headers)?.filter(|o| !o.is_empty());
+    tokio::task::spawn_blocking(move || jobs.admit(upload, q, owner))
         .await
         .map_err(|_| Failure::error(Kind::Engine, "internal error"))?
 }
@@ -265,22 +267,65 @@ fn check_pace(opts: &super::ServeOptions, started: Instant, last: Instant, seen:
     Ok(())
 }
 
-/// `GET /v1/jobs`: every job, oldest first.
-pub(super) async fn list(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
-    if let Err(e) = super::authorize(&app, &headers) {
-        return error(&app, &e);
+/// The header that carries a browser's own key: an opaque string the page makes once and keeps,
+/// so that a list answers each visitor the jobs it made.
+pub const OWNER: &str = "x-gpen-owner";
+
+/// The caller's key (`X-Gpen-Owner`): 1 to 128 letters, digits, `-` and `_`; `None` without one.
+fn owner_of(headers: &HeaderMap) -> Result<Option<String>> {
+    let Some(v) = headers.get(OWNER) else { return Ok(None) };
+    let v = v.to_str().unwrap_or("\u{1}");
+    if v.is_empty() || v.len() > 128 || !v.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_') {
+        return Err(Failure::error(
+            Kind::BadInput,
+            "X-Gpen-Owner: give 1 to 128 letters, digits, - and _ (a key of your own)",
+        ));
     }
-    let jobs: Vec<serde_json::Value> = jobs_of(&app).list().iter().map(|r| r.answer()).collect();
+    Ok(Some(v.to_string()))
+}
+
+/// `GET /v1/jobs`: the caller's jobs, oldest first: those made with its `X-Gpen-Owner` key, or
+/// without one those made without one; with `--token` and no key, every job.
+pub(super) async fn list(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
+    let owner = match super::authorize(&app, &headers).and_then(|()| owner_of(&headers)) {
+        Ok(o) => o,
+        Err(e) => return error(&app, &e),
+    };
+    let owner = match (owner, app.opts.token.is_some()) {
+        (Some(o), _) => Some(o),
+        (None, true) => None,
+        (None, false) => Some(String::new()),
+    };
+    let jobs = jobs_of(&app).list(owner.as_deref());
     json(StatusCode::OK, &serde_json::json!({ "jobs": jobs }))
 }
 
-/// `GET /v1/jobs/{id}`: the job's record with its progress.
+/// `GET /v1/jobs/{id}`: the job's record with its progress (and a queued job's `place`).
 pub(super) async fn show(State(app): State<Arc<App>>, UrlPath(id): UrlPath<String>, headers: HeaderMap) -> Response {
     let r = super::authorize(&app, &headers)
         .and_then(|()| id_of(&id).map(str::to_string))
-        .and_then(|id| jobs_of(&app).get(&id).ok_or_else(|| not_found(&id)));
+        .and_then(|id| jobs_of(&app).answer(&id).ok_or_else(|| not_found(&id)));
     match r {
-        Ok(rec) => json(StatusCode::OK, &rec.answer()),
+        Ok(v) => json(StatusCode::OK, &v),
+        Err(e) => error(&app, &e),
+    }
+}
+
+/// `POST /v1/jobs/{id}/cancel`: stops a queued or running job; it stays listed as `cancelled`
+/// (a finished job is left as it is). Its record.
+pub(super) async fn cancel(State(app): State<Arc<App>>, UrlPath(id): UrlPath<String>, headers: HeaderMap) -> Response {
+    let r = match super::authorize(&app, &headers).and_then(|()| id_of(&id).map(str::to_string)) {
+        Ok(id) => {
+            let jobs = jobs_of(&app).clone();
+            tokio::task::spawn_blocking(move || jobs.cancel(&id).map(|_| jobs.answer(&id)))
+                .await
+                .unwrap_or_else(|_| Err(Failure::error(Kind::Engine, "internal error")))
+        }
+        Err(e) => Err(e),
+    };
+    match r {
+        Ok(Some(v)) => json(StatusCode::OK, &v),
+        Ok(None) => error(&app, &not_found(&id)),
         Err(e) => error(&app, &e),
     }
 }
@@ -347,10 +392,30 @@ pub(super) async fn result(
     RawQuery(query): RawQuery,
     headers: HeaderMap,
 ) -> Response {
-    let found = super::authorize(&app, &headers)
-        .and_then(|()| super::query_of::<ResultQuery>(query.as_deref(), "download=1"))
-        .and_then(|q| Ok((q, id_of(&id)?.to_string())))
-        .and_then(|(q, id)| Ok((q, jobs_of(&app).result(&id)?)));
+    serve_file(&app, &id, query.as_deref(), &headers, false)
+}
+
+/// `GET /v1/jobs/{id}/input`: a done job's input as it was uploaded (the "before" of a
+/// comparison), served as the result is.
+pub(super) async fn input(
+    State(app): State<Arc<App>>,
+    UrlPath(id): UrlPath<String>,
+    RawQuery(query): RawQuery,
+    headers: HeaderMap,
+) -> Response {
+    serve_file(&app, &id, query.as_deref(), &headers, true)
+}
+
+/// A done job's result (or its input), whole or the byte range asked.
+fn serve_file(app: &Arc<App>, id: &str, query: Option<&str>, headers: &HeaderMap, input: bool) -> Response {
+    let app = app.clone();
+    let found = super::authorize(&app, headers)
+        .and_then(|()| super::query_of::<ResultQuery>(query, "download=1"))
+        .and_then(|q| Ok((q, id_of(id)?.to_string())))
+        .and_then(|(q, id)| {
+            let jobs = jobs_of(&app);
+            Ok((q, if input { jobs.input(&id)? } else { jobs.result(&id)? }))
+        });
     let (q, (rec, file)) = match found {
         Ok(f) => f,
         Err(e) => return error(&app, &e),
@@ -391,7 +456,7 @@ pub(super) async fn result(
     let mut r = Response::new(Body::new(body));
     *r.status_mut() = status;
     let h = r.headers_mut();
-    let ext = std::path::Path::new(&rec.output)
+    let ext = std::path::Path::new(if input { &rec.input } else { &rec.output })
         .extension()
         .and_then(|e| e.to_str())
         .unwrap_or("");
@@ -404,7 +469,8 @@ pub(super) async fn result(
         }
     }
     let disposition = if q.download == Some(1) { "attachment" } else { "inline" };
-    if let Ok(v) = HeaderValue::from_str(&format!("{disposition}; filename=\"{}\"", rec.download_name())) {
+    let name = if input { rec.input.clone() } else { rec.download_name() };
+    if let Ok(v) = HeaderValue::from_str(&format!("{disposition}; filename=\"{name}\"")) {
         h.insert(header::CONTENT_DISPOSITION, v);
     }
     r

@@ -1,12 +1,14 @@
 //! Jobs over HTTP: in, uploads (a video or a photo) streamed to `--jobs-dir` with the CLI's
-//! flags as a query; out, each job restored in the background, one at a time (a film in
+//! flags as a query; out, each job restored in the background, one at a time in each lane (a film in
 //! segments, so a service killed mid-job resumes from the finished ones), its state and
 //! progress, and its result served with HTTP Range.
 //!
 //! ```text
 //!  POST /v1/jobs?name=clip.mp4&blend=0.8 ─ body streamed to DIR/ID/input.part ─ probed ─> 202
-//!  job thread: the oldest queued job ─> DIR/ID/result.EXT (segments in DIR/ID/.result.EXT.segments)
-//!  GET /v1/jobs[/ID] state, progress; GET /v1/jobs/ID/result (Range); DELETE /v1/jobs/ID
+//!  job threads (films; photos): the oldest queued job of each lane ─> DIR/ID/result.EXT
+//!      (a film's segments in DIR/ID/.result.EXT.segments)
+//!  GET /v1/jobs[/ID] state, progress, place; GET /v1/jobs/ID/result|input (Range);
+//!  POST /v1/jobs/ID/cancel (kept, cancelled); DELETE /v1/jobs/ID (removed)
 //! ```
 //! Each job is a folder named by its id (128 random bits in hex) holding `job.json` (its record,
 //! written whole by rename), its input and, once done, its result. Nothing outside the jobs
@@ -141,6 +143,14 @@ pub struct Record {
     pub fps: Option<f64>,
     pub error: Option<String>,
     pub result_bytes: Option<u64>,
+    /// The opaque key of whoever made it (`X-Gpen-Owner`): a list answers each caller its own.
+    /// Never shown in an answer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
+    /// Set when the job is being removed (`DELETE`): a service stopped midway finishes the
+    /// removal at its next start. A job cancelled (`POST .../cancel`) is kept, as cancelled.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub removing: bool,
 }
 
 impl Record {
@@ -170,11 +180,17 @@ impl Record {
             _ => None,
         };
         let mut v = serde_json::to_value(self).unwrap_or_default();
+        if let Some(o) = v.as_object_mut() {
+            o.remove("owner");
+            o.remove("removing");
+        }
         v["progress"] = serde_json::json!(progress);
         v["eta_s"] = serde_json::json!(eta);
         v["url"] = serde_json::json!(format!("/v1/jobs/{}", self.id));
         if self.state == State::Done {
             v["result_url"] = serde_json::json!(format!("/v1/jobs/{}/result", self.id));
+            v["input_url"] = serde_json::json!(format!("/v1/jobs/{}/input", self.id));
+            v["download_name"] = serde_json::json!(self.download_name());
         }
         v
     }
@@ -416,7 +432,7 @@ fn load(dir: &Path, id: &str, kind: std::fs::FileType) -> Loaded {
     if let Err(why) = rec.check_names() {
         return Loaded::Foreign(why);
     }
-    if rec.state == State::Cancelled {
+    if rec.removing {
         return Loaded::Deleted;
     }
     Loaded::Job(Box::new(rec))
@@ -597,15 +613,48 @@ impl Jobs {
         self.opts.dir.join(id)
     }
 
-    /// Every job's record, oldest first.
-    pub fn list(&self) -> Vec<Record> {
-        let mut v: Vec<Record> = self.lock().values().map(|e| e.rec.clone()).collect();
-        v.sort_by(|a, b| a.created.total_cmp(&b.created));
-        v
+    /// The jobs `owner` may see, oldest first, each as the API answers it (with its place in
+    /// line): `None` sees every job (the token's holder), `Some(key)` those made with that key
+    /// (`Some("")`: those made without one).
+    pub fn list(&self, owner: Option<&str>) -> Vec<serde_json::Value> {
+        let t = self.lock();
+        let mut v: Vec<&Entry> = t
+            .values()
+            .filter(|e| owner.is_none_or(|o| e.rec.owner.as_deref().unwrap_or("") == o))
+            .collect();
+        v.sort_by(|a, b| a.rec.created.total_cmp(&b.rec.created));
+        v.iter().map(|e| answer_in(&t, &e.rec)).collect()
     }
 
     pub fn get(&self, id: &str) -> Option<Record> {
         self.lock().get(id).map(|e| e.rec.clone())
+    }
+
+    /// Job `id` as the API answers it, with its place in line.
+    pub fn answer(&self, id: &str) -> Option<serde_json::Value> {
+        let t = self.lock();
+        t.get(id).map(|e| answer_in(&t, &e.rec))
+    }
+
+    /// Cancels job `id`: a queued one never runs, a running one stops; it stays listed as
+    /// cancelled (its result never made) until it is removed or expires. A finished job is
+    /// left as it is.
+    pub fn cancel(&self, id: &str) -> Result<Record> {
+        let mut t = self.lock();
+        let e = t.get_mut(id).ok_or_else(|| not_found(id))?;
+        if e.foreign.is_some() || e.rec.state.finished() {
+            return Ok(e.rec.clone());
+        }
+        e.cancel.cancel();
+        e.rec.state = State::Cancelled;
+        e.rec.finished = Some(now());
+        e.rec.fps = None;
+        let rec = e.rec.clone();
+        write_atomic(&self.dir_of(id).join("job.json"), &serde_json::to_vec_pretty(&rec)?)
+            .map_err(|e| Failure::error(Kind::Io, format!("cannot record job {id}'s cancellation ({e:#})")))?;
+        drop(t);
+        self.wake.notify_all();
+        Ok(rec)
     }
 
     /// Jobs by state: (queued, running, done, failed).
@@ -632,6 +681,15 @@ impl Jobs {
         Ok((rec, file))
     }
 
+    /// The input file of a done job (for a before/after comparison), opened as [`Jobs::result`]
+    /// opens the result.
+    pub fn input(&self, id: &str) -> Result<(Record, std::fs::File)> {
+        let (rec, _) = self.result(id)?;
+        let file = open_plain(&self.dir_of(id).join(&rec.input))
+            .map_err(|e| Failure::error(Kind::Io, format!("cannot read job {id}'s input ({e})")))?;
+        Ok((rec, file))
+    }
+
     /// Cancels a job and removes it with its files (a running one's files once it has stopped).
     /// The deletion is on disk (the record says cancelled) before this returns, so a service
     /// killed after its answer removes the job at its next start instead of running it again.
@@ -647,6 +705,7 @@ impl Jobs {
         let mut rec = e.rec.clone();
         let running = rec.state == State::Running;
         rec.state = State::Cancelled;
+        rec.removing = true;
         let dir = self.dir_of(id);
         write_atomic(&dir.join("job.json"), &serde_json::to_vec_pretty(&rec)?)
             .map_err(|e| Failure::error(Kind::Io, format!("cannot record job {id}'s deletion ({e:#})")))?;
@@ -812,9 +871,9 @@ impl Jobs {
 
     /// Checks a finished upload (`dir/input.part`), names it by what it is and queues its job;
     /// its record. On error the folder is removed (with the upload).
-    pub fn admit(&self, mut up: Upload, query: JobQuery) -> Result<Record> {
+    pub fn admit(&self, mut up: Upload, query: JobQuery, owner: Option<String>) -> Result<Record> {
         let dir = up.dir.clone();
-        let r = self.admit_in(&up.id, &dir, query);
+        let r = self.admit_in(&up.id, &dir, query, owner);
         up.admitted = r.is_ok();
         r
     }
@@ -847,7 +906,7 @@ impl Jobs {
         m.replace(&self.opts.dir.display().to_string(), "the jobs folder")
     }
 
-    fn admit_in(&self, id: &str, dir: &Path, query: JobQuery) -> Result<Record> {
+    fn admit_in(&self, id: &str, dir: &Path, query: JobQuery, owner: Option<String>) -> Result<Record> {
         let settings = settings_of(&self.settings, &self.opts.faces, &query)?;
         let part = dir.join("input.part");
         let head = {
@@ -929,6 +988,7 @@ impl Jobs {
             query,
             created: now(),
             frames_total: job.source.frames_to_run(job.treatment.max_frames),
+            owner,
             ..named
         };
         write_atomic(&dir.join("job.json"), &serde_json::to_vec_pretty(&rec)?)?;
@@ -956,15 +1016,13 @@ impl Jobs {
         self.wake.notify_all();
     }
 
-    /// The job thread: runs the oldest queued job, one at a time, until [`Jobs::stop`].
-    pub fn run(self: &Arc<Self>) {
+    /// A jobs thread: runs the oldest queued job of its lane, one at a time, until
+    /// [`Jobs::stop`]. Films run in [`Lane::Films`]; photos in [`Lane::Photos`], so a photo
+    /// never waits behind a film. The films' lane also expires old results.
+    pub fn run(self: &Arc<Self>, lane: Lane) {
         while !self.stopping.load(Ordering::SeqCst) {
             let t = self.lock();
-            let next = t
-                .values()
-                .filter(|e| e.rec.state == State::Queued)
-                .min_by(|a, b| a.rec.created.total_cmp(&b.rec.created))
-                .map(|e| e.rec.id.clone());
+            let next = queue_of(&t, lane).first().map(|e| e.rec.id.clone());
             match next {
                 Some(id) => {
                     drop(t);
@@ -973,7 +1031,9 @@ impl Jobs {
                 None => {
                     // Wakes for a new job, the stop, or now and then to expire old results.
                     drop(self.wake.wait_timeout(t, Duration::from_secs(5)));
-                    self.expire();
+                    if lane == Lane::Films {
+                        self.expire();
+                    }
                 }
             }
         }
@@ -1009,10 +1069,18 @@ impl Jobs {
             }
             return;
         }
+        let mut started = false;
         self.update(id, |r| {
-            r.state = State::Running;
-            r.started = Some(now());
+            // Cancelled since it was picked: it never runs.
+            if r.state == State::Queued {
+                r.state = State::Running;
+                r.started = Some(now());
+                started = true;
+            }
         });
+        if !started {
+            return;
+        }
         tracing::info!(job = %id, name = %rec.name, "job started");
         let progress = |p: crate::pipeline::Progress| {
             let (frames, faces) = (p.frames, p.faces);
@@ -1035,6 +1103,10 @@ impl Jobs {
                 tracing::warn!(job = %id, "cannot remove the deleted job's files ({e}); they go at the next start");
             }
             tracing::info!(job = %id, "job cancelled and removed");
+            return;
+        }
+        if self.get(id).is_some_and(|r| r.state == State::Cancelled) {
+            tracing::info!(job = %id, "job cancelled");
             return;
         }
         match r {
@@ -1107,6 +1179,47 @@ impl Jobs {
         crate::pipeline::run(&mut engine, &job, progress)?;
         Ok(())
     }
+}
+
+/// A jobs thread's share of the jobs (see [`Jobs::run`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Lane {
+    /// Every job but photos.
+    Films,
+    /// Photos only.
+    Photos,
+}
+
+impl Lane {
+    fn of(rec: &Record) -> Lane {
+        if rec.kind == "photo" {
+            Lane::Photos
+        } else {
+            Lane::Films
+        }
+    }
+}
+
+/// `rec` as the API answers it ([`Record::answer`]), a queued job with its `place` in its
+/// lane's line (1: the next to run).
+fn answer_in(t: &BTreeMap<String, Entry>, rec: &Record) -> serde_json::Value {
+    let mut v = rec.answer();
+    if rec.state == State::Queued {
+        if let Some(i) = queue_of(t, Lane::of(rec)).iter().position(|e| e.rec.id == rec.id) {
+            v["place"] = serde_json::json!(i + 1);
+        }
+    }
+    v
+}
+
+/// The queued jobs of `lane`, the next first.
+fn queue_of(t: &BTreeMap<String, Entry>, lane: Lane) -> Vec<&Entry> {
+    let mut v: Vec<&Entry> = t
+        .values()
+        .filter(|e| e.rec.state == State::Queued && e.foreign.is_none() && Lane::of(&e.rec) == lane)
+        .collect();
+    v.sort_by(|a, b| a.rec.created.total_cmp(&b.rec.created));
+    v
 }
 
 fn state_name(s: State) -> &'static str {

@@ -352,13 +352,16 @@ pub fn run(settings: Settings, opts: ServeOptions, ints: &Interrupts) -> Result<
         .name("engine".into())
         .spawn(move || engine_loop(&engine_app, &rx, &engine_stop))
         .context("cannot start the engine thread")?;
-    let job_thread = {
+    let mut job_threads = Vec::new();
+    for (name, lane) in [("jobs", jobs::Lane::Films), ("photo-jobs", jobs::Lane::Photos)] {
         let jobs = jobs.clone();
-        std::thread::Builder::new()
-            .name("jobs".into())
-            .spawn(move || jobs.run())
-            .context("cannot start the jobs thread")?
-    };
+        job_threads.push(
+            std::thread::Builder::new()
+                .name(name.into())
+                .spawn(move || jobs.run(lane))
+                .context("cannot start the jobs thread")?,
+        );
+    }
     crate::console::eprint!(
         "gpen-video serve: jobs kept in {} (--jobs-dir)",
         opts.jobs.dir.display()
@@ -379,6 +382,8 @@ pub fn run(settings: Settings, opts: ServeOptions, ints: &Interrupts) -> Result<
         .route("/v1/jobs", post(job_api::create).get(job_api::list))
         .route("/v1/jobs/{id}", get(job_api::show).delete(job_api::delete))
         .route("/v1/jobs/{id}/result", get(job_api::result))
+        .route("/v1/jobs/{id}/cancel", post(job_api::cancel))
+        .route("/v1/jobs/{id}/input", get(job_api::input))
         .route("/v1/info", get(page::info))
         .route("/", get(page::page))
         .route("/healthz", get(healthz))
@@ -418,9 +423,10 @@ pub fn run(settings: Settings, opts: ServeOptions, ints: &Interrupts) -> Result<
     // stops where it is (queued again: it resumes at the next start).
     app.tx.lock().unwrap_or_else(|e| e.into_inner()).take();
     jobs.stop();
-    job_thread
-        .join()
-        .map_err(|_| anyhow!("internal error: the jobs thread panicked"))?;
+    for t in job_threads {
+        t.join()
+            .map_err(|_| anyhow!("internal error: a jobs thread panicked"))?;
+    }
     let engine = engine
         .join()
         .map_err(|_| anyhow!("internal error: the engine thread panicked"))?;
