@@ -175,7 +175,8 @@ m32=$(ls "$B"/models/gpen-*-fp32.onnx | head -1)
 m16=$(ls "$B"/models/gpen-*-fp16.onnx | head -1)
 m16b=$(ls "$B"/models/gpen-*-fp16-bytes.onnx 2>/dev/null | head -1 || true)
 det=$B/models/centerface.onnx
-common=(--detector "$det" --preset veryfast -q)
+# -q: no bar or information lines; --stats: the whole summary in each step's log all the same.
+common=(--detector "$det" --preset veryfast -q --stats)
 steps=$out/steps.tsv
 printf 'step\tdevice\tbatch\tstatus\twall_s\tgpu_peak_mib\tgpu_busy_pct\tjson\tmessage\n' >"$steps"
 ran_gpu_ok=0
@@ -293,23 +294,23 @@ whole=(--device "$device")
 wm=$m16 wf=(--fp16)
 [ "$gpu" != "$device" ] && wm=$m32 wf=()
 step whole-file "$device" 16 "$out/whole-file.stats.json" "$step_timeout" -- \
-  "${gv[@]}" "$sample" "$out/whole-file.mp4" --model "$wm" "${wf[@]}" --batch 16 "${whole[@]}" \
+  "${gv[@]}" "$sample" "$out/whole-file.mp4" -y --model "$wm" "${wf[@]}" --batch 16 "${whole[@]}" \
   --stats-json "$out/whole-file.stats.json" "${common[@]}"
 # The same without the budget of decoded frames in flight (every queue may fill, as before the
 # budget): faces/s above the budgeted run's would say the budget starves the GPU.
 step whole-file-unbudgeted "$device" 16 "$out/whole-file-unbudgeted.stats.json" "$step_timeout" -- \
-  env GPEN_VIDEO_IN_FLIGHT=100000 "${gv[@]}" "$sample" "$out/whole-file-unbudgeted.mp4" --model "$wm" "${wf[@]}" \
+  env GPEN_VIDEO_IN_FLIGHT=100000 "${gv[@]}" "$sample" "$out/whole-file-unbudgeted.mp4" -y --model "$wm" "${wf[@]}" \
   --batch 16 "${whole[@]}" --stats-json "$out/whole-file-unbudgeted.stats.json" "${common[@]}"
 # The same file in one-second segments, four at once on the one GPU (--jobs 4: four pipelines,
 # each its own detection frame after frame): how far several pipelines feed the GPU past one.
 step whole-file-4jobs "$device" 16 "$out/whole-file-4jobs.stats.json" "$step_timeout" -- \
-  "${gv[@]}" "$sample" "$out/whole-file-4jobs.mp4" --model "$wm" "${wf[@]}" --batch 16 "${whole[@]}" \
+  "${gv[@]}" "$sample" "$out/whole-file-4jobs.mp4" -y --model "$wm" "${wf[@]}" --batch 16 "${whole[@]}" \
   --segment 1 --jobs 4 --stats-json "$out/whole-file-4jobs.stats.json" "${common[@]}"
 # Identity kept measured (the identity stage, on this host's CPU, beside the GPU's model): its
 # core-ms a face and the faces/s against whole-file's, when the bundle has the identity model.
 if [ -f "$B/models/face-id.onnx" ]; then
   step whole-file-identity "$device" 16 "$out/whole-file-identity.stats.json" "$step_timeout" -- \
-    "${gv[@]}" "$sample" "$out/whole-file-identity.mp4" --model "$wm" "${wf[@]}" --batch 16 "${whole[@]}" \
+    "${gv[@]}" "$sample" "$out/whole-file-identity.mp4" -y --model "$wm" "${wf[@]}" --batch 16 "${whole[@]}" \
     --identity --stats-json "$out/whole-file-identity.stats.json" "${common[@]}"
 fi
 # A user's batch-1 files of other contracts (CodeFormer's double weight and three outputs;
@@ -321,10 +322,10 @@ if [ -f "$B/models/user/codeformer-512.onnx" ]; then
     "${ug[@]}" models add "$B/models/user/ff-gpen-bfr-256.onnx" --name gpen-bfr-256 >>"$out/user-models-add.log" 2>&1 ||
     echo "   models add failed: $(tail -1 "$out/user-models-add.log")"
   step user-codeformer "$device" 16 "$out/user-codeformer.stats.json" "$step_timeout" -- \
-    "${ug[@]}" "$sample" "$out/user-codeformer.mp4" --model codeformer --fidelity 0.7 --batch 16 "${whole[@]}" \
+    "${ug[@]}" "$sample" "$out/user-codeformer.mp4" -y --model codeformer --fidelity 0.7 --batch 16 "${whole[@]}" \
     --stats-json "$out/user-codeformer.stats.json" "${common[@]}"
   step user-gpen-bfr-256 "$device" 16 "$out/user-gpen-bfr-256.stats.json" "$step_timeout" -- \
-    "${ug[@]}" "$sample" "$out/user-gpen-bfr-256.mp4" --model gpen-bfr-256 --batch 16 "${whole[@]}" \
+    "${ug[@]}" "$sample" "$out/user-gpen-bfr-256.mp4" -y --model gpen-bfr-256 --batch 16 "${whole[@]}" \
     --stats-json "$out/user-gpen-bfr-256.stats.json" "${common[@]}"
 fi
 # The service: a portrait posted at concurrency 1, 4 and 16 (images/s, P50/P99 latency, batch
