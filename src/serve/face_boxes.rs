@@ -73,7 +73,7 @@ struct Sampler {
 
 impl Sampler {
     fn take(&mut self, f: RawFrame) {
-        if f.frame % self.every != 0 {
+        if !f.frame.is_multiple_of(self.every) {
             return;
         }
         let (w, h) = (self.size.0 as f32, self.size.1 as f32);
@@ -98,7 +98,7 @@ impl Sampler {
         while self.kept.len() > MAX_FRAMES {
             self.every *= 2;
             let every = self.every;
-            self.kept.retain(|(i, _)| i % every == 0);
+            self.kept.retain(|(i, _)| i.is_multiple_of(every));
         }
     }
 }
@@ -236,6 +236,6 @@ mod tests {
             s.kept.len()
         );
         assert_eq!(s.every, 8);
-        assert!(s.kept.iter().all(|(i, _)| i % 8 == 0));
+        assert!(s.kept.iter().all(|(i, _)| i.is_multiple_of(8)));
     }
 }
