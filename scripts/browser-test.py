@@ -7,7 +7,8 @@ their links, and checks: the photo's bytes equal `gpen-video IN OUT`'s for the s
 clip decodes with the source's frame count, Tab alone reaches the file chooser and a download
 link, the browser's console saw no error. Then, as a person uses it: a film running is
 cancelled (it reads cancelled, offers Remove, and Remove takes it away) while a photo sent after
-it finishes first; a photo shows the faces found; a clip without a face is warned of; progress
+it finishes first; a photo shows the faces found, Show faces draws their boxes over its
+comparison and its zoom centres on the face; a clip without a face is warned of; progress
 bars and download links are named and the list is no live region; the list comes back after a
 reload and another browser sees none of it; a file over --max-job-mb is refused before any
 upload. Saves screenshots (desktop 1366x768 and phone 390x844, light and dark) into --shots.
@@ -87,6 +88,48 @@ def check_cancel_and_lanes(page, film, photo2, problems):
         problems.append("a cancelled film still offers Cancel, or offers no Remove")
     if "cancelled" not in f.locator(".status").inner_text():
         problems.append("a cancelled film does not read cancelled: " + f.locator(".status").inner_text())
+
+
+def check_faces(page, name, problems):
+    """Show faces draws the faces found over the photo's comparison; the zoom centres on the
+    face (its transform-origin inside the face's box), wherever the pointer is."""
+    it = item(page, name)
+    show = it.locator("button.show-faces")
+    try:
+        show.wait_for(state="visible", timeout=15000)
+    except Exception:
+        problems.append("no Show faces button on the photo's comparison")
+        return
+    wrap = it.locator(".compare")
+    show.click()
+    if show.get_attribute("aria-pressed") != "true":
+        problems.append("Show faces is not pressed once clicked")
+    boxes = wrap.locator(".box")
+    if boxes.count() < 1:
+        problems.append("Show faces draws no box over the photo")
+        return
+    w, b = wrap.bounding_box(), boxes.first.bounding_box()
+    if not (b["width"] > 4 and b["height"] > 4 and b["x"] >= w["x"] - 1 and b["y"] >= w["y"] - 1
+            and b["x"] + b["width"] <= w["x"] + w["width"] + 1 and b["y"] + b["height"] <= w["y"] + w["height"] + 1):
+        problems.append(f"the face's box {b} is not over the picture {w}")
+    face = [(b["x"] - w["x"]) / w["width"] * 100, (b["y"] - w["y"]) / w["height"] * 100,
+            (b["x"] + b["width"] - w["x"]) / w["width"] * 100, (b["y"] + b["height"] - w["y"]) / w["height"] * 100]
+    # The pointer in a corner away from the face: the zoom still centres on the face.
+    page.mouse.move(w["x"] + 2, w["y"] + w["height"] - 2)
+    it.locator("button.zoom").click()
+    page.mouse.move(w["x"] + w["width"] - 2, w["y"] + 2)
+    origin = it.locator(".compare img.before").evaluate("e => e.style.transformOrigin")
+    try:
+        x, y = (float(v.rstrip("%")) for v in origin.split()[:2])
+    except ValueError:
+        problems.append(f"the zoom's origin reads {origin!r}")
+        x = y = -1.0
+    if not (face[0] <= x <= face[2] and face[1] <= y <= face[3]):
+        problems.append(f"the zoom centres on {origin!r}, not in the face's box {face}")
+    it.locator("button.zoom").click()
+    show.click()
+    if boxes.count():
+        problems.append("the boxes stay once Show faces is off")
 
 
 def check_noface(page, noface, problems):
@@ -262,6 +305,7 @@ def main():
                 sys.exit("browser-test: FAILED: " + " | ".join(failed.all_inner_texts()))
             # Each result's link comes after its comparison is drawn.
             until(lambda: page.locator(".item a[download]").count() == 2, 60, "both download links")
+            check_faces(page, "portrait.jpg", problems)
             # By keyboard alone: Tab from the top reaches the file chooser first, then (past the
             # controls and each result's slider) a download link.
             page.locator("body").click(position={"x": 5, "y": 5})

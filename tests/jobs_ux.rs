@@ -241,3 +241,77 @@ fn a_failed_jobs_error_names_no_server_path() {
     );
     assert_eq!(server.stop(), Some(0));
 }
+
+/// Checks job `id`'s faces record: the picture's size, and at least one box, each inside it.
+fn faces_inside(server: &Server, id: &str, clip: bool) -> serde_json::Value {
+    let (status, _, body) = server.call("GET", &format!("/v1/jobs/{id}/faces"), &[], None, &[]);
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    let v = json(&body);
+    let (w, h) = (v["width"].as_u64().unwrap(), v["height"].as_u64().unwrap());
+    assert!(w > 0 && h > 0, "{v}");
+    let frames = v["frames"].as_array().unwrap();
+    assert!(!frames.is_empty(), "{v}");
+    let mut boxes = 0;
+    for f in frames {
+        assert!(f["frame"].is_u64(), "{f}");
+        assert_eq!(
+            f["t"].is_number(),
+            clip,
+            "a clip's frames have a time, a photo's none: {f}"
+        );
+        for b in f["boxes"].as_array().unwrap() {
+            let b: Vec<u64> = b.as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect();
+            assert!(
+                b[0] < b[2] && b[2] <= w && b[1] < b[3] && b[3] <= h,
+                "{b:?} outside {w}x{h}"
+            );
+            boxes += 1;
+        }
+    }
+    assert!(boxes > 0, "no face box for the portrait: {v}");
+    v
+}
+
+/// Before: a job's record said how many faces it restored, not where. Now
+/// `GET /v1/jobs/ID/faces` answers a done job's boxes (a clip's frame by frame, with their
+/// times), kept in the job's folder and removed with it; 404 for a job it does not know.
+#[test]
+fn a_job_answers_where_its_faces_are() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(dir.path(), &[]);
+    let pic = post(&server, &photo(dir.path()), &[]);
+    let clip = post(&server, &asset("samples/test/astronaut.mp4"), &[]);
+    for (id, is_clip) in [(&pic, false), (&clip, true)] {
+        let v = wait_for(&server, id, &["done", "failed"], 60);
+        assert_eq!(v["state"], "done", "{v}");
+        let faces = faces_inside(&server, id, is_clip);
+        if is_clip {
+            assert!(faces["frames"].as_array().unwrap().len() > 1, "{faces}");
+            assert!(faces["fps"].as_f64().unwrap() > 0.0, "{faces}");
+        } else {
+            assert_eq!(
+                (faces["width"].as_u64(), faces["height"].as_u64()),
+                (Some(256), Some(256))
+            );
+        }
+    }
+    let unknown = "0123456789abcdef0123456789abcdef";
+    assert_eq!(
+        server
+            .call("GET", &format!("/v1/jobs/{unknown}/faces"), &[], None, &[])
+            .0,
+        404
+    );
+    let folder = dir.path().join("jobs").join(&pic);
+    assert!(
+        folder.join("faces.json").is_file(),
+        "the record is not in the job's folder"
+    );
+    assert_eq!(server.call("DELETE", &format!("/v1/jobs/{pic}"), &[], None, &[]).0, 200);
+    assert_eq!(
+        server.call("GET", &format!("/v1/jobs/{pic}/faces"), &[], None, &[]).0,
+        404
+    );
+    assert!(!folder.exists(), "the job's folder outlived it");
+    assert_eq!(server.stop(), Some(0));
+}

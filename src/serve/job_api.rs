@@ -311,6 +311,26 @@ pub(super) async fn show(State(app): State<Arc<App>>, UrlPath(id): UrlPath<Strin
     }
 }
 
+/// `GET /v1/jobs/{id}/faces`: where a done job found its faces: the picture's `width` and
+/// `height`, a clip's `fps`, and the `frames` kept (every `every`-th), each its `frame` index, a
+/// clip's time `t` in seconds and its `boxes` (`[x0, y0, x1, y1]` in the picture's pixels,
+/// largest first). 404 until the job is done, and for a job without the record.
+pub(super) async fn faces(State(app): State<Arc<App>>, UrlPath(id): UrlPath<String>, headers: HeaderMap) -> Response {
+    let r = match super::authorize(&app, &headers).and_then(|()| id_of(&id).map(str::to_string)) {
+        Ok(id) => {
+            let jobs = jobs_of(&app).clone();
+            tokio::task::spawn_blocking(move || jobs.faces(&id))
+                .await
+                .unwrap_or_else(|_| Err(Failure::error(Kind::Engine, "internal error")))
+        }
+        Err(e) => Err(e),
+    };
+    match r {
+        Ok(bytes) => (StatusCode::OK, [(header::CONTENT_TYPE, "application/json")], bytes).into_response(),
+        Err(e) => error(&app, &e),
+    }
+}
+
 /// `POST /v1/jobs/{id}/cancel`: stops a queued or running job; it stays listed as `cancelled`
 /// (a finished job is left as it is). Its record.
 pub(super) async fn cancel(State(app): State<Arc<App>>, UrlPath(id): UrlPath<String>, headers: HeaderMap) -> Response {

@@ -1156,7 +1156,8 @@ impl Jobs {
         let dir = self.dir_of(&rec.id);
         let mut settings = settings_of(&self.settings, &self.opts.faces, &rec.query)?;
         settings.stats_json = None;
-        settings.faces_json = None;
+        // The run's faces record stays in the job's folder, made small once the run is done.
+        settings.faces_json = Some(dir.join(super::face_boxes::RAW));
         let job = settings.job(&dir.join(&rec.input), &dir.join(&rec.output), cancel.clone())?;
         if let Some(work) = crate::segment::Work::open(&settings, &job, self.opts.segment, false)? {
             let all = |_: &crate::segment::plan::Segment| true;
@@ -1173,11 +1174,29 @@ impl Jobs {
             if done.joined.is_none() && !done.joined_elsewhere {
                 bail!("the film's segments were not joined");
             }
-            return Ok(());
+        } else {
+            let mut engine = settings.engine(&job)?;
+            crate::pipeline::run(&mut engine, &job, progress)?;
         }
-        let mut engine = settings.engine(&job)?;
-        crate::pipeline::run(&mut engine, &job, progress)?;
+        // Where the faces are is for the page: a record that cannot be made costs no result.
+        if let Err(e) = super::face_boxes::keep(&dir, &job.source, rec.kind == "photo") {
+            tracing::warn!(job = %rec.id, "no faces record: {e:#}");
+        }
         Ok(())
+    }
+
+    /// Where done job `id` found its faces (see [`super::face_boxes`]): the record's JSON.
+    pub fn faces(&self, id: &str) -> Result<Vec<u8>> {
+        let rec = self.get(id).ok_or_else(|| not_found(id))?;
+        if rec.state != State::Done {
+            return Err(not_found(id));
+        }
+        let mut file = open_plain(&self.dir_of(id).join(super::face_boxes::FILE))
+            .map_err(|_| Failure::error(Kind::NotFound, format!("job {id} has no record of its faces")))?;
+        let mut bytes = Vec::new();
+        std::io::Read::read_to_end(&mut file, &mut bytes)
+            .map_err(|e| Failure::error(Kind::Io, format!("cannot read job {id}'s faces ({e})")))?;
+        Ok(bytes)
     }
 }
 

@@ -19,6 +19,7 @@
 //! (504); an unreadable picture is a 400 that says why. SIGTERM or Ctrl-C: no new connection,
 //! the requests in flight are answered, exit 0.
 
+mod face_boxes;
 mod job_api;
 pub mod jobs;
 pub mod metrics;
@@ -384,6 +385,7 @@ pub fn run(settings: Settings, opts: ServeOptions, ints: &Interrupts) -> Result<
         .route("/v1/jobs/{id}/result", get(job_api::result))
         .route("/v1/jobs/{id}/cancel", post(job_api::cancel))
         .route("/v1/jobs/{id}/input", get(job_api::input))
+        .route("/v1/jobs/{id}/faces", get(job_api::faces))
         .route("/v1/info", get(page::info))
         .route("/", get(page::page))
         .route("/healthz", get(healthz))

@@ -1,0 +1,241 @@
+//! Where a job found its faces, as the page draws them: in, the run's faces record (one entry a
+//! frame, every field); out, a small `faces.json` in the job's folder with the picture's size
+//! and each kept frame's boxes, at most [`MAX_FRAMES`] frames however long the clip.
+
+use std::fmt;
+use std::io::BufReader;
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use serde::de::{Deserializer, SeqAccess, Visitor};
+use serde::{Deserialize, Serialize};
+
+use crate::media::decode::SourceInfo;
+
+/// The most frames the record keeps: a longer clip keeps every 2nd, 4th, ... frame.
+pub const MAX_FRAMES: usize = 2000;
+
+/// The most boxes kept of one frame (the largest).
+pub const MAX_BOXES: usize = 32;
+
+/// The name of the record in a job's folder.
+pub const FILE: &str = "faces.json";
+
+/// The name of the run's whole record while the job runs (removed once made small).
+pub const RAW: &str = "faces-run.json";
+
+/// One frame's entry of the run's record: only the boxes are read.
+#[derive(Deserialize)]
+struct RawFrame {
+    frame: u64,
+    #[serde(default)]
+    faces: Vec<RawFace>,
+}
+
+#[derive(Deserialize)]
+struct RawFace {
+    bbox: [Option<f32>; 4],
+}
+
+/// One kept frame: its index, its time in seconds (clips) and its boxes.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct Frame {
+    pub frame: u64,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub t: Option<f64>,
+    pub boxes: Vec<[u32; 4]>,
+}
+
+/// The record the service keeps and `GET /v1/jobs/{id}/faces` answers.
+#[derive(Serialize, Deserialize, Debug)]
+pub struct Faces {
+    pub width: usize,
+    pub height: usize,
+    /// Frames a second (clips).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub fps: Option<f64>,
+    /// Every how many frames one is kept (1: all).
+    pub every: u64,
+    pub frames: Vec<Frame>,
+}
+
+/// Reads the run's record frame by frame, keeping every `every`-th one and doubling `every`
+/// whenever more than [`MAX_FRAMES`] are kept: memory stays flat however long the clip.
+struct Sampler {
+    /// The frames' size as decoded (a still's turned upright, a video's as stored).
+    size: (usize, usize),
+    /// A video's display rotation (degrees counterclockwise) and mirror: boxes are turned to
+    /// the picture as a player shows it.
+    turn: (u32, bool),
+    every: u64,
+    kept: Vec<(u64, Vec<[u32; 4]>)>,
+}
+
+impl Sampler {
+    fn take(&mut self, f: RawFrame) {
+        if !f.frame.is_multiple_of(self.every) {
+            return;
+        }
+        let (w, h) = (self.size.0 as f32, self.size.1 as f32);
+        let mut boxes: Vec<[u32; 4]> = f
+            .faces
+            .iter()
+            .filter_map(|face| {
+                let [x0, y0, x1, y1] = face.bbox;
+                let (x0, y0, x1, y1) = (
+                    x0?.clamp(0.0, w),
+                    y0?.clamp(0.0, h),
+                    x1?.clamp(0.0, w),
+                    y1?.clamp(0.0, h),
+                );
+                (x1 > x0 && y1 > y0).then(|| shown([x0, y0, x1, y1], (w, h), self.turn))
+            })
+            .collect();
+        let area = |b: &[u32; 4]| u64::from(b[2] - b[0]) * u64::from(b[3] - b[1]);
+        boxes.sort_by_key(|b| std::cmp::Reverse(area(b)));
+        boxes.truncate(MAX_BOXES);
+        self.kept.push((f.frame, boxes));
+        while self.kept.len() > MAX_FRAMES {
+            self.every *= 2;
+            let every = self.every;
+            self.kept.retain(|(i, _)| i.is_multiple_of(every));
+        }
+    }
+}
+
+impl<'de> Visitor<'de> for &mut Sampler {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("an array of frame records")
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        while let Some(frame) = seq.next_element::<RawFrame>()? {
+            self.take(frame);
+        }
+        Ok(())
+    }
+}
+
+/// A box of a frame of `size` as decoded, in pixels of the picture as shown: turned by a
+/// video's display rotation (the inverse of [`crate::geom::display_to_storage`]), then mirrored.
+fn shown([x0, y0, x1, y1]: [f32; 4], (w, h): (f32, f32), (rotation, mirror): (u32, bool)) -> [u32; 4] {
+    let (mut b, dw) = match rotation {
+        90 => ([y0, w - x1, y1, w - x0], h),
+        180 => ([w - x1, h - y1, w - x0, h - y0], w),
+        270 => ([h - y1, x0, h - y0, x1], h),
+        _ => ([x0, y0, x1, y1], w),
+    };
+    if mirror {
+        b = [dw - b[2], b[1], dw - b[0], b[3]];
+    }
+    b.map(|v| v.round().max(0.0) as u32)
+}
+
+/// The picture's size as shown (a still upright, a video turned by its display rotation).
+fn picture_size(source: &SourceInfo) -> (usize, usize) {
+    let (w, h) = source.upright_size();
+    if source.rotation % 180 == 90 {
+        (h, w)
+    } else {
+        (w, h)
+    }
+}
+
+/// Makes the small record of `raw` (the run's faces record) for `source`.
+pub fn compact(raw: &Path, source: &SourceInfo, photo: bool) -> Result<Faces> {
+    let file = std::fs::File::open(raw).with_context(|| format!("opening {}", raw.display()))?;
+    let mut sampler = Sampler {
+        size: source.upright_size(),
+        turn: (source.rotation, source.mirror),
+        every: 1,
+        kept: Vec::new(),
+    };
+    let mut de = serde_json::Deserializer::from_reader(BufReader::new(file));
+    de.deserialize_seq(&mut sampler).context("reading the faces record")?;
+    let fps = Some(f64::from(source.avg_frame_rate)).filter(|f| !photo && f.is_finite() && *f > 0.0);
+    let (width, height) = picture_size(source);
+    let every = sampler.every;
+    let frames = sampler
+        .kept
+        .into_iter()
+        .map(|(frame, boxes)| Frame {
+            frame,
+            t: fps.map(|f| (frame as f64 / f * 1000.0).round() / 1000.0),
+            boxes,
+        })
+        .collect();
+    Ok(Faces {
+        width,
+        height,
+        fps,
+        every,
+        frames,
+    })
+}
+
+/// Makes `dir`'s small record of its run's record, which goes: kept only when made whole.
+pub fn keep(dir: &Path, source: &SourceInfo, photo: bool) -> Result<()> {
+    let raw = dir.join(RAW);
+    let made = compact(&raw, source, photo).and_then(|faces| {
+        crate::output::write_atomic(&dir.join(FILE), &serde_json::to_vec(&faces)?)
+            .with_context(|| format!("writing {FILE}"))
+    });
+    std::fs::remove_file(&raw).ok();
+    made
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sampler(w: usize, h: usize) -> Sampler {
+        Sampler {
+            size: (w, h),
+            turn: (0, false),
+            every: 1,
+            kept: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn boxes_are_clamped_to_the_picture_largest_first() {
+        let mut s = sampler(100, 80);
+        let raw = r#"[{"frame":0,"regions":[],"faces":[{"bbox":[10,10,20,20],"score":0.9},{"bbox":[-5,30,150.4,90],"score":0.8},{"bbox":[null,1,2,3]}]}]"#;
+        serde_json::Deserializer::from_str(raw).deserialize_seq(&mut s).unwrap();
+        assert_eq!(s.kept, vec![(0, vec![[0, 30, 100, 80], [10, 10, 20, 20]])]);
+    }
+
+    #[test]
+    fn a_turned_video_boxes_as_shown() {
+        // A 100x80 frame stored, shown 80x100 turned 90 degrees counterclockwise: its stored top
+        // right corner is shown at the top left.
+        let b = [90.0, 0.0, 100.0, 10.0];
+        assert_eq!(shown(b, (100.0, 80.0), (90, false)), [0, 0, 10, 10]);
+        assert_eq!(shown(b, (100.0, 80.0), (270, false)), [70, 90, 80, 100]);
+        assert_eq!(shown(b, (100.0, 80.0), (180, false)), [0, 70, 10, 80]);
+        assert_eq!(shown(b, (100.0, 80.0), (0, true)), [0, 0, 10, 10]);
+        assert_eq!(shown(b, (100.0, 80.0), (0, false)), [90, 0, 100, 10]);
+    }
+
+    #[test]
+    fn a_long_clip_keeps_at_most_max_frames_evenly() {
+        let mut s = sampler(10, 10);
+        for i in 0..(MAX_FRAMES as u64 * 5 + 7) {
+            s.take(RawFrame {
+                frame: i,
+                faces: vec![RawFace {
+                    bbox: [Some(1.0), Some(1.0), Some(5.0), Some(5.0)],
+                }],
+            });
+        }
+        assert!(
+            s.kept.len() <= MAX_FRAMES && s.kept.len() > MAX_FRAMES / 4,
+            "{}",
+            s.kept.len()
+        );
+        assert_eq!(s.every, 8);
+        assert!(s.kept.iter().all(|(i, _)| i.is_multiple_of(8)));
+    }
+}
