@@ -198,6 +198,8 @@ pub struct Settings {
     pub faces_json: Option<PathBuf>,
     pub stats_json: Option<PathBuf>,
     pub identity: bool,
+    /// The faces record without identity figures (see `Job::boxes_only`).
+    pub boxes_only: bool,
     /// All cores ONNX Runtime may use (the split above divides them).
     cores: usize,
 }
@@ -293,6 +295,7 @@ impl Settings {
             faces_json: o.faces_json.clone(),
             stats_json: o.stats_json.clone(),
             identity: o.identity,
+            boxes_only: false,
             cores,
         };
         s.set_targets(targets, cores);
@@ -373,6 +376,7 @@ impl Settings {
             hwaccel_cuda: self.hwaccel_cuda,
             faces_json: self.faces_json.clone(),
             identity: self.identity,
+            boxes_only: self.boxes_only,
             cancel,
         })
     }
@@ -399,6 +403,7 @@ impl Settings {
             hwaccel_cuda: false,
             faces_json: None,
             identity: false,
+            boxes_only: false,
             cancel,
         })
     }
@@ -548,6 +553,7 @@ mod tests {
             faces_json: None,
             stats_json: None,
             identity: false,
+            boxes_only: false,
             cores,
         };
         s.set_targets(targets, cores);

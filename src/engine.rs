@@ -219,8 +219,12 @@ pub struct Job {
     pub hwaccel_cuda: bool,
     /// Where each frame's faces are streamed as JSON.
     pub faces_json: Option<PathBuf>,
-    /// Measure the identity each face keeps (on with `faces_json`, every face).
+    /// Measure the identity each face keeps (on with `faces_json`, every face, unless
+    /// `boxes_only`).
     pub identity: bool,
+    /// The faces record says where the faces are, not how much identity each kept (a
+    /// service's jobs: their page draws the boxes; no identity model runs for them).
+    pub boxes_only: bool,
     pub cancel: CancelToken,
 }
 

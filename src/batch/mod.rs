@@ -481,12 +481,14 @@ impl View {
         };
         let overall = mp.add(ProgressBar::new(frames));
         overall.set_style(
-            ProgressStyle::with_template("{prefix:>8} [{elapsed_precise}] {wide_bar} {pos}/{len} frames {fps} ETA {eta} {msg}")
-                .expect("valid template")
-                // Frames a second with one decimal (indicatif's own rate has four).
-                .with_key("fps", |s: &indicatif::ProgressState, w: &mut dyn std::fmt::Write| {
-                    let _ = write!(w, "{:.1} fps", s.per_sec());
-                }),
+            ProgressStyle::with_template(
+                "{prefix:>8} [{elapsed_precise}] {wide_bar} {pos}/{len} frames {fps} ETA {eta} {msg}",
+            )
+            .expect("valid template")
+            // Frames a second with one decimal (indicatif's own rate has four).
+            .with_key("fps", |s: &indicatif::ProgressState, w: &mut dyn std::fmt::Write| {
+                let _ = write!(w, "{:.1} fps", s.per_sec());
+            }),
         );
         overall.set_prefix("all");
         overall.set_message(format!("0/{} clips", todo.len()));

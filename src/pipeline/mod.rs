@@ -186,7 +186,7 @@ fn run_wired(
         video: true,
         flush: dispatch::Flush::Idle,
         sides: crate::media::compare::Sides::of(&job.source),
-        identity: job.identity || job.faces_json.is_some(),
+        identity: job.identity || (job.faces_json.is_some() && !job.boxes_only),
         each_face: job.faces_json.is_some(),
     };
     let (cancel, output) = (&job.cancel, job.output.as_path());

@@ -105,7 +105,7 @@ fn run_inner<R: Send>(
         // Pictures are turned upright as they are decoded.
         sides: Default::default(),
         // Measured where the faces are recorded: a picture's faces have no track to sample.
-        identity: first.0.identity || first.0.faces_json.is_some(),
+        identity: first.0.identity || (first.0.faces_json.is_some() && !first.0.boxes_only),
         each_face: true,
     };
     // Pictures are opened and written on as many threads as the pool stages have: a photo's

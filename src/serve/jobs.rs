@@ -1158,6 +1158,8 @@ impl Jobs {
         settings.stats_json = None;
         // The run's faces record stays in the job's folder, made small once the run is done.
         settings.faces_json = Some(dir.join(super::face_boxes::RAW));
+        // Where the faces are, for the page; no identity model runs for it.
+        settings.boxes_only = true;
         let job = settings.job(&dir.join(&rec.input), &dir.join(&rec.output), cancel.clone())?;
         if let Some(work) = crate::segment::Work::open(&settings, &job, self.opts.segment, false)? {
             let all = |_: &crate::segment::plan::Segment| true;
