@@ -72,6 +72,16 @@ pub struct Engine {
     pub identity_opts: SessionOptions,
 }
 
+/// The template the model's entry gives, on workers whose file names none of its own.
+fn registered_template(workers: &mut [Worker], template: Option<crate::faces::align::Template>) {
+    for w in workers {
+        let info = &mut w.enhancer.info;
+        if let (false, Some(t)) = (info.template_in_file, template) {
+            info.template = t;
+        }
+    }
+}
+
 /// A stop request shared with whoever may set it (Ctrl-C, a batch coordinator).
 #[derive(Clone, Debug, Default)]
 pub struct CancelToken(Arc<AtomicBool>);
@@ -299,12 +309,7 @@ impl Engine {
                 live: Default::default(),
             });
         }
-        for w in &mut workers {
-            let info = &mut w.enhancer.info;
-            if let (false, Some(t)) = (info.template_in_file, key.template) {
-                info.template = t;
-            }
-        }
+        registered_template(&mut workers, key.template);
         let info = workers[0].enhancer.info.clone();
         if s.fp16 && !s.trt && info.precision.as_deref() != Some("fp16") {
             bail!(

@@ -137,37 +137,7 @@ pub fn add(a: &AddArgs) -> Result<(Entry, String)> {
         licence: base.as_ref().map_or(String::new(), |b| b.licence.clone()),
         origin: String::new(),
     };
-    match info.fixed_batch {
-        Some(1) if !a.keep_batch => {
-            let w = fidelity.unwrap_or(DEFAULT_FIDELITY);
-            match batched_copy(a, &original, &info, w) {
-                Ok(copy) => {
-                    let _ = writeln!(
-                        said,
-                        "its batch is fixed at 1: wrote {} with a symbolic batch (checked to the bit: its single calls give the file's results, and a batch of {} what {} single calls give)",
-                        copy.display(),
-                        rebatch::CHECK_BATCH,
-                        rebatch::CHECK_BATCH
-                    );
-                    entry.origin = std::mem::replace(&mut entry.file, copy.display().to_string());
-                    entry.source_sha256 = std::mem::take(&mut entry.sha256);
-                    entry.source_bytes = entry.bytes;
-                    entry.sha256 = sha256_file(&copy)?;
-                    entry.bytes = std::fs::metadata(&copy)?.len();
-                    entry.batch = Batch::Dynamic;
-                    entry.notes = format!("a copy of {} with a symbolic batch", entry.origin);
-                }
-                Err(why) => {
-                    let _ = writeln!(said, "its batch stays at 1: {why:#}");
-                    entry.notes = format!("batch fixed at 1: {why:#}");
-                }
-            }
-        }
-        Some(1) => {
-            let _ = writeln!(said, "its batch stays at 1 (--keep-batch)");
-        }
-        _ => {}
-    }
+    batch_of(a, &original, &info, &mut entry, &mut said)?;
     let mut reg = user::load()?;
     let old = reg.models.iter().position(|e| e.name.eq_ignore_ascii_case(&entry.name));
     if let Some(i) = old {
@@ -225,4 +195,42 @@ pub fn remove(name: &str) -> Result<String> {
     remove_copy(&e, None);
     let file = user::save(&reg)?;
     Ok(format!("removed {} from {}\n", e.name, file.display()))
+}
+
+/// Makes `entry` the checked copy with a symbolic batch of a file whose batch is fixed at 1
+/// (unless `--keep-batch`), or says why it stays at 1.
+fn batch_of(a: &AddArgs, original: &Path, info: &ModelInfo, entry: &mut Entry, said: &mut String) -> Result<()> {
+    let fidelity = entry.fidelity;
+    match info.fixed_batch {
+        Some(1) if !a.keep_batch => {
+            let w = fidelity.unwrap_or(DEFAULT_FIDELITY);
+            match batched_copy(a, original, info, w) {
+                Ok(copy) => {
+                    let _ = writeln!(
+                        said,
+                        "its batch is fixed at 1: wrote {} with a symbolic batch (checked to the bit: its single calls give the file's results, and a batch of {} what {} single calls give)",
+                        copy.display(),
+                        rebatch::CHECK_BATCH,
+                        rebatch::CHECK_BATCH
+                    );
+                    entry.origin = std::mem::replace(&mut entry.file, copy.display().to_string());
+                    entry.source_sha256 = std::mem::take(&mut entry.sha256);
+                    entry.source_bytes = entry.bytes;
+                    entry.sha256 = sha256_file(&copy)?;
+                    entry.bytes = std::fs::metadata(&copy)?.len();
+                    entry.batch = Batch::Dynamic;
+                    entry.notes = format!("a copy of {} with a symbolic batch", entry.origin);
+                }
+                Err(why) => {
+                    let _ = writeln!(said, "its batch stays at 1: {why:#}");
+                    entry.notes = format!("batch fixed at 1: {why:#}");
+                }
+            }
+        }
+        Some(1) => {
+            let _ = writeln!(said, "its batch stays at 1 (--keep-batch)");
+        }
+        _ => {}
+    }
+    Ok(())
 }

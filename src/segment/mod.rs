@@ -531,6 +531,29 @@ pub struct Done {
     pub joined_elsewhere: bool,
 }
 
+/// Joins OUT once every segment is done. A run that waits for the whole set waits for another
+/// process's join too (it holds the join's claim): the folder goes when OUT is in place; a join
+/// given up is taken over. `frames` done so far, for a cancellation's message.
+fn join_when_whole(work: &Work, job: &Job, wait: bool, frames: u64) -> Result<Option<Joined>> {
+    let mut joined = work.join(job)?;
+    while wait && joined.is_none() && !work.finished() {
+        if job.cancel.is_cancelled() {
+            return Err(crate::engine::Cancelled {
+                frames,
+                input: job.source.path.display().to_string(),
+            }
+            .into());
+        }
+        if work.segments().iter().any(|s| work.record(s.number).is_none()) {
+            // A segment's record vanished (a new plan by another process): nothing to join.
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+        joined = work.join(job)?;
+    }
+    Ok(joined)
+}
+
 /// Restores the segments of `work` that `share` gives this process, `share.jobs` at a time
 /// (each job its own engine, GPUs shared out as batch does), then joins OUT if the set is
 /// whole. `progress` is called with the frames and faces finished so far (segments done
@@ -633,24 +656,7 @@ pub fn run(
     }
     let mut restored = restored.into_inner().unwrap_or_else(|e| e.into_inner());
     restored.sort_by_key(|(r, _)| r.number);
-    let mut joined = work.join(job)?;
-    // A run that waits for the whole set waits for another process's join too (it holds the
-    // join's claim): the folder goes when OUT is in place; a join given up is taken over.
-    while share.wait && joined.is_none() && !work.finished() {
-        if job.cancel.is_cancelled() {
-            return Err(crate::engine::Cancelled {
-                frames: frames_done.load(Ordering::Relaxed),
-                input: job.source.path.display().to_string(),
-            }
-            .into());
-        }
-        if work.segments().iter().any(|s| work.record(s.number).is_none()) {
-            // A segment's record vanished (a new plan by another process): nothing to join.
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(200));
-        joined = work.join(job)?;
-    }
+    let joined = join_when_whole(work, job, share.wait, frames_done.load(Ordering::Relaxed))?;
     // The plan gone and OUT in place: another process joined (before this one looked, or
     // while it waited).
     let joined_elsewhere = joined.is_none() && work.finished() && job.output.exists();

@@ -363,21 +363,7 @@ pub fn run(settings: Settings, opts: ServeOptions, ints: &Interrupts) -> Result<
                 .context("cannot start the jobs thread")?,
         );
     }
-    crate::console::eprint!(
-        "gpen-video serve: jobs kept in {} (--jobs-dir)",
-        opts.jobs.dir.display()
-    );
-    crate::console::eprint!(
-        "gpen-video serve: listening on http://{local} (POST /v1/restore, /v1/jobs, GET /healthz, GET /metrics)"
-    );
-    crate::console::eprint!(
-        "gpen-video serve: the page: open http://{local}/{} in a browser",
-        if opts.token.is_some() {
-            "?token=TOKEN (your --token)"
-        } else {
-            ""
-        }
-    );
+    say_where(&opts, local);
     let router = Router::new()
         .route("/v1/restore", post(restore))
         .route("/v1/jobs", post(job_api::create).get(job_api::list))
@@ -436,6 +422,25 @@ pub fn run(settings: Settings, opts: ServeOptions, ints: &Interrupts) -> Result<
     engine.context("the service could not load its model")?;
     crate::console::eprint!("gpen-video serve: stopped");
     Ok(())
+}
+
+/// Says where the jobs are kept, where the service listens and where its page is.
+fn say_where(opts: &ServeOptions, local: std::net::SocketAddr) {
+    crate::console::eprint!(
+        "gpen-video serve: jobs kept in {} (--jobs-dir)",
+        opts.jobs.dir.display()
+    );
+    crate::console::eprint!(
+        "gpen-video serve: listening on http://{local} (POST /v1/restore, /v1/jobs, GET /healthz, GET /metrics)"
+    );
+    crate::console::eprint!(
+        "gpen-video serve: the page: open http://{local}/{} in a browser",
+        if opts.token.is_some() {
+            "?token=TOKEN (your --token)"
+        } else {
+            ""
+        }
+    );
 }
 
 /// Accepts connections until `stop` resolves, each served by hyper's HTTP/1 with a deadline
