@@ -118,15 +118,7 @@ def build_codeformer(size: int = 512) -> onnx.ModelProto:
         helper.make_node("ConstantOfShape", ["feat_shape"], ["lq_feat"],
                          value=numpy_helper.from_array(np.array([0.0], np.float32))),
     ]
-    graph = helper.make_graph(nodes, "codeformer-standin", [x, w], outs, initializer=inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    model.ir_version = 8
-    for k, v in {"gpen_video.weights": "stand-in (codeformer): not a restorer",
-                 "gpen_video.size": str(size)}.items():
-        p = model.metadata_props.add()
-        p.key, p.value = k, v
-    onnx.checker.check_model(model)
-    return model
+    return _finish(nodes, "codeformer-standin", [x, w], outs, inits, "codeformer", size)
 
 
 def _finish(nodes, name, ins, outs, inits, kind, size) -> onnx.ModelProto:

@@ -336,22 +336,7 @@ fn a_service_job_restores_only_the_person_it_names() {
             "{words}"
         );
     }
-    let (status, _, answer) = post("&only-face=obama");
-    assert_eq!(status, 202, "{}", String::from_utf8_lossy(&answer));
-    let v: serde_json::Value = serde_json::from_slice(&answer).unwrap();
-    let id = v["id"].as_str().unwrap().to_string();
-    let start = std::time::Instant::now();
-    loop {
-        let (_, _, rec) = server.call("GET", &format!("/v1/jobs/{id}"), &[], None, &[]);
-        let v: serde_json::Value = serde_json::from_slice(&rec).unwrap();
-        if v["state"] == "done" {
-            break;
-        }
-        assert!(v["state"] != "failed", "{v}");
-        assert!(start.elapsed().as_secs() < 120, "{v}");
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
-    let (_, _, result) = server.call("GET", &format!("/v1/jobs/{id}/result"), &[], None, &[]);
+    let result = server.run_job("name=pair.mp4&only-face=obama", &body);
     let out = dir.path().join("job.mp4");
     std::fs::write(&out, result).unwrap();
     let c = boxes_changed(&input, &out, &b);
