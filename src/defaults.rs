@@ -163,6 +163,10 @@ pub const MIN_UPLOAD_KBS: u64 = 32;
 /// resumes from, short enough that little is redone.
 pub const JOB_SEGMENT_S: f64 = 30.0;
 
+/// Seconds a replica's claim on a shared job or segment holds without renewal (`--job-lease-s`):
+/// renewed every quarter of it, and a replica killed loses its work to the others this long after.
+pub const JOB_LEASE_S: f64 = 30.0;
+
 /// Finds a file the set-up installs (`models/...`): relative to the working directory, then to
 /// the checkout the executable was built in.
 pub fn find_asset(rel: &str) -> Option<std::path::PathBuf> {

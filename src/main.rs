@@ -177,6 +177,17 @@ struct ServeArgs {
     /// mid-job resumes from the finished ones.
     #[arg(long, value_name = "SECONDS", default_value_t = defaults::JOB_SEGMENT_S, value_parser = parse_segment, help_heading = "Jobs")]
     job_segment_s: f64,
+    /// Share jobs with the other replicas of this service through this PostgreSQL database
+    /// (postgres://USER[:PASSWORD]@HOST[:PORT]/DBNAME; also read from GPEN_VIDEO_JOBS_DB, which
+    /// keeps a password out of the process list): any replica answers for any job and a film's
+    /// segments spread over them. --jobs-dir must then be a folder every replica shares. The
+    /// schema is made at start. Without it, jobs live in this service alone.
+    #[arg(long, value_name = "URL", env = "GPEN_VIDEO_JOBS_DB", hide_env_values = true, help_heading = "Jobs")]
+    jobs_db: Option<String>,
+    /// With --jobs-db: seconds a replica's claim on a job or segment holds without renewal; a
+    /// replica that dies loses its work to the others this long after.
+    #[arg(long, value_name = "S", default_value_t = defaults::JOB_LEASE_S, help_heading = "Jobs")]
+    job_lease_s: f64,
     /// Require `Authorization: Bearer TOKEN` on every API call and the page (also read from
     /// GPEN_VIDEO_TOKEN, which keeps it out of the process list). /healthz and /metrics stay open.
     /// An empty token is refused.
@@ -578,6 +589,8 @@ fn run_serve(s: ServeArgs) -> anyhow::Result<()> {
             max_pixels: s.max_pixels,
             max_photo_bytes: s.max_body_mb * 1024 * 1024,
             faces: s.faces.into_iter().collect(),
+            db: s.jobs_db.filter(|u| !u.is_empty()),
+            lease: std::time::Duration::from_secs_f64(at_least_1("--job-lease-s", s.job_lease_s)?),
         },
         token: token_of(s.token)?,
         allow_hosts: s.allow_host,
@@ -615,6 +628,14 @@ fn token_of(flag: Option<String>) -> anyhow::Result<Option<String>> {
 }
 
 /// `value` when it is a positive finite number, else an error naming `flag`.
+fn at_least_1(flag: &str, value: f64) -> anyhow::Result<f64> {
+    if value.is_finite() && value >= 1.0 {
+        Ok(value)
+    } else {
+        bail!("{flag} must be at least 1 (seconds), got {value}")
+    }
+}
+
 fn positive(flag: &str, value: f64) -> anyhow::Result<f64> {
     if value.is_finite() && value > 0.0 {
         Ok(value)

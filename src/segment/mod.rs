@@ -77,6 +77,32 @@ pub struct Work {
     pts: Arc<Vec<i64>>,
 }
 
+/// A segment restored into files not yet in place (see [`Work::make`]).
+pub struct Made {
+    partial: Partial,
+    seg_path: PathBuf,
+    record_path: PathBuf,
+    faces: crate::pipeline::FacesRecord,
+    pub summary: Summary,
+    pub record: Record,
+}
+
+impl Made {
+    /// Puts the segment's packet file and faces record in place, then its record (last: a
+    /// segment is done when its record vouches for its packet file).
+    pub fn commit(self) -> Result<Record> {
+        self.partial.rename_to(&self.seg_path)?;
+        self.faces.commit()?;
+        write_atomic(&self.record_path, &serde_json::to_vec(&self.record)?)?;
+        Ok(self.record)
+    }
+
+    /// Removes the segment's files (another holder made it).
+    pub fn discard(self) {
+        self.partial.discard();
+    }
+}
+
 /// The hidden work folder of `output`'s segments.
 pub fn work_dir(output: &Path) -> PathBuf {
     let name = output
@@ -227,6 +253,21 @@ impl Work {
         seg: &Segment,
         progress: &(dyn Fn(Progress) + Sync),
     ) -> Result<(Record, Summary)> {
+        let made = self.make(engine, job, seg, progress)?;
+        let summary = made.summary.clone();
+        Ok((made.commit()?, summary))
+    }
+
+    /// Restores segment `seg` of `job` on `engine` into files not yet in place: [`Made::commit`]
+    /// puts them there and records the segment (dropped, they are discarded). A caller that
+    /// holds the segment by a lease commits only while it still holds it.
+    pub fn make(
+        &self,
+        engine: &mut Engine,
+        job: &Job,
+        seg: &Segment,
+        progress: &(dyn Fn(Progress) + Sync),
+    ) -> Result<Made> {
         let start = Instant::now();
         let n = seg.number;
         let seg_path = self.seg_path(n);
@@ -268,9 +309,6 @@ impl Work {
                 seg.frames()
             );
         }
-        let tail = done.faces.tail().map(str::to_string);
-        partial.rename_to(&seg_path)?;
-        done.faces.commit()?;
         let record = Record {
             number: n,
             settings: self.plan.settings.clone(),
@@ -280,12 +318,18 @@ impl Work {
             faces: done.summary.faces,
             frames_with_faces: done.summary.frames_with_faces,
             warm_frames: seg.warm_frames(),
-            bytes: std::fs::metadata(&seg_path)?.len(),
+            bytes: std::fs::metadata(partial.path())?.len(),
             wall_s: start.elapsed().as_secs_f64(),
-            tail,
+            tail: done.faces.tail().map(str::to_string),
         };
-        write_atomic(&self.record_path(n), &serde_json::to_vec(&record)?)?;
-        Ok((record, done.summary))
+        Ok(Made {
+            partial,
+            seg_path,
+            record_path: self.record_path(n),
+            faces: done.faces,
+            summary: done.summary,
+            record,
+        })
     }
 
     /// Joins the segments into `job`'s OUT when every one is done and no one else is joining:

@@ -296,15 +296,28 @@ pub(super) async fn list(State(app): State<Arc<App>>, headers: HeaderMap) -> Res
         (None, true) => None,
         (None, false) => Some(String::new()),
     };
-    let jobs = jobs_of(&app).list(owner.as_deref());
-    json(StatusCode::OK, &serde_json::json!({ "jobs": jobs }))
+    // With a jobs database the answer is a query: it waits off the async threads.
+    let jobs = jobs_of(&app).clone();
+    let listed = tokio::task::spawn_blocking(move || jobs.list(owner.as_deref()))
+        .await
+        .unwrap_or_else(|_| Err(Failure::error(Kind::Engine, "internal error")));
+    match listed {
+        Ok(jobs) => json(StatusCode::OK, &serde_json::json!({ "jobs": jobs })),
+        Err(e) => error(&app, &e),
+    }
 }
 
 /// `GET /v1/jobs/{id}`: the job's record with its progress (and a queued job's `place`).
 pub(super) async fn show(State(app): State<Arc<App>>, UrlPath(id): UrlPath<String>, headers: HeaderMap) -> Response {
-    let r = super::authorize(&app, &headers)
-        .and_then(|()| id_of(&id).map(str::to_string))
-        .and_then(|id| jobs_of(&app).answer(&id).ok_or_else(|| not_found(&id)));
+    let r = match super::authorize(&app, &headers).and_then(|()| id_of(&id).map(str::to_string)) {
+        Ok(id) => {
+            let jobs = jobs_of(&app).clone();
+            tokio::task::spawn_blocking(move || jobs.answer(&id)?.ok_or_else(|| not_found(&id)))
+                .await
+                .unwrap_or_else(|_| Err(Failure::error(Kind::Engine, "internal error")))
+        }
+        Err(e) => Err(e),
+    };
     match r {
         Ok(v) => json(StatusCode::OK, &v),
         Err(e) => error(&app, &e),
@@ -337,7 +350,7 @@ pub(super) async fn cancel(State(app): State<Arc<App>>, UrlPath(id): UrlPath<Str
     let r = match super::authorize(&app, &headers).and_then(|()| id_of(&id).map(str::to_string)) {
         Ok(id) => {
             let jobs = jobs_of(&app).clone();
-            tokio::task::spawn_blocking(move || jobs.cancel(&id).map(|_| jobs.answer(&id)))
+            tokio::task::spawn_blocking(move || jobs.cancel(&id).and_then(|_| jobs.answer(&id)))
                 .await
                 .unwrap_or_else(|_| Err(Failure::error(Kind::Engine, "internal error")))
         }
@@ -434,7 +447,9 @@ fn serve_file(app: &Arc<App>, id: &str, query: Option<&str>, headers: &HeaderMap
         .and_then(|q| Ok((q, id_of(id)?.to_string())))
         .and_then(|(q, id)| {
             let jobs = jobs_of(&app);
-            Ok((q, if input { jobs.input(&id)? } else { jobs.result(&id)? }))
+            // A query with a jobs database: off the async thread while it waits.
+            let file = tokio::task::block_in_place(|| if input { jobs.input(&id) } else { jobs.result(&id) })?;
+            Ok((q, file))
         });
     let (q, (rec, file)) = match found {
         Ok(f) => f,

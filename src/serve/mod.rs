@@ -23,6 +23,7 @@ mod face_boxes;
 mod job_api;
 pub mod jobs;
 pub mod metrics;
+pub mod shared;
 mod page;
 
 use std::net::SocketAddr;
@@ -562,7 +563,19 @@ async fn metrics_page(State(app): State<Arc<App>>) -> Response {
         (in_flight, app.opts.queue as u64),
     );
     let seconds = app.jobs.seconds.lock().unwrap_or_else(|e| e.into_inner()).clone();
-    page += &metrics::render_jobs(app.jobs.counts(), &seconds);
+    let (counts, shared) = tokio::task::block_in_place(|| {
+        let shared = app.jobs.db.as_ref().map(|db| {
+            db.holdings().unwrap_or_else(|e| {
+                tracing::warn!("{e:#}");
+                (0, 0, 0)
+            })
+        });
+        (app.jobs.counts(), shared)
+    });
+    page += &metrics::render_jobs(counts, &seconds);
+    if let Some(held) = shared {
+        page += &metrics::render_shared(held);
+    }
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], page).into_response()
 }
 

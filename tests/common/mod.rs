@@ -2,6 +2,7 @@
 //! real binary's results and FFmpeg's own reading of its output files.
 #![allow(dead_code)]
 
+pub mod pg;
 pub mod server;
 
 use std::path::{Path, PathBuf};

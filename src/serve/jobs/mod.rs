@@ -31,6 +31,8 @@ use crate::faces::paste::MaskKind;
 use crate::output::write_atomic;
 use crate::treatment::Treatment;
 
+mod replica;
+
 /// How jobs are kept and limited.
 #[derive(Clone, Debug)]
 pub struct JobsOptions {
@@ -52,6 +54,13 @@ pub struct JobsOptions {
     /// The people a job may name (`only-face=NAME`, `skip-face=NAME`): each name's reference
     /// photo (`--face NAME=PHOTO`). A job names people only by these names, never by a path.
     pub faces: BTreeMap<String, PathBuf>,
+    /// The PostgreSQL database the replicas share (`--jobs-db`): jobs and their films'
+    /// segments are its rows, any replica answers for any job and works on any film; `None`,
+    /// the jobs live in this service alone.
+    pub db: Option<String>,
+    /// How long a replica's claim on a job or segment holds without renewal (`--job-lease-s`):
+    /// a replica killed loses its work to the others this long after.
+    pub lease: Duration,
 }
 
 /// Where a job is.
@@ -270,8 +279,13 @@ pub struct Jobs {
     stopping: AtomicBool,
     /// Seconds each finished job ran, for the metrics' histogram.
     pub seconds: Mutex<Vec<f64>>,
-    /// The folder's advisory lock, held while the service runs: one service a folder.
-    _lock: std::fs::File,
+    /// The folder's advisory lock, held while the service runs: one service a folder (none with
+    /// a jobs database: its replicas share the folder).
+    _lock: Option<std::fs::File>,
+    /// The replicas' database (`--jobs-db`).
+    pub db: Option<super::shared::Db>,
+    /// What this replica runs of the shared jobs: each job's stop.
+    running: Mutex<BTreeMap<String, CancelToken>>,
 }
 
 fn now() -> f64 {
@@ -538,6 +552,22 @@ impl Jobs {
     pub fn open(settings: Settings, opts: JobsOptions) -> Result<Arc<Jobs>> {
         std::fs::create_dir_all(&opts.dir)
             .with_context(|| format!("cannot create the jobs folder {} (--jobs-dir)", opts.dir.display()))?;
+        if let Some(url) = &opts.db {
+            let db = super::shared::Db::open(url, opts.lease, Duration::from_secs(30))?;
+            tracing::info!(replica = %db.replica, database = %db.shown, "jobs shared through the jobs database");
+            return Ok(Arc::new(Jobs {
+                opts,
+                settings,
+                table: Mutex::new(BTreeMap::new()),
+                uploads: Mutex::new(BTreeMap::new()),
+                wake: Condvar::new(),
+                stopping: AtomicBool::new(false),
+                seconds: Mutex::new(Vec::new()),
+                _lock: None,
+                db: Some(db),
+                running: Mutex::new(BTreeMap::new()),
+            }));
+        }
         let lock = lock_folder(&opts.dir)?;
         let mut table = BTreeMap::new();
         for entry in std::fs::read_dir(&opts.dir).with_context(|| format!("cannot read {}", opts.dir.display()))? {
@@ -597,7 +627,9 @@ impl Jobs {
             wake: Condvar::new(),
             stopping: AtomicBool::new(false),
             seconds: Mutex::new(Vec::new()),
-            _lock: lock,
+            _lock: Some(lock),
+            db: None,
+            running: Mutex::new(BTreeMap::new()),
         }))
     }
 
@@ -616,30 +648,50 @@ impl Jobs {
     /// The jobs `owner` may see, oldest first, each as the API answers it (with its place in
     /// line): `None` sees every job (the token's holder), `Some(key)` those made with that key
     /// (`Some("")`: those made without one).
-    pub fn list(&self, owner: Option<&str>) -> Vec<serde_json::Value> {
+    pub fn list(&self, owner: Option<&str>) -> Result<Vec<serde_json::Value>> {
+        if let Some(db) = &self.db {
+            return Ok(db.list(owner)?.iter().map(|(r, place)| answer_at(r, *place)).collect());
+        }
         let t = self.lock();
         let mut v: Vec<&Entry> = t
             .values()
             .filter(|e| owner.is_none_or(|o| e.rec.owner.as_deref().unwrap_or("") == o))
             .collect();
         v.sort_by(|a, b| a.rec.created.total_cmp(&b.rec.created));
-        v.iter().map(|e| answer_in(&t, &e.rec)).collect()
+        Ok(v.iter().map(|e| answer_in(&t, &e.rec)).collect())
     }
 
-    pub fn get(&self, id: &str) -> Option<Record> {
-        self.lock().get(id).map(|e| e.rec.clone())
+    /// Job `id`'s record (this service's table, or the replicas' database).
+    pub fn get(&self, id: &str) -> Result<Option<Record>> {
+        match &self.db {
+            Some(db) => Ok(db.get(id)?.map(|(r, _)| r)),
+            None => Ok(self.lock().get(id).map(|e| e.rec.clone())),
+        }
+    }
+
+    /// Job `id`'s record, or the error that there is none.
+    fn find(&self, id: &str) -> Result<Record> {
+        self.get(id)?.ok_or_else(|| not_found(id))
     }
 
     /// Job `id` as the API answers it, with its place in line.
-    pub fn answer(&self, id: &str) -> Option<serde_json::Value> {
+    pub fn answer(&self, id: &str) -> Result<Option<serde_json::Value>> {
+        if let Some(db) = &self.db {
+            return Ok(db.get(id)?.map(|(r, place)| answer_at(&r, place)));
+        }
         let t = self.lock();
-        t.get(id).map(|e| answer_in(&t, &e.rec))
+        Ok(t.get(id).map(|e| answer_in(&t, &e.rec)))
     }
 
     /// Cancels job `id`: a queued one never runs, a running one stops; it stays listed as
     /// cancelled (its result never made) until it is removed or expires. A finished job is
     /// left as it is.
     pub fn cancel(&self, id: &str) -> Result<Record> {
+        if let Some(db) = &self.db {
+            let rec = db.cancel(id)?.ok_or_else(|| not_found(id))?;
+            self.stop_local(id);
+            return Ok(rec);
+        }
         let mut t = self.lock();
         let e = t.get_mut(id).ok_or_else(|| not_found(id))?;
         if e.foreign.is_some() || e.rec.state.finished() {
@@ -659,6 +711,12 @@ impl Jobs {
 
     /// Jobs by state: (queued, running, done, failed).
     pub fn counts(&self) -> (usize, usize, usize, usize) {
+        if let Some(db) = &self.db {
+            return db.counts().unwrap_or_else(|e| {
+                tracing::warn!("{e:#}");
+                (0, 0, 0, 0)
+            });
+        }
         let t = self.lock();
         let n = |s: State| t.values().filter(|e| e.rec.state == s).count();
         (n(State::Queued), n(State::Running), n(State::Done), n(State::Failed))
@@ -666,7 +724,7 @@ impl Jobs {
 
     /// The result file of a done job, opened (a plain file of its folder, no link followed).
     pub fn result(&self, id: &str) -> Result<(Record, std::fs::File)> {
-        let rec = self.get(id).ok_or_else(|| not_found(id))?;
+        let rec = self.find(id)?;
         if rec.state != State::Done {
             return Err(Failure::error(
                 Kind::Conflict,
@@ -694,6 +752,16 @@ impl Jobs {
     /// The deletion is on disk (the record says cancelled) before this returns, so a service
     /// killed after its answer removes the job at its next start instead of running it again.
     pub fn delete(&self, id: &str) -> Result<Record> {
+        if let Some(db) = &self.db {
+            let rec = db.remove(id)?.ok_or_else(|| not_found(id))?;
+            self.stop_local(id);
+            // Its files go now unless a replica still works on it (then once it lets go).
+            let gone = db.reap(Some(id), &|id| Ok(remove_job_dir(&self.dir_of(id))?))?;
+            if gone.is_empty() {
+                tracing::info!(job = %id, "job removed; its files go once no replica works on it");
+            }
+            return Ok(rec);
+        }
         let mut t = self.lock();
         let e = t.get(id).ok_or_else(|| not_found(id))?;
         if let Some(why) = &e.foreign {
@@ -734,22 +802,48 @@ impl Jobs {
         let Ok(dir) = std::fs::read_dir(&self.opts.dir) else {
             return u;
         };
-        let t = self.lock();
+        let finished = self.finished_jobs();
         for e in dir.flatten() {
             let name = e.file_name().to_string_lossy().to_string();
             if uploads.contains_key(&name) {
                 continue;
             }
             let bytes = crate::output::bytes_under(&e.path());
-            match t.get(&name) {
-                Some(j) if j.rec.state.finished() && j.foreign.is_none() => {
-                    u.finished.push((j.rec.finished.unwrap_or(0.0), name, bytes));
-                }
-                _ => u.fixed += bytes,
+            match finished.get(&name) {
+                Some(&when) => u.finished.push((when, name, bytes)),
+                None => u.fixed += bytes,
             }
         }
         u.finished.sort_by(|a, b| a.0.total_cmp(&b.0));
         u
+    }
+
+    /// The finished jobs that may be removed (for room, or past their time), with when each
+    /// finished.
+    fn finished_jobs(&self) -> BTreeMap<String, f64> {
+        if let Some(db) = &self.db {
+            return db
+                .finished_jobs()
+                .unwrap_or_else(|e| {
+                    tracing::warn!("{e:#}");
+                    Vec::new()
+                })
+                .into_iter()
+                .collect();
+        }
+        self.lock()
+            .values()
+            .filter(|j| j.rec.state.finished() && j.foreign.is_none())
+            .map(|j| (j.rec.id.clone(), j.rec.finished.unwrap_or(0.0)))
+            .collect()
+    }
+
+    /// Jobs waiting or running (every replica's, with a jobs database).
+    fn unfinished(&self) -> Result<usize> {
+        match &self.db {
+            Some(db) => db.unfinished(),
+            None => Ok(self.lock().values().filter(|e| !e.rec.state.finished()).count()),
+        }
     }
 
     /// The quota as a number of bytes, said in words for an error.
@@ -764,7 +858,7 @@ impl Jobs {
     pub fn begin_upload(self: &Arc<Self>, declared: Option<u64>) -> Result<Upload> {
         self.expire();
         let mut ups = self.uploads();
-        let waiting = self.lock().values().filter(|e| !e.rec.state.finished()).count() + ups.len();
+        let waiting = self.unfinished()? + ups.len();
         if waiting >= self.opts.max_jobs {
             return Err(Failure::error(
                 Kind::TooMany,
@@ -858,10 +952,10 @@ impl Jobs {
     pub fn expire(&self) {
         let cutoff = now() - self.opts.ttl.as_secs_f64();
         let old: Vec<String> = self
-            .lock()
-            .values()
-            .filter(|e| e.foreign.is_none() && e.rec.state.finished() && e.rec.finished.unwrap_or(0.0) < cutoff)
-            .map(|e| e.rec.id.clone())
+            .finished_jobs()
+            .into_iter()
+            .filter(|(_, when)| *when < cutoff)
+            .map(|(id, _)| id)
             .collect();
         for id in old {
             tracing::info!(job = %id, "removing a finished job past --job-ttl-h");
@@ -991,6 +1085,12 @@ impl Jobs {
             owner,
             ..named
         };
+        if let Some(db) = &self.db {
+            // The record is the database's; the folder holds the files.
+            db.insert(&rec)?;
+            self.wake.notify_all();
+            return Ok(rec);
+        }
         write_atomic(&dir.join("job.json"), &serde_json::to_vec_pretty(&rec)?)?;
         self.lock().insert(
             id.to_string(),
@@ -1008,6 +1108,9 @@ impl Jobs {
     /// next start).
     pub fn stop(&self) {
         self.stopping.store(true, Ordering::SeqCst);
+        for c in self.running().values() {
+            c.cancel();
+        }
         for e in self.lock().values() {
             if e.rec.state == State::Running {
                 e.cancel.cancel();
@@ -1020,6 +1123,9 @@ impl Jobs {
     /// [`Jobs::stop`]. Films run in [`Lane::Films`]; photos in [`Lane::Photos`], so a photo
     /// never waits behind a film. The films' lane also expires old results.
     pub fn run(self: &Arc<Self>, lane: Lane) {
+        if let Some(db) = &self.db {
+            return self.run_shared(db, lane);
+        }
         while !self.stopping.load(Ordering::SeqCst) {
             let t = self.lock();
             let next = queue_of(&t, lane).first().map(|e| e.rec.id.clone());
@@ -1105,7 +1211,7 @@ impl Jobs {
             tracing::info!(job = %id, "job cancelled and removed");
             return;
         }
-        if self.get(id).is_some_and(|r| r.state == State::Cancelled) {
+        if self.lock().get(id).is_some_and(|e| e.rec.state == State::Cancelled) {
             tracing::info!(job = %id, "job cancelled");
             return;
         }
@@ -1154,13 +1260,7 @@ impl Jobs {
         progress: &(dyn Fn(crate::pipeline::Progress) + Sync),
     ) -> Result<()> {
         let dir = self.dir_of(&rec.id);
-        let mut settings = settings_of(&self.settings, &self.opts.faces, &rec.query)?;
-        settings.stats_json = None;
-        // The run's faces record stays in the job's folder, made small once the run is done.
-        settings.faces_json = Some(dir.join(super::face_boxes::RAW));
-        // Where the faces are, for the page; no identity model runs for it.
-        settings.boxes_only = true;
-        let job = settings.job(&dir.join(&rec.input), &dir.join(&rec.output), cancel.clone())?;
+        let (settings, job) = self.prepared(rec, cancel)?;
         if let Some(work) = crate::segment::Work::open(&settings, &job, self.opts.segment, false)? {
             let all = |_: &crate::segment::plan::Segment| true;
             let stop = || self.stopping.load(Ordering::SeqCst);
@@ -1187,9 +1287,22 @@ impl Jobs {
         Ok(())
     }
 
+    /// The settings and the job of `rec`, run from its folder, stopped by `cancel`.
+    fn prepared(&self, rec: &Record, cancel: &CancelToken) -> Result<(Settings, crate::engine::Job)> {
+        let dir = self.dir_of(&rec.id);
+        let mut settings = settings_of(&self.settings, &self.opts.faces, &rec.query)?;
+        settings.stats_json = None;
+        // The run's faces record stays in the job's folder, made small once the run is done.
+        settings.faces_json = Some(dir.join(super::face_boxes::RAW));
+        // Where the faces are, for the page; no identity model runs for it.
+        settings.boxes_only = true;
+        let job = settings.job(&dir.join(&rec.input), &dir.join(&rec.output), cancel.clone())?;
+        Ok((settings, job))
+    }
+
     /// Where done job `id` found its faces (see [`super::face_boxes`]): the record's JSON.
     pub fn faces(&self, id: &str) -> Result<Vec<u8>> {
-        let rec = self.get(id).ok_or_else(|| not_found(id))?;
+        let rec = self.find(id)?;
         if rec.state != State::Done {
             return Err(not_found(id));
         }
@@ -1219,6 +1332,15 @@ impl Lane {
             Lane::Films
         }
     }
+}
+
+/// `rec` as the API answers it ([`Record::answer`]), with its `place` in line when it has one.
+fn answer_at(rec: &Record, place: Option<u64>) -> serde_json::Value {
+    let mut v = rec.answer();
+    if let Some(p) = place {
+        v["place"] = serde_json::json!(p);
+    }
+    v
 }
 
 /// `rec` as the API answers it ([`Record::answer`]), a queued job with its `place` in its

@@ -1,0 +1,321 @@
+//! Service replicas sharing jobs through PostgreSQL (`serve --jobs-db`), end to end: in, a real
+//! PostgreSQL cluster of the test's own on loopback, two or three real `gpen-video serve`
+//! processes sharing it and one jobs folder, real clips and photos posted to one of them; out,
+//! any replica answering for any job, a film's segments spread over the replicas and joined once
+//! with every frame once, a replica killed with SIGKILL whose segments another takes over, a
+//! cancel through one replica stopping another's segments, and replicas starting at once on an
+//! empty database.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use common::pg::Postgres;
+use common::server::Server;
+use common::*;
+
+/// The replicas' tests one at a time: each runs two or three services on the same cores.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+fn model() -> String {
+    arg(&asset("models/standin/identity-256.onnx")).to_string()
+}
+
+/// `n` replicas started at once on `db`, sharing `jobs_dir`, with `extra` flags.
+fn replicas(db: &Postgres, jobs_dir: &Path, n: usize, extra: &[&str]) -> Vec<Server> {
+    let (m, url, dir) = (model(), db.url(), arg(jobs_dir).to_string());
+    let mut flags: Vec<String> = ["--model", &m, "--jobs-dir", &dir, "--jobs-db", &url, "--crf", "0"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    flags.extend(extra.iter().map(|s| s.to_string()));
+    let threads: Vec<_> = (0..n)
+        .map(|_| {
+            let flags = flags.clone();
+            std::thread::spawn(move || {
+                let f: Vec<&str> = flags.iter().map(String::as_str).collect();
+                Server::start(&f)
+            })
+        })
+        .collect();
+    threads.into_iter().map(|t| t.join().unwrap()).collect()
+}
+
+fn post(server: &Server, file: &Path, query: &str) -> String {
+    let name = file.file_name().unwrap().to_str().unwrap();
+    let (status, _, body) = server.call(
+        "POST",
+        &format!("/v1/jobs?name={name}{query}"),
+        &[],
+        Some(&std::fs::read(file).unwrap()),
+        &[],
+    );
+    assert_eq!(status, 202, "{}", String::from_utf8_lossy(&body));
+    let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    v["id"].as_str().unwrap().to_string()
+}
+
+fn record(server: &Server, id: &str) -> (u16, serde_json::Value) {
+    let (status, _, body) = server.call("GET", &format!("/v1/jobs/{id}"), &[], None, &[]);
+    (status, serde_json::from_slice(&body).unwrap_or_default())
+}
+
+/// Waits until job `id`, asked of `server`, is in one of `states`: its record.
+fn wait_for(server: &Server, id: &str, states: &[&str], secs: u64, all: &[&Server]) -> serde_json::Value {
+    let start = Instant::now();
+    loop {
+        let (status, v) = record(server, id);
+        assert_eq!(status, 200, "{v}");
+        if states.iter().any(|s| v["state"] == *s) {
+            return v;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(secs),
+            "job {id} not {states:?} after {secs} s: {v}\n{}",
+            logs(all)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn logs(all: &[&Server]) -> String {
+    all.iter()
+        .enumerate()
+        .map(|(i, s)| format!("--- replica {i} ---\n{}", s.log.lock().unwrap()))
+        .collect()
+}
+
+/// The segments a replica's log says it restored for job `id` (numbers from 1).
+fn restored(server: &Server, id: &str) -> Vec<usize> {
+    let log = server.log.lock().unwrap().clone();
+    log.lines()
+        .filter(|l| l.contains(id) && l.contains("restored here"))
+        .filter_map(|l| l.split("segment ").nth(1)?.split(' ').next()?.parse().ok())
+        .collect()
+}
+
+fn cli_run(input: &Path, out: &Path) {
+    ok(&gpen(&[&input, &out, &"--model", &model(), &"--crf", &"0"]));
+}
+
+fn result_of(server: &Server, id: &str, dir: &Path) -> PathBuf {
+    let (status, _, bytes) = server.call("GET", &format!("/v1/jobs/{id}/result"), &[], None, &[]);
+    assert_eq!(status, 200);
+    let got = dir.join(format!("{id}.mp4"));
+    std::fs::write(&got, bytes).unwrap();
+    got
+}
+
+#[test]
+fn a_job_posted_to_one_replica_is_answered_by_another_and_replicas_start_at_once() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let db = Postgres::start();
+    let dir = tempfile::tempdir().unwrap();
+    let jobs_dir = dir.path().join("jobs");
+    // Three replicas starting at once on an empty database agree on one schema.
+    let r = replicas(&db, &jobs_dir, 3, &["--job-segment-s", "1"]);
+    let all: Vec<&Server> = r.iter().collect();
+    let mut c = db.client();
+    let v: i32 = c.query_one("SELECT version FROM gpen_video_schema", &[]).unwrap().get(0);
+    assert_eq!(v, 1);
+    assert_eq!(c.query_one("SELECT count(*) FROM gpen_video_schema", &[]).unwrap().get::<_, i64>(0), 1);
+
+    // A clip posted to one replica, asked of another, listed by the third, served by any.
+    let video = moving_portrait(dir.path(), 3);
+    let id = post(&r[0], &video, "");
+    let (status, v) = record(&r[1], &id);
+    assert_eq!(status, 200, "{v}");
+    let done = wait_for(&r[2], &id, &["done", "failed"], 120, &all);
+    assert_eq!(done["state"], "done", "{done}");
+    assert_eq!(done["frames_done"], 90, "{done}");
+    let listed = r[1].get("/v1/jobs").1;
+    assert!(listed.contains(&id), "{listed}");
+    let got = result_of(&r[1], &id, dir.path());
+    let want = dir.path().join("cli.mp4");
+    cli_run(&video, &want);
+    assert_eq!(framemd5(&got, "0:v", false), framemd5(&want, "0:v", false));
+    // By range, through yet another replica.
+    let (status, h, part) = r[2].call(
+        "GET",
+        &format!("/v1/jobs/{id}/result"),
+        &[("Range", "bytes=0-99")],
+        None,
+        &["content-range"],
+    );
+    assert_eq!((status, part.len()), (206, 100), "{h:?}");
+    assert_eq!(part, std::fs::read(&got).unwrap()[..100]);
+
+    // A photo stays on the replica that took it.
+    let photo = dir.path().join("portrait.jpg");
+    ffmpeg(&["-i", arg(&asset("samples/astronaut.png")), "-vf", "scale=256:256", arg(&photo)]);
+    let pid = post(&r[1], &photo, "");
+    assert_eq!(wait_for(&r[0], &pid, &["done", "failed"], 60, &all)["state"], "done");
+    let log1 = r[1].log.lock().unwrap().clone();
+    assert!(
+        log1.lines().any(|l| l.contains(&pid) && l.contains("job started here")),
+        "{}",
+        logs(&all)
+    );
+    for (i, s) in r.iter().enumerate() {
+        let page = s.get("/metrics").1;
+        assert!(page.contains("gpen_jobs_backlog 0"), "replica {i}: {page}");
+        assert!(page.contains("gpen_jobs{state=\"done\"} 2"), "replica {i}: {page}");
+    }
+
+    // Deleted through another replica: gone for all, its folder removed.
+    let (status, _, _) = r[2].call("DELETE", &format!("/v1/jobs/{id}"), &[], None, &[]);
+    assert_eq!(status, 200);
+    for s in &r {
+        assert_eq!(record(s, &id).0, 404);
+    }
+    assert!(!jobs_dir.join(&id).exists());
+
+    // A database of a newer schema is refused, by name, before anything is served.
+    c.execute("UPDATE gpen_video_schema SET version = 99", &[]).unwrap();
+    let m = model();
+    let out = gpen_plain(
+        &[
+            &"serve",
+            &"--listen",
+            &"127.0.0.1:0",
+            &"--jobs-dir",
+            &jobs_dir,
+            &"--jobs-db",
+            &db.url(),
+        ],
+        &[("GPEN_VIDEO_MODEL", m.as_str())],
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("schema version 99"), "{err}");
+}
+
+#[test]
+fn a_film_is_restored_by_two_replicas_each_segment_once() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let db = Postgres::start();
+    let dir = tempfile::tempdir().unwrap();
+    let jobs_dir = dir.path().join("jobs");
+    let film = moving_portrait(dir.path(), 40);
+    let r = replicas(&db, &jobs_dir, 2, &["--job-segment-s", "5"]);
+    let all: Vec<&Server> = r.iter().collect();
+    let start = Instant::now();
+    let id = post(&r[0], &film, "");
+    let done = wait_for(&r[1], &id, &["done", "failed"], 600, &all);
+    let wall = start.elapsed().as_secs_f64();
+    assert_eq!(done["state"], "done", "{done}\n{}", logs(&all));
+    let (a, b) = (restored(&r[0], &id), restored(&r[1], &id));
+    eprintln!("two replicas: {wall:.1} s; segments {a:?} and {b:?}");
+    assert!(!a.is_empty() && !b.is_empty(), "both replicas work: {a:?} {b:?}\n{}", logs(&all));
+    let mut every: Vec<usize> = a.iter().chain(&b).copied().collect();
+    every.sort();
+    assert_eq!(every, (1..=8).collect::<Vec<_>>(), "each segment once\n{}", logs(&all));
+    let joins = all
+        .iter()
+        .map(|s| s.log.lock().unwrap().matches("film joined here").count())
+        .sum::<usize>();
+    assert_eq!(joins, 1, "{}", logs(&all));
+    assert_eq!(done["frames_done"], 1200, "{done}");
+    let got = result_of(&r[1], &id, dir.path());
+    let want = dir.path().join("cli.mp4");
+    cli_run(&film, &want);
+    // Every frame once, as one run makes it; the sound kept.
+    assert_eq!(framemd5(&got, "0:v", false), framemd5(&want, "0:v", false));
+    assert_eq!(probe_video(&got, "stream=codec_type").matches("audio").count(), 1);
+    assert!(!jobs_dir.join(&id).join(".result.mp4.segments").exists());
+}
+
+#[test]
+fn a_replica_killed_mid_film_loses_its_segments_to_the_other() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let db = Postgres::start();
+    let dir = tempfile::tempdir().unwrap();
+    let jobs_dir = dir.path().join("jobs");
+    let film = moving_portrait(dir.path(), 12);
+    let mut r = replicas(&db, &jobs_dir, 2, &["--job-segment-s", "2", "--job-lease-s", "2"]);
+    let id = post(&r[0], &film, "");
+    // Killed while it holds a segment, before the film is done.
+    let start = Instant::now();
+    let mut c = db.client();
+    let held = |c: &mut postgres::Client| -> Vec<(i32, String)> {
+        c.query(
+            "SELECT number, holder FROM gpen_video_segments WHERE job = $1 AND state = 'running'",
+            &[&id],
+        )
+        .unwrap()
+        .iter()
+        .map(|row| (row.get(0), row.get(1)))
+        .collect()
+    };
+    let name_of = |s: &Server| -> String {
+        let log = s.log.lock().unwrap().clone();
+        let at = log.find("replica=").expect("the replica's name in its log");
+        log[at + 8..].split_whitespace().next().unwrap().trim_matches('"').to_string()
+    };
+    let victim = name_of(&r[0]);
+    loop {
+        let h = held(&mut c);
+        let done: i64 = c
+            .query_one("SELECT count(*) FROM gpen_video_segments WHERE job = $1 AND state = 'done'", &[&id])
+            .unwrap()
+            .get(0);
+        if done >= 1 && h.iter().any(|(_, w)| *w == victim) {
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(180), "no segment held by the first replica");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    r[0].child.kill().unwrap();
+    r[0].child.wait().unwrap();
+    let survivor = r.pop().unwrap();
+    let done = wait_for(&survivor, &id, &["done", "failed"], 300, &[&survivor]);
+    assert_eq!(done["state"], "done", "{done}");
+    let log = survivor.log.lock().unwrap().clone();
+    assert!(log.contains(&format!("taken over from replica {victim}")), "{log}");
+    let got = result_of(&survivor, &id, dir.path());
+    let want = dir.path().join("cli.mp4");
+    cli_run(&film, &want);
+    assert_eq!(framemd5(&got, "0:v", false), framemd5(&want, "0:v", false));
+}
+
+#[test]
+fn a_cancel_through_one_replica_stops_the_others_segments() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let db = Postgres::start();
+    let dir = tempfile::tempdir().unwrap();
+    let jobs_dir = dir.path().join("jobs");
+    let film = moving_portrait(dir.path(), 20);
+    let r = replicas(&db, &jobs_dir, 2, &["--job-segment-s", "2"]);
+    let all: Vec<&Server> = r.iter().collect();
+    let id = post(&r[0], &film, "");
+    let start = Instant::now();
+    // Both replicas hold a segment of it.
+    while r.iter().any(|s| s.metric("gpen_replica_segments_held") < 1.0) {
+        assert!(start.elapsed() < Duration::from_secs(120), "{}", logs(&all));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (status, _, body) = r[0].call("POST", &format!("/v1/jobs/{id}/cancel"), &[], None, &[]);
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    let stopped = Instant::now();
+    while r.iter().any(|s| s.metric("gpen_replica_segments_held") > 0.0) {
+        assert!(stopped.elapsed() < Duration::from_secs(10), "segments still held after a cancel\n{}", logs(&all));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let log1 = r[1].log.lock().unwrap().clone();
+    assert!(
+        log1.lines().any(|l| l.contains(&id) && l.contains("stopped")),
+        "{}",
+        logs(&all)
+    );
+    let before: usize = r.iter().map(|s| restored(s, &id).len()).sum();
+    std::thread::sleep(Duration::from_secs(2));
+    let after: usize = r.iter().map(|s| restored(s, &id).len()).sum();
+    assert_eq!(before, after, "segments restored after the cancel");
+    for s in &r {
+        assert_eq!(record(s, &id).1["state"], "cancelled");
+    }
+    assert!(before < 10, "the film was done before the cancel");
+    assert!(!jobs_dir.join(&id).join("result.mp4").exists());
+}
