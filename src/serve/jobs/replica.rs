@@ -92,11 +92,15 @@ impl Jobs {
             }
             Err(_) if cancel.is_cancelled() => {
                 tracing::info!(job = %id, replica = %db.replica, "stopped here: cancelled, deleted, failed elsewhere, or its lease lapsed");
+                // What it still held of the job is let go (a lease lapsed is another's now).
+                if let Err(e) = db.release(&id) {
+                    tracing::warn!(job = %id, "cannot let go of it ({e:#}): its lease lapses");
+                }
             }
             Err(e) => {
                 let why = self.in_words(&format!("{e:#}"), Some(rec));
                 tracing::warn!(job = %id, replica = %db.replica, "job failed: {why}");
-                if let Err(e) = db.fail(&id, &why) {
+                if let Err(e) = db.fail(&id, &why).and_then(|()| db.release(&id)) {
                     tracing::warn!(job = %id, "cannot record the failure: {e:#}");
                 }
             }
