@@ -2,7 +2,7 @@
 # The whole test suite on a fresh Debian 12 machine: set-up (idempotent), formatting and lint,
 # Rust unit and end-to-end tests, the service's page in a real browser (scripts/browser-test.sh),
 # the container image's build stage (scripts/container-build-stage.py)
-# and the Python exporter's tests. Two more checks, both set by
+# and the Python exporter's tests; Debian's postgresql for the replicas' tests. Two more checks, both set by
 # .ci/run: GPEN_VIDEO_SLURM_TEST=1 runs deploy/slurm-array.sbatch on a single-node Slurm it
 # starts (scripts/slurm-test.sh: installs slurm-wlm and munge, about 15 s more);
 # GPEN_VIDEO_BUNDLE_CHECK=1 builds the small GPU bundle and runs it with --device cpu in a clean
@@ -32,6 +32,13 @@ cargo clippy --release --locked --all-targets -- -D warnings
 [ -f models/gfpgan-512-narrow-random.onnx ] ||
   .deps/venv/bin/python models/gfpgan_export.py --size 512 --narrow 0.03125 --batch1 \
     --out models/gfpgan-512-narrow-random.onnx
+# PostgreSQL for the replicas' tests (tests/replicas.rs: each starts a cluster of its own with
+# initdb in a temporary folder, on a loopback port): Debian's package, installed where missing.
+if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
+  sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends postgresql >/dev/null
+fi
 cargo test --release --locked
 # The service's page in Debian's chromium, headless, driven by Playwright (installs both).
 scripts/browser-test.sh

@@ -96,6 +96,13 @@ fn restored(server: &Server, id: &str) -> Vec<usize> {
         .collect()
 }
 
+/// A replica's name, as its first lines say it.
+fn name_of(s: &Server) -> String {
+    let log = s.log.lock().unwrap().clone();
+    let at = log.find("replica=").expect("the replica's name in its log");
+    log[at + 8..].split_whitespace().next().unwrap().trim_matches('"').to_string()
+}
+
 fn cli_run(input: &Path, out: &Path) {
     ok(&gpen(&[&input, &out, &"--model", &model(), &"--crf", &"0"]));
 }
@@ -171,6 +178,22 @@ fn a_job_posted_to_one_replica_is_answered_by_another_and_replicas_start_at_once
         assert_eq!(record(s, &id).0, 404);
     }
     assert!(!jobs_dir.join(&id).exists());
+
+    // The backlog query deploy/k8s-serve-shared.yaml gives KEDA reads this schema, and agrees
+    // with the metrics' gpen_jobs_backlog.
+    let manifest = std::fs::read_to_string(asset("deploy/k8s-serve-shared.yaml")).unwrap();
+    let query: String = manifest
+        .split("query: >-")
+        .nth(1)
+        .expect("the ScaledObject's query")
+        .lines()
+        .skip(1)
+        .map(str::trim)
+        .take_while(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ");
+    let backlog: i64 = c.query_one(query.as_str(), &[]).unwrap().get(0);
+    assert_eq!(backlog, 0, "{query}");
 
     // A database of a newer schema is refused, by name, before anything is served.
     c.execute("UPDATE gpen_video_schema SET version = 99", &[]).unwrap();
@@ -251,11 +274,6 @@ fn a_replica_killed_mid_film_loses_its_segments_to_the_other() {
         .map(|row| (row.get(0), row.get(1)))
         .collect()
     };
-    let name_of = |s: &Server| -> String {
-        let log = s.log.lock().unwrap().clone();
-        let at = log.find("replica=").expect("the replica's name in its log");
-        log[at + 8..].split_whitespace().next().unwrap().trim_matches('"').to_string()
-    };
     let victim = name_of(&r[0]);
     loop {
         let h = held(&mut c);
@@ -320,4 +338,72 @@ fn a_cancel_through_one_replica_stops_the_others_segments() {
     }
     assert!(before < 10, "the film was done before the cancel");
     assert!(!jobs_dir.join(&id).join("result.mp4").exists());
+}
+
+#[test]
+fn a_replica_paused_past_its_lease_puts_nothing_in_place() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let db = Postgres::start();
+    let dir = tempfile::tempdir().unwrap();
+    let jobs_dir = dir.path().join("jobs");
+    let film = moving_portrait(dir.path(), 8);
+    let r = replicas(&db, &jobs_dir, 2, &["--job-segment-s", "2", "--job-lease-s", "2"]);
+    let all: Vec<&Server> = r.iter().collect();
+    let (victim, other) = (name_of(&r[0]), name_of(&r[1]));
+    let id = post(&r[1], &film, "");
+    let mut c = db.client();
+    let start = Instant::now();
+    // Paused (SIGSTOP) while it makes a segment, for longer than its lease.
+    let number = loop {
+        let row = c
+            .query_opt(
+                "SELECT number FROM gpen_video_segments WHERE job = $1 AND state = 'running' AND holder = $2",
+                &[&id, &victim],
+            )
+            .unwrap();
+        if let Some(row) = row {
+            break row.get::<_, i32>(0);
+        }
+        assert!(start.elapsed() < Duration::from_secs(120), "{}", logs(&all));
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    tool("kill", &["-STOP", &r[0].child.id().to_string()]);
+    let taken = format!("segment {} of", number + 1);
+    let paused = Instant::now();
+    loop {
+        let log = r[1].log.lock().unwrap().clone();
+        if log.lines().any(|l| l.contains(&taken) && l.contains(&format!("taken over from replica {victim}"))) {
+            break;
+        }
+        assert!(paused.elapsed() < Duration::from_secs(60), "{}", logs(&all));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    tool("kill", &["-CONT", &r[0].child.id().to_string()]);
+    let done = wait_for(&r[0], &id, &["done", "failed"], 180, &all);
+    assert_eq!(done["state"], "done", "{done}");
+    // Woken, it finds the segment another's: its copy is never put in place.
+    let wake = Instant::now();
+    loop {
+        let log = r[0].log.lock().unwrap().clone();
+        let lost = log.lines().any(|l| {
+            l.contains(&id) && (l.contains("another replica holds it") || l.contains("its lease lapsed"))
+        });
+        if lost {
+            break;
+        }
+        assert!(wake.elapsed() < Duration::from_secs(20), "{}", logs(&all));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(!restored(&r[0], &id).contains(&(number as usize + 1)), "{}", logs(&all));
+    let row = c
+        .query_one(
+            "SELECT holder, tries FROM gpen_video_segments WHERE job = $1 AND number = $2",
+            &[&id, &number],
+        )
+        .unwrap();
+    assert_eq!((row.get::<_, String>(0), row.get::<_, i32>(1)), (other, 2));
+    let got = result_of(&r[0], &id, dir.path());
+    let want = dir.path().join("cli.mp4");
+    cli_run(&film, &want);
+    assert_eq!(framemd5(&got, "0:v", false), framemd5(&want, "0:v", false));
 }
