@@ -182,7 +182,13 @@ struct ServeArgs {
     /// keeps a password out of the process list): any replica answers for any job and a film's
     /// segments spread over them. --jobs-dir must then be a folder every replica shares. The
     /// schema is made at start. Without it, jobs live in this service alone.
-    #[arg(long, value_name = "URL", env = "GPEN_VIDEO_JOBS_DB", hide_env_values = true, help_heading = "Jobs")]
+    #[arg(
+        long,
+        value_name = "URL",
+        env = "GPEN_VIDEO_JOBS_DB",
+        hide_env_values = true,
+        help_heading = "Jobs"
+    )]
     jobs_db: Option<String>,
     /// With --jobs-db: seconds a replica's claim on a job or segment holds without renewal; a
     /// replica that dies loses its work to the others this long after.

@@ -100,7 +100,12 @@ fn restored(server: &Server, id: &str) -> Vec<usize> {
 fn name_of(s: &Server) -> String {
     let log = s.log.lock().unwrap().clone();
     let at = log.find("replica=").expect("the replica's name in its log");
-    log[at + 8..].split_whitespace().next().unwrap().trim_matches('"').to_string()
+    log[at + 8..]
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .trim_matches('"')
+        .to_string()
 }
 
 fn cli_run(input: &Path, out: &Path) {
@@ -125,9 +130,17 @@ fn a_job_posted_to_one_replica_is_answered_by_another_and_replicas_start_at_once
     let r = replicas(&db, &jobs_dir, 3, &["--job-segment-s", "1"]);
     let all: Vec<&Server> = r.iter().collect();
     let mut c = db.client();
-    let v: i32 = c.query_one("SELECT version FROM gpen_video_schema", &[]).unwrap().get(0);
+    let v: i32 = c
+        .query_one("SELECT version FROM gpen_video_schema", &[])
+        .unwrap()
+        .get(0);
     assert_eq!(v, 1);
-    assert_eq!(c.query_one("SELECT count(*) FROM gpen_video_schema", &[]).unwrap().get::<_, i64>(0), 1);
+    assert_eq!(
+        c.query_one("SELECT count(*) FROM gpen_video_schema", &[])
+            .unwrap()
+            .get::<_, i64>(0),
+        1
+    );
 
     // A clip posted to one replica, asked of another, listed by the third, served by any.
     let video = moving_portrait(dir.path(), 3);
@@ -156,7 +169,13 @@ fn a_job_posted_to_one_replica_is_answered_by_another_and_replicas_start_at_once
 
     // A photo stays on the replica that took it.
     let photo = dir.path().join("portrait.jpg");
-    ffmpeg(&["-i", arg(&asset("samples/astronaut.png")), "-vf", "scale=256:256", arg(&photo)]);
+    ffmpeg(&[
+        "-i",
+        arg(&asset("samples/astronaut.png")),
+        "-vf",
+        "scale=256:256",
+        arg(&photo),
+    ]);
     let pid = post(&r[1], &photo, "");
     assert_eq!(wait_for(&r[0], &pid, &["done", "failed"], 60, &all)["state"], "done");
     let log1 = r[1].log.lock().unwrap().clone();
@@ -231,7 +250,11 @@ fn a_film_is_restored_by_two_replicas_each_segment_once() {
     assert_eq!(done["state"], "done", "{done}\n{}", logs(&all));
     let (a, b) = (restored(&r[0], &id), restored(&r[1], &id));
     eprintln!("two replicas: {wall:.1} s; segments {a:?} and {b:?}");
-    assert!(!a.is_empty() && !b.is_empty(), "both replicas work: {a:?} {b:?}\n{}", logs(&all));
+    assert!(
+        !a.is_empty() && !b.is_empty(),
+        "both replicas work: {a:?} {b:?}\n{}",
+        logs(&all)
+    );
     let mut every: Vec<usize> = a.iter().chain(&b).copied().collect();
     every.sort();
     assert_eq!(every, (1..=8).collect::<Vec<_>>(), "each segment once\n{}", logs(&all));
@@ -278,13 +301,19 @@ fn a_replica_killed_mid_film_loses_its_segments_to_the_other() {
     loop {
         let h = held(&mut c);
         let done: i64 = c
-            .query_one("SELECT count(*) FROM gpen_video_segments WHERE job = $1 AND state = 'done'", &[&id])
+            .query_one(
+                "SELECT count(*) FROM gpen_video_segments WHERE job = $1 AND state = 'done'",
+                &[&id],
+            )
             .unwrap()
             .get(0);
         if done >= 1 && h.iter().any(|(_, w)| *w == victim) {
             break;
         }
-        assert!(start.elapsed() < Duration::from_secs(180), "no segment held by the first replica");
+        assert!(
+            start.elapsed() < Duration::from_secs(180),
+            "no segment held by the first replica"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
     r[0].child.kill().unwrap();
@@ -320,7 +349,11 @@ fn a_cancel_through_one_replica_stops_the_others_segments() {
     assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
     let stopped = Instant::now();
     while r.iter().any(|s| s.metric("gpen_replica_segments_held") > 0.0) {
-        assert!(stopped.elapsed() < Duration::from_secs(10), "segments still held after a cancel\n{}", logs(&all));
+        assert!(
+            stopped.elapsed() < Duration::from_secs(10),
+            "segments still held after a cancel\n{}",
+            logs(&all)
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
     let log1 = r[1].log.lock().unwrap().clone();
@@ -372,7 +405,10 @@ fn a_replica_paused_past_its_lease_puts_nothing_in_place() {
     let paused = Instant::now();
     loop {
         let log = r[1].log.lock().unwrap().clone();
-        if log.lines().any(|l| l.contains(&taken) && l.contains(&format!("taken over from replica {victim}"))) {
+        if log
+            .lines()
+            .any(|l| l.contains(&taken) && l.contains(&format!("taken over from replica {victim}")))
+        {
             break;
         }
         assert!(paused.elapsed() < Duration::from_secs(60), "{}", logs(&all));
@@ -385,9 +421,9 @@ fn a_replica_paused_past_its_lease_puts_nothing_in_place() {
     let wake = Instant::now();
     loop {
         let log = r[0].log.lock().unwrap().clone();
-        let lost = log.lines().any(|l| {
-            l.contains(&id) && (l.contains("another replica holds it") || l.contains("its lease lapsed"))
-        });
+        let lost = log
+            .lines()
+            .any(|l| l.contains(&id) && (l.contains("another replica holds it") || l.contains("its lease lapsed")));
         if lost {
             break;
         }
@@ -406,4 +442,73 @@ fn a_replica_paused_past_its_lease_puts_nothing_in_place() {
     let want = dir.path().join("cli.mp4");
     cli_run(&film, &want);
     assert_eq!(framemd5(&got, "0:v", false), framemd5(&want, "0:v", false));
+}
+
+/// The 40 s film's wall time (posted to done) on one service without a database, on one
+/// replica and on two, alternated `GPEN_VIDEO_ROUNDS` times (3): medians, their ratios, and what
+/// each replica did. A benchmark, not a check of speed: `scripts/bench-replicas.sh` runs it.
+#[test]
+#[ignore = "a benchmark: scripts/bench-replicas.sh"]
+fn wall_time_of_a_film_on_one_replica_and_on_two() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let rounds: usize = std::env::var("GPEN_VIDEO_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3);
+    let db = Postgres::start();
+    let dir = tempfile::tempdir().unwrap();
+    let jobs_dir = dir.path().join("jobs");
+    let film = moving_portrait(dir.path(), 40);
+    let mut walls: [Vec<f64>; 3] = Default::default();
+    for round in 0..rounds {
+        for n in [0, 1, 2] {
+            let r = if n == 0 {
+                let (m, own) = (model(), dir.path().join(format!("alone-{round}")));
+                let f = [
+                    "--model",
+                    &m,
+                    "--jobs-dir",
+                    arg(&own),
+                    "--crf",
+                    "0",
+                    "--job-segment-s",
+                    "5",
+                ];
+                vec![Server::start(&f)]
+            } else {
+                replicas(&db, &jobs_dir, n, &["--job-segment-s", "5"])
+            };
+            let all: Vec<&Server> = r.iter().collect();
+            let start = Instant::now();
+            let id = post(&r[0], &film, "");
+            let done = wait_for(&r[0], &id, &["done", "failed"], 900, &all);
+            let wall = start.elapsed().as_secs_f64();
+            assert_eq!(done["state"], "done");
+            let did: Vec<Vec<usize>> = r.iter().map(|s| restored(s, &id)).collect();
+            let total: usize = did.iter().map(Vec::len).sum();
+            if n == 0 {
+                eprintln!("round {round}, no database: {wall:.1} s");
+            } else {
+                eprintln!(
+                    "round {round}, {n} replica(s): {wall:.1} s; segments restored by each: {did:?}; redone: {}",
+                    total - 8
+                );
+                assert_eq!(total, 8);
+            }
+            walls[n].push(wall);
+            for s in r {
+                assert_eq!(s.stop(), Some(0));
+            }
+        }
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let [alone, one, two] = walls.each_mut().map(median);
+    eprintln!(
+        "median wall time: no database {alone:.1} s, one replica {one:.1} s (one/alone {:.3}), two replicas {two:.1} s (two/one {:.3})",
+        one / alone,
+        two / one
+    );
 }

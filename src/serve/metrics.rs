@@ -192,13 +192,22 @@ pub(crate) fn render_jobs(counts: (usize, usize, usize, usize), seconds: &[f64])
 pub(crate) fn render_shared((jobs, segments, backlog): (u64, u64, u64)) -> String {
     let mut out = String::new();
     let w = &mut out;
-    let _ = writeln!(w, "# HELP gpen_replica_jobs_held Jobs this replica holds now (planning, running in one piece, joining).");
+    let _ = writeln!(
+        w,
+        "# HELP gpen_replica_jobs_held Jobs this replica holds now (planning, running in one piece, joining)."
+    );
     let _ = writeln!(w, "# TYPE gpen_replica_jobs_held gauge");
     let _ = writeln!(w, "gpen_replica_jobs_held {jobs}");
-    let _ = writeln!(w, "# HELP gpen_replica_segments_held Film segments this replica restores now.");
+    let _ = writeln!(
+        w,
+        "# HELP gpen_replica_segments_held Film segments this replica restores now."
+    );
     let _ = writeln!(w, "# TYPE gpen_replica_segments_held gauge");
     let _ = writeln!(w, "gpen_replica_segments_held {segments}");
-    let _ = writeln!(w, "# HELP gpen_jobs_backlog Jobs queued and film segments waiting for a replica, every replica's.");
+    let _ = writeln!(
+        w,
+        "# HELP gpen_jobs_backlog Jobs queued and film segments waiting for a replica, every replica's."
+    );
     let _ = writeln!(w, "# TYPE gpen_jobs_backlog gauge");
     let _ = writeln!(w, "gpen_jobs_backlog {backlog}");
     out

@@ -23,8 +23,8 @@ mod face_boxes;
 mod job_api;
 pub mod jobs;
 pub mod metrics;
-pub mod shared;
 mod page;
+pub mod shared;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

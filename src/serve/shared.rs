@@ -168,7 +168,11 @@ fn replica_name() -> Result<String> {
         .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok())
         .map(|h| h.trim().to_string())
         .unwrap_or_else(|| "replica".into());
-    Ok(format!("{host}-{}-{}", std::process::id(), &super::jobs::new_id()?[..8]))
+    Ok(format!(
+        "{host}-{}-{}",
+        std::process::id(),
+        &super::jobs::new_id()?[..8]
+    ))
 }
 
 fn now() -> f64 {
@@ -340,7 +344,11 @@ impl Db {
                   AND (s.state = 'pending' OR (s.state = 'running' AND s.lease_until < now())))",
             &[&self.replica],
         )?;
-        Ok((row.get::<_, i64>(0) as u64, row.get::<_, i64>(1) as u64, row.get::<_, i64>(2) as u64))
+        Ok((
+            row.get::<_, i64>(0) as u64,
+            row.get::<_, i64>(1) as u64,
+            row.get::<_, i64>(2) as u64,
+        ))
     }
 
     /// Changes job `id`'s record by `f` (its `state` column follows the record's); the record
@@ -358,7 +366,12 @@ impl Db {
         f(&mut rec);
         tx.execute(
             "UPDATE gpen_video_jobs SET record = $2, state = $3, finished = $4 WHERE id = $1",
-            &[&id, &serde_json::to_string(&rec)?, &state_word(rec.state), &rec.finished],
+            &[
+                &id,
+                &serde_json::to_string(&rec)?,
+                &state_word(rec.state),
+                &rec.finished,
+            ],
         )?;
         Ok(Some(rec))
     }
@@ -566,7 +579,13 @@ impl Db {
     /// Records segment `n` of job `id` done by this replica, `commit` putting its files in place
     /// while its row is locked and still held (so a segment is never put in place twice); when it
     /// is the last, this replica holds the job to join it.
-    pub fn segment_done(&self, id: &str, n: usize, faces: u64, commit: impl FnOnce() -> Result<u64>) -> Result<SegmentEnd> {
+    pub fn segment_done(
+        &self,
+        id: &str,
+        n: usize,
+        faces: u64,
+        commit: impl FnOnce() -> Result<u64>,
+    ) -> Result<SegmentEnd> {
         let (me, lease) = (self.replica.clone(), self.lease_s());
         self.tx(|tx| {
             // The job's row first (every replica locks job, then segment): the last segment's

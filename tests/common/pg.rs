@@ -36,7 +36,9 @@ fn bin_dir() -> PathBuf {
             .parent()
             .unwrap()
             .to_path_buf(),
-        _ => panic!("no PostgreSQL server programs (initdb): install Debian's postgresql package (scripts/test.sh does)"),
+        _ => {
+            panic!("no PostgreSQL server programs (initdb): install Debian's postgresql package (scripts/test.sh does)")
+        }
     }
 }
 
@@ -84,14 +86,22 @@ impl Postgres {
             assert!(st.success(), "cannot give the cluster's folder to the postgres user");
         }
         let d = data.to_str().unwrap();
-        run(&bin, "initdb", &["-D", d, "-U", "postgres", "--auth=trust", "--no-sync", "-E", "UTF8"]);
+        run(
+            &bin,
+            "initdb",
+            &["-D", d, "-U", "postgres", "--auth=trust", "--no-sync", "-E", "UTF8"],
+        );
         let port = {
             let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
             l.local_addr().unwrap().port()
         };
         let opts = format!("-p {port} -k {d} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=100");
         let log = format!("{d}/server.log");
-        run(&bin, "pg_ctl", &["-D", d, "-o", &opts, "-l", &log, "-w", "-t", "60", "start"]);
+        run(
+            &bin,
+            "pg_ctl",
+            &["-D", d, "-o", &opts, "-l", &log, "-w", "-t", "60", "start"],
+        );
         Postgres {
             _dir: dir,
             data,

@@ -31,12 +31,13 @@ impl Jobs {
             let me = self.clone();
             std::thread::spawn(move || {
                 let Some(db) = &me.db else { return };
-                db.listen(&|| me.stopping.load(Ordering::SeqCst), &|what| {
-                    match what.strip_prefix("cancel:") {
+                db.listen(
+                    &|| me.stopping.load(Ordering::SeqCst),
+                    &|what| match what.strip_prefix("cancel:") {
                         Some(id) => me.stop_local(id),
                         None => me.wake.notify_all(),
-                    }
-                });
+                    },
+                );
             })
         });
         let mut engine: Option<Engine> = None;
@@ -174,7 +175,14 @@ impl Jobs {
 
     /// Plans a claimed job: a film long enough is cut into segments for any replica to claim;
     /// a photo or a short film runs here in one piece.
-    fn plan(&self, db: &Db, rec: &Record, settings: &Settings, job: &crate::engine::Job, engine: &mut Option<Engine>) -> Result<()> {
+    fn plan(
+        &self,
+        db: &Db,
+        rec: &Record,
+        settings: &Settings,
+        job: &crate::engine::Job,
+        engine: &mut Option<Engine>,
+    ) -> Result<()> {
         let id = &rec.id;
         if rec.kind != "photo" {
             if let Some(work) = crate::segment::Work::open(settings, job, self.opts.segment, false)? {
