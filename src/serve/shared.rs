@@ -24,7 +24,7 @@ use postgres::fallible_iterator::FallibleIterator;
 use postgres::NoTls;
 use r2d2_postgres::{r2d2, PostgresConnectionManager};
 
-use super::jobs::{Record, State};
+use super::jobs::record::{new_id, Record, State};
 
 type Pool = r2d2::Pool<PostgresConnectionManager<NoTls>>;
 type Tx<'a> = postgres::Transaction<'a>;
@@ -70,17 +70,6 @@ CREATE TABLE gpen_video_segments (
     PRIMARY KEY (job, number)
 );
 "];
-
-/// A job row's state in words (the `state` column).
-pub fn state_word(s: State) -> &'static str {
-    match s {
-        State::Queued => "queued",
-        State::Running => "running",
-        State::Done => "done",
-        State::Failed => "failed",
-        State::Cancelled => "cancelled",
-    }
-}
 
 /// What a replica claimed.
 pub enum Task {
@@ -168,11 +157,7 @@ fn replica_name() -> Result<String> {
         .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok())
         .map(|h| h.trim().to_string())
         .unwrap_or_else(|| "replica".into());
-    Ok(format!(
-        "{host}-{}-{}",
-        std::process::id(),
-        &super::jobs::new_id()?[..8]
-    ))
+    Ok(format!("{host}-{}-{}", std::process::id(), &new_id()?[..8]))
 }
 
 fn now() -> f64 {
@@ -272,7 +257,7 @@ impl Db {
             &[
                 &rec.id,
                 &text,
-                &state_word(rec.state),
+                &rec.state.word(),
                 &rec.kind,
                 &rec.owner.clone().unwrap_or_default(),
                 &rec.created,
@@ -362,16 +347,11 @@ impl Db {
             return Ok(None);
         };
         let mut rec: Record = serde_json::from_str(row.get(0))?;
-        rec.state = parse_state(row.get(1));
+        rec.state = State::of_word(row.get(1));
         f(&mut rec);
         tx.execute(
             "UPDATE gpen_video_jobs SET record = $2, state = $3, finished = $4 WHERE id = $1",
-            &[
-                &id,
-                &serde_json::to_string(&rec)?,
-                &state_word(rec.state),
-                &rec.finished,
-            ],
+            &[&id, &serde_json::to_string(&rec)?, &rec.state.word(), &rec.finished],
         )?;
         Ok(Some(rec))
     }
@@ -381,7 +361,7 @@ impl Db {
     pub fn cancel(&self, id: &str) -> Result<Option<Record>> {
         let rec = self.tx(|tx| {
             Self::change(tx, id, None, |r| {
-                if !finished(r.state) {
+                if !r.state.finished() {
                     r.state = State::Cancelled;
                     r.finished = Some(now());
                     r.fps = None;
@@ -406,7 +386,7 @@ impl Db {
                 return Ok(None);
             };
             let mut rec: Record = serde_json::from_str(row.get(0))?;
-            rec.state = parse_state(row.get(1));
+            rec.state = State::of_word(row.get(1));
             tx.execute(
                 "UPDATE gpen_video_jobs SET removing = true, state = 'cancelled' WHERE id = $1",
                 &[&id],
@@ -468,7 +448,7 @@ impl Db {
         )?;
         if let Some(row) = job {
             let mut rec: Record = serde_json::from_str(row.get(0))?;
-            rec.state = parse_state(row.get(1));
+            rec.state = State::of_word(row.get(1));
             let segments: Option<i32> = row.get(2);
             return Ok(Some(match segments {
                 Some(n) if rec.state == State::Running => Task::Join(rec, n as usize),
@@ -637,7 +617,7 @@ impl Db {
         self.tx(|tx| {
             let mut ended = false;
             let rec = Self::change(tx, id, Some(&me), |r| {
-                if !finished(r.state) {
+                if !r.state.finished() {
                     f(r);
                     ended = true;
                 }
@@ -662,7 +642,7 @@ impl Db {
     pub fn fail(&self, id: &str, why: &str) -> Result<()> {
         self.tx(|tx| {
             Self::change(tx, id, None, |r| {
-                if !finished(r.state) {
+                if !r.state.finished() {
                     r.state = State::Failed;
                     r.finished = Some(now());
                     r.error = Some(why.to_string());
@@ -732,20 +712,6 @@ impl Db {
     }
 }
 
-fn finished(s: State) -> bool {
-    matches!(s, State::Done | State::Failed | State::Cancelled)
-}
-
-fn parse_state(s: &str) -> State {
-    match s {
-        "running" => State::Running,
-        "done" => State::Done,
-        "failed" => State::Failed,
-        "cancelled" => State::Cancelled,
-        _ => State::Queued,
-    }
-}
-
 /// The query of the jobs (not being removed) matching `filter`, oldest first, each with its
 /// progress summed over its segments and a queued one's place in its lane's line.
 fn select_jobs(filter: &str) -> String {
@@ -765,7 +731,7 @@ fn select_jobs(filter: &str) -> String {
 /// A row of [`select_jobs`] as a record with its live progress, and its place.
 fn record_of(row: &postgres::Row) -> Result<(Record, Option<u64>)> {
     let mut rec: Record = serde_json::from_str(row.get(0))?;
-    rec.state = parse_state(row.get(1));
+    rec.state = State::of_word(row.get(1));
     let segmented = row.get::<_, Option<i32>>(2).is_some();
     if rec.state != State::Queued {
         let (frames, faces): (i64, i64) = if segmented {
