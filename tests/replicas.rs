@@ -232,6 +232,30 @@ fn a_job_posted_to_one_replica_is_answered_by_another_and_replicas_start_at_once
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(err.contains("schema version 99"), "{err}");
+    // A URL that is none is refused by its flag, at once; a password is never shown.
+    for (url, want) in [
+        ("notaurl", "--jobs-db: invalid connection string"),
+        (
+            "postgres://u:secret@127.0.0.1:0/x?connect_timeout=1&bogus=1",
+            "--jobs-db",
+        ),
+    ] {
+        let out = gpen_plain(
+            &[
+                &"serve",
+                &"--listen",
+                &"127.0.0.1:0",
+                &"--jobs-dir",
+                &jobs_dir,
+                &"--jobs-db",
+                &url,
+            ],
+            &[("GPEN_VIDEO_MODEL", m.as_str())],
+        );
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{err}");
+        assert!(err.contains(want) && !err.contains("secret"), "{err}");
+    }
 }
 
 #[test]

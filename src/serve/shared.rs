@@ -170,9 +170,36 @@ impl Db {
     /// Connects to `url` (waiting up to `wait` for it to answer: a database starting beside
     /// the service), makes or migrates the schema, and names this replica.
     pub fn open(url: &str, lease: Duration, wait: Duration) -> Result<Db> {
-        let config = postgres::Config::from_str(url)
-            .map_err(|e| anyhow::anyhow!("--jobs-db: {e}: give postgres://USER[:PASSWORD]@HOST[:PORT]/DBNAME"))?;
+        let config = postgres::Config::from_str(url).map_err(|e| {
+            anyhow::anyhow!(
+                "--jobs-db: {:#}: give postgres://USER[:PASSWORD]@HOST[:PORT]/DBNAME",
+                anyhow::Error::from(e)
+            )
+        })?;
         let shown = shown(&config);
+        // Reached once before the pool is made, so an error says why (the pool's says only
+        // that it timed out); a database still starting is waited for.
+        let deadline = std::time::Instant::now() + wait;
+        let mut said = false;
+        loop {
+            match config.connect(NoTls) {
+                Ok(c) => {
+                    drop(c);
+                    break;
+                }
+                Err(e) if std::time::Instant::now() < deadline => {
+                    if !std::mem::replace(&mut said, true) {
+                        tracing::info!("waiting for the jobs database {shown}: {:#}", anyhow::Error::from(e));
+                    }
+                    std::thread::sleep(Duration::from_secs(1));
+                }
+                Err(e) => bail!(
+                    "cannot reach the jobs database {shown} (--jobs-db) within {} s: {:#}",
+                    wait.as_secs(),
+                    anyhow::Error::from(e)
+                ),
+            }
+        }
         let manager = PostgresConnectionManager::new(config.clone(), NoTls);
         let pool = r2d2::Pool::builder()
             .max_size(12)
