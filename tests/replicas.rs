@@ -23,6 +23,43 @@ fn model() -> String {
     arg(&asset("models/standin/identity-256.onnx")).to_string()
 }
 
+/// What each test starts with: its own database and folder, a film of `seconds`, and `n`
+/// replicas with `extra` flags (the replicas' tests one at a time).
+struct Setup {
+    r: Vec<Server>,
+    film: PathBuf,
+    jobs_dir: PathBuf,
+    dir: tempfile::TempDir,
+    db: Postgres,
+    _one: std::sync::MutexGuard<'static, ()>,
+}
+
+fn setup(seconds: u32, n: usize, extra: &[&str]) -> Setup {
+    let one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let db = Postgres::start();
+    let dir = tempfile::tempdir().unwrap();
+    let jobs_dir = dir.path().join("jobs");
+    let film = moving_portrait(dir.path(), seconds);
+    let r = replicas(&db, &jobs_dir, n, extra);
+    Setup {
+        r,
+        film,
+        jobs_dir,
+        dir,
+        db,
+        _one: one,
+    }
+}
+
+/// Checks `server`'s result of job `id` has the frames one CLI run makes of `film`; the result.
+fn assert_as_one_run(server: &Server, id: &str, film: &Path, dir: &Path) -> PathBuf {
+    let got = result_of(server, id, dir);
+    let want = dir.join("cli.mp4");
+    cli_run(film, &want);
+    assert_eq!(framemd5(&got, "0:v", false), framemd5(&want, "0:v", false));
+    got
+}
+
 /// `n` replicas started at once on `db`, sharing `jobs_dir`, with `extra` flags.
 fn replicas(db: &Postgres, jobs_dir: &Path, n: usize, extra: &[&str]) -> Vec<Server> {
     let (m, url, dir) = (model(), db.url(), arg(jobs_dir).to_string());
@@ -122,12 +159,15 @@ fn result_of(server: &Server, id: &str, dir: &Path) -> PathBuf {
 
 #[test]
 fn a_job_posted_to_one_replica_is_answered_by_another_and_replicas_start_at_once() {
-    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let db = Postgres::start();
-    let dir = tempfile::tempdir().unwrap();
-    let jobs_dir = dir.path().join("jobs");
     // Three replicas starting at once on an empty database agree on one schema.
-    let r = replicas(&db, &jobs_dir, 3, &["--job-segment-s", "1"]);
+    let Setup {
+        r,
+        film: video,
+        jobs_dir,
+        dir,
+        db,
+        _one,
+    } = setup(3, 3, &["--job-segment-s", "1"]);
     let all: Vec<&Server> = r.iter().collect();
     let mut c = db.client();
     let v: i32 = c
@@ -143,7 +183,6 @@ fn a_job_posted_to_one_replica_is_answered_by_another_and_replicas_start_at_once
     );
 
     // A clip posted to one replica, asked of another, listed by the third, served by any.
-    let video = moving_portrait(dir.path(), 3);
     let id = post(&r[0], &video, "");
     let (status, v) = record(&r[1], &id);
     assert_eq!(status, 200, "{v}");
@@ -152,10 +191,7 @@ fn a_job_posted_to_one_replica_is_answered_by_another_and_replicas_start_at_once
     assert_eq!(done["frames_done"], 90, "{done}");
     let listed = r[1].get("/v1/jobs").1;
     assert!(listed.contains(&id), "{listed}");
-    let got = result_of(&r[1], &id, dir.path());
-    let want = dir.path().join("cli.mp4");
-    cli_run(&video, &want);
-    assert_eq!(framemd5(&got, "0:v", false), framemd5(&want, "0:v", false));
+    let got = assert_as_one_run(&r[1], &id, &video, dir.path());
     // By range, through yet another replica.
     let (status, h, part) = r[2].call(
         "GET",
@@ -214,8 +250,25 @@ fn a_job_posted_to_one_replica_is_answered_by_another_and_replicas_start_at_once
     let backlog: i64 = c.query_one(query.as_str(), &[]).unwrap().get(0);
     assert_eq!(backlog, 0, "{query}");
 
-    // A database of a newer schema is refused, by name, before anything is served.
+    // A database of a newer schema is refused, by name, before anything is served; a URL that
+    // is none is refused by its flag, at once; a password is never shown.
     c.execute("UPDATE gpen_video_schema SET version = 99", &[]).unwrap();
+    let url = db.url();
+    for (url, want) in [
+        (url.as_str(), "schema version 99"),
+        ("notaurl", "--jobs-db: invalid connection string"),
+        (
+            "postgres://u:secret@127.0.0.1:0/x?connect_timeout=1&bogus=1",
+            "--jobs-db",
+        ),
+    ] {
+        let err = serve_fails(&jobs_dir, url);
+        assert!(err.contains(want) && !err.contains("secret"), "{err}");
+    }
+}
+
+/// `serve` on `url` fails at start, exit status 1: what it says.
+fn serve_fails(jobs_dir: &Path, url: &str) -> String {
     let m = model();
     let out = gpen_plain(
         &[
@@ -225,47 +278,25 @@ fn a_job_posted_to_one_replica_is_answered_by_another_and_replicas_start_at_once
             &"--jobs-dir",
             &jobs_dir,
             &"--jobs-db",
-            &db.url(),
+            &url,
         ],
         &[("GPEN_VIDEO_MODEL", m.as_str())],
     );
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success());
-    assert!(err.contains("schema version 99"), "{err}");
-    // A URL that is none is refused by its flag, at once; a password is never shown.
-    for (url, want) in [
-        ("notaurl", "--jobs-db: invalid connection string"),
-        (
-            "postgres://u:secret@127.0.0.1:0/x?connect_timeout=1&bogus=1",
-            "--jobs-db",
-        ),
-    ] {
-        let out = gpen_plain(
-            &[
-                &"serve",
-                &"--listen",
-                &"127.0.0.1:0",
-                &"--jobs-dir",
-                &jobs_dir,
-                &"--jobs-db",
-                &url,
-            ],
-            &[("GPEN_VIDEO_MODEL", m.as_str())],
-        );
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(1), "{err}");
-        assert!(err.contains(want) && !err.contains("secret"), "{err}");
-    }
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    err
 }
 
 #[test]
 fn a_film_is_restored_by_two_replicas_each_segment_once() {
-    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let db = Postgres::start();
-    let dir = tempfile::tempdir().unwrap();
-    let jobs_dir = dir.path().join("jobs");
-    let film = moving_portrait(dir.path(), 40);
-    let r = replicas(&db, &jobs_dir, 2, &["--job-segment-s", "5"]);
+    let Setup {
+        r,
+        film,
+        jobs_dir,
+        dir,
+        db: _db,
+        _one,
+    } = setup(40, 2, &["--job-segment-s", "5"]);
     let all: Vec<&Server> = r.iter().collect();
     let start = Instant::now();
     let id = post(&r[0], &film, "");
@@ -288,25 +319,24 @@ fn a_film_is_restored_by_two_replicas_each_segment_once() {
         .sum::<usize>();
     assert_eq!(joins, 1, "{}", logs(&all));
     assert_eq!(done["frames_done"], 1200, "{done}");
-    let got = result_of(&r[1], &id, dir.path());
-    let want = dir.path().join("cli.mp4");
-    cli_run(&film, &want);
     // Every frame once, as one run makes it; the sound kept.
-    assert_eq!(framemd5(&got, "0:v", false), framemd5(&want, "0:v", false));
+    let got = assert_as_one_run(&r[1], &id, &film, dir.path());
     let sound = packet_md5(&got, "0:a");
     assert!(!sound.is_empty(), "no sound kept");
-    assert_eq!(sound, packet_md5(&want, "0:a"));
+    assert_eq!(sound, packet_md5(&dir.path().join("cli.mp4"), "0:a"));
     assert!(!jobs_dir.join(&id).join(".result.mp4.segments").exists());
 }
 
 #[test]
 fn a_replica_killed_mid_film_loses_its_segments_to_the_other() {
-    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let db = Postgres::start();
-    let dir = tempfile::tempdir().unwrap();
-    let jobs_dir = dir.path().join("jobs");
-    let film = moving_portrait(dir.path(), 12);
-    let mut r = replicas(&db, &jobs_dir, 2, &["--job-segment-s", "2", "--job-lease-s", "2"]);
+    let Setup {
+        mut r,
+        film,
+        jobs_dir: _jobs_dir,
+        dir,
+        db,
+        _one,
+    } = setup(12, 2, &["--job-segment-s", "2", "--job-lease-s", "2"]);
     let id = post(&r[0], &film, "");
     // Killed while it holds a segment, before the film is done.
     let start = Instant::now();
@@ -347,20 +377,19 @@ fn a_replica_killed_mid_film_loses_its_segments_to_the_other() {
     assert_eq!(done["state"], "done", "{done}");
     let log = survivor.log.lock().unwrap().clone();
     assert!(log.contains(&format!("taken over from replica {victim}")), "{log}");
-    let got = result_of(&survivor, &id, dir.path());
-    let want = dir.path().join("cli.mp4");
-    cli_run(&film, &want);
-    assert_eq!(framemd5(&got, "0:v", false), framemd5(&want, "0:v", false));
+    assert_as_one_run(&survivor, &id, &film, dir.path());
 }
 
 #[test]
 fn a_cancel_through_one_replica_stops_the_others_segments() {
-    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let db = Postgres::start();
-    let dir = tempfile::tempdir().unwrap();
-    let jobs_dir = dir.path().join("jobs");
-    let film = moving_portrait(dir.path(), 20);
-    let r = replicas(&db, &jobs_dir, 2, &["--job-segment-s", "2"]);
+    let Setup {
+        r,
+        film,
+        jobs_dir,
+        dir: _dir,
+        db: _db,
+        _one,
+    } = setup(20, 2, &["--job-segment-s", "2"]);
     let all: Vec<&Server> = r.iter().collect();
     let id = post(&r[0], &film, "");
     let start = Instant::now();
@@ -399,12 +428,14 @@ fn a_cancel_through_one_replica_stops_the_others_segments() {
 
 #[test]
 fn a_replica_paused_past_its_lease_puts_nothing_in_place() {
-    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let db = Postgres::start();
-    let dir = tempfile::tempdir().unwrap();
-    let jobs_dir = dir.path().join("jobs");
-    let film = moving_portrait(dir.path(), 8);
-    let r = replicas(&db, &jobs_dir, 2, &["--job-segment-s", "2", "--job-lease-s", "2"]);
+    let Setup {
+        r,
+        film,
+        jobs_dir: _jobs_dir,
+        dir,
+        db,
+        _one,
+    } = setup(8, 2, &["--job-segment-s", "2", "--job-lease-s", "2"]);
     let all: Vec<&Server> = r.iter().collect();
     let (victim, other) = (name_of(&r[0]), name_of(&r[1]));
     let id = post(&r[1], &film, "");
@@ -462,10 +493,7 @@ fn a_replica_paused_past_its_lease_puts_nothing_in_place() {
         )
         .unwrap();
     assert_eq!((row.get::<_, String>(0), row.get::<_, i32>(1)), (other, 2));
-    let got = result_of(&r[0], &id, dir.path());
-    let want = dir.path().join("cli.mp4");
-    cli_run(&film, &want);
-    assert_eq!(framemd5(&got, "0:v", false), framemd5(&want, "0:v", false));
+    assert_as_one_run(&r[0], &id, &film, dir.path());
 }
 
 /// The 40 s film's wall time (posted to done) on one service without a database, on one

@@ -47,19 +47,25 @@ fn is_root() -> bool {
     unsafe { libc::geteuid() == 0 }
 }
 
-/// `prog` of the server's programs with `args`, as the `postgres` user when root.
-fn run(bin: &Path, prog: &str, args: &[&str]) {
+/// `prog` of the server's programs with `args`, to run as the `postgres` user when root.
+fn command(bin: &Path, prog: &str, args: &[&str]) -> Command {
     let exe = bin.join(prog);
-    let out = if is_root() {
-        Command::new("runuser")
-            .args(["-u", "postgres", "--"])
-            .arg(&exe)
-            .args(args)
-            .output()
+    let mut c = if is_root() {
+        let mut c = Command::new("runuser");
+        c.args(["-u", "postgres", "--"]).arg(exe);
+        c
     } else {
-        Command::new(&exe).args(args).output()
-    }
-    .unwrap_or_else(|e| panic!("cannot run {}: {e}", exe.display()));
+        Command::new(exe)
+    };
+    c.args(args);
+    c
+}
+
+/// Runs `prog` (see [`command`]), which must succeed.
+fn run(bin: &Path, prog: &str, args: &[&str]) {
+    let out = command(bin, prog, args)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {prog}: {e}"));
     assert!(
         out.status.success(),
         "{prog} {args:?} failed: {}{}",
@@ -124,16 +130,6 @@ impl Postgres {
 impl Drop for Postgres {
     fn drop(&mut self) {
         let d = self.data.to_str().unwrap().to_string();
-        let exe = self.bin.join("pg_ctl");
-        let args = ["-D", d.as_str(), "-m", "immediate", "-w", "stop"];
-        let _ = if is_root() {
-            Command::new("runuser")
-                .args(["-u", "postgres", "--"])
-                .arg(&exe)
-                .args(args)
-                .output()
-        } else {
-            Command::new(&exe).args(args).output()
-        };
+        let _ = command(&self.bin, "pg_ctl", &["-D", &d, "-m", "immediate", "-w", "stop"]).output();
     }
 }
