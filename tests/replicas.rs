@@ -398,6 +398,16 @@ fn a_cancel_through_one_replica_stops_the_others_segments() {
         assert!(start.elapsed() < Duration::from_secs(120), "{}", logs(&all));
         std::thread::sleep(Duration::from_millis(20));
     }
+    // Its progress is summed over both replicas' segments, its speed theirs together.
+    loop {
+        let (_, v) = record(&r[1], &id);
+        assert_eq!(v["state"], "running", "{v}");
+        if v["fps"].as_f64().is_some_and(|f| f > 0.0) && v["frames_done"].as_u64() > Some(0) {
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(120), "no speed: {v}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let (status, _, body) = r[0].call("POST", &format!("/v1/jobs/{id}/cancel"), &[], None, &[]);
     assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
     let stopped = Instant::now();
@@ -494,6 +504,62 @@ fn a_replica_paused_past_its_lease_puts_nothing_in_place() {
         .unwrap();
     assert_eq!((row.get::<_, String>(0), row.get::<_, i32>(1)), (other, 2));
     assert_as_one_run(&r[0], &id, &film, dir.path());
+}
+
+#[test]
+fn a_replica_with_other_settings_hands_segments_back_and_a_segment_tried_too_often_fails_the_job() {
+    let Setup {
+        r,
+        film,
+        jobs_dir,
+        dir,
+        db,
+        _one,
+    } = setup(12, 1, &["--job-segment-s", "2"]);
+    // A second replica whose settings differ (its blend), started once the first has cut the
+    // film, never works on it: it finds the plan made with other settings and hands back.
+    let id = post(&r[0], &film, "");
+    let mut c = db.client();
+    let start = Instant::now();
+    while c
+        .query_one("SELECT count(*) FROM gpen_video_segments WHERE job = $1", &[&id])
+        .unwrap()
+        .get::<_, i64>(0)
+        == 0
+    {
+        assert!(start.elapsed() < Duration::from_secs(60), "never planned");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let other = replicas(&db, &jobs_dir, 1, &["--job-segment-s", "2", "--blend", "0.5"]);
+    let all = [&r[0], &other[0]];
+    let done = wait_for(&other[0], &id, &["done", "failed"], 180, &all);
+    assert_eq!(done["state"], "done", "{done}");
+    assert!(restored(&other[0], &id).is_empty(), "{}", logs(&all));
+    let log = other[0].log.lock().unwrap().clone();
+    assert!(log.contains("planned with other settings"), "{}", logs(&all));
+    assert_as_one_run(&r[0], &id, &film, dir.path());
+
+    // A segment every replica that took it died on is not claimed again: its job fails, saying so.
+    drop(other);
+    let id = post(&r[0], &film, "");
+    let start = Instant::now();
+    loop {
+        let n = c
+            .execute(
+                "UPDATE gpen_video_segments SET tries = 3 WHERE job = $1 AND number = 3 AND state = 'pending'",
+                &[&id],
+            )
+            .unwrap();
+        if n == 1 {
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(60), "segment 4 never pending");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let failed = wait_for(&r[0], &id, &["done", "failed"], 120, &[&r[0]]);
+    assert_eq!(failed["state"], "failed", "{failed}");
+    let why = failed["error"].as_str().unwrap();
+    assert!(why.contains("segment 4 was started 3 times"), "{why}");
 }
 
 /// The 40 s film's wall time (posted to done) on one service without a database, on one

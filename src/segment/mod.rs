@@ -195,6 +195,39 @@ impl Work {
         Ok(Some(Work { dir, plan, pts }))
     }
 
+    /// Opens the plan another process made for `job` (made with `settings`) as it is: nothing
+    /// is scanned, planned or cleared. `Ok(None)` when there is no plan (the work is over, or
+    /// was never cut); an error when the plan was made for other settings, another input or
+    /// another container, saying which.
+    pub fn open_planned(settings: &Settings, job: &Job) -> Result<Option<Work>> {
+        let dir = work_dir(&job.output);
+        let bytes = match std::fs::read(dir.join("plan.json")) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(e).with_context(|| format!("reading the plan in {}", dir.display())),
+        };
+        let plan: PlanFile =
+            serde_json::from_slice(&bytes).with_context(|| format!("reading the plan in {}", dir.display()))?;
+        let ext = job
+            .output
+            .extension()
+            .map_or_else(String::new, |e| e.to_string_lossy().into_owned());
+        if plan.version != VERSION {
+            bail!(
+                "the segments' plan is of another version ({}, this build {VERSION})",
+                plan.version
+            );
+        }
+        if plan.settings != crate::config::settings_hash(&settings.recipe) {
+            bail!("the segments were planned with other settings (another model file, version or default)");
+        }
+        if plan.input != Stamp::of(&job.source.path)? || plan.ext != ext {
+            bail!("the segments were planned for another input or container");
+        }
+        let pts = Arc::new(plan.scan.pts.clone());
+        Ok(Some(Work { dir, plan, pts }))
+    }
+
     pub fn dir(&self) -> &Path {
         &self.dir
     }

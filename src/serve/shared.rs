@@ -35,6 +35,10 @@ const SCHEMA: i32 = 1;
 /// The advisory lock taken while the schema is made or migrated (any fixed number).
 const MIGRATE_LOCK: i64 = 0x6770_656e_7669_6431;
 
+/// Claims of one task (a segment; a job's plan, run in one piece or join) that may end without
+/// it done (each replica that took it died, or lost its lease) before its job is failed.
+pub const MAX_TRIES: i32 = 3;
+
 /// The channel replicas notify each other on.
 pub const CHANNEL: &str = "gpen_video";
 
@@ -54,7 +58,9 @@ CREATE TABLE gpen_video_jobs (
     lease_until timestamptz,
     segments integer,
     frames_done bigint NOT NULL DEFAULT 0,
-    faces_done bigint NOT NULL DEFAULT 0
+    faces_done bigint NOT NULL DEFAULT 0,
+    tries integer NOT NULL DEFAULT 0,
+    run_started double precision
 );
 CREATE INDEX gpen_video_jobs_state ON gpen_video_jobs (state, created);
 CREATE TABLE gpen_video_segments (
@@ -67,6 +73,7 @@ CREATE TABLE gpen_video_segments (
     frames_done bigint NOT NULL DEFAULT 0,
     faces_done bigint NOT NULL DEFAULT 0,
     tries integer NOT NULL DEFAULT 0,
+    started double precision,
     PRIMARY KEY (job, number)
 );
 "];
@@ -204,7 +211,9 @@ impl Db {
         let pool = r2d2::Pool::builder()
             .max_size(12)
             .min_idle(Some(1))
-            .connection_timeout(wait.max(Duration::from_secs(1)))
+            // Reached just now: a request waits at most this long for a connection (a database
+            // gone away fails the request instead of holding a thread).
+            .connection_timeout(Duration::from_secs(5))
             .error_handler(Box::new(r2d2::NopErrorHandler))
             .build(manager)
             .map_err(|e| anyhow::anyhow!("cannot reach the jobs database {shown} (--jobs-db): {e}"))?;
@@ -222,7 +231,7 @@ impl Db {
     fn client(&self) -> Result<r2d2::PooledConnection<PostgresConnectionManager<NoTls>>> {
         self.pool
             .get()
-            .map_err(|e| anyhow::anyhow!("cannot reach the jobs database {} ({e})", self.shown))
+            .map_err(|e| anyhow::Error::new(e).context(format!("cannot reach the jobs database {}", self.shown)))
     }
 
     /// Runs `f` in a transaction, committed when it returns `Ok`.
@@ -453,53 +462,77 @@ impl Db {
         })
     }
 
-    /// Claims the next task of `photos`' lane for this replica (see [`Task`]): a job to plan or
-    /// join first, else (films) a segment. A photo is claimed by the replica that took it, or
-    /// by any once it has waited `photo_grace`.
+    /// Claims the next task of `photos`' lane for this replica (see [`Task`]). Films: a join
+    /// first, then the oldest film's next free segment, and only then a queued film to plan (so
+    /// a film stays queued, in line, until a replica is free for it). A photo is claimed by the
+    /// replica that took it, or by any once it has waited `photo_grace`.
     pub fn claim(&self, photos: bool, photo_grace: Duration) -> Result<Option<Task>> {
-        let lease = self.lease_s();
-        let before = now() - photo_grace.as_secs_f64();
-        let job = self.client()?.query_opt(
-            "UPDATE gpen_video_jobs j SET holder = $1, lease_until = now() + make_interval(secs => $2)
+        if photos {
+            return self.claim_job(false, Some(photo_grace));
+        }
+        if let Some(t) = self.claim_job(true, None)? {
+            return Ok(Some(t));
+        }
+        if let Some(t) = self.claim_segment()? {
+            return Ok(Some(t));
+        }
+        self.claim_job(false, None)
+    }
+
+    /// Claims a job whose segments are all done, to join (`join`), else one to plan or run in
+    /// one piece (a photo with `photo_grace`).
+    fn claim_job(&self, join: bool, photo_grace: Option<Duration>) -> Result<Option<Task>> {
+        let before = now() - photo_grace.unwrap_or_default().as_secs_f64();
+        let row = self.client()?.query_opt(
+            "UPDATE gpen_video_jobs j SET holder = $1, lease_until = now() + make_interval(secs => $2),
+               tries = j.tries + 1
              WHERE j.id = (
                SELECT c.id FROM gpen_video_jobs c
-               WHERE NOT c.removing AND (c.lease_until IS NULL OR c.lease_until < now())
-                 AND (c.state = 'queued'
-                      OR (c.state = 'running' AND (c.segments IS NULL OR NOT EXISTS (
-                            SELECT 1 FROM gpen_video_segments s WHERE s.job = c.id AND s.state <> 'done'))))
-                 AND (c.kind = 'photo') = $3
-                 AND (NOT $3 OR c.origin = $1 OR c.created < $4)
+               WHERE NOT c.removing AND (c.lease_until IS NULL OR c.lease_until < now()) AND c.tries < $6
+                 AND CASE WHEN $3 THEN c.state = 'running' AND c.segments IS NOT NULL AND NOT EXISTS (
+                            SELECT 1 FROM gpen_video_segments s WHERE s.job = c.id AND s.state <> 'done')
+                     ELSE c.state = 'queued' OR (c.state = 'running' AND c.segments IS NULL) END
+                 AND (c.kind = 'photo') = $4
+                 AND (NOT $4 OR c.origin = $1 OR c.created < $5)
                ORDER BY c.created, c.id LIMIT 1 FOR UPDATE SKIP LOCKED)
              RETURNING j.record, j.state, j.segments",
-            &[&self.replica, &lease, &photos, &before],
+            &[
+                &self.replica,
+                &self.lease_s(),
+                &join,
+                &photo_grace.is_some(),
+                &before,
+                &MAX_TRIES,
+            ],
         )?;
-        if let Some(row) = job {
-            let mut rec: Record = serde_json::from_str(row.get(0))?;
-            rec.state = State::of_word(row.get(1));
-            let segments: Option<i32> = row.get(2);
-            return Ok(Some(match segments {
-                Some(n) if rec.state == State::Running => Task::Join(rec, n as usize),
-                _ => Task::Plan(rec),
-            }));
-        }
-        if photos {
-            return Ok(None);
-        }
-        let seg = self.client()?.query_opt(
+        let Some(row) = row else { return Ok(None) };
+        let mut rec: Record = serde_json::from_str(row.get(0))?;
+        rec.state = State::of_word(row.get(1));
+        Ok(Some(match row.get::<_, Option<i32>>(2) {
+            Some(n) if join => Task::Join(rec, n as usize),
+            _ => Task::Plan(rec),
+        }))
+    }
+
+    /// Claims the oldest running film's first free segment: pending, or its holder's lease
+    /// lapsed (and tried fewer than [`MAX_TRIES`] times).
+    fn claim_segment(&self) -> Result<Option<Task>> {
+        let row = self.client()?.query_opt(
             "WITH pick AS (
                SELECT c.job, c.number, c.holder AS was FROM gpen_video_segments c
                JOIN gpen_video_jobs k ON k.id = c.job
-               WHERE k.state = 'running' AND NOT k.removing
+               WHERE k.state = 'running' AND NOT k.removing AND c.tries < $3
                  AND (c.state = 'pending' OR (c.state = 'running' AND c.lease_until < now()))
-               ORDER BY k.created, k.id, c.number LIMIT 1 FOR UPDATE OF c SKIP LOCKED)
+               ORDER BY k.created, k.id, c.number LIMIT 1 FOR UPDATE OF c SKIP LOCKED FOR SHARE OF k SKIP LOCKED)
              UPDATE gpen_video_segments s SET state = 'running', holder = $1,
-               lease_until = now() + make_interval(secs => $2), tries = s.tries + 1, frames_done = 0, faces_done = 0
+               lease_until = now() + make_interval(secs => $2), tries = s.tries + 1, frames_done = 0,
+               faces_done = 0, started = extract(epoch FROM clock_timestamp())::float8
              FROM pick, gpen_video_jobs j
              WHERE s.job = pick.job AND s.number = pick.number AND j.id = s.job
              RETURNING j.record, s.number, j.segments, pick.was",
-            &[&self.replica, &lease],
+            &[&self.replica, &self.lease_s(), &MAX_TRIES],
         )?;
-        let Some(row) = seg else { return Ok(None) };
+        let Some(row) = row else { return Ok(None) };
         let mut rec: Record = serde_json::from_str(row.get(0))?;
         rec.state = State::Running;
         let number: i32 = row.get(1);
@@ -510,6 +543,37 @@ impl Db {
             of: of.unwrap_or(0) as usize,
             was: row.get(3),
         }))
+    }
+
+    /// Fails the jobs with a task claimed [`MAX_TRIES`] times and never finished (each replica
+    /// that took it died or lost it): they are not claimed again. The ids failed.
+    pub fn give_up(&self) -> Result<Vec<String>> {
+        let rows = self.client()?.query(
+            "SELECT j.id, (SELECT min(s.number) FROM gpen_video_segments s
+                           WHERE s.job = j.id AND s.state <> 'done' AND s.tries >= $1
+                             AND (s.state = 'pending' OR s.lease_until < now()))
+             FROM gpen_video_jobs j
+             WHERE NOT j.removing AND j.state IN ('queued', 'running')
+               AND ((j.tries >= $1 AND (j.lease_until IS NULL OR j.lease_until < now()))
+                    OR EXISTS (SELECT 1 FROM gpen_video_segments s
+                               WHERE s.job = j.id AND s.state <> 'done' AND s.tries >= $1
+                                 AND (s.state = 'pending' OR s.lease_until < now())))",
+            &[&MAX_TRIES],
+        )?;
+        let mut failed = Vec::new();
+        for r in rows {
+            let id: String = r.get(0);
+            let what = match r.get::<_, Option<i32>>(1) {
+                Some(n) => format!("segment {}", n + 1),
+                None => "the job".to_string(),
+            };
+            self.fail(
+                &id,
+                &format!("{what} was started {MAX_TRIES} times and never finished: each replica that took it stopped (killed, out of memory, or cut off from the database)"),
+            )?;
+            failed.push(id);
+        }
+        Ok(failed)
     }
 
     /// Records job `id` planned by this replica: cut into segments of `frames` each (their rows
@@ -540,8 +604,13 @@ impl Db {
                     )?;
                 }
                 tx.execute(
-                    "UPDATE gpen_video_jobs SET segments = $2, holder = NULL, lease_until = NULL WHERE id = $1",
+                    "UPDATE gpen_video_jobs SET segments = $2, holder = NULL, lease_until = NULL, tries = 0 WHERE id = $1",
                     &[&id, &(frames.len() as i32)],
+                )?;
+            } else {
+                tx.execute(
+                    "UPDATE gpen_video_jobs SET run_started = extract(epoch FROM clock_timestamp())::float8, frames_done = 0, faces_done = 0 WHERE id = $1",
+                    &[&id],
                 )?;
             }
             Ok(true)
@@ -665,7 +734,27 @@ impl Db {
         })
     }
 
-    /// Marks job `id` failed for `why` wherever it is (a segment of it failed here).
+    /// Marks job `id` failed for `why` if this replica still holds what failed (its `segment`,
+    /// else the job): a failure of work another replica has taken over is not the job's.
+    /// Whether it was failed.
+    pub fn fail_held(&self, id: &str, segment: Option<usize>, why: &str) -> Result<bool> {
+        let held = match segment {
+            Some(n) => self.client()?.query_opt(
+                "SELECT 1 FROM gpen_video_segments WHERE job = $1 AND number = $2 AND holder = $3 AND state = 'running'",
+                &[&id, &(n as i32), &self.replica],
+            )?,
+            None => self.client()?.query_opt(
+                "SELECT 1 FROM gpen_video_jobs WHERE id = $1 AND holder = $2",
+                &[&id, &self.replica],
+            )?,
+        };
+        if held.is_some() {
+            self.fail(id, why)?;
+        }
+        Ok(held.is_some())
+    }
+
+    /// Marks job `id` failed for `why` wherever it is.
     pub fn fail(&self, id: &str, why: &str) -> Result<()> {
         self.tx(|tx| {
             Self::change(tx, id, None, |r| {
@@ -683,16 +772,20 @@ impl Db {
 
     /// Hands back what this replica holds of job `id` (it is stopping): its segment waits for
     /// another replica, the job (to plan, run or join) is claimed afresh.
-    pub fn release(&self, id: &str) -> Result<()> {
+    /// `stopping`: the replica stops on purpose, and the claim does not count as a try.
+    pub fn release(&self, id: &str, stopping: bool) -> Result<()> {
+        let back = i32::from(stopping);
         let mut c = self.client()?;
         c.execute(
-            "UPDATE gpen_video_segments SET state = 'pending', holder = NULL, lease_until = NULL
+            "UPDATE gpen_video_segments SET state = 'pending', holder = NULL, lease_until = NULL,
+               tries = greatest(tries - $3, 0)
              WHERE job = $1 AND holder = $2 AND state = 'running'",
-            &[&id, &self.replica],
+            &[&id, &self.replica, &back],
         )?;
         c.execute(
-            "UPDATE gpen_video_jobs SET holder = NULL, lease_until = NULL WHERE id = $1 AND holder = $2",
-            &[&id, &self.replica],
+            "UPDATE gpen_video_jobs SET holder = NULL, lease_until = NULL, tries = greatest(tries - $3, 0)
+             WHERE id = $1 AND holder = $2",
+            &[&id, &self.replica, &back],
         )?;
         drop(c);
         self.notify("queued");
@@ -740,7 +833,8 @@ impl Db {
 }
 
 /// The query of the jobs (not being removed) matching `filter`, oldest first, each with its
-/// progress summed over its segments and a queued one's place in its lane's line.
+/// progress summed over its segments, a queued one's place in its lane's line, and the
+/// frames a second of its runs under way.
 fn select_jobs(filter: &str) -> String {
     format!(
         "SELECT j.record, j.state, j.segments, j.frames_done, j.faces_done,
@@ -749,7 +843,10 @@ fn select_jobs(filter: &str) -> String {
            CASE WHEN j.state = 'queued' THEN (
              SELECT count(*) FROM gpen_video_jobs q
              WHERE q.state = 'queued' AND NOT q.removing AND (q.kind = 'photo') = (j.kind = 'photo')
-               AND (q.created, q.id) <= (j.created, j.id)) END
+               AND (q.created, q.id) <= (j.created, j.id)) END,
+           (CASE WHEN j.segments IS NULL THEN j.frames_done / greatest(extract(epoch FROM now())::float8 - j.run_started, 0.5)
+            ELSE (SELECT sum(s.frames_done / greatest(extract(epoch FROM now())::float8 - s.started, 0.5))
+                  FROM gpen_video_segments s WHERE s.job = j.id AND s.state = 'running' AND s.lease_until > now()) END)::float8
          FROM gpen_video_jobs j WHERE NOT j.removing AND {filter}
          ORDER BY j.created, j.id"
     )
@@ -768,13 +865,10 @@ fn record_of(row: &postgres::Row) -> Result<(Record, Option<u64>)> {
         };
         rec.frames_done = frames.max(0) as u64;
         rec.faces_done = faces.max(0) as u64;
-        if rec.state == State::Running {
-            rec.fps = rec
-                .started
-                .map(|s| now() - s)
-                .filter(|&t| t > 0.5)
-                .map(|t| rec.frames_done as f64 / t);
-        }
+        // The frames a second of the runs under way: this job's segments on every replica,
+        // or its run in one piece.
+        let fps: Option<f64> = row.get(8);
+        rec.fps = fps.filter(|&f| rec.state == State::Running && f > 0.0);
     }
     let place: Option<i64> = row.get(7);
     Ok((rec, place.map(|p| p as u64)))

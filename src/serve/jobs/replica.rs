@@ -11,6 +11,12 @@ use crate::engine::Engine;
 use crate::pipeline::Progress;
 use crate::serve::shared::{Db, Renewal, SegmentEnd, Task};
 
+/// Whether `e` came from the jobs database (or reaching it), not from the job itself.
+fn is_database_error(e: &anyhow::Error) -> bool {
+    e.chain()
+        .any(|c| c.is::<postgres::Error>() || c.is::<r2d2_postgres::r2d2::Error>())
+}
+
 impl Jobs {
     /// What this replica runs of the shared jobs, by job.
     pub(super) fn running(&self) -> MutexGuard<'_, BTreeMap<String, CancelToken>> {
@@ -68,10 +74,34 @@ impl Jobs {
     /// Removes the deleted jobs no replica works on any more, and the finished ones past their
     /// time.
     fn tidy(&self, db: &Db) {
-        if let Err(e) = db.reap(None, &|id| Ok(remove_job_dir(&self.dir_of(id))?)) {
+        if let Err(e) = db.reap(None, &|id| self.remove_files(id)) {
             tracing::warn!("cannot remove deleted jobs: {e:#}");
         }
+        match db.give_up() {
+            Ok(ids) => {
+                for id in ids {
+                    tracing::warn!(job = %id, "job failed: a task of it was started too often and never finished");
+                }
+            }
+            Err(e) => tracing::warn!("cannot look for abandoned jobs: {e:#}"),
+        }
         self.expire();
+    }
+
+    /// Removes job `id`'s folder (one already gone is removed).
+    fn remove_files(&self, id: &str) -> Result<()> {
+        match remove_job_dir(&self.dir_of(id)) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e.into()),
+            _ => Ok(()),
+        }
+    }
+
+    /// Lets go of what this replica holds of job `id` (`stopping`: on purpose, not counted as a
+    /// try), saying so when the database cannot be told (the lease then lapses).
+    fn let_go(&self, db: &Db, id: &str, stopping: bool) {
+        if let Err(e) = db.release(id, stopping) {
+            tracing::warn!(job = %id, "cannot hand it back ({e:#}): another replica takes it when the lease lapses");
+        }
     }
 
     /// Runs one claimed task; what it ends in goes to the database (a failure fails the job; a
@@ -83,31 +113,40 @@ impl Jobs {
         self.running().insert(id.clone(), cancel.clone());
         let r = self.task(db, task, &cancel, engine);
         self.running().remove(&id);
+        let segment = match task {
+            Task::Segment { number, .. } => Some(*number),
+            _ => None,
+        };
         match r {
             Ok(()) => {}
             Err(_) if self.stopping.load(Ordering::SeqCst) => {
                 tracing::info!(job = %id, replica = %db.replica, "handed back: this replica is stopping");
-                if let Err(e) = db.release(&id) {
-                    tracing::warn!(job = %id, "cannot hand it back ({e:#}): another replica takes it when the lease lapses");
-                }
+                self.let_go(db, &id, true);
             }
             Err(_) if cancel.is_cancelled() => {
                 tracing::info!(job = %id, replica = %db.replica, "stopped here: cancelled, deleted, failed elsewhere, or its lease lapsed");
                 // What it still held of the job is let go (a lease lapsed is another's now).
-                if let Err(e) = db.release(&id) {
-                    tracing::warn!(job = %id, "cannot let go of it ({e:#}): its lease lapses");
-                }
+                self.let_go(db, &id, false);
+            }
+            Err(e) if is_database_error(&e) => {
+                // The database, not the job: another replica (or this one) tries it again.
+                tracing::warn!(job = %id, replica = %db.replica, "handed back after a database error: {e:#}");
+                self.let_go(db, &id, false);
             }
             Err(e) => {
                 let why = self.in_words(&format!("{e:#}"), Some(rec));
-                tracing::warn!(job = %id, replica = %db.replica, "job failed: {why}");
-                if let Err(e) = db.fail(&id, &why).and_then(|()| db.release(&id)) {
-                    tracing::warn!(job = %id, "cannot record the failure: {e:#}");
+                match db.fail_held(&id, segment, &why) {
+                    Ok(true) => tracing::warn!(job = %id, replica = %db.replica, "job failed: {why}"),
+                    Ok(false) => {
+                        tracing::info!(job = %id, replica = %db.replica, "failed here after another replica took it over ({why}): left to that one")
+                    }
+                    Err(e) => tracing::warn!(job = %id, "cannot record the failure: {e:#}"),
                 }
+                self.let_go(db, &id, false);
             }
         }
         // A job deleted while it ran here goes now that nothing here writes in its folder.
-        if let Err(e) = db.reap(Some(&id), &|id| Ok(remove_job_dir(&self.dir_of(id))?)) {
+        if let Err(e) = db.reap(Some(&id), &|id| self.remove_files(id)) {
             tracing::warn!(job = %id, "cannot remove the deleted job: {e:#}");
         }
     }
@@ -131,7 +170,7 @@ impl Jobs {
     }
 
     /// Runs `f` while a thread renews this replica's lease on job `id` (on its `segment`) every
-    /// quarter lease with the progress `f` reports; a lease lost, or the job stopped elsewhere,
+    /// quarter lease (at most a second) with the progress `f` reports; a lease lost, or the job stopped elsewhere,
     /// cancels it.
     fn leased<T>(
         &self,
@@ -144,7 +183,8 @@ impl Jobs {
         let (tx, rx) = crossbeam_channel::bounded::<()>(1);
         std::thread::scope(|s| {
             s.spawn(|| loop {
-                match rx.recv_timeout(db.lease / 4) {
+                // A quarter lease, and at least every second: the progress answered is that fresh.
+                match rx.recv_timeout((db.lease / 4).min(Duration::from_secs(1))) {
                     Err(crossbeam_channel::RecvTimeoutError::Timeout) => {}
                     _ => return,
                 }
@@ -185,15 +225,22 @@ impl Jobs {
     ) -> Result<()> {
         let id = &rec.id;
         if rec.kind != "photo" {
-            if let Some(work) = crate::segment::Work::open(settings, job, self.opts.segment, false)? {
+            // The film's packets are read to cut it: under the job's lease, however long.
+            let work = self.leased(db, (id, None), &job.cancel, |_| {
+                crate::segment::Work::open(settings, job, self.opts.segment, false)
+            })?;
+            if let Some(work) = work {
                 let frames: Vec<u64> = work.segments().iter().map(|s| s.frames()).collect();
                 if db.planned(id, Some(&frames), Some(work.frames()))? {
                     tracing::info!(job = %id, replica = %db.replica, "film planned: {} segments of about {} s, for any replica to claim", frames.len(), self.opts.segment);
+                } else {
+                    self.let_go(db, id, false);
                 }
                 return Ok(());
             }
         }
         if !db.planned(id, None, rec.frames_total)? {
+            self.let_go(db, id, false);
             return Ok(());
         }
         tracing::info!(job = %id, replica = %db.replica, name = %rec.name, "job started here, in one piece");
@@ -217,9 +264,15 @@ impl Jobs {
     ) -> Result<()> {
         let id = &rec.id;
         let start = Instant::now();
-        let work = crate::segment::Work::open(settings, job, self.opts.segment, false)?
-            .filter(|w| w.segments().len() == of)
-            .ok_or_else(|| anyhow::anyhow!("the film's plan changed since it was cut into {of} segments"))?;
+        let Some(work) = self.planned_work(db, id, settings, job)? else {
+            return Ok(());
+        };
+        if work.segments().len() != of {
+            bail!(
+                "the film's plan has {} segments where the job was cut into {of}",
+                work.segments().len()
+            );
+        }
         let seg = work.segments()[n].clone();
         let made = self.leased(db, (id, Some(n)), &job.cancel, |progress| {
             let engine = settings.engine_for(engine, job)?;
@@ -233,6 +286,7 @@ impl Jobs {
         })?;
         if let Some(m) = made {
             m.discard();
+            self.let_go(db, id, false);
         }
         let secs = start.elapsed().as_secs_f64();
         let what = format!("segment {} of {of} (frames {}..{})", n + 1, seg.start, seg.end);
@@ -253,29 +307,58 @@ impl Jobs {
         Ok(())
     }
 
+    /// The film's plan as its planner made it (nothing planned or cleared here): `None` when
+    /// this replica cannot work on it (the plan is gone, or was made with settings this replica
+    /// does not have, as in a rolling upgrade: the task is handed back for a replica that has
+    /// them, and this one pauses a quarter lease before it claims again).
+    fn planned_work(
+        &self,
+        db: &Db,
+        id: &str,
+        settings: &Settings,
+        job: &crate::engine::Job,
+    ) -> Result<Option<crate::segment::Work>> {
+        match crate::segment::Work::open_planned(settings, job) {
+            Ok(Some(w)) => Ok(Some(w)),
+            Ok(None) => {
+                self.let_go(db, id, false);
+                Ok(None)
+            }
+            Err(e) => {
+                tracing::warn!(job = %id, replica = %db.replica, "handed back: {e:#}; a replica started with the planner's settings takes it");
+                self.let_go(db, id, false);
+                std::thread::sleep(db.lease / 4);
+                Ok(None)
+            }
+        }
+    }
+
     /// Joins a film whose segments are all done (this replica holds the job), then ends it.
     fn join_shared(&self, db: &Db, rec: &Record, settings: &Settings, job: &crate::engine::Job) -> Result<()> {
         let start = Instant::now();
         let id = &rec.id;
-        let joined = self.leased(db, (id, None), &job.cancel, |_| {
-            let dir = crate::segment::work_dir(&job.output);
-            if !dir.join("plan.json").exists() && job.output.exists() {
-                // Joined by a replica that stopped before it recorded so.
-                return Ok(None);
-            }
-            let work = crate::segment::Work::open(settings, job, self.opts.segment, false)?
-                .ok_or_else(|| anyhow::anyhow!("the film's segments are gone"))?;
-            let joined = work.join(job)?;
-            if joined.is_none() && !(work.finished() && job.output.exists()) {
-                bail!("the film's segments were not all there to join");
-            }
-            Ok(joined)
-        })?;
-        let progress = joined.as_ref().map(|j| (j.frames, j.faces));
-        if let Some(j) = &joined {
-            tracing::info!(job = %id, replica = %db.replica, "film joined here: {} segments, {} frames, {} faces, in {:.2} s", j.segments, j.frames, j.faces, j.join.as_secs_f64());
+        if !crate::segment::work_dir(&job.output).join("plan.json").exists() && job.output.exists() {
+            // Joined by a replica that stopped before it recorded so.
+            return self.finish_shared(db, rec, job, None, start);
         }
-        self.finish_shared(db, rec, job, progress, start)
+        let Some(work) = self.planned_work(db, id, settings, job)? else {
+            return Ok(());
+        };
+        let joined = self.leased(db, (id, None), &job.cancel, |_| work.join(job))?;
+        let Some(j) = joined else {
+            if work.finished() && job.output.exists() {
+                return self.finish_shared(db, rec, job, None, start);
+            }
+            if let Some(s) = work.segments().iter().find(|s| work.record(s.number).is_none()) {
+                bail!("segment {} of the film is missing from the jobs folder", s.number + 1);
+            }
+            // Another process holds the join (a replica whose lease lapsed, still joining).
+            tracing::info!(job = %id, replica = %db.replica, "another process is joining the film: left to it");
+            self.let_go(db, id, false);
+            return Ok(());
+        };
+        tracing::info!(job = %id, replica = %db.replica, "film joined here: {} segments, {} frames, {} faces, in {:.2} s", j.segments, j.frames, j.faces, j.join.as_secs_f64());
+        self.finish_shared(db, rec, job, Some((j.frames, j.faces)), start)
     }
 
     /// Ends a job this replica holds as done: where its faces are kept for the page, the
