@@ -226,6 +226,23 @@ fn a_job_posted_to_one_replica_is_answered_by_another_and_replicas_start_at_once
         assert!(page.contains("gpen_jobs{state=\"done\"} 2"), "replica {i}: {page}");
     }
 
+    // Left in the shared folder by a replica killed mid-upload: a folder no job owns and
+    // nothing touched for an hour goes; a newer one (an upload on its way) stays.
+    let (old, new) = (jobs_dir.join("0".repeat(32)), jobs_dir.join("1".repeat(32)));
+    for d in [&old, &new] {
+        std::fs::create_dir(d).unwrap();
+        std::fs::write(d.join("input.part"), b"cut off").unwrap();
+    }
+    tool("touch", &["-d", "2 hours ago", arg(&old.join("input.part")), arg(&old)]);
+    let fourth = replicas(&db, &jobs_dir, 1, &[]);
+    let start = Instant::now();
+    while old.exists() {
+        assert!(start.elapsed() < Duration::from_secs(20), "{}", logs(&[&fourth[0]]));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(new.join("input.part").exists());
+    drop(fourth);
+
     // Deleted through another replica: gone for all, its folder removed.
     let (status, _, _) = r[2].call("DELETE", &format!("/v1/jobs/{id}"), &[], None, &[]);
     assert_eq!(status, 200);

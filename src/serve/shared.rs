@@ -320,6 +320,12 @@ impl Db {
         rows.iter().map(record_of).collect()
     }
 
+    /// Every job's id, those being removed included.
+    pub fn ids(&self) -> Result<std::collections::HashSet<String>> {
+        let rows = self.client()?.query("SELECT id FROM gpen_video_jobs", &[])?;
+        Ok(rows.iter().map(|r| r.get(0)).collect())
+    }
+
     /// Jobs by state: (queued, running, done, failed).
     pub fn counts(&self) -> Result<(usize, usize, usize, usize)> {
         let rows = self.client()?.query(

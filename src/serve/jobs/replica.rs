@@ -47,11 +47,15 @@ impl Jobs {
             })
         });
         let mut engine: Option<Engine> = None;
-        let mut tidied: Option<Instant> = None;
+        let (mut tidied, mut swept): (Option<Instant>, Option<Instant>) = (None, None);
         while !self.stopping.load(Ordering::SeqCst) {
             if lane == Lane::Films && tidied.is_none_or(|t| t.elapsed() > Duration::from_secs(2)) {
                 self.tidy(db);
                 tidied = Some(Instant::now());
+            }
+            if lane == Lane::Films && swept.is_none_or(|t| t.elapsed() > Duration::from_secs(600)) {
+                self.sweep(db);
+                swept = Some(Instant::now());
             }
             match db.claim(lane == Lane::Photos, db.lease * 2) {
                 Ok(Some(task)) => self.run_task(db, &task, &mut engine),
@@ -86,6 +90,39 @@ impl Jobs {
             Err(e) => tracing::warn!("cannot look for abandoned jobs: {e:#}"),
         }
         self.expire();
+    }
+
+    /// Removes the folders of the shared jobs folder that no job owns and nothing has touched
+    /// for an hour: an upload cut off when its replica was killed, a job whose replica died
+    /// between its files and its row. They would hold room under the quota for ever.
+    fn sweep(&self, db: &Db) {
+        let ids = match db.ids() {
+            Ok(ids) => ids,
+            Err(e) => return tracing::warn!("cannot list the jobs: {e:#}"),
+        };
+        let Ok(dir) = std::fs::read_dir(&self.opts.dir) else {
+            return;
+        };
+        let hour_ago = std::time::SystemTime::now() - Duration::from_secs(3600);
+        for e in dir.flatten() {
+            let name = e.file_name().to_string_lossy().to_string();
+            if !valid_id(&name) || ids.contains(&name) || self.uploads().contains_key(&name) {
+                continue;
+            }
+            // The newest thing in it: a folder being written is never taken for left over.
+            let newest = walkdir::WalkDir::new(e.path())
+                .follow_links(false)
+                .into_iter()
+                .flatten()
+                .filter_map(|f| f.metadata().ok()?.modified().ok())
+                .max();
+            if newest.is_some_and(|t| t < hour_ago) && e.file_type().is_ok_and(|t| t.is_dir()) {
+                tracing::info!(job = %name, "removing a folder no job owns (an upload or a job cut off with its replica)");
+                if let Err(err) = self.remove_files(&name) {
+                    tracing::warn!(job = %name, "cannot remove it: {err:#}");
+                }
+            }
+        }
     }
 
     /// Removes job `id`'s folder (one already gone is removed).
