@@ -365,6 +365,13 @@ pub fn run(settings: Settings, opts: ServeOptions, ints: &Interrupts) -> Result<
         );
     }
     say_where(&opts, local);
+    if let Some(db) = &jobs.db {
+        crate::console::eprint!(
+            "gpen-video serve: jobs shared with the other replicas through {} (--jobs-db), as replica {}",
+            db.shown,
+            db.replica
+        );
+    }
     let router = Router::new()
         .route("/v1/restore", post(restore))
         .route("/v1/jobs", post(job_api::create).get(job_api::list))
