@@ -19,20 +19,6 @@ fn clip(dir: &Path, seconds: u32) -> PathBuf {
     moving_portrait(dir, seconds)
 }
 
-fn photo(dir: &Path) -> PathBuf {
-    let out = dir.join("portrait.jpg");
-    ffmpeg(&[
-        "-i",
-        arg(&asset("samples/astronaut.png")),
-        "-vf",
-        "scale=256:256",
-        "-q:v",
-        "4",
-        arg(&out),
-    ]);
-    out
-}
-
 fn field(json: &[u8], key: &str) -> serde_json::Value {
     let v: serde_json::Value =
         serde_json::from_slice(json).unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(json)));
@@ -92,7 +78,7 @@ fn cli_run(input: &Path, out: &Path) {
 fn a_video_and_a_photo_job_restore_as_the_cli_does_and_results_are_read_by_range() {
     let dir = tempfile::tempdir().unwrap();
     let jobs_dir = dir.path().join("jobs");
-    let (video, image) = (clip(dir.path(), 2), photo(dir.path()));
+    let (video, image) = (clip(dir.path(), 2), portrait_jpeg(dir.path()));
     let server = Server::start(&["--model", &model(), "--jobs-dir", arg(&jobs_dir)]);
     let (status, body, location) = post(&server, &video, "", &[]);
     assert_eq!(status, 202, "{}", String::from_utf8_lossy(&body));
@@ -374,7 +360,7 @@ fn limits_tokens_and_bad_ids_get_their_status() {
 fn the_quota_removes_the_oldest_results_and_old_results_expire() {
     let dir = tempfile::tempdir().unwrap();
     let jobs_dir = dir.path().join("jobs");
-    let image = photo(dir.path());
+    let image = portrait_jpeg(dir.path());
     let size = std::fs::metadata(&image).unwrap().len();
     let restored = dir.path().join("cli.jpg");
     cli_run(&image, &restored);
@@ -435,7 +421,7 @@ fn the_quota_removes_the_oldest_results_and_old_results_expire() {
 fn photos_are_answered_while_a_film_job_runs() {
     let dir = tempfile::tempdir().unwrap();
     let jobs_dir = dir.path().join("jobs");
-    let (video, image) = (clip(dir.path(), 4), photo(dir.path()));
+    let (video, image) = (clip(dir.path(), 4), portrait_jpeg(dir.path()));
     let server = Server::start(&["--model", &model(), "--jobs-dir", arg(&jobs_dir)]);
     let (status, body, _) = post(&server, &video, "", &[]);
     assert_eq!(status, 202, "{}", String::from_utf8_lossy(&body));
@@ -460,7 +446,7 @@ fn photos_are_answered_while_a_film_job_runs() {
 fn a_job_may_ask_for_an_offered_model_by_name_and_nothing_else() {
     let dir = tempfile::tempdir().unwrap();
     let jobs_dir = dir.path().join("jobs");
-    let image = photo(dir.path());
+    let image = portrait_jpeg(dir.path());
     let server = Server::start(&["--model", &model(), "--jobs-dir", arg(&jobs_dir)]);
     let (status, _, info) = server.call("GET", "/v1/info", &[], None, &[]);
     assert_eq!(status, 200);

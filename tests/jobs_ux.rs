@@ -5,7 +5,7 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::server::Server;
@@ -17,20 +17,6 @@ fn start(dir: &Path, extra: &[&str]) -> Server {
     let mut flags = vec!["--model", arg(&model), "--jobs-dir", arg(&jobs)];
     flags.extend_from_slice(extra);
     Server::start(&flags)
-}
-
-fn photo(dir: &Path) -> PathBuf {
-    let out = dir.join("portrait.jpg");
-    ffmpeg(&[
-        "-i",
-        arg(&asset("samples/astronaut.png")),
-        "-vf",
-        "scale=256:256",
-        "-q:v",
-        "4",
-        arg(&out),
-    ]);
-    out
 }
 
 /// Posts `file` as a job with `headers`: its id.
@@ -146,7 +132,7 @@ fn cancel_keeps_a_job_cancelled_and_queued_jobs_know_their_place() {
 #[test]
 fn a_list_answers_each_key_its_own_jobs() {
     let dir = tempfile::tempdir().unwrap();
-    let pic = photo(dir.path());
+    let pic = portrait_jpeg(dir.path());
     let server = start(dir.path(), &[]);
     let a = post(&server, &pic, &[("X-Gpen-Owner", "key-a")]);
     let b = post(&server, &pic, &[("X-Gpen-Owner", "key-b")]);
@@ -175,7 +161,7 @@ fn a_list_answers_each_key_its_own_jobs() {
 fn a_photo_finishes_while_a_film_runs() {
     let dir = tempfile::tempdir().unwrap();
     let film = moving_portrait(dir.path(), 12);
-    let pic = photo(dir.path());
+    let pic = portrait_jpeg(dir.path());
     let server = start(dir.path(), &[]);
     let film_id = post(&server, &film, &[]);
     wait_for(&server, &film_id, &["running"], 30);
@@ -279,7 +265,7 @@ fn faces_inside(server: &Server, id: &str, clip: bool) -> serde_json::Value {
 fn a_job_answers_where_its_faces_are() {
     let dir = tempfile::tempdir().unwrap();
     let server = start(dir.path(), &[]);
-    let pic = post(&server, &photo(dir.path()), &[]);
+    let pic = post(&server, &portrait_jpeg(dir.path()), &[]);
     let clip = post(&server, &asset("samples/test/astronaut.mp4"), &[]);
     for (id, is_clip) in [(&pic, false), (&clip, true)] {
         let v = wait_for(&server, id, &["done", "failed"], 60);

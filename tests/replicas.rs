@@ -204,14 +204,7 @@ fn a_job_posted_to_one_replica_is_answered_by_another_and_replicas_start_at_once
     assert_eq!(part, std::fs::read(&got).unwrap()[..100]);
 
     // A photo stays on the replica that took it.
-    let photo = dir.path().join("portrait.jpg");
-    ffmpeg(&[
-        "-i",
-        arg(&asset("samples/astronaut.png")),
-        "-vf",
-        "scale=256:256",
-        arg(&photo),
-    ]);
+    let photo = portrait_jpeg(dir.path());
     let pid = post(&r[1], &photo, "");
     assert_eq!(wait_for(&r[0], &pid, &["done", "failed"], 60, &all)["state"], "done");
     let log1 = r[1].log.lock().unwrap().clone();
@@ -425,6 +418,25 @@ fn a_cancel_through_one_replica_stops_the_others_segments() {
         assert!(start.elapsed() < Duration::from_secs(120), "no speed: {v}");
         std::thread::sleep(Duration::from_millis(50));
     }
+    // A second film waits in line, queued, while the first one's segments keep both replicas
+    // busy (a replica finishing a segment takes the next one before planning another film);
+    // deleted through the other replica while it waits, it is gone for both.
+    let second = post(&r[1], &film, "");
+    let done_before: usize = r.iter().map(|s| restored(s, &id).len()).sum();
+    while r.iter().map(|s| restored(s, &id).len()).sum::<usize>() < done_before + 2 {
+        assert!(start.elapsed() < Duration::from_secs(180), "{}", logs(&all));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (_, v) = record(&r[0], &second);
+    assert_eq!(
+        (v["state"].as_str(), v["place"].as_u64()),
+        (Some("queued"), Some(1)),
+        "{v}"
+    );
+    let (status, _, _) = r[0].call("DELETE", &format!("/v1/jobs/{second}"), &[], None, &[]);
+    assert_eq!(status, 200);
+    assert_eq!(record(&r[1], &second).0, 404);
+    assert!(!jobs_dir.join(&second).exists());
     let (status, _, body) = r[0].call("POST", &format!("/v1/jobs/{id}/cancel"), &[], None, &[]);
     assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
     let stopped = Instant::now();

@@ -126,13 +126,7 @@ async fn create_job(app: &Arc<App>, query: Option<&str>, req: Request) -> Result
     }
     // A place under --max-jobs and the quota for what is declared, taken off the async threads
     // (it walks the folder); nothing is removed for bytes that have not arrived.
-    let begun = {
-        let jobs = jobs.clone();
-        tokio::task::spawn_blocking(move || jobs.begin_upload(declared))
-            .await
-            .map_err(|_| Failure::error(Kind::Engine, "internal error"))?
-    };
-    let mut upload = match begun {
+    let mut upload = match blocking(app, move |jobs| jobs.begin_upload(declared)).await {
         Ok(u) => u,
         Err(e) => {
             super::discard(body, &app.opts).await;
@@ -143,9 +137,7 @@ async fn create_job(app: &Arc<App>, query: Option<&str>, req: Request) -> Result
     receive_to(body, &part, &mut upload, (opts.max_upload, refused_drain), app).await?;
     // Probing opens the upload with FFmpeg: off the async threads.
     let owner = owner_of(&parts.headers)?.filter(|o| !o.is_empty());
-    tokio::task::spawn_blocking(move || jobs.admit(upload, q, owner))
-        .await
-        .map_err(|_| Failure::error(Kind::Engine, "internal error"))?
+    blocking(app, move |jobs| jobs.admit(upload, q, owner)).await
 }
 
 fn too_big(max: u64, sent: u64) -> anyhow::Error {
@@ -296,29 +288,44 @@ pub(super) async fn list(State(app): State<Arc<App>>, headers: HeaderMap) -> Res
         (None, true) => None,
         (None, false) => Some(String::new()),
     };
-    // With a jobs database the answer is a query: it waits off the async threads.
-    let jobs = jobs_of(&app).clone();
-    let listed = tokio::task::spawn_blocking(move || jobs.list(owner.as_deref()))
-        .await
-        .unwrap_or_else(|_| Err(Failure::error(Kind::Engine, "internal error")));
+    let listed = blocking(&app, move |jobs| jobs.list(owner.as_deref())).await;
     match listed {
         Ok(jobs) => json(StatusCode::OK, &serde_json::json!({ "jobs": jobs })),
         Err(e) => error(&app, &e),
     }
 }
 
+/// `f` on the jobs, off the async threads: it walks the folder, probes an upload with FFmpeg,
+/// and with a jobs database each call is a query.
+async fn blocking<T: Send + 'static>(
+    app: &Arc<App>,
+    f: impl FnOnce(&Arc<Jobs>) -> Result<T> + Send + 'static,
+) -> Result<T> {
+    let jobs = jobs_of(app).clone();
+    tokio::task::spawn_blocking(move || f(&jobs))
+        .await
+        .unwrap_or_else(|_| Err(Failure::error(Kind::Engine, "internal error")))
+}
+
+/// `f` on job `id` (the caller authorized, the id checked first), off the async threads.
+async fn on_job<T: Send + 'static>(
+    app: &Arc<App>,
+    headers: &HeaderMap,
+    id: &str,
+    f: impl FnOnce(&Jobs, &str) -> Result<T> + Send + 'static,
+) -> Result<T> {
+    super::authorize(app, headers)?;
+    let id = id_of(id)?.to_string();
+    blocking(app, move |jobs| f(jobs, &id)).await
+}
+
 /// `GET /v1/jobs/{id}`: the job's record with its progress (and a queued job's `place`).
 pub(super) async fn show(State(app): State<Arc<App>>, UrlPath(id): UrlPath<String>, headers: HeaderMap) -> Response {
-    let r = match super::authorize(&app, &headers).and_then(|()| id_of(&id).map(str::to_string)) {
-        Ok(id) => {
-            let jobs = jobs_of(&app).clone();
-            tokio::task::spawn_blocking(move || jobs.answer(&id)?.ok_or_else(|| not_found(&id)))
-                .await
-                .unwrap_or_else(|_| Err(Failure::error(Kind::Engine, "internal error")))
-        }
-        Err(e) => Err(e),
-    };
-    match r {
+    match on_job(&app, &headers, &id, |jobs, id| {
+        jobs.answer(id)?.ok_or_else(|| not_found(id))
+    })
+    .await
+    {
         Ok(v) => json(StatusCode::OK, &v),
         Err(e) => error(&app, &e),
     }
@@ -329,16 +336,7 @@ pub(super) async fn show(State(app): State<Arc<App>>, UrlPath(id): UrlPath<Strin
 /// clip's time `t` in seconds and its `boxes` (`[x0, y0, x1, y1]` in the picture's pixels,
 /// largest first). 404 until the job is done, and for a job without the record.
 pub(super) async fn faces(State(app): State<Arc<App>>, UrlPath(id): UrlPath<String>, headers: HeaderMap) -> Response {
-    let r = match super::authorize(&app, &headers).and_then(|()| id_of(&id).map(str::to_string)) {
-        Ok(id) => {
-            let jobs = jobs_of(&app).clone();
-            tokio::task::spawn_blocking(move || jobs.faces(&id))
-                .await
-                .unwrap_or_else(|_| Err(Failure::error(Kind::Engine, "internal error")))
-        }
-        Err(e) => Err(e),
-    };
-    match r {
+    match on_job(&app, &headers, &id, |jobs, id| jobs.faces(id)).await {
         Ok(bytes) => (StatusCode::OK, [(header::CONTENT_TYPE, "application/json")], bytes).into_response(),
         Err(e) => error(&app, &e),
     }
@@ -347,34 +345,19 @@ pub(super) async fn faces(State(app): State<Arc<App>>, UrlPath(id): UrlPath<Stri
 /// `POST /v1/jobs/{id}/cancel`: stops a queued or running job; it stays listed as `cancelled`
 /// (a finished job is left as it is). Its record.
 pub(super) async fn cancel(State(app): State<Arc<App>>, UrlPath(id): UrlPath<String>, headers: HeaderMap) -> Response {
-    let r = match super::authorize(&app, &headers).and_then(|()| id_of(&id).map(str::to_string)) {
-        Ok(id) => {
-            let jobs = jobs_of(&app).clone();
-            tokio::task::spawn_blocking(move || jobs.cancel(&id).and_then(|_| jobs.answer(&id)))
-                .await
-                .unwrap_or_else(|_| Err(Failure::error(Kind::Engine, "internal error")))
-        }
-        Err(e) => Err(e),
-    };
-    match r {
-        Ok(Some(v)) => json(StatusCode::OK, &v),
-        Ok(None) => error(&app, &not_found(&id)),
+    let answered = on_job(&app, &headers, &id, |jobs, id| {
+        jobs.cancel(id)?;
+        jobs.answer(id)?.ok_or_else(|| not_found(id))
+    });
+    match answered.await {
+        Ok(v) => json(StatusCode::OK, &v),
         Err(e) => error(&app, &e),
     }
 }
 
 /// `DELETE /v1/jobs/{id}`: cancels the job and removes it with its files.
 pub(super) async fn delete(State(app): State<Arc<App>>, UrlPath(id): UrlPath<String>, headers: HeaderMap) -> Response {
-    let r = match super::authorize(&app, &headers).and_then(|()| id_of(&id).map(str::to_string)) {
-        Ok(id) => {
-            let jobs = jobs_of(&app).clone();
-            tokio::task::spawn_blocking(move || jobs.delete(&id))
-                .await
-                .unwrap_or_else(|_| Err(Failure::error(Kind::Engine, "internal error")))
-        }
-        Err(e) => Err(e),
-    };
-    match r {
+    match on_job(&app, &headers, &id, |jobs, id| jobs.delete(id)).await {
         Ok(rec) => json(
             StatusCode::OK,
             &serde_json::json!({"id": rec.id, "state": "cancelled", "removed": true}),

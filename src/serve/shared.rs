@@ -24,7 +24,7 @@ use postgres::fallible_iterator::FallibleIterator;
 use postgres::NoTls;
 use r2d2_postgres::{r2d2, PostgresConnectionManager};
 
-use super::jobs::record::{new_id, Record, State};
+use super::jobs::record::{new_id, now, Record, State};
 
 type Pool = r2d2::Pool<PostgresConnectionManager<NoTls>>;
 type Tx<'a> = postgres::Transaction<'a>;
@@ -165,12 +165,6 @@ fn replica_name() -> Result<String> {
         .map(|h| h.trim().to_string())
         .unwrap_or_else(|| "replica".into());
     Ok(format!("{host}-{}-{}", std::process::id(), &new_id()?[..8]))
-}
-
-fn now() -> f64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0.0, |d| d.as_secs_f64())
 }
 
 impl Db {

@@ -462,6 +462,21 @@ pub fn listener() -> (u16, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
 
 /// A clip of `seconds` at 30 fps with a keyframe every second, from the shipped portrait
 /// moving a little (so a film is cut into one-second segments), with a tone.
+/// A 256 px JPEG of the sample portrait, `DIR/portrait.jpg`: the jobs tests' photo.
+pub fn portrait_jpeg(dir: &Path) -> PathBuf {
+    let out = dir.join("portrait.jpg");
+    ffmpeg(&[
+        "-i",
+        arg(&asset("samples/astronaut.png")),
+        "-vf",
+        "scale=256:256",
+        "-q:v",
+        "4",
+        arg(&out),
+    ]);
+    out
+}
+
 pub fn moving_portrait(dir: &Path, seconds: u32) -> PathBuf {
     let out = dir.join(format!("clip-{seconds}s.mp4"));
     ffmpeg(&[

@@ -20,7 +20,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
@@ -33,7 +33,7 @@ use crate::treatment::Treatment;
 pub mod record;
 mod replica;
 
-pub use record::{new_id, valid_ext, valid_id, JobQuery, Record, State};
+pub use record::{new_id, now, valid_ext, valid_id, JobQuery, Record, State};
 
 /// How jobs are kept and limited.
 #[derive(Clone, Debug)]
@@ -122,12 +122,6 @@ pub struct Jobs {
     pub db: Option<super::shared::Db>,
     /// What this replica runs of the shared jobs: each job's stop.
     running: Mutex<BTreeMap<String, CancelToken>>,
-}
-
-fn now() -> f64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0.0, |d| d.as_secs_f64())
 }
 
 /// Checks an upload's given `name` (shown, and its extension names a video's container): at
@@ -361,78 +355,78 @@ impl Drop for Upload {
     }
 }
 
+/// Reads back the jobs in the folder `dir` at start (see [`load`]): queued and running ones
+/// queued again, unfinished uploads and deleted jobs' leftovers removed, what does not check out
+/// listed as failed.
+fn read_back(jobs_dir: &Path) -> Result<BTreeMap<String, Entry>> {
+    let mut table = BTreeMap::new();
+    for entry in std::fs::read_dir(jobs_dir).with_context(|| format!("cannot read {}", jobs_dir.display()))? {
+        let entry = entry?;
+        let name = entry.file_name().to_string_lossy().to_string();
+        if !valid_id(&name) {
+            continue;
+        }
+        let dir = entry.path();
+        let mut rec = match load(&dir, &name, entry.file_type()?) {
+            Loaded::Job(rec) => *rec,
+            Loaded::Unfinished => {
+                tracing::info!(job = %name, "removing an unfinished upload");
+                let _ = std::fs::remove_dir_all(&dir);
+                continue;
+            }
+            Loaded::Deleted => {
+                tracing::info!(job = %name, "removing a job deleted before the service stopped");
+                if let Err(e) = remove_job_dir(&dir) {
+                    tracing::warn!(job = %name, "cannot remove the deleted job's files: {e}");
+                }
+                continue;
+            }
+            Loaded::Foreign(why) => {
+                tracing::warn!(job = %name, "left as it is, listed as failed: the folder {why}");
+                table.insert(name.clone(), Entry::foreign(&name, why));
+                continue;
+            }
+        };
+        match rec.state {
+            State::Running | State::Queued => {
+                rec.state = State::Queued;
+                rec.fps = None;
+                tracing::info!(job = %name, "queued again after a restart (a film resumes from its finished segments)");
+            }
+            State::Done if !std::fs::symlink_metadata(dir.join(&rec.output)).is_ok_and(|m| m.is_file()) => {
+                rec.state = State::Failed;
+                rec.error = Some("the result is missing from the jobs folder".into());
+            }
+            _ => {}
+        }
+        let _ = write_atomic(&dir.join("job.json"), &serde_json::to_vec_pretty(&rec)?);
+        table.insert(
+            name,
+            Entry {
+                rec,
+                cancel: CancelToken::new(),
+                foreign: None,
+            },
+        );
+    }
+    Ok(table)
+}
+
 impl Jobs {
-    /// Opens (creating) the jobs folder, takes its lock and reads back the jobs in it.
+    /// Opens (creating) the jobs folder, takes its lock and reads back the jobs in it; with a
+    /// jobs database, connects to it instead (the folder is the replicas', and the jobs are
+    /// rows).
     pub fn open(settings: Settings, opts: JobsOptions) -> Result<Arc<Jobs>> {
         std::fs::create_dir_all(&opts.dir)
             .with_context(|| format!("cannot create the jobs folder {} (--jobs-dir)", opts.dir.display()))?;
-        if let Some(url) = &opts.db {
-            let db = super::shared::Db::open(url, opts.lease, Duration::from_secs(30))?;
-            tracing::info!(replica = %db.replica, database = %db.shown, "jobs shared through the jobs database");
-            return Ok(Arc::new(Jobs {
-                opts,
-                settings,
-                table: Mutex::new(BTreeMap::new()),
-                uploads: Mutex::new(BTreeMap::new()),
-                wake: Condvar::new(),
-                stopping: AtomicBool::new(false),
-                seconds: Mutex::new(Vec::new()),
-                _lock: None,
-                db: Some(db),
-                running: Mutex::new(BTreeMap::new()),
-            }));
-        }
-        let lock = lock_folder(&opts.dir)?;
-        let mut table = BTreeMap::new();
-        for entry in std::fs::read_dir(&opts.dir).with_context(|| format!("cannot read {}", opts.dir.display()))? {
-            let entry = entry?;
-            let name = entry.file_name().to_string_lossy().to_string();
-            if !valid_id(&name) {
-                continue;
+        let (lock, table, db) = match &opts.db {
+            Some(url) => {
+                let db = super::shared::Db::open(url, opts.lease, Duration::from_secs(30))?;
+                tracing::info!(replica = %db.replica, database = %db.shown, "jobs shared through the jobs database");
+                (None, BTreeMap::new(), Some(db))
             }
-            let dir = entry.path();
-            let mut rec = match load(&dir, &name, entry.file_type()?) {
-                Loaded::Job(rec) => *rec,
-                Loaded::Unfinished => {
-                    tracing::info!(job = %name, "removing an unfinished upload");
-                    let _ = std::fs::remove_dir_all(&dir);
-                    continue;
-                }
-                Loaded::Deleted => {
-                    tracing::info!(job = %name, "removing a job deleted before the service stopped");
-                    if let Err(e) = remove_job_dir(&dir) {
-                        tracing::warn!(job = %name, "cannot remove the deleted job's files: {e}");
-                    }
-                    continue;
-                }
-                Loaded::Foreign(why) => {
-                    tracing::warn!(job = %name, "left as it is, listed as failed: the folder {why}");
-                    table.insert(name.clone(), Entry::foreign(&name, why));
-                    continue;
-                }
-            };
-            match rec.state {
-                State::Running | State::Queued => {
-                    rec.state = State::Queued;
-                    rec.fps = None;
-                    tracing::info!(job = %name, "queued again after a restart (a film resumes from its finished segments)");
-                }
-                State::Done if !std::fs::symlink_metadata(dir.join(&rec.output)).is_ok_and(|m| m.is_file()) => {
-                    rec.state = State::Failed;
-                    rec.error = Some("the result is missing from the jobs folder".into());
-                }
-                _ => {}
-            }
-            let _ = write_atomic(&dir.join("job.json"), &serde_json::to_vec_pretty(&rec)?);
-            table.insert(
-                name,
-                Entry {
-                    rec,
-                    cancel: CancelToken::new(),
-                    foreign: None,
-                },
-            );
-        }
+            None => (Some(lock_folder(&opts.dir)?), read_back(&opts.dir)?, None),
+        };
         Ok(Arc::new(Jobs {
             opts,
             settings,
@@ -441,8 +435,8 @@ impl Jobs {
             wake: Condvar::new(),
             stopping: AtomicBool::new(false),
             seconds: Mutex::new(Vec::new()),
-            _lock: Some(lock),
-            db: None,
+            _lock: lock,
+            db,
             running: Mutex::new(BTreeMap::new()),
         }))
     }

@@ -198,6 +198,13 @@ impl Record {
     }
 }
 
+/// Seconds since the Unix epoch: the time a record keeps.
+pub fn now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
 /// A new job id: 128 bits from the kernel's random source, in hex.
 pub fn new_id() -> Result<String> {
     use std::io::Read;
