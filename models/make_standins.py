@@ -21,6 +21,13 @@ In: an output folder. Out: ONNX files whose input `input` and output `output` ar
                                           image output second here, so it is found by its shape);
                                           y = x (1 - 2 w): fidelity 0 gives the input back, 1
                                           negates it
+  cast-sharpen-256.onnx                   y = x + 0.6 (x - blur3x3(x)) + 20 levels of red: a restorer
+                                          that casts colour and sharpens (one depthwise Conv)
+  blur-256.onnx                           y = a 5x5 box blur of x: a restorer that loses detail
+  person-256.onnx (made on request: `person RAW OUT`)  y = one fixed face whatever the input:
+                                          a restorer that returns another real person's aligned
+                                          face (RAW: that face as planar RGB24 bytes at 256,
+                                          written by the test that asks for it)
 Files of the contracts of facefusion's enhancers, batch fixed at 1 as those files declare it
 (input `input` float32 [1,3,S,S]; the image output first, or the one shaped like the input):
   ff-gfpgan-512.onnx                      GFPGAN 1.2/1.3/1.4's: y = 0.6 x - 0.2
@@ -75,6 +82,20 @@ def build(name: str, kind: str, size: int, batch="N", width=None) -> onnx.ModelP
         inits.append(numpy_helper.from_array(np.array(0.03, np.float32), "lift"))
         nodes.append(helper.make_node("Mul", ["input", "gain"], ["scaled"]))
         nodes.append(helper.make_node("Add", ["scaled", "lift"], ["output"]))
+    elif kind in ("cast-sharpen", "blur"):
+        # One depthwise convolution (a kernel per channel) and a bias per channel.
+        if kind == "blur":
+            k, pad, bias = np.full((5, 5), 1 / 25, np.float32), 2, [0.0, 0.0, 0.0]
+        else:
+            box = np.full((3, 3), 1 / 9, np.float32)
+            delta = np.zeros((3, 3), np.float32)
+            delta[1, 1] = 1
+            k, pad, bias = 1.6 * delta - 0.6 * box, 1, [20 / 127.5, 0.0, 0.0]
+        w = np.stack([k[None]] * 3).astype(np.float32)
+        inits.append(numpy_helper.from_array(w, "w"))
+        inits.append(numpy_helper.from_array(np.array(bias, np.float32), "b"))
+        nodes.append(helper.make_node("Conv", ["input", "w", "b"], ["output"], group=3,
+                                      kernel_shape=list(k.shape), pads=[pad] * 4))
     elif kind == "nan":
         nodes.append(helper.make_node("Sub", ["input", "input"], ["zero"]))
         nodes.append(helper.make_node("Div", ["zero", "zero"], ["output"]))
@@ -91,6 +112,30 @@ def build(name: str, kind: str, size: int, batch="N", width=None) -> onnx.ModelP
         p.key, p.value = k, v
     onnx.checker.check_model(model)
     return model
+
+
+def build_person(raw: str, size: int = 256) -> onnx.ModelProto:
+    """y = one fixed face (planar RGB24 bytes at `size`, from `raw`) whatever the input."""
+    face = np.fromfile(raw, np.uint8)
+    if face.size != 3 * size * size:
+        raise SystemExit(f"{raw}: {face.size} bytes, not a {size}x{size} planar RGB24 face")
+    x = helper.make_tensor_value_info("input", TensorProto.FLOAT, ["N", 3, size, size])
+    y = helper.make_tensor_value_info("output", TensorProto.FLOAT, ["N", 3, size, size])
+    inits = [
+        numpy_helper.from_array(face.reshape(1, 3, size, size), "face"),
+        numpy_helper.from_array(np.array(1 / 127.5, np.float32), "scale"),
+        numpy_helper.from_array(np.array(1.0, np.float32), "one"),
+        numpy_helper.from_array(np.array(0.0, np.float32), "zero"),
+    ]
+    nodes = [
+        helper.make_node("Cast", ["face"], ["facef"], to=TensorProto.FLOAT),
+        helper.make_node("Mul", ["facef", "scale"], ["scaled"]),
+        helper.make_node("Sub", ["scaled", "one"], ["levels"]),
+        # The input times zero keeps the batch's shape.
+        helper.make_node("Mul", ["input", "zero"], ["none"]),
+        helper.make_node("Add", ["none", "levels"], ["output"]),
+    ]
+    return _finish(nodes, "person-standin", [x], [y], inits, "person", size)
 
 
 def build_codeformer(size: int = 512) -> onnx.ModelProto:
@@ -193,6 +238,8 @@ def main(out: str) -> None:
         "bad-shape.onnx": ("identity", 512, "N", 256),
         "nan-256.onnx": ("nan", 256, "N", None),
         "half-output-256.onnx": ("half-output", 256, "N", None),
+        "cast-sharpen-256.onnx": ("cast-sharpen", 256, "N", None),
+        "blur-256.onnx": ("blur", 256, "N", None),
     }
     specs["identity-512-bytes.onnx"] = ("identity", 512, "N", None)
     specs["negate-256-bytes.onnx"] = ("negate", 256, "N", None)
@@ -210,4 +257,7 @@ def main(out: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "models/standin")
+    if len(sys.argv) == 4 and sys.argv[1] == "person":
+        save(build_person(sys.argv[2]), sys.argv[3])
+    else:
+        main(sys.argv[1] if len(sys.argv) > 1 else "models/standin")

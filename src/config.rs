@@ -61,6 +61,10 @@ pub struct Recipe {
     pub detector: Asset,
     /// The face mesh, when there is one (MediaPipe's face landmark model).
     pub mesh: Option<Asset>,
+    /// The face-identity model (dlib's, converted), when the set-up made it: the identity
+    /// guard, the identity figures and the face selection by photo run on it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub identity: Option<Asset>,
     /// The model's template as its registry entry gives it (`None`: the file's own, else ffhq).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub template: Option<Template>,
@@ -217,6 +221,32 @@ fn say_no_mesh_once() {
     });
 }
 
+/// The face-identity model, found once with the run's other models: `None` where nothing asks
+/// for it and the set-up did not make it; asked for (the identity guard, `--identity`, a face
+/// named by photo) and missing, an error naming the file and what to do.
+fn resolve_identity(t: &Treatment, measured: bool) -> Result<Option<PathBuf>> {
+    let found = find_asset(defaults::FACE_ID_MODEL);
+    let asked = if t.identity_guard != crate::people::Guard::Off {
+        Some(format!(
+            "--identity-guard {} (the default; --identity-guard off runs without it)",
+            if t.identity_guard == crate::people::Guard::Warn { "warn" } else { "back-off" }
+        ))
+    } else if t.selection.names_people() {
+        Some("--only-face and --skip-face".to_string())
+    } else if measured {
+        Some("--identity".to_string())
+    } else {
+        None
+    };
+    match (found, asked) {
+        (None, Some(what)) => bail!(
+            "{what} needs the face-identity model {}, which is missing: run scripts/setup.sh (it makes it from dlib's model)",
+            defaults::FACE_ID_MODEL
+        ),
+        (found, _) => Ok(found),
+    }
+}
+
 /// GPUs the NVIDIA driver exposes, for `cuda:all`.
 pub(crate) fn visible_gpus() -> Vec<u32> {
     let n = std::fs::read_dir("/proc/driver/nvidia/gpus")
@@ -263,6 +293,7 @@ impl Settings {
             ),
             None => find_asset(defaults::MESH),
         };
+        let identity = resolve_identity(t, o.identity)?;
         let mut t = t.clone();
         if mesh.is_none() && t.mask == MaskKind::Mesh {
             if o.mesh.is_none() {
@@ -281,6 +312,7 @@ impl Settings {
                 model: Asset(model),
                 detector: Asset(detector),
                 mesh: mesh.map(Asset),
+                identity: identity.map(Asset),
                 template: o.model_template,
                 treatment: std::sync::Arc::new(t),
             },
@@ -376,6 +408,7 @@ impl Settings {
             hwaccel_cuda: self.hwaccel_cuda,
             faces_json: self.faces_json.clone(),
             identity: self.identity,
+            identity_model: self.recipe.identity.as_ref().map(|a| a.0.clone()),
             boxes_only: self.boxes_only,
             cancel,
         })
@@ -403,6 +436,7 @@ impl Settings {
             hwaccel_cuda: false,
             faces_json: None,
             identity: false,
+            identity_model: self.recipe.identity.as_ref().map(|a| a.0.clone()),
             boxes_only: false,
             cancel,
         })
@@ -539,6 +573,7 @@ mod tests {
                 model: Asset("m.onnx".into()),
                 detector: Asset("d.onnx".into()),
                 mesh: None,
+                identity: None,
                 template: None,
                 treatment: Default::default(),
             },

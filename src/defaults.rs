@@ -42,6 +42,11 @@ pub(crate) fn convert_threads(pool_threads: usize) -> usize {
 pub(crate) const BLEND: f32 = 1.0;
 /// The paste mask (`--mask`): the face's own outline from the mesh.
 pub(crate) const MASK: &str = "mesh";
+/// The colour fix (`--color-fix`): the original's low band kept.
+pub(crate) const COLOR_FIX: &str = "wavelet";
+/// The identity guard (`--identity-guard`): a track that would become someone else gets less
+/// of the model's change.
+pub(crate) const IDENTITY_GUARD: &str = "back-off";
 /// The face mesh's presence probability below which a detection is dropped (MediaPipe's own
 /// threshold).
 pub(crate) const FACE_CHECK: f32 = 0.5;

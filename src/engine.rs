@@ -229,9 +229,12 @@ pub struct Job {
     pub hwaccel_cuda: bool,
     /// Where each frame's faces are streamed as JSON.
     pub faces_json: Option<PathBuf>,
-    /// Measure the identity each face keeps (on with `faces_json`, every face, unless
-    /// `boxes_only`).
+    /// Measure who each restored face still is even without the identity guard (`--identity`);
+    /// with `faces_json` every face is measured, unless `boxes_only`.
     pub identity: bool,
+    /// The face-identity model the settings resolved, if any (the guard and the figures run on
+    /// it; the people named by photo too).
+    pub identity_model: Option<PathBuf>,
     /// The faces record says where the faces are, not how much identity each kept (a
     /// service's jobs: their page draws the boxes; no identity model runs for them).
     pub boxes_only: bool,

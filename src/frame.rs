@@ -204,6 +204,12 @@ pub struct FaceJob {
     /// How much of who the face is its restoration kept (the cosine similarity of its identity
     /// descriptors before and after), where measured (see `people::IdentityMeter`).
     pub identity: Option<f32>,
+    /// The blend the face was pasted at: the picture's, times the share of the model's change
+    /// the identity guard gave its track (where the guard backs off).
+    pub blend: Option<f32>,
+    /// The face's no-reference quality (BRISQUE, lower is better) in the model's crop before
+    /// and after restoration, where measured.
+    pub quality: Option<[f32; 2]>,
 }
 
 impl FaceJob {
@@ -221,6 +227,8 @@ impl FaceJob {
             doubt: false,
             left: None,
             identity: None,
+            blend: None,
+            quality: None,
         }
     }
 }

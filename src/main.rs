@@ -886,6 +886,8 @@ mod tests {
         ("mask", Some("box")),
         ("mesh", Some("none")),
         ("face_check", Some("0.7")),
+        ("color_fix", Some("off")),
+        ("identity_guard", Some("warn")),
         ("only_face", Some("someone.jpg")),
         ("skip_face", Some("someone-else.jpg")),
         ("face_distance", Some("0.5")),

@@ -110,6 +110,20 @@ impl Selection {
     }
 }
 
+/// The identity guard (`--identity-guard`): what a track whose restored faces would no longer be
+/// the same person gets.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Guard {
+    /// Nothing measured.
+    Off,
+    /// Measured and said, nothing changed.
+    Warn,
+    /// Less of the model's change, step by step, until the same person again.
+    #[default]
+    BackOff,
+}
+
 /// Views of a track described at most (its first, then each clearly better one).
 const TRACK_VIEWS: u32 = 3;
 /// How much better (height x frontality) a view must be than the best described one to be
@@ -226,12 +240,7 @@ impl Chooser {
             return Ok(None);
         };
         let l = &job.face.landmarks;
-        let eyes = ((l[1][0] - l[0][0]).powi(2) + (l[1][1] - l[0][1]).powi(2))
-            .sqrt()
-            .max(1.0);
-        let mid = (l[0][0] + l[1][0]) / 2.0;
-        let frontal = (1.0 - 2.0 * (l[2][0] - mid).abs() / eyes).clamp(0.05, 1.0);
-        let worth = upright * frontal;
+        let worth = view_worth(&job.face, self.rotation);
         let due = match job.track.and_then(|t| self.tracks.get(&t)) {
             None => true,
             Some(t) => t.views < TRACK_VIEWS && worth > BETTER_VIEW * t.best,
@@ -279,96 +288,296 @@ fn to_chip_region(landmarks: &[[f32; 2]; 5], width: usize, height: usize) -> Opt
     )
 }
 
-/// Faces of a track between two measures of its identity when the faces are not each recorded
-/// (`--faces-json` measures every face): its first face, then one in this many.
-pub const IDENTITY_EVERY: u64 = 50;
+/// The calibrated identity of two faces whose descriptors lie `distance` apart: 1 for the same
+/// face, 0.5 at dlib's threshold of one person (0.6, [`crate::defaults::FACE_DISTANCE`]), 0 at
+/// twice that or farther; linear between. dlib chose 0.6 on Labeled Faces in the Wild (99.38 %
+/// of its pairs told apart there); on the real photos the tests ship (three of Barack Obama, one
+/// of Joe Biden, one of Eileen Collins: `tests/identity.rs`) one person's photos lie 0.36-0.44
+/// apart (0.63-0.70 on this scale) and two people's 0.75-0.87 (0.28-0.37).
+pub fn identity_of(distance: f32) -> f32 {
+    (1.0 - distance / (2.0 * crate::defaults::FACE_DISTANCE)).clamp(0.0, 1.0)
+}
 
-/// How much a restoration keeps of who a face is: the cosine similarity of the identity
-/// descriptors of a face as the model was given it and as it is pasted (1 for an unchanged
-/// face), measured in the model's crop (the same chip geometry both times) on the faces of each
-/// track at `every`, and gathered per track for the summary.
+/// The distance whose calibrated identity is `identity` (the inverse of [`identity_of`] on its
+/// range).
+pub fn distance_of(identity: f32) -> f32 {
+    (1.0 - identity) * 2.0 * crate::defaults::FACE_DISTANCE
+}
+
+/// How much of the model's change a track backed off by the guard gets, tried in this order.
+const BACK_OFF: [f32; 4] = [0.75, 0.5, 0.25, 0.0];
+
+/// How good a view of a face is for describing it: its upright height times how frontal it is
+/// (the nose between the eyes).
+fn view_worth(face: &crate::frame::Face, rotation: u32) -> f32 {
+    let [x0, y0, x1, y1] = face.bbox;
+    let upright = if rotation == 90 || rotation == 270 { x1 - x0 } else { y1 - y0 };
+    let l = &face.landmarks;
+    let eyes = ((l[1][0] - l[0][0]).powi(2) + (l[1][1] - l[0][1]).powi(2))
+        .sqrt()
+        .max(1.0);
+    let mid = (l[0][0] + l[1][0]) / 2.0;
+    upright * (1.0 - 2.0 * (l[2][0] - mid).abs() / eyes).clamp(0.05, 1.0)
+}
+
+/// What the identity stage knows of one track.
+struct TrackMeter {
+    /// Faces seen (written frames), the first and last frame.
+    seen: u64,
+    frames: [u64; 2],
+    /// Its best view described, and views described.
+    best: f32,
+    views: u32,
+    /// The identity of what is pasted, and the restorer's own, per face measured.
+    pasted: Vec<f32>,
+    own: Vec<f32>,
+    /// The share of the model's change its faces get (the guard's; 1 until it acts).
+    share: f32,
+    /// The restorer's own identity when the guard first found it another person.
+    flagged: Option<f32>,
+    /// Quality before and after, per face measured.
+    quality: Vec<[f32; 2]>,
+}
+
+impl TrackMeter {
+    fn new(frame: u64) -> Self {
+        TrackMeter {
+            seen: 0,
+            frames: [frame, frame],
+            best: 0.0,
+            views: 0,
+            pasted: Vec::new(),
+            own: Vec::new(),
+            share: 1.0,
+            flagged: None,
+            quality: Vec::new(),
+        }
+    }
+}
+
+/// Who a restored face still is, and the guard: on a few views of each track (its first, then
+/// each clearly better one, up to [`TRACK_VIEWS`]; every face when the faces are recorded) the
+/// identity descriptors of the face as the model was given it and as it is pasted (colour fixed,
+/// at the picture's blend) are compared in the model's crop, on the calibrated scale of
+/// [`identity_of`]. With the guard backing off, a track whose pasted face lies `--face-distance`
+/// or farther from the original gets less of the model's change ([`BACK_OFF`]) until it is the
+/// same person again, or none; its faces' changes are scaled here, before the paste.
 pub struct IdentityMeter {
     identifier: Identifier,
-    every: u64,
-    /// Per track (`None`: faces without one): faces seen and figures measured.
-    tracks: std::collections::BTreeMap<Option<u64>, (u64, Vec<f32>)>,
+    each: bool,
+    guard: Guard,
+    near: f32,
+    fix: bool,
+    rotation: u32,
+    tracks: std::collections::BTreeMap<Option<u64>, TrackMeter>,
     scratch: WarpScratch,
+    low: crate::kernels::lowband::LowBand,
     packed: [Vec<u8>; 2],
+    change: Vec<f32>,
 }
 
 impl IdentityMeter {
-    /// A meter with the identity model at `model`, measuring every face (`each`) or a track's
-    /// first and one in [`IDENTITY_EVERY`].
-    pub fn new(model: &Path, opts: &crate::runtime::SessionOptions, each: bool) -> Result<Self> {
+    /// A meter with the identity model at `model` for `treatment` (its guard, face distance and
+    /// colour fix), measuring every face (`each`) or a few views of each track; `rotation` is
+    /// the video's display rotation.
+    pub fn new(
+        model: &Path,
+        opts: &crate::runtime::SessionOptions,
+        treatment: &crate::treatment::Treatment,
+        each: bool,
+        rotation: u32,
+    ) -> Result<Self> {
         let session = crate::runtime::session(model, opts, "face-identity model")?;
         let identifier =
             Identifier::new(session).with_context(|| format!("face-identity model {}", model.display()))?;
         Ok(IdentityMeter {
             identifier,
-            every: if each { 1 } else { IDENTITY_EVERY },
+            each,
+            guard: treatment.identity_guard,
+            near: treatment.selection.face_distance,
+            fix: treatment.color_fix == crate::faces::paste::ColorFix::Wavelet,
+            rotation,
             tracks: Default::default(),
             scratch: WarpScratch::default(),
+            low: Default::default(),
             packed: Default::default(),
+            change: Vec::new(),
         })
     }
 
-    /// Whether `job`'s identity is to be measured (counting it among its track's faces): a
-    /// restored face of a frame that is written, its track's first or one in `every`.
-    pub(crate) fn due(&mut self, job: &crate::frame::FaceJob, warm: bool) -> bool {
-        if warm || job.restored.is_none() {
-            return false;
+    /// Looks at one restored face of frame `index` (not a warm-up frame's): measures it when
+    /// due, from `crop` (planar RGB24 of `size`, the crop the model was given) and its change,
+    /// at the picture's `blend`; then gives its change the track's share (the guard's).
+    pub(crate) fn look(
+        &mut self,
+        job: &mut crate::frame::FaceJob,
+        (crop, size): (&[u8], usize),
+        index: u64,
+        blend: f32,
+    ) -> Result<()> {
+        if job.restored.is_none() {
+            return Ok(());
         }
-        let (seen, _) = self.tracks.entry(job.track).or_default();
-        *seen += 1;
-        job.track.is_none() || (*seen - 1) % self.every == 0
+        let worth = view_worth(&job.face, self.rotation);
+        let t = self.tracks.entry(job.track).or_insert_with(|| TrackMeter::new(index));
+        // A face without a track stands alone.
+        if job.track.is_none() {
+            *t = TrackMeter::new(index);
+        }
+        t.seen += 1;
+        t.frames[1] = index;
+        let due = self.each || t.views == 0 || (t.views < TRACK_VIEWS && worth > BETTER_VIEW * t.best);
+        if due {
+            t.views += 1;
+            t.best = t.best.max(worth);
+            self.measure(job, (crop, size), blend)?;
+        }
+        let t = &self.tracks[&job.track];
+        if self.guard == Guard::BackOff {
+            job.blend = Some(t.share * blend);
+            if t.share < 1.0 {
+                if let Some(change) = job.restored.as_mut() {
+                    for v in change.iter_mut() {
+                        *v = crate::kernels::round_steps(f32::from(*v) * t.share);
+                    }
+                }
+            }
+        }
+        Ok(())
     }
 
-    /// Measures `job` from `crop` (planar RGB24 of `size`: the crop the model was given) and its
-    /// restored change, writing the figure into
-    /// [`crate::frame::FaceJob::identity`].
-    pub(crate) fn measure(&mut self, job: &mut crate::frame::FaceJob, crop: &[u8], size: usize) -> Result<()> {
+    /// Measures `job` (see [`IdentityMeter::look`]), backing its track off when the guard says.
+    fn measure(&mut self, job: &mut crate::frame::FaceJob, (crop, size): (&[u8], usize), blend: f32) -> Result<()> {
         let plane = size * size;
         let Some(change) = job.restored.as_deref().filter(|c| c.len() >= 3 * plane) else {
             return Ok(());
         };
-        // The crop as given (planar) and as restored, both packed.
-        let [given, restored] = &mut self.packed;
-        given.resize(3 * plane, 0);
-        restored.resize(3 * plane, 0);
-        for i in 0..plane {
-            for c in 0..3 {
-                let g = crop[c * plane + i];
-                given[3 * i + c] = g;
-                let d = crate::kernels::change_levels(change[3 * i + c]);
-                restored[3 * i + c] = (f32::from(g) + d).round().clamp(0.0, 255.0) as u8;
-            }
-        }
+        // The change as it will be pasted (colour fixed), in levels.
+        let mut fixed;
+        let change: &[i16] = if self.fix {
+            fixed = change.to_vec();
+            crate::kernels::lowband::remove_low_band(&mut fixed, size, &mut self.low);
+            &fixed
+        } else {
+            change
+        };
+        self.change.clear();
+        self.change.extend(change[..3 * plane].iter().map(|&v| crate::kernels::change_levels(v)));
         let points = job.face.landmarks.map(|[x, y]| {
             let (u, v) = job.to_crop.apply(f64::from(x), f64::from(y));
             [u as f32, v as f32]
         });
+        let given = &mut self.packed[0];
+        given.resize(3 * plane, 0);
+        for i in 0..plane {
+            for c in 0..3 {
+                given[3 * i + c] = crop[c * plane + i];
+            }
+        }
         let a = chip(given, (size, size), &points, &mut self.scratch);
-        let b = chip(restored, (size, size), &points, &mut self.scratch);
-        let d = self.identifier.describe(&[&a, &b])?;
-        let figure = crate::faces::identity::cosine(&d[0], &d[1]);
+        // The restorer's own (its whole change at the picture's blend), then what the track's
+        // share pastes, backed off further while it is someone else.
+        let mut share = self.tracks[&job.track].share;
+        let b = self.pasted_chip(blend, size, &points);
+        let ds = self.identifier.describe(&[&a, &b])?;
+        let (original, own) = (ds[0], distance(&ds[0], &ds[1]));
+        if own >= self.near {
+            self.tracks
+                .get_mut(&job.track)
+                .expect("the track was entered")
+                .flagged
+                .get_or_insert(identity_of(own));
+        }
+        let mut dist = own;
+        if self.guard == Guard::BackOff {
+            if share < 1.0 {
+                dist = if share == 0.0 {
+                    0.0
+                } else {
+                    let b = self.pasted_chip(share * blend, size, &points);
+                    distance(&original, &self.identifier.describe(&[&b])?[0])
+                };
+            }
+            let from = share;
+            for &s in BACK_OFF.iter().filter(|&&s| s < from) {
+                if dist < self.near {
+                    break;
+                }
+                share = s;
+                dist = if s == 0.0 {
+                    0.0
+                } else {
+                    let b = self.pasted_chip(s * blend, size, &points);
+                    distance(&original, &self.identifier.describe(&[&b])?[0])
+                };
+            }
+        }
+        let t = self.tracks.get_mut(&job.track).expect("the track was entered");
+        t.share = share;
+        let figure = identity_of(dist);
+        t.pasted.push(figure);
+        t.own.push(identity_of(own));
         job.identity = Some(figure);
-        self.tracks.entry(job.track).or_default().1.push(figure);
         Ok(())
     }
 
-    /// Each track's identity figures: its median, the faces measured.
-    pub fn tracks(&self) -> Vec<crate::stats::TrackIdentity> {
+    /// The chip of the crop given (`packed[0]`) with `share` of the change in levels added.
+    fn pasted_chip(&mut self, share: f32, size: usize, points: &[[f32; 2]; 5]) -> Vec<u8> {
+        let [given, pasted] = &mut self.packed;
+        pasted.resize(given.len(), 0);
+        for ((o, &g), &c) in pasted.iter_mut().zip(given.iter()).zip(&self.change) {
+            *o = (f32::from(g) + share * c).round().clamp(0.0, 255.0) as u8;
+        }
+        chip(pasted, (size, size), points, &mut self.scratch)
+    }
+
+    /// Each track's identity figures (see [`crate::stats::TrackIdentity`]), and a warning for
+    /// each track the guard found another person, naming it, its frames and what was done.
+    pub fn finish(&self) -> Vec<crate::stats::TrackIdentity> {
+        let median = |v: &[f32]| {
+            let mut s = v.to_vec();
+            s.sort_by(f32::total_cmp);
+            s.get(s.len() / 2).copied()
+        };
+        let same_above = identity_of(self.near);
         self.tracks
             .iter()
-            .filter(|(_, (_, f))| !f.is_empty())
-            .map(|(&track, (_, f))| {
-                let mut s = f.clone();
-                s.sort_by(f32::total_cmp);
-                crate::stats::TrackIdentity {
-                    track,
-                    median: s[s.len() / 2],
-                    measured: s.len() as u64,
+            .filter_map(|(&track, t)| {
+                let pasted = median(&t.pasted)?;
+                let own = median(&t.own).unwrap_or(pasted);
+                let guard = match (self.guard, t.flagged) {
+                    (_, None) => None,
+                    (Guard::BackOff, Some(_)) if t.share == 0.0 => Some("left as it was"),
+                    (Guard::BackOff, Some(_)) => Some("backed off"),
+                    (_, Some(_)) => Some("warned"),
+                };
+                if let Some(what) = guard {
+                    let who = track.map_or("a picture's face".to_string(), |n| format!("track {n}"));
+                    let [first, last] = t.frames;
+                    let done = match what {
+                        "warned" => "left as restored (--identity-guard warn)".to_string(),
+                        "left as it was" => "left as it was: no share of the model's change kept them the same person".to_string(),
+                        _ => format!("given {:.2} of the model's change (identity {:.2})", t.share, pasted),
+                    };
+                    tracing::warn!(
+                        "{who} (frames {first}-{last}): the restored faces are no longer the same person (identity {:.2}, the same person above {:.2} at --face-distance {}): {done}",
+                        t.flagged.unwrap_or(own),
+                        same_above,
+                        self.near
+                    );
                 }
+                let quality = |k: usize| median(&t.quality.iter().map(|q| q[k]).collect::<Vec<_>>());
+                Some(crate::stats::TrackIdentity {
+                    track,
+                    median: pasted,
+                    own,
+                    same: distance_of(pasted) < self.near,
+                    share: t.share,
+                    guard,
+                    frames: t.frames,
+                    measured: t.pasted.len() as u64,
+                    quality: quality(0).zip(quality(1)).map(|(b, a)| crate::stats::Quality { before: b, after: a }),
+                })
             })
             .collect()
     }

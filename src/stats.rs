@@ -221,15 +221,40 @@ pub struct Summary {
     pub identity: Vec<TrackIdentity>,
 }
 
-/// One track's identity figure: the median cosine similarity of its faces' identity
-/// descriptors before and after restoration (1 for unchanged faces), over the faces measured.
+/// One track's identity figures: the median calibrated identity (see
+/// `people::identity_of`: 1 unchanged, 0.5 at dlib's threshold of one person) of its faces as
+/// pasted and as the restorer gave them, over the faces measured, and what the guard did.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
 pub struct TrackIdentity {
     /// The track (absent for faces without one: pictures).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub track: Option<u64>,
+    /// The identity of what was pasted.
+    #[serde(rename = "identity")]
     pub median: f32,
+    /// The identity of what the restorer gave.
+    #[serde(rename = "identity_restorer")]
+    pub own: f32,
+    /// Whether the pasted faces are still the same person at the run's --face-distance.
+    pub same: bool,
+    /// The share of the model's change the guard gave the track (1 unless it backed off).
+    pub share: f32,
+    /// What the guard did: `backed off`, `left as it was` or `warned`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub guard: Option<&'static str>,
+    /// The track's first and last frame.
+    pub frames: [u64; 2],
     pub measured: u64,
+    /// The median quality of its faces before and after (BRISQUE), when measured.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub quality: Option<Quality>,
+}
+
+/// A no-reference quality figure (BRISQUE: lower is better) before and after restoration.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct Quality {
+    pub before: f32,
+    pub after: f32,
 }
 
 impl Summary {
@@ -430,19 +455,37 @@ impl Summary {
 }
 
 impl Summary {
-    /// How much identity each track kept, when it was measured (`--identity`).
+    /// How much identity each track kept (1 unchanged, 0.5 at dlib's threshold of one person),
+    /// whether it is still the same person, what the guard did, and its quality before and
+    /// after, when measured.
     pub fn identity_line(&self) -> Option<String> {
         let worst = self.identity.iter().min_by(|a, b| a.median.total_cmp(&b.median))?;
         let each: Vec<String> = self
             .identity
             .iter()
-            .map(|t| match t.track {
-                Some(n) => format!("track {n} {:.3}", t.median),
-                None => format!("pictures {:.3}", t.median),
+            .map(|t| {
+                let who = t.track.map_or("pictures".to_string(), |n| format!("track {n}"));
+                let mut words = format!(
+                    "{who} {:.2}{}",
+                    t.median,
+                    if t.same { "" } else { " (another person)" }
+                );
+                match t.guard {
+                    Some("backed off") => words += &format!(
+                        " backed off to {:.2} of the change (restorer's own {:.2})",
+                        t.share, t.own
+                    ),
+                    Some("left as it was") => words += &format!(" left as it was (restorer's own {:.2})", t.own),
+                    _ => {}
+                }
+                if let Some(q) = t.quality {
+                    words += &format!(" quality {:.1} -> {:.1}", q.before, q.after);
+                }
+                words
             })
             .collect();
         Some(format!(
-            "identity kept (cosine of the faces' descriptors before and after; 1 is unchanged): {}; worst {:.3}",
+            "identity (1 is unchanged, below 0.5 another person): {}; worst {:.2}",
             each.join(", "),
             worst.median
         ))

@@ -49,6 +49,19 @@ pub struct Treatment {
     /// the template) or `box` (the whole crop). All feathered.
     #[arg(long, default_value = defaults::MASK, value_enum, help_heading = "Output")]
     pub mask: MaskKind,
+    /// Colour kept: `wavelet` pastes the restorer's detail over the original's colour and
+    /// brightness (the low band of a Haar wavelet pyramid of the crop, 8 x 8 cells, is the
+    /// original's), so a restorer that casts colour or relights does not pass it into the
+    /// picture; `off` pastes the restorer's change as it gave it.
+    #[arg(long, value_name = "METHOD", default_value = defaults::COLOR_FIX, value_enum, help_heading = "Output")]
+    pub color_fix: crate::faces::paste::ColorFix,
+    /// What happens to a track whose restored faces would no longer be the same person (their
+    /// identity descriptors --face-distance or farther from the original's, measured on a few
+    /// of its views): `back-off` gives it less of the model's change, step by step, until it is
+    /// the same person again (or leaves it as it was), and warns naming it; `warn` only warns;
+    /// `off` measures nothing.
+    #[arg(long, value_name = "MODE", default_value = defaults::IDENTITY_GUARD, value_enum, help_heading = "Faces")]
+    pub identity_guard: crate::people::Guard,
     /// Drop a detection when the face mesh's face-presence probability is below this (0 keeps
     /// every detection).
     #[arg(long, value_name = "0..1", default_value_t = defaults::FACE_CHECK, help_heading = "Detection")]
@@ -80,7 +93,7 @@ struct DefaultTreatment {
 /// each is parsed and checked by its declaration above, as on the command line
 /// ([`Treatment::with_flags`]). A new job flag is its name here and its line in
 /// [`Treatment::take`]; the test of this file fails for a name without one.
-pub const JOB_FLAGS: [&str; 10] = [
+pub const JOB_FLAGS: [&str; 12] = [
     "blend",
     "mask",
     "temporal",
@@ -91,6 +104,8 @@ pub const JOB_FLAGS: [&str; 10] = [
     "face-distance",
     "min-face",
     "fidelity",
+    "color-fix",
+    "identity-guard",
 ];
 
 impl Default for Treatment {
@@ -161,6 +176,8 @@ impl Treatment {
             "face-distance" => self.selection.face_distance = from.selection.face_distance,
             "min-face" => self.selection.min_face = from.selection.min_face,
             "fidelity" => self.fidelity = from.fidelity,
+            "color-fix" => self.color_fix = from.color_fix,
+            "identity-guard" => self.identity_guard = from.identity_guard,
             _ => {}
         }
     }
@@ -236,6 +253,8 @@ mod tests {
             ("face-distance", "0.5"),
             ("min-face", "40"),
             ("fidelity", "0.7"),
+            ("color-fix", "off"),
+            ("identity-guard", "warn"),
         ];
         assert_eq!(other.map(|(k, _)| k), JOB_FLAGS);
         for (k, v) in other {

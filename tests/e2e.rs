@@ -1270,6 +1270,10 @@ fn side_by_side_of_a_sideways_video_shows_the_original_left_and_the_restored_rig
         &"side",
         &"--frames",
         &"12",
+        &AS_GIVEN[0],
+        &AS_GIVEN[1],
+        &AS_GIVEN[2],
+        &AS_GIVEN[3],
     ]));
     assert_eq!(
         probe_video(&out, "stream_side_data=rotation").trim(),
@@ -1277,7 +1281,18 @@ fn side_by_side_of_a_sideways_video_shows_the_original_left_and_the_restored_rig
         "the rotation kept"
     );
     let restored = dir.path().join("restored.mp4");
-    ok(&gpen(&[&input, &restored, &"--model", &model, &"--frames", &"12"]));
+    ok(&gpen(&[
+        &input,
+        &restored,
+        &"--model",
+        &model,
+        &"--frames",
+        &"12",
+        &AS_GIVEN[0],
+        &AS_GIVEN[1],
+        &AS_GIVEN[2],
+        &AS_GIVEN[3],
+    ]));
     let (w, h, source) = shown_frame(&input, 11);
     let (_, _, fixed) = shown_frame(&restored, 11);
     let (ow, oh, both) = shown_frame(&out, 11);

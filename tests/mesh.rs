@@ -149,6 +149,10 @@ fn the_mesh_mask_follows_turned_faces() {
                 mask,
                 &"--faces-json",
                 &json,
+                &AS_GIVEN[0],
+                &AS_GIVEN[1],
+                &AS_GIVEN[2],
+                &AS_GIVEN[3],
             ]));
             let found = outlines(&json);
             assert_eq!(found.len(), 1, "{name}: one face with an outline");
@@ -351,6 +355,8 @@ fn without_the_mesh_file_the_run_falls_back_and_says_so() {
         .arg(&out)
         .args(["--frames", "5", "--model"])
         .arg(asset("models/standin/negate-256.onnx"))
+        // No face-identity model there either: the guard, which needs it, is off.
+        .args(["--identity-guard", "off"])
         .arg("--detector")
         .arg(asset("models/centerface.onnx"))
         .env("ORT_DYLIB_PATH", asset(".deps/lib/libonnxruntime.so"))

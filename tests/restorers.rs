@@ -36,6 +36,8 @@ fn codeformers_fidelity_chooses_between_the_face_given_and_the_one_made() {
         let run = |extra: &[&str]| {
             let out = dir.path().join(format!("out-{}.{ext}", extra.join("-")));
             let mut args: Vec<&dyn AsRef<std::ffi::OsStr>> = vec![&input, &out, &"--model", &model];
+            // The stand-ins' changes as they give them (they are no restorers to guard).
+            args.extend(AS_GIVEN.iter().map(|a| a as &dyn AsRef<std::ffi::OsStr>));
             if ext == "mp4" {
                 args.extend([&"--frames" as &dyn AsRef<std::ffi::OsStr>, &"8"]);
             }
@@ -155,7 +157,7 @@ fn every_contract_restores_stills_videos_folders_and_jobs() {
         assert!(d > 0.4, "{name}: the {what} is restored (mean change {d:.2})");
     };
     let server = common::server::Server::start_env(
-        &["--model", arg(&asset("models/standin/identity-512.onnx"))],
+        &[&["--model", arg(&asset("models/standin/identity-512.onnx"))][..], &AS_GIVEN[..]].concat(),
         &[("XDG_CONFIG_HOME", &cfg), ("XDG_DATA_HOME", &data)],
     );
     let (_, info) = server.get("/v1/info");
@@ -164,7 +166,7 @@ fn every_contract_restores_stills_videos_folders_and_jobs() {
     for (_, name) in contracts {
         let run = |input: &Path, out: &Path, extra: &[&str]| {
             let mut args: Vec<&dyn AsRef<std::ffi::OsStr>> = vec![&input, &out, &"--model", &name];
-            args.extend(extra.iter().map(|a| a as &dyn AsRef<std::ffi::OsStr>));
+            args.extend(AS_GIVEN.iter().chain(extra).map(|a| a as &dyn AsRef<std::ffi::OsStr>));
             ok(&gpen_env(&args, &env));
         };
         let out = dir.path().join(format!("{name}.png"));
@@ -177,7 +179,10 @@ fn every_contract_restores_stills_videos_folders_and_jobs() {
         run(&clip, &out, &["--segment", "1"]);
         changed("video in segments", name, &plain_clip, &out);
         let out_dir = dir.path().join(format!("out-{name}"));
-        ok(&gpen_env(&[&"batch", &folder, &out_dir, &"--model", &name], &env));
+        ok(&gpen_env(
+            &[&"batch", &folder, &out_dir, &"--model", &name, &AS_GIVEN[0], &AS_GIVEN[1], &AS_GIVEN[2], &AS_GIVEN[3]],
+            &env,
+        ));
         changed("folder's photo", name, &plain_still, &out_dir.join("photo.png"));
         changed("folder's clip", name, &plain_clip, &out_dir.join("clip.mp4"));
         let offered = info["restorers"]

@@ -215,6 +215,10 @@ fn compare_views_hold_the_original_and_the_restored_halves() {
         &"side",
         &"--frames",
         &"3",
+        &AS_GIVEN[0],
+        &AS_GIVEN[1],
+        &AS_GIVEN[2],
+        &AS_GIVEN[3],
     ]));
     let (w, h, frames) = rgb_frames(&out);
     let (sw, sh, source) = rgb_frames(&clip);

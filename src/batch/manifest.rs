@@ -214,6 +214,7 @@ mod tests {
             model: crate::config::Asset(model.to_path_buf()),
             detector: crate::config::Asset(dir.path().join("missing.onnx")),
             mesh: None,
+            identity: None,
             template: None,
             treatment: Default::default(),
         };

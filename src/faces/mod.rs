@@ -9,5 +9,6 @@ pub mod enhance;
 pub mod identity;
 pub mod mesh;
 pub mod paste;
+pub mod quality;
 pub mod smooth;
 pub mod temporal;

@@ -33,6 +33,19 @@ pub enum MaskKind {
     Box,
 }
 
+/// How the pasted face keeps the original's colour (`--color-fix`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ColorFix {
+    /// The original's low band (a Haar wavelet pyramid's, 8 x 8 cells over the crop) with the
+    /// restorer's finer bands: its detail is taken, a cast or a change of
+    /// brightness is not (see [`crate::kernels::lowband`]).
+    #[default]
+    Wavelet,
+    /// The restorer's change as it gave it.
+    Off,
+}
+
 impl std::fmt::Display for MaskKind {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {

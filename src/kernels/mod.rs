@@ -7,6 +7,7 @@
 pub mod bands;
 pub mod cpu;
 pub mod halve;
+pub mod lowband;
 pub mod sample;
 pub mod steps;
 pub mod tensor;

@@ -186,8 +186,9 @@ fn run_wired(
         video: true,
         flush: dispatch::Flush::Idle,
         sides: crate::media::compare::Sides::of(&job.source),
-        identity: job.identity || (job.faces_json.is_some() && !job.boxes_only),
-        each_face: job.faces_json.is_some(),
+        identity: job.identity,
+        each_face: job.faces_json.is_some() && !job.boxes_only,
+        identity_model: job.identity_model.clone(),
     };
     let (cancel, output) = (&job.cancel, job.output.as_path());
     wire(

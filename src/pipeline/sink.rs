@@ -31,9 +31,24 @@ struct FaceRecord<'a> {
     /// Why the face was left alone (`small`, `not named`, `skipped`), absent when restored.
     #[serde(skip_serializing_if = "Option::is_none")]
     left: Option<&'static str>,
-    /// How much of who the face is its restoration kept (cosine similarity), where measured.
+    /// Who the pasted face still is (1 unchanged, below 0.5 another person: see
+    /// `people::identity_of`), where measured.
     #[serde(skip_serializing_if = "Option::is_none")]
     identity: Option<f32>,
+    /// The blend it was pasted at (the identity guard's share of the change times the
+    /// picture's blend), where the guard backs off.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    blend: Option<f32>,
+    /// Its quality before and after restoration (BRISQUE, lower is better), where measured.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    quality: Option<Quality>,
+}
+
+/// A face's quality before and after.
+#[derive(Serialize)]
+struct Quality {
+    before: f32,
+    after: f32,
 }
 
 /// Streams frame records into a pending file.
@@ -74,6 +89,8 @@ impl FacesSink {
                     track: f.track,
                     left: f.left,
                     identity: f.identity,
+                    blend: f.blend,
+                    quality: f.quality.map(|[before, after]| Quality { before, after }),
                 })
                 .collect(),
         };

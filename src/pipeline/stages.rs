@@ -17,10 +17,11 @@ use crate::budget::Budget;
 use crate::engine::{CancelToken, Cancelled, Kind, KindExt};
 use crate::faces::detect::{iou, nms_by, Detector, Passer};
 use crate::faces::mesh::{self, Mesher};
-use crate::faces::paste::{apply_rgb, changes, Mask, MaskKind, Paste, Scratch};
+use crate::faces::paste::{apply_rgb, changes, ColorFix, Mask, MaskKind, Paste, Scratch};
 use crate::faces::smooth::Smoother;
 use crate::frame::{Face, FaceFrame, FaceJob, Frame, Picture, Pool, View};
 use crate::geom::{crop_footprint, fit_similarity, Affine, Rect};
+use crate::kernels::lowband::{remove_low_band, LowBand};
 use crate::kernels::warp::{filtered, mip_level, warp_area_loading, warp_cubic_loading, warp_face, WarpScratch};
 use crate::media::color::{add_changes, writable};
 use crate::media::decode::Decoder;
@@ -711,8 +712,10 @@ pub(crate) fn choose(
     Ok(clock.finish())
 }
 
-/// Measures how much of who each restored face is the restoration kept (see
-/// [`crate::people::IdentityMeter`]); returns the stage's statistics and each track's figure.
+/// Measures who each restored face still is and applies the identity guard (see
+/// [`crate::people::IdentityMeter`]: a few views of each track, or every face); a warm-up
+/// frame's faces count too, so a segment decides its tracks as the whole film would where its
+/// warm-up reaches their start. Returns the stage's statistics and each track's figures.
 pub(crate) fn identity(
     mut meter: crate::people::IdentityMeter,
     ctx: &StageCtx,
@@ -721,19 +724,16 @@ pub(crate) fn identity(
 ) -> Result<(StageStat, Vec<crate::stats::TrackIdentity>)> {
     let mut clock = Clock::new("identity", DEPTH);
     let crop_pool = &ctx.pools.crop;
+    let view = ctx.treatment.view();
     while let Some(mut ff) = recv(&rx, &mut clock) {
-        let warm = ff.frame.warm;
+        let (index, blend) = (ff.frame.index, ff.frame.view.unwrap_or(view).blend);
         clock.time(|| -> Result<()> {
             for job in &mut ff.faces {
                 // The crop the model was given (kept with its face by the dispatcher).
                 let crop = std::mem::take(&mut job.crop);
-                let measured = if meter.due(job, warm) {
-                    meter.measure(job, &crop, ctx.size)
-                } else {
-                    Ok(())
-                };
+                let looked = meter.look(job, (&crop, ctx.size), index, blend);
                 crop_pool.put_vec(crop);
-                measured?;
+                looked?;
             }
             Ok(())
         })?;
@@ -741,7 +741,7 @@ pub(crate) fn identity(
             break;
         }
     }
-    Ok((clock.finish(), meter.tracks()))
+    Ok((clock.finish(), meter.finish()))
 }
 
 /// Aligns every face to the model's template and warps its crop (buffers from the crop pool;
@@ -872,7 +872,8 @@ pub(crate) fn paste_back(ctx: &StageCtx, rx: Receiver<FaceFrame>, tx: Sender<Fac
     let kind = ctx.treatment.mask;
     let mask = Mask::build(kind, ctx.size, &ctx.template);
     let view = ctx.treatment.view();
-    let work = |(scratch, masks): &mut (Scratch, Vec<Mask>), ff: &mut FaceFrame| {
+    let fix = (ctx.treatment.color_fix == ColorFix::Wavelet).then_some(ctx.size);
+    let work = |(scratch, masks, low): &mut (Scratch, Vec<Mask>, LowBand), ff: &mut FaceFrame| {
         if ff.frame.warm {
             // A warm-up frame is not written: nothing to paste.
             for job in &mut ff.faces {
@@ -883,6 +884,11 @@ pub(crate) fn paste_back(ctx: &StageCtx, rx: Receiver<FaceFrame>, tx: Sender<Fac
             return Ok(());
         }
         let view = ff.frame.view.unwrap_or(view);
+        if let Some(size) = fix {
+            for change in ff.faces.iter_mut().filter_map(|j| j.restored.as_mut()) {
+                remove_low_band(change, size, low);
+            }
+        }
         paste_frame(
             ff,
             (&mask, kind, masks),

@@ -104,9 +104,9 @@ fn run_inner<R: Send>(
         flush: flush.map_or(Flush::Never, Flush::After),
         // Pictures are turned upright as they are decoded.
         sides: Default::default(),
-        // Measured where the faces are recorded: a picture's faces have no track to sample.
-        identity: first.0.identity || (first.0.faces_json.is_some() && !first.0.boxes_only),
+        identity: first.0.identity,
         each_face: true,
+        identity_model: first.0.identity_model.clone(),
     };
     // Pictures are opened and written on as many threads as the pool stages have: a photo's
     // decoding or PNG encoding takes longer than its model share on a GPU.

@@ -85,11 +85,13 @@ pub(crate) struct Middle {
     pub flush: Flush,
     /// Where a side-by-side view puts its pictures (see [`crate::media::compare::Sides`]).
     pub sides: crate::media::compare::Sides,
-    /// Measure how much of each face's identity the restoration keeps (with the identity model:
-    /// see [`crate::people::IdentityMeter`]), and on every face (`each_face`: the faces are
-    /// recorded) or a few of each track.
+    /// Measure who each restored face still is even without the identity guard (`--identity`;
+    /// with the identity model: see [`crate::people::IdentityMeter`]), and on every face
+    /// (`each_face`: the faces are recorded) or a few views of each track.
     pub identity: bool,
     pub each_face: bool,
+    /// The face-identity model the settings resolved (see `config::Recipe::identity`).
+    pub identity_model: Option<std::path::PathBuf>,
 }
 
 /// What an encode stage reports: its clock, the faces it wrote, the frames with faces, and
@@ -235,14 +237,16 @@ fn plan(engine: &Engine, middle: &Middle) -> Vec<Step> {
     steps.extend([Step::Align, Step::Enhance]);
     // Always measured in a video; filtered when its memory is above 0.
     steps.extend(middle.video.then_some(Step::Temporal));
-    steps.extend(identity_model().filter(|_| middle.identity).map(|_| Step::Identity));
+    let guarded = middle.treatment.identity_guard != crate::people::Guard::Off;
+    steps.extend(
+        middle
+            .identity_model
+            .as_ref()
+            .filter(|_| middle.identity || guarded)
+            .map(|_| Step::Identity),
+    );
     steps.push(Step::Paste);
     steps
-}
-
-/// The face-identity model, when the set-up made it.
-fn identity_model() -> Option<std::path::PathBuf> {
-    crate::defaults::find_asset(crate::defaults::FACE_ID_MODEL)
 }
 
 /// Whether the detect stage follows a video's faces by their meshes
@@ -318,7 +322,7 @@ fn prepare(
         w.enhancer
             .set_fidelity(fidelity.unwrap_or(crate::faces::enhance::DEFAULT_FIDELITY));
     }
-    let model = identity_model();
+    let model = middle.identity_model.clone();
     let chooser = if steps.contains(&Step::Choose) {
         let size = engine.detector.size;
         let c = crate::people::Chooser::new(
@@ -337,7 +341,9 @@ fn prepare(
         Some(m) if steps.contains(&Step::Identity) => Some(crate::people::IdentityMeter::new(
             &m,
             &engine.identity_opts,
+            &middle.treatment,
             middle.each_face,
+            engine.key.rotation,
         )?),
         _ => None,
     };

@@ -35,6 +35,83 @@ struct RawFrame {
 #[derive(Deserialize)]
 struct RawFace {
     bbox: [Option<f32>; 4],
+    #[serde(default)]
+    track: Option<u64>,
+    /// Who the pasted face still is, its blend (the identity guard's), its quality before and
+    /// after, where the run measured them.
+    #[serde(default)]
+    identity: Option<f32>,
+    #[serde(default)]
+    blend: Option<f32>,
+    #[serde(default)]
+    quality: Option<RawQuality>,
+}
+
+#[derive(Deserialize)]
+struct RawQuality {
+    before: f32,
+    after: f32,
+}
+
+/// What a job's faces became, for the page: the worst track's identity (1 unchanged, below 0.5
+/// another person), the tracks the identity guard backed off, and the faces' median quality
+/// before and after (BRISQUE, lower is better), where the run measured them.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+pub struct Faithful {
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub identity: Option<f32>,
+    #[serde(skip_serializing_if = "Vec::is_empty", default)]
+    pub guarded: Vec<u64>,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub quality_before: Option<f32>,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub quality_after: Option<f32>,
+}
+
+/// The figures of every face measured, gathered as the record is read.
+#[derive(Default)]
+struct Figures {
+    /// The job's blend: a face pasted at less was backed off by the identity guard.
+    blend: f32,
+    /// Per track (`u64::MAX`: faces without one): identities measured.
+    identity: std::collections::BTreeMap<u64, Vec<f32>>,
+    guarded: std::collections::BTreeSet<u64>,
+    quality: Vec<[f32; 2]>,
+}
+
+impl Figures {
+    fn take(&mut self, face: &RawFace) {
+        // The record's blend is the job's times the guard's share.
+        let track = face.track.unwrap_or(u64::MAX);
+        if let Some(i) = face.identity {
+            self.identity.entry(track).or_default().push(i);
+        }
+        if face.blend.is_some_and(|b| b < self.blend - 1e-4) {
+            self.guarded.insert(track);
+        }
+        if let Some(q) = &face.quality {
+            self.quality.push([q.before, q.after]);
+        }
+    }
+
+    /// The worst track's median identity, the tracks backed off, the median quality.
+    fn summary(&self) -> Faithful {
+        let median = |mut v: Vec<f32>| {
+            v.sort_by(f32::total_cmp);
+            v.get(v.len() / 2).copied()
+        };
+        let worst = self
+            .identity
+            .values()
+            .filter_map(|v| median(v.clone()))
+            .min_by(f32::total_cmp);
+        Faithful {
+            identity: worst,
+            guarded: self.guarded.iter().copied().filter(|&t| t != u64::MAX).collect(),
+            quality_before: median(self.quality.iter().map(|q| q[0]).collect()),
+            quality_after: median(self.quality.iter().map(|q| q[1]).collect()),
+        }
+    }
 }
 
 /// One kept frame: its index, its time in seconds (clips) and its boxes.
@@ -57,6 +134,9 @@ pub struct Faces {
     /// Every how many frames one is kept (1: all).
     pub every: u64,
     pub frames: Vec<Frame>,
+    /// What the faces became (see [`Faithful`]).
+    #[serde(default)]
+    pub faithful: Faithful,
 }
 
 /// Reads the run's record frame by frame, keeping every `every`-th one and doubling `every`
@@ -69,12 +149,16 @@ struct Sampler {
     turn: (u32, bool),
     every: u64,
     kept: Vec<(u64, Vec<[u32; 4]>)>,
+    figures: Figures,
 }
 
 impl Sampler {
     fn take(&mut self, f: RawFrame) {
         if !f.frame.is_multiple_of(self.every) {
             return;
+        }
+        for face in &f.faces {
+            self.figures.take(face);
         }
         let (w, h) = (self.size.0 as f32, self.size.1 as f32);
         let mut boxes: Vec<[u32; 4]> = f
@@ -143,20 +227,26 @@ fn picture_size(source: &SourceInfo) -> (usize, usize) {
     }
 }
 
-/// Makes the small record of `raw` (the run's faces record) for `source`.
-pub fn compact(raw: &Path, source: &SourceInfo, photo: bool) -> Result<Faces> {
+/// Makes the small record of `raw` (the run's faces record) for `source`, whose job pasted at
+/// `blend`.
+pub fn compact(raw: &Path, source: &SourceInfo, photo: bool, blend: f32) -> Result<Faces> {
     let file = std::fs::File::open(raw).with_context(|| format!("opening {}", raw.display()))?;
     let mut sampler = Sampler {
         size: source.upright_size(),
         turn: (source.rotation, source.mirror),
         every: 1,
         kept: Vec::new(),
+        figures: Figures {
+            blend,
+            ..Default::default()
+        },
     };
     let mut de = serde_json::Deserializer::from_reader(BufReader::new(file));
     de.deserialize_seq(&mut sampler).context("reading the faces record")?;
     let fps = Some(f64::from(source.avg_frame_rate)).filter(|f| !photo && f.is_finite() && *f > 0.0);
     let (width, height) = picture_size(source);
     let every = sampler.every;
+    let faithful = sampler.figures.summary();
     let frames = sampler
         .kept
         .into_iter()
@@ -172,15 +262,18 @@ pub fn compact(raw: &Path, source: &SourceInfo, photo: bool) -> Result<Faces> {
         fps,
         every,
         frames,
+        faithful,
     })
 }
 
-/// Makes `dir`'s small record of its run's record, which goes: kept only when made whole.
-pub fn keep(dir: &Path, source: &SourceInfo, photo: bool) -> Result<()> {
+/// Makes `dir`'s small record of its run's record (a job pasted at `blend`), which goes: kept
+/// only when made whole. Returns what the faces became.
+pub fn keep(dir: &Path, source: &SourceInfo, photo: bool, blend: f32) -> Result<Faithful> {
     let raw = dir.join(RAW);
-    let made = compact(&raw, source, photo).and_then(|faces| {
+    let made = compact(&raw, source, photo, blend).and_then(|faces| {
         crate::output::write_atomic(&dir.join(FILE), &serde_json::to_vec(&faces)?)
-            .with_context(|| format!("writing {FILE}"))
+            .with_context(|| format!("writing {FILE}"))?;
+        Ok(faces.faithful)
     });
     std::fs::remove_file(&raw).ok();
     made
@@ -196,6 +289,10 @@ mod tests {
             turn: (0, false),
             every: 1,
             kept: Vec::new(),
+            figures: Figures {
+                blend: 1.0,
+                ..Default::default()
+            },
         }
     }
 
@@ -205,6 +302,20 @@ mod tests {
         let raw = r#"[{"frame":0,"regions":[],"faces":[{"bbox":[10,10,20,20],"score":0.9},{"bbox":[-5,30,150.4,90],"score":0.8},{"bbox":[null,1,2,3]}]}]"#;
         serde_json::Deserializer::from_str(raw).deserialize_seq(&mut s).unwrap();
         assert_eq!(s.kept, vec![(0, vec![[0, 30, 100, 80], [10, 10, 20, 20]])]);
+    }
+
+    /// The worst track's identity, the tracks pasted at less than the job's blend, and the
+    /// median quality are gathered from the faces measured.
+    #[test]
+    fn what_the_faces_became() {
+        let mut s = sampler(100, 80);
+        let raw = r#"[{"frame":0,"faces":[{"bbox":[1,1,9,9],"track":0,"identity":0.9,"blend":1.0,"quality":{"before":40,"after":20}},{"bbox":[20,1,29,9],"track":1,"identity":0.55,"blend":0.5}]},
+            {"frame":1,"faces":[{"bbox":[1,1,9,9],"track":0,"identity":0.8,"blend":1.0,"quality":{"before":42,"after":30}},{"bbox":[20,1,29,9],"track":1,"blend":0.5}]}]"#;
+        serde_json::Deserializer::from_str(raw).deserialize_seq(&mut s).unwrap();
+        let f = s.figures.summary();
+        assert_eq!(f.identity, Some(0.55));
+        assert_eq!(f.guarded, vec![1]);
+        assert_eq!((f.quality_before, f.quality_after), (Some(42.0), Some(30.0)));
     }
 
     #[test]
@@ -227,6 +338,10 @@ mod tests {
                 frame: i,
                 faces: vec![RawFace {
                     bbox: [Some(1.0), Some(1.0), Some(5.0), Some(5.0)],
+                    track: None,
+                    identity: None,
+                    blend: None,
+                    quality: None,
                 }],
             });
         }

@@ -335,8 +335,14 @@ pub fn run_against_plain(dir: &Path, input: &Path, model: &Path) -> FacesAndFram
 /// Each frame's face regions and boxes, from `--faces-json`.
 pub type Faces = Vec<(Vec<Rect>, Vec<Rect>)>;
 
-/// Runs the binary on `input` with `model` and `extra` flags, writing `dir/name` and its
-/// `--faces-json` beside it; returns the output path, the faces and what it printed.
+/// The restorer's change pasted as it gave it: no colour fix, no identity guard. The negate
+/// stand-in makes someone else of a face (the guard would hold it back) and its change is mostly
+/// a low band (the colour fix would keep it out): the tests of where and how a change lands run
+/// with these; tests/faithful.rs tests the two defaults themselves.
+pub const AS_GIVEN: [&str; 4] = ["--color-fix", "off", "--identity-guard", "off"];
+
+/// Runs the binary on `input` with `model`, [`AS_GIVEN`] and `extra` flags, writing `dir/name`
+/// and its `--faces-json` beside it; returns the output path, the faces and what it printed.
 pub fn run_with_faces(
     dir: &Path,
     input: &Path,
@@ -346,6 +352,7 @@ pub fn run_with_faces(
 ) -> (PathBuf, Faces, String) {
     let (out, json) = (dir.join(name), dir.join(format!("{name}.faces.json")));
     let mut args: Vec<&dyn AsRef<std::ffi::OsStr>> = vec![&input, &out, &"--model", &model, &"--faces-json", &json];
+    args.extend(AS_GIVEN.iter().map(|a| a as &dyn AsRef<std::ffi::OsStr>));
     args.extend_from_slice(extra);
     let err = ok(&gpen(&args));
     (out, faces_json(&json), err)

@@ -1021,12 +1021,13 @@ impl Jobs {
             return;
         }
         match r {
-            Ok(()) => {
+            Ok(faithful) => {
                 let bytes = std::fs::metadata(self.dir_of(id).join(&rec.output))
                     .map(|m| m.len())
                     .ok();
                 self.update(id, |r| {
                     r.state = State::Done;
+                    r.faithful = faithful;
                     r.finished = Some(now());
                     r.result_bytes = bytes;
                     if let Some(t) = r.frames_total {
@@ -1063,7 +1064,7 @@ impl Jobs {
         rec: &Record,
         cancel: &CancelToken,
         progress: &(dyn Fn(crate::pipeline::Progress) + Sync),
-    ) -> Result<()> {
+    ) -> Result<Option<super::face_boxes::Faithful>> {
         let dir = self.dir_of(&rec.id);
         let (settings, job) = self.prepared(rec, cancel)?;
         if let Some(work) = crate::segment::Work::open(&settings, &job, self.opts.segment, false)? {
@@ -1086,10 +1087,9 @@ impl Jobs {
             crate::pipeline::run(&mut engine, &job, progress)?;
         }
         // Where the faces are is for the page: a record that cannot be made costs no result.
-        if let Err(e) = super::face_boxes::keep(&dir, &job.source, rec.kind == "photo") {
-            tracing::warn!(job = %rec.id, "no faces record: {e:#}");
-        }
-        Ok(())
+        Ok(super::face_boxes::keep(&dir, &job.source, rec.kind == "photo", job.view().blend)
+            .map_err(|e| tracing::warn!(job = %rec.id, "no faces record: {e:#}"))
+            .ok())
     }
 
     /// The settings and the job of `rec`, run from its folder, stopped by `cancel`.
@@ -1099,7 +1099,8 @@ impl Jobs {
         settings.stats_json = None;
         // The run's faces record stays in the job's folder, made small once the run is done.
         settings.faces_json = Some(dir.join(super::face_boxes::RAW));
-        // Where the faces are, for the page; no identity model runs for it.
+        // Where the faces are, for the page, with the figures the identity guard measures on a
+        // few views of each track (not every face's).
         settings.boxes_only = true;
         let job = settings.job(&dir.join(&rec.input), &dir.join(&rec.output), cancel.clone())?;
         Ok((settings, job))

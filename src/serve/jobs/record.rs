@@ -119,6 +119,10 @@ pub struct Record {
     pub faces_done: u64,
     pub frames_total: Option<u64>,
     pub fps: Option<f64>,
+    /// What the faces became, once done: the worst track's identity, the tracks the identity
+    /// guard backed off, the quality before and after (see `serve::face_boxes::Faithful`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub faithful: Option<crate::serve::face_boxes::Faithful>,
     pub error: Option<String>,
     pub result_bytes: Option<u64>,
     /// The opaque key of whoever made it (`X-Gpen-Owner`): a list answers each caller its own.

@@ -409,12 +409,13 @@ impl Jobs {
         start: Instant,
     ) -> Result<()> {
         let dir = self.dir_of(&rec.id);
-        if let Err(e) = crate::serve::face_boxes::keep(&dir, &job.source, rec.kind == "photo") {
-            tracing::warn!(job = %rec.id, "no faces record: {e:#}");
-        }
+        let faithful = crate::serve::face_boxes::keep(&dir, &job.source, rec.kind == "photo", job.view().blend)
+            .map_err(|e| tracing::warn!(job = %rec.id, "no faces record: {e:#}"))
+            .ok();
         let bytes = std::fs::metadata(dir.join(&rec.output)).map(|m| m.len()).ok();
         let ended = db.finish(&rec.id, progress, |r| {
             r.state = State::Done;
+            r.faithful = faithful.clone();
             r.finished = Some(now());
             r.result_bytes = bytes;
             r.fps = None;

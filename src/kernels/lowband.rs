@@ -1,0 +1,156 @@
+//! The colour fix's kernel: in, a crop's change (packed RGB in steps, `size` square); out, the
+//! same change without its low band, so what is pasted keeps the original's colour and
+//! brightness at the scale of a face's regions and takes the restorer's detail.
+//!
+//! The low band is the approximation band of a Haar wavelet pyramid three levels below a crop of
+//! 64 (the mean of each of 8 x 8 cells, whatever the crop's size: 64 pixels in a 512 crop, 32 in
+//! a 256 one, about a quarter of the face's width), read back between the cells' centres
+//! bilinearly (extended linearly past the outer centres) rather than cell by cell, so it has no
+//! block edges. A change that is the same everywhere (a colour cast) or a linear
+//! ramp of one is its own low band, and goes entirely; detail finer than a cell stays.
+
+use super::steps::round_steps;
+
+/// Cells per side of the low band.
+pub const CELLS: usize = 8;
+
+/// Cells per side of the low band for a crop of `size`: [`CELLS`], fewer in a crop too small to
+/// hold two pixels a cell.
+pub fn cells(size: usize) -> usize {
+    CELLS.min(size / 2).max(2)
+}
+
+/// Buffers reused between faces.
+#[derive(Default)]
+pub struct LowBand {
+    /// Each cell's mean (RGB), `cells * cells * 3`.
+    grid: Vec<f32>,
+    /// The low band of one row of the crop, read from the grid, `cells * 3`.
+    row: Vec<f32>,
+    /// Per column of the crop: its left cell and the weight of the one right of it.
+    cols: Vec<(usize, f32)>,
+}
+
+/// Where pixel `i` of `size` falls between the centres of `n` cells: the lower cell (so that
+/// the pair `(c, c + 1)` exists) and its weight towards the upper one, beyond [0, 1] outside the
+/// outer centres (linear extension).
+fn between(i: usize, size: usize, n: usize) -> (usize, f32) {
+    let g = (i as f32 + 0.5) * n as f32 / size as f32 - 0.5;
+    let c = (g.floor().max(0.0) as usize).min(n - 2);
+    (c, g - c as f32)
+}
+
+/// Removes the low band from `change` (packed RGB of `size * size`, in steps).
+pub fn remove_low_band(change: &mut [i16], size: usize, s: &mut LowBand) {
+    let n = cells(size);
+    if size < 2 || change.len() < 3 * size * size {
+        return;
+    }
+    let bounds: Vec<usize> = (0..=n).map(|k| k * size / n).collect();
+    s.grid.clear();
+    s.grid.resize(n * n * 3, 0.0);
+    // Each cell's mean, one band of cell rows at a time.
+    let mut sums = vec![0i64; n * 3];
+    for cy in 0..n {
+        sums.iter_mut().for_each(|v| *v = 0);
+        for y in bounds[cy]..bounds[cy + 1] {
+            let row = &change[y * size * 3..(y + 1) * size * 3];
+            for cx in 0..n {
+                let (mut r, mut g, mut b) = (0i64, 0i64, 0i64);
+                for p in row[bounds[cx] * 3..bounds[cx + 1] * 3].chunks_exact(3) {
+                    r += i64::from(p[0]);
+                    g += i64::from(p[1]);
+                    b += i64::from(p[2]);
+                }
+                sums[cx * 3] += r;
+                sums[cx * 3 + 1] += g;
+                sums[cx * 3 + 2] += b;
+            }
+        }
+        for cx in 0..n {
+            let area = ((bounds[cy + 1] - bounds[cy]) * (bounds[cx + 1] - bounds[cx])).max(1) as f32;
+            for c in 0..3 {
+                s.grid[(cy * n + cx) * 3 + c] = sums[cx * 3 + c] as f32 / area;
+            }
+        }
+    }
+    s.cols.clear();
+    s.cols.extend((0..size).map(|x| between(x, size, n)));
+    s.row.resize(n * 3, 0.0);
+    for y in 0..size {
+        let (cy, ty) = between(y, size, n);
+        let (top, bottom) = (&s.grid[cy * n * 3..(cy + 1) * n * 3], &s.grid[(cy + 1) * n * 3..(cy + 2) * n * 3]);
+        for ((o, a), b) in s.row.iter_mut().zip(top).zip(bottom) {
+            *o = a + (b - a) * ty;
+        }
+        let row = &mut change[y * size * 3..(y + 1) * size * 3];
+        for (p, &(cx, tx)) in row.chunks_exact_mut(3).zip(&s.cols) {
+            let (l, r) = (&s.row[cx * 3..cx * 3 + 3], &s.row[cx * 3 + 3..cx * 3 + 6]);
+            for c in 0..3 {
+                let low = l[c] + (r[c] - l[c]) * tx;
+                p[c] = round_steps(f32::from(p[c]) - low);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{remove_low_band, LowBand};
+
+    fn mean(v: &[i16], c: usize) -> f64 {
+        v.iter().skip(c).step_by(3).map(|&x| f64::from(x)).sum::<f64>() / (v.len() / 3) as f64
+    }
+
+    /// A cast the same everywhere, and a linear ramp of one, go entirely.
+    #[test]
+    fn a_cast_and_a_ramp_go() {
+        for size in [64usize, 256, 512] {
+            let mut s = LowBand::default();
+            let mut flat = vec![0i16; 3 * size * size];
+            for (i, v) in flat.iter_mut().enumerate() {
+                *v = [2560, -1280, 640][i % 3];
+            }
+            remove_low_band(&mut flat, size, &mut s);
+            assert!(flat.iter().all(|&v| v.abs() <= 1), "size {size}");
+            let mut ramp = vec![0i16; 3 * size * size];
+            for y in 0..size {
+                for x in 0..size {
+                    ramp[(y * size + x) * 3] = (x * 4096 / size) as i16;
+                    ramp[(y * size + x) * 3 + 2] = (y * 2048 / size) as i16 - 1000;
+                }
+            }
+            remove_low_band(&mut ramp, size, &mut s);
+            let worst = ramp.iter().map(|v| v.abs()).max().unwrap();
+            assert!(worst <= 2, "size {size}: {worst} steps left of a ramp");
+        }
+    }
+
+    /// Detail finer than a cell stays: a checkerboard of 2 pixels keeps almost all of itself,
+    /// and its mean stays 0.
+    #[test]
+    fn fine_detail_stays() {
+        let size = 256;
+        let mut s = LowBand::default();
+        let mut v = vec![0i16; 3 * size * size];
+        for y in 0..size {
+            for x in 0..size {
+                let on = ((x / 2) + (y / 2)) % 2 == 0;
+                for c in 0..3 {
+                    v[(y * size + x) * 3 + c] = if on { 1280 } else { -1280 } + 640;
+                }
+            }
+        }
+        let before = v.clone();
+        remove_low_band(&mut v, size, &mut s);
+        for c in 0..3 {
+            assert!(mean(&v, c).abs() < 1.0, "mean {}", mean(&v, c));
+        }
+        let kept = v
+            .iter()
+            .zip(&before)
+            .filter(|(a, b)| (i32::from(**a) - (i32::from(**b) - 640)).abs() <= 2)
+            .count();
+        assert_eq!(kept, v.len());
+    }
+}
