@@ -185,4 +185,16 @@ fn main() {
         let paste_mesh = paste_with(&faces);
         println!("mesh mask: make {build:>8.2}, paste through it {paste_mesh:>8.2}  ({what})");
     }
+    // The colour fix: the change's low band taken off, per face, at each crop size.
+    for size in [256usize, 512] {
+        let mut change: Vec<i16> = (0..3 * size * size)
+            .map(|i| ((i * 7919) % 4001) as i16 - 2000)
+            .collect();
+        let mut low = gpen_video::kernels::lowband::LowBand::default();
+        let ms = median_ms(runs, || {
+            gpen_video::kernels::lowband::remove_low_band(&mut change, size, &mut low);
+            black_box(&change);
+        });
+        println!("colour fix (low band off),   crop {size:<15} {ms:>8.2}");
+    }
 }

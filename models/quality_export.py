@@ -13,10 +13,12 @@ With --check OUT.json it also makes face crops from the project's real photos
 domain; samples/astronaut.png: NASA, public domain), squares around each face resized to 256 and
 512 pixels, with a blurred, a noisy and a JPEG-compressed one, written as PNG into
 samples/quality/, and scores them with the reference implementation itself
-(imquality.brisque.score) into OUT.json: each crop's file name, SHA-256 and reference score. That
-mode must run where image-quality imports and works: it needs scikit-image 0.18 (0.19 and later
-reject its call of rgb2gray on the grey second scale and its `multichannel` argument), which
-scripts/setup.sh builds in .deps/brisque-ref.
+(imquality.brisque.score) into OUT.json: each crop's file name, SHA-256 and reference score. Where
+OUT.json already holds the scores of these very crops (same SHA-256: Pillow and NumPy pinned), it
+is kept and only NumPy and Pillow are needed; otherwise this must run where image-quality imports
+and works (else it exits with 3): it needs scikit-image 0.18 (0.19 and later reject its call of
+rgb2gray on the grey second scale and its `multichannel` argument), which scripts/setup.sh
+builds in .deps/brisque-ref.
 
 Licence: image-quality 1.2.7 is Apache License 2.0 (its METADATA: "License: Apache 2.0", and the
 full text in its dist-info/LICENSE); the parameters exported here come from that package.
@@ -161,29 +163,44 @@ def make_crops(folder):
     return paths
 
 
+def digest(path):
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
 def check(package_files, out, folder):
-    """Scores the crops with the reference itself (imquality.brisque) into `out`."""
+    """Makes the crops; scores them with the reference itself (imquality.brisque) into `out`,
+    unless `out` already holds scores of these very crops (same files, same SHA-256)."""
+    paths = make_crops(folder)
+    if os.path.isfile(out):
+        with open(out) as f:
+            kept = {c["file"]: c["sha256"] for c in json.load(f)["crops"]}
+        if kept == {os.path.basename(p): digest(p) for p in paths}:
+            print(f"{out}: its scores are of these crops; kept", file=sys.stderr)
+            return
     import warnings
 
-    import numpy
-    import scipy
-    import skimage
-    from PIL import Image
+    warnings.simplefilter("ignore")  # skimage 0.18's notes on rgb2gray of 2-D and on order 2
+    try:
+        import numpy
+        import scipy
+        import skimage
+        from PIL import Image
 
-    warnings.simplefilter("ignore")  # skimage 0.18's notes on rgb2gray of 2-D and order 2
-    import imquality.brisque as reference
-    from imquality.models import MODELS_PATH
-
+        import imquality.brisque as reference
+        from imquality.models import MODELS_PATH
+    except ImportError as e:
+        print(f"the reference does not import ({e}): scripts/setup.sh builds it in .deps/brisque-ref",
+              file=sys.stderr)
+        sys.exit(3)
     with open(os.path.join(MODELS_PATH, "brisque_svm.txt"), "rb") as f:
         if f.read() != package_files[MODEL]:
             sys.exit("the installed imquality's model differs from the package exported")
     crops = []
-    for path in make_crops(folder):
-        with open(path, "rb") as f:
-            digest = hashlib.sha256(f.read()).hexdigest()
+    for path in paths:
         score = float(reference.score(Image.open(path).convert("RGB")))
         print(f"{os.path.basename(path)}: {score:.4f}", file=sys.stderr)
-        crops.append({"file": os.path.basename(path), "sha256": digest, "score": score})
+        crops.append({"file": os.path.basename(path), "sha256": digest(path), "score": score})
     result = {
         "reference": f"imquality.brisque.score of image-quality 1.2.7 (scikit-image {skimage.__version__}, "
         f"SciPy {scipy.__version__}, NumPy {numpy.__version__})",
@@ -199,7 +216,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("package", help="image-quality 1.2.7 wheel or sdist")
     ap.add_argument("--out", default="models/brisque.json")
-    ap.add_argument("--check", metavar="OUT.json", help="also score face crops with the reference")
+    ap.add_argument("--check", metavar="OUT.json",
+                    help="also make face crops and score them with the reference (exit 3 where it is needed "
+                    "and does not import)")
     ap.add_argument("--crops", default="samples/quality", help="where --check writes the crops")
     args = ap.parse_args()
     files = export(args.package, args.out)

@@ -296,6 +296,11 @@ wm=$m16 wf=(--fp16)
 step whole-file "$device" 16 "$out/whole-file.stats.json" "$step_timeout" -- \
   "${gv[@]}" "$sample" "$out/whole-file.mp4" -y --model "$wm" "${wf[@]}" --batch 16 "${whole[@]}" \
   --stats-json "$out/whole-file.stats.json" "${common[@]}"
+# The same with the restorer's change pasted as it comes (no identity guard, no colour fix: the
+# defaults' cost on this host, the guard's identity model on the CPU beside the GPU's model).
+step whole-file-as-given "$device" 16 "$out/whole-file-as-given.stats.json" "$step_timeout" -- \
+  "${gv[@]}" "$sample" "$out/whole-file-as-given.mp4" -y --model "$wm" "${wf[@]}" --batch 16 "${whole[@]}" \
+  --identity-guard off --color-fix off --stats-json "$out/whole-file-as-given.stats.json" "${common[@]}"
 # The same without the budget of decoded frames in flight (every queue may fill, as before the
 # budget): faces/s above the budgeted run's would say the budget starves the GPU.
 step whole-file-unbudgeted "$device" 16 "$out/whole-file-unbudgeted.stats.json" "$step_timeout" -- \

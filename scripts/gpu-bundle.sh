@@ -87,8 +87,11 @@ cp "$bin" "$stage/bin/"
 # The face mesh goes too when the set-up made it (the run falls back to the ellipse without it).
 mesh=()
 [ -f models/face-mesh.onnx ] && mesh=(models/face-mesh.onnx)
-# And the identity model (22 MB), for the runner's identity step.
-[ -f models/face-id.onnx ] && mesh+=(models/face-id.onnx)
+# And the identity model (22 MB): the identity guard (on by default) needs it. The quality
+# figure's parameters (BRISQUE's, 0.3 MB) go too when the set-up made them.
+[ -f models/face-id.onnx ] || die "models/face-id.onnx missing (the identity guard needs it): run scripts/setup.sh"
+mesh+=(models/face-id.onnx)
+[ -f models/brisque.json ] && mesh+=(models/brisque.json)
 cp models/centerface.onnx "${mesh[@]}" "${models[@]}" "$stage/models/"
 # Users' batch-1 files of other contracts (stand-ins, under a kilobyte each), for the runner's
 # user-model step: `models add` makes a checked copy with a symbolic batch that runs batched.

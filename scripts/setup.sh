@@ -105,6 +105,39 @@ if [ ! -f models/face-id.onnx ] || ! grep -qa 'gpen_video.export' models/face-id
   "$py" models/identity_export.py "$wheels"/face_recognition_models-0.3.0.tar.gz models/face-id.onnx
 fi
 
+# --- BRISQUE (picture quality): the SVR and feature scaling shipped in image-quality 1.2.7
+# (Apache-2.0) to models/brisque.json, and face crops of the photos in samples/quality/ scored by
+# that package itself (models/brisque-check.json, for tests/quality.rs; scores kept while the
+# crops come out the same). Scoring anew needs scikit-image 0.18, which has no wheel for this
+# Python: built from its sdist (about 10 minutes on 2 cores) in a venv of its own, .deps/brisque-ref,
+# with the C files it ships (too old for Python 3.11) removed for Cython to write anew.
+if [ ! -f models/brisque.json ] || [ ! -f models/brisque-check.json ] || [ ! -f samples/quality/obama2-256-jpeg10.png ]; then
+  log "BRISQUE parameters and reference scores (models/quality_export.py)"
+  iq=$wheels/image_quality-1.2.7-py3-none-any.whl
+  [ -f "$iq" ] || "$py" -m pip download -q --disable-pip-version-check --no-deps "image-quality==1.2.7" -d "$wheels"
+  [ -f "$wheels"/face_recognition-1.3.0.tar.gz ] || "$py" -m pip download -q --disable-pip-version-check --no-deps \
+    --no-binary=:all: "face_recognition==1.3.0" -d "$wheels"
+  mkdir -p samples/people
+  [ -f samples/people/biden.jpg ] || tar -xzf "$wheels"/face_recognition-1.3.0.tar.gz -C samples/people \
+    --strip-components=3 face_recognition-1.3.0/tests/test_images/{obama,obama2,obama3,biden}.jpg
+  ref=$deps/brisque-ref/bin/python
+  [ -x "$ref" ] || python3 -m venv "$deps/brisque-ref"
+  "$ref" -m pip install -q --disable-pip-version-check "numpy==1.24.4" "Pillow==10.4.0"
+  if ! "$ref" models/quality_export.py "$iq" --check models/brisque-check.json; then
+    log "building the reference (scikit-image 0.18.3 from its sdist) in .deps/brisque-ref"
+    "$ref" -m pip install -q --disable-pip-version-check "scipy==1.10.1" "Cython==0.29.37" "setuptools==59.8.0" "wheel==0.48.0"
+    [ -f "$wheels"/scikit-image-0.18.3.tar.gz ] || "$ref" -m pip download -q --disable-pip-version-check --no-deps \
+      --no-binary=:all: --no-build-isolation "scikit-image==0.18.3" -d "$wheels"
+    src=$(mktemp -d)
+    tar -xzf "$wheels"/scikit-image-0.18.3.tar.gz -C "$src"
+    find "$src" -name '*.pyx' | while read -r f; do rm -f "${f%.pyx}.c" "${f%.pyx}.cpp"; done
+    NPY_NUM_BUILD_JOBS=$(nproc) "$ref" -m pip install -q --disable-pip-version-check --no-deps \
+      --no-build-isolation "$src"/scikit-image-0.18.3 "libsvm==3.23.0.4" "$iq"
+    rm -rf "$src"
+    "$ref" models/quality_export.py "$iq" --check models/brisque-check.json
+  fi
+fi
+
 # --- stand-in enhancers, the random-weight GPEN-256 export, and sample clips -------------------
 "$py" models/make_standins.py models/standin
 if [ ! -f models/gpen-bfr-256-random.onnx ]; then

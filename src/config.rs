@@ -65,6 +65,10 @@ pub struct Recipe {
     /// guard, the identity figures and the face selection by photo run on it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub identity: Option<Asset>,
+    /// BRISQUE's parameters for the faces' quality figure, when the set-up made them (measured
+    /// with the identity, on the same faces).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub quality: Option<Asset>,
     /// The model's template as its registry entry gives it (`None`: the file's own, else ffhq).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub template: Option<Template>,
@@ -229,7 +233,11 @@ fn resolve_identity(t: &Treatment, measured: bool) -> Result<Option<PathBuf>> {
     let asked = if t.identity_guard != crate::people::Guard::Off {
         Some(format!(
             "--identity-guard {} (the default; --identity-guard off runs without it)",
-            if t.identity_guard == crate::people::Guard::Warn { "warn" } else { "back-off" }
+            if t.identity_guard == crate::people::Guard::Warn {
+                "warn"
+            } else {
+                "back-off"
+            }
         ))
     } else if t.selection.names_people() {
         Some("--only-face and --skip-face".to_string())
@@ -312,6 +320,10 @@ impl Settings {
                 model: Asset(model),
                 detector: Asset(detector),
                 mesh: mesh.map(Asset),
+                quality: identity
+                    .as_ref()
+                    .and_then(|_| find_asset(defaults::QUALITY_MODEL))
+                    .map(Asset),
                 identity: identity.map(Asset),
                 template: o.model_template,
                 treatment: std::sync::Arc::new(t),
@@ -409,6 +421,7 @@ impl Settings {
             faces_json: self.faces_json.clone(),
             identity: self.identity,
             identity_model: self.recipe.identity.as_ref().map(|a| a.0.clone()),
+            quality_model: self.recipe.quality.as_ref().map(|a| a.0.clone()),
             boxes_only: self.boxes_only,
             cancel,
         })
@@ -437,6 +450,7 @@ impl Settings {
             faces_json: None,
             identity: false,
             identity_model: self.recipe.identity.as_ref().map(|a| a.0.clone()),
+            quality_model: self.recipe.quality.as_ref().map(|a| a.0.clone()),
             boxes_only: false,
             cancel,
         })
@@ -574,6 +588,7 @@ mod tests {
                 detector: Asset("d.onnx".into()),
                 mesh: None,
                 identity: None,
+                quality: None,
                 template: None,
                 treatment: Default::default(),
             },

@@ -55,6 +55,8 @@ pub(crate) const FACE_CHECK: f32 = 0.5;
 pub(crate) const FACE_DISTANCE: f32 = 0.6;
 /// The face-identity model (made by scripts/setup.sh from dlib's model).
 pub(crate) const FACE_ID_MODEL: &str = "models/face-id.onnx";
+/// BRISQUE's parameters for the quality figure (made by scripts/setup.sh from image-quality's).
+pub(crate) const QUALITY_MODEL: &str = "models/brisque.json";
 /// A detection scoring at least this is kept whatever the face mesh's presence: the mesh was
 /// made for clear faces, and doubts the blurred, blocky and noisy ones a restorer exists for.
 pub(crate) const CONFIDENT: f32 = 0.75;

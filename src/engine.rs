@@ -235,6 +235,8 @@ pub struct Job {
     /// The face-identity model the settings resolved, if any (the guard and the figures run on
     /// it; the people named by photo too).
     pub identity_model: Option<PathBuf>,
+    /// BRISQUE's parameters the settings resolved, if any (the faces' quality figure).
+    pub quality_model: Option<PathBuf>,
     /// The faces record says where the faces are, not how much identity each kept (a
     /// service's jobs: their page draws the boxes; no identity model runs for them).
     pub boxes_only: bool,

@@ -311,7 +311,11 @@ const BACK_OFF: [f32; 4] = [0.75, 0.5, 0.25, 0.0];
 /// (the nose between the eyes).
 fn view_worth(face: &crate::frame::Face, rotation: u32) -> f32 {
     let [x0, y0, x1, y1] = face.bbox;
-    let upright = if rotation == 90 || rotation == 270 { x1 - x0 } else { y1 - y0 };
+    let upright = if rotation == 90 || rotation == 270 {
+        x1 - x0
+    } else {
+        y1 - y0
+    };
     let l = &face.landmarks;
     let eyes = ((l[1][0] - l[0][0]).powi(2) + (l[1][1] - l[0][1]).powi(2))
         .sqrt()
@@ -369,6 +373,8 @@ pub struct IdentityMeter {
     near: f32,
     fix: bool,
     rotation: u32,
+    /// BRISQUE and its buffers, for the quality figure.
+    quality: Option<(crate::faces::quality::Brisque, crate::faces::quality::QualityScratch)>,
     tracks: std::collections::BTreeMap<Option<u64>, TrackMeter>,
     scratch: WarpScratch,
     low: crate::kernels::lowband::LowBand,
@@ -378,18 +384,19 @@ pub struct IdentityMeter {
 
 impl IdentityMeter {
     /// A meter with the identity model at `model` for `treatment` (its guard, face distance and
-    /// colour fix), measuring every face (`each`) or a few views of each track; `rotation` is
-    /// the video's display rotation.
+    /// colour fix), and BRISQUE's parameters at `quality` where given, measuring every face
+    /// (`each`) or a few views of each track; `rotation` is the video's display rotation.
     pub fn new(
         model: &Path,
         opts: &crate::runtime::SessionOptions,
         treatment: &crate::treatment::Treatment,
-        each: bool,
-        rotation: u32,
+        quality: Option<&Path>,
+        (each, rotation): (bool, u32),
     ) -> Result<Self> {
         let session = crate::runtime::session(model, opts, "face-identity model")?;
         let identifier =
             Identifier::new(session).with_context(|| format!("face-identity model {}", model.display()))?;
+        let quality = quality.map(crate::faces::quality::Brisque::load).transpose()?;
         Ok(IdentityMeter {
             identifier,
             each,
@@ -397,6 +404,7 @@ impl IdentityMeter {
             near: treatment.selection.face_distance,
             fix: treatment.color_fix == crate::faces::paste::ColorFix::Wavelet,
             rotation,
+            quality: quality.map(|b| (b, Default::default())),
             tracks: Default::default(),
             scratch: WarpScratch::default(),
             low: Default::default(),
@@ -462,7 +470,8 @@ impl IdentityMeter {
             change
         };
         self.change.clear();
-        self.change.extend(change[..3 * plane].iter().map(|&v| crate::kernels::change_levels(v)));
+        self.change
+            .extend(change[..3 * plane].iter().map(|&v| crate::kernels::change_levels(v)));
         let points = job.face.landmarks.map(|[x, y]| {
             let (u, v) = job.to_crop.apply(f64::from(x), f64::from(y));
             [u as f32, v as f32]
@@ -512,7 +521,23 @@ impl IdentityMeter {
                 };
             }
         }
+        // Quality before (the crop given) and after (as pasted at the track's share).
+        let quality = match &mut self.quality {
+            Some((brisque, scratch)) => {
+                let [given, pasted] = &mut self.packed;
+                for ((o, &g), &c) in pasted.iter_mut().zip(given.iter()).zip(&self.change) {
+                    *o = (f32::from(g) + share * blend * c).round().clamp(0.0, 255.0) as u8;
+                }
+                Some([
+                    brisque.score(given, size, size, scratch),
+                    brisque.score(pasted, size, size, scratch),
+                ])
+            }
+            None => None,
+        };
+        job.quality = quality;
         let t = self.tracks.get_mut(&job.track).expect("the track was entered");
+        t.quality.extend(quality);
         t.share = share;
         let figure = identity_of(dist);
         t.pasted.push(figure);

@@ -465,16 +465,14 @@ impl Summary {
             .iter()
             .map(|t| {
                 let who = t.track.map_or("pictures".to_string(), |n| format!("track {n}"));
-                let mut words = format!(
-                    "{who} {:.2}{}",
-                    t.median,
-                    if t.same { "" } else { " (another person)" }
-                );
+                let mut words = format!("{who} {:.2}{}", t.median, if t.same { "" } else { " (another person)" });
                 match t.guard {
-                    Some("backed off") => words += &format!(
-                        " backed off to {:.2} of the change (restorer's own {:.2})",
-                        t.share, t.own
-                    ),
+                    Some("backed off") => {
+                        words += &format!(
+                            " backed off to {:.2} of the change (restorer's own {:.2})",
+                            t.share, t.own
+                        )
+                    }
                     Some("left as it was") => words += &format!(" left as it was (restorer's own {:.2})", t.own),
                     _ => {}
                 }

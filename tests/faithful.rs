@@ -48,7 +48,12 @@ fn person_standin(dir: &Path, face: &[u8]) -> PathBuf {
     let (raw, model) = (dir.join("biden-256.raw"), dir.join("person-256.onnx"));
     std::fs::write(&raw, face).unwrap();
     let out = std::process::Command::new(asset(".deps/venv/bin/python"))
-        .args([asset("models/make_standins.py").as_os_str(), "person".as_ref(), raw.as_os_str(), model.as_os_str()])
+        .args([
+            asset("models/make_standins.py").as_os_str(),
+            "person".as_ref(),
+            raw.as_os_str(),
+            model.as_os_str(),
+        ])
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
@@ -60,8 +65,22 @@ fn still_clip(dir: &Path, picture: &image::RgbImage, name: &str) -> PathBuf {
     let (png, clip) = (dir.join(format!("{name}.png")), dir.join(format!("{name}.mkv")));
     picture.save(&png).unwrap();
     ffmpeg(&[
-        "-v", "error", "-y", "-loop", "1", "-i", arg(&png), "-t", "1", "-r", "10", "-pix_fmt", "yuv444p",
-        "-c:v", "ffv1", arg(&clip),
+        "-v",
+        "error",
+        "-y",
+        "-loop",
+        "1",
+        "-i",
+        arg(&png),
+        "-t",
+        "1",
+        "-r",
+        "10",
+        "-pix_fmt",
+        "yuv444p",
+        "-c:v",
+        "ffv1",
+        arg(&clip),
     ]);
     clip
 }
@@ -101,7 +120,16 @@ fn run(
         dir.join(format!("{name}.stats.json")),
     );
     let mut args: Vec<&dyn AsRef<std::ffi::OsStr>> = vec![
-        &clip, &out, &"--model", &model, &"--codec", &"ffv1", &"--faces-json", &faces, &"--stats-json", &stats,
+        &clip,
+        &out,
+        &"--model",
+        &model,
+        &"--codec",
+        &"ffv1",
+        &"--faces-json",
+        &faces,
+        &"--stats-json",
+        &stats,
     ];
     args.extend(flags.iter().map(|f| f as &dyn AsRef<std::ffi::OsStr>));
     let err = ok(&gpen(&args));
@@ -151,7 +179,9 @@ fn another_persons_face_is_backed_off_on_that_track_only() {
     assert_eq!(of(his)["share"].as_f64(), Some(1.0), "{stats}");
     assert!(of(his)["identity"].as_f64().unwrap() > 0.6, "{stats}");
     assert!(
-        err.contains(&format!("track {her} (frames 0-9): the restored faces are no longer the same person")),
+        err.contains(&format!(
+            "track {her} (frames 0-9): the restored faces are no longer the same person"
+        )),
         "{err}"
     );
     assert!(!err.contains(&format!("track {his} (frames")), "{err}");
@@ -241,9 +271,48 @@ fn a_cast_is_kept_out_and_the_sharpening_kept() {
             after[c]
         );
     }
-    assert!(passed[0] - before[0] >= 12.0, "red {:.2} -> {:.2} without it", before[0], passed[0]);
+    assert!(
+        passed[0] - before[0] >= 12.0,
+        "red {:.2} -> {:.2} without it",
+        before[0],
+        passed[0]
+    );
     assert!(
         detail_after > 1.5 * detail_before,
         "the sharpening was lost: {detail_before:.1} -> {detail_after:.1}"
     );
+}
+
+/// A restorer that blurs reads worse after than before on every face measured (BRISQUE: higher);
+/// the identity stand-in keeps every face's quality as it was, and its identity at 1. The
+/// summary gives each track's medians.
+#[test]
+fn a_blur_reads_worse_and_an_unchanged_face_the_same() {
+    let dir = tempfile::tempdir().unwrap();
+    let collins = image::open(asset("samples/astronaut.png")).unwrap().to_rgb8();
+    let clip = still_clip(dir.path(), &collins, "collins");
+    let (_, faces, stats, _) = run(dir.path(), &clip, &asset("models/standin/blur-256.onnx"), "blur", &[]);
+    assert_eq!(faces.len(), 10);
+    for (frame, _, _, _, quality) in &faces {
+        let (before, after) = quality.unwrap();
+        assert!(after > before + 5.0, "frame {frame}: quality {before:.1} -> {after:.1}");
+    }
+    let q = &stats["identity"][0]["quality"];
+    assert!(q["after"].as_f64().unwrap() > q["before"].as_f64().unwrap(), "{stats}");
+    let (_, faces, _, err) = run(
+        dir.path(),
+        &clip,
+        &asset("models/standin/identity-256.onnx"),
+        "same",
+        &[],
+    );
+    for (frame, _, identity, blend, quality) in &faces {
+        let (before, after) = quality.unwrap();
+        assert!(
+            (after - before).abs() < 0.01,
+            "frame {frame}: quality {before:.2} -> {after:.2}"
+        );
+        assert!(identity.unwrap() > 0.995 && *blend == Some(1.0), "frame {frame}");
+    }
+    assert!(err.contains("quality"), "{err}");
 }

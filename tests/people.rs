@@ -216,12 +216,23 @@ fn identity_is_kept_by_an_unchanged_face_and_lost_by_a_changed_one() {
     let (changed, words, _) = figures("negate-512", "warn", "off");
     assert!(changed.iter().all(|&v| v < 0.6), "{changed:?}");
     assert!(changed.iter().any(|&v| v < 0.45), "{changed:?}");
-    assert!(words.contains("(another person)") && words.contains("worst 0."), "{words}");
+    assert!(
+        words.contains("(another person)") && words.contains("worst 0."),
+        "{words}"
+    );
     // --identity alone measures a few faces of each track for the summary; a plain run without
     // the guard, none.
     let out = dir.path().join("sampled.mp4");
     let m = asset("models/standin/negate-512.onnx");
-    let words = ok(&gpen(&[&input, &out, &"--model", &m, &"--identity", &"--identity-guard", &"off"]));
+    let words = ok(&gpen(&[
+        &input,
+        &out,
+        &"--model",
+        &m,
+        &"--identity",
+        &"--identity-guard",
+        &"off",
+    ]));
     assert!(
         words.contains("identity (1 is unchanged") && words.contains("track 1 0."),
         "{words}"

@@ -157,7 +157,11 @@ fn every_contract_restores_stills_videos_folders_and_jobs() {
         assert!(d > 0.4, "{name}: the {what} is restored (mean change {d:.2})");
     };
     let server = common::server::Server::start_env(
-        &[&["--model", arg(&asset("models/standin/identity-512.onnx"))][..], &AS_GIVEN[..]].concat(),
+        &[
+            &["--model", arg(&asset("models/standin/identity-512.onnx"))][..],
+            &AS_GIVEN[..],
+        ]
+        .concat(),
         &[("XDG_CONFIG_HOME", &cfg), ("XDG_DATA_HOME", &data)],
     );
     let (_, info) = server.get("/v1/info");
@@ -180,7 +184,17 @@ fn every_contract_restores_stills_videos_folders_and_jobs() {
         changed("video in segments", name, &plain_clip, &out);
         let out_dir = dir.path().join(format!("out-{name}"));
         ok(&gpen_env(
-            &[&"batch", &folder, &out_dir, &"--model", &name, &AS_GIVEN[0], &AS_GIVEN[1], &AS_GIVEN[2], &AS_GIVEN[3]],
+            &[
+                &"batch",
+                &folder,
+                &out_dir,
+                &"--model",
+                &name,
+                &AS_GIVEN[0],
+                &AS_GIVEN[1],
+                &AS_GIVEN[2],
+                &AS_GIVEN[3],
+            ],
             &env,
         ));
         changed("folder's photo", name, &plain_still, &out_dir.join("photo.png"));

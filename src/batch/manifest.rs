@@ -215,6 +215,7 @@ mod tests {
             detector: crate::config::Asset(dir.path().join("missing.onnx")),
             mesh: None,
             identity: None,
+            quality: None,
             template: None,
             treatment: Default::default(),
         };

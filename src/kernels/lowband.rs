@@ -23,12 +23,12 @@ pub fn cells(size: usize) -> usize {
 /// Buffers reused between faces.
 #[derive(Default)]
 pub struct LowBand {
+    /// The sums of each column of the crop over one band of cell rows (RGB), `size * 3`.
+    columns: Vec<i32>,
     /// Each cell's mean (RGB), `cells * cells * 3`.
     grid: Vec<f32>,
-    /// The low band of one row of the crop, read from the grid, `cells * 3`.
-    row: Vec<f32>,
-    /// Per column of the crop: its left cell and the weight of the one right of it.
-    cols: Vec<(usize, f32)>,
+    /// Each row of cells read across the crop's width (RGB), `cells * size * 3`.
+    rows: Vec<f32>,
 }
 
 /// Where pixel `i` of `size` falls between the centres of `n` cells: the lower cell (so that
@@ -46,50 +46,55 @@ pub fn remove_low_band(change: &mut [i16], size: usize, s: &mut LowBand) {
     if size < 2 || change.len() < 3 * size * size {
         return;
     }
+    let width = 3 * size;
     let bounds: Vec<usize> = (0..=n).map(|k| k * size / n).collect();
     s.grid.clear();
     s.grid.resize(n * n * 3, 0.0);
-    // Each cell's mean, one band of cell rows at a time.
-    let mut sums = vec![0i64; n * 3];
+    s.columns.resize(width, 0);
+    // Each cell's mean: the columns summed over a band of cell rows (a cell row of a crop up
+    // to 2^16 rows tall fits an i32 at 2^15 a value), then the columns of each cell.
     for cy in 0..n {
-        sums.iter_mut().for_each(|v| *v = 0);
-        for y in bounds[cy]..bounds[cy + 1] {
-            let row = &change[y * size * 3..(y + 1) * size * 3];
-            for cx in 0..n {
-                let (mut r, mut g, mut b) = (0i64, 0i64, 0i64);
-                for p in row[bounds[cx] * 3..bounds[cx + 1] * 3].chunks_exact(3) {
-                    r += i64::from(p[0]);
-                    g += i64::from(p[1]);
-                    b += i64::from(p[2]);
-                }
-                sums[cx * 3] += r;
-                sums[cx * 3 + 1] += g;
-                sums[cx * 3 + 2] += b;
+        s.columns.iter_mut().for_each(|v| *v = 0);
+        for row in change[bounds[cy] * width..bounds[cy + 1] * width].chunks_exact(width) {
+            for (c, &v) in s.columns.iter_mut().zip(row) {
+                *c += i32::from(v);
             }
         }
         for cx in 0..n {
             let area = ((bounds[cy + 1] - bounds[cy]) * (bounds[cx + 1] - bounds[cx])).max(1) as f32;
-            for c in 0..3 {
-                s.grid[(cy * n + cx) * 3 + c] = sums[cx * 3 + c] as f32 / area;
+            let mut sum = [0i64; 3];
+            for p in s.columns[bounds[cx] * 3..bounds[cx + 1] * 3].chunks_exact(3) {
+                for (t, &v) in sum.iter_mut().zip(p) {
+                    *t += i64::from(v);
+                }
+            }
+            for (g, t) in s.grid[(cy * n + cx) * 3..][..3].iter_mut().zip(sum) {
+                *g = t as f32 / area;
             }
         }
     }
-    s.cols.clear();
-    s.cols.extend((0..size).map(|x| between(x, size, n)));
-    s.row.resize(n * 3, 0.0);
-    for y in 0..size {
-        let (cy, ty) = between(y, size, n);
-        let (top, bottom) = (&s.grid[cy * n * 3..(cy + 1) * n * 3], &s.grid[(cy + 1) * n * 3..(cy + 2) * n * 3]);
-        for ((o, a), b) in s.row.iter_mut().zip(top).zip(bottom) {
-            *o = a + (b - a) * ty;
-        }
-        let row = &mut change[y * size * 3..(y + 1) * size * 3];
-        for (p, &(cx, tx)) in row.chunks_exact_mut(3).zip(&s.cols) {
-            let (l, r) = (&s.row[cx * 3..cx * 3 + 3], &s.row[cx * 3 + 3..cx * 3 + 6]);
+    // Each row of cells read across the width, once; then each row of the crop is one blend
+    // of two of them.
+    s.rows.resize(n * width, 0.0);
+    for cy in 0..n {
+        let cells = &s.grid[cy * n * 3..(cy + 1) * n * 3];
+        let row = &mut s.rows[cy * width..(cy + 1) * width];
+        for (x, p) in row.chunks_exact_mut(3).enumerate() {
+            let (cx, tx) = between(x, size, n);
             for c in 0..3 {
-                let low = l[c] + (r[c] - l[c]) * tx;
-                p[c] = round_steps(f32::from(p[c]) - low);
+                let (l, r) = (cells[cx * 3 + c], cells[cx * 3 + 3 + c]);
+                p[c] = l + (r - l) * tx;
             }
+        }
+    }
+    for (y, row) in change.chunks_exact_mut(width).take(size).enumerate() {
+        let (cy, ty) = between(y, size, n);
+        let (top, bottom) = (
+            &s.rows[cy * width..(cy + 1) * width],
+            &s.rows[(cy + 1) * width..(cy + 2) * width],
+        );
+        for ((p, &a), &b) in row.iter_mut().zip(top).zip(bottom) {
+            *p = round_steps(f32::from(*p) - (a + (b - a) * ty));
         }
     }
 }

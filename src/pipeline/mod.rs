@@ -189,6 +189,7 @@ fn run_wired(
         identity: job.identity,
         each_face: job.faces_json.is_some() && !job.boxes_only,
         identity_model: job.identity_model.clone(),
+        quality_model: job.quality_model.clone(),
     };
     let (cancel, output) = (&job.cancel, job.output.as_path());
     wire(

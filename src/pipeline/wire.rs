@@ -92,6 +92,8 @@ pub(crate) struct Middle {
     pub each_face: bool,
     /// The face-identity model the settings resolved (see `config::Recipe::identity`).
     pub identity_model: Option<std::path::PathBuf>,
+    /// BRISQUE's parameters (see `config::Recipe::quality`).
+    pub quality_model: Option<std::path::PathBuf>,
 }
 
 /// What an encode stage reports: its clock, the faces it wrote, the frames with faces, and
@@ -342,8 +344,8 @@ fn prepare(
             &m,
             &engine.identity_opts,
             &middle.treatment,
-            middle.each_face,
-            engine.key.rotation,
+            middle.quality_model.as_deref(),
+            (middle.each_face, engine.key.rotation),
         )?),
         _ => None,
     };

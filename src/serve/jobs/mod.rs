@@ -1087,9 +1087,11 @@ impl Jobs {
             crate::pipeline::run(&mut engine, &job, progress)?;
         }
         // Where the faces are is for the page: a record that cannot be made costs no result.
-        Ok(super::face_boxes::keep(&dir, &job.source, rec.kind == "photo", job.view().blend)
-            .map_err(|e| tracing::warn!(job = %rec.id, "no faces record: {e:#}"))
-            .ok())
+        Ok(
+            super::face_boxes::keep(&dir, &job.source, rec.kind == "photo", job.view().blend)
+                .map_err(|e| tracing::warn!(job = %rec.id, "no faces record: {e:#}"))
+                .ok(),
+        )
     }
 
     /// The settings and the job of `rec`, run from its folder, stopped by `cancel`.
