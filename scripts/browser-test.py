@@ -81,6 +81,10 @@ def check_cancel_and_lanes(page, film, photo2, problems):
         problems.append(f"the photo's faces read {faces!r}")
     if "of 1 frames" in it.inner_text():
         problems.append("a photo reads in frames")
+    faithful = it.locator(".faithful")
+    words = faithful.inner_text() if faithful.count() else ""
+    if "identity 1.00" not in words or "as sharp as before" not in words:
+        problems.append(f"the photo's faces do not say who they are and how sharp: {words!r}")
     f = item(page, os.path.basename(film))
     f.locator("button.cancel").click()
     until(lambda: state_of(page, os.path.basename(film)) == "cancelled", 30, "the film cancelled")

@@ -294,6 +294,7 @@ impl Summary {
             peak_rss_bytes: self.peak_rss,
             faces_not_finite: self.faces_not_finite(),
             identity: &self.identity,
+            quality_metric: self.identity.iter().any(|t| t.quality.is_some()).then_some("brisque"),
             flicker: self.flicker.map(|f| FlickerJson {
                 output_levels: f.output(),
                 unfiltered_levels: f.unfiltered(),
@@ -372,6 +373,9 @@ struct SummaryJson<'a> {
     /// Each track's identity figure, when measured.
     #[serde(skip_serializing_if = "<[TrackIdentity]>::is_empty")]
     identity: &'a [TrackIdentity],
+    /// The no-reference quality measure of the tracks' `quality` (lower is better).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    quality_metric: Option<&'static str>,
     stages: Vec<StageJson>,
     workers: Vec<WorkerJson<'a>>,
 }

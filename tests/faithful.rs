@@ -297,6 +297,7 @@ fn a_blur_reads_worse_and_an_unchanged_face_the_same() {
         let (before, after) = quality.unwrap();
         assert!(after > before + 5.0, "frame {frame}: quality {before:.1} -> {after:.1}");
     }
+    assert_eq!(stats["quality_metric"], "brisque");
     let q = &stats["identity"][0]["quality"];
     assert!(q["after"].as_f64().unwrap() > q["before"].as_f64().unwrap(), "{stats}");
     let (_, faces, _, err) = run(

@@ -94,6 +94,15 @@ fn a_video_and_a_photo_job_restore_as_the_cli_does_and_results_are_read_by_range
     assert_eq!(done["state"], "done", "{done}");
     assert_eq!(done["progress"], 1.0);
     assert_eq!(done["frames_done"], 60);
+    // What the faces became, for the page: the identity stand-in keeps who the face is and its
+    // quality; the guard held nobody back.
+    let f = &done["faithful"];
+    assert!(f["identity"].as_f64().unwrap() > 0.99, "{done}");
+    assert!(f["guarded"].is_null(), "{done}");
+    assert!(
+        (f["quality_before"].as_f64().unwrap() - f["quality_after"].as_f64().unwrap()).abs() < 0.01,
+        "{done}"
+    );
     let (status, h, whole) = server.call(
         "GET",
         &format!("/v1/jobs/{id}/result"),
@@ -109,11 +118,15 @@ fn a_video_and_a_photo_job_restore_as_the_cli_does_and_results_are_read_by_range
     std::fs::write(&got, &whole).unwrap();
     let want = dir.path().join("cli.mp4");
     cli_run(&video, &want);
-    assert_eq!(
-        framemd5(&got, "0:v", false),
-        framemd5(&want, "0:v", false),
-        "the job's frames differ from the CLI's"
-    );
+    // The same pictures encoded by x264 at crf 18: about one run in ten, x264's choices for a
+    // few blocks differ between two runs of the same pictures here (lossless outputs are equal
+    // every time), so the frames are held to 45 dB of each other, not to the bit.
+    let ((w, _, a), (_, _, b)) = (rgb_frames(&got), rgb_frames(&want));
+    assert_eq!(a.len(), b.len());
+    for (i, (x, y)) in a.iter().zip(&b).enumerate() {
+        let (db, _) = psnr(x, y, w, |_, _| true);
+        assert!(db > 45.0, "the job's frame {i} differs from the CLI's: {db:.1} dB");
+    }
     assert_eq!(framemd5(&got, "0:a", true), framemd5(&video, "0:a", true), "audio kept");
     // Byte ranges, as a browser's player asks them.
     let n = whole.len();
