@@ -299,6 +299,10 @@ def main():
             page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
             page.goto(url)
             page.wait_for_selector("#mask option", state="attached")
+            # The colour fix and the identity guard start at the service's own settings.
+            fix, guard = page.locator("#color-fix").input_value(), page.locator("#identity-guard").input_value()
+            if (fix, guard) != ("wavelet", "back-off"):
+                problems.append(f"the colour fix and the guard start at {fix!r} and {guard!r}")
             page.set_input_files("input[type=file]", [photo, clip])
             # Polled through locators (the page's Content-Security-Policy allows no eval, which
             # wait_for_function would need).

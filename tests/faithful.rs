@@ -281,6 +281,22 @@ fn a_cast_is_kept_out_and_the_sharpening_kept() {
         detail_after > 1.5 * detail_before,
         "the sharpening was lost: {detail_before:.1} -> {detail_after:.1}"
     );
+    // A still the same way.
+    let (png, out) = (dir.path().join("collins.png"), dir.path().join("fixed.png"));
+    let json = dir.path().join("still.faces.json");
+    ok(&gpen(&[&png, &out, &"--model", &model, &"--faces-json", &json]));
+    let b = faces_json(&json)[0].1[0];
+    let (_, _, input) = rgb_frames(&png);
+    let (before, _) = face_colour_and_detail(&input, 512, &[b]);
+    let (after, _) = face_colour_and_detail(&rgb_frames(&out).2, 512, &[b]);
+    for c in 0..3 {
+        assert!(
+            (after[c] - before[c]).abs() <= 2.0,
+            "still, channel {c}: {:.2} -> {:.2}",
+            before[c],
+            after[c]
+        );
+    }
 }
 
 /// A restorer that blurs reads worse after than before on every face measured (BRISQUE: higher);
