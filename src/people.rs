@@ -383,13 +383,14 @@ pub struct IdentityMeter {
 }
 
 impl IdentityMeter {
-    /// A meter with the identity model at `model` for `treatment` (its guard, face distance and
-    /// colour fix), and BRISQUE's parameters at `quality` where given, measuring every face
-    /// (`each`) or a few views of each track; `rotation` is the video's display rotation.
+    /// A meter with the identity model at `model` for a run's `guard`, face distance (`near`)
+    /// and colour fix (`fix`), and BRISQUE's parameters at `quality` where given, measuring
+    /// every face (`each`) or a few views of each track; `rotation` is the video's display
+    /// rotation.
     pub fn new(
         model: &Path,
         opts: &crate::runtime::SessionOptions,
-        treatment: &crate::treatment::Treatment,
+        (guard, near, fix): (Guard, f32, bool),
         quality: Option<&Path>,
         (each, rotation): (bool, u32),
     ) -> Result<Self> {
@@ -400,9 +401,9 @@ impl IdentityMeter {
         Ok(IdentityMeter {
             identifier,
             each,
-            guard: treatment.identity_guard,
-            near: treatment.selection.face_distance,
-            fix: treatment.color_fix == crate::faces::paste::ColorFix::Wavelet,
+            guard,
+            near,
+            fix,
             rotation,
             quality: quality.map(|b| (b, Default::default())),
             tracks: Default::default(),

@@ -343,7 +343,11 @@ fn prepare(
         Some(m) if steps.contains(&Step::Identity) => Some(crate::people::IdentityMeter::new(
             &m,
             &engine.identity_opts,
-            &middle.treatment,
+            (
+                middle.treatment.identity_guard,
+                middle.treatment.selection.face_distance,
+                middle.treatment.color_fix == crate::faces::paste::ColorFix::Wavelet,
+            ),
             middle.quality_model.as_deref(),
             (middle.each_face, engine.key.rotation),
         )?),
