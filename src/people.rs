@@ -326,8 +326,7 @@ fn view_worth(face: &crate::frame::Face, rotation: u32) -> f32 {
 
 /// What the identity stage knows of one track.
 struct TrackMeter {
-    /// Faces seen (written frames), the first and last frame.
-    seen: u64,
+    /// The first and last frame seen.
     frames: [u64; 2],
     /// Its best view described, and views described.
     best: f32,
@@ -346,7 +345,6 @@ struct TrackMeter {
 impl TrackMeter {
     fn new(frame: u64) -> Self {
         TrackMeter {
-            seen: 0,
             frames: [frame, frame],
             best: 0.0,
             views: 0,
@@ -433,7 +431,6 @@ impl IdentityMeter {
         if job.track.is_none() {
             *t = TrackMeter::new(index);
         }
-        t.seen += 1;
         t.frames[1] = index;
         let due = self.each || t.views == 0 || (t.views < TRACK_VIEWS && worth > BETTER_VIEW * t.best);
         if due {
