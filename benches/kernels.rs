@@ -152,6 +152,7 @@ fn main() {
             to_crop,
             region: region.expect("on the frame"),
             mask: None,
+            fix: false,
         }];
         // The changes' buffers come back for the next call, as the paste stage's pool gives
         // them back (a fresh buffer each call would time its page faults, not the paste).

@@ -28,6 +28,9 @@ In: an output folder. Out: ONNX files whose input `input` and output `output` ar
                                           a restorer that returns another real person's aligned
                                           face (RAW: that face as planar RGB24 bytes at 256,
                                           written by the test that asks for it)
+  person-fidelity-256.onnx (on request: `person-fidelity RAW OUT`)  y = w x + (1 - w) face, with
+                                          CodeFormer's `weight` input (float64 [1]): another
+                                          person's face at fidelity 0, the input itself at 1
 Files of the contracts of facefusion's enhancers, batch fixed at 1 as those files declare it
 (input `input` float32 [1,3,S,S]; the image output first, or the one shaped like the input):
   ff-gfpgan-512.onnx                      GFPGAN 1.2/1.3/1.4's: y = 0.6 x - 0.2
@@ -136,6 +139,31 @@ def build_person(raw: str, size: int = 256) -> onnx.ModelProto:
         helper.make_node("Add", ["none", "levels"], ["output"]),
     ]
     return _finish(nodes, "person-standin", [x], [y], inits, "person", size)
+
+
+def build_person_fidelity(raw: str, size: int = 256) -> onnx.ModelProto:
+    """y = w x + (1 - w) face: `build_person`'s face, less of it the higher the fidelity `weight`."""
+    person = build_person(raw, size)
+    face = next(t for t in person.graph.initializer if t.name == "face")
+    x = helper.make_tensor_value_info("input", TensorProto.FLOAT, ["N", 3, size, size])
+    w = helper.make_tensor_value_info("weight", TensorProto.DOUBLE, [1])
+    y = helper.make_tensor_value_info("output", TensorProto.FLOAT, ["N", 3, size, size])
+    inits = [
+        face,
+        numpy_helper.from_array(np.array(1 / 127.5, np.float32), "scale"),
+        numpy_helper.from_array(np.array(1.0, np.float32), "one"),
+    ]
+    nodes = [
+        helper.make_node("Cast", ["face"], ["facef"], to=TensorProto.FLOAT),
+        helper.make_node("Mul", ["facef", "scale"], ["scaled"]),
+        helper.make_node("Sub", ["scaled", "one"], ["levels"]),
+        helper.make_node("Cast", ["weight"], ["wf"], to=TensorProto.FLOAT),
+        helper.make_node("Sub", ["one", "wf"], ["rest"]),
+        helper.make_node("Mul", ["input", "wf"], ["kept"]),
+        helper.make_node("Mul", ["levels", "rest"], ["other"]),
+        helper.make_node("Add", ["kept", "other"], ["output"]),
+    ]
+    return _finish(nodes, "person-fidelity-standin", [x, w], [y], inits, "person-fidelity", size)
 
 
 def build_codeformer(size: int = 512) -> onnx.ModelProto:
@@ -259,5 +287,7 @@ def main(out: str) -> None:
 if __name__ == "__main__":
     if len(sys.argv) == 4 and sys.argv[1] == "person":
         save(build_person(sys.argv[2]), sys.argv[3])
+    elif len(sys.argv) == 4 and sys.argv[1] == "person-fidelity":
+        save(build_person_fidelity(sys.argv[2]), sys.argv[3])
     else:
         main(sys.argv[1] if len(sys.argv) > 1 else "models/standin")

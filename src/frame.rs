@@ -207,6 +207,8 @@ pub struct FaceJob {
     /// The blend the face was pasted at: the picture's, times the share of the model's change
     /// the identity guard gave its track (where the guard backs off).
     pub blend: Option<f32>,
+    /// The fidelity the identity guard ran the face at, where it raised the run's.
+    pub fidelity: Option<f32>,
     /// The face's no-reference quality (BRISQUE, lower is better) in the model's crop before
     /// and after restoration, where measured.
     pub quality: Option<[f32; 2]>,
@@ -228,6 +230,7 @@ impl FaceJob {
             left: None,
             identity: None,
             blend: None,
+            fidelity: None,
             quality: None,
         }
     }

@@ -324,6 +324,15 @@ fn view_worth(face: &crate::frame::Face, rotation: u32) -> f32 {
     upright * (1.0 - 2.0 * (l[2][0] - mid).abs() / eyes).clamp(0.05, 1.0)
 }
 
+/// The fidelities a track the guard finds another person is run at again, in order, before its
+/// share of the change is lowered, on a model with a fidelity input (CodeFormer's `weight`: 1
+/// most faithful); only those above the fidelity its faces were run at.
+const FIDELITY_UP: [f32; 2] = [0.75, 1.0];
+
+/// Runs one crop (planar RGB24 at the model's size) through the run's model at a fidelity:
+/// its change, or `None` where the model gave values that are not finite.
+pub type Rerun<'a> = dyn FnMut(&[u8], f32) -> Result<Option<Vec<i16>>> + 'a;
+
 /// What the identity stage knows of one track.
 struct TrackMeter {
     /// The first and last frame seen.
@@ -331,11 +340,14 @@ struct TrackMeter {
     /// Its best view described, and views described.
     best: f32,
     views: u32,
-    /// The identity of what is pasted, and the restorer's own, per face measured.
+    /// The identity of what is pasted per face measured, and the restorer's own per face
+    /// measured as the run's settings ran it.
     pasted: Vec<f32>,
     own: Vec<f32>,
     /// The share of the model's change its faces get (the guard's; 1 until it acts).
     share: f32,
+    /// The fidelity the guard runs its faces at, where it raised it.
+    fidelity: Option<f32>,
     /// The restorer's own identity when the guard first found it another person.
     flagged: Option<f32>,
     /// Quality before and after, per face measured.
@@ -351,6 +363,7 @@ impl TrackMeter {
             pasted: Vec::new(),
             own: Vec::new(),
             share: 1.0,
+            fidelity: None,
             flagged: None,
             quality: Vec::new(),
         }
@@ -363,11 +376,15 @@ impl TrackMeter {
 /// at the picture's blend) are compared in the model's crop, on the calibrated scale of
 /// [`identity_of`]. With the guard backing off, a track whose pasted face lies `--face-distance`
 /// or farther from the original gets less of the model's change ([`BACK_OFF`]) until it is the
-/// same person again, or none; its faces' changes are scaled here, before the paste.
+/// same person again, or none; its faces' changes are scaled here, before the paste. On a model
+/// with a fidelity input the track's faces are first run again at a higher fidelity
+/// ([`FIDELITY_UP`]), and only then is the share lowered.
 pub struct IdentityMeter {
     identifier: Identifier,
     each: bool,
     guard: Guard,
+    /// The run's fidelity, on a model with a fidelity input the guard may raise.
+    fidelity: Option<f32>,
     near: f32,
     fix: bool,
     rotation: u32,
@@ -400,6 +417,7 @@ impl IdentityMeter {
             identifier,
             each,
             guard,
+            fidelity: None,
             near,
             fix,
             rotation,
@@ -412,15 +430,34 @@ impl IdentityMeter {
         })
     }
 
-    /// Looks at one restored face of frame `index` (not a warm-up frame's): measures it when
+    /// Lets the guard (backing off) run a track's faces again at a higher fidelity than the
+    /// run's `fidelity` before it lowers their share: a model with a fidelity input.
+    pub fn raising(mut self, fidelity: f32) -> Self {
+        self.fidelity = (self.guard == Guard::BackOff).then_some(fidelity);
+        self
+    }
+
+    /// Whether the guard may run faces again at a higher fidelity (see
+    /// [`IdentityMeter::raising`]).
+    pub fn raises(&self) -> bool {
+        self.fidelity.is_some()
+    }
+
+    /// The fidelity the guard runs `track`'s faces at, where it raised it.
+    pub fn raised(&self, track: Option<u64>) -> Option<f32> {
+        self.tracks.get(&Some(track?)).and_then(|t| t.fidelity)
+    }
+
+    /// Looks at one restored face of frame `index` (a warm-up frame's too): measures it when
     /// due, from `crop` (planar RGB24 of `size`, the crop the model was given) and its change,
-    /// at the picture's `blend`; then gives its change the track's share (the guard's).
+    /// at the picture's `blend`, running it again through `rerun` at a higher fidelity where the
+    /// guard raises its track's; then gives its change the track's share (the guard's).
     pub(crate) fn look(
         &mut self,
         job: &mut crate::frame::FaceJob,
         (crop, size): (&[u8], usize),
-        index: u64,
-        blend: f32,
+        (index, blend): (u64, f32),
+        rerun: &mut Rerun<'_>,
     ) -> Result<()> {
         if job.restored.is_none() {
             return Ok(());
@@ -436,7 +473,7 @@ impl IdentityMeter {
         if due {
             t.views += 1;
             t.best = t.best.max(worth);
-            self.measure(job, (crop, size), blend)?;
+            self.measure(job, (crop, size), blend, rerun)?;
         }
         let t = &self.tracks[&job.track];
         if self.guard == Guard::BackOff {
@@ -452,13 +489,9 @@ impl IdentityMeter {
         Ok(())
     }
 
-    /// Measures `job` (see [`IdentityMeter::look`]), backing its track off when the guard says.
-    fn measure(&mut self, job: &mut crate::frame::FaceJob, (crop, size): (&[u8], usize), blend: f32) -> Result<()> {
+    /// Takes `change` as it will be pasted (colour fixed), in levels, into `self.change`.
+    fn load_change(&mut self, change: &[i16], size: usize) {
         let plane = size * size;
-        let Some(change) = job.restored.as_deref().filter(|c| c.len() >= 3 * plane) else {
-            return Ok(());
-        };
-        // The change as it will be pasted (colour fixed), in levels.
         let mut fixed;
         let change: &[i16] = if self.fix {
             fixed = change.to_vec();
@@ -470,6 +503,25 @@ impl IdentityMeter {
         self.change.clear();
         self.change
             .extend(change[..3 * plane].iter().map(|&v| crate::kernels::change_levels(v)));
+    }
+
+    /// Measures `job` (see [`IdentityMeter::look`]), raising its track's fidelity and backing it
+    /// off when the guard says.
+    fn measure(
+        &mut self,
+        job: &mut crate::frame::FaceJob,
+        (crop, size): (&[u8], usize),
+        blend: f32,
+        rerun: &mut Rerun<'_>,
+    ) -> Result<()> {
+        let plane = size * size;
+        let Some(change) = job.restored.as_deref().filter(|c| c.len() >= 3 * plane) else {
+            return Ok(());
+        };
+        let change = change.to_vec();
+        self.load_change(&change, size);
+        // Run at the run's fidelity: the restorer's own identity is the run's.
+        let at_run = job.fidelity.is_none();
         let points = job.face.landmarks.map(|[x, y]| {
             let (u, v) = job.to_crop.apply(f64::from(x), f64::from(y));
             [u as f32, v as f32]
@@ -482,8 +534,9 @@ impl IdentityMeter {
             }
         }
         let a = chip(given, (size, size), &points, &mut self.scratch);
-        // The restorer's own (its whole change at the picture's blend), then what the track's
-        // share pastes, backed off further while it is someone else.
+        // The restorer's own (its whole change at the picture's blend, at the fidelity the face
+        // was run at), then what the track's share pastes: run again at a higher fidelity, then
+        // backed off further, while it is someone else.
         let mut share = self.tracks[&job.track].share;
         let b = self.pasted_chip(blend, size, &points);
         let ds = self.identifier.describe(&[&a, &b])?;
@@ -504,6 +557,23 @@ impl IdentityMeter {
                     let b = self.pasted_chip(share * blend, size, &points);
                     distance(&original, &self.identifier.describe(&[&b])?[0])
                 };
+            }
+            if let Some(run_at) = self.fidelity {
+                let from = job.fidelity.unwrap_or(run_at);
+                for &f in FIDELITY_UP.iter().filter(|&&f| f > from) {
+                    if dist < self.near {
+                        break;
+                    }
+                    let Some(again) = rerun(crop, f)?.filter(|c| c.len() >= 3 * plane) else {
+                        break;
+                    };
+                    self.load_change(&again, size);
+                    job.restored = Some(again);
+                    job.fidelity = Some(f);
+                    self.tracks.get_mut(&job.track).expect("the track was entered").fidelity = Some(f);
+                    let b = self.pasted_chip(share * blend, size, &points);
+                    dist = distance(&original, &self.identifier.describe(&[&b])?[0]);
+                }
             }
             let from = share;
             for &s in BACK_OFF.iter().filter(|&&s| s < from) {
@@ -539,7 +609,9 @@ impl IdentityMeter {
         t.share = share;
         let figure = identity_of(dist);
         t.pasted.push(figure);
-        t.own.push(identity_of(own));
+        if at_run {
+            t.own.push(identity_of(own));
+        }
         job.identity = Some(figure);
         Ok(())
     }
@@ -580,7 +652,15 @@ impl IdentityMeter {
                     let done = match what {
                         "warned" => "left as restored (--identity-guard warn)".to_string(),
                         "left as it was" => "left as it was: no share of the model's change kept them the same person".to_string(),
-                        _ => format!("given {:.2} of the model's change (identity {:.2})", t.share, pasted),
+                        _ => {
+                            let raised = t.fidelity.map_or(String::new(), |f| {
+                                format!(
+                                    "run again at fidelity {f:.2} (the run's {:.2}) and ",
+                                    self.fidelity.unwrap_or(f)
+                                )
+                            });
+                            format!("{raised}given {:.2} of the model's change (identity {:.2})", t.share, pasted)
+                        }
                     };
                     tracing::warn!(
                         "{who} (frames {first}-{last}): the restored faces are no longer the same person (identity {:.2}, the same person above {:.2} at --face-distance {}): {done}",
@@ -596,6 +676,7 @@ impl IdentityMeter {
                     own,
                     same: distance_of(pasted) < self.near,
                     share: t.share,
+                    fidelity: t.fidelity,
                     guard,
                     frames: t.frames,
                     measured: t.pasted.len() as u64,

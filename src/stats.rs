@@ -239,6 +239,10 @@ pub struct TrackIdentity {
     pub same: bool,
     /// The share of the model's change the guard gave the track (1 unless it backed off).
     pub share: f32,
+    /// The fidelity the guard ran its faces at, where it raised the run's (a model with a
+    /// fidelity input).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fidelity: Option<f32>,
     /// What the guard did: `backed off`, `left as it was` or `warned`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub guard: Option<&'static str>,

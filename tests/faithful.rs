@@ -45,12 +45,17 @@ fn biden() -> (Vec<u8>, image::RgbImage) {
 
 /// The stand-in that returns Biden's aligned face whatever it is given (built in `dir`).
 fn person_standin(dir: &Path, face: &[u8]) -> PathBuf {
-    let (raw, model) = (dir.join("biden-256.raw"), dir.join("person-256.onnx"));
+    standin(dir, face, "person")
+}
+
+/// The stand-in `kind` (`person`, `person-fidelity`) around Biden's aligned face, built in `dir`.
+fn standin(dir: &Path, face: &[u8], kind: &str) -> PathBuf {
+    let (raw, model) = (dir.join("biden-256.raw"), dir.join(format!("{kind}-256.onnx")));
     std::fs::write(&raw, face).unwrap();
     let out = std::process::Command::new(asset(".deps/venv/bin/python"))
         .args([
             asset("models/make_standins.py").as_os_str(),
-            "person".as_ref(),
+            kind.as_ref(),
             raw.as_os_str(),
             model.as_os_str(),
         ])
@@ -137,29 +142,18 @@ fn run(
     (out, face_figures(&faces), stats, err)
 }
 
-/// A restorer that turns Eileen Collins into Joe Biden: by default the guard backs her track
-/// off until she is herself again (and says so, naming the track and its frames); Biden's own
-/// track, which the stand-in leaves Biden, is untouched. `warn` reads another person (at most
-/// 0.5) and changes nothing of `off`'s output.
-#[test]
-fn another_persons_face_is_backed_off_on_that_track_only() {
-    let dir = tempfile::tempdir().unwrap();
-    let (face, square) = biden();
-    let model = person_standin(dir.path(), &face);
+/// Collins (left) beside Biden (right), a one-second still clip in `dir`.
+fn collins_and_biden(dir: &Path, square: &image::RgbImage) -> PathBuf {
     let collins = image::open(asset("samples/astronaut.png")).unwrap().to_rgb8();
     let mut both = image::RgbImage::new(1024, 512);
     image::imageops::replace(&mut both, &collins, 0, 0);
-    image::imageops::replace(&mut both, &square, 512, 0);
-    let clip = still_clip(dir.path(), &both, "two");
+    image::imageops::replace(&mut both, square, 512, 0);
+    still_clip(dir, &both, "two")
+}
 
-    // The guard alone: the colour fix keeps the original's broad light and dark (her dark hair
-    // and face), which makes much of her again by itself (measured apart below).
-    let (guarded, faces, stats, err) = run(dir.path(), &clip, &model, "guarded", &["--color-fix", "off"]);
-    let tracks = stats["identity"].as_array().unwrap();
-    assert_eq!(tracks.len(), 2, "{stats}");
-    // Collins is the left face, Biden the right: tell their tracks by the faces record's order.
-    let json: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.path().join("guarded.faces.json")).unwrap()).unwrap();
+/// The tracks of Collins (the left face) and Biden in a faces record.
+fn her_and_his(json: &Path) -> (u64, u64) {
+    let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(json).unwrap()).unwrap();
     let track_at = |left: bool| -> u64 {
         let f = json[0]["faces"]
             .as_array()
@@ -169,7 +163,93 @@ fn another_persons_face_is_backed_off_on_that_track_only() {
             .unwrap();
         f["track"].as_u64().unwrap()
     };
-    let (her, his) = (track_at(true), track_at(false));
+    (track_at(true), track_at(false))
+}
+
+/// A restorer with a fidelity input (CodeFormer's contract) that gives Biden's face at fidelity
+/// 0 and the input at 1: run at 0, the guard runs Collins' faces again at a higher fidelity
+/// before it lowers their share, so she is herself again with the whole of a more faithful
+/// change; Biden's track keeps the run's fidelity.
+#[test]
+fn a_fidelity_model_is_run_again_more_faithfully_before_its_share_is_lowered() {
+    let dir = tempfile::tempdir().unwrap();
+    let (face, square) = biden();
+    let model = standin(dir.path(), &face, "person-fidelity");
+    let clip = collins_and_biden(dir.path(), &square);
+    let at_zero = ["--fidelity", "0", "--color-fix", "off"];
+    let (guarded, _, stats, err) = run(dir.path(), &clip, &model, "raised", &at_zero);
+    let (her, his) = her_and_his(&dir.path().join("raised.faces.json"));
+    let tracks = stats["identity"].as_array().unwrap();
+    let of = |t: u64| tracks.iter().find(|r| r["track"] == t).unwrap();
+    assert_eq!(of(her)["guard"], "backed off", "{stats}");
+    assert!(of(her)["identity_restorer"].as_f64().unwrap() <= 0.5, "{stats}");
+    let raised = of(her)["fidelity"].as_f64().unwrap();
+    assert!(raised >= 0.75, "{stats}");
+    assert_eq!(of(her)["share"].as_f64(), Some(1.0), "{stats}");
+    assert_eq!(of(her)["same"], true, "{stats}");
+    assert!(of(his)["fidelity"].is_null() && of(his)["guard"].is_null(), "{stats}");
+    assert!(
+        err.contains(&format!("track {her} (frames 0-9)"))
+            && err.contains(&format!("run again at fidelity {raised:.2} (the run's 0.00)")),
+        "{err}"
+    );
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("raised.faces.json")).unwrap()).unwrap();
+    for frame in json.as_array().unwrap() {
+        for f in frame["faces"].as_array().unwrap() {
+            if f["track"] == her {
+                // Every face of hers, the first included, was pasted from the raised fidelity.
+                assert_eq!(f["fidelity"].as_f64(), Some(raised), "{frame}");
+                assert_eq!(f["blend"].as_f64(), Some(1.0), "{frame}");
+                assert!(f["identity"].as_f64().unwrap() > 0.5, "{frame}");
+            } else {
+                assert!(f["fidelity"].is_null(), "{frame}");
+            }
+        }
+    }
+    // Her faces at the raised fidelity are what a run at it gives them.
+    let (whole, _, _, _) = run(
+        dir.path(),
+        &clip,
+        &model,
+        "whole",
+        &[
+            "--fidelity",
+            &format!("{raised}"),
+            "--color-fix",
+            "off",
+            "--identity-guard",
+            "off",
+        ],
+    );
+    let (w, _, guarded) = rgb_frames(&guarded);
+    let (_, _, whole) = rgb_frames(&whole);
+    for (g, o) in guarded.iter().zip(&whole) {
+        let row = 3 * w;
+        for y in 0..512 {
+            assert_eq!(g[y * row..][..3 * 448], o[y * row..][..3 * 448], "row {y}");
+        }
+    }
+}
+
+/// A restorer that turns Eileen Collins into Joe Biden: by default the guard backs her track
+/// off until she is herself again (and says so, naming the track and its frames); Biden's own
+/// track, which the stand-in leaves Biden, is untouched. `warn` reads another person (at most
+/// 0.5) and changes nothing of `off`'s output.
+#[test]
+fn another_persons_face_is_backed_off_on_that_track_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let (face, square) = biden();
+    let model = person_standin(dir.path(), &face);
+    let clip = collins_and_biden(dir.path(), &square);
+
+    // The guard alone: the colour fix keeps the original's broad light and dark (her dark hair
+    // and face), which makes much of her again by itself (measured apart below).
+    let (guarded, faces, stats, err) = run(dir.path(), &clip, &model, "guarded", &["--color-fix", "off"]);
+    let tracks = stats["identity"].as_array().unwrap();
+    assert_eq!(tracks.len(), 2, "{stats}");
+    // Collins is the left face, Biden the right.
+    let (her, his) = her_and_his(&dir.path().join("guarded.faces.json"));
     let of = |t: u64| tracks.iter().find(|r| r["track"] == t).unwrap();
     assert!(of(her)["guard"].is_string(), "{stats}");
     assert!(of(her)["identity_restorer"].as_f64().unwrap() <= 0.5, "{stats}");
@@ -280,6 +360,36 @@ fn a_cast_is_kept_out_and_the_sharpening_kept() {
     assert!(
         detail_after > 1.5 * detail_before,
         "the sharpening was lost: {detail_before:.1} -> {detail_after:.1}"
+    );
+    // A face small in the frame (about 30 pixels wide, a fifth of the crop's face), whose
+    // change the paste samples from a level of it: the fix is taken off there.
+    let small = image::imageops::resize(&collins, 160, 160, image::imageops::FilterType::Triangle);
+    let mut frame = image::RgbImage::new(320, 240);
+    image::imageops::replace(&mut frame, &small, 80, 40);
+    let clip = still_clip(dir.path(), &frame, "small");
+    let (fixed, _, _, _) = run(dir.path(), &clip, &model, "small-fixed", &[]);
+    let (cast, _, _, _) = run(dir.path(), &clip, &model, "small-cast", &["--color-fix", "off"]);
+    let boxes: Vec<[f64; 4]> = faces_json(&dir.path().join("small-fixed.faces.json"))
+        .iter()
+        .map(|(_, b)| b[0])
+        .collect();
+    assert!(boxes.iter().all(|b| b[2] - b[0] < 40.0), "{boxes:?}");
+    let (before, _) = face_colour_and_detail(&rgb_frames(&clip).2, 320, &boxes);
+    let (after, _) = face_colour_and_detail(&rgb_frames(&fixed).2, 320, &boxes);
+    let (passed, _) = face_colour_and_detail(&rgb_frames(&cast).2, 320, &boxes);
+    for c in 0..3 {
+        assert!(
+            (after[c] - before[c]).abs() <= 2.0,
+            "small face, channel {c}: {:.2} -> {:.2}",
+            before[c],
+            after[c]
+        );
+    }
+    assert!(
+        passed[0] - before[0] >= 12.0,
+        "small face, red {:.2} -> {:.2} without it",
+        before[0],
+        passed[0]
     );
     // A still the same way.
     let (png, out) = (dir.path().join("collins.png"), dir.path().join("fixed.png"));

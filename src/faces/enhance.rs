@@ -250,6 +250,11 @@ impl Enhancer {
         self.fidelity = w;
     }
 
+    /// The fidelity a model with a weight input is given.
+    pub fn fidelity(&self) -> f32 {
+        self.fidelity
+    }
+
     /// Batch sizes that have buffers bound so far.
     pub fn bound_sizes(&self) -> Vec<usize> {
         (0..self.bound.len()).filter(|&i| self.bound[i].is_some()).collect()

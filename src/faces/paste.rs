@@ -470,6 +470,23 @@ pub struct Paste<'a> {
     pub region: Rect,
     /// The face's own mask (its mesh outline), instead of the shared one.
     pub mask: Option<&'a Mask>,
+    /// The colour fix, where the paste takes it off (see [`fixed_from_a_level`]): the change's
+    /// low band removed from the level the face is sampled from.
+    pub fix: bool,
+}
+
+/// Whether a face at `to_crop` of a crop of `size` is sampled from one of its change's levels
+/// (a face much smaller in the frame than its crop), where the colour fix is cheapest taken
+/// off ([`crate::kernels::lowband::remove_low_band_from_level`]: a quarter of the crop's pixels
+/// or fewer); the others' change is fixed whole before the paste.
+pub fn fixed_from_a_level(to_crop: &Affine, size: usize) -> bool {
+    level_of(to_crop, size) > 0
+}
+
+/// The level of its change a face at `to_crop` of a crop of `size` is sampled from.
+fn level_of(to_crop: &Affine, size: usize) -> u32 {
+    // Frame pixels per crop pixel inverted: crop pixels one frame pixel covers.
+    mip_level(to_crop.scale() * 2.0 / MIP_FROM, 5.min(size.ilog2().saturating_sub(3)))
 }
 
 /// Reusable buffers of the paste stage: mip levels of one change crop and the accumulation
@@ -490,6 +507,8 @@ struct Levels {
     widened: Vec<f32>,
     /// The CPU level the halving runs at (the detected one).
     cpu: crate::kernels::Cpu,
+    /// The colour fix's buffers.
+    low: crate::kernels::lowband::LowBand,
 }
 
 /// What pasting `faces` changes in the frame, one [`Change`] per group of overlapping faces.
@@ -609,6 +628,7 @@ pub fn paste(frame: &mut [u8], width: usize, change: &[i16], to_crop: &Affine, r
         to_crop: *to_crop,
         region: r,
         mask: None,
+        fix: false,
     };
     paste_all(frame, width, &[face], mask, blend, &mut Scratch::default());
 }
@@ -662,15 +682,12 @@ fn accumulate(
         sums,
         widened,
         cpu,
+        low,
     }: &mut Levels,
 ) {
     let mask = face.mask.unwrap_or(mask);
     let size = mask.size;
-    // Frame pixels per crop pixel inverted: crop pixels one frame pixel covers.
-    let level = mip_level(
-        face.to_crop.scale() * 2.0 / MIP_FROM,
-        5.min(size.ilog2().saturating_sub(3)),
-    );
+    let level = level_of(&face.to_crop, size);
     while mips.len() < level as usize {
         mips.push(Vec::new());
     }
@@ -682,13 +699,20 @@ fn accumulate(
             _ => halve(&done[l - 1], sw, sw, &mut rest[0]).0,
         };
     }
+    if face.fix && level > 0 {
+        crate::kernels::lowband::remove_low_band_from_level(&mut mips[level as usize - 1], sw, size, low);
+    }
     let (region, crop) = (face.region.width() * face.region.height(), size * size);
     match level {
         // A face larger than the crop reads most of its change many times over: widened once
-        // into floats, its taps are plain loads (widening each tap's values costs more).
-        0 if region > crop => {
+        // into floats, its taps are plain loads (widening each tap's values costs more). A
+        // change still to be fixed is fixed so.
+        0 if region > crop || face.fix => {
             widened.clear();
             widened.extend(face.change.iter().map(|&v| f32::from(v)));
+            if face.fix {
+                crate::kernels::lowband::remove_low_band_from_level(widened, sw, size, low);
+            }
             accumulate_level(acc, cells, r, face, mask, (&widened[..], sw, level));
         }
         0 => accumulate_level(acc, cells, r, face, mask, (face.change, sw, level)),
@@ -1034,6 +1058,7 @@ mod tests {
                 to_crop: at(x0),
                 region: crate::geom::crop_footprint(&at(x0), size, w, h).unwrap(),
                 mask: None,
+                fix: false,
             })
         };
         let mut a = vec![10u8; w * h * 3];
@@ -1182,6 +1207,7 @@ mod tests {
             to_crop,
             region,
             mask: None,
+            fix: false,
         };
         let n = region.width() * region.height() * 5;
         let (mut a, mut b) = (vec![0.0; n], vec![0.0; n]);
@@ -1189,6 +1215,53 @@ mod tests {
         accumulate_level(&mut b, Cells::Sums, region, &face, &mask, (&change[..], size, 0));
         assert_eq!(a, b);
         assert!(a.iter().any(|&v| v != 0.0));
+    }
+
+    /// The colour fix taken off where the paste samples a small face's change (one of its
+    /// levels) pastes what fixing the whole change first pastes, to a hundredth of a level; a
+    /// face as large as its crop is fixed whole by the paste stage.
+    #[test]
+    fn a_fix_taken_off_a_level_pastes_what_the_whole_fix_pastes() {
+        let (w, h, size) = (700usize, 500usize, 256usize);
+        let change: Vec<i16> = (0..size * size * 3)
+            .map(|i| {
+                let (p, c) = (i / 3, i % 3);
+                let (x, y) = ((p % size) as f32, (p / size) as f32);
+                // A cast, a ramp and detail.
+                crate::kernels::change_steps([20.0, -8.0, 5.0][c] + x / 30.0 - y / 50.0 + 6.0 * (x / 3.0).sin())
+            })
+            .collect();
+        let mut fixed = change.clone();
+        crate::kernels::lowband::remove_low_band(&mut fixed, size, &mut Default::default());
+        let t = crate::faces::align::template(size);
+        let mask = Mask::face(size, &t);
+        for (scale, levelled) in [(3.5, true), (5.0, true), (9.0, true), (1.1, false)] {
+            let to_crop = crate::geom::similarity(0.2, scale, -300.0 * scale, -200.0 * scale);
+            assert_eq!(fixed_from_a_level(&to_crop, size), levelled, "scale {scale}");
+            let region = crate::geom::crop_footprint(&to_crop, size, w, h).unwrap();
+            let at = |change: &[i16], fix: bool| {
+                let face = Paste {
+                    change,
+                    to_crop,
+                    region,
+                    mask: None,
+                    fix,
+                };
+                changes(&[face], &mask, 1.0, &mut Scratch::default(), &mut Vec::new)
+                    .remove(0)
+                    .rgb
+            };
+            // At level 0 the paste stage fixes the change whole; given one to fix, the paste
+            // does the same in floats.
+            let (a, b) = (at(&change, true), at(&fixed, false));
+            let worst = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+            assert!(worst <= 0.01, "scale {scale}: {worst} levels apart");
+            let cast = at(&change, false);
+            assert!(
+                cast.iter().any(|&v| v > 10.0),
+                "scale {scale}: the cast is there unfixed"
+            );
+        }
     }
 
     /// The paste visits only the pixels of each row inside the face mask's ellipse: what it
@@ -1222,6 +1295,7 @@ mod tests {
                 to_crop,
                 region,
                 mask: None,
+                fix: false,
             }];
             let mut s = Scratch::default();
             let a = changes(&faces, &with, 0.8, &mut s, &mut Vec::new);

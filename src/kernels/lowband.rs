@@ -23,12 +23,53 @@ pub fn cells(size: usize) -> usize {
 /// Buffers reused between faces.
 #[derive(Default)]
 pub struct LowBand {
-    /// The sums of each column of the crop over one band of cell rows (RGB), `size * 3`.
+    /// The sums of each column of the crop over one band of cell rows (RGB), `size * 3`: of a
+    /// change in steps, and of a change's level in floats.
     columns: Vec<i32>,
+    columns_f: Vec<f32>,
     /// Each cell's mean (RGB), `cells * cells * 3`.
     grid: Vec<f32>,
     /// Each row of cells read across the crop's width (RGB), `cells * size * 3`.
     rows: Vec<f32>,
+}
+
+/// A change's value as the colour fix reads it: in steps (the crop the model gave back), or in
+/// floats (one of its levels, which the paste samples a small face from).
+pub trait Band: Copy {
+    /// What a band of cell rows is summed in.
+    type Sum: Copy + Default + std::ops::AddAssign + Into<f64>;
+    fn widen(self) -> Self::Sum;
+    /// The value less `low`.
+    fn less(self, low: f32) -> Self;
+    /// The column sums' buffer of this kind.
+    fn columns(s: &mut LowBand) -> &mut Vec<Self::Sum>;
+}
+
+impl Band for i16 {
+    // A cell row of a crop up to 2^16 rows tall fits an i32 at 2^15 a value.
+    type Sum = i32;
+    fn widen(self) -> i32 {
+        i32::from(self)
+    }
+    fn less(self, low: f32) -> i16 {
+        round_steps(f32::from(self) - low)
+    }
+    fn columns(s: &mut LowBand) -> &mut Vec<i32> {
+        &mut s.columns
+    }
+}
+
+impl Band for f32 {
+    type Sum = f32;
+    fn widen(self) -> f32 {
+        self
+    }
+    fn less(self, low: f32) -> f32 {
+        self - low
+    }
+    fn columns(s: &mut LowBand) -> &mut Vec<f32> {
+        &mut s.columns_f
+    }
 }
 
 /// Where pixel `i` of `size` falls between the centres of `n` cells: the lower cell (so that
@@ -42,30 +83,45 @@ fn between(i: usize, size: usize, n: usize) -> (usize, f32) {
 
 /// Removes the low band from `change` (packed RGB of `size * size`, in steps).
 pub fn remove_low_band(change: &mut [i16], size: usize, s: &mut LowBand) {
-    let n = cells(size);
-    if size < 2 || change.len() < 3 * size * size {
+    remove_low_band_of(change, size, cells(size), s);
+}
+
+/// Removes the low band of a crop of `crop` pixels from `level`, one of its change's levels
+/// (packed RGB of `size * size` floats: 2x2 box averages of the crop's change, halved and
+/// halved again). The cells are the crop's, so this is the level of the change without its
+/// low band: each cell's mean over the level is its mean over the crop, and the bilinear low
+/// band at a level pixel's centre is its mean over the crop pixels that pixel averages (where
+/// they lie between the same cell centres).
+pub fn remove_low_band_from_level(level: &mut [f32], size: usize, crop: usize, s: &mut LowBand) {
+    remove_low_band_of(level, size, cells(crop).min(size), s);
+}
+
+/// Removes the low band of `n` cells a side from `change` (packed RGB of `size * size`).
+fn remove_low_band_of<T: Band>(change: &mut [T], size: usize, n: usize, s: &mut LowBand) {
+    if size < 2 || n < 2 || change.len() < 3 * size * size {
         return;
     }
     let width = 3 * size;
     let bounds: Vec<usize> = (0..=n).map(|k| k * size / n).collect();
     s.grid.clear();
     s.grid.resize(n * n * 3, 0.0);
-    s.columns.resize(width, 0);
-    // Each cell's mean: the columns summed over a band of cell rows (a cell row of a crop up
-    // to 2^16 rows tall fits an i32 at 2^15 a value), then the columns of each cell.
+    let mut columns = std::mem::take(T::columns(s));
+    columns.resize(width, T::Sum::default());
+    // Each cell's mean: the columns summed over a band of cell rows, then the columns of each
+    // cell.
     for cy in 0..n {
-        s.columns.iter_mut().for_each(|v| *v = 0);
+        columns.iter_mut().for_each(|v| *v = T::Sum::default());
         for row in change[bounds[cy] * width..bounds[cy + 1] * width].chunks_exact(width) {
-            for (c, &v) in s.columns.iter_mut().zip(row) {
-                *c += i32::from(v);
+            for (c, &v) in columns.iter_mut().zip(row) {
+                *c += v.widen();
             }
         }
         for cx in 0..n {
             let area = ((bounds[cy + 1] - bounds[cy]) * (bounds[cx + 1] - bounds[cx])).max(1) as f32;
-            let mut sum = [0i64; 3];
-            for p in s.columns[bounds[cx] * 3..bounds[cx + 1] * 3].chunks_exact(3) {
+            let mut sum = [0f64; 3];
+            for p in columns[bounds[cx] * 3..bounds[cx + 1] * 3].chunks_exact(3) {
                 for (t, &v) in sum.iter_mut().zip(p) {
-                    *t += i64::from(v);
+                    *t += v.into();
                 }
             }
             for (g, t) in s.grid[(cy * n + cx) * 3..][..3].iter_mut().zip(sum) {
@@ -73,6 +129,7 @@ pub fn remove_low_band(change: &mut [i16], size: usize, s: &mut LowBand) {
             }
         }
     }
+    *T::columns(s) = columns;
     // Each row of cells read across the width, once; then each row of the crop is one blend
     // of two of them.
     s.rows.resize(n * width, 0.0);
@@ -94,7 +151,7 @@ pub fn remove_low_band(change: &mut [i16], size: usize, s: &mut LowBand) {
             &s.rows[(cy + 1) * width..(cy + 2) * width],
         );
         for ((p, &a), &b) in row.iter_mut().zip(top).zip(bottom) {
-            *p = round_steps(f32::from(*p) - (a + (b - a) * ty));
+            *p = p.less(a + (b - a) * ty);
         }
     }
 }
@@ -128,6 +185,43 @@ mod tests {
             remove_low_band(&mut ramp, size, &mut s);
             let worst = ramp.iter().map(|v| v.abs()).max().unwrap();
             assert!(worst <= 2, "size {size}: {worst} steps left of a ramp");
+        }
+    }
+
+    /// Taken off a level of the change (2x2 box averages, halved again), the low band leaves what
+    /// halving the fixed change gives, to the half step the fixed change is rounded to: the cell
+    /// centres lie on the levels' block edges, where the bilinear band has its kinks.
+    #[test]
+    fn a_levels_fix_is_the_fixed_changes_level() {
+        use crate::kernels::halve::halve;
+        for size in [256usize, 512] {
+            let mut s = LowBand::default();
+            let change: Vec<i16> = (0..3 * size * size)
+                .map(|i| {
+                    let (p, c) = (i / 3, i % 3);
+                    let (x, y) = ((p % size) as f32, (p / size) as f32);
+                    (900.0 * (x / 40.0 + c as f32).sin() + 700.0 * (y / 23.0).cos() + 3.0 * x - 2.0 * y
+                        + ((p * 7919 + c * 31) % 200) as f32) as i16
+                })
+                .collect();
+            let mut fixed = change.clone();
+            remove_low_band(&mut fixed, size, &mut s);
+            let (mut a, mut b) = (Vec::new(), Vec::new());
+            let (mut fa, mut ca, mut sw) = (Vec::new(), Vec::new(), size);
+            halve(&fixed, sw, sw, &mut fa);
+            halve(&change, sw, sw, &mut ca);
+            sw /= 2;
+            for level in 1..=3 {
+                if level > 1 {
+                    halve(&fa, sw, sw, &mut a);
+                    halve(&ca, sw, sw, &mut b);
+                    (fa, ca, sw) = (std::mem::take(&mut a), std::mem::take(&mut b), sw / 2);
+                }
+                let mut taken = ca.clone();
+                super::remove_low_band_from_level(&mut taken, sw, size, &mut s);
+                let worst = taken.iter().zip(&fa).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+                assert!(worst <= 0.51, "crop {size}, level {level}: {worst} steps apart");
+            }
         }
     }
 

@@ -26,6 +26,22 @@ pub(crate) struct Batch {
     /// (frame sequence number, face index) of each crop.
     keys: Vec<(u64, usize)>,
     crops: Vec<Vec<u8>>,
+    /// Another fidelity than the run's, for this batch only (the identity guard's re-runs).
+    fidelity: Option<f32>,
+    /// Where the result goes when not to the dispatcher (the identity guard's re-runs).
+    reply: Option<Sender<Result<Restored>>>,
+}
+
+impl Batch {
+    /// A batch of `crops` run at `fidelity`, its result sent to `reply`.
+    pub(crate) fn rerun(crops: Vec<Vec<u8>>, fidelity: f32, reply: Sender<Result<Restored>>) -> Self {
+        Batch {
+            keys: (0..crops.len()).map(|i| (0, i)).collect(),
+            crops,
+            fidelity: Some(fidelity),
+            reply: Some(reply),
+        }
+    }
 }
 
 /// A batch back from a worker.
@@ -34,6 +50,53 @@ pub(crate) struct Restored {
     /// `None` for a crop the model returned non-finite values for: that face keeps its pixels.
     restored: Vec<Option<Vec<i16>>>,
     crops: Vec<Vec<u8>>,
+}
+
+/// Each crop's change (`None`: not finite), and the crops given back.
+pub(crate) type Changes = (Vec<Option<Vec<i16>>>, Vec<Vec<u8>>);
+
+impl Restored {
+    /// The changes, in the batch's order, and the crops given back.
+    pub(crate) fn into_parts(self) -> Changes {
+        (self.restored, self.crops)
+    }
+}
+
+/// The identity guard's way to the enhancement workers: runs crops again at another fidelity
+/// on whichever worker is free, between the dispatcher's batches.
+pub(crate) struct Rerunner {
+    jobs: Sender<Batch>,
+    batch: usize,
+}
+
+impl Rerunner {
+    /// Re-runs through the workers that take `jobs`, at most `batch` crops a call.
+    pub(crate) fn new(jobs: Sender<Batch>, batch: usize) -> Self {
+        Rerunner {
+            jobs,
+            batch: batch.max(1),
+        }
+    }
+
+    /// Runs `crops` at `fidelity`: each crop's change (`None`: not finite), and the crops back.
+    pub(crate) fn run(&self, crops: Vec<Vec<u8>>, fidelity: f32) -> Result<Changes> {
+        let (mut changes, mut back) = (Vec::with_capacity(crops.len()), Vec::with_capacity(crops.len()));
+        let mut crops = crops.into_iter().peekable();
+        while crops.peek().is_some() {
+            let part: Vec<Vec<u8>> = crops.by_ref().take(self.batch).collect();
+            let (tx, rx) = crossbeam_channel::bounded(1);
+            self.jobs
+                .send(Batch::rerun(part, fidelity, tx))
+                .map_err(|_| anyhow!("every enhance worker has stopped"))?;
+            let (c, b) = rx
+                .recv()
+                .map_err(|_| anyhow!("the enhance worker stopped before running the crops again"))??
+                .into_parts();
+            changes.extend(c);
+            back.extend(b);
+        }
+        Ok((changes, back))
+    }
 }
 
 /// Frames the dispatcher may hold while their faces are being enhanced.
@@ -108,7 +171,12 @@ pub(crate) fn dispatch(
                     .map(|&(seq, face)| std::mem::take(&mut batcher.frame_mut(seq).faces[face].crop))
                     .collect();
                 job_tx
-                    .send(Batch { keys, crops })
+                    .send(Batch {
+                        keys,
+                        crops,
+                        fidelity: None,
+                        reply: None,
+                    })
                     .map_err(|_| anyhow!("every enhance worker has stopped"))?;
                 in_flight += 1;
                 batches += 1;
@@ -193,8 +261,12 @@ pub(crate) fn work(
         batch,
         ..Default::default()
     };
-    for job in jobs {
+    let fidelity = worker.enhancer.fidelity();
+    for mut job in jobs {
         let t = Instant::now();
+        let reply = job.reply.take();
+        let done = reply.as_ref().unwrap_or(done);
+        worker.enhancer.set_fidelity(job.fidelity.unwrap_or(fidelity));
         // A panic in the run is reported like an error: its batch would otherwise never come
         // back and the dispatcher would wait for it forever.
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| -> Result<Restored> {
@@ -251,7 +323,8 @@ pub(crate) fn work(
                 stat.faces += d.keys.len() as u64;
                 worker.live.add(d.keys.len() as u64, t.elapsed());
                 stat.nonfinite += d.restored.iter().filter(|r| r.is_none()).count() as u64;
-                if done.send(Ok(d)).is_err() {
+                // A re-run's asker gone stops nothing; the dispatcher gone stops the worker.
+                if done.send(Ok(d)).is_err() && reply.is_none() {
                     break;
                 }
             }

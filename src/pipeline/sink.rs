@@ -39,6 +39,9 @@ struct FaceRecord<'a> {
     /// picture's blend), where the guard backs off.
     #[serde(skip_serializing_if = "Option::is_none")]
     blend: Option<f32>,
+    /// The fidelity the identity guard ran it at, where it raised the run's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    fidelity: Option<f32>,
     /// Its quality before and after restoration (BRISQUE, lower is better), where measured.
     #[serde(skip_serializing_if = "Option::is_none")]
     quality: Option<Quality>,
@@ -90,6 +93,7 @@ impl FacesSink {
                     left: f.left,
                     identity: f.identity,
                     blend: f.blend,
+                    fidelity: f.fidelity,
                     quality: f.quality.map(|[before, after]| Quality { before, after }),
                 })
                 .collect(),

@@ -17,7 +17,7 @@ use crate::budget::Budget;
 use crate::engine::{CancelToken, Cancelled, Kind, KindExt};
 use crate::faces::detect::{iou, nms_by, Detector, Passer};
 use crate::faces::mesh::{self, Mesher};
-use crate::faces::paste::{apply_rgb, changes, ColorFix, Mask, MaskKind, Paste, Scratch};
+use crate::faces::paste::{apply_rgb, changes, fixed_from_a_level, ColorFix, Mask, MaskKind, Paste, Scratch};
 use crate::faces::smooth::Smoother;
 use crate::frame::{Face, FaceFrame, FaceJob, Frame, Picture, Pool, View};
 use crate::geom::{crop_footprint, fit_similarity, Affine, Rect};
@@ -715,9 +715,13 @@ pub(crate) fn choose(
 /// Measures who each restored face still is and applies the identity guard (see
 /// [`crate::people::IdentityMeter`]: a few views of each track, or every face); a warm-up
 /// frame's faces count too, so a segment decides its tracks as the whole film would where its
-/// warm-up reaches their start. Returns the stage's statistics and each track's figures.
+/// warm-up reaches their start. With `rerun` (a model with a fidelity input, the guard backing
+/// off), the faces of a track the guard raised the fidelity of are run again at it, a batch per
+/// frame and fidelity, on the enhancement workers. Returns the stage's statistics and each
+/// track's figures.
 pub(crate) fn identity(
     mut meter: crate::people::IdentityMeter,
+    rerun: Option<super::dispatch::Rerunner>,
     ctx: &StageCtx,
     rx: Receiver<FaceFrame>,
     tx: Sender<FaceFrame>,
@@ -725,13 +729,27 @@ pub(crate) fn identity(
     let mut clock = Clock::new("identity", DEPTH);
     let crop_pool = &ctx.pools.crop;
     let view = ctx.treatment.view();
+    let mut one = |crop: &[u8], fidelity: f32| -> Result<Option<Vec<i16>>> {
+        let Some(r) = rerun.as_ref() else {
+            anyhow::bail!("the identity guard asked for a fidelity the model has no input for");
+        };
+        let mut copy = crop_pool.get();
+        copy.clear();
+        copy.extend_from_slice(crop);
+        let (mut changes, crops) = r.run(vec![copy], fidelity)?;
+        crops.into_iter().for_each(|c| crop_pool.put(c));
+        Ok(changes.pop().flatten())
+    };
     while let Some(mut ff) = recv(&rx, &mut clock) {
         let (index, blend) = (ff.frame.index, ff.frame.view.unwrap_or(view).blend);
         clock.time(|| -> Result<()> {
+            if let Some(r) = &rerun {
+                rerun_raised(&meter, r, &mut ff.faces, &ctx.pools.restored)?;
+            }
             for job in &mut ff.faces {
                 // The crop the model was given (kept with its face by the dispatcher).
                 let crop = std::mem::take(&mut job.crop);
-                let looked = meter.look(job, (&crop, ctx.size), index, blend);
+                let looked = meter.look(job, (&crop, ctx.size), (index, blend), &mut one);
                 crop_pool.put_vec(crop);
                 looked?;
             }
@@ -742,6 +760,37 @@ pub(crate) fn identity(
         }
     }
     Ok((clock.finish(), meter.finish()))
+}
+
+/// Runs the restored faces of `faces` whose tracks the guard raised the fidelity of again at
+/// it (a batch per fidelity), their old changes back to `restored_pool`.
+fn rerun_raised(
+    meter: &crate::people::IdentityMeter,
+    rerun: &super::dispatch::Rerunner,
+    faces: &mut [crate::frame::FaceJob],
+    restored_pool: &crate::frame::Pool<Vec<i16>>,
+) -> Result<()> {
+    let mut raised: Vec<(usize, f32)> = faces
+        .iter()
+        .enumerate()
+        .filter(|(_, j)| j.restored.is_some() && j.fidelity.is_none())
+        .filter_map(|(i, j)| meter.raised(j.track).map(|f| (i, f)))
+        .collect();
+    raised.sort_by(|a, b| a.1.total_cmp(&b.1));
+    for group in raised.chunk_by(|a, b| a.1 == b.1) {
+        let fidelity = group[0].1;
+        let crops = group.iter().map(|&(i, _)| std::mem::take(&mut faces[i].crop)).collect();
+        let (changes, crops) = rerun.run(crops, fidelity)?;
+        for ((&(i, _), change), crop) in group.iter().zip(changes).zip(crops) {
+            let job = &mut faces[i];
+            job.crop = crop;
+            if let Some(old) = std::mem::replace(&mut job.restored, change) {
+                restored_pool.put(old);
+            }
+            job.fidelity = Some(fidelity);
+        }
+    }
+    Ok(())
 }
 
 /// Aligns every face to the model's template and warps its crop (buffers from the crop pool;
@@ -884,14 +933,18 @@ pub(crate) fn paste_back(ctx: &StageCtx, rx: Receiver<FaceFrame>, tx: Sender<Fac
             return Ok(());
         }
         let view = ff.frame.view.unwrap_or(view);
+        // The colour fix: a face sampled from a level of its change has it taken off there
+        // (a quarter of the pixels or fewer); the others' whole change here.
         if let Some(size) = fix {
-            for change in ff.faces.iter_mut().filter_map(|j| j.restored.as_mut()) {
-                remove_low_band(change, size, low);
+            for job in ff.faces.iter_mut().filter(|j| !fixed_from_a_level(&j.to_crop, size)) {
+                if let Some(change) = job.restored.as_mut() {
+                    remove_low_band(change, size, low);
+                }
             }
         }
         paste_frame(
             ff,
-            (&mask, kind, masks),
+            (&mask, kind, masks, fix.is_some()),
             (view, ctx.sides),
             scratch,
             (restored_pool, change_pool),
@@ -904,7 +957,7 @@ pub(crate) fn paste_back(ctx: &StageCtx, rx: Receiver<FaceFrame>, tx: Sender<Fac
 /// Pastes one frame's restored faces (see [`paste_back`]).
 fn paste_frame(
     ff: &mut FaceFrame,
-    (mask, kind, masks): (&Mask, MaskKind, &mut Vec<Mask>),
+    (mask, kind, masks, fix): (&Mask, MaskKind, &mut Vec<Mask>, bool),
     (View { blend, compare }, sides): (View, crate::media::compare::Sides),
     scratch: &mut Scratch,
     (restored_pool, change_pool): (&Pool<Vec<i16>>, &Pool<Vec<f32>>),
@@ -945,6 +998,7 @@ fn paste_frame(
                 to_crop: *to_crop,
                 region: (*region)?,
                 mask: own.map(|i| &masks[i]),
+                fix: fix && fixed_from_a_level(to_crop, mask.size()),
             })
         })
         .collect();
@@ -1215,7 +1269,7 @@ mod tests {
             };
             paste_frame(
                 &mut ff,
-                (&mask, MaskKind::Face, &mut Vec::new()),
+                (&mask, MaskKind::Face, &mut Vec::new(), false),
                 (view, Default::default()),
                 &mut Scratch::default(),
                 pools,

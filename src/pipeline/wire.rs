@@ -152,6 +152,10 @@ struct Parts<'e> {
     workers: Option<&'e mut Vec<crate::faces::enhance::Worker>>,
     chooser: Option<crate::people::Chooser>,
     meter: Option<crate::people::IdentityMeter>,
+    /// The enhancement workers' queue of batches: the dispatcher's, and the identity guard's
+    /// re-runs where it may raise the fidelity.
+    batches: Option<(Sender<Batch>, Receiver<Batch>)>,
+    rerun: Option<dispatch::Rerunner>,
     batch: usize,
     flush: Flush,
 }
@@ -183,8 +187,9 @@ fn start_align<'e>(_: &mut Parts<'e>, ctx: &'e StageCtx<'e>) -> Body<'e> {
 
 fn start_enhance<'e>(p: &mut Parts<'e>, ctx: &'e StageCtx<'e>) -> Body<'e> {
     let workers = p.workers.take().expect("one enhance stage");
+    let batches = p.batches.take().expect("one enhance stage");
     let (batch, flush) = (p.batch, p.flush);
-    Box::new(move |rx, tx| enhance(workers, batch, ctx, flush, rx, tx))
+    Box::new(move |rx, tx| enhance(workers, batches, (batch, flush), ctx, rx, tx))
 }
 
 fn start_temporal<'e>(_: &mut Parts<'e>, ctx: &'e StageCtx<'e>) -> Body<'e> {
@@ -193,7 +198,8 @@ fn start_temporal<'e>(_: &mut Parts<'e>, ctx: &'e StageCtx<'e>) -> Body<'e> {
 
 fn start_identity<'e>(p: &mut Parts<'e>, ctx: &'e StageCtx<'e>) -> Body<'e> {
     let meter = p.meter.take().expect("planned with a meter");
-    Box::new(move |rx, tx| stages::identity(meter, ctx, rx, tx).map(|(st, t)| Out::Identity(st, t)))
+    let rerun = p.rerun.take();
+    Box::new(move |rx, tx| stages::identity(meter, rerun, ctx, rx, tx).map(|(st, t)| Out::Identity(st, t)))
 }
 
 fn start_paste<'e>(_: &mut Parts<'e>, ctx: &'e StageCtx<'e>) -> Body<'e> {
@@ -237,8 +243,7 @@ fn plan(engine: &Engine, middle: &Middle) -> Vec<Step> {
     steps.extend(middle.video.then_some(Step::Smooth));
     steps.extend(middle.treatment.selection.active().then_some(Step::Choose));
     steps.extend([Step::Align, Step::Enhance]);
-    // Always measured in a video; filtered when its memory is above 0.
-    steps.extend(middle.video.then_some(Step::Temporal));
+    // Before the temporal filter, which then smooths what the guard changes along a track.
     let guarded = middle.treatment.identity_guard != crate::people::Guard::Off;
     steps.extend(
         middle
@@ -247,6 +252,8 @@ fn plan(engine: &Engine, middle: &Middle) -> Vec<Step> {
             .filter(|_| middle.identity || guarded)
             .map(|_| Step::Identity),
     );
+    // Always measured in a video; filtered when its memory is above 0.
+    steps.extend(middle.video.then_some(Step::Temporal));
     steps.push(Step::Paste);
     steps
 }
@@ -320,9 +327,9 @@ fn prepare(
             engine.key.model.display()
         );
     }
+    let fidelity = fidelity.unwrap_or(crate::faces::enhance::DEFAULT_FIDELITY);
     for w in &mut engine.workers {
-        w.enhancer
-            .set_fidelity(fidelity.unwrap_or(crate::faces::enhance::DEFAULT_FIDELITY));
+        w.enhancer.set_fidelity(fidelity);
     }
     let model = middle.identity_model.clone();
     let chooser = if steps.contains(&Step::Choose) {
@@ -350,7 +357,14 @@ fn prepare(
             ),
             middle.quality_model.as_deref(),
             (middle.each_face, engine.key.rotation),
-        )?),
+        )?)
+        .map(|m| {
+            if engine.info.weight.is_some() {
+                m.raising(fidelity)
+            } else {
+                m
+            }
+        }),
         _ => None,
     };
     Ok((chooser, meter))
@@ -402,12 +416,19 @@ pub(crate) fn wire<T: Send>(
     let budget = ctx.pools.budget.as_ref();
     // Each taken by the one stage that runs it.
     let detector = &mut engine.detector;
+    let (batch_tx, batch_rx) = bounded::<Batch>(2 * engine.workers.len());
+    let rerun = meter
+        .as_ref()
+        .filter(|m| m.raises())
+        .map(|_| dispatch::Rerunner::new(batch_tx.clone(), engine.batch));
     let mut parts = Parts {
         meshers: Some(&mut engine.meshers),
         smoother,
         workers: Some(&mut engine.workers),
         chooser,
         meter,
+        batches: Some((batch_tx, batch_rx)),
+        rerun,
         batch: engine.batch,
         flush: middle.flush,
     };
@@ -536,14 +557,13 @@ impl Summary {
 /// batches, each to whichever worker is free, frames out in order once their faces are back.
 fn enhance(
     workers: &mut [crate::faces::enhance::Worker],
-    batch: usize,
+    (batch_tx, batch_rx): (Sender<Batch>, Receiver<Batch>),
+    (batch, flush): (usize, Flush),
     ctx: &StageCtx,
-    flush: Flush,
     rx: Receiver<FaceFrame>,
     tx: Sender<FaceFrame>,
 ) -> Result<Out> {
     let n = workers.len();
-    let (batch_tx, batch_rx) = bounded::<Batch>(2 * n);
     let (done_tx, done_rx) = unbounded::<Result<Restored>>();
     std::thread::scope(|s| {
         let threads: Vec<_> = workers
@@ -564,7 +584,9 @@ fn enhance(
             (&ctx.pools.crop, ctx.keep_crops),
             flush,
         );
-        drop(batch_tx);
+        // The line after this stage ends with it: a later stage's re-runs (the identity
+        // guard's) keep the workers until then.
+        drop((batch_tx, tx));
         let stat = stat?;
         let workers = threads
             .into_iter()
