@@ -20,6 +20,7 @@ pub mod output;
 pub mod parts;
 pub mod people;
 pub mod pipeline;
+pub mod ready;
 pub mod registry;
 pub mod runtime;
 pub mod segment;

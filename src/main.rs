@@ -450,6 +450,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     let settings = Settings::resolve(&o)?;
     let job = settings.job(&o.input, &o.output, CancelToken::from_flag(interrupts.soft.clone()))?;
     anyhow::Context::with_context(job.check_webp_size(), || format!("output {}", o.output.display()))?;
+    // A segmented run judges what it can before its folder is made (a run in one piece refuses
+    // the same before its first frame).
+    if cli.segment.seconds > 0.0 {
+        gpen_video::ready::check(&settings)?;
+    }
     if let Some(work) = gpen_video::segment::Work::open(&settings, &job, cli.segment.seconds, cli.force)? {
         return run_segmented(
             &settings,
@@ -574,6 +579,11 @@ fn stale_segments_note(output: &std::path::Path) {
 fn run_serve(s: ServeArgs) -> anyhow::Result<()> {
     let interrupts = gpen_video::interrupt::install()?;
     let settings = Settings::resolve(&s.run.options(PathBuf::new(), PathBuf::new())?)?;
+    // What can never run is refused before the service listens: a fidelity its model has no
+    // input for, a `--face` photo that is not a picture of a face (each described once).
+    gpen_video::ready::check(&settings)?;
+    let photos: Vec<&std::path::Path> = s.faces.iter().map(|(_, p)| p.as_path()).collect();
+    anyhow::Context::context(gpen_video::ready::describe_photos(&settings, &photos), "--face")?;
     let opts = gpen_video::serve::ServeOptions {
         listen: s.listen,
         max_wait: std::time::Duration::from_millis(s.max_wait_ms),

@@ -82,8 +82,10 @@ struct JobBar {
 /// Runs the batch. Fails only for problems with the batch as a whole (folders, options); a clip
 /// that fails is listed in the report and the others go on.
 pub fn run(o: &BatchOptions, ints: &Interrupts) -> Result<Report> {
-    let shard = check_folders(o)?;
     let base = Settings::resolve(&o.base)?;
+    // What no file could run with is said once, before the output folder is touched.
+    crate::ready::check(&base)?;
+    let shard = check_folders(o)?;
     let scan = clips::scan(&o.in_dir, (o.recursive, o.follow_links_out), &o.globs, Some(&o.out_dir))?;
     check_layout(o, &scan.clips)?;
     let settings_hash = manifest::settings_hash(&base.recipe);

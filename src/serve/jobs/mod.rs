@@ -780,7 +780,20 @@ impl Jobs {
     /// Checks a job's query (its model offered, its flags in range) before its upload is read.
     pub fn check_query(&self, query: &JobQuery) -> Result<()> {
         check_name(query.name.as_deref().unwrap_or(""))?;
-        settings_of(&self.settings, &self.opts.faces, query).map(drop)
+        let settings = settings_of(&self.settings, &self.opts.faces, query)?;
+        // The model by the name the job gave, or the service's by its file's name: never by
+        // where the service keeps it.
+        let shown = match query.model.as_deref().filter(|m| !m.is_empty()) {
+            Some(m) => m.to_string(),
+            None => self
+                .settings
+                .recipe
+                .model
+                .path()
+                .file_name()
+                .map_or_else(|| "of this service".to_string(), |f| f.to_string_lossy().into_owned()),
+        };
+        crate::ready::check_fidelity(&settings, &shown).map_err(|e| Failure::error(Kind::BadInput, format!("{e:#}")))
     }
 
     /// `message` with the server's paths in it said in words: the upload by the name it was
