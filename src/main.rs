@@ -511,7 +511,13 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             eprint_line(&format!("  {line}"));
         }
     }
-    if summary.faces == 0 {
+    if summary.faces == 0 && summary.left.total() > 0 {
+        tracing::info!(
+            "no face was restored in {}: every face found was {}",
+            o.input.display(),
+            summary.left.words().unwrap_or_default()
+        );
+    } else if summary.faces == 0 {
         tracing::warn!(
             "no face was found in {}: {} is the input re-encoded, unchanged (--det-threshold lower finds fainter faces)",
             o.input.display(),

@@ -219,6 +219,58 @@ pub struct Summary {
     pub flicker: Option<Flicker>,
     /// How much of who each face is the restoration kept, per track (with the identity model).
     pub identity: Vec<TrackIdentity>,
+    /// Faces found and left alone, by why (the job's selection).
+    pub left: Left,
+}
+
+/// Faces found and deliberately left alone, by why: under `--min-face`, not one of the people
+/// `--only-face` names, one `--skip-face` names.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct Left {
+    pub small: u64,
+    pub not_named: u64,
+    pub skipped: u64,
+}
+
+impl Left {
+    /// Counts one face left alone for `why` (the chooser's word: `small`, `not named`,
+    /// `skipped`).
+    pub fn add(&mut self, why: &str) {
+        match why {
+            "small" => self.small += 1,
+            "not named" => self.not_named += 1,
+            _ => self.skipped += 1,
+        }
+    }
+
+    pub fn total(&self) -> u64 {
+        self.small + self.not_named + self.skipped
+    }
+
+    /// Adds `other`'s counts.
+    pub fn merge(&mut self, other: Left) {
+        self.small += other.small;
+        self.not_named += other.not_named;
+        self.skipped += other.skipped;
+    }
+
+    /// "N left alone (a under --min-face, b not named by --only-face, c by --skip-face)", or
+    /// nothing when none was.
+    pub fn words(&self) -> Option<String> {
+        if self.total() == 0 {
+            return None;
+        }
+        let parts: Vec<String> = [
+            (self.small, "under --min-face"),
+            (self.not_named, "not named by --only-face"),
+            (self.skipped, "named by --skip-face"),
+        ]
+        .iter()
+        .filter(|(n, _)| *n > 0)
+        .map(|(n, why)| format!("{n} {why}"))
+        .collect();
+        Some(format!("{} left alone ({})", self.total(), parts.join(", ")))
+    }
 }
 
 /// One track's identity figures: the median calibrated identity (see
@@ -281,6 +333,8 @@ impl Summary {
         let json = SummaryJson {
             frames: self.frames,
             faces: self.faces,
+            faces_found: self.faces + self.left.total(),
+            faces_left: self.left,
             frames_with_faces: self.frames_with_faces,
             batches: self.batches,
             frames_held_max: self.held_max,
@@ -347,7 +401,12 @@ impl Summary {
 #[derive(Serialize)]
 struct SummaryJson<'a> {
     frames: u64,
+    /// Faces restored.
     faces: u64,
+    /// Faces found: restored and left alone.
+    faces_found: u64,
+    /// Faces found and left alone, by why.
+    faces_left: Left,
     frames_with_faces: u64,
     batches: u64,
     frames_held_max: usize,
@@ -450,9 +509,10 @@ impl Summary {
         let wall = self.wall.as_secs_f64().max(1e-9);
         let per_frame = self.faces as f64 / self.frames.max(1) as f64;
         format!(
-            "{} frames, {} faces ({per_frame:.2} per frame, {} frames with faces), {} batches, {wall:.2} s, {:.1} fps, {:.1} faces/s{}",
+            "{} frames, {} faces{} ({per_frame:.2} per frame, {} frames with faces), {} batches, {wall:.2} s, {:.1} fps, {:.1} faces/s{}",
             self.frames,
             self.faces,
+            self.left.words().map_or(String::new(), |w| format!(" restored, {w}")),
             self.frames_with_faces,
             self.batches,
             self.fps(),

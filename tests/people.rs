@@ -166,6 +166,52 @@ fn a_reference_photo_without_a_face_fails_before_any_frame() {
     assert!(words.contains("pair.png: 2 faces in it, the largest taken"), "{words}");
 }
 
+/// Faces found and left alone are counted apart from faces restored: `--skip-face` of both
+/// people restores none, says every face found was left alone and why, never that no face was
+/// found; `--stats-json` gives the faces found, restored and left by why. `--only-face` of one
+/// counts the other as not named.
+#[test]
+fn faces_left_alone_are_counted_apart_from_faces_restored() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = pair(dir.path(), false);
+    let model = asset("models/standin/identity-512.onnx");
+    let (one, two) = (people("obama2.jpg"), people("biden.jpg"));
+    let out = dir.path().join("out.mp4");
+    let stats = dir.path().join("stats.json");
+    let mut args: Vec<&dyn AsRef<std::ffi::OsStr>> = vec![&input, &out, &"--model", &model, &"--stats-json", &stats];
+    let skip_both: [&dyn AsRef<std::ffi::OsStr>; 4] = [&"--skip-face", &two, &"--skip-face", &one];
+    args.extend(skip_both);
+    let r = gpen(&args);
+    let err = ok(&r);
+    assert!(!err.contains("no face was found"), "{err}");
+    assert!(
+        err.contains("0 faces restored") && err.contains("left alone") && err.contains("named by --skip-face"),
+        "{err}"
+    );
+    let s: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&stats).unwrap()).unwrap();
+    assert_eq!(s["faces"], 0, "{s}");
+    let found = s["faces_found"].as_u64().unwrap();
+    assert!(found >= 2 && s["faces_left"]["skipped"].as_u64() == Some(found), "{s}");
+    let r = gpen(&[
+        &input,
+        &out,
+        &"--model",
+        &model,
+        &"--stats-json",
+        &stats,
+        &"--only-face",
+        &one,
+    ]);
+    ok(&r);
+    let s: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&stats).unwrap()).unwrap();
+    let (restored, not_named) = (
+        s["faces"].as_u64().unwrap(),
+        s["faces_left"]["not_named"].as_u64().unwrap(),
+    );
+    assert!(restored > 0 && not_named > 0, "{s}");
+    assert_eq!(s["faces_found"].as_u64(), Some(restored + not_named), "{s}");
+}
+
 /// The identity figure on its calibrated scale: each recorded face's, 1 through a stand-in that
 /// gives its input back and far lower through one that negates it (the guard only warning);
 /// each track's median in the summary and the stats file.
@@ -371,5 +417,18 @@ fn a_service_job_restores_only_the_person_it_names() {
     std::fs::write(&out, result).unwrap();
     let c = boxes_changed(&input, &out, &b);
     assert!(c[0] > 8.0 && c[1] < 2.5, "only the left face: {c:?}");
+    // The record counts the other face apart: found, not named, left alone.
+    let (status, list) = server.get("/v1/jobs");
+    assert_eq!(status, 200);
+    let list: serde_json::Value = serde_json::from_str(&list).unwrap();
+    let rec = list["jobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|j| j["state"] == "done")
+        .unwrap()
+        .clone();
+    assert!(rec["faces_done"].as_u64().unwrap() > 0, "{rec}");
+    assert!(rec["faithful"]["left"]["not_named"].as_u64().unwrap() > 0, "{rec}");
     assert_eq!(server.stop(), Some(0));
 }

@@ -222,6 +222,7 @@ fn run_wired(
                 stage: e.stage,
                 faces: e.faces,
                 frames_with_faces: e.frames_with_faces,
+                left: e.left,
                 extra: e.sink,
             })
         },

@@ -1037,6 +1037,8 @@ pub(crate) struct EncodeStat {
     pub stage: StageStat,
     pub faces: u64,
     pub frames_with_faces: u64,
+    /// Faces found and left alone (the selection's), by why.
+    pub left: crate::stats::Left,
     /// The faces record, complete but not yet moved into place.
     pub sink: Option<FacesSink>,
 }
@@ -1057,6 +1059,7 @@ pub fn encode(
 ) -> Result<EncodeStat> {
     let mut clock = Clock::new("encode", DEPTH);
     let (mut n_faces, mut with_faces) = (0u64, 0u64);
+    let mut left_alone = crate::stats::Left::default();
     let out = output.display();
     while let Some(FaceFrame {
         mut frame,
@@ -1089,6 +1092,9 @@ pub fn encode(
         clock.count(1);
         n_faces += restored;
         with_faces += u64::from(restored > 0);
+        for j in jobs.iter().filter_map(|j| j.left) {
+            left_alone.add(j);
+        }
         if let Some(sink) = &mut faces {
             sink.frame(frame.index, &jobs)?;
         }
@@ -1110,6 +1116,7 @@ pub fn encode(
         stage: clock.finish(),
         faces: n_faces,
         frames_with_faces: with_faces,
+        left: left_alone,
         sink: faces,
     })
 }

@@ -246,7 +246,8 @@ fn encode<R: Send>(
     let run = || {
         let mut clock = Clock::new("encode", DEPTH);
         let (mut n_faces, mut with_faces) = (0u64, 0u64);
-        while let Ok(FaceFrame { mut frame, faces, .. }) = {
+        let mut left_alone = crate::stats::Left::default();
+        while let Ok(FaceFrame { mut frame, faces, left }) = {
             clock.queue(rx.len());
             rx.recv()
         } {
@@ -277,13 +278,16 @@ fn encode<R: Send>(
                 clock.count(1);
                 n_faces += faces.len() as u64;
                 with_faces += u64::from(!faces.is_empty());
+                for j in left.iter().filter_map(|j| j.left) {
+                    left_alone.add(j);
+                }
             }
             done(tag, outcome);
             crate::media::color::give_back_rgb(&mut frame, rgb_pool);
         }
-        (clock.finish(), n_faces, with_faces)
+        (clock.finish(), n_faces, with_faces, left_alone)
     };
-    let parts: Vec<(StageStat, u64, u64)> = std::thread::scope(|s| {
+    let parts: Vec<(StageStat, u64, u64, crate::stats::Left)> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..threads.max(1)).map(|_| s.spawn(run)).collect();
         handles
             .into_iter()
@@ -294,6 +298,10 @@ fn encode<R: Send>(
     Ok(Encoded {
         faces: parts.iter().map(|p| p.1).sum(),
         frames_with_faces: parts.iter().map(|p| p.2).sum(),
+        left: parts.iter().fold(crate::stats::Left::default(), |mut a, p| {
+            a.merge(p.3);
+            a
+        }),
         stage: StageStat::sum("encode", DEPTH, parts.into_iter().map(|p| p.0)),
         extra: (),
     })

@@ -102,6 +102,8 @@ pub(crate) struct Encoded<T> {
     pub stage: StageStat,
     pub faces: u64,
     pub frames_with_faces: u64,
+    /// Faces found and left alone, by why.
+    pub left: crate::stats::Left,
     pub extra: T,
 }
 
@@ -517,6 +519,7 @@ impl<T> Handles<'_, T> {
         summary.frames = encoded.stage.items;
         summary.faces = encoded.faces;
         summary.frames_with_faces = encoded.frames_with_faces;
+        summary.left = encoded.left;
         summary.stages.push(encoded.stage);
         summary.wall = start.elapsed();
         summary.peak_rss = peak_rss();

@@ -45,6 +45,9 @@ struct RawFace {
     blend: Option<f32>,
     #[serde(default)]
     quality: Option<RawQuality>,
+    /// Why the face was left alone (the job's selection), when it was.
+    #[serde(default)]
+    left: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -66,6 +69,14 @@ pub struct Faithful {
     pub quality_before: Option<f32>,
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub quality_after: Option<f32>,
+    /// Faces found and left alone (the job's selection: `min-face`, `only-face`,
+    /// `skip-face`), by why.
+    #[serde(skip_serializing_if = "left_none", default)]
+    pub left: crate::stats::Left,
+}
+
+fn left_none(l: &crate::stats::Left) -> bool {
+    l.total() == 0
 }
 
 /// The figures of every face measured, gathered as the record is read.
@@ -77,6 +88,7 @@ struct Figures {
     identity: std::collections::BTreeMap<u64, Vec<f32>>,
     guarded: std::collections::BTreeSet<u64>,
     quality: Vec<[f32; 2]>,
+    left: crate::stats::Left,
 }
 
 impl Figures {
@@ -91,6 +103,9 @@ impl Figures {
         }
         if let Some(q) = &face.quality {
             self.quality.push([q.before, q.after]);
+        }
+        if let Some(why) = &face.left {
+            self.left.add(why);
         }
     }
 
@@ -110,6 +125,7 @@ impl Figures {
             guarded: self.guarded.iter().copied().filter(|&t| t != u64::MAX).collect(),
             quality_before: median(self.quality.iter().map(|q| q[0]).collect()),
             quality_after: median(self.quality.iter().map(|q| q[1]).collect()),
+            left: self.left,
         }
     }
 }
