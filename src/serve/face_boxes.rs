@@ -358,6 +358,7 @@ mod tests {
                     identity: None,
                     blend: None,
                     quality: None,
+                    left: None,
                 }],
             });
         }
