@@ -168,7 +168,15 @@ fn the_jobs_folder_is_the_only_place_touched_and_what_does_not_check_out_is_left
     let server = Server::start(&["--model", &model(), "--jobs-dir", arg(&jobs)]);
     let listed = jobs_list(&server);
     let listed = listed["jobs"].as_array().unwrap();
-    for k in [1u8, 2, 3, 4, 5, 6, 7] {
+    // 5: a link named like a job is no job: not answered, not listed, left where it is.
+    let (status, _) = state_of(&server, &id(5));
+    assert_eq!(status, 404, "a link answered as a job: {listed:?}");
+    assert!(!listed.iter().any(|j| j["id"] == id(5)), "{listed:?}");
+    let (status, _, _) = server.call("DELETE", &format!("/v1/jobs/{}", id(5)), &[], None, &[]);
+    assert_eq!(status, 404);
+    assert!(std::fs::symlink_metadata(jobs.join(id(5))).is_ok(), "the link went");
+    assert!(elsewhere.join("job.json").exists() && elsewhere.join("input.mp4").exists());
+    for k in [1u8, 2, 3, 4, 6, 7] {
         let (status, rec) = state_of(&server, &id(k));
         assert_eq!(status, 200, "job {k} not listed: {listed:?}");
         assert_eq!(rec["state"], "failed", "job {k}: {rec}");

@@ -367,6 +367,12 @@ fn read_back(jobs_dir: &Path) -> Result<BTreeMap<String, Entry>> {
             continue;
         }
         let dir = entry.path();
+        // Only a real folder is a job: a link named like one is not answered as one (nor
+        // followed, nor removed).
+        if entry.file_type()?.is_symlink() {
+            tracing::warn!(job = %name, "not a job: a symbolic link in the jobs folder, left as it is");
+            continue;
+        }
         let mut rec = match load(&dir, &name, entry.file_type()?) {
             Loaded::Job(rec) => *rec,
             Loaded::Unfinished => {
