@@ -380,6 +380,42 @@ fn a_service_whose_model_cannot_load_exits_non_zero_with_the_reason() {
     );
 }
 
+/// A picture whose header claims more pixels than `--max-pixels` is a 413 whatever its format,
+/// read from the header before any decoder (a JPEG claiming 60000x60000, a TIFF 100000 wide, a
+/// WebP 16384 square, besides PNG and BMP), and counted as too large, never as a bad request.
+#[test]
+fn every_picture_over_the_limit_is_too_large_whatever_its_format() {
+    let dir = tempfile::tempdir().unwrap();
+    let small = dir.path().join("small.jpg");
+    lavfi_picture("color=c=gray:s=64x48", &small);
+    let mut jpeg = std::fs::read(&small).unwrap();
+    let sof = jpeg.windows(2).position(|w| w == [0xff, 0xc0]).unwrap();
+    jpeg[sof + 5..sof + 9].copy_from_slice(&[0xea, 0x60, 0xea, 0x60]);
+    let mut tiff = b"II*\0\x08\0\0\0\x02\0".to_vec();
+    for (tag, v) in [(256u16, 100_000u32), (257, 1000)] {
+        tiff.extend(tag.to_le_bytes());
+        tiff.extend(4u16.to_le_bytes());
+        tiff.extend(1u32.to_le_bytes());
+        tiff.extend(v.to_le_bytes());
+    }
+    tiff.extend([0u8; 4]);
+    let mut webp = b"RIFF\x16\0\0\0WEBPVP8X\x0a\0\0\0\0\0\0\0".to_vec();
+    webp.extend([0xff, 0x3f, 0x00, 0xff, 0x3f, 0x00]);
+    let server = Server::start(&[
+        "--model",
+        &model("standin/identity-256.onnx"),
+        "--max-pixels",
+        "40000000",
+    ]);
+    for (name, body) in [("jpeg", &jpeg), ("tiff", &tiff), ("webp", &webp)] {
+        let (status, answer, _, _) = server.post("/v1/restore", body);
+        let answer = String::from_utf8_lossy(&answer).into_owned();
+        assert_eq!(status, 413, "{name}: {answer}");
+        assert!(answer.contains("--max-pixels"), "{name}: {answer}");
+    }
+    assert_eq!(server.metric("gpen_requests_total{outcome=\"bad_request\"}"), 0.0);
+}
+
 /// A WebP answer is the client's choice: for a picture wider than WebP holds (16383 pixels a
 /// side) it is a 400 that says so, not a 500 from the encoder; the service goes on, and the same
 /// picture in PNG is restored.

@@ -116,6 +116,91 @@ pub(crate) fn png_size(head: &[u8]) -> Option<(u64, u64)> {
     Some((side(16)?, side(20)?))
 }
 
+/// The size a still's header declares, read from its first bytes (`head`) in every format the
+/// service takes (PNG, JPEG, WebP, TIFF, BMP) whatever follows, so a picture claiming more
+/// pixels than allowed is refused for its size before a decoder is asked (which may refuse it
+/// first in words of its own). `None` when the header says nothing readable in `head`.
+pub(crate) fn declared_size(head: &[u8]) -> Option<(u64, u64)> {
+    let u16be = |i: usize| Some(u64::from(u16::from_be_bytes(head.get(i..i + 2)?.try_into().ok()?)));
+    let u16le = |i: usize| Some(u64::from(u16::from_le_bytes(head.get(i..i + 2)?.try_into().ok()?)));
+    let u32le = |i: usize| Some(u32::from_le_bytes(head.get(i..i + 4)?.try_into().ok()?));
+    if let Some(s) = png_size(head) {
+        return Some(s);
+    }
+    if head.starts_with(&[0xff, 0xd8]) {
+        // The markers up to the frame header (SOF0-SOF15 but DHT, JPG, DAC).
+        let mut i = 2;
+        while i + 4 <= head.len() && head[i] == 0xff {
+            let m = head[i + 1];
+            if m == 0xff {
+                i += 1;
+                continue;
+            }
+            if (0xc0..=0xcf).contains(&m) && !matches!(m, 0xc4 | 0xc8 | 0xcc) {
+                return Some((u16be(i + 7)?, u16be(i + 5)?));
+            }
+            if m == 0xda || m == 0xd9 {
+                return None;
+            }
+            i += 2 + u16be(i + 2)? as usize;
+        }
+        return None;
+    }
+    if head.len() >= 30 && &head[..4] == b"RIFF" && &head[8..12] == b"WEBP" {
+        let u24 = |i: usize| u64::from(u32::from_le_bytes([head[i], head[i + 1], head[i + 2], 0]));
+        return match &head[12..16] {
+            b"VP8X" => Some((1 + u24(24), 1 + u24(27))),
+            b"VP8 " if head[23..26] == [0x9d, 0x01, 0x2a] => Some((u16le(26)? & 0x3fff, u16le(28)? & 0x3fff)),
+            b"VP8L" if head[20] == 0x2f => {
+                let bits = u32le(21)?;
+                Some((u64::from(bits & 0x3fff) + 1, u64::from((bits >> 14) & 0x3fff) + 1))
+            }
+            _ => None,
+        };
+    }
+    if head.starts_with(b"II*\0") || head.starts_with(b"MM\0*") {
+        // The first directory's ImageWidth (256) and ImageLength (257), SHORT or LONG.
+        let le = head[0] == b'I';
+        let n16 = |i: usize| -> Option<u64> {
+            let b: [u8; 2] = head.get(i..i + 2)?.try_into().ok()?;
+            Some(u64::from(if le {
+                u16::from_le_bytes(b)
+            } else {
+                u16::from_be_bytes(b)
+            }))
+        };
+        let n32 = |i: usize| -> Option<u64> {
+            let b: [u8; 4] = head.get(i..i + 4)?.try_into().ok()?;
+            Some(u64::from(if le {
+                u32::from_le_bytes(b)
+            } else {
+                u32::from_be_bytes(b)
+            }))
+        };
+        let ifd = n32(4)? as usize;
+        let (mut w, mut h) = (None, None);
+        for k in 0..n16(ifd)? as usize {
+            let e = ifd + 2 + 12 * k;
+            let value = match n16(e + 2)? {
+                3 => n16(e + 8)?,
+                4 => n32(e + 8)?,
+                _ => continue,
+            };
+            match n16(e)? {
+                256 => w = Some(value),
+                257 => h = Some(value),
+                _ => {}
+            }
+        }
+        return w.zip(h);
+    }
+    if head.starts_with(b"BM") {
+        let side = |i: usize| u32le(i).map(|v| u64::from((v as i32).unsigned_abs()));
+        return Some((side(18)?, side(22)?));
+    }
+    None
+}
+
 fn png(head: &[u8], tail: &[u8], size: u64) -> Option<String> {
     if let Some(why) = png_size(head).and_then(|(w, h)| too_large(w, h)) {
         return Some(why);

@@ -207,6 +207,14 @@ fn decoder<'a>(path: &Path, bytes: Option<&'a [u8]>, cap: Option<u64>) -> Result
     let Some(format) = format_of(&head) else {
         return Ok(None);
     };
+    // The size its header declares, when over the limit: said before any decoder reads it, so
+    // a picture too large is that whatever its format (a decoder may refuse it first in words
+    // of its own, as damage).
+    if let Some((w, h)) = crate::media::sniff::declared_size(bytes.unwrap_or(&head)) {
+        if !fits(w, h, cap) {
+            return Err(Unread::TooLarge(w, h));
+        }
+    }
     let mut limits = limits(cap, &head);
     let opened = if format == ImageFormat::WebP {
         image::codecs::webp::WebPDecoder::new(input)
