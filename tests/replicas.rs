@@ -659,3 +659,17 @@ fn wall_time_of_a_film_on_one_replica_and_on_two() {
         two / one
     );
 }
+
+/// A database gone: `/metrics` fails and says why (503) rather than report no jobs at all.
+#[test]
+fn metrics_answer_the_databases_failure_not_zeros() {
+    let db = Postgres::start();
+    let jobs = tempfile::tempdir().unwrap();
+    let servers = replicas(&db, jobs.path(), 1, &[]);
+    assert_eq!(servers[0].get("/metrics").0, 200);
+    drop(db);
+    let (status, page) = servers[0].get("/metrics");
+    assert_eq!(status, 503, "{page}");
+    assert!(page.contains("cannot read the jobs' figures"), "{page}");
+    assert!(!page.contains("gpen_jobs{"), "{page}");
+}

@@ -570,15 +570,23 @@ async fn metrics_page(State(app): State<Arc<App>>) -> Response {
         (in_flight, app.opts.queue as u64),
     );
     let seconds = app.jobs.seconds.lock().unwrap_or_else(|e| e.into_inner()).clone();
-    let (counts, shared) = tokio::task::block_in_place(|| {
-        let shared = app.jobs.db.as_ref().map(|db| {
-            db.holdings().unwrap_or_else(|e| {
-                tracing::warn!("{e:#}");
-                (0, 0, 0)
-            })
-        });
-        (app.jobs.counts(), shared)
+    let read = tokio::task::block_in_place(|| -> Result<_> {
+        let shared = app.jobs.db.as_ref().map(|db| db.holdings()).transpose()?;
+        Ok((app.jobs.counts()?, shared))
     });
+    // The jobs' figures cannot be read (the database is down): the scrape fails and says why,
+    // rather than report no jobs.
+    let (counts, shared) = match read {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::warn!("/metrics: cannot read the jobs' figures: {e:#}");
+            return (
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("cannot read the jobs' figures: {e:#}\n"),
+            )
+                .into_response();
+        }
+    };
     page += &metrics::render_jobs(counts, &seconds);
     if let Some(held) = shared {
         page += &metrics::render_shared(held);

@@ -405,7 +405,9 @@ fn read_back(jobs_dir: &Path) -> Result<BTreeMap<String, Entry>> {
             }
             _ => {}
         }
-        let _ = write_atomic(&dir.join("job.json"), &serde_json::to_vec_pretty(&rec)?);
+        if let Err(e) = write_atomic(&dir.join("job.json"), &serde_json::to_vec_pretty(&rec)?) {
+            tracing::warn!(job = %name, "cannot write the record read back at start: {e:#}");
+        }
         table.insert(
             name,
             Entry {
@@ -524,16 +526,15 @@ impl Jobs {
     }
 
     /// Jobs by state: (queued, running, done, failed).
-    pub fn counts(&self) -> (usize, usize, usize, usize) {
+    /// Jobs queued, running, done and failed; the database's error where it cannot say (never
+    /// zeros in its place).
+    pub fn counts(&self) -> Result<(usize, usize, usize, usize)> {
         if let Some(db) = &self.db {
-            return db.counts().unwrap_or_else(|e| {
-                tracing::warn!("{e:#}");
-                (0, 0, 0, 0)
-            });
+            return db.counts();
         }
         let t = self.lock();
         let n = |s: State| t.values().filter(|e| e.rec.state == s).count();
-        (n(State::Queued), n(State::Running), n(State::Done), n(State::Failed))
+        Ok((n(State::Queued), n(State::Running), n(State::Done), n(State::Failed)))
     }
 
     /// The result file of a done job, opened (a plain file of its folder, no link followed).
@@ -770,7 +771,9 @@ impl Jobs {
             .collect();
         for id in old {
             tracing::info!(job = %id, "removing a finished job past --job-ttl-h");
-            let _ = self.delete(&id);
+            if let Err(e) = self.delete(&id) {
+                tracing::warn!(job = %id, "cannot remove the finished job past --job-ttl-h: {e:#}");
+            }
         }
     }
 
