@@ -1,8 +1,11 @@
 //! `gpen-video models add` and the user registry, end to end: a user's own batch-1 file gets a
 //! checked copy with a symbolic batch that gives the same pixels at batch 4 as the file at batch
 //! 1; a graph that ties its batch keeps batch 1; the template belongs to the model (a registry
-//! name's, or `--template`); a recorded file that changed is refused until added again; `models
-//! remove` deletes the copy, never the user's file. Every run gets its own XDG folders.
+//! name's, or `--template`); a recorded file that changed is refused until added again, and
+//! `models verify` says to add it again, never to fetch it; weights kept beside a graph are
+//! recorded and verified with it; `models remove` deletes the copy, never the user's file; adds
+//! and removes at the same moment all hold; a name a shell would misread is refused. Every run
+//! gets its own XDG folders.
 
 mod common;
 
@@ -247,4 +250,212 @@ fn a_real_gfpgan_export_declared_batch_one_runs_batched_with_the_same_pixels() {
     let out = dir.path().join("restored.png");
     user.ok(&[&still, &out, &"--model", &"gfpgan-1.4"]);
     assert!(out.is_file());
+}
+
+/// The names recorded in the user's list (read as the tool reads it).
+fn recorded(user: &User) -> Vec<String> {
+    let path = user.dir.path().join("config/gpen-video/models.toml");
+    let Ok(text) = std::fs::read_to_string(&path) else {
+        return Vec::new();
+    };
+    let reg = gpen_video::registry::Registry::parse(&text).expect("the list parses");
+    reg.models.into_iter().map(|e| e.name).collect()
+}
+
+/// `models add` and `models remove` of different names at the same moment each hold: the list
+/// is changed under a lock, read again there and replaced whole, so no change is lost.
+#[test]
+fn adds_and_removes_at_the_same_moment_all_hold() {
+    let (user, dir) = (User::new(), tempfile::tempdir().unwrap());
+    let file = users_file(dir.path(), "identity-256.onnx");
+    let mut want: Vec<String> = Vec::new();
+    for round in 0..5 {
+        let names: Vec<String> = (0..4).map(|i| format!("r{round}-m{i}")).collect();
+        std::thread::scope(|s| {
+            for n in &names {
+                let (user, file) = (&user, &file);
+                s.spawn(move || user.ok(&[&"models", &"add", file, &"--name", n]));
+            }
+        });
+        want.extend(names);
+        let got = recorded(&user);
+        for n in &want {
+            assert!(got.contains(n), "round {round}: {n} was lost: {got:?}");
+        }
+    }
+    // A remove and adds of other names at once (the remove is quicker than an add's check, so
+    // it starts a little later, at a different moment each round).
+    for round in 0..5 {
+        let gone = format!("r{round}-m0");
+        let new: Vec<String> = (0..2).map(|i| format!("new{round}-{i}")).collect();
+        std::thread::scope(|s| {
+            for n in &new {
+                let (user, file) = (&user, &file);
+                s.spawn(move || user.ok(&[&"models", &"add", file, &"--name", n]));
+            }
+            let (user, gone) = (&user, &gone);
+            s.spawn(move || {
+                std::thread::sleep(std::time::Duration::from_millis(25 * round + 40));
+                user.ok(&[&"models", &"remove", gone])
+            });
+        });
+        want.retain(|n| n != &gone);
+        want.extend(new);
+        let got = recorded(&user);
+        assert!(!got.contains(&gone), "round {round}: {gone} came back: {got:?}");
+        for n in &want {
+            assert!(got.contains(n), "round {round}: {n} was lost: {got:?}");
+        }
+        assert_eq!(got.len(), want.len(), "{got:?}");
+    }
+    let leftovers: Vec<_> = std::fs::read_dir(user.dir.path().join("config/gpen-video"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains("partial"))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+}
+
+/// The identity stand-in with its weights in a file beside it (ONNX external data, as large
+/// models are saved): the graph at `dir/NAME`, the weights at `dir/location`.
+fn with_external_weights(dir: &Path, name: &str, location: &str) -> PathBuf {
+    use onnx_rs::ast::{DataLocation, DataType, StringStringEntry, TensorProto};
+    let bytes = std::fs::read(asset("models/standin/identity-256.onnx")).unwrap();
+    let mut model = onnx_rs::parse(&bytes).unwrap();
+    let graph = model.graph.as_mut().unwrap();
+    let w = graph
+        .initializer
+        .iter_mut()
+        .find(|t| t.name() == "w")
+        .expect("weights `w`");
+    let data: Vec<u8> = w.as_f32().unwrap().iter().flat_map(|v| v.to_le_bytes()).collect();
+    let length = data.len().to_string();
+    *w = TensorProto::from_raw("w", w.dims().to_vec(), DataType::Float, &[])
+        .with_data_location(DataLocation::External)
+        .with_external_data(vec![
+            StringStringEntry {
+                key: "location",
+                value: location,
+            },
+            StringStringEntry {
+                key: "offset",
+                value: "0",
+            },
+            StringStringEntry {
+                key: "length",
+                value: &length,
+            },
+        ]);
+    let path = dir.join(name);
+    std::fs::write(&path, onnx_rs::encode(&model)).unwrap();
+    let weights = path.parent().unwrap().join(location);
+    std::fs::create_dir_all(weights.parent().unwrap()).unwrap();
+    std::fs::write(weights, data).unwrap();
+    path
+}
+
+/// A model whose weights sit in a file beside it is recorded with that file's checksum too:
+/// weights that change are a mismatch `models verify` names (with and without the path), and
+/// weights outside the model's folder are refused.
+#[test]
+fn weights_beside_the_graph_are_recorded_and_verified() {
+    let (user, dir) = (User::new(), tempfile::tempdir().unwrap());
+    let file = with_external_weights(dir.path(), "ext.onnx", "ext.weights");
+    let (said, _) = user.ok(&[&"models", &"add", &file, &"--name", &"ext"]);
+    assert!(said.contains("recorded ext") && said.contains("ext.weights"), "{said}");
+    let (all, _) = user.ok(&[&"models", &"verify"]);
+    assert!(all.contains("ext.weights"), "{all}");
+    user.ok(&[&"models", &"verify", &file]);
+
+    // Other weights of the same size: the graph is unchanged.
+    let weights = dir.path().join("ext.weights");
+    let mut data = std::fs::read(&weights).unwrap();
+    data[0] ^= 0x40;
+    std::fs::write(&weights, &data).unwrap();
+    for args in [vec!["models", "verify"], vec!["models", "verify", arg(&file)]] {
+        let r = user.run(
+            &args
+                .iter()
+                .map(|a| a as &dyn AsRef<std::ffi::OsStr>)
+                .collect::<Vec<_>>(),
+        );
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&r.stdout),
+            String::from_utf8_lossy(&r.stderr)
+        );
+        assert!(!r.status.success(), "{args:?} passed: {text}");
+        assert!(
+            text.contains("MISMATCH") && text.contains(&weights.display().to_string()),
+            "{args:?}: {text}"
+        );
+    }
+    // Weights of another size are refused on use, as a changed graph is.
+    data.push(0);
+    std::fs::write(&weights, &data).unwrap();
+    let out = dir.path().join("out.mp4");
+    let r = user.run(&[&asset("samples/test/astronaut.mp4"), &out, &"--model", &"ext"]);
+    let err = String::from_utf8_lossy(&r.stderr);
+    assert!(
+        !r.status.success() && err.contains("ext.weights") && err.contains("models add"),
+        "{err}"
+    );
+
+    // Weights outside the model's folder.
+    let inner = dir.path().join("inner");
+    std::fs::create_dir(&inner).unwrap();
+    let outside = with_external_weights(&inner, "out.onnx", "../outside.weights");
+    let r = user.run(&[&"models", &"add", &outside, &"--name", &"outside"]);
+    let err = String::from_utf8_lossy(&r.stderr);
+    assert!(
+        !r.status.success() && err.contains("../outside.weights") && err.contains("outside"),
+        "{err}"
+    );
+}
+
+/// `models verify` on one's own model that changed says to add it again, never to fetch it
+/// (there is nothing to fetch: `models fetch NAME` knows no such model).
+#[test]
+fn verify_of_ones_own_changed_model_says_to_add_it_again() {
+    let (user, dir) = (User::new(), tempfile::tempdir().unwrap());
+    let file = users_file(dir.path(), "identity-256.onnx");
+    user.ok(&[&"models", &"add", &file, &"--name", &"mine"]);
+    let mut bytes = std::fs::read(&file).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 1;
+    std::fs::write(&file, &bytes).unwrap();
+    let r = user.run(&[&"models", &"verify"]);
+    let err = String::from_utf8_lossy(&r.stderr);
+    assert!(!r.status.success(), "{err}");
+    assert!(
+        err.contains("mine") && err.contains("models add") && err.contains(&file.display().to_string()),
+        "{err}"
+    );
+    assert!(!err.contains("fetch"), "{err}");
+    // Nothing of that name to fetch, as the old advice had it.
+    let r = user.run(&[&"models", &"fetch", &"mine"]);
+    assert!(!r.status.success());
+}
+
+/// A name is typed after `--model` and names a file: one that begins with `-` (an option to
+/// the shell's eye) or that a shell would split or expand is refused, saying what a name holds.
+#[test]
+fn names_a_shell_would_misread_are_refused() {
+    let (user, dir) = (User::new(), tempfile::tempdir().unwrap());
+    let file = users_file(dir.path(), "identity-256.onnx");
+    for bad in [
+        "-rf", "--x", ".hidden", "a b", "a\tb", "a;b", "a&b", "a|b", "$x", "a'b", "a\"b", "a*b", "a`b", "",
+    ] {
+        let r = user.run(&[&"models", &"add", &file, &format!("--name={bad}")]);
+        let err = String::from_utf8_lossy(&r.stderr);
+        assert!(!r.status.success(), "`{bad}` was accepted: {err}");
+        assert!(
+            err.contains(&format!("--name `{bad}`")) && err.contains("letters, digits"),
+            "`{bad}`: {err}"
+        );
+    }
+    assert!(recorded(&user).is_empty());
+    for good in ["gpen-bfr-256-random", "My_model+v2", "x", "GPEN-BFR-256"] {
+        user.ok(&[&"models", &"add", &file, &format!("--name={good}")]);
+    }
 }

@@ -1,14 +1,16 @@
 //! `gpen-video models add PATH --name N` and `models remove N`: in, a user's own enhancer file
 //! and the name to know it by; out, an entry in the user registry (its checksum, its I/O contract
-//! read once with ONNX Runtime, its template, its batch) and, for a file that fixes its batch at
-//! 1, a checked copy whose batch is symbolic (see `rebatch`). The user's file is only read.
+//! read once with ONNX Runtime, its template, its batch, the checksum of each file beside it its
+//! graph reads weights from) and, for a file that fixes its batch at 1, a checked copy whose
+//! batch is symbolic (see `rebatch`). The user's file is only read; the list changes under its
+//! lock (see `user::update`).
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 
-use super::{rebatch, registry, sha256_file, user, Batch, Entry, Kind, Source};
+use super::{rebatch, registry, sha256_file, user, weights, Batch, Entry, Kind, Source};
 use crate::faces::align::Template;
 use crate::faces::enhance::{Enhancer, ModelInfo, DEFAULT_FIDELITY};
 use crate::runtime::{SessionOptions, Target};
@@ -70,8 +72,11 @@ fn batched_copy(a: &AddArgs, original: &Path, info: &ModelInfo, fidelity: f32) -
 /// Records `a.path` under `a.name` in the user registry; returns the entry and what was done.
 pub fn add(a: &AddArgs) -> Result<(Entry, String)> {
     let n = &a.name;
-    if n.is_empty() || n.len() > 64 || !n.chars().all(|c| c.is_ascii_alphanumeric() || "-_.+".contains(c)) {
-        bail!("--name `{n}`: use 1 to 64 letters, digits and - _ . + (it names a file too)");
+    if !super::name_ok(n) {
+        bail!(
+            "--name `{n}`: a model's name holds {} (it follows --model on command lines and names a file)",
+            super::NAME_RULE
+        );
     }
     let original = a
         .path
@@ -80,6 +85,7 @@ pub fn add(a: &AddArgs) -> Result<(Entry, String)> {
     if !original.is_file() {
         bail!("{} is not a file", a.path.display());
     }
+    let data = data_files(&original)?;
     let info = contract(&original)?;
     let base = registry()?.find(&a.name).cloned();
     if let Some(b) = &base {
@@ -136,17 +142,27 @@ pub fn add(a: &AddArgs) -> Result<(Entry, String)> {
         blend: base.as_ref().and_then(|b| b.blend),
         licence: base.as_ref().map_or(String::new(), |b| b.licence.clone()),
         origin: String::new(),
+        data: weights::record(&data)?,
     };
+    if !data.is_empty() {
+        let names: Vec<String> = data.iter().map(|p| p.display().to_string()).collect();
+        let _ = writeln!(
+            said,
+            "its weights are read from {} too: recorded with their sha256",
+            names.join(", ")
+        );
+    }
     batch_of(a, &original, &info, &mut entry, &mut said)?;
-    let mut reg = user::load()?;
-    let old = reg.models.iter().position(|e| e.name.eq_ignore_ascii_case(&entry.name));
-    if let Some(i) = old {
-        let was = reg.models.remove(i);
+    let (was, file) = user::update(|reg| {
+        let old = reg.models.iter().position(|e| e.name.eq_ignore_ascii_case(&entry.name));
+        let was = old.map(|i| reg.models.remove(i));
+        reg.models.push(entry.clone());
+        Ok(was)
+    })?;
+    if let Some(was) = was {
         remove_copy(&was, Some(&entry.file));
         let _ = writeln!(said, "replaced your earlier {}", was.name);
     }
-    reg.models.push(entry.clone());
-    let file = user::save(&reg)?;
     let _ = writeln!(
         said,
         "recorded {} in {}: {}x{} crops, template {}, batch {}{}; use it with --model {}",
@@ -179,22 +195,39 @@ fn remove_copy(e: &Entry, keep: Option<&str>) {
 /// Forgets the user's model `name` (and deletes the copy this tool made of it, if any; the
 /// user's own file is left alone).
 pub fn remove(name: &str) -> Result<String> {
-    let mut reg = user::load()?;
-    let Some(i) = reg.models.iter().position(|e| e.name.eq_ignore_ascii_case(name)) else {
-        let names: Vec<&str> = reg.models.iter().map(|e| e.name.as_str()).collect();
-        bail!(
-            "no model of yours is called `{name}` (yours: {})",
-            if names.is_empty() {
-                "none".into()
-            } else {
-                names.join(", ")
-            }
-        );
-    };
-    let e = reg.models.remove(i);
+    let (e, file) = user::update(|reg| {
+        let Some(i) = reg.models.iter().position(|e| e.name.eq_ignore_ascii_case(name)) else {
+            let names: Vec<&str> = reg.models.iter().map(|e| e.name.as_str()).collect();
+            bail!(
+                "no model of yours is called `{name}` (yours: {})",
+                if names.is_empty() {
+                    "none".into()
+                } else {
+                    names.join(", ")
+                }
+            );
+        };
+        Ok(reg.models.remove(i))
+    })?;
     remove_copy(&e, None);
-    let file = user::save(&reg)?;
     Ok(format!("removed {} from {}\n", e.name, file.display()))
+}
+
+/// The files beside `original` its graph reads its weights from (see [`weights::files`]). A
+/// file this cannot parse is left to ONNX Runtime to refuse; one it reads is refused too, as its
+/// checksum could not cover the files it reads.
+fn data_files(original: &Path) -> Result<Vec<PathBuf>> {
+    let bytes = std::fs::read(original).with_context(|| format!("cannot read {}", original.display()))?;
+    match onnx_rs::parse(&bytes) {
+        Ok(m) => weights::files(original, &m),
+        Err(why) => {
+            contract(original)?;
+            bail!(
+                "{}: cannot tell which files its graph reads ({why}), so its checksum could not cover them: save it again with the onnx package (onnx.save) and add that file",
+                original.display()
+            )
+        }
+    }
 }
 
 /// Makes `entry` the checked copy with a symbolic batch of a file whose batch is fixed at 1

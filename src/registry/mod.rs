@@ -31,6 +31,7 @@ pub(crate) mod report;
 #[cfg(test)]
 mod tests;
 pub mod user;
+pub mod weights;
 
 pub use fetch::{check_entry_file, download_url, fetch, fetch_entry, fetch_url, DEFAULT_STALL_S, STALL_ENV};
 use report::verify_all;
@@ -124,10 +125,25 @@ pub struct Entry {
     /// A user entry whose `file` is a copy made with a symbolic batch: the file the user added.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub origin: String,
+    /// A user entry's files beside `file` that its graph reads its weights from (ONNX external
+    /// data), each with its checksum.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub data: Vec<weights::DataFile>,
 }
 
 fn is_zero<T: Default + PartialEq>(v: &T) -> bool {
     *v == T::default()
+}
+
+/// What a model's name may hold, as error messages say it.
+pub const NAME_RULE: &str = "1 to 64 letters, digits, `.`, `_`, `-` and `+`, and begins with neither `-` nor `.`";
+
+/// Whether `name` follows [`NAME_RULE`]: a word a shell passes on as it is, that no command
+/// takes for an option, and a file name that is not hidden.
+pub fn name_ok(name: &str) -> bool {
+    (1..=64).contains(&name.len())
+        && !name.starts_with(['-', '.'])
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || "._-+".contains(c))
 }
 
 impl Entry {
@@ -153,6 +169,25 @@ impl Entry {
     /// The alignment template the entry names, if it names one a model can use.
     pub fn template(&self) -> Option<Template> {
         self.template.parse().ok()
+    }
+
+    /// What to do when the file here is not the one on record: get it again from where it came
+    /// from (one's own model is recorded again from the file that was added, as nothing can
+    /// fetch it).
+    pub(crate) fn mend(&self) -> String {
+        match self.source {
+            Source::Download => format!(
+                "delete it and download it again with `gpen-video models fetch {}`",
+                self.name
+            ),
+            Source::Export => format!("delete it and build it again with `{}`", self.make),
+            Source::Setup => format!("delete it and make it again with {}", self.make),
+            Source::User => format!(
+                "it is your own model: if you changed it on purpose, record it again with `gpen-video models add {} --name {}`; otherwise put back the file you added",
+                if self.origin.is_empty() { &self.file } else { &self.origin },
+                self.name
+            ),
+        }
     }
 
     /// What to do to get this model onto this machine.
@@ -216,6 +251,17 @@ impl Registry {
             for (what, h) in [("sha256", &e.sha256), ("source_sha256", &e.source_sha256)] {
                 if !h.is_empty() && !is_sha256(h) {
                     bail!("{n}: {what} `{h}` is not 64 lowercase hex digits");
+                }
+            }
+            for d in &e.data {
+                if e.source != Source::User {
+                    bail!("{n}: only your own models record weights files (`data`)");
+                }
+                if !d.file.starts_with('/') {
+                    bail!("{n}: weights file `{}` must be an absolute path", d.file);
+                }
+                if !is_sha256(&d.sha256) {
+                    bail!("{n}: the sha256 of {} is not 64 lowercase hex digits", d.file);
                 }
             }
             for u in [&e.url, &e.checkpoint_url] {
@@ -438,7 +484,8 @@ pub enum ModelsCmd {
         /// The ONNX file (input [1 or N,3,S,S]; CodeFormer's second input `weight` is welcome).
         path: PathBuf,
         /// The name to use with --model (a registry name such as `codeformer` takes its facts:
-        /// template, default fidelity, licence).
+        /// template, default fidelity, licence): letters, digits, `.`, `_`, `-` and `+`, not
+        /// beginning with `-` or `.`.
         #[arg(long, value_name = "NAME")]
         name: String,
         /// The alignment template the model was trained with, when neither the file nor the
@@ -481,12 +528,27 @@ pub fn run(cmd: ModelsCmd) -> Result<()> {
         ModelsCmd::Verify { path: Some(p) } => {
             let report = verify_path(&p)?;
             crate::console::print_text(&report.to_string());
-            if let Checksum::Mismatch { expected } = &report.checksum {
+            if report.mismatch() {
+                let mut what = Vec::new();
+                if let Checksum::Mismatch { expected } = &report.checksum {
+                    what.push(format!("sha256 {} differs from {expected}", report.sha256));
+                }
+                let changed: Vec<&str> = report
+                    .data
+                    .iter()
+                    .filter(|d| !d.matches)
+                    .map(|d| d.file.as_str())
+                    .collect();
+                if !changed.is_empty() {
+                    what.push(format!("its weights {} differ from those", changed.join(", ")));
+                }
+                let e = report.entry.as_ref();
                 bail!(
-                    "{}: sha256 {} differs from {expected} on record for {}",
+                    "{}: {} on record for {}: {}",
                     p.display(),
-                    report.sha256,
-                    report.entry.as_ref().map_or("?", |e| e.name.as_str())
+                    what.join(", and "),
+                    e.map_or("?", |e| e.name.as_str()),
+                    e.map_or(String::new(), Entry::mend)
                 );
             }
             Ok(())

@@ -1,6 +1,7 @@
 //! `models list` and `models verify`: in, the registry and model files; out, the table of known
 //! models, a file's sha256, the registry entry it matches and its I/O contract read with ONNX
-//! Runtime, or every present registry file checked against its sha256.
+//! Runtime, or every present registry file (and every file of the user's own models, the weights
+//! files they read included) checked against its sha256.
 
 use std::fmt::{self, Write as _};
 use std::io::Read;
@@ -9,6 +10,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use sha2::{Digest, Sha256};
 
+use super::weights::DataCheck;
 use super::{registry, Batch, Entry, Kind};
 use crate::faces::enhance::ModelInfo;
 
@@ -154,12 +156,22 @@ pub struct FileReport {
     pub sha256: String,
     pub entry: Option<Entry>,
     pub checksum: Checksum,
+    /// The files beside it that the entry records it reading its weights from, checked.
+    pub data: Vec<DataCheck>,
     pub facts: ModelFacts,
 }
 
-/// Hashes `path`, matches it to the registry and checks its I/O contract with ONNX Runtime.
-/// Errors when the file cannot be read, is not an ONNX model or does not fit the contract of
-/// its kind; a checksum mismatch is reported in [`FileReport::checksum`].
+impl FileReport {
+    /// Whether the file, or a weights file it reads, is not what is on record.
+    pub fn mismatch(&self) -> bool {
+        matches!(self.checksum, Checksum::Mismatch { .. }) || self.data.iter().any(|d| !d.matches)
+    }
+}
+
+/// Hashes `path`, matches it to the user's entries (by file) and the registry and checks its
+/// I/O contract with ONNX Runtime. Errors when the file cannot be read, is not an ONNX model or
+/// does not fit the contract of its kind; a checksum mismatch (the file's, or that of a weights
+/// file its entry records) is reported in [`FileReport::checksum`] and [`FileReport::data`].
 pub fn verify_path(path: &Path) -> Result<FileReport> {
     let meta = std::fs::metadata(path).with_context(|| format!("cannot read {}", path.display()))?;
     if !meta.is_file() {
@@ -167,10 +179,30 @@ pub fn verify_path(path: &Path) -> Result<FileReport> {
     }
     let sha256 = sha256_file(path)?;
     let reg = registry()?;
+    let users = super::user::load()?;
+    // One's own file (or the file a copy was made of) is checked against its own record.
+    let same = |f: &str| !f.is_empty() && crate::output::same_file(Path::new(f), path);
+    let mine = users.models.iter().find_map(|e| {
+        if same(&e.file) {
+            Some((e, e.sha()))
+        } else if same(&e.origin) {
+            Some((e, (!e.source_sha256.is_empty()).then_some(e.source_sha256.as_str())))
+        } else {
+            None
+        }
+    });
     let by_name = path.file_name().and_then(|n| reg.by_file(&n.to_string_lossy()));
-    let (entry, checksum) = match (reg.by_sha(&sha256), by_name) {
-        (Some(e), _) => (Some(e), Checksum::Match),
-        (None, Some(e)) => match e.sha() {
+    let (entry, checksum) = match (mine, reg.by_sha(&sha256), by_name) {
+        (Some((e, Some(x))), _, _) if x == sha256 => (Some(e), Checksum::Match),
+        (Some((e, Some(x))), _, _) => (
+            Some(e),
+            Checksum::Mismatch {
+                expected: x.to_string(),
+            },
+        ),
+        (Some((e, None)), _, _) => (Some(e), Checksum::NotOnRecord),
+        (None, Some(e), _) => (Some(e), Checksum::Match),
+        (None, None, Some(e)) => match e.sha() {
             Some(x) => (
                 Some(e),
                 Checksum::Mismatch {
@@ -179,8 +211,11 @@ pub fn verify_path(path: &Path) -> Result<FileReport> {
             ),
             None => (Some(e), Checksum::NotOnRecord),
         },
-        (None, None) => (None, Checksum::NoEntry),
+        (None, None, None) => (None, Checksum::NoEntry),
     };
+    let data = entry
+        .filter(|e| e.source == super::Source::User && same(&e.file))
+        .map_or_else(Vec::new, super::weights::check);
     let facts = read_facts(path, entry.map(|e| e.kind))?;
     Ok(FileReport {
         path: path.to_path_buf(),
@@ -188,6 +223,7 @@ pub fn verify_path(path: &Path) -> Result<FileReport> {
         sha256,
         entry: entry.cloned(),
         checksum,
+        data,
         facts,
     })
 }
@@ -287,10 +323,18 @@ impl fmt::Display for FileReport {
             Checksum::Match => writeln!(f, "  registry   {name}: sha256 matches the one on record")?,
             Checksum::Mismatch { expected } => writeln!(
                 f,
-                "  registry   {name}: MISMATCH, {expected} on record (not the published file, or damaged)"
+                "  registry   {name}: MISMATCH, {expected} on record ({})",
+                if self.entry.as_ref().is_some_and(|e| e.source == super::Source::User) {
+                    "changed since `gpen-video models add`"
+                } else {
+                    "not the published file, or damaged"
+                }
             )?,
             Checksum::NotOnRecord => writeln!(f, "  registry   {name} (by file name): no checksum on record")?,
             Checksum::NoEntry => writeln!(f, "  registry   no entry (not a known model file)")?,
+        }
+        for d in &self.data {
+            writeln!(f, "  weights    {}: {}", d.file, d.status)?;
         }
         if let Some(e) = &self.entry {
             if e.bytes != 0 && e.bytes != self.bytes {
@@ -349,7 +393,9 @@ impl fmt::Display for FileReport {
     }
 }
 
-/// `verify` without a path: every registry file present under models/.
+/// `verify` without a path: every registry file present under models/, and every file of the
+/// user's own models (the weights files they read included). A mismatch ends in an error that
+/// says, for each model, how to mend it where it came from.
 pub(super) fn verify_all() -> Result<()> {
     let known = super::known()?;
     let (mut seen, mut bad) = (0, Vec::new());
@@ -358,10 +404,11 @@ pub(super) fn verify_all() -> Result<()> {
         seen += 1;
         let sha = sha256_file(&p)?;
         let bytes = std::fs::metadata(&p).map(|m| m.len()).unwrap_or(0);
+        let mut matches = true;
         let status = match e.sha() {
             Some(x) if x == sha => "ok: sha256 matches".to_string(),
             Some(x) => {
-                bad.push(e.name.clone());
+                matches = false;
                 format!("MISMATCH: sha256 {sha}, {x} on record")
             }
             None => format!("no checksum on record (sha256 {sha})"),
@@ -372,6 +419,13 @@ pub(super) fn verify_all() -> Result<()> {
             String::new()
         };
         crate::console::print_text(&format!("{:<26} {}  {status}{size}\n", e.name, p.display()));
+        for d in super::weights::check(e) {
+            matches &= d.matches;
+            crate::console::print_text(&format!("{:<26} {}  {}\n", e.name, d.file, d.status));
+        }
+        if !matches {
+            bad.push(format!("{} ({}): {}", e.name, p.display(), e.mend()));
+        }
     }
     if seen == 0 {
         crate::console::print_text(
@@ -380,8 +434,9 @@ pub(super) fn verify_all() -> Result<()> {
     }
     if !bad.is_empty() {
         bail!(
-            "{} do(es) not match the checksum on record: delete and fetch again",
-            bad.join(", ")
+            "{} model(s) do not match what is on record:\n  {}",
+            bad.len(),
+            bad.join("\n  ")
         );
     }
     Ok(())

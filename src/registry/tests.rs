@@ -214,3 +214,68 @@ fn user_entries_name_absolute_files() {
     let e = Registry::parse(&(entry("a", "m.onnx", "export") + &entry("b", "m.onnx", "export"))).unwrap_err();
     assert!(format!("{e:#}").contains("used by another entry"), "{e:#}");
 }
+
+#[test]
+fn every_registry_name_is_a_name_models_add_takes() {
+    for e in &registry().unwrap().models {
+        assert!(name_ok(&e.name), "{}", e.name);
+    }
+    for good in ["x", "gfpgan-1.4", "My_model+v2", "a.b-c_d", &"n".repeat(64)] {
+        assert!(name_ok(good), "{good}");
+    }
+    let long = "n".repeat(65);
+    for bad in [
+        "", "-rf", "--x", ".hidden", "a b", "a\tb", "a\nb", "a;b", "a&b", "a|b", "$x", "a'b", "a\"b", "a*b", "a/b",
+        "a`b", "é", &long,
+    ] {
+        assert!(!name_ok(bad), "{bad:?}");
+    }
+}
+
+#[test]
+fn weights_files_are_your_own_models_only_and_well_formed() {
+    let sha = "a".repeat(64);
+    let user = |file: &str, sha: &str| {
+        format!(
+            "[[model]]\nname = \"x\"\nkind = \"enhancer\"\nfile = \"/m/x.onnx\"\nsource = \"user\"\n\
+             batch = \"dynamic\"\ninput_size = 256\ntemplate = \"ffhq\"\nnormalisation = \"[-1,1] RGB NCHW\"\n\
+             [[model.data]]\nfile = \"{file}\"\nsha256 = \"{sha}\"\nbytes = 36\n"
+        )
+    };
+    let reg = Registry::parse(&user("/m/x.weights", &sha)).unwrap();
+    assert_eq!(reg.models[0].data[0].bytes, 36);
+    // Written back as it was read.
+    let again = Registry::parse(&toml::to_string(&reg).unwrap()).unwrap();
+    assert_eq!(again.models[0].data, reg.models[0].data);
+    assert!(Registry::parse(&user("x.weights", &sha)).is_err(), "a relative path");
+    assert!(Registry::parse(&user("/m/x.weights", "abc")).is_err(), "a bad checksum");
+    let listed = one(&format!(
+        "[[model.data]]\nfile = \"/m/x.weights\"\nsha256 = \"{sha}\"\nbytes = 1\n"
+    ));
+    assert!(Registry::parse(&listed).is_err(), "only your own models");
+}
+
+#[test]
+fn the_advice_on_a_mismatch_follows_where_the_model_came_from() {
+    let reg = registry().unwrap();
+    assert!(reg
+        .find("GPEN-BFR-256")
+        .unwrap()
+        .mend()
+        .contains("models fetch GPEN-BFR-256"));
+    assert!(reg.find("centerface").unwrap().mend().contains("scripts/setup.sh"));
+    assert!(reg
+        .find("gpen-bfr-256-random")
+        .unwrap()
+        .mend()
+        .contains("gpen_export.py"));
+    let mut mine = reg.find("GPEN-BFR-256").unwrap().clone();
+    mine.source = Source::User;
+    mine.file = "/home/me/copy.onnx".into();
+    mine.origin = "/home/me/mine.onnx".into();
+    let advice = mine.mend();
+    assert!(
+        advice.contains("models add /home/me/mine.onnx --name GPEN-BFR-256") && !advice.contains("fetch"),
+        "{advice}"
+    );
+}
