@@ -527,3 +527,36 @@ fn an_upload_just_over_the_limit_is_answered_not_cut_off() {
     let left = entries(&jobs_dir);
     assert!(left.is_empty(), "nothing kept: {left:?}");
 }
+
+/// A cancel that lands as a job ends (after the run, before its end is written; held there by
+/// `GPEN_VIDEO_FAULTS=job-end=MS`) stands: the job answers and stays cancelled, never done.
+#[test]
+fn a_cancel_as_a_job_ends_stands() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = clip(dir.path(), 1);
+    let server = Server::start_env(
+        &["--model", &model()],
+        &[("GPEN_VIDEO_FAULTS", Path::new("job-end=3000"))],
+    );
+    let (status, body, _) = post(&server, &input, "", &[]);
+    assert_eq!(status, 202, "{}", String::from_utf8_lossy(&body));
+    let id = field(&body, "id").as_str().unwrap().to_string();
+    // The run over, its end not yet written: the pause.
+    let start = Instant::now();
+    loop {
+        let (_, _, body) = server.call("GET", &format!("/v1/jobs/{id}"), &[], None, &[]);
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        if server.log.lock().unwrap().contains("before the job's end") {
+            break;
+        }
+        assert!(v["state"] != "done", "ended before the pause: {v}");
+        assert!(start.elapsed() < Duration::from_secs(60), "{v}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let (status, _, body) = server.call("POST", &format!("/v1/jobs/{id}/cancel"), &[], None, &[]);
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    assert_eq!(field(&body, "state"), "cancelled");
+    std::thread::sleep(Duration::from_millis(4000));
+    let v = wait_for(&server, &id, &["cancelled", "done"], 10, &[]);
+    assert_eq!(v["state"], "cancelled", "{v}");
+}

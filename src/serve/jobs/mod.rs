@@ -986,6 +986,7 @@ impl Jobs {
         }
     }
 
+    #[allow(clippy::too_many_lines)]
     fn run_one(&self, id: &str) {
         let Some((rec, cancel)) = self.lock().get(id).map(|e| (e.rec.clone(), e.cancel.clone())) else {
             return;
@@ -1042,40 +1043,64 @@ impl Jobs {
             tracing::info!(job = %id, "job cancelled");
             return;
         }
+        // The tests' way to land a cancel between the look above and the end below
+        // (`GPEN_VIDEO_FAULTS=job-end=MS`): the end is decided under the table's lock, so a
+        // cancel in between holds.
+        if let Some(ms) = job_end_delay() {
+            tracing::info!(job = %id, "pausing {ms} ms before the job's end (GPEN_VIDEO_FAULTS)");
+            std::thread::sleep(Duration::from_millis(ms));
+        }
+        // Each end only for a job still running: a cancel that landed meanwhile stands.
+        let mut ended = false;
+        let mut end = |f: &dyn Fn(&mut Record)| {
+            self.update(id, |r| {
+                if r.state == State::Running {
+                    f(r);
+                    ended = true;
+                }
+            })
+        };
         match r {
             Ok(faithful) => {
                 let bytes = std::fs::metadata(self.dir_of(id).join(&rec.output))
                     .map(|m| m.len())
                     .ok();
-                self.update(id, |r| {
+                end(&|r| {
                     r.state = State::Done;
-                    r.faithful = faithful;
+                    r.faithful = faithful.clone();
                     r.finished = Some(now());
                     r.result_bytes = bytes;
                     if let Some(t) = r.frames_total {
                         r.frames_done = r.frames_done.max(t);
                     }
                 });
-                self.seconds.lock().unwrap_or_else(|e| e.into_inner()).push(secs);
-                tracing::info!(job = %id, seconds = format!("{secs:.1}"), "job done");
+                if ended {
+                    self.seconds.lock().unwrap_or_else(|e| e.into_inner()).push(secs);
+                    tracing::info!(job = %id, seconds = format!("{secs:.1}"), "job done");
+                }
             }
             Err(_) if self.stopping.load(Ordering::SeqCst) => {
                 // The service is stopping: the job waits for the next start.
-                self.update(id, |r| {
+                end(&|r| {
                     r.state = State::Queued;
                     r.fps = None;
                 });
             }
             Err(e) => {
                 let why = self.in_words(&format!("{e:#}"), Some(&rec));
-                self.update(id, |r| {
+                end(&|r| {
                     r.state = State::Failed;
                     r.finished = Some(now());
                     r.error = Some(why.clone());
                 });
-                self.seconds.lock().unwrap_or_else(|e| e.into_inner()).push(secs);
-                tracing::warn!(job = %id, "job failed: {why}");
+                if ended {
+                    self.seconds.lock().unwrap_or_else(|e| e.into_inner()).push(secs);
+                    tracing::warn!(job = %id, "job failed: {why}");
+                }
             }
+        }
+        if !ended {
+            tracing::info!(job = %id, "job cancelled as it ended");
         }
     }
 
@@ -1386,4 +1411,13 @@ mod tests {
         assert_eq!(rec.answer()["progress"], 1.0);
         assert_eq!(rec.answer()["state"], "done");
     }
+}
+
+/// `GPEN_VIDEO_FAULTS=job-end=MS`: a pause before a local job's end is decided (the tests'
+/// way to land a cancel there).
+fn job_end_delay() -> Option<u64> {
+    std::env::var("GPEN_VIDEO_FAULTS")
+        .ok()?
+        .split(',')
+        .find_map(|p| p.trim().strip_prefix("job-end=")?.parse().ok())
 }
