@@ -1373,6 +1373,15 @@ fn treatment_of(settings: &Settings, faces: &BTreeMap<String, PathBuf>, q: &JobQ
     Ok(t)
 }
 
+/// `GPEN_VIDEO_FAULTS=job-end=MS`: a pause before a local job's end is decided (the tests'
+/// way to land a cancel there).
+fn job_end_delay() -> Option<u64> {
+    std::env::var("GPEN_VIDEO_FAULTS")
+        .ok()?
+        .split(',')
+        .find_map(|p| p.trim().strip_prefix("job-end=")?.parse().ok())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1411,13 +1420,4 @@ mod tests {
         assert_eq!(rec.answer()["progress"], 1.0);
         assert_eq!(rec.answer()["state"], "done");
     }
-}
-
-/// `GPEN_VIDEO_FAULTS=job-end=MS`: a pause before a local job's end is decided (the tests'
-/// way to land a cancel there).
-fn job_end_delay() -> Option<u64> {
-    std::env::var("GPEN_VIDEO_FAULTS")
-        .ok()?
-        .split(',')
-        .find_map(|p| p.trim().strip_prefix("job-end=")?.parse().ok())
 }
