@@ -6,12 +6,9 @@
 
 mod common;
 
-use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::Duration;
 
-use common::server::Server;
+use common::server::{serve_exits, Server};
 use common::*;
 
 /// A picture without a face (grey), and a "photo" that is text.
@@ -22,46 +19,6 @@ fn bad_photos(dir: &Path) -> (PathBuf, PathBuf) {
     (grey, text)
 }
 
-/// `gpen-video serve` with `extra`: its exit code and log once it exits (at most 60 s), or a
-/// failure if it is still serving then.
-fn serve_exits(extra: &[&dyn AsRef<std::ffi::OsStr>]) -> (Option<i32>, String) {
-    let state = tempfile::tempdir().unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_gpen-video"))
-        .args(["serve", "--listen", "127.0.0.1:0"])
-        .args(extra)
-        .env("XDG_STATE_HOME", state.path())
-        .env("XDG_CONFIG_HOME", no_user_dirs())
-        .env("XDG_DATA_HOME", no_user_dirs())
-        .env("ORT_DYLIB_PATH", asset(".deps/lib/libonnxruntime.so"))
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut err = child.stderr.take().unwrap();
-    let reader = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = err.read_to_string(&mut s);
-        s
-    });
-    let start = std::time::Instant::now();
-    let status = loop {
-        if let Some(st) = child.try_wait().unwrap() {
-            break st;
-        }
-        if start.elapsed() > Duration::from_secs(60) {
-            let _ = child.kill();
-            panic!(
-                "serve still running 60 s after {:?}",
-                extra.iter().map(|a| a.as_ref()).collect::<Vec<_>>()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    };
-    let log = reader.join().unwrap();
-    assert!(!log.contains("listening on"), "it listened first: {log}");
-    assert!(!log.contains("panicked"), "{log}");
-    (status.code(), log)
-}
-
 /// `serve --fidelity` on a model without a fidelity input, and `serve --face NAME=PHOTO` with a
 /// photo without a face or one that is not a picture, exit 1 with the reason before listening.
 #[test]
@@ -69,12 +26,14 @@ fn a_service_that_could_never_run_exits_at_start() {
     let dir = tempfile::tempdir().unwrap();
     let model = asset("models/standin/identity-256.onnx");
     let (code, log) = serve_exits(&[&"--model", &model, &"--fidelity", &"0.7"]);
+    assert!(!log.contains("listening on"), "it listened first: {log}");
     assert_eq!(code, Some(1), "{log}");
     assert!(log.contains("has no fidelity input"), "{log}");
     let (grey, text) = bad_photos(dir.path());
     for (photo, why) in [(&grey, "no face found"), (&text, "not a picture")] {
         let face = format!("wall={}", photo.display());
         let (code, log) = serve_exits(&[&"--model", &model, &"--face", &face]);
+        assert!(!log.contains("listening on"), "it listened first: {log}");
         assert_eq!(code, Some(1), "{log}");
         assert!(log.contains(&photo.display().to_string()) && log.contains(why), "{log}");
     }

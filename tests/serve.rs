@@ -8,7 +8,6 @@ mod common;
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use common::server::Server;
@@ -346,34 +345,10 @@ fn a_request_leaves_nothing_on_disk_even_when_its_client_leaves() {
 /// "loading the model" for ever.
 #[test]
 fn a_service_whose_model_cannot_load_exits_non_zero_with_the_reason() {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_gpen-video"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--device", "cuda:0"])
-        // A restorer named (no stand-in is picked unasked): what fails is the device.
-        .arg("--model")
-        .arg(asset("models/standin/identity-512.onnx"))
-        .env("ORT_DYLIB_PATH", asset(".deps/lib/libonnxruntime.so"))
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut err = child.stderr.take().unwrap();
-    let reader = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = err.read_to_string(&mut s);
-        s
-    });
-    let start = std::time::Instant::now();
-    let status = loop {
-        if let Some(st) = child.try_wait().unwrap() {
-            break st;
-        }
-        if start.elapsed() > Duration::from_secs(60) {
-            let _ = child.kill();
-            panic!("serve still running 60 s after its engine could not load");
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    };
-    let log = reader.join().unwrap();
-    assert_eq!(status.code(), Some(1), "{log}");
+    // A restorer named (no stand-in is picked unasked): what fails is the device.
+    let model = asset("models/standin/identity-512.onnx");
+    let (code, log) = common::server::serve_exits(&[&"--device", &"cuda:0", &"--model", &model]);
+    assert_eq!(code, Some(1), "{log}");
     assert!(
         log.contains("could not load its model") && log.contains("cuda"),
         "{log}"

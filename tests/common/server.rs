@@ -188,3 +188,42 @@ impl Server {
         self.call("GET", &format!("/v1/jobs/{id}/result"), &[], None, &[]).2
     }
 }
+
+/// `gpen-video serve` with `extra`: its exit code and log once it exits (at most 60 s), or a
+/// failure if it is still running then.
+pub fn serve_exits(extra: &[&dyn AsRef<std::ffi::OsStr>]) -> (Option<i32>, String) {
+    let state = tempfile::tempdir().unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_gpen-video"))
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .args(extra)
+        .env("XDG_STATE_HOME", state.path())
+        .env("XDG_CONFIG_HOME", super::no_user_dirs())
+        .env("XDG_DATA_HOME", super::no_user_dirs())
+        .env("ORT_DYLIB_PATH", super::asset(".deps/lib/libonnxruntime.so"))
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = child.stderr.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = err.read_to_string(&mut s);
+        s
+    });
+    let start = std::time::Instant::now();
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if start.elapsed() > Duration::from_secs(60) {
+            let _ = child.kill();
+            panic!(
+                "serve still running 60 s after {:?}",
+                extra.iter().map(|a| a.as_ref()).collect::<Vec<_>>()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let log = reader.join().unwrap();
+    assert!(!log.contains("panicked"), "{log}");
+    (status.code(), log)
+}
