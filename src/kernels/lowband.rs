@@ -48,9 +48,11 @@ pub trait Band: Copy {
 impl Band for i16 {
     // A cell row of a crop up to 2^16 rows tall fits an i32 at 2^15 a value.
     type Sum = i32;
+    #[inline(always)]
     fn widen(self) -> i32 {
         i32::from(self)
     }
+    #[inline(always)]
     fn less(self, low: f32) -> i16 {
         round_steps(f32::from(self) - low)
     }
@@ -61,9 +63,11 @@ impl Band for i16 {
 
 impl Band for f32 {
     type Sum = f32;
+    #[inline(always)]
     fn widen(self) -> f32 {
         self
     }
+    #[inline(always)]
     fn less(self, low: f32) -> f32 {
         self - low
     }
@@ -96,8 +100,30 @@ pub fn remove_low_band_from_level(level: &mut [f32], size: usize, crop: usize, s
     remove_low_band_of(level, size, cells(crop).min(size), s);
 }
 
-/// Removes the low band of `n` cells a side from `change` (packed RGB of `size * size`).
+/// Removes the low band of `n` cells a side from `change` (packed RGB of `size * size`),
+/// compiled for AVX2 where the CPU has it.
 fn remove_low_band_of<T: Band>(change: &mut [T], size: usize, n: usize, s: &mut LowBand) {
+    #[cfg(target_arch = "x86_64")]
+    if super::Cpu::detected().avx2() {
+        // SAFETY: `Cpu::detected` says AVX2 only where this CPU has it (see `crate::kernels::cpu`).
+        return unsafe { remove_low_band_avx2(change, size, n, s) };
+    }
+    low_band_body(change, size, n, s);
+}
+
+/// [`low_band_body`] compiled for AVX2.
+///
+/// # Safety
+/// The CPU must have AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn remove_low_band_avx2<T: Band>(change: &mut [T], size: usize, n: usize, s: &mut LowBand) {
+    low_band_body(change, size, n, s);
+}
+
+/// The body of [`remove_low_band_of`].
+#[inline(always)]
+fn low_band_body<T: Band>(change: &mut [T], size: usize, n: usize, s: &mut LowBand) {
     if size < 2 || n < 2 || change.len() < 3 * size * size {
         return;
     }
