@@ -824,7 +824,39 @@ impl Jobs {
                 .replace(&dir.join(&r.output).display().to_string(), "the result")
                 .replace(&dir.display().to_string(), "the job's folder");
         }
-        m.replace(&self.opts.dir.display().to_string(), "the jobs folder")
+        m = m.replace(&self.opts.dir.display().to_string(), "the jobs folder");
+        // The service's own files: its models by their files' names, the faces it holds by
+        // their names; the folders they sit in never.
+        let r = &self.settings.recipe;
+        let mut files: Vec<(String, String)> = [
+            Some(&r.model),
+            Some(&r.detector),
+            r.mesh.as_ref(),
+            r.identity.as_ref(),
+            r.quality.as_ref(),
+        ]
+        .into_iter()
+        .flatten()
+        .map(|a| {
+            let shown = a
+                .path()
+                .file_name()
+                .map_or_else(String::new, |f| f.to_string_lossy().into_owned());
+            (a.path().display().to_string(), format!("the model file {shown}"))
+        })
+        .collect();
+        files.extend(
+            offered_models(&self.settings)
+                .into_iter()
+                .map(|o| (o.path.display().to_string(), format!("the model {}", o.name))),
+        );
+        files.extend(
+            self.opts
+                .faces
+                .iter()
+                .map(|(name, photo)| (photo.display().to_string(), format!("the face {name}"))),
+        );
+        named(&m, files)
     }
 
     fn admit_in(&self, id: &str, dir: &Path, query: JobQuery, owner: Option<String>) -> Result<Record> {
@@ -1373,6 +1405,17 @@ fn treatment_of(settings: &Settings, faces: &BTreeMap<String, PathBuf>, q: &JobQ
     Ok(t)
 }
 
+/// `message` with each of `files`' paths said in its words, the longest path first (so a path
+/// is never cut by a shorter one inside it).
+fn named(message: &str, mut files: Vec<(String, String)>) -> String {
+    files.sort_by_key(|(p, _)| std::cmp::Reverse(p.len()));
+    let mut m = message.to_string();
+    for (path, words) in files.into_iter().filter(|(p, _)| !p.is_empty()) {
+        m = m.replace(&path, &words);
+    }
+    m
+}
+
 /// `GPEN_VIDEO_FAULTS=job-end=MS`: a pause before a local job's end is decided (the tests'
 /// way to land a cancel there).
 fn job_end_delay() -> Option<u64> {
@@ -1384,6 +1427,28 @@ fn job_end_delay() -> Option<u64> {
 
 #[cfg(test)]
 mod tests {
+    /// The service's files are said by name in a client's message, a longer path before a
+    /// shorter one inside it.
+    #[test]
+    fn the_services_files_are_named_not_shown() {
+        let files = vec![
+            ("/srv/models".to_string(), "the models folder".to_string()),
+            (
+                "/srv/models/gpen-512.onnx".to_string(),
+                "the model gpen-512".to_string(),
+            ),
+            ("/srv/faces/ann.jpg".to_string(), "the face ann".to_string()),
+        ];
+        let said = super::named(
+            "cannot load /srv/models/gpen-512.onnx; reference photo /srv/faces/ann.jpg: no face",
+            files,
+        );
+        assert_eq!(
+            said,
+            "cannot load the model gpen-512; reference photo the face ann: no face"
+        );
+    }
+
     use super::*;
 
     #[test]
