@@ -195,6 +195,11 @@ pub(crate) fn declared_size(head: &[u8]) -> Option<(u64, u64)> {
         return w.zip(h);
     }
     if head.starts_with(b"BM") {
+        // An OS/2 1.x core header (12 bytes) holds 16-bit sides; the others signed 32-bit ones
+        // (a negative height: rows top-down).
+        if u32le(14)? == 12 {
+            return Some((u16le(18)?, u16le(20)?));
+        }
         let side = |i: usize| u32le(i).map(|v| u64::from((v as i32).unsigned_abs()));
         return Some((side(18)?, side(22)?));
     }
