@@ -515,11 +515,10 @@ impl IdentityMeter {
         rerun: &mut Rerun<'_>,
     ) -> Result<()> {
         let plane = size * size;
-        let Some(change) = job.restored.as_deref().filter(|c| c.len() >= 3 * plane) else {
+        if job.restored.as_ref().is_none_or(|c| c.len() < 3 * plane) {
             return Ok(());
-        };
-        let change = change.to_vec();
-        self.load_change(&change, size);
+        }
+        self.load_change(job.restored.as_deref().unwrap_or_default(), size);
         // Run at the run's fidelity: the restorer's own identity is the run's.
         let at_run = job.fidelity.is_none();
         let points = job.face.landmarks.map(|[x, y]| {

@@ -324,10 +324,7 @@ fn prepare(
 ) -> Result<(Option<crate::people::Chooser>, Option<crate::people::IdentityMeter>)> {
     let fidelity = middle.treatment.fidelity;
     if fidelity.is_some() && engine.info.weight.is_none() {
-        anyhow::bail!(
-            "--fidelity: the model {} has no fidelity input (CodeFormer's `weight`); leave --fidelity out",
-            engine.key.model.display()
-        );
+        return Err(crate::ready::fidelity_refused(&engine.key.model.display().to_string()));
     }
     let fidelity = fidelity.unwrap_or(crate::faces::enhance::DEFAULT_FIDELITY);
     for w in &mut engine.workers {

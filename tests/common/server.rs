@@ -26,17 +26,10 @@ impl Server {
     /// [`Server::start`] with `env` set besides.
     pub fn start_env(extra: &[&str], env: &[(&str, &Path)]) -> Server {
         let state = tempfile::tempdir().unwrap();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_gpen-video"))
-            .args(["serve", "--listen", "127.0.0.1:0"])
-            .args(extra)
-            .env("XDG_STATE_HOME", state.path())
-            .env("XDG_CONFIG_HOME", super::no_user_dirs())
-            .env("XDG_DATA_HOME", super::no_user_dirs())
+        let mut child = serve_command(extra, state.path())
             .env("GPEN_VIDEO_MODEL", asset("models/standin/identity-512.onnx"))
             .envs(env.iter().copied())
-            .env("ORT_DYLIB_PATH", asset(".deps/lib/libonnxruntime.so"))
             .env("RUST_LOG", "gpen_video=info")
-            .stderr(Stdio::piped())
             .spawn()
             .unwrap();
         let mut err = BufReader::new(child.stderr.take().unwrap());
@@ -193,16 +186,7 @@ impl Server {
 /// failure if it is still running then.
 pub fn serve_exits(extra: &[&dyn AsRef<std::ffi::OsStr>]) -> (Option<i32>, String) {
     let state = tempfile::tempdir().unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_gpen-video"))
-        .args(["serve", "--listen", "127.0.0.1:0"])
-        .args(extra)
-        .env("XDG_STATE_HOME", state.path())
-        .env("XDG_CONFIG_HOME", super::no_user_dirs())
-        .env("XDG_DATA_HOME", super::no_user_dirs())
-        .env("ORT_DYLIB_PATH", super::asset(".deps/lib/libonnxruntime.so"))
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = serve_command(extra, state.path()).spawn().unwrap();
     let mut err = child.stderr.take().unwrap();
     let reader = std::thread::spawn(move || {
         let mut s = String::new();
@@ -226,4 +210,18 @@ pub fn serve_exits(extra: &[&dyn AsRef<std::ffi::OsStr>]) -> (Option<i32>, Strin
     let log = reader.join().unwrap();
     assert!(!log.contains("panicked"), "{log}");
     (status.code(), log)
+}
+
+/// `gpen-video serve` on a free loopback port with `extra`, its state under `state`, no user's
+/// folders, this checkout's ONNX Runtime, its log piped.
+fn serve_command<S: AsRef<std::ffi::OsStr>>(extra: &[S], state: &Path) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_gpen-video"));
+    c.args(["serve", "--listen", "127.0.0.1:0"])
+        .args(extra)
+        .env("XDG_STATE_HOME", state)
+        .env("XDG_CONFIG_HOME", super::no_user_dirs())
+        .env("XDG_DATA_HOME", super::no_user_dirs())
+        .env("ORT_DYLIB_PATH", asset(".deps/lib/libonnxruntime.so"))
+        .stderr(Stdio::piped());
+    c
 }
