@@ -324,6 +324,13 @@ fn view_worth(face: &crate::frame::Face, rotation: u32) -> f32 {
     upright * (1.0 - 2.0 * (l[2][0] - mid).abs() / eyes).clamp(0.05, 1.0)
 }
 
+/// Frames of one stretch of the guard's: a track is decided afresh on each stretch (its first
+/// face there, then clearly better views), the stretches counted from the video's first frame,
+/// so what the guard gives a face depends only on its track's faces since its stretch began: a
+/// long video's segment that warms up from there decides it as one run does
+/// (`segment::plan::cut`).
+pub const GUARD_STRETCH: u64 = 128;
+
 /// The fidelities a track the guard finds another person is run at again, in order, before its
 /// share of the change is lowered, on a model with a fidelity input (CodeFormer's `weight`: 1
 /// most faithful); only those above the fidelity its faces were run at.
@@ -350,6 +357,13 @@ struct TrackMeter {
     fidelity: Option<f32>,
     /// The restorer's own identity when the guard first found it another person.
     flagged: Option<f32>,
+    /// The stretch (see [`GUARD_STRETCH`]) the guard's decision (`views`, `best`, `share`,
+    /// `fidelity`) is of.
+    stretch: u64,
+    /// The least and the most of the model's change its faces were given, and the highest
+    /// fidelity they were run at (over all stretches).
+    given: [f32; 2],
+    most_faithful: Option<f32>,
     /// Quality before and after, per face measured.
     quality: Vec<[f32; 2]>,
 }
@@ -365,7 +379,19 @@ impl TrackMeter {
             share: 1.0,
             fidelity: None,
             flagged: None,
+            stretch: frame / GUARD_STRETCH,
+            given: [1.0, 0.0],
+            most_faithful: None,
             quality: Vec::new(),
+        }
+    }
+
+    /// Forgets the guard's decision when frame `index` begins a new stretch for the track.
+    fn settle(&mut self, index: u64) {
+        let stretch = index / GUARD_STRETCH;
+        if stretch != self.stretch {
+            (self.stretch, self.views, self.best) = (stretch, 0, 0.0);
+            (self.share, self.fidelity) = (1.0, None);
         }
     }
 }
@@ -443,6 +469,12 @@ impl IdentityMeter {
         self.fidelity.is_some()
     }
 
+    /// Starts frame `index`: the tracks whose stretch it ends are decided afresh (see
+    /// [`GUARD_STRETCH`]). Called before the frame's faces are run again or looked at.
+    pub fn begin(&mut self, index: u64) {
+        self.tracks.values_mut().for_each(|t| t.settle(index));
+    }
+
     /// The fidelity the guard runs `track`'s faces at, where it raised it.
     pub fn raised(&self, track: Option<u64>) -> Option<f32> {
         self.tracks.get(&Some(track?)).and_then(|t| t.fidelity)
@@ -475,8 +507,12 @@ impl IdentityMeter {
             t.best = t.best.max(worth);
             self.measure(job, (crop, size), blend, rerun)?;
         }
-        let t = &self.tracks[&job.track];
+        let t = self.tracks.get_mut(&job.track).expect("the track was entered");
         if self.guard == Guard::BackOff {
+            t.given = [t.given[0].min(t.share), t.given[1].max(t.share)];
+            if t.fidelity > t.most_faithful {
+                t.most_faithful = t.fidelity;
+            }
             job.blend = Some(t.share * blend);
             if t.share < 1.0 {
                 if let Some(change) = job.restored.as_mut() {
@@ -641,7 +677,7 @@ impl IdentityMeter {
                 let own = median(&t.own).unwrap_or(pasted);
                 let guard = match (self.guard, t.flagged) {
                     (_, None) => None,
-                    (Guard::BackOff, Some(_)) if t.share == 0.0 => Some("left as it was"),
+                    (Guard::BackOff, Some(_)) if t.given[1] == 0.0 => Some("left as it was"),
                     (Guard::BackOff, Some(_)) => Some("backed off"),
                     (_, Some(_)) => Some("warned"),
                 };
@@ -652,13 +688,19 @@ impl IdentityMeter {
                         "warned" => "left as restored (--identity-guard warn)".to_string(),
                         "left as it was" => "left as it was: no share of the model's change kept them the same person".to_string(),
                         _ => {
-                            let raised = t.fidelity.map_or(String::new(), |f| {
+                            let raised = t.most_faithful.map_or(String::new(), |f| {
                                 format!(
                                     "run again at fidelity {f:.2} (the run's {:.2}) and ",
                                     self.fidelity.unwrap_or(f)
                                 )
                             });
-                            format!("{raised}given {:.2} of the model's change (identity {:.2})", t.share, pasted)
+                            let [least, most] = t.given;
+                            let given = if least == most {
+                                format!("{least:.2}")
+                            } else {
+                                format!("{least:.2} to {most:.2}")
+                            };
+                            format!("{raised}given {given} of the model's change (identity {pasted:.2})")
                         }
                     };
                     tracing::warn!(
@@ -674,8 +716,8 @@ impl IdentityMeter {
                     median: pasted,
                     own,
                     same: distance_of(pasted) < self.near,
-                    share: t.share,
-                    fidelity: t.fidelity,
+                    share: t.given[0].min(t.share),
+                    fidelity: t.most_faithful,
                     guard,
                     frames: t.frames,
                     measured: t.pasted.len() as u64,

@@ -289,10 +289,11 @@ pub struct TrackIdentity {
     pub own: f32,
     /// Whether the pasted faces are still the same person at the run's --face-distance.
     pub same: bool,
-    /// The share of the model's change the guard gave the track (1 unless it backed off).
+    /// The least share of the model's change the guard gave the track's faces (1 unless it
+    /// backed off; it decides each stretch of frames afresh).
     pub share: f32,
-    /// The fidelity the guard ran its faces at, where it raised the run's (a model with a
-    /// fidelity input).
+    /// The highest fidelity the guard ran its faces at, where it raised the run's (a model with
+    /// a fidelity input).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fidelity: Option<f32>,
     /// What the guard did: `backed off`, `left as it was` or `warned`.

@@ -443,3 +443,117 @@ fn a_blur_reads_worse_and_an_unchanged_face_the_same() {
     }
     assert!(err.contains("quality"), "{err}");
 }
+
+/// Collins blurred (sigma 6) for 2.4 s, sharpening by 3.2 s and sharp to 12 s (25 frames/s,
+/// every frame a keyframe, 320x320): one track that the guard leaves as it was under the
+/// `person` stand-in while she is blurred (Biden's detail would be all her face had) and gives
+/// half the change once she is sharp.
+fn blurred_then_sharp(dir: &Path) -> PathBuf {
+    let clip = dir.join("sharpening.mkv");
+    let portrait = asset("samples/astronaut.png");
+    ffmpeg(&[
+        "-v",
+        "error",
+        "-y",
+        "-loop",
+        "1",
+        "-framerate",
+        "25",
+        "-t",
+        "3.2",
+        "-i",
+        arg(&portrait),
+        "-loop",
+        "1",
+        "-framerate",
+        "25",
+        "-t",
+        "9.6",
+        "-i",
+        arg(&portrait),
+        "-filter_complex",
+        "[0]scale=320:320,setsar=1,gblur=sigma=6[a];[1]scale=320:320,setsar=1[b];[a][b]xfade=transition=fade:duration=0.8:offset=2.4,format=yuv444p",
+        "-frames:v",
+        "300",
+        "-c:v",
+        "ffv1",
+        arg(&clip),
+    ]);
+    clip
+}
+
+/// A long video restored in segments gets what one run gives it with the guard backing off a
+/// track: the guard decides a track afresh on each stretch of frames (its first face there,
+/// then better views), and a segment warms up from the start of its first frame's stretch, so a
+/// track begun long before a segment is decided there as one run decides it. Here the track is
+/// left as it was while blurred and given half the change once sharp: the last segment, whose
+/// warm-up saw only the sharp face, gave it half where one run had left it as it was.
+#[test]
+fn a_guarded_track_begun_before_a_segment_is_decided_there_as_one_run_decides_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = person_standin(dir.path(), &biden().0);
+    let clip = blurred_then_sharp(dir.path());
+    let restore = |name: &str, segment: &str, faces: bool| -> (PathBuf, serde_json::Value, String) {
+        let (out, json, stats) = (
+            dir.path().join(format!("{name}.mkv")),
+            dir.path().join(format!("{name}.faces.json")),
+            dir.path().join(format!("{name}.stats.json")),
+        );
+        let mut args: Vec<&dyn AsRef<std::ffi::OsStr>> = vec![
+            &clip,
+            &out,
+            &"--model",
+            &model,
+            &"--codec",
+            &"ffv1",
+            &"--segment",
+            &segment,
+            &"--stats-json",
+            &stats,
+        ];
+        if faces {
+            args.extend([&"--faces-json" as &dyn AsRef<std::ffi::OsStr>, &json]);
+        }
+        let err = ok(&gpen(&args));
+        let stats = serde_json::from_str(&std::fs::read_to_string(&stats).unwrap()).unwrap();
+        (out, stats, err)
+    };
+    for faces in [true, false] {
+        let (one, stats, err) = restore("one", "0", faces);
+        assert_eq!(stats["frames"], 300, "{stats}");
+        assert!(
+            err.contains("track 0 (frames 0-299)") && err.contains("given 0.00 to 0.50 of the model's change"),
+            "{err}"
+        );
+        let (joined, stats, _) = restore("joined", "4", faces);
+        assert_eq!(stats["segments"], 3, "{stats}");
+        let (a, b) = (rgb_frames(&one).2, rgb_frames(&joined).2);
+        let differ: Vec<usize> = (0..300).filter(|&i| a[i] != b[i]).collect();
+        assert!(
+            differ.is_empty(),
+            "faces recorded {faces}: frames {differ:?} differ from one run's"
+        );
+        if faces {
+            let record = |p: &str| std::fs::read_to_string(dir.path().join(p)).unwrap();
+            assert_eq!(record("one.faces.json"), record("joined.faces.json"));
+            let figures = face_figures(&dir.path().join("one.faces.json"));
+            let blend = |range: std::ops::Range<u64>| -> Vec<f64> {
+                figures
+                    .iter()
+                    .filter(|f| range.contains(&f.0))
+                    .map(|f| f.3.unwrap())
+                    .collect()
+            };
+            assert!(
+                blend(0..50).iter().all(|&b| b == 0.0),
+                "blurred, left: {:?}",
+                blend(0..50)
+            );
+            assert!(
+                blend(256..300).iter().all(|&b| b == 0.5),
+                "sharp, decided afresh: {:?}",
+                blend(256..300)
+            );
+        }
+    }
+}

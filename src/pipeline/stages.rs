@@ -743,6 +743,7 @@ pub(crate) fn identity(
     while let Some(mut ff) = recv(&rx, &mut clock) {
         let (index, blend) = (ff.frame.index, ff.frame.view.unwrap_or(view).blend);
         clock.time(|| -> Result<()> {
+            meter.begin(index);
             if let Some(r) = &rerun {
                 rerun_raised(&meter, r, &mut ff.faces, &ctx.pools.restored)?;
             }

@@ -153,7 +153,7 @@ impl Work {
             },
         };
         let t = &settings.recipe.treatment;
-        let warm = (plan::warm_up(t), plan::look_ahead(t));
+        let warm = (plan::warm_up(t), plan::look_ahead(t), plan::guard_stretch(t));
         let frames = job.treatment.max_frames.unwrap_or(u64::MAX);
         let segments = plan::cut(&scan, f64::from(src.time_base), seconds, frames, warm);
         if segments.len() < 2 {

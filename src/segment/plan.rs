@@ -97,6 +97,17 @@ pub(crate) fn warm_up(t: &Treatment) -> u64 {
     crate::faces::temporal::reach(t.temporal) + smooth + 4 * u64::from(t.detection.every) + 16
 }
 
+/// The frames of the stretches the identity guard decides a track on afresh when it backs off
+/// (see `people::GUARD_STRETCH`; what it gives a face depends on the track's faces since its
+/// stretch began), else 1.
+pub(crate) fn guard_stretch(t: &Treatment) -> u64 {
+    if t.identity_guard == crate::people::Guard::BackOff {
+        crate::people::GUARD_STRETCH
+    } else {
+        1
+    }
+}
+
 /// Frames after a segment's last one that its last frames depend on: the smoother's
 /// look-ahead.
 pub(crate) fn look_ahead(t: &Treatment) -> u64 {
@@ -107,8 +118,15 @@ pub(crate) fn look_ahead(t: &Treatment) -> u64 {
 /// first keyframe at least `seconds` after the previous start (a last piece shorter than half
 /// of that joins the one before); `seconds` 0, or a video under one and a half times it, is one
 /// segment. Each segment's warm-up is `warm` frames, decoded from the keyframe before, and its
-/// look-ahead `ahead` frames (none past the last frame).
-pub fn cut(scan: &Scan, time_base: f64, seconds: f64, frames: u64, (warm, ahead): (u64, u64)) -> Vec<Segment> {
+/// look-ahead `ahead` frames (none past the last frame), the warm-up counted back from the
+/// start of the `stretch` (see [`guard_stretch`]) its first frame is in.
+pub fn cut(
+    scan: &Scan,
+    time_base: f64,
+    seconds: f64,
+    frames: u64,
+    (warm, ahead, stretch): (u64, u64, u64),
+) -> Vec<Segment> {
     let frames = frames.min(scan.pts.len() as u64);
     let time = |i: u64| (scan.pts[i as usize] - scan.pts[0]) as f64 * time_base;
     let mut starts = vec![0u64];
@@ -130,7 +148,9 @@ pub fn cut(scan: &Scan, time_base: f64, seconds: f64, frames: u64, (warm, ahead)
         .zip(ends)
         .enumerate()
         .map(|(number, (&start, end))| {
-            let warm_from = start.saturating_sub(warm);
+            // From the start of the stretch the first frame is in, where the guard decides its
+            // tracks afresh.
+            let warm_from = (start - start % stretch.max(1)).saturating_sub(warm);
             // The last keyframe at or before the first warm-up frame.
             let seek = (warm_from > 0)
                 .then(|| scan.keys.iter().rev().find(|(k, _)| *k <= warm_from).map(|&(_, ts)| ts))
@@ -167,7 +187,7 @@ mod tests {
     fn segments_start_at_keyframes_about_the_set_length_apart() {
         // 100 frames of 0.1 s, a keyframe every 12.
         let s = scan(100, 12);
-        let segs = cut(&s, 0.01, 2.0, 100, (30, 5));
+        let segs = cut(&s, 0.01, 2.0, 100, (30, 5, 1));
         let starts: Vec<u64> = segs.iter().map(|s| s.start).collect();
         assert_eq!(starts, vec![0, 24, 48, 72]);
         assert_eq!(segs.last().unwrap().end, 100);
@@ -183,13 +203,18 @@ mod tests {
             "the warm-up reaches the start"
         );
         assert_eq!((segs[2].warm_from, segs[2].seek), (18, Some(120)));
+        // The guard's stretches of 40 frames: each warm-up from the start of its first frame's.
+        let guarded = cut(&s, 0.01, 2.0, 100, (30, 5, 40));
+        let from: Vec<u64> = guarded.iter().map(|s| s.warm_from).collect();
+        assert_eq!(from, vec![0, 0, 10, 10]);
+        assert_eq!(guarded[2].seek, Some(0), "the keyframe at or before frame 10");
         assert!(segs.windows(2).all(|w| w[0].end == w[1].start));
         // A short last piece joins the one before; short videos and 0 are one segment.
-        assert_eq!(cut(&s, 0.01, 4.0, 100, (30, 5)).len(), 2);
-        assert_eq!(cut(&s, 0.01, 7.0, 100, (30, 5)).len(), 1);
-        assert_eq!(cut(&s, 0.01, 0.0, 100, (30, 5)).len(), 1);
+        assert_eq!(cut(&s, 0.01, 4.0, 100, (30, 5, 1)).len(), 2);
+        assert_eq!(cut(&s, 0.01, 7.0, 100, (30, 5, 1)).len(), 1);
+        assert_eq!(cut(&s, 0.01, 0.0, 100, (30, 5, 1)).len(), 1);
         // --frames cuts the plan.
-        let segs = cut(&s, 0.01, 2.0, 50, (30, 5));
+        let segs = cut(&s, 0.01, 2.0, 50, (30, 5, 1));
         assert_eq!(segs.last().unwrap().end, 50);
     }
 }
