@@ -564,7 +564,9 @@ async fn healthz(State(app): State<Arc<App>>) -> Response {
 async fn metrics_page(State(app): State<Arc<App>>) -> Response {
     let workers = app.workers.lock().unwrap_or_else(|e| e.into_inner()).clone();
     let in_flight = app.opts.queue.saturating_sub(app.places.available_permits()) as u64;
-    let mut page = app.metrics.render(
+    let mut registry = prometheus_client::registry::Registry::default();
+    app.metrics.register(
+        &mut registry,
         &workers,
         app.batch.load(Ordering::Relaxed) as usize,
         (in_flight, app.opts.queue as u64),
@@ -587,11 +589,12 @@ async fn metrics_page(State(app): State<Arc<App>>) -> Response {
                 .into_response();
         }
     };
-    page += &metrics::render_jobs(counts, &seconds);
+    metrics::register_jobs(&mut registry, counts, &seconds);
     if let Some(held) = shared {
-        page += &metrics::render_shared(held);
+        metrics::register_shared(&mut registry, held);
     }
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], page).into_response()
+    let (page, kind) = metrics::page(&registry);
+    ([(header::CONTENT_TYPE, kind)], page).into_response()
 }
 
 /// Takes one of the service's `--queue` places, or fails busy: a full service refuses before
