@@ -71,6 +71,7 @@ class Graph:
         self.nodes: list = []
         self.inits: list = []
         self.consts: dict = {}
+        self.after: list = []
         self.hw: dict = {}  # tensor -> (H, W) of NHWC activations
         self.in_idx = self.g.Inputs(0)
         _, h0, w0, c0 = (int(v) for v in self.shape(self.in_idx))
@@ -111,15 +112,16 @@ class Graph:
         return nm
 
     def act(self, out, fused, k):
-        """The name the operator itself writes to, its fused activation writing `out`."""
+        """The name the operator itself writes to, its fused activation writing `out` (the
+        activation's node goes after the operator's, in `after`)."""
         if fused == tflite.ActivationFunctionType.NONE:
             return out
         if fused == tflite.ActivationFunctionType.RELU:
-            self.nodes.append(helper.make_node("Relu", [out + "_pre"], [out]))
+            self.after.append(helper.make_node("Relu", [out + "_pre"], [out]))
         elif fused == tflite.ActivationFunctionType.RELU6:
             lo = self.init(f"lo{k}", np.array(0.0, np.float32))
             hi = self.init(f"hi{k}", np.array(6.0, np.float32))
-            self.nodes.append(helper.make_node("Clip", [out + "_pre", lo, hi], [out]))
+            self.after.append(helper.make_node("Clip", [out + "_pre", lo, hi], [out]))
         else:
             raise SystemExit(f"fused activation {fused} not handled")
         return out + "_pre"
@@ -132,7 +134,9 @@ class Graph:
 
     def convert(self) -> None:
         for k in range(self.g.OperatorsLength()):
+            self.after = []
             self.operator(k)
+            self.nodes.extend(self.after)
 
     def operator(self, k) -> None:
         g, name, nodes = self.g, self.name, self.nodes
