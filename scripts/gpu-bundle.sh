@@ -87,6 +87,10 @@ cp "$bin" "$stage/bin/"
 # The face mesh goes too when the set-up made it (the run falls back to the ellipse without it).
 mesh=()
 [ -f models/face-mesh.onnx ] && mesh=(models/face-mesh.onnx)
+# So do the hand models (MediaPipe's palm detector and hand landmarks, 15 MB together).
+for m in models/palm-detect.onnx models/hand-landmarks.onnx; do
+  [ -f "$m" ] && mesh+=("$m")
+done
 # And the identity model (22 MB): the identity guard (on by default) needs it. The quality
 # figure's parameters (BRISQUE's, 0.3 MB) go too when the set-up made them.
 [ -f models/face-id.onnx ] || die "models/face-id.onnx missing (the identity guard needs it): run scripts/setup.sh"

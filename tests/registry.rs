@@ -500,6 +500,33 @@ fn verify_matches_the_face_mesh_to_its_entry() {
     assert!(r.to_string().contains("face mesh (I/O: ok)"), "{r}");
 }
 
+/// The set-up's hand models (MediaPipe's, converted by models/hand_export.py) are the registry's,
+/// each checked against its own I/O; an enhancer under the hand model's file name is refused,
+/// naming the file and what writes it.
+#[test]
+fn verify_matches_the_hand_models_to_their_entries() {
+    for (file, name, says) in [
+        ("models/palm-detect.onnx", "palm-detect", "palm detector (I/O: ok)"),
+        (
+            "models/hand-landmarks.onnx",
+            "hand-landmarks",
+            "hand landmarks (I/O: ok)",
+        ),
+    ] {
+        let r = registry::verify_path(&asset(file)).unwrap();
+        assert_eq!(r.entry.as_ref().map(|e| e.name.as_str()), Some(name));
+        assert_eq!(r.checksum, Checksum::Match, "{r}");
+        assert!(matches!(r.facts, ModelFacts::Hand { .. }), "{r}");
+        assert!(r.to_string().contains(says), "{r}");
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let wrong = tmp.path().join("hand-landmarks.onnx");
+    std::fs::copy(asset("models/standin/identity-512.onnx"), &wrong).unwrap();
+    let err = format!("{:#}", registry::verify_path(&wrong).unwrap_err());
+    assert!(err.contains("hand-landmarks.onnx"), "{err}");
+    assert!(err.contains("models/hand_export.py"), "{err}");
+}
+
 /// The set-up's face-identity model (dlib's, converted) is the registry's, with a descriptor's I/O.
 #[test]
 fn verify_matches_the_identity_model_to_its_entry() {

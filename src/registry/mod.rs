@@ -55,6 +55,10 @@ pub enum Kind {
     Mesh,
     /// A face descriptor (dlib's face recognition ResNet): [N,3,S,S] in, [N,D] out.
     Identity,
+    /// MediaPipe's palm detector: [N,3,192,192] in; raw boxes, scores and the anchors out.
+    Palm,
+    /// MediaPipe's hand landmarks: [N,3,224,224] in; 21 points, presence, handedness out.
+    Hand,
 }
 
 /// Whether the batch dimension is fixed in the graph.
@@ -304,6 +308,17 @@ impl Registry {
                 Kind::Identity => {
                     if e.input_size == 0 || e.template.is_empty() {
                         bail!("{n}: an identity model needs input_size and template");
+                    }
+                }
+                Kind::Palm | Kind::Hand => {
+                    let side = report::hand_model_side(e.kind);
+                    if e.input_size != side || !e.template.is_empty() {
+                        let what = if e.kind == Kind::Palm {
+                            "palm detector"
+                        } else {
+                            "hand landmark model"
+                        };
+                        bail!("{n}: a {what} takes {side} pixels and has no template");
                     }
                 }
                 Kind::Mesh => {

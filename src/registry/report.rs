@@ -39,7 +39,7 @@ pub fn list_table() -> Result<String> {
                 match e.kind {
                     Kind::Enhancer => format!("{0}x{0}", e.input_size),
                     Kind::Detector => "any/32".into(),
-                    Kind::Mesh | Kind::Identity => format!("{0}x{0}", e.input_size),
+                    Kind::Mesh | Kind::Identity | Kind::Palm | Kind::Hand => format!("{0}x{0}", e.input_size),
                 },
                 match e.batch {
                     Batch::Fixed1 => "fixed 1".into(),
@@ -146,6 +146,8 @@ pub enum ModelFacts {
     Mesh,
     /// A face descriptor: [N,3,size,size] in, [N,dims] out.
     Identity { size: i64, dims: i64 },
+    /// MediaPipe's palm detector or hand landmarks (`kind` says which); its I/O checks out.
+    Hand { kind: Kind },
 }
 
 /// The result of `verify PATH`.
@@ -245,6 +247,27 @@ pub(crate) fn read_facts(path: &Path, kind: Option<Kind>) -> Result<ModelFacts> 
         return identity_facts(&session)
             .with_context(|| format!("{} does not fit a face descriptor's I/O", path.display()));
     }
+    let hand = kind.filter(|k| matches!(k, Kind::Palm | Kind::Hand)).or_else(|| {
+        let md = session.metadata().ok()?;
+        match md.custom("gpen_video.kind")?.as_str() {
+            "palm detector" => Some(Kind::Palm),
+            "hand landmarks" => Some(Kind::Hand),
+            _ => None,
+        }
+    });
+    if let Some(kind) = hand {
+        return hand_facts(&session, kind).with_context(|| {
+            format!(
+                "{} does not fit the {}'s I/O (models/hand_export.py writes it)",
+                path.display(),
+                if kind == Kind::Palm {
+                    "palm detector"
+                } else {
+                    "hand landmark model"
+                }
+            )
+        });
+    }
     let mesh = match kind {
         Some(k) => k == Kind::Mesh,
         None => session
@@ -290,6 +313,59 @@ pub(crate) fn read_facts(path: &Path, kind: Option<Kind>) -> Result<ModelFacts> 
             .collect();
         ModelFacts::Enhancer { info, meta }
     })
+}
+
+/// The square input side of MediaPipe's palm detector and hand landmark model.
+pub(crate) fn hand_model_side(kind: Kind) -> usize {
+    if kind == Kind::Palm {
+        192
+    } else {
+        224
+    }
+}
+
+/// The I/O of MediaPipe's hand models as models/hand_export.py writes them: one input
+/// [N,3,S,S] and these outputs, by name, of these shapes (-1: the free batch dimension).
+fn hand_facts(session: &ort::session::Session, kind: Kind) -> Result<ModelFacts> {
+    let side = hand_model_side(kind) as i64;
+    let want: &[(&str, &[i64])] = if kind == Kind::Palm {
+        &[
+            ("boxes", &[-1, 2016, 18]),
+            ("scores", &[-1, 2016, 1]),
+            ("anchors", &[2016, 2]),
+        ]
+    } else {
+        &[
+            ("landmarks", &[-1, 63]),
+            ("presence", &[-1, 1]),
+            ("handedness", &[-1, 1]),
+            ("world", &[-1, 63]),
+        ]
+    };
+    let dims = |t: &ort::value::ValueType| -> Vec<i64> {
+        match t {
+            ort::value::ValueType::Tensor { shape, .. } => shape.iter().copied().collect(),
+            _ => Vec::new(),
+        }
+    };
+    let inputs = session.inputs();
+    let i: Vec<i64> = inputs.first().map(|i| dims(i.dtype())).unwrap_or_default();
+    if inputs.len() != 1 || i != [-1, 3, side, side] {
+        bail!(
+            "expected one input [N,3,{side},{side}], found {} input(s), the first {i:?}",
+            inputs.len()
+        );
+    }
+    let found: Vec<(String, Vec<i64>)> = session
+        .outputs()
+        .iter()
+        .map(|o| (o.name().to_string(), dims(o.dtype())))
+        .collect();
+    let expected: Vec<(String, Vec<i64>)> = want.iter().map(|(n, d)| (n.to_string(), d.to_vec())).collect();
+    if found != expected {
+        bail!("expected the outputs {expected:?}, found {found:?}");
+    }
+    Ok(ModelFacts::Hand { kind })
 }
 
 /// A face descriptor's I/O: one input [N,3,S,S], one output [N,D].
@@ -372,6 +448,28 @@ impl fmt::Display for FileReport {
                     crate::faces::mesh::SIZE
                 )?;
                 writeln!(f, "  outputs    468 points x (x, y, z); face-presence logit")?;
+            }
+            ModelFacts::Hand { kind: Kind::Palm } => {
+                writeln!(f, "  kind       palm detector (I/O: ok)")?;
+                writeln!(
+                    f,
+                    "  input      float32 [N,3,192,192], RGB in [0,1], the frame letterboxed"
+                )?;
+                writeln!(
+                    f,
+                    "  outputs    boxes [N,2016,18] and score logits [N,2016,1] per anchor; anchors [2016,2]"
+                )?;
+            }
+            ModelFacts::Hand { .. } => {
+                writeln!(f, "  kind       hand landmarks (I/O: ok)")?;
+                writeln!(
+                    f,
+                    "  input      float32 [N,3,224,224], RGB in [0,1], a crop round one hand"
+                )?;
+                writeln!(
+                    f,
+                    "  outputs    21 points x (x, y, z); presence; handedness; 21 world points"
+                )?;
             }
             ModelFacts::Identity { size, dims } => {
                 writeln!(f, "  kind       face identity (I/O: ok)")?;
