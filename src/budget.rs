@@ -8,7 +8,9 @@
 //! stage busy. The budget holds the decoder back instead, so the peak memory is the budget's.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::Arc;
+
+use parking_lot::{Condvar, Mutex};
 
 /// Frames out (with a ticket) and whether the budget still holds the decoder back.
 #[derive(Default)]
@@ -47,9 +49,9 @@ impl Budget {
     /// A ticket for the next frame: waits while `cap` frames are out, unless the budget has been
     /// opened (a stage has stopped: the frames it held may never come back).
     pub(crate) fn take(self: &Arc<Self>) -> Ticket {
-        let mut out = self.out.lock().unwrap_or_else(|e| e.into_inner());
+        let mut out = self.out.lock();
         while out.open && out.frames >= self.cap {
-            out = self.back.wait(out).unwrap_or_else(|e| e.into_inner());
+            self.back.wait(&mut out);
         }
         out.frames += 1;
         self.most.fetch_max(out.frames, Ordering::Relaxed);
@@ -60,7 +62,7 @@ impl Budget {
     /// stage of the line returns, so a line that stops early (an error, a cut, a receiver gone)
     /// never leaves the decoder waiting for frames stuck in a queue nobody reads.
     pub(crate) fn open(&self) {
-        let mut out = self.out.lock().unwrap_or_else(|e| e.into_inner());
+        let mut out = self.out.lock();
         out.open = false;
         self.back.notify_all();
     }
@@ -73,7 +75,7 @@ impl Budget {
 
 impl Drop for Ticket {
     fn drop(&mut self) {
-        let mut out = self.0.out.lock().unwrap_or_else(|e| e.into_inner());
+        let mut out = self.0.out.lock();
         out.frames -= 1;
         self.0.back.notify_one();
     }
@@ -131,10 +133,6 @@ mod tests {
         let more: Vec<_> = (0..5).map(|_| budget.take()).collect();
         assert_eq!(budget.most(), 7);
         drop((second, third, more));
-        assert_eq!(
-            budget.out.lock().expect("not poisoned").frames,
-            0,
-            "every ticket came back"
-        );
+        assert_eq!(budget.out.lock().frames, 0, "every ticket came back");
     }
 }

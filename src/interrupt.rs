@@ -10,7 +10,9 @@
 //! The handlers only touch atomics (async-signal-safe); callers print their own messages.
 
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 
 use anyhow::{Context, Result};
 use signal_hook::consts::{SIGINT, SIGTERM};
@@ -60,14 +62,14 @@ static INSTALLED: Mutex<Option<Interrupts>> = Mutex::new(None);
 /// The exit status for a command a signal stopped (130 for Ctrl-C, 143 for SIGTERM), if the
 /// handlers are installed and a signal came.
 pub fn exit_code_if_stopped() -> Option<u8> {
-    let installed = INSTALLED.lock().unwrap_or_else(|e| e.into_inner());
+    let installed = INSTALLED.lock();
     installed.as_ref().filter(|i| i.requested()).map(Interrupts::exit_code)
 }
 
 /// Installs the SIGINT and SIGTERM handlers (once per process; later calls return the same
 /// flags) and returns the flags they set.
 pub fn install() -> Result<Interrupts> {
-    let mut installed = INSTALLED.lock().unwrap_or_else(|e| e.into_inner());
+    let mut installed = INSTALLED.lock();
     if let Some(i) = installed.as_ref() {
         return Ok(i.clone());
     }

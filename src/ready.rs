@@ -14,10 +14,10 @@ use crate::config::Settings;
 /// judges it then). A file already read is not read again while its size and time stay.
 pub fn fidelity_input(model: &Path) -> Option<bool> {
     type Seen = std::collections::HashMap<std::path::PathBuf, (u64, Option<std::time::SystemTime>, Option<bool>)>;
-    static SEEN: std::sync::Mutex<Option<Seen>> = std::sync::Mutex::new(None);
+    static SEEN: parking_lot::Mutex<Option<Seen>> = parking_lot::Mutex::new(None);
     let meta = std::fs::metadata(model).ok()?;
     let stamp = (meta.len(), meta.modified().ok());
-    let mut seen = SEEN.lock().unwrap_or_else(|e| e.into_inner());
+    let mut seen = SEEN.lock();
     let seen = seen.get_or_insert_with(Default::default);
     if let Some(&(len, time, known)) = seen.get(model) {
         if (len, time) == stamp {

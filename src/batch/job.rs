@@ -5,8 +5,8 @@
 //! each taken from the queue as the stream's decoder is ready for it; then the videos, one
 //! pipeline run each. A job owns nothing shared: the coordinator keeps the report and manifest.
 
+use parking_lot::Mutex;
 use std::path::PathBuf;
-use std::sync::Mutex;
 
 use anyhow::{Context, Result};
 use crossbeam_channel::{Receiver, Sender};
@@ -132,7 +132,7 @@ fn claim_or_say(
     let event = match claim(ctx, clip) {
         Ok(Taken::Mine(c)) => return Some(c),
         Ok(Taken::Held) => {
-            held.lock().unwrap_or_else(|e| e.into_inner()).push(clip.clone());
+            held.lock().push(clip.clone());
             return None;
         }
         Ok(Taken::Finished) => Event::Skipped {
@@ -177,7 +177,7 @@ pub(crate) fn job_loop(job: usize, ctx: &JobContext, settings: Settings, queues:
     }
     // The clips another process held: waited for, then restored here if that process did not
     // finish them (it failed or was stopped), or reported skipped if it did.
-    let mut waiting = held.into_inner().unwrap_or_else(|e| e.into_inner());
+    let mut waiting = held.into_inner();
     while !waiting.is_empty() {
         if ctx.ints.requested() {
             for clip in waiting {
@@ -197,7 +197,7 @@ pub(crate) fn job_loop(job: usize, ctx: &JobContext, settings: Settings, queues:
                 }
             }
         }
-        waiting = again.into_inner().unwrap_or_else(|e| e.into_inner());
+        waiting = again.into_inner();
         if !waiting.is_empty() {
             std::thread::sleep(std::time::Duration::from_millis(250));
         }

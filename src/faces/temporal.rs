@@ -123,8 +123,8 @@ fn run_bands(
             std::time::Duration::ZERO,
         );
     };
-    let queue = std::sync::Mutex::new(bands);
-    let take = || queue.lock().unwrap_or_else(|e| e.into_inner()).pop();
+    let queue = parking_lot::Mutex::new(bands);
+    let take = || queue.lock().pop();
     let mut slots: Vec<(Vec<Partial>, std::time::Duration, Option<std::thread::ThreadId>)> = (0..parts)
         .map(|_| (Vec::new(), std::time::Duration::ZERO, None))
         .collect();

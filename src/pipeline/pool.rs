@@ -9,9 +9,9 @@
 //! that buffer holds as many items as there are threads (one slow item does not let the others
 //! run ahead and fill memory). A panic in `work` fails the stage like an error.
 
+use parking_lot::{Condvar, Mutex};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Condvar, Mutex};
 
 use anyhow::{anyhow, Result};
 use crossbeam_channel::{Receiver, Sender};
@@ -56,10 +56,10 @@ pub fn ordered<T: Send, S>(
     let stop = AtomicBool::new(false);
     let failure: Mutex<Option<anyhow::Error>> = Mutex::new(None);
     let fail = |e: anyhow::Error| {
-        failure.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert(e);
+        failure.lock().get_or_insert(e);
         stop.store(true, Ordering::Relaxed);
         // Taken so that no thread is between its check of `stop` and its wait.
-        let _o = output.lock().unwrap_or_else(|e| e.into_inner());
+        let _o = output.lock();
         drained.notify_all();
     };
     let run = || -> StageStat {
@@ -67,16 +67,16 @@ pub fn ordered<T: Send, S>(
         let mut state = init();
         loop {
             {
-                let mut o = output.lock().unwrap_or_else(|e| e.into_inner());
+                let mut o = output.lock();
                 while o.held.len() >= threads && !stop.load(Ordering::Relaxed) {
-                    o = drained.wait(o).unwrap_or_else(|e| e.into_inner());
+                    drained.wait(&mut o);
                 }
             }
             if stop.load(Ordering::Relaxed) {
                 break;
             }
             let next = {
-                let mut i = input.lock().unwrap_or_else(|e| e.into_inner());
+                let mut i = input.lock();
                 clock.queue(i.rx.len());
                 match i.rx.recv() {
                     Ok(item) => {
@@ -101,7 +101,7 @@ pub fn ordered<T: Send, S>(
             clock.count(1);
             // Sent under the lock, so the items leave in order; a full queue downstream holds
             // every thread here, which is the backpressure a single thread would give.
-            let mut o = output.lock().unwrap_or_else(|e| e.into_inner());
+            let mut o = output.lock();
             o.held.insert(seq, item);
             let mut sent_any = false;
             loop {
@@ -129,7 +129,7 @@ pub fn ordered<T: Send, S>(
         let handles: Vec<_> = (0..threads).map(|_| s.spawn(run)).collect();
         handles.into_iter().map(|h| h.join()).collect()
     });
-    if let Some(e) = failure.into_inner().unwrap_or_else(|e| e.into_inner()) {
+    if let Some(e) = failure.into_inner() {
         return Err(e);
     }
     let stats = stats

@@ -310,8 +310,8 @@ pub(crate) fn pass_ahead(
     let runs_at_start: u64 = passers.iter().map(Passer::runs).sum();
     let threads = passers.len();
     let model_at_start: std::time::Duration = passers.iter().map(Passer::model_cpu).sum();
-    let free = std::sync::Mutex::new(passers.iter_mut().collect::<Vec<_>>());
-    let init = || free.lock().unwrap_or_else(|e| e.into_inner()).pop();
+    let free = parking_lot::Mutex::new(passers.iter_mut().collect::<Vec<_>>());
+    let init = || free.lock().pop();
     let work = |p: &mut Option<&mut Passer>, f: &mut Frame| -> Result<()> {
         match p.as_deref_mut() {
             Some(p) if f.index.is_multiple_of(every) && p.fits(f.det_size) => {
@@ -530,9 +530,9 @@ pub(crate) fn mesh(
     let tally = Tally::default();
     let threads = meshers.len();
     let model_at_start: std::time::Duration = meshers.iter().map(|m| m.model_cpu()).sum();
-    let free = std::sync::Mutex::new(meshers.iter_mut().collect::<Vec<_>>());
+    let free = parking_lot::Mutex::new(meshers.iter_mut().collect::<Vec<_>>());
     let init = || {
-        let m = free.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        let m = free.lock().pop();
         (m, WarpScratch::default(), Vec::new())
     };
     let work = |(m, scratch, rois): &mut (Option<&mut Mesher>, WarpScratch, Vec<Affine>), ff: &mut FaceFrame| {

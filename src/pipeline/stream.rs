@@ -13,9 +13,9 @@
 //! is smoothed across pictures. A picture that cannot be read or written fails alone; a failure
 //! of the model fails the pictures in flight, and the stream.
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::Mutex;
 use std::time::Instant;
 
 use anyhow::{anyhow, Context, Result};
@@ -71,12 +71,7 @@ pub fn run_images<R: Send>(
 ) -> Result<Summary> {
     let table: Table<R> = Mutex::new(HashMap::new());
     let result = run_inner(engine, (long_side, flush), first, next, done, &table);
-    let left: Vec<R> = table
-        .lock()
-        .expect("no panic holds it")
-        .drain()
-        .map(|(_, (_, _, r))| r)
-        .collect();
+    let left: Vec<R> = table.lock().drain().map(|(_, (_, _, r))| r).collect();
     for r in left {
         let why = match &result {
             Err(e) => anyhow!("{e:#}"),
@@ -155,7 +150,7 @@ fn decode<R: Send>(
         if gone.load(std::sync::atomic::Ordering::Relaxed) {
             return None;
         }
-        let mut s = source.lock().unwrap_or_else(|e| e.into_inner());
+        let mut s = source.lock();
         let (pending, next, k) = &mut *s;
         let job = pending.take().or_else(&mut **next)?;
         *k += 1;
@@ -180,7 +175,7 @@ fn decode<R: Send>(
         };
         let decoder = Decoder::new(job.source.clone(), stored, job.hwaccel_cuda);
         let (view, dropped) = (job.view(), job.cancel.flag());
-        table.lock().expect("no panic holds it").insert(k, (job, t, tag));
+        table.lock().insert(k, (job, t, tag));
         let mut sent = false;
         // A still has one picture; the first frame is the one written.
         let run = decoder.run(pools, Some(1), |mut f| {
@@ -199,11 +194,7 @@ fn decode<R: Send>(
             false
         });
         if let Err(e) = run {
-            let taken = if sent {
-                None
-            } else {
-                table.lock().expect("no panic holds it").remove(&k)
-            };
+            let taken = if sent { None } else { table.lock().remove(&k) };
             if let Some((_, _, tag)) = taken {
                 done(
                     tag,
@@ -252,7 +243,7 @@ fn encode<R: Send>(
             rx.recv()
         } {
             let k = frame.item;
-            let Some((job, t, tag)) = table.lock().expect("no panic holds it").remove(&k) else {
+            let Some((job, t, tag)) = table.lock().remove(&k) else {
                 continue;
             };
             let outcome = if job.cancel.is_cancelled() {
