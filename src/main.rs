@@ -120,6 +120,9 @@ enum Cmd {
     /// flight, exit 0.
     #[command(allow_negative_numbers = true)]
     Serve(ServeArgs),
+    /// Print this command line's flag reference as Markdown (docs/flags.md is made by it).
+    #[command(name = "help-markdown", hide = true)]
+    HelpMarkdown,
 }
 
 #[derive(Args, Debug)]
@@ -394,7 +397,7 @@ fn main() -> ExitCode {
         Some(Cmd::Bench(b)) => b.run.log_filter(),
         Some(Cmd::Batch(b)) => b.run.log_filter(),
         Some(Cmd::Serve(s)) => s.run.log_filter(),
-        Some(Cmd::Models { .. }) => "gpen_video=info,warn",
+        Some(Cmd::Models { .. } | Cmd::HelpMarkdown) => "gpen_video=info,warn",
     };
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| level.into()))
@@ -409,6 +412,10 @@ fn main() -> ExitCode {
         Some(Cmd::Bench(b)) => run_bench(b),
         Some(Cmd::Batch(b)) => return run_batch(b),
         Some(Cmd::Serve(s)) => run_serve(s),
+        Some(Cmd::HelpMarkdown) => {
+            print_text(&flags_markdown());
+            Ok(())
+        }
         None => run(cli),
     };
     match result {
@@ -419,6 +426,19 @@ fn main() -> ExitCode {
             gpen_video::interrupt::exit_code_if_stopped().map_or(ExitCode::FAILURE, ExitCode::from)
         }
     }
+}
+
+/// The flag reference in docs/flags.md: every command, argument and flag with its help text,
+/// written by clap-markdown from the declarations above, so it cannot drift from `--help`.
+fn flags_markdown() -> String {
+    let options = clap_markdown::MarkdownOptions::new()
+        .title("Flag reference".to_string())
+        .show_footer(false);
+    let body = clap_markdown::help_markdown_custom::<Cli>(&options);
+    format!(
+        "<!-- Made by `gpen-video help-markdown` from the command line's clap declarations: \
+         refresh with `cargo run --release -- help-markdown > docs/flags.md`. -->\n\n{body}"
+    )
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {

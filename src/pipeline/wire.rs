@@ -637,7 +637,7 @@ mod tests {
     fn the_pools_hold_what_the_planned_stages_can() {
         let steps = VIDEO;
         let frames = |threads, ahead| frames_for(&steps, &sizes(threads, ahead));
-        assert_eq!(frames(2, 0), 64, "README's figure");
+        assert_eq!(frames(2, 0), 64, "the seventh round's figure (docs/CHANGELOG.md)");
         assert_eq!(frames(3, 0) - frames(2, 0), 6, "three frames per pool stage and core");
         // Four cores: the passes ahead on three sessions hold their queue, frames and reorder.
         assert_eq!(frames(4, 3) - frames(4, 0), DEPTH + 1 + 6);
@@ -654,7 +654,7 @@ mod tests {
         let steps = VIDEO;
         let budget = |threads, ahead| in_flight_for(&steps, &sizes(threads, ahead));
         // decode, detect, temporal, encode 4; alignment and paste 2 each; look-ahead 13;
-        // the dispatcher's 8: README's figure, under half of what the queues could hold.
+        // the dispatcher's 8: the seventh round's figure (docs/CHANGELOG.md), under half of what the queues could hold.
         assert_eq!(budget(2, 0), 29);
         assert!(2 * budget(2, 0) < frames_for(&steps, &sizes(2, 0)));
         assert_eq!(budget(3, 0) - budget(2, 0), 2, "a frame per pool stage and core");
