@@ -175,18 +175,40 @@ pub const JOB_SEGMENT_S: f64 = 30.0;
 pub const JOB_LEASE_S: f64 = 30.0;
 
 /// Finds a file the set-up installs (`models/...`): relative to the working directory, then to
-/// the checkout the executable was built in.
+/// the checkout the executable was built in (or the installed package it came in), then, for an
+/// installed package, under the user's data folder (where `models fetch` puts downloads there).
 pub fn find_asset(rel: &str) -> Option<std::path::PathBuf> {
     let here = std::path::PathBuf::from(rel);
     if here.exists() {
         return Some(here);
     }
     let exe = std::env::current_exe().ok()?;
-    exe.ancestors()
+    let beside = exe
+        .ancestors()
         .skip(1)
         .take(4)
         .map(|d| d.join(rel))
-        .find(|p| p.exists())
+        .find(|p| p.exists());
+    beside.or_else(|| {
+        package_root()?;
+        user_dir("XDG_DATA_HOME", ".local/share")
+            .map(|d| d.join(rel))
+            .filter(|p| p.exists())
+    })
+}
+
+/// The marker file of an installed package: the Python wheel's `gpen_video/PACKAGED`, one
+/// folder above the executable's `bin/`.
+pub const PACKAGE_MARKER: &str = "PACKAGED";
+
+/// The folder of the installed package this executable runs from (`gpen_video/` in the Python
+/// wheel, holding `bin/gpen-video`, the bundled models and [`PACKAGE_MARKER`]); `None` for a
+/// build in a checkout. An installed package's own folders are not written to: downloads and
+/// the user's models go to the XDG folders.
+pub fn package_root() -> Option<std::path::PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    let root = exe.parent()?.parent()?;
+    root.join(PACKAGE_MARKER).is_file().then(|| root.to_path_buf())
 }
 
 /// A folder of the user's by the XDG base directories: `$VAR/gpen-video` (when `VAR` is set and

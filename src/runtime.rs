@@ -10,13 +10,18 @@ use ort::ep;
 use ort::session::builder::GraphOptimizationLevel;
 use ort::session::Session;
 
-/// Where to look for libonnxruntime.so, in order: $ORT_DYLIB_PATH, next to the executable, the
-/// set-up's `.deps/lib` of the checkout the executable was built in, then the system loader.
+/// Where to look for libonnxruntime.so, in order: $ORT_DYLIB_PATH, for an installed package the
+/// `onnxruntime` (or `onnxruntime-gpu`) wheel's library in the same site-packages, next to the
+/// executable, the set-up's `.deps/lib` of the checkout the executable was built in, then the
+/// system loader.
 fn candidates() -> Vec<PathBuf> {
     let mut c = Vec::new();
     if let Some(p) = std::env::var_os("ORT_DYLIB_PATH") {
         c.push(PathBuf::from(p));
         return c;
+    }
+    if let Some(site) = crate::defaults::package_root().and_then(|r| r.parent().map(Path::to_path_buf)) {
+        c.push(wheel_library(&site.join("onnxruntime").join("capi")));
     }
     if let Some(dir) = std::env::current_exe()
         .ok()
@@ -30,6 +35,28 @@ fn candidates() -> Vec<PathBuf> {
     }
     c.push(PathBuf::from("libonnxruntime.so"));
     c
+}
+
+/// The library in an `onnxruntime` wheel's `capi` folder: `libonnxruntime.so` if there is one,
+/// else the versioned file the wheels ship (`libonnxruntime.so.1.31.1`), the newest by name.
+fn wheel_library(capi: &Path) -> PathBuf {
+    let plain = capi.join("libonnxruntime.so");
+    if plain.exists() {
+        return plain;
+    }
+    let mut versioned: Vec<PathBuf> = std::fs::read_dir(capi)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("libonnxruntime.so."))
+        })
+        .collect();
+    versioned.sort();
+    versioned.pop().unwrap_or(plain)
 }
 
 /// Loads ONNX Runtime once per process and returns its environment.

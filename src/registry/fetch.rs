@@ -36,8 +36,15 @@ fn stall_timeout() -> Result<Duration> {
     }
 }
 
-/// Where `fetch` puts files by default: the checkout's models/ if found, else ./models.
+/// Where `fetch` puts files by default: for an installed package, the user's data folder
+/// (`$XDG_DATA_HOME/gpen-video/models`, never the package's own folder), else the checkout's
+/// models/ if found, else ./models.
 fn default_dir() -> PathBuf {
+    if crate::defaults::package_root().is_some() {
+        if let Some(d) = crate::defaults::user_dir("XDG_DATA_HOME", ".local/share") {
+            return d.join("models");
+        }
+    }
     find_asset("models")
         .filter(|p| p.is_dir())
         .unwrap_or_else(|| PathBuf::from("models"))
