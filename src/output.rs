@@ -34,12 +34,10 @@ pub(crate) fn folder_of(path: &Path) -> PathBuf {
 }
 
 /// A tag unique across processes, PID namespaces (containers are all PID 1) and machines on
-/// shared storage: 64 random bits from the kernel, with the time and PID as a fallback.
+/// shared storage: 64 random bits from the system, with the time and PID as a fallback.
 fn unique_tag() -> String {
-    use std::io::Read;
     let mut bytes = [0u8; 8];
-    let random = std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut bytes));
-    if random.is_err() {
+    if getrandom::fill(&mut bytes).is_err() {
         let t = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos() as u64);

@@ -253,11 +253,7 @@ fn query_of<T: serde::de::DeserializeOwned>(raw: Option<&str>, takes: &str) -> R
 
 /// Whether `a` equals `b`, in time that does not depend on where they differ.
 fn same(a: &[u8], b: &[u8]) -> bool {
-    let mut diff = a.len() ^ b.len();
-    for (i, &x) in b.iter().enumerate() {
-        diff |= usize::from(x ^ a.get(i).copied().unwrap_or(0));
-    }
-    diff == 0
+    subtle::ConstantTimeEq::ct_eq(a, b).into()
 }
 
 /// The query of `POST /v1/restore`.

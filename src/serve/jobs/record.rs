@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use serde::{Deserialize, Serialize};
 
 use crate::engine::{Failure, Kind};
@@ -209,13 +209,10 @@ pub fn now() -> f64 {
         .map_or(0.0, |d| d.as_secs_f64())
 }
 
-/// A new job id: 128 bits from the kernel's random source, in hex.
+/// A new job id: 128 bits from the system's random source, in hex.
 pub fn new_id() -> Result<String> {
-    use std::io::Read;
     let mut b = [0u8; 16];
-    std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut b))
-        .context("cannot read /dev/urandom for a job id")?;
+    getrandom::fill(&mut b).map_err(|e| anyhow::anyhow!("no random bytes for a job id: {e}"))?;
     Ok(hex::encode(b))
 }
 
