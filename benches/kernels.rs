@@ -48,7 +48,7 @@ fn temporal(size: usize, runs: usize) {
     use gpen_video::faces::temporal::Temporal;
     use gpen_video::frame::{Face, FaceJob};
     let h = size / 2;
-    let mut filter = Temporal::new(4.0, size, &template(size));
+    let mut filter = Temporal::new(4.0, size, &template(size), Cpu::detected());
     let change: Vec<i16> = (0..size * size * 3)
         .map(|i| change_steps(((i * 31) % 17) as f32 / 64.0 - 0.1))
         .collect();
@@ -130,7 +130,7 @@ fn main() {
         let to_crop = face(size, eye, 900.0, 520.0, 0.12);
         let region = crop_footprint(&to_crop, size, w, h);
         let mut out = vec![0.0f32; 3 * size * size];
-        let mut scratch = WarpScratch::default();
+        let mut scratch = WarpScratch::at(Cpu::detected());
         let fast = median_ms(runs, || {
             warp_face(&frame, (w, h), &to_crop, region, size, &mut out, &mut scratch);
             black_box(&out);
@@ -156,7 +156,7 @@ fn main() {
         }];
         // The changes' buffers come back for the next call, as the paste stage's pool gives
         // them back (a fresh buffer each call would time its page faults, not the paste).
-        let (mut scratch, mut spare) = (Scratch::default(), Vec::new());
+        let (mut scratch, mut spare) = (Scratch::at(Cpu::detected()), Vec::new());
         let mut paste_with = |faces: &[Paste]| {
             median_ms(runs, || {
                 let out = changes(faces, &mask, 1.0, &mut scratch, &mut || spare.pop().unwrap_or_default());
@@ -191,7 +191,7 @@ fn main() {
         let mut change: Vec<i16> = (0..3 * size * size)
             .map(|i| ((i * 7919) % 4001) as i16 - 2000)
             .collect();
-        let mut low = gpen_video::kernels::lowband::LowBand::default();
+        let mut low = gpen_video::kernels::lowband::LowBand::at(Cpu::detected());
         let ms = median_ms(runs, || {
             gpen_video::kernels::lowband::remove_low_band(&mut change, size, &mut low);
             black_box(&change);

@@ -1,6 +1,7 @@
 //! Parse, then resolve: in, the options a user typed (`Options`, with every default written
 //! here once); out, the resolved `Settings` (model and detector files found, devices expanded,
-//! threads split, output paths checked) from which `Job`s and `Engine`s are built.
+//! threads split, the CPU level decided, output paths checked) from which `Job`s and `Engine`s
+//! are built.
 //!
 //! Jobs and engines read the file system, the environment and the GPUs through what this module
 //! resolved (the commands read what is theirs: `main` the registry for `--model NAME`, `batch`
@@ -19,6 +20,7 @@ use crate::faces::align::Template;
 use crate::faces::detect::det_size;
 use crate::faces::enhance::Fault;
 use crate::faces::paste::MaskKind;
+use crate::kernels::Cpu;
 use crate::media::decode::probe;
 use crate::output::{accept_output, check_side_output, partial_pattern, remove_stale};
 use crate::runtime::Target;
@@ -208,6 +210,9 @@ pub struct Settings {
     pub identity: bool,
     /// The faces record without identity figures (see `Job::boxes_only`).
     pub boxes_only: bool,
+    /// The CPU level every kernel of the run takes ([`cpu_level`]): not in the recipe, as every
+    /// level gives the same output to the bit and changes only how fast.
+    pub cpu: Cpu,
     /// All cores ONNX Runtime may use (the split above divides them).
     cores: usize,
 }
@@ -255,6 +260,23 @@ fn resolve_identity(t: &Treatment, measured: bool) -> Result<Option<PathBuf>> {
     }
 }
 
+/// The variable that forces a run's CPU level ([`cpu_level`]).
+pub const CPU_VAR: &str = "GPEN_VIDEO_CPU";
+
+/// The CPU level a run's kernels take, decided here once: the highest this CPU runs, or the lower
+/// one `GPEN_VIDEO_CPU` names (`plain`, `avx2` or `avx2+fma`), as rav1e's `CpuFeatureLevel` lets
+/// a whole run be held to a lower level. A level above what this CPU runs, or a name not known,
+/// is an error saying which levels it runs.
+pub fn cpu_level() -> Result<Cpu> {
+    match std::env::var(CPU_VAR) {
+        Ok(name) if !name.trim().is_empty() => name.parse().map_err(|e| anyhow!("{CPU_VAR}={name}: {e}")),
+        Err(std::env::VarError::NotUnicode(_)) => {
+            bail!("{CPU_VAR} is not UTF-8: use plain, avx2 or avx2+fma, or leave it unset")
+        }
+        _ => Ok(Cpu::detected()),
+    }
+}
+
 /// GPUs the NVIDIA driver exposes, for `cuda:all`.
 pub(crate) fn visible_gpus() -> Vec<u32> {
     let n = std::fs::read_dir("/proc/driver/nvidia/gpus")
@@ -268,6 +290,10 @@ impl Settings {
     pub fn resolve(o: &Options) -> Result<Settings> {
         let t = &o.treatment;
         t.check()?;
+        let cpu = cpu_level()?;
+        if cpu != Cpu::detected() {
+            tracing::info!("the kernels run at the {} level ({CPU_VAR})", cpu.name());
+        }
         if o.hwaccel_cuda {
             crate::media::decode::check_cuda_hwaccel()?;
         }
@@ -340,6 +366,7 @@ impl Settings {
             stats_json: o.stats_json.clone(),
             identity: o.identity,
             boxes_only: false,
+            cpu,
             cores,
         };
         s.set_targets(targets, cores);
@@ -491,6 +518,7 @@ impl Settings {
             batch: self.recipe.treatment.batch,
             detection: self.recipe.treatment.detection.clone(),
             cores: self.cores,
+            cpu: self.cpu,
         }
     }
 
@@ -604,6 +632,7 @@ mod tests {
             stats_json: None,
             identity: false,
             boxes_only: false,
+            cpu: Cpu::detected(),
             cores,
         };
         s.set_targets(targets, cores);

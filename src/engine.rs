@@ -52,6 +52,8 @@ pub struct EngineSpec {
     pub detection: DetectSettings,
     /// CPU cores this engine's pipelines may use: alignment and paste run on pools this wide.
     pub cores: usize,
+    /// The CPU level every kernel of the engine's runs takes (see `crate::kernels::cpu`).
+    pub cpu: crate::kernels::Cpu,
 }
 
 /// The loaded sessions.
@@ -70,6 +72,10 @@ pub struct Engine {
     /// Where the face-identity model runs (the choose and identity stages): where detection
     /// and the mesh run, one thread on the CPU.
     pub identity_opts: SessionOptions,
+    /// The CPU level every kernel of its runs takes, decided by the settings.
+    pub cpu: crate::kernels::Cpu,
+    /// The reference photos described on this engine, kept for its later runs.
+    pub references: crate::people::References,
 }
 
 /// The template the model's entry gives, on workers whose file names none of its own.
@@ -303,7 +309,7 @@ impl Engine {
                 varied_shapes: false,
             };
             let session = crate::runtime::session(&key.model, &so, "model")?;
-            let enhancer = Enhancer::for_target(session, target)
+            let enhancer = Enhancer::for_target(session, target, s.cpu)
                 .with_context(|| format!("model {} does not fit GPEN's I/O contract", key.model.display()))?;
             workers.push(Worker {
                 target: target.clone(),
@@ -405,6 +411,8 @@ impl Engine {
                 varied_shapes: true,
                 ..det_opts
             },
+            cpu: s.cpu,
+            references: Default::default(),
         })
     }
 

@@ -1,6 +1,8 @@
 //! The people a user names: in, reference photos (`--only-face`, `--skip-face`), the detector and
 //! the identity model; out, each photo's identity descriptor (its largest face), or an error
-//! naming the photo and what to do, before any frame of a job is decoded.
+//! naming the photo and what to do, before any frame of a job is decoded. An engine keeps the
+//! descriptors ([`References`]), so a photo is described once however many of its runs (a
+//! folder's clips, a long video's segments, a service's jobs) name it.
 
 use std::path::Path;
 
@@ -46,9 +48,14 @@ pub fn faces_in_photo(path: &Path, detector: &mut Detector) -> Result<(Vec<u8>, 
     Ok((rgb, w, h, faces))
 }
 
-/// The descriptor of the person in the reference photo `path`: its largest face's. A photo
-/// without a face is an error naming it.
-pub fn reference(path: &Path, detector: &mut Detector, identifier: &mut Identifier) -> Result<Reference> {
+/// The descriptor of the person in the reference photo `path`: its largest face's, its chip
+/// warped at the CPU level `cpu`. A photo without a face is an error naming it.
+pub fn reference(
+    path: &Path,
+    detector: &mut Detector,
+    identifier: &mut Identifier,
+    cpu: crate::kernels::Cpu,
+) -> Result<Reference> {
     let (rgb, w, h, faces) = faces_in_photo(path, detector)?;
     let Some(face) = faces.first() else {
         bail!(
@@ -56,13 +63,62 @@ pub fn reference(path: &Path, detector: &mut Detector, identifier: &mut Identifi
             path.display()
         );
     };
-    let mut scratch = WarpScratch::default();
+    let mut scratch = WarpScratch::at(cpu);
     let c = chip(&rgb, (w, h), &face.landmarks, &mut scratch);
     let descriptor = identifier.describe(&[&c])?[0];
     Ok(Reference {
         descriptor,
         faces: faces.len(),
     })
+}
+
+/// What names one described photo: the identity model and the photo, each by path, and the
+/// photo's size and modification time (a photo replaced under its name is described afresh).
+type PhotoKey = (
+    std::path::PathBuf,
+    std::path::PathBuf,
+    Option<(u64, std::time::SystemTime)>,
+);
+
+/// The reference photos an engine has described, kept for its later runs: a folder's clips, a
+/// long video's segments and a service's jobs describe each photo once, not once a run.
+#[derive(Default)]
+pub struct References {
+    described: std::collections::HashMap<PhotoKey, Descriptor>,
+    /// Photos described so far (each once).
+    pub count: u64,
+}
+
+impl References {
+    /// The descriptor of the photo at `path` by the identity model at `model`: the one kept, or
+    /// the photo described now ([`reference`], which names a photo without a face) and kept.
+    pub fn get(
+        &mut self,
+        (model, path): (&Path, &Path),
+        detector: &mut Detector,
+        identifier: &mut Identifier,
+        cpu: crate::kernels::Cpu,
+    ) -> Result<Descriptor> {
+        let stamp = std::fs::metadata(path)
+            .ok()
+            .and_then(|m| Some((m.len(), m.modified().ok()?)));
+        let key = (model.to_path_buf(), path.to_path_buf(), stamp);
+        if let Some(d) = self.described.get(&key) {
+            return Ok(*d);
+        }
+        let r = reference(path, detector, identifier, cpu)?;
+        if r.faces > 1 {
+            tracing::warn!(
+                "reference photo {}: {} faces in it, the largest taken",
+                path.display(),
+                r.faces
+            );
+        }
+        self.count += 1;
+        tracing::debug!(photos = self.count, "reference photo {} described", path.display());
+        self.described.insert(key, r.descriptor);
+        Ok(r.descriptor)
+    }
 }
 
 /// Which faces a job restores: the people named by photo, and the smallest face worth it. The
@@ -167,13 +223,14 @@ pub struct Chooser {
 
 impl Chooser {
     /// The chooser of `selection`: each reference photo described (by `detector`, left reset,
-    /// and the identity model at `model`), or an error naming the photo. `rotation` is the
-    /// video's display rotation (faces are measured upright).
+    /// and the identity model at `model`) or taken from those `references` kept, or an error
+    /// naming the photo. `rotation` is the video's display rotation (faces are measured
+    /// upright); `cpu` the run's CPU level.
     pub fn new(
         selection: &Selection,
-        detector: &mut Detector,
+        (detector, references): (&mut Detector, &mut References),
         model: Option<(&Path, &crate::runtime::SessionOptions)>,
-        rotation: u32,
+        (rotation, cpu): (u32, crate::kernels::Cpu),
     ) -> Result<Self> {
         let mut identifier = None;
         let (mut only, mut skip) = (Vec::new(), Vec::new());
@@ -186,15 +243,7 @@ impl Chooser {
                 Identifier::new(session).with_context(|| format!("face-identity model {}", model.display()))?;
             for (paths, out) in [(&selection.only_face, &mut only), (&selection.skip_face, &mut skip)] {
                 for p in paths {
-                    let r = reference(p, detector, &mut id)?;
-                    if r.faces > 1 {
-                        tracing::warn!(
-                            "reference photo {}: {} faces in it, the largest taken",
-                            p.display(),
-                            r.faces
-                        );
-                    }
-                    out.push(r.descriptor);
+                    out.push(references.get((model, p), detector, &mut id, cpu)?);
                 }
             }
             identifier = Some(id);
@@ -206,7 +255,7 @@ impl Chooser {
             identifier,
             tracks: Default::default(),
             rotation,
-            scratch: WarpScratch::default(),
+            scratch: WarpScratch::at(cpu),
             described: 0,
             left: 0,
         })
@@ -427,13 +476,13 @@ impl IdentityMeter {
     /// A meter with the identity model at `model` for a run's `guard`, face distance (`near`)
     /// and colour fix (`fix`), and BRISQUE's parameters at `quality` where given, measuring
     /// every face (`each`) or a few views of each track; `rotation` is the video's display
-    /// rotation.
+    /// rotation, `cpu` the run's CPU level.
     pub fn new(
         model: &Path,
         opts: &crate::runtime::SessionOptions,
         (guard, near, fix): (Guard, f32, bool),
         quality: Option<&Path>,
-        (each, rotation): (bool, u32),
+        (each, rotation, cpu): (bool, u32, crate::kernels::Cpu),
     ) -> Result<Self> {
         let session = crate::runtime::session(model, opts, "face-identity model")?;
         let identifier =
@@ -449,8 +498,8 @@ impl IdentityMeter {
             rotation,
             quality: quality.map(|b| (b, Default::default())),
             tracks: Default::default(),
-            scratch: WarpScratch::default(),
-            low: Default::default(),
+            scratch: WarpScratch::at(cpu),
+            low: crate::kernels::lowband::LowBand::at(cpu),
             packed: Default::default(),
             change: Vec::new(),
         })

@@ -73,7 +73,7 @@ pub fn describe_photos(settings: &Settings, photos: &[&Path]) -> Result<()> {
     let mut identifier = crate::faces::identity::Identifier::new(session)
         .with_context(|| format!("face-identity model {}", identity.path().display()))?;
     for p in photos {
-        crate::people::reference(p, &mut detector, &mut identifier)?;
+        crate::people::reference(p, &mut detector, &mut identifier, settings.cpu)?;
     }
     Ok(())
 }

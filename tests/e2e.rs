@@ -1409,3 +1409,85 @@ fn hdr10_mastering_display_and_light_levels_are_kept_by_x265_and_x264() {
         assert_eq!(hdr10_in_bitstream(&out), want, "{codec} into .{ext}");
     }
 }
+
+/// The face-identity model is one of the run's models, found with the others before any frame:
+/// a run that asks for it (the identity guard, on by default, or `--identity` with the guard
+/// off) from a folder without it fails naming the file and how to make it; a run that asks for
+/// nothing of it runs without it.
+#[test]
+fn a_missing_identity_model_is_named_when_the_run_asks_for_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let bin = d.join("bin/gpen-video");
+    std::fs::create_dir_all(bin.parent().unwrap()).unwrap();
+    std::fs::copy(env!("CARGO_BIN_EXE_gpen-video"), &bin).unwrap();
+    let run = |extra: &[&str]| {
+        std::process::Command::new(&bin)
+            .current_dir(d)
+            .arg(asset("samples/test/astronaut.mp4"))
+            .arg(d.join("o.mp4"))
+            .args(["-y", "--quiet", "--frames", "3", "--mesh", "none", "--model"])
+            .arg(asset("models/standin/identity-256.onnx"))
+            .arg("--detector")
+            .arg(asset("models/centerface.onnx"))
+            .args(extra)
+            .env_remove("GPEN_VIDEO_MODEL")
+            .env_remove("GPEN_VIDEO_CPU")
+            .env("ORT_DYLIB_PATH", asset(".deps/lib/libonnxruntime.so"))
+            .env("XDG_CONFIG_HOME", no_user_dirs())
+            .env("XDG_DATA_HOME", no_user_dirs())
+            .output()
+            .unwrap()
+    };
+    for (extra, asked) in [
+        (&[][..], "--identity-guard back-off"),
+        (&["--identity-guard", "off", "--identity"][..], "--identity"),
+    ] {
+        let r = run(extra);
+        let err = String::from_utf8_lossy(&r.stderr);
+        assert_eq!(r.status.code(), Some(1), "{extra:?}: {err}");
+        assert!(
+            err.contains(&format!("error: {asked}"))
+                && err.contains("needs the face-identity model models/face-id.onnx, which is missing")
+                && err.contains("scripts/setup.sh"),
+            "{extra:?}: {err}"
+        );
+        assert!(!err.contains("panicked") && !d.join("o.mp4").exists(), "{err}");
+    }
+    let r = run(&["--identity-guard", "off"]);
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+}
+
+/// `GPEN_VIDEO_CPU=plain` holds a whole run's kernels (the warps, the tensor conversions, the
+/// colour fix, the temporal filter, the paste's halving and its changes added to the planes) to
+/// their plain bodies: the frames equal the default run's (the highest level this CPU runs) to
+/// the bit. A level not known is refused naming the variable and the levels this CPU runs.
+#[test]
+fn a_run_held_to_the_plain_cpu_level_equals_the_default_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = asset("samples/test/group.mkv");
+    let model = asset("models/standin/cast-sharpen-256.onnx");
+    let mut frames = Vec::new();
+    for (name, env) in [
+        ("default.mkv", &[][..]),
+        ("plain.mkv", &[("GPEN_VIDEO_CPU", "plain")][..]),
+    ] {
+        let out = dir.path().join(name);
+        ok(&gpen_env(&[&input, &out, &"--model", &model, &"--frames", &"24"], env));
+        frames.push(framemd5(&out, "0:v", false));
+    }
+    assert_eq!(frames[0].len(), 24);
+    assert_eq!(
+        frames[0], frames[1],
+        "the plain level's frames differ from the default's"
+    );
+    let out = dir.path().join("refused.mkv");
+    let r = gpen_env(&[&input, &out, &"--model", &model], &[("GPEN_VIDEO_CPU", "sse9")]);
+    let err = String::from_utf8_lossy(&r.stderr);
+    assert_eq!(r.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("GPEN_VIDEO_CPU=sse9: unknown CPU level `sse9`: use one of plain"),
+        "{err}"
+    );
+    assert!(!out.exists());
+}

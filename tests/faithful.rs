@@ -28,7 +28,7 @@ fn biden() -> (Vec<u8>, image::RgbImage) {
     let to_crop = gpen_video::geom::fit_similarity(&face.landmarks, &tpl);
     let region = gpen_video::geom::crop_footprint(&to_crop, size, w, h);
     let mut crop = vec![0u8; 3 * size * size];
-    let mut scratch = gpen_video::kernels::warp::WarpScratch::default();
+    let mut scratch = gpen_video::kernels::warp::WarpScratch::at(gpen_video::kernels::Cpu::detected());
     gpen_video::kernels::warp::warp_face(&rgb, (w, h), &to_crop, region, size, &mut crop[..], &mut scratch);
     // A square around the face, 2.5 times its height.
     let [x0, y0, x1, y1] = face.bbox;

@@ -38,7 +38,7 @@ fn one_persons_photos_are_closer_than_two_peoples() {
     let d: Vec<_> = photos
         .iter()
         .map(|p| {
-            gpen_video::people::reference(&need(p), &mut detector, &mut id)
+            gpen_video::people::reference(&need(p), &mut detector, &mut id, gpen_video::kernels::Cpu::detected())
                 .unwrap()
                 .descriptor
         })
@@ -82,7 +82,7 @@ fn a_photo_without_a_face_is_an_error_naming_it() {
     let det = session(&need("models/centerface.onnx"), &opts, "detector").unwrap();
     let mut detector = Detector::new(det, (640, 640), 0.5, 0.3, 0).unwrap();
     let mut id = Identifier::new(session(&need("models/face-id.onnx"), &opts, "face identity").unwrap()).unwrap();
-    let e = gpen_video::people::reference(&blank, &mut detector, &mut id)
+    let e = gpen_video::people::reference(&blank, &mut detector, &mut id, gpen_video::kernels::Cpu::detected())
         .err()
         .expect("an error");
     let words = format!("{e:#}");

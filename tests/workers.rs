@@ -263,7 +263,7 @@ fn partial_batches_reuse_a_few_buffer_sizes_and_keep_their_crops_apart() {
     use gpen_video::runtime::{cpu_session, Target};
     std::env::set_var("ORT_DYLIB_PATH", asset(".deps/lib/libonnxruntime.so"));
     let session = cpu_session(&asset("models/standin/identity-256.onnx"), 1, "model").unwrap();
-    let mut e = Enhancer::for_target(session, &Target::Cpu(0)).unwrap();
+    let mut e = Enhancer::for_target(session, &Target::Cpu(0), gpen_video::kernels::Cpu::detected()).unwrap();
     e.set_batch(16);
     let item = 3 * 256 * 256;
     // Every size from 16 down to 1: each crop a different constant, so a mix-up shows.

@@ -125,7 +125,7 @@ mod tests {
             assert!(tiles(&inv, size, r, (w, h), spread).count() > 1, "eye {eye}: one tile");
             let mut load = |t: Rect, tex: &mut Vec<f32x4>| load_texels(&frame, w, t, tex);
             let (mut tiled, mut whole) = (vec![0u8; 3 * size * size], vec![1u8; 3 * size * size]);
-            let (mut scratch, mut tex) = (WarpScratch::default(), Vec::new());
+            let (mut scratch, mut tex) = (WarpScratch::at(Cpu::detected()), Vec::new());
             load_texels(&frame, w, r, &mut tex);
             if by_area {
                 warp_area_loading(&mut load, (w, h), &to_crop, region, size, &mut tiled[..], &mut scratch);
@@ -228,7 +228,7 @@ mod tests {
                 region,
                 size,
                 &mut t,
-                &mut WarpScratch::default(),
+                &mut WarpScratch::at(Cpu::detected()),
             );
         } else {
             warp_to_tensor(&img, w, h, &to_crop, size, &mut t);
@@ -551,7 +551,7 @@ mod tests {
             let to_crop = crate::geom::fit_similarity(&lm, &tpl);
             let region = crate::geom::crop_footprint(&to_crop, size, w, h);
             let (mut f, mut b) = (vec![0.0f32; 3 * size * size], vec![0u8; 3 * size * size]);
-            let mut scratch = WarpScratch::default();
+            let mut scratch = WarpScratch::at(Cpu::detected());
             warp_face(&img, (w, h), &to_crop, region, size, &mut f, &mut scratch);
             warp_face(&img, (w, h), &to_crop, region, size, &mut b, &mut scratch);
             let mut t = vec![0.0f32; f.len()];

@@ -207,6 +207,8 @@ pub struct Enhancer {
     batch: usize,
     /// The fidelity a model with a weight input is given (see [`ModelInfo::weight`]).
     fidelity: f32,
+    /// The CPU level the crops are converted at, into the model's input and back out of it.
+    cpu: crate::kernels::Cpu,
 }
 
 /// Where the bound crops live on `target`: host memory the pipeline writes and reads directly,
@@ -223,17 +225,18 @@ fn buffer_memory(target: &Target) -> Result<MemoryInfo<'static>> {
 }
 
 impl Enhancer {
-    /// Wraps a session on `target`, its bound crops in host memory ([`buffer_memory`]).
-    pub fn for_target(session: Session, target: &Target) -> Result<Self> {
+    /// Wraps a session on `target`, its bound crops in host memory ([`buffer_memory`]) and
+    /// converted at the CPU level `cpu` (the run's: see `crate::kernels::cpu`).
+    pub fn for_target(session: Session, target: &Target, cpu: crate::kernels::Cpu) -> Result<Self> {
         let allocator = match target {
             // The default CPU allocator, as before the GPU fix: the CPU path is unchanged.
             Target::Cpu(_) => Allocator::default(),
             Target::Cuda(_) => Allocator::new(&session, buffer_memory(target)?).map_err(ort_err)?,
         };
-        Self::with_allocator(session, allocator)
+        Self::with_allocator(session, allocator, cpu)
     }
 
-    fn with_allocator(session: Session, allocator: Allocator) -> Result<Self> {
+    fn with_allocator(session: Session, allocator: Allocator, cpu: crate::kernels::Cpu) -> Result<Self> {
         let info = ModelInfo::read(&session)?;
         Ok(Self {
             session,
@@ -242,7 +245,13 @@ impl Enhancer {
             bound: Vec::new(),
             batch: 1,
             fidelity: DEFAULT_FIDELITY,
+            cpu,
         })
+    }
+
+    /// The CPU level the crops are converted at.
+    pub fn cpu(&self) -> crate::kernels::Cpu {
+        self.cpu
     }
 
     /// Sets the fidelity a model with a weight input is given (0 most restored, 1 most faithful).
@@ -343,11 +352,9 @@ impl Enhancer {
             let at = slot * item..(slot + 1) * item;
             match &mut bound.tensors {
                 Tensors::Bytes(i, _) => i.extract_tensor_mut().1[at].copy_from_slice(crop),
-                Tensors::Floats(i, _) => crate::kernels::tensor::crop_to_tensor(
-                    crate::kernels::Cpu::detected(),
-                    crop,
-                    &mut i.extract_tensor_mut().1[at],
-                ),
+                Tensors::Floats(i, _) => {
+                    crate::kernels::tensor::crop_to_tensor(self.cpu, crop, &mut i.extract_tensor_mut().1[at])
+                }
             }
         }
         self.session.run_binding(&bound.binding).map_err(ort_err)?;

@@ -491,24 +491,50 @@ fn level_of(to_crop: &Affine, size: usize) -> u32 {
 
 /// Reusable buffers of the paste stage: mip levels of one change crop and the accumulation
 /// buffer of a group of overlapping faces.
-#[derive(Default)]
 pub struct Scratch {
     levels: Levels,
     acc: Vec<f32>,
 }
 
+impl Scratch {
+    /// Buffers for pastes whose kernels run at `cpu` (the run's level: see `crate::kernels::cpu`).
+    pub fn at(cpu: crate::kernels::Cpu) -> Scratch {
+        Scratch {
+            levels: Levels::at(cpu),
+            acc: Vec::new(),
+        }
+    }
+
+    /// The CPU level its pastes run at.
+    pub fn cpu(&self) -> crate::kernels::Cpu {
+        self.levels.cpu
+    }
+}
+
 /// Reusable buffers of one face's change as [`accumulate`] reads it: its mip levels, the row
 /// pairs' sums the first level is made from ([`halve_steps`]), and the change widened into
 /// floats for a face larger than the crop.
-#[derive(Default)]
 struct Levels {
     mips: Vec<Vec<f32>>,
     sums: Vec<i32>,
     widened: Vec<f32>,
-    /// The CPU level the halving runs at (the detected one).
+    /// The CPU level the halving runs at (the run's).
     cpu: crate::kernels::Cpu,
     /// The colour fix's buffers.
     low: crate::kernels::lowband::LowBand,
+}
+
+impl Levels {
+    /// Buffers for halvings and colour fixes run at `cpu`.
+    fn at(cpu: crate::kernels::Cpu) -> Levels {
+        Levels {
+            mips: Vec::new(),
+            sums: Vec::new(),
+            widened: Vec::new(),
+            cpu,
+            low: crate::kernels::lowband::LowBand::at(cpu),
+        }
+    }
 }
 
 /// What pasting `faces` changes in the frame, one [`Change`] per group of overlapping faces.
@@ -630,7 +656,14 @@ pub fn paste(frame: &mut [u8], width: usize, change: &[i16], to_crop: &Affine, r
         mask: None,
         fix: false,
     };
-    paste_all(frame, width, &[face], mask, blend, &mut Scratch::default());
+    paste_all(
+        frame,
+        width,
+        &[face],
+        mask,
+        blend,
+        &mut Scratch::at(crate::kernels::Cpu::detected()),
+    );
 }
 
 /// Indices of faces in groups whose regions overlap (directly or through another face).
@@ -1063,7 +1096,7 @@ mod tests {
         };
         let mut a = vec![10u8; w * h * 3];
         let mut b = vec![10u8; w * h * 3];
-        let mut s = Scratch::default();
+        let mut s = Scratch::at(crate::kernels::Cpu::detected());
         paste_all(&mut a, w, &faces([0.0, 40.0]), &mask, 1.0, &mut s);
         paste_all(&mut b, w, &faces([40.0, 0.0]), &mask, 1.0, &mut s);
         assert_eq!(a, b, "the order of the faces does not matter");
@@ -1131,7 +1164,7 @@ mod tests {
             let to_crop = crate::geom::similarity(0.1, scale, -(scale * 37.3), -(scale * 41.7));
             let region = crate::geom::crop_footprint(&to_crop, size, w, h).unwrap();
             let mut t = vec![0.0f32; 3 * size * size];
-            let mut scratch = crate::kernels::warp::WarpScratch::default();
+            let mut scratch = crate::kernels::warp::WarpScratch::at(crate::kernels::Cpu::detected());
             crate::kernels::warp::warp_face(&frame, (w, h), &to_crop, Some(region), size, &mut t, &mut scratch);
             let (mut crop, zero) = (Vec::new(), vec![0u8; t.len()]);
             assert!(crate::kernels::tensor::tensor_change(
@@ -1211,7 +1244,14 @@ mod tests {
         };
         let n = region.width() * region.height() * 5;
         let (mut a, mut b) = (vec![0.0; n], vec![0.0; n]);
-        accumulate(&mut a, Cells::Sums, region, &face, &mask, &mut Levels::default());
+        accumulate(
+            &mut a,
+            Cells::Sums,
+            region,
+            &face,
+            &mask,
+            &mut Levels::at(crate::kernels::Cpu::detected()),
+        );
         accumulate_level(&mut b, Cells::Sums, region, &face, &mask, (&change[..], size, 0));
         assert_eq!(a, b);
         assert!(a.iter().any(|&v| v != 0.0));
@@ -1232,7 +1272,11 @@ mod tests {
             })
             .collect();
         let mut fixed = change.clone();
-        crate::kernels::lowband::remove_low_band(&mut fixed, size, &mut Default::default());
+        crate::kernels::lowband::remove_low_band(
+            &mut fixed,
+            size,
+            &mut crate::kernels::lowband::LowBand::at(crate::kernels::Cpu::detected()),
+        );
         let t = crate::faces::align::template(size);
         let mask = Mask::face(size, &t);
         for (scale, levelled) in [(3.5, true), (5.0, true), (9.0, true), (1.1, false)] {
@@ -1247,9 +1291,15 @@ mod tests {
                     mask: None,
                     fix,
                 };
-                changes(&[face], &mask, 1.0, &mut Scratch::default(), &mut Vec::new)
-                    .remove(0)
-                    .rgb
+                changes(
+                    &[face],
+                    &mask,
+                    1.0,
+                    &mut Scratch::at(crate::kernels::Cpu::detected()),
+                    &mut Vec::new,
+                )
+                .remove(0)
+                .rgb
             };
             // At level 0 the paste stage fixes the change whole; given one to fix, the paste
             // does the same in floats.
@@ -1297,7 +1347,7 @@ mod tests {
                 mask: None,
                 fix: false,
             }];
-            let mut s = Scratch::default();
+            let mut s = Scratch::at(crate::kernels::Cpu::detected());
             let a = changes(&faces, &with, 0.8, &mut s, &mut Vec::new);
             let b = changes(&faces, &without, 0.8, &mut s, &mut Vec::new);
             assert_eq!(a, b, "angle {angle}, scale {scale}");
@@ -1306,7 +1356,14 @@ mod tests {
             // group give.
             let (rw, rh) = (region.width(), region.height());
             let mut sums = vec![0.0; rw * rh * 5];
-            accumulate(&mut sums, Cells::Sums, region, &faces[0], &with, &mut Levels::default());
+            accumulate(
+                &mut sums,
+                Cells::Sums,
+                region,
+                &faces[0],
+                &with,
+                &mut Levels::at(crate::kernels::Cpu::detected()),
+            );
             let mut want = vec![0.0f32; rw * rh * 3];
             for (a, d) in sums.chunks_exact(5).zip(want.chunks_exact_mut(3)) {
                 let alpha = a[4] * 0.8;

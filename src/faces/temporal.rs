@@ -224,8 +224,8 @@ impl FaceWork<'_> {
 
 impl Temporal {
     /// A filter of `memory` frames for crops of `size` aligned to `template` (crop pixels),
-    /// on this thread alone (see [`Temporal::threads`]).
-    pub fn new(memory: f32, size: usize, template: &[[f32; 2]; 5]) -> Self {
+    /// on this thread alone (see [`Temporal::threads`]), its bands summed at the CPU level `cpu`.
+    pub fn new(memory: f32, size: usize, template: &[[f32; 2]; 5], cpu: Cpu) -> Self {
         let mask = crate::faces::paste::Mask::face(size, template);
         let h = size / 2;
         let face = (0..h * h)
@@ -242,7 +242,7 @@ impl Temporal {
             scratch: vec![Vec::new()],
             pool: None,
             helper_cpu: std::time::Duration::ZERO,
-            cpu: Cpu::detected(),
+            cpu,
             flicker: Flicker {
                 filtered: memory > 0.0,
                 ..Flicker::default()
@@ -504,7 +504,10 @@ mod tests {
     fn a_filter_started_its_reach_early_matches_one_started_at_the_first_frame() {
         let (size, memory) = (16, crate::defaults::TEMPORAL_MAX);
         let tpl = crate::faces::align::template(size);
-        let (mut from_start, mut late) = (Temporal::new(memory, size, &tpl), Temporal::new(memory, size, &tpl));
+        let (mut from_start, mut late) = (
+            Temporal::new(memory, size, &tpl, Cpu::detected()),
+            Temporal::new(memory, size, &tpl, Cpu::detected()),
+        );
         let reach = reach(memory);
         let begin = 3 * reach + 5;
         // Detail that changes every frame (a hash of frame and value), on an input that does not.
@@ -526,7 +529,7 @@ mod tests {
     fn detail_the_input_does_not_support_averages_away_and_a_real_change_is_taken_at_once() {
         let size = 16;
         let tpl = crate::faces::align::template(size);
-        let mut t = Temporal::new(4.0, size, &tpl);
+        let mut t = Temporal::new(4.0, size, &tpl, Cpu::detected());
         // Alternating detail on a still input: the filtered change swings far less.
         let mut swings = Vec::new();
         let mut last: Option<f32> = None;
@@ -560,8 +563,8 @@ mod tests {
     fn bands_on_many_threads_give_what_one_thread_gives() {
         let (size, memory) = (64, 2.0);
         let tpl = crate::faces::align::template(size);
-        let mut one = Temporal::new(memory, size, &tpl);
-        let mut many = Temporal::new(memory, size, &tpl).threads(5);
+        let mut one = Temporal::new(memory, size, &tpl, Cpu::detected());
+        let mut many = Temporal::new(memory, size, &tpl, Cpu::detected()).threads(5);
         let h = size / 2;
         let frame = |n: u64| -> Vec<FaceJob> {
             // Track 1 throughout, track 2 from frame 10, track 3 until frame 30.

@@ -1,9 +1,11 @@
-//! The CPU's vector level, found once, in this one file: in, the running CPU; out, a [`Cpu`]
-//! value that every kernel with vector forms is given (the warp, the tensor conversions, the
-//! paste's halving, the temporal filter's bands, the colour conversions), so a caller, a
-//! benchmark or a test chooses the level by value and nothing else does: no environment variable
-//! picks a kernel, and a test runs each kernel at every level the machine has ([`Cpu::available`])
-//! against its plain body.
+//! The CPU's vector level, found once, in this one file: in, the running CPU (and a level asked
+//! for by name); out, a [`Cpu`] value that every kernel with vector forms is given (the warp, the
+//! tensor conversions, the paste's halving, the colour fix's low band, the temporal filter's
+//! bands, the colour conversions), so a caller, a benchmark or a test chooses the level by value
+//! and nothing else does. A run's level is decided once, by `config` (the highest this CPU runs,
+//! or a lower one `GPEN_VIDEO_CPU` names), and carried in its settings and engine to every
+//! stage; no kernel looks the level up itself, and a test runs each kernel at every level the
+//! machine has ([`Cpu::available`]) against its plain body.
 //!
 //! A `Cpu` above the plain level is made only where the CPU has it, so a kernel that sees
 //! [`Cpu::avx2`] may run its AVX2 form: that is what every such `unsafe` call relies on.
@@ -76,10 +78,27 @@ impl Cpu {
     }
 }
 
-impl Default for Cpu {
-    /// The detected level.
-    fn default() -> Self {
-        Cpu::detected()
+impl std::str::FromStr for Cpu {
+    type Err = String;
+
+    /// The level named `plain`, `avx2` or `avx2+fma`, if this CPU runs it; a level above what it
+    /// runs, or a name not known, is refused in words that list the levels it does run.
+    fn from_str(name: &str) -> Result<Cpu, String> {
+        let levels = || Cpu::available().iter().map(|c| c.name()).collect::<Vec<_>>().join(", ");
+        let level = match name.trim().to_ascii_lowercase().as_str() {
+            "plain" => Level::Plain,
+            "avx2" => Level::Avx2,
+            "avx2+fma" | "fma" => Level::Avx2Fma,
+            _ => return Err(format!("unknown CPU level `{name}`: use one of {}", levels())),
+        };
+        if Cpu(level) > Cpu::detected() {
+            return Err(format!(
+                "this CPU does not run the {} level: use one of {}",
+                Cpu(level).name(),
+                levels()
+            ));
+        }
+        Ok(Cpu(level))
     }
 }
 
@@ -96,5 +115,22 @@ mod tests {
         assert!(!Cpu::PLAIN.avx2() && !Cpu::PLAIN.fma());
         #[cfg(target_arch = "x86_64")]
         assert_eq!(Cpu::detected().avx2(), is_x86_feature_detected!("avx2"));
+    }
+
+    #[test]
+    fn a_level_is_named_and_none_above_the_cpu_is_made() {
+        for cpu in Cpu::available() {
+            assert_eq!(cpu.name().parse::<Cpu>(), Ok(cpu));
+        }
+        assert_eq!(" Plain ".parse::<Cpu>(), Ok(Cpu::PLAIN));
+        let err = "sse9".parse::<Cpu>().unwrap_err();
+        assert!(
+            err.contains("unknown CPU level `sse9`") && err.contains("plain"),
+            "{err}"
+        );
+        if Cpu::detected() < Cpu(Level::Avx2Fma) {
+            let err = "avx2+fma".parse::<Cpu>().unwrap_err();
+            assert!(err.contains("does not run the avx2+fma level"), "{err}");
+        }
     }
 }

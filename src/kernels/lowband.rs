@@ -20,9 +20,9 @@ pub fn cells(size: usize) -> usize {
     CELLS.min(size / 2).max(2)
 }
 
-/// Buffers reused between faces.
-#[derive(Default)]
+/// Buffers reused between faces, and the CPU level the fix runs at.
 pub struct LowBand {
+    cpu: super::Cpu,
     /// The sums of each column of the crop over one band of cell rows (RGB), `size * 3`: of a
     /// change in steps, and of a change's level in floats.
     columns: Vec<i32>,
@@ -31,6 +31,19 @@ pub struct LowBand {
     grid: Vec<f32>,
     /// Each row of cells read across the crop's width (RGB), `cells * size * 3`.
     rows: Vec<f32>,
+}
+
+impl LowBand {
+    /// Buffers for fixes run at `cpu` (the run's level: see `crate::kernels::cpu`).
+    pub fn at(cpu: super::Cpu) -> LowBand {
+        LowBand {
+            cpu,
+            columns: Vec::new(),
+            columns_f: Vec::new(),
+            grid: Vec::new(),
+            rows: Vec::new(),
+        }
+    }
 }
 
 /// A change's value as the colour fix reads it: in steps (the crop the model gave back), or in
@@ -101,11 +114,11 @@ pub fn remove_low_band_from_level(level: &mut [f32], size: usize, crop: usize, s
 }
 
 /// Removes the low band of `n` cells a side from `change` (packed RGB of `size * size`),
-/// compiled for AVX2 where the CPU has it.
+/// compiled for AVX2 where the buffers' level has it.
 fn remove_low_band_of<T: Band>(change: &mut [T], size: usize, n: usize, s: &mut LowBand) {
     #[cfg(target_arch = "x86_64")]
-    if super::Cpu::detected().avx2() {
-        // SAFETY: `Cpu::detected` says AVX2 only where this CPU has it (see `crate::kernels::cpu`).
+    if s.cpu.avx2() {
+        // SAFETY: a `Cpu` says AVX2 only where this CPU has it (see `crate::kernels::cpu`).
         return unsafe { remove_low_band_avx2(change, size, n, s) };
     }
     low_band_body(change, size, n, s);
@@ -185,6 +198,7 @@ fn low_band_body<T: Band>(change: &mut [T], size: usize, n: usize, s: &mut LowBa
 #[cfg(test)]
 mod tests {
     use super::{remove_low_band, LowBand};
+    use crate::kernels::Cpu;
 
     fn mean(v: &[i16], c: usize) -> f64 {
         v.iter().skip(c).step_by(3).map(|&x| f64::from(x)).sum::<f64>() / (v.len() / 3) as f64
@@ -194,7 +208,7 @@ mod tests {
     #[test]
     fn a_cast_and_a_ramp_go() {
         for size in [64usize, 256, 512] {
-            let mut s = LowBand::default();
+            let mut s = LowBand::at(Cpu::detected());
             let mut flat = vec![0i16; 3 * size * size];
             for (i, v) in flat.iter_mut().enumerate() {
                 *v = [2560, -1280, 640][i % 3];
@@ -221,7 +235,7 @@ mod tests {
     fn a_levels_fix_is_the_fixed_changes_level() {
         use crate::kernels::halve::halve;
         for size in [256usize, 512] {
-            let mut s = LowBand::default();
+            let mut s = LowBand::at(Cpu::detected());
             let change: Vec<i16> = (0..3 * size * size)
                 .map(|i| {
                     let (p, c) = (i / 3, i % 3);
@@ -256,7 +270,7 @@ mod tests {
     #[test]
     fn fine_detail_stays() {
         let size = 256;
-        let mut s = LowBand::default();
+        let mut s = LowBand::at(Cpu::detected());
         let mut v = vec![0i16; 3 * size * size];
         for y in 0..size {
             for x in 0..size {
@@ -277,5 +291,21 @@ mod tests {
             .filter(|(a, b)| (i32::from(**a) - (i32::from(**b) - 640)).abs() <= 2)
             .count();
         assert_eq!(kept, v.len());
+    }
+
+    /// Each level this CPU runs removes the same low band as the plain body, to the bit.
+    #[test]
+    fn every_level_gives_the_plain_fix() {
+        let size = 256;
+        let change: Vec<i16> = (0..3 * size * size)
+            .map(|i| ((i * 7919 + i / 3 * 31) % 4001) as i16 - 2000)
+            .collect();
+        let mut plain = change.clone();
+        remove_low_band(&mut plain, size, &mut LowBand::at(Cpu::PLAIN));
+        for cpu in Cpu::available() {
+            let mut got = change.clone();
+            remove_low_band(&mut got, size, &mut LowBand::at(cpu));
+            assert_eq!(got, plain, "{}", cpu.name());
+        }
     }
 }

@@ -133,7 +133,6 @@ pub fn warp_to_tensor<O: CropOut + ?Sized>(
 
 /// Reusable buffers of the warp: box-filtered levels of the frame region under a large face,
 /// and the region under a face as four f32 lanes per pixel; and the CPU level its taps run at.
-#[derive(Default)]
 pub struct WarpScratch {
     levels: Vec<Vec<u8>>,
     texels: Vec<f32x4>,
@@ -146,11 +145,12 @@ impl WarpScratch {
         self.cpu
     }
 
-    /// Buffers for warps whose taps run at `cpu` (the default: the detected level).
+    /// Buffers for warps whose taps run at `cpu` (the run's level: see `crate::kernels::cpu`).
     pub fn at(cpu: Cpu) -> WarpScratch {
         WarpScratch {
+            levels: Vec::new(),
+            texels: Vec::new(),
             cpu,
-            ..WarpScratch::default()
         }
     }
 }

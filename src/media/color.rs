@@ -457,9 +457,9 @@ pub(crate) fn writable(pic: &mut VideoFrame) -> bool {
 /// change over the pixels it covers. Samples whose change is under half a step keep their
 /// values exactly. 8-bit 4:2:0 in three planes (what decoders give most videos) takes
 /// [`yuv::add_change_420`], a form without the per-sample checks (the same values); every other
-/// layout the general loop, [`yuv::add_change_planar`]. Returns false (and changes nothing) for
-/// a format [`Planar`] does not describe.
-pub(crate) fn add_changes(pic: &mut VideoFrame, changes: &[Change]) -> bool {
+/// layout the general loop, [`yuv::add_change_planar`]; `cpu` is the run's CPU level. Returns
+/// false (and changes nothing) for a format [`Planar`] does not describe.
+pub(crate) fn add_changes(pic: &mut VideoFrame, changes: &[Change], cpu: Cpu) -> bool {
     let Some(layout) = Planar::of(pic.format()) else {
         return false;
     };
@@ -471,7 +471,7 @@ pub(crate) fn add_changes(pic: &mut VideoFrame, changes: &[Change]) -> bool {
             rgb: &ch.rgb,
         };
         if layout == Planar::YUV420P {
-            yuv::add_change_420(Cpu::detected(), &mut planes, ch, &rows);
+            yuv::add_change_420(cpu, &mut planes, ch, &rows);
         } else {
             yuv::add_change_planar(&mut planes, layout, ch, &rows);
         }
@@ -723,7 +723,7 @@ mod tests {
             change(Rect::new(6, 9, 13, 16), 5),
         ];
         let (mut fast, mut general) = (patterned(w, h, 256, 0), patterned(w, h, 256, 0));
-        assert!(add_changes(&mut fast, &changes));
+        assert!(add_changes(&mut fast, &changes, Cpu::detected()));
         let layout = Planar::of(general.format()).expect("a planar layout");
         assert_eq!(layout, Planar::YUV420P, "the layout the 4:2:0 form takes");
         let rows = Matrix::of(&general).change_rows(layout.bits, is_full_range(&general));
@@ -860,7 +860,7 @@ mod tests {
             let k = (1 << (bits - 8)) as f32;
             let before = flat(fmt, w, h, Space::BT709);
             let mut pic = flat(fmt, w, h, Space::BT709);
-            assert!(add_changes(&mut pic, &[change([0.0; 3])]));
+            assert!(add_changes(&mut pic, &[change([0.0; 3])], Cpu::detected()));
             let p = Planar::of(fmt).unwrap();
             for (plane, sh) in [(0, (0, 0)), (1, (p.hshift, p.vshift)), (2, (p.hshift, p.vshift))] {
                 for y in 0..h >> sh.1 {
@@ -873,7 +873,7 @@ mod tests {
                     }
                 }
             }
-            assert!(add_changes(&mut pic, &[change([40.0; 3])]));
+            assert!(add_changes(&mut pic, &[change([40.0; 3])], Cpu::detected()));
             let dy = (40.0 * 219.0 / 255.0 * k).round() as i32;
             for y in 0..h {
                 for x in 0..w {
@@ -888,7 +888,7 @@ mod tests {
                 "{fmt:?}: grey moved chroma"
             );
             let mut red = flat(fmt, w, h, Space::BT709);
-            add_changes(&mut red, &[change([40.0, 0.0, 0.0])]);
+            add_changes(&mut red, &[change([40.0, 0.0, 0.0])], Cpu::detected());
             let (cb, cr) = (
                 sample(&red, 1, 4, 3) - (128 << (bits - 8)),
                 sample(&red, 2, 4, 3) - (128 << (bits - 8)),
@@ -907,6 +907,6 @@ mod tests {
             );
         }
         let mut rgb = VideoFrame::new(Pixel::RGB24, 8, 8);
-        assert!(!add_changes(&mut rgb, &[]), "not a planar YUV picture");
+        assert!(!add_changes(&mut rgb, &[], Cpu::detected()), "not a planar YUV picture");
     }
 }

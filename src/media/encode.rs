@@ -12,6 +12,7 @@ use ffmpeg::{codec, encoder, media, Dictionary, Packet, Rational};
 use ffmpeg_next as ffmpeg;
 
 use crate::frame::{Frame, Picture};
+use crate::kernels::Cpu;
 use crate::media::color::{add_changes, convert, set_matrix, writable, Matrix, Planar, SendScaler};
 use crate::media::decode::SourceInfo;
 
@@ -328,6 +329,8 @@ enum Out {
 
 /// Encodes frames (their own planes with the paste's changes, or RGB) into the output file.
 pub struct Encoder {
+    /// The CPU level the paste's changes are added at (the run's).
+    cpu: Cpu,
     out: Out,
     enc: encoder::video::Encoder,
     /// Interlaced coding: whether the top field comes first.
@@ -624,24 +627,30 @@ fn set_extradata(ost: &mut ffmpeg::format::stream::StreamMut, extra: &[u8]) -> R
 
 impl Encoder {
     /// Creates `path` (its container chosen from its extension) for `src`'s picture size,
-    /// time base and streams.
-    pub fn create(path: &Path, src: &SourceInfo, settings: &EncodeSettings) -> Result<Self> {
+    /// time base and streams; the paste's changes are added at the CPU level `cpu`.
+    pub fn create(path: &Path, src: &SourceInfo, settings: &EncodeSettings, cpu: Cpu) -> Result<Self> {
         let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("");
         let opened = open_encoder(src, settings, ext)?;
         let muxer = Muxer::create_retrying(path, src, &opened, None)?;
-        Ok(Self::with_out(opened, Out::File(Box::new(muxer)), src))
+        Ok(Self::with_out(opened, Out::File(Box::new(muxer)), src, cpu))
     }
 
     /// An encoder for one segment of `src` whose packets go to the packet file `path`, encoded
     /// as a file ending in `.ext` (OUT's) encodes them, so that the segments join into it.
-    pub(crate) fn for_segment(path: &Path, src: &SourceInfo, settings: &EncodeSettings, ext: &str) -> Result<Self> {
+    pub(crate) fn for_segment(
+        path: &Path,
+        src: &SourceInfo,
+        (settings, ext): (&EncodeSettings, &str),
+        cpu: Cpu,
+    ) -> Result<Self> {
         let opened = open_encoder(src, settings, ext)?;
         let packets = crate::media::packets::PacketWriter::create(path, opened.enc_extradata())?;
-        Ok(Self::with_out(opened, Out::Packets(packets), src))
+        Ok(Self::with_out(opened, Out::Packets(packets), src, cpu))
     }
 
-    fn with_out(opened: Opened, out: Out, src: &SourceInfo) -> Self {
+    fn with_out(opened: Opened, out: Out, src: &SourceInfo, cpu: Cpu) -> Self {
         Self {
+            cpu,
             out,
             enc: opened.enc,
             fields: opened.fields,
@@ -683,7 +692,7 @@ impl Encoder {
                 } else if writable(src) {
                     // No one else holds the picture (the decoder no longer needs it as a
                     // reference): add the changes straight in, without a whole-frame copy.
-                    add_changes(src, changes);
+                    add_changes(src, changes, self.cpu);
                     src
                 } else {
                     // The decoder still references its buffer (a reference picture): write into
@@ -703,7 +712,7 @@ impl Encoder {
                     // pixels only).
                     work.set_color_space(src.color_space());
                     work.set_color_range(src.color_range());
-                    add_changes(work, changes);
+                    add_changes(work, changes, self.cpu);
                     work
                 };
                 if fmt == self.pix {

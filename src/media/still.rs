@@ -459,12 +459,12 @@ pub enum Writer {
 
 impl Writer {
     /// A still writer when `path` (the temporary output, OUT's extension) names a still image,
-    /// else the video encoder.
-    pub fn create(path: &Path, src: &SourceInfo, settings: &EncodeSettings) -> Result<Self> {
+    /// else the video encoder (adding the paste's changes at the CPU level `cpu`).
+    pub fn create(path: &Path, src: &SourceInfo, settings: &EncodeSettings, cpu: crate::kernels::Cpu) -> Result<Self> {
         if is_still(path) {
             StillWriter::create(path, src, settings).map(|w| Writer::Still(Box::new(w)))
         } else {
-            Encoder::create(path, src, settings).map(|e| Writer::Video(Box::new(e)))
+            Encoder::create(path, src, settings, cpu).map(|e| Writer::Video(Box::new(e)))
         }
     }
 

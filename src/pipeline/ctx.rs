@@ -62,4 +62,6 @@ pub(crate) struct StageCtx<'a> {
     pub tracked: bool,
     /// Where a side-by-side view puts its pictures (the source's display turn and mirror).
     pub sides: crate::media::compare::Sides,
+    /// The CPU level every stage's kernels run at (the engine's, decided by the settings).
+    pub cpu: crate::kernels::Cpu,
 }

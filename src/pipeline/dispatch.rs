@@ -14,7 +14,6 @@ use crate::faces::enhance::Restored as Output;
 use crate::faces::enhance::Worker;
 use crate::frame::{FaceFrame, Pool};
 use crate::kernels::tensor::{bytes_change, tensor_change};
-use crate::kernels::Cpu;
 use crate::stats::{Clock, StageStat, WorkerStat};
 
 /// Bounds of how long a partial batch waits for more crops while every worker is idle: a few
@@ -262,6 +261,8 @@ pub(crate) fn work(
         ..Default::default()
     };
     let fidelity = worker.enhancer.fidelity();
+    // The run's level, as the crops went in.
+    let cpu = worker.enhancer.cpu();
     for mut job in jobs {
         let t = Instant::now();
         let reply = job.reply.take();
@@ -293,13 +294,7 @@ pub(crate) fn work(
                 // NaN or infinity (a broken model, an overflow in fp16): keep the face as it was
                 // rather than paste a black or white square.
                 Output::Floats(out) => {
-                    if !tensor_change(
-                        Cpu::detected(),
-                        out,
-                        crops[i],
-                        size,
-                        restored[i].as_mut().expect("filled above"),
-                    ) {
+                    if !tensor_change(cpu, out, crops[i], size, restored[i].as_mut().expect("filled above")) {
                         if let Some(buf) = restored[i].take() {
                             restored_pool.put(buf);
                         }

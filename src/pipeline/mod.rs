@@ -85,8 +85,8 @@ fn run_inner(
     let out_name = job.output.display().to_string();
     // Built before any thread starts: an output that cannot be created fails here.
     let out_src = output_source(job);
-    let encoder =
-        Writer::create(partial, &out_src, &job.treatment.encode).with_context(|| format!("output {out_name}"))?;
+    let encoder = Writer::create(partial, &out_src, &job.treatment.encode, engine.cpu)
+        .with_context(|| format!("output {out_name}"))?;
     let faces_sink = job.faces_json.as_deref().map(sink::FacesSink::create).transpose()?;
     // An image stream may have left the detector at another picture's size.
     engine.detector.start(engine.key.det_size);
@@ -152,8 +152,9 @@ pub(crate) fn run_segment(
 ) -> Result<SegmentDone> {
     let start = Instant::now();
     let out_src = output_source(job);
-    let encoder = crate::media::encode::Encoder::for_segment(out.packets, &out_src, &job.treatment.encode, out.ext)
-        .with_context(|| format!("segment file {}", out.packets.display()))?;
+    let encoder =
+        crate::media::encode::Encoder::for_segment(out.packets, &out_src, (&job.treatment.encode, out.ext), engine.cpu)
+            .with_context(|| format!("segment file {}", out.packets.display()))?;
     let faces_sink = sink::FacesSink::create(out.faces)?;
     engine.detector.start(engine.key.det_size);
     let (decoder, turn) = decoder_for(job, engine.detector.size, engine.pool_threads);
@@ -267,6 +268,7 @@ pub(crate) fn collect_crops(engine: &mut Engine, job: &Job, want: usize, max_fra
         keep_crops: false,
         tracked: false,
         sides: Default::default(),
+        cpu: engine.cpu,
     };
     let (rgb, det, ctx) = (&pools.rgb, &pools.det, &ctx);
     let (dec_tx, dec_rx) = bounded::<Frame>(DEPTH);

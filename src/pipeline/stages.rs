@@ -156,7 +156,7 @@ pub(crate) fn detect_follow(
         |d: &Detector, m: &[Mesher]| d.model_cpu() + m.iter().map(Mesher::model_cpu).sum::<std::time::Duration>();
     let model_at_start = models(detector, meshers);
     let tally = Tally::default();
-    let mut meshing = Meshing::new(meshers.len(), ctx.threads);
+    let mut meshing = Meshing::new(meshers.len(), ctx.threads, ctx.cpu);
     let mut follow = Follow::default();
     while let Some(mut frame) = recv(&rx, &mut clock) {
         follow.picture(&frame, detector);
@@ -345,10 +345,10 @@ struct Meshing {
 impl Meshing {
     /// A warp scratch per thread the crops are shared out on: each of `sessions`' own, or with
     /// one session (a GPU), the pool's `threads`.
-    fn new(sessions: usize, threads: usize) -> Meshing {
+    fn new(sessions: usize, threads: usize, cpu: crate::kernels::Cpu) -> Meshing {
         let warpers = if sessions > 1 { sessions } else { threads.max(1) };
         Meshing {
-            scratch: (0..warpers).map(|_| WarpScratch::default()).collect(),
+            scratch: (0..warpers).map(|_| WarpScratch::at(cpu)).collect(),
             pool: crate::parts::pool(warpers, "mesh"),
             rois: Vec::new(),
             regions: Vec::new(),
@@ -533,7 +533,7 @@ pub(crate) fn mesh(
     let free = parking_lot::Mutex::new(meshers.iter_mut().collect::<Vec<_>>());
     let init = || {
         let m = free.lock().pop();
-        (m, WarpScratch::default(), Vec::new())
+        (m, WarpScratch::at(ctx.cpu), Vec::new())
     };
     let work = |(m, scratch, rois): &mut (Option<&mut Mesher>, WarpScratch, Vec<Affine>), ff: &mut FaceFrame| {
         let Some(m) = m.as_deref_mut() else {
@@ -635,8 +635,8 @@ pub(crate) fn temporal(
 ) -> Result<(StageStat, crate::stats::Flicker)> {
     let mut clock = Clock::new("temporal", DEPTH);
     let luma_pool = &ctx.pools.luma;
-    let mut filter =
-        crate::faces::temporal::Temporal::new(ctx.treatment.temporal, ctx.size, &ctx.template).threads(ctx.threads);
+    let mut filter = crate::faces::temporal::Temporal::new(ctx.treatment.temporal, ctx.size, &ctx.template, ctx.cpu)
+        .threads(ctx.threads);
     while let Some(mut ff) = recv(&rx, &mut clock) {
         clock.time(|| filter.filter(ff.frame.index, &mut ff.faces, ff.frame.warm));
         for job in &mut ff.faces {
@@ -821,7 +821,7 @@ pub(crate) fn align(ctx: &StageCtx, rx: Receiver<FaceFrame>, tx: Sender<FaceFram
         }
         Ok(())
     };
-    pool::ordered("align", DEPTH, ctx.threads, WarpScratch::default, work, rx, tx)
+    pool::ordered("align", DEPTH, ctx.threads, || WarpScratch::at(ctx.cpu), work, rx, tx)
 }
 
 /// Aligns one face of `f` to the template: makes sure the frame's RGB covers the face, warps
@@ -952,7 +952,8 @@ pub(crate) fn paste_back(ctx: &StageCtx, rx: Receiver<FaceFrame>, tx: Sender<Fac
         );
         Ok(())
     };
-    pool::ordered("paste", DEPTH, ctx.threads, Default::default, work, rx, tx)
+    let init = || (Scratch::at(ctx.cpu), Vec::new(), LowBand::at(ctx.cpu));
+    pool::ordered("paste", DEPTH, ctx.threads, init, work, rx, tx)
 }
 
 /// Pastes one frame's restored faces (see [`paste_back`]).
@@ -1005,6 +1006,7 @@ fn paste_frame(
         .collect();
     let regions: Vec<Rect> = faces.iter().map(|f| f.region).collect();
     let kept = compare.map(|c| crate::media::compare::before_paste(c, sides, frame, &regions));
+    let cpu = scratch.cpu();
     let changed = changes(&faces, mask, blend, scratch, &mut || change_pool.get());
     match &mut frame.picture {
         Picture::Planes { changes, .. } => *changes = changed,
@@ -1024,7 +1026,7 @@ fn paste_frame(
     // encode stage's one thread would (it adds them itself to a picture the decoder still
     // holds, in a copy).
     if let Picture::Planes { source, changes, .. } = &mut frame.picture {
-        if !changes.is_empty() && writable(source) && add_changes(source, changes) {
+        if !changes.is_empty() && writable(source) && add_changes(source, changes, cpu) {
             changes.drain(..).for_each(|c| change_pool.put(c.rgb));
         }
     }
@@ -1210,7 +1212,7 @@ mod tests {
                 ..Default::default()
             };
             let (mut a, mut b) = (Vec::new(), Vec::new());
-            let mut scratch = WarpScratch::default();
+            let mut scratch = WarpScratch::at(crate::kernels::Cpu::detected());
             let (mut planes, mut rgb) = (frame(true), frame(false));
             let ra = align_face(&mut planes, &face, (&tpl, size), &mut a, &mut scratch);
             let rb = align_face(&mut rgb, &face, (&tpl, size), &mut b, &mut scratch);
@@ -1254,7 +1256,7 @@ mod tests {
                 height: h,
                 ..Frame::blank(0)
             };
-            let (mut crop, mut scratch) = (Vec::new(), WarpScratch::default());
+            let (mut crop, mut scratch) = (Vec::new(), WarpScratch::at(crate::kernels::Cpu::detected()));
             let (to_crop, region) = align_face(&mut frame, &face, (&tpl, size), &mut crop, &mut scratch);
             let mut job = FaceJob::detected(face.clone());
             (job.to_crop, job.region) = (to_crop, region);
@@ -1279,7 +1281,7 @@ mod tests {
                 &mut ff,
                 (&mask, MaskKind::Face, &mut Vec::new(), false),
                 (view, Default::default()),
-                &mut Scratch::default(),
+                &mut Scratch::at(crate::kernels::Cpu::detected()),
                 pools,
             );
             ff.frame
@@ -1306,7 +1308,7 @@ mod tests {
         assert_eq!(untouched[0], yuv.data(0));
         assert_eq!(kept.len(), 1);
         let mut copy = yuv.clone();
-        assert!(add_changes(&mut copy, &kept));
+        assert!(add_changes(&mut copy, &kept, crate::kernels::Cpu::detected()));
         assert_eq!(added, (0..3).map(|p| copy.data(p).to_vec()).collect::<Vec<_>>());
     }
 }

@@ -106,7 +106,7 @@ fn run_inner<R: Send>(
     };
     // Pictures are opened and written on as many threads as the pool stages have: a photo's
     // decoding or PNG encoding takes longer than its model share on a GPU.
-    let threads = engine.pool_threads;
+    let (threads, cpu) = (engine.pool_threads, engine.cpu);
     let (summary, ()) = wire(
         engine,
         middle,
@@ -123,7 +123,7 @@ fn run_inner<R: Send>(
                 tx,
             )
         },
-        move |p, rx| encode(&p.rgb, threads, table, done, rx),
+        move |p, rx| encode(&p.rgb, (threads, cpu), table, done, rx),
     )?;
     Ok(summary)
 }
@@ -225,11 +225,12 @@ fn decode<R: Send>(
 }
 
 /// Writes each picture into its own output as it comes (under a temporary name, renamed when
-/// complete) and reports it, on `threads` threads; frame buffers go back to `rgb_pool`. Counts
-/// the faces restored and the pictures with faces.
+/// complete) and reports it, on `threads` threads (a video file taking the paste's changes at
+/// the CPU level `cpu`); frame buffers go back to `rgb_pool`. Counts the faces restored and the
+/// pictures with faces.
 fn encode<R: Send>(
     rgb_pool: &Pool<Vec<u8>>,
-    threads: usize,
+    (threads, cpu): (usize, crate::kernels::Cpu),
     table: &Table<R>,
     done: Outcome<R>,
     rx: Receiver<FaceFrame>,
@@ -254,7 +255,7 @@ fn encode<R: Send>(
                 .into())
             } else {
                 clock
-                    .time(|| write_picture(&job, &mut frame))
+                    .time(|| write_picture(&job, &mut frame, cpu))
                     .with_context(|| format!("encode stage, output {}", job.output.display()))
                     .kind(Kind::Io)
                     .map(|bytes| ImageDone {
@@ -300,7 +301,7 @@ fn encode<R: Send>(
 
 /// Writes `frame` as `job`'s output: under a temporary name beside it, renamed when complete,
 /// removed on any error; or for a job kept in memory, its bytes.
-fn write_picture(job: &Job, frame: &mut Frame) -> Result<Option<Vec<u8>>> {
+fn write_picture(job: &Job, frame: &mut Frame, cpu: crate::kernels::Cpu) -> Result<Option<Vec<u8>>> {
     let mut out_src = job.source.clone();
     (out_src.width, out_src.height) = crate::media::compare::Compare::output_size(job.view().compare, &job.source);
     let encode = &job.treatment.encode;
@@ -313,7 +314,7 @@ fn write_picture(job: &Job, frame: &mut Frame) -> Result<Option<Vec<u8>>> {
     }
     let partial = Partial::beside(&job.output)?;
     let written = (|| {
-        let mut writer = Writer::create(partial.path(), &out_src, encode)?;
+        let mut writer = Writer::create(partial.path(), &out_src, encode, cpu)?;
         writer.write(frame)?;
         writer.finish(false)
     })();

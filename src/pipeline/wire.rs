@@ -315,8 +315,9 @@ impl<'s> Line<'s> {
 }
 
 /// What a run sets up before any frame is decoded: the model's fidelity (a model without a
-/// fidelity input refuses one), the people named described (a photo without a face fails the
-/// job here) and the identity meter, for the choose and identity stages `steps` plans.
+/// fidelity input refuses one), the people named described (once per engine: a photo without a
+/// face fails the job here) and the identity meter, for the choose and identity stages `steps`
+/// plans.
 fn prepare(
     engine: &mut Engine,
     middle: &Middle,
@@ -335,9 +336,9 @@ fn prepare(
         let size = engine.detector.size;
         let c = crate::people::Chooser::new(
             &middle.treatment.selection,
-            &mut engine.detector,
+            (&mut engine.detector, &mut engine.references),
             model.as_deref().map(|m| (m, &engine.identity_opts)),
-            engine.key.rotation,
+            (engine.key.rotation, engine.cpu),
         );
         // The references' pictures set the detector to their size: back to the run's.
         engine.detector.start(size);
@@ -355,7 +356,7 @@ fn prepare(
                 middle.treatment.color_fix == crate::faces::paste::ColorFix::Wavelet,
             ),
             middle.quality_model.as_deref(),
-            (middle.each_face, engine.key.rotation),
+            (middle.each_face, engine.key.rotation, engine.cpu),
         )?)
         .map(|m| {
             if engine.info.weight.is_some() {
@@ -408,6 +409,7 @@ pub(crate) fn wire<T: Send>(
         keep_crops: steps.contains(&Step::Identity),
         tracked: middle.video,
         sides: middle.sides,
+        cpu: engine.cpu,
     };
     let ctx = &ctx;
     // Each stage after decoding opens the budget when it returns, so a line that stops early

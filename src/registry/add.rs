@@ -32,7 +32,7 @@ pub struct AddArgs {
 /// The I/O contract of `path`, read as `--model` reads it.
 fn contract(path: &Path) -> Result<ModelInfo> {
     let session = crate::runtime::session(path, &SessionOptions::cpu(1), "model")?;
-    let e = Enhancer::for_target(session, &Target::Cpu(0))
+    let e = Enhancer::for_target(session, &Target::Cpu(0), crate::config::cpu_level()?)
         .with_context(|| format!("{} does not fit a face restorer's I/O contract", path.display()))?;
     Ok(e.info)
 }

@@ -146,7 +146,7 @@ fn load(path: &Path, threads: usize, fidelity: f32, portable: bool) -> Result<En
     } else {
         crate::runtime::session(path, &o, "model")?
     };
-    let mut e = Enhancer::for_target(session, &Target::Cpu(0))?;
+    let mut e = Enhancer::for_target(session, &Target::Cpu(0), crate::config::cpu_level()?)?;
     e.set_fidelity(fidelity);
     Ok(e)
 }

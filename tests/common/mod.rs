@@ -52,12 +52,14 @@ pub fn gpen_env(args: &[&dyn AsRef<std::ffi::OsStr>], env: &[(&str, &str)]) -> O
 }
 
 /// Runs the binary with these arguments and environment only (besides ONNX Runtime's library
-/// and empty XDG folders; no RUST_LOG or GPEN_VIDEO_MODEL from the caller's environment), as a
-/// user's shell would, with the 5-minute limit of [`gpen_env`].
+/// and empty XDG folders; no RUST_LOG, GPEN_VIDEO_MODEL or GPEN_VIDEO_CPU from the caller's
+/// environment), as a user's shell would, with the 5-minute limit of [`gpen_env`].
 pub fn gpen_plain(args: &[&dyn AsRef<std::ffi::OsStr>], env: &[(&str, &str)]) -> Output {
     let mut c = Command::new(env!("CARGO_BIN_EXE_gpen-video"));
     c.args(args.iter().map(|a| a.as_ref()));
-    c.env_remove("RUST_LOG").env_remove("GPEN_VIDEO_MODEL");
+    c.env_remove("RUST_LOG")
+        .env_remove("GPEN_VIDEO_MODEL")
+        .env_remove("GPEN_VIDEO_CPU");
     c.env("ORT_DYLIB_PATH", asset(".deps/lib/libonnxruntime.so"));
     c.env("XDG_CONFIG_HOME", no_user_dirs())
         .env("XDG_DATA_HOME", no_user_dirs());
