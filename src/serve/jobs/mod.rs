@@ -677,6 +677,8 @@ impl Jobs {
                 mine: &all,
                 wait: true,
                 stop: &stop,
+                claims: &crate::segment::FileClaims,
+                engine: None,
             };
             let done = crate::segment::run(&settings, &job, &work, &share, &|p, _| progress(p))?;
             tracing::info!(job = %rec.id, "{}", crate::segment::describe(&done, work.segments().len()));

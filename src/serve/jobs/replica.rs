@@ -1,10 +1,12 @@
-//! A replica's share of the jobs in the replicas' database (`serve --jobs-db`): in, the tasks it
-//! claims (a job to plan, run in one piece or join; a segment of a film), out, their files in the
-//! shared jobs folder and their rows ended, its leases renewed while it works and handed back
-//! when it stops. Each step is logged with the replica's name.
+//! The jobs kept in the replicas' database (`serve --jobs-db`), and a replica's share of them:
+//! in, the calls of [`super::store::Store`] and the tasks this replica claims (a job to plan,
+//! run in one piece or join; a segment of a film); out, the rows read and changed, the tasks'
+//! files in the shared jobs folder, made by the segments' scheduler ([`crate::segment::run`])
+//! through this replica's lease ([`Lease`], its [`Claims`]), the leases renewed while it works
+//! and handed back when it stops. Each step is logged with the replica's name.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -14,6 +16,7 @@ use super::{answer_at, not_found, now, remove_job_dir, valid_id, Jobs, Lane, Rec
 use crate::config::Settings;
 use crate::engine::{CancelToken, Engine};
 use crate::pipeline::Progress;
+use crate::segment::{Claims, Hold, Record as SegmentRecord, Report, Work};
 use crate::serve::shared::{Db, Renewal, SegmentEnd, Task};
 
 /// Whether `e` came from the jobs database (or reaching it), not from the job itself.
@@ -133,7 +136,8 @@ impl Shared {
 
     /// Claims and runs tasks of `lane` until [`Jobs::stop`].
     fn claim_and_run(&self, jobs: &Jobs, lane: Lane) {
-        let mut engine: Option<Engine> = None;
+        // The engine kept from task to task (the scheduler's first job uses it).
+        let engine: Mutex<Option<Engine>> = Mutex::new(None);
         let (mut tidied, mut swept): (Option<Instant>, Option<Instant>) = (None, None);
         while !jobs.stopping.load(Ordering::SeqCst) {
             if lane == Lane::Films && tidied.is_none_or(|t| t.elapsed() > Duration::from_secs(2)) {
@@ -145,7 +149,7 @@ impl Shared {
                 swept = Some(Instant::now());
             }
             match self.db.claim(lane == Lane::Photos, self.db.lease * 2) {
-                Ok(Some(task)) => self.run_task(jobs, &task, &mut engine),
+                Ok(Some(task)) => self.run_task(jobs, &task, &engine),
                 Ok(None) => {
                     // Woken by a notice (a job queued, a segment handed back), else looks again.
                     let t = self.running();
@@ -227,7 +231,7 @@ impl Shared {
 
     /// Runs one claimed task; what it ends in goes to the database (a failure fails the job; a
     /// stop hands the task back).
-    fn run_task(&self, jobs: &Jobs, task: &Task, engine: &mut Option<Engine>) {
+    fn run_task(&self, jobs: &Jobs, task: &Task, engine: &Mutex<Option<Engine>>) {
         let rec = task.record();
         let id = rec.id.clone();
         let cancel = CancelToken::new();
@@ -272,14 +276,14 @@ impl Shared {
         }
     }
 
-    fn task(&self, jobs: &Jobs, task: &Task, cancel: &CancelToken, engine: &mut Option<Engine>) -> Result<()> {
+    fn task(&self, jobs: &Jobs, task: &Task, cancel: &CancelToken, engine: &Mutex<Option<Engine>>) -> Result<()> {
         let rec = task.record();
         let (settings, job) = jobs.prepared(rec, cancel)?;
         match task {
             Task::Plan(_) => self.plan(jobs, rec, &settings, &job, engine),
             Task::Join(_, of) => {
                 tracing::info!(job = %rec.id, replica = %self.db.replica, "joining the film's {of} segments (its join was left by another replica)");
-                self.join_shared(jobs, rec, &settings, &job)
+                self.join_shared(jobs, rec, &settings, &job, engine)
             }
             Task::Segment { number, of, was, .. } => {
                 if let Some(w) = was.as_deref().filter(|w| *w != self.db.replica) {
@@ -341,7 +345,7 @@ impl Shared {
         rec: &Record,
         settings: &Settings,
         job: &crate::engine::Job,
-        engine: &mut Option<Engine>,
+        engine: &Mutex<Option<Engine>>,
     ) -> Result<()> {
         let id = &rec.id;
         if rec.kind != "photo" {
@@ -366,13 +370,15 @@ impl Shared {
         tracing::info!(job = %id, replica = %self.db.replica, name = %rec.name, "job started here, in one piece");
         let start = Instant::now();
         let summary = self.leased((id, None), &job.cancel, |progress| {
-            let engine = settings.engine_for(engine, job)?;
+            let mut engine = engine.lock().unwrap_or_else(|e| e.into_inner());
+            let engine = settings.engine_for(&mut engine, job)?;
             crate::pipeline::run(engine, job, progress)
         })?;
         self.finish_shared(jobs, rec, job, Some((summary.frames, summary.faces)), start)
     }
 
-    /// Restores segment `n` of `of` of a claimed film here; the last one done is joined here.
+    /// Restores segment `n` of `of` of a claimed film here, through the segments' scheduler
+    /// held by this replica's lease; the last one done is joined here.
     fn segment(
         &self,
         jobs: &Jobs,
@@ -380,11 +386,9 @@ impl Shared {
         (n, of): (usize, usize),
         settings: &Settings,
         job: &crate::engine::Job,
-        engine: &mut Option<Engine>,
+        engine: &Mutex<Option<Engine>>,
     ) -> Result<()> {
-        let id = &rec.id;
-        let start = Instant::now();
-        let Some(work) = self.planned_work(id, settings, job)? else {
+        let Some(work) = self.planned_work(&rec.id, settings, job)? else {
             return Ok(());
         };
         if work.segments().len() != of {
@@ -393,38 +397,8 @@ impl Shared {
                 work.segments().len()
             );
         }
-        let seg = work.segments()[n].clone();
-        let made = self.leased((id, Some(n)), &job.cancel, |progress| {
-            let engine = settings.engine_for(engine, job)?;
-            work.make(engine, job, &seg, progress)
-        })?;
-        let (frames, faces) = (made.record.frames, made.record.faces);
-        let mut made = Some(made);
-        let end = self.db.segment_done(id, n, faces, || {
-            let made = made.take().expect("committed once");
-            Ok(made.commit()?.frames)
-        })?;
-        if let Some(m) = made {
-            m.discard();
-            self.let_go(id, false);
-        }
-        let secs = start.elapsed().as_secs_f64();
-        let what = format!("segment {} of {of} (frames {}..{})", n + 1, seg.start, seg.end);
-        match end {
-            SegmentEnd::Done | SegmentEnd::Last => {
-                tracing::info!(job = %id, replica = %self.db.replica, "{what} restored here in {secs:.1} s: {frames} frames, {faces} faces");
-            }
-            SegmentEnd::Lost => {
-                tracing::warn!(job = %id, replica = %self.db.replica, "{what}: another replica holds it now; this one's copy is discarded");
-            }
-            SegmentEnd::Stopped => {
-                tracing::info!(job = %id, replica = %self.db.replica, "{what}: the job was stopped meanwhile; discarded");
-            }
-        }
-        if end == SegmentEnd::Last {
-            return self.join_shared(jobs, rec, settings, job);
-        }
-        Ok(())
+        let lease = Lease::new(self, &rec.id, &job.cancel, Some(n));
+        self.schedule(jobs, rec, settings, job, &work, &lease, engine)
     }
 
     /// The film's plan as its planner made it (nothing planned or cleared here): `None` when
@@ -453,18 +427,55 @@ impl Shared {
     }
 
     /// Joins a film whose segments are all done (this replica holds the job), then ends it.
-    fn join_shared(&self, jobs: &Jobs, rec: &Record, settings: &Settings, job: &crate::engine::Job) -> Result<()> {
-        let start = Instant::now();
-        let id = &rec.id;
+    fn join_shared(
+        &self,
+        jobs: &Jobs,
+        rec: &Record,
+        settings: &Settings,
+        job: &crate::engine::Job,
+        engine: &Mutex<Option<Engine>>,
+    ) -> Result<()> {
         if !crate::segment::work_dir(&job.output).join("plan.json").exists() && job.output.exists() {
             // Joined by a replica that stopped before it recorded so.
-            return self.finish_shared(jobs, rec, job, None, start);
+            return self.finish_shared(jobs, rec, job, None, Instant::now());
         }
-        let Some(work) = self.planned_work(id, settings, job)? else {
+        let Some(work) = self.planned_work(&rec.id, settings, job)? else {
             return Ok(());
         };
-        let joined = self.leased((id, None), &job.cancel, |_| work.join(job))?;
-        let Some(j) = joined else {
+        let lease = Lease::new(self, &rec.id, &job.cancel, None);
+        self.schedule(jobs, rec, settings, job, &work, &lease, engine)
+    }
+
+    /// Runs the segments' scheduler on what `lease` holds of the film (a segment, or the
+    /// join), then ends the job if this replica joined it.
+    #[allow(clippy::too_many_arguments)]
+    fn schedule(
+        &self,
+        jobs: &Jobs,
+        rec: &Record,
+        settings: &Settings,
+        job: &crate::engine::Job,
+        work: &crate::segment::Work,
+        lease: &Lease<'_>,
+        engine: &Mutex<Option<Engine>>,
+    ) -> Result<()> {
+        let start = Instant::now();
+        let id = &rec.id;
+        let mine = |s: &crate::segment::plan::Segment| lease.segment == Some(s.number);
+        let share = crate::segment::Share {
+            jobs: 1,
+            threads_given: false,
+            mine: &mine,
+            wait: false,
+            stop: &|| false,
+            claims: lease,
+            engine: Some(engine),
+        };
+        let done = crate::segment::run(settings, job, work, &share, &|_, _| {})?;
+        if !lease.may_join() {
+            return Ok(());
+        }
+        let Some(j) = done.joined else {
             if work.finished() && job.output.exists() {
                 return self.finish_shared(jobs, rec, job, None, start);
             }
@@ -508,5 +519,89 @@ impl Shared {
             tracing::info!(job = %rec.id, replica = %self.db.replica, seconds = format!("{secs:.1}"), "job done");
         }
         Ok(())
+    }
+}
+
+/// A replica's hold on a film's segment, or on its join, by its lease in the jobs database: the
+/// segments' scheduler's [`Claims`] for a task this replica claimed.
+struct Lease<'a> {
+    shared: &'a Shared,
+    id: &'a str,
+    cancel: &'a CancelToken,
+    /// The segment the task is (`None`: the join).
+    segment: Option<usize>,
+    taken: AtomicBool,
+    /// Whether this replica joins: the task is the join, or it put the film's last segment in
+    /// place.
+    joins: AtomicBool,
+    start: Instant,
+}
+
+impl<'a> Lease<'a> {
+    fn new(shared: &'a Shared, id: &'a str, cancel: &'a CancelToken, segment: Option<usize>) -> Lease<'a> {
+        Lease {
+            shared,
+            id,
+            cancel,
+            segment,
+            taken: AtomicBool::new(false),
+            joins: AtomicBool::new(segment.is_none()),
+            start: Instant::now(),
+        }
+    }
+}
+
+impl Claims for Lease<'_> {
+    /// The one segment the database gave this replica, once.
+    fn take(&self, _: &Work, n: usize) -> Result<Option<Hold>> {
+        let mine = self.segment == Some(n) && !self.taken.swap(true, Ordering::SeqCst);
+        Ok(mine.then(|| Box::new(()) as Hold))
+    }
+
+    fn hold_while(&self, what: Option<usize>, f: &mut dyn FnMut(Report<'_>) -> Result<()>) -> Result<()> {
+        self.shared.leased((self.id, what), self.cancel, f)
+    }
+
+    /// Puts the segment in place only while the lease holds it (the database decides, and
+    /// says whether it was the film's last).
+    fn commit(
+        &self,
+        made: &SegmentRecord,
+        of: usize,
+        put: &mut dyn FnMut() -> Result<SegmentRecord>,
+    ) -> Result<Option<SegmentRecord>> {
+        let (id, replica) = (self.id, &self.shared.db.replica);
+        let (n, frames, faces) = (made.number, made.frames, made.faces);
+        let what = format!("segment {} of {of} (frames {}..{})", n + 1, made.start, made.end);
+        let mut kept = None;
+        let end = self.shared.db.segment_done(id, n, faces, || {
+            let record = put()?;
+            let frames = record.frames;
+            kept = Some(record);
+            Ok(frames)
+        })?;
+        if kept.is_none() {
+            self.shared.let_go(id, false);
+        }
+        let secs = self.start.elapsed().as_secs_f64();
+        match end {
+            SegmentEnd::Done | SegmentEnd::Last => {
+                tracing::info!(job = %id, replica = %replica, "{what} restored here in {secs:.1} s: {frames} frames, {faces} faces");
+            }
+            SegmentEnd::Lost => {
+                tracing::warn!(job = %id, replica = %replica, "{what}: another replica holds it now; this one's copy is discarded");
+            }
+            SegmentEnd::Stopped => {
+                tracing::info!(job = %id, replica = %replica, "{what}: the job was stopped meanwhile; discarded");
+            }
+        }
+        if end == SegmentEnd::Last {
+            self.joins.store(true, Ordering::SeqCst);
+        }
+        Ok(kept)
+    }
+
+    fn may_join(&self) -> bool {
+        self.joins.load(Ordering::SeqCst)
     }
 }
