@@ -714,6 +714,8 @@ fn run_segmented(
         wait: true,
         // Ctrl-C cancels the segments in flight (the job's cancel token).
         stop: &|| false,
+        claims: &gpen_video::segment::FileClaims,
+        engine: None,
     };
     let done = gpen_video::segment::run(settings, job, work, &share, &|p, segs| {
         show_progress(&bar, p, &format!("  {segs}/{total} segments"));

@@ -163,6 +163,14 @@ impl Treatment {
         Ok(t)
     }
 
+    /// [`Treatment::with_flags`] for a request's query: its errors name the parameters as a
+    /// query gives them (`blend=2: ...`, never `--blend`). The one parser of a job's and a
+    /// photo's flags.
+    pub fn with_query(&self, flags: &[(String, String)], allowed: &[&str]) -> Result<Treatment> {
+        self.with_flags(flags, allowed)
+            .map_err(|e| anyhow::anyhow!("{}", format!("{e:#}").replace("'--", "'").replacen("--", "", 1)))
+    }
+
     /// Sets the field of job flag `name` ([`JOB_FLAGS`]) from `from`.
     fn take(&mut self, from: &Treatment, name: &str) {
         match name {

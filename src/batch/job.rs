@@ -414,6 +414,8 @@ fn run_clip(
             // The first Ctrl-C: the segment in flight finishes, the clip stops there (its
             // finished segments are kept for the next run).
             stop: &|| ctx.ints.requested(),
+            claims: &crate::segment::FileClaims,
+            engine: None,
         };
         let total = work.segments().len();
         let done = crate::segment::run(settings, &job_spec, &work, &share, &|p, _| {

@@ -12,9 +12,11 @@
 //! The work lives in a hidden folder beside OUT (`.NAME.segments/`): `plan.json` (the settings
 //! hash, the input's size and time, the plan), and per finished segment its packet file, its
 //! faces record and its record `NNNNN.json`, written last: a segment is done when its record
-//! vouches for its packet file. A segment being made is claimed (`output::Claim`), so jobs and
-//! processes sharing the folder each make it once; the join is claimed too, and runs only from
-//! a whole set, once: the folder goes when OUT is in place.
+//! vouches for its packet file. A segment being made is held through [`Claims`]: by a claim
+//! file (`output::Claim`, [`FileClaims`]) for the CLI, batch and a service alone, or by a lease
+//! its caller keeps (the service's replicas), so jobs and processes sharing the folder each make
+//! it once; the join is held too, and runs only from a whole set, once: the folder goes when
+//! OUT is in place. [`run`] is the one scheduler all of them go through.
 
 pub mod plan;
 
@@ -276,19 +278,6 @@ impl Work {
         let seg = self.plan.segments.get(n)?;
         let planned = r.settings == self.plan.settings && (r.start, r.end) == (seg.start, seg.end);
         (r.number == n && planned && r.bytes == bytes && self.faces_path(n).exists()).then_some(r)
-    }
-
-    /// Restores segment `seg` of `job` on `engine` (the caller holds its claim) and records it.
-    pub fn restore(
-        &self,
-        engine: &mut Engine,
-        job: &Job,
-        seg: &Segment,
-        progress: &(dyn Fn(Progress) + Sync),
-    ) -> Result<(Record, Summary)> {
-        let made = self.make(engine, job, seg, progress)?;
-        let summary = made.summary.clone();
-        Ok((made.commit()?, summary))
     }
 
     /// Restores segment `seg` of `job` on `engine` into files not yet in place: [`Made::commit`]
@@ -593,6 +582,60 @@ pub struct Share<'a> {
     /// Asked to stop softly (batch's first Ctrl-C): the segments in flight finish, no new one
     /// starts.
     pub stop: &'a (dyn Fn() -> bool + Sync),
+    /// How a segment and the join are held ([`FileClaims`], or a lease the caller keeps).
+    pub claims: &'a dyn Claims,
+    /// An engine kept between calls (a replica's, for its next task), used by the first of the
+    /// jobs; `None`: each job loads its own.
+    pub engine: Option<&'a Mutex<Option<Engine>>>,
+}
+
+/// Where the work held reports its progress (see [`Claims::hold_while`]).
+pub type Report<'a> = &'a (dyn Fn(Progress) + Sync);
+
+/// What holds a segment for this process while it is made (dropped: let go).
+pub type Hold = Box<dyn std::any::Any>;
+
+/// How this process holds a segment, or the join, while it works on it: by claim files in the
+/// work folder ([`FileClaims`]: the CLI, batch, a service alone), or by a lease its caller
+/// keeps (the replicas' database, passed in by the service). [`run`] schedules through it.
+pub trait Claims: Sync {
+    /// Segment `n` held for this process to make, or `None` when another holds it (or it is
+    /// not this process's to make).
+    fn take(&self, work: &Work, n: usize) -> Result<Option<Hold>>;
+
+    /// Runs `f`, the making of segment `Some(n)` or the join (`None`), while the hold on it is
+    /// kept: `f` reports its progress (that segment's frames and faces) to the function it is
+    /// given. A hold lost meanwhile cancels the job.
+    fn hold_while(&self, what: Option<usize>, f: &mut dyn FnMut(Report<'_>) -> Result<()>) -> Result<()>;
+
+    /// Puts segment `made` (one of `of`) in place while it is still held, by calling `put`
+    /// (at most once): the record `put` gave, or `None` when the hold was lost (`put` is not
+    /// called, and the scheduler discards the segment's files).
+    fn commit(&self, made: &Record, of: usize, put: &mut dyn FnMut() -> Result<Record>) -> Result<Option<Record>>;
+
+    /// Whether this process may try the join once its segments are done (the join's own
+    /// claim file decides which process makes it).
+    fn may_join(&self) -> bool {
+        true
+    }
+}
+
+/// Claims by files in the work folder ([`Claim`]): jobs and processes sharing the folder each
+/// make a segment once, and the join once.
+pub struct FileClaims;
+
+impl Claims for FileClaims {
+    fn take(&self, work: &Work, n: usize) -> Result<Option<Hold>> {
+        Ok(work.claim(&work.seg_path(n))?.map(|c| Box::new(c) as Hold))
+    }
+
+    fn hold_while(&self, _: Option<usize>, f: &mut dyn FnMut(&(dyn Fn(Progress) + Sync)) -> Result<()>) -> Result<()> {
+        f(&|_| {})
+    }
+
+    fn commit(&self, _: &Record, _: usize, put: &mut dyn FnMut() -> Result<Record>) -> Result<Option<Record>> {
+        put().map(Some)
+    }
 }
 
 /// What a process did of a long video.
@@ -661,19 +704,27 @@ pub fn run(
     if !pending.is_empty() {
         let per_job = settings.per_job(Some(share.jobs.max(1)), pending.len(), share.threads_given);
         std::thread::scope(|s| {
-            for js in &per_job {
+            for (i, js) in per_job.iter().enumerate() {
                 let own_job = job.clone();
                 let (pending, restored, failure, stop) = (&pending, &restored, &failure, &stop);
                 let (frames_done, faces_done, segs_done, so_far) = (&frames_done, &faces_done, &segs_done, &so_far);
                 s.spawn(move || {
                     let job = &own_job;
-                    let mut engine: Option<Engine> = None;
+                    let mut own: Option<Engine> = None;
+                    let mut kept = share
+                        .engine
+                        .filter(|_| i == 0)
+                        .map(|m| m.lock().unwrap_or_else(|e| e.into_inner()));
+                    let engine: &mut Option<Engine> = match &mut kept {
+                        Some(k) => k,
+                        None => &mut own,
+                    };
                     let r = (|| -> Result<()> {
                         loop {
                             if stop.load(Ordering::Relaxed) || job.cancel.is_cancelled() || (share.stop)() {
                                 return Ok(());
                             }
-                            let Some((seg, claim)) = next_segment(work, pending)? else {
+                            let Some((seg, hold)) = next_segment(work, pending, share.claims)? else {
                                 if share.wait
                                     && !work.finished()
                                     && pending.iter().any(|s| work.record(s.number).is_none())
@@ -683,7 +734,7 @@ pub fn run(
                                 }
                                 return Ok(());
                             };
-                            let engine = js.engine_for(&mut engine, job)?;
+                            let engine = js.engine_for(engine, job)?;
                             let (last_frames, last_faces) = (AtomicU64::new(0), AtomicU64::new(0));
                             let tick = |p: Progress| {
                                 let add = |total: &AtomicU64, last: &AtomicU64, n: u64| {
@@ -696,8 +747,29 @@ pub fn run(
                                 add(faces_done, &last_faces, p.faces);
                                 progress(so_far(), segs_done.load(Ordering::Relaxed) as usize);
                             };
-                            let (record, summary) = work.restore(engine, job, seg, &tick)?;
-                            drop(claim);
+                            let mut made = None;
+                            share.claims.hold_while(Some(seg.number), &mut |held| {
+                                made = Some(work.make(engine, job, seg, &|p| {
+                                    held(p);
+                                    tick(p);
+                                })?);
+                                Ok(())
+                            })?;
+                            let Some(made) = made else {
+                                bail!("segment {} was not made", seg.number + 1)
+                            };
+                            let (summary, made_record) = (made.summary.clone(), made.record.clone());
+                            let mut made = Some(made);
+                            let kept = share.claims.commit(&made_record, work.segments().len(), &mut || {
+                                made.take()
+                                    .ok_or_else(|| anyhow::anyhow!("segment {} put in place twice", seg.number + 1))?
+                                    .commit()
+                            })?;
+                            if let Some(m) = made {
+                                m.discard();
+                            }
+                            drop(hold);
+                            let Some(record) = kept else { continue };
                             let segs = segs_done.fetch_add(1, Ordering::Relaxed) + 1;
                             progress(so_far(), segs as usize);
                             restored
@@ -733,7 +805,13 @@ pub fn run(
     }
     let mut restored = restored.into_inner().unwrap_or_else(|e| e.into_inner());
     restored.sort_by_key(|(r, _)| r.number);
-    let joined = join_when_whole(work, job, share.wait, frames_done.load(Ordering::Relaxed))?;
+    let mut joined = None;
+    if share.claims.may_join() {
+        share.claims.hold_while(None, &mut |_| {
+            joined = join_when_whole(work, job, share.wait, frames_done.load(Ordering::Relaxed))?;
+            Ok(())
+        })?;
+    }
     // The plan gone and OUT in place: another process joined (before this one looked, or
     // while it waited).
     let joined_elsewhere = joined.is_none() && work.finished() && job.output.exists();
@@ -745,18 +823,18 @@ pub fn run(
     })
 }
 
-/// The first pending segment not done and not claimed by another job or process, with its
-/// claim.
+/// The first pending segment not done and not held by another job or process, with its hold
+/// (taken through `claims`).
 /// `None` too once the work is over (another process joined): a record missing then is one
 /// the join removed, and its segment is never made again. The plan is looked at after the
 /// record: a join removes the plan before any record, so a record found missing because a
 /// join removed it is always seen with the plan gone.
-fn next_segment<'a>(work: &Work, pending: &[&'a Segment]) -> Result<Option<(&'a Segment, Claim)>> {
+fn next_segment<'a>(work: &Work, pending: &[&'a Segment], claims: &dyn Claims) -> Result<Option<(&'a Segment, Hold)>> {
     for seg in pending {
         if work.record(seg.number).is_some() {
             continue;
         }
-        if let Some(claim) = work.claim(&work.seg_path(seg.number))? {
+        if let Some(claim) = claims.take(work, seg.number)? {
             // Done while the claim was being taken.
             if work.record(seg.number).is_some() {
                 continue;
@@ -796,6 +874,74 @@ pub fn describe(done: &Done, total: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A work folder with a plan of three segments of ten frames, nothing made.
+    fn work(dir: &Path) -> Work {
+        let segments: Vec<Segment> = (0..3)
+            .map(|n| Segment {
+                number: n,
+                start: n as u64 * 10,
+                end: n as u64 * 10 + 10,
+                warm_from: n as u64 * 10,
+                until: n as u64 * 10 + 10,
+                seek: None,
+            })
+            .collect();
+        let plan = PlanFile {
+            version: VERSION,
+            settings: "s".into(),
+            input: Stamp { size: 1, mtime_ns: 1 },
+            ext: "mp4".into(),
+            segments,
+            scan: Scan {
+                pts: (0..30).collect(),
+                keys: vec![(0, 0)],
+            },
+        };
+        std::fs::write(dir.join("plan.json"), serde_json::to_vec(&plan).unwrap()).unwrap();
+        Work {
+            dir: dir.to_path_buf(),
+            plan,
+            pts: Arc::new((0..30).collect()),
+        }
+    }
+
+    /// A caller's hold on one segment alone (as a replica's lease is).
+    struct Only(usize);
+
+    impl Claims for Only {
+        fn take(&self, _: &Work, n: usize) -> Result<Option<Hold>> {
+            Ok((n == self.0).then(|| Box::new(()) as Hold))
+        }
+        fn hold_while(&self, _: Option<usize>, f: &mut dyn FnMut(Report<'_>) -> Result<()>) -> Result<()> {
+            f(&|_| {})
+        }
+        fn commit(&self, _: &Record, _: usize, _: &mut dyn FnMut() -> Result<Record>) -> Result<Option<Record>> {
+            Ok(None)
+        }
+        fn may_join(&self) -> bool {
+            false
+        }
+    }
+
+    /// The scheduler takes each segment through the claims it is given: file claims hand out
+    /// each segment to one holder at a time, a caller's hold gives only its own.
+    #[test]
+    fn segments_are_taken_through_the_claims_given() {
+        let dir = tempfile::tempdir().unwrap();
+        let work = work(dir.path());
+        let all: Vec<&Segment> = work.segments().iter().collect();
+        let (first, hold) = next_segment(&work, &all, &FileClaims).unwrap().unwrap();
+        assert_eq!(first.number, 0);
+        let (second, _hold2) = next_segment(&work, &all, &FileClaims).unwrap().unwrap();
+        assert_eq!(second.number, 1, "segment 0 is held by its claim file");
+        drop(hold);
+        let (again, _) = next_segment(&work, &all, &FileClaims).unwrap().unwrap();
+        assert_eq!(again.number, 0, "let go with its hold");
+        let (only, _) = next_segment(&work, &all, &Only(2)).unwrap().unwrap();
+        assert_eq!(only.number, 2);
+        assert!(next_segment(&work, &all[..2], &Only(2)).unwrap().is_none());
+    }
 
     #[test]
     fn tracks_are_renumbered_in_place() {

@@ -46,7 +46,6 @@ use crate::config::Settings;
 use crate::engine::{CancelToken, Engine, Job};
 use crate::faces::enhance::Live;
 use crate::interrupt::Interrupts;
-use crate::media::compare::Compare;
 use crate::pipeline::ImageDone;
 use metrics::{Metrics, Outcome};
 
@@ -261,10 +260,16 @@ fn same(a: &[u8], b: &[u8]) -> bool {
 #[serde(deny_unknown_fields)]
 struct RestoreQuery {
     format: Option<String>,
-    blend: Option<f32>,
+    /// The treatment's flags a photo may set ([`PHOTO_FLAGS`]), parsed by the treatment as a
+    /// job's are.
+    blend: Option<String>,
     compare: Option<String>,
     json: Option<u8>,
 }
+
+/// The treatment's flags `POST /v1/restore` takes, by their command-line names: each parsed
+/// and checked as a job's flags are ([`crate::treatment::Treatment::with_query`]).
+const PHOTO_FLAGS: [&str; 2] = ["blend", "compare"];
 
 /// Image formats the service takes and answers, by the extension its writer goes by.
 const FORMATS: [(&str, &str); 5] = [
@@ -361,11 +366,9 @@ pub fn run(settings: Settings, opts: ServeOptions, ints: &Interrupts) -> Result<
         );
     }
     say_where(&opts, local);
-    if let Some(db) = &jobs.db {
+    if let Some((shown, replica)) = jobs.shared_as() {
         crate::console::eprint!(
-            "gpen-video serve: jobs shared with the other replicas through {} (--jobs-db), as replica {}",
-            db.shown,
-            db.replica
+            "gpen-video serve: jobs shared with the other replicas through {shown} (--jobs-db), as replica {replica}"
         );
     }
     let router = Router::new()
@@ -569,7 +572,7 @@ async fn metrics_page(State(app): State<Arc<App>>) -> Response {
     );
     let seconds = app.jobs.seconds.lock().unwrap_or_else(|e| e.into_inner()).clone();
     let read = tokio::task::block_in_place(|| -> Result<_> {
-        let shared = app.jobs.db.as_ref().map(|db| db.holdings()).transpose()?;
+        let shared = app.jobs.holdings()?;
         Ok((app.jobs.counts()?, shared))
     });
     // The jobs' figures cannot be read (the database is down): the scrape fails and says why,
@@ -648,19 +651,15 @@ impl Ask {
                     .ok_or_else(|| bad(format!("format={f}: give png, jpg, webp, tiff or bmp")))?,
             ),
         };
-        let compare = match q.compare.as_deref() {
-            None => None,
-            Some("side") => Some(Compare::Side),
-            Some("split") => Some(Compare::Split),
-            Some(c) => return Err(bad(format!("compare={c}: give side or split"))),
-        };
-        if let Some(b) = q.blend.filter(|b| !(0.0..=1.0).contains(b)) {
-            return Err(bad(format!("blend={b}: give a value from 0 to 1")));
-        }
-        let view = (q.blend.is_some() || compare.is_some()).then(|| crate::frame::View {
-            blend: q.blend.unwrap_or(treatment.blend),
-            compare: compare.or(treatment.compare),
-        });
+        let flags: Vec<(String, String)> = PHOTO_FLAGS
+            .iter()
+            .zip([&q.blend, &q.compare])
+            .filter_map(|(k, v)| Some((k.to_string(), v.clone()?)))
+            .collect();
+        let t = treatment
+            .with_query(&flags, &PHOTO_FLAGS)
+            .map_err(|e| bad(format!("{e:#}")))?;
+        let view = (!flags.is_empty()).then(|| t.view());
         Ok(Ask {
             format,
             view,
@@ -751,7 +750,7 @@ fn admit(
     }
     let q: RestoreQuery = query_of(
         query,
-        "format=png|jpg|webp|tiff|bmp, blend=0..1, compare=side|split, json=1",
+        "format=png|jpg|webp|tiff|bmp, blend=0..1, compare=side|split|none, json=1",
     )?;
     let ask = Ask::of(&q, &app.settings.recipe.treatment)?;
     Ok((ask, take_place(app)?))
@@ -990,5 +989,48 @@ mod tests {
             413,
             "a kind survives the context put on it"
         );
+    }
+
+    /// A photo's blend and compare are parsed by the treatment as a job's are: the same
+    /// range, the same words, and `compare=none` asks for no view here too.
+    #[test]
+    fn a_photos_flags_are_parsed_as_a_jobs() {
+        let base = crate::treatment::Treatment {
+            compare: Some(crate::frame::Compare::Side),
+            ..Default::default()
+        };
+        let ask = |blend: Option<&str>, compare: Option<&str>| {
+            let q = RestoreQuery {
+                blend: blend.map(str::to_string),
+                compare: compare.map(str::to_string),
+                ..RestoreQuery::default()
+            };
+            Ask::of(&q, &base)
+        };
+        assert!(ask(None, None).unwrap().view.is_none());
+        let v = ask(None, Some("none")).unwrap().view.unwrap();
+        assert_eq!(v.compare, None, "compare=none takes the service's view away");
+        let v = ask(Some("0.25"), Some("split")).unwrap().view.unwrap();
+        assert_eq!((v.blend, v.compare), (0.25, Some(crate::frame::Compare::Split)));
+        for (blend, compare, word) in [
+            (Some("2"), None, "blend"),
+            (Some("lots"), None, "blend=lots"),
+            (None, Some("sideways"), "compare=sideways"),
+        ] {
+            let e = format!("{:#}", ask(blend, compare).err().unwrap());
+            assert!(e.contains(word) && !e.contains("--"), "{e}");
+            let job = base.with_query(
+                &[(
+                    word.split('=').next().unwrap().to_string(),
+                    blend.or(compare).unwrap().to_string(),
+                )],
+                &crate::treatment::JOB_FLAGS,
+            );
+            assert_eq!(
+                format!("{:#}", job.err().unwrap()),
+                e,
+                "a job is refused in the same words"
+            );
+        }
     }
 }

@@ -20,18 +20,19 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 
 use crate::config::Settings;
 use crate::engine::{CancelToken, Failure, Kind};
 use crate::faces::paste::MaskKind;
-use crate::output::write_atomic;
 use crate::treatment::Treatment;
 
+mod folder;
 pub mod record;
 mod replica;
+mod store;
 
 pub use record::{new_id, now, valid_ext, valid_id, JobQuery, Record, State};
 
@@ -65,35 +66,6 @@ pub struct JobsOptions {
     pub lease: Duration,
 }
 
-/// One job in memory: its record and what stops it.
-struct Entry {
-    rec: Record,
-    cancel: CancelToken,
-    /// Why its folder did not check out (a record naming files outside it, a symbolic link, a
-    /// damaged record): such a job is listed as failed and never run, served, expired or
-    /// removed; its files are left on disk for whoever put them there.
-    foreign: Option<String>,
-}
-
-impl Entry {
-    /// A folder named like job `id` that did not check out (`why`): listed as failed.
-    fn foreign(id: &str, why: String) -> Entry {
-        let rec = Record {
-            id: id.to_string(),
-            kind: "unknown".into(),
-            name: id.to_string(),
-            state: State::Failed,
-            error: Some(format!("the job's folder {why}: left on disk as it is")),
-            ..Record::default()
-        };
-        Entry {
-            rec,
-            cancel: CancelToken::new(),
-            foreign: Some(why),
-        }
-    }
-}
-
 /// The room an upload being received holds under the quota: what it claims in all (its declared
 /// length; a chunked one's grows with what arrives) and what it may write now.
 #[derive(Clone, Copy, Debug, Default)]
@@ -102,11 +74,13 @@ struct Room {
     granted: u64,
 }
 
-/// The jobs of a service: the table, the folder, and the thread that runs them.
+/// The jobs of a service: their store, the uploads under way, and what the lanes' threads
+/// share.
 pub struct Jobs {
     pub opts: JobsOptions,
     settings: Settings,
-    table: Mutex<BTreeMap<String, Entry>>,
+    /// Where the jobs are kept: the folder alone, or the replicas' database.
+    store: store::Store,
     /// Uploads being received, by id: each holds a place under `--max-jobs` and its room under
     /// the quota. Taken before `table` wherever both are held.
     uploads: Mutex<BTreeMap<String, Room>>,
@@ -115,13 +89,6 @@ pub struct Jobs {
     stopping: AtomicBool,
     /// Seconds each finished job ran, for the metrics' histogram.
     pub seconds: Mutex<Vec<f64>>,
-    /// The folder's advisory lock, held while the service runs: one service a folder (none with
-    /// a jobs database: its replicas share the folder).
-    _lock: Option<std::fs::File>,
-    /// The replicas' database (`--jobs-db`).
-    pub db: Option<super::shared::Db>,
-    /// What this replica runs of the shared jobs: each job's stop.
-    running: Mutex<BTreeMap<String, CancelToken>>,
 }
 
 /// Checks an upload's given `name` (shown, and its extension names a video's container): at
@@ -155,9 +122,6 @@ pub fn default_dir() -> Result<PathBuf> {
     }
 }
 
-/// The lock file in the jobs folder (its name is no job id, so it is never taken for a job).
-const LOCK_FILE: &str = ".lock";
-
 /// An upload's room grows by at most this much ahead of the bytes that arrived, taken only from
 /// free room (a finished result is removed only for bytes that are here).
 const ROOM_AHEAD: u64 = 8 << 20;
@@ -174,112 +138,6 @@ pub fn open_plain(path: &Path) -> std::io::Result<std::fs::File> {
         return Err(std::io::Error::other("not a plain file"));
     }
     Ok(f)
-}
-
-/// Takes the jobs folder's advisory lock (a second service on the folder is refused, naming the
-/// process that holds it); the lock file holds this process's id.
-fn lock_folder(dir: &Path) -> Result<std::fs::File> {
-    use std::io::{Read, Seek, Write};
-    use std::os::unix::fs::OpenOptionsExt;
-    let path = dir.join(LOCK_FILE);
-    let mut f = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(&path)
-        .with_context(|| format!("cannot open {} (the jobs folder's lock)", path.display()))?;
-    if f.try_lock().is_err() {
-        let mut pid = String::new();
-        let _ = f.read_to_string(&mut pid);
-        let pid = pid.trim();
-        bail!(
-            "the jobs folder {} is in use by another gpen-video serve{}: give this one its own --jobs-dir, or stop that one first",
-            dir.display(),
-            if pid.is_empty() { String::new() } else { format!(" (process {pid})") }
-        );
-    }
-    f.set_len(0)?;
-    f.rewind()?;
-    writeln!(f, "{}", std::process::id())?;
-    Ok(f)
-}
-
-/// What a folder named like a job id holds, read at start.
-enum Loaded {
-    /// A job of this service's, its record checked.
-    Job(Box<Record>),
-    /// An upload that never finished (its part alone): nothing to resume.
-    Unfinished,
-    /// A job deleted whose files were not all removed yet.
-    Deleted,
-    /// Something that did not check out, and why: left as it is.
-    Foreign(String),
-}
-
-/// Reads back the folder `dir` of job `id` (see [`Loaded`]), following no symbolic link.
-fn load(dir: &Path, id: &str, kind: std::fs::FileType) -> Loaded {
-    if kind.is_symlink() {
-        return Loaded::Foreign("is a symbolic link, which the service never follows".into());
-    }
-    if !kind.is_dir() {
-        return Loaded::Foreign("is not a folder".into());
-    }
-    if let Some(why) = odd_entry(dir) {
-        return Loaded::Foreign(why);
-    }
-    let bytes = match open_plain(&dir.join("job.json")).and_then(|mut f| {
-        let mut b = Vec::new();
-        std::io::Read::read_to_end(&mut f, &mut b).map(|_| b)
-    }) {
-        Ok(b) => b,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            let only_part = std::fs::read_dir(dir).is_ok_and(|d| d.flatten().all(|e| e.file_name() == "input.part"));
-            return if only_part {
-                Loaded::Unfinished
-            } else {
-                Loaded::Foreign("holds files but no record (job.json)".into())
-            };
-        }
-        Err(e) => return Loaded::Foreign(format!("has a record (job.json) that cannot be read ({e})")),
-    };
-    let rec: Record = match serde_json::from_slice(&bytes) {
-        Ok(r) => r,
-        Err(e) => return Loaded::Foreign(format!("has a damaged record (job.json: {e})")),
-    };
-    if rec.id != id {
-        return Loaded::Foreign("has a record (job.json) of another job".into());
-    }
-    if let Err(why) = rec.check_names() {
-        return Loaded::Foreign(why);
-    }
-    if rec.removing {
-        return Loaded::Deleted;
-    }
-    Loaded::Job(Box::new(rec))
-}
-
-/// The first thing under `dir` that is neither a plain file nor a folder (a symbolic link, a
-/// pipe, a device), said in words; symbolic links are never followed.
-fn odd_entry(dir: &Path) -> Option<String> {
-    for e in walkdir::WalkDir::new(dir).min_depth(1).follow_links(false) {
-        let e = match e {
-            Ok(e) => e,
-            Err(e) => return Some(format!("cannot be read ({e})")),
-        };
-        let t = e.file_type();
-        let name = e.path().strip_prefix(dir).unwrap_or(e.path()).display().to_string();
-        if t.is_symlink() {
-            return Some(format!(
-                "holds a symbolic link ({name}), which the service never follows"
-            ));
-        }
-        if !t.is_file() && !t.is_dir() {
-            return Some(format!("holds {name}, which is neither a file nor a folder"));
-        }
-    }
-    None
 }
 
 /// Removes a job's folder without following a symbolic link, its record last: a service
@@ -355,102 +213,22 @@ impl Drop for Upload {
     }
 }
 
-/// Reads back the jobs in the folder `dir` at start (see [`load`]): queued and running ones
-/// queued again, unfinished uploads and deleted jobs' leftovers removed, what does not check out
-/// listed as failed.
-fn read_back(jobs_dir: &Path) -> Result<BTreeMap<String, Entry>> {
-    let mut table = BTreeMap::new();
-    for entry in std::fs::read_dir(jobs_dir).with_context(|| format!("cannot read {}", jobs_dir.display()))? {
-        let entry = entry?;
-        let name = entry.file_name().to_string_lossy().to_string();
-        if !valid_id(&name) {
-            continue;
-        }
-        let dir = entry.path();
-        // Only a real folder is a job: a link named like one is not answered as one (nor
-        // followed, nor removed).
-        if entry.file_type()?.is_symlink() {
-            tracing::warn!(job = %name, "not a job: a symbolic link in the jobs folder, left as it is");
-            continue;
-        }
-        let mut rec = match load(&dir, &name, entry.file_type()?) {
-            Loaded::Job(rec) => *rec,
-            Loaded::Unfinished => {
-                tracing::info!(job = %name, "removing an unfinished upload");
-                let _ = std::fs::remove_dir_all(&dir);
-                continue;
-            }
-            Loaded::Deleted => {
-                tracing::info!(job = %name, "removing a job deleted before the service stopped");
-                if let Err(e) = remove_job_dir(&dir) {
-                    tracing::warn!(job = %name, "cannot remove the deleted job's files: {e}");
-                }
-                continue;
-            }
-            Loaded::Foreign(why) => {
-                tracing::warn!(job = %name, "left as it is, listed as failed: the folder {why}");
-                table.insert(name.clone(), Entry::foreign(&name, why));
-                continue;
-            }
-        };
-        match rec.state {
-            State::Running | State::Queued => {
-                rec.state = State::Queued;
-                rec.fps = None;
-                tracing::info!(job = %name, "queued again after a restart (a film resumes from its finished segments)");
-            }
-            State::Done if !std::fs::symlink_metadata(dir.join(&rec.output)).is_ok_and(|m| m.is_file()) => {
-                rec.state = State::Failed;
-                rec.error = Some("the result is missing from the jobs folder".into());
-            }
-            _ => {}
-        }
-        if let Err(e) = write_atomic(&dir.join("job.json"), &serde_json::to_vec_pretty(&rec)?) {
-            tracing::warn!(job = %name, "cannot write the record read back at start: {e:#}");
-        }
-        table.insert(
-            name,
-            Entry {
-                rec,
-                cancel: CancelToken::new(),
-                foreign: None,
-            },
-        );
-    }
-    Ok(table)
-}
-
 impl Jobs {
-    /// Opens (creating) the jobs folder, takes its lock and reads back the jobs in it; with a
-    /// jobs database, connects to it instead (the folder is the replicas', and the jobs are
-    /// rows).
+    /// Opens (creating) the jobs folder and its store: the folder's own (locked and read back),
+    /// or the replicas' database (the folder is theirs, and the jobs are rows).
     pub fn open(settings: Settings, opts: JobsOptions) -> Result<Arc<Jobs>> {
         std::fs::create_dir_all(&opts.dir)
             .with_context(|| format!("cannot create the jobs folder {} (--jobs-dir)", opts.dir.display()))?;
-        let (lock, table, db) = match &opts.db {
-            Some(url) => {
-                let db = super::shared::Db::open(url, opts.lease, Duration::from_secs(30))?;
-                tracing::info!(replica = %db.replica, database = %db.shown, "jobs shared through the jobs database");
-                (None, BTreeMap::new(), Some(db))
-            }
-            None => (Some(lock_folder(&opts.dir)?), read_back(&opts.dir)?, None),
-        };
+        let store = store::Store::open(&opts)?;
         Ok(Arc::new(Jobs {
             opts,
             settings,
-            table: Mutex::new(table),
+            store,
             uploads: Mutex::new(BTreeMap::new()),
             wake: Condvar::new(),
             stopping: AtomicBool::new(false),
             seconds: Mutex::new(Vec::new()),
-            _lock: lock,
-            db,
-            running: Mutex::new(BTreeMap::new()),
         }))
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Entry>> {
-        self.table.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn uploads(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Room>> {
@@ -465,24 +243,12 @@ impl Jobs {
     /// line): `None` sees every job (the token's holder), `Some(key)` those made with that key
     /// (`Some("")`: those made without one).
     pub fn list(&self, owner: Option<&str>) -> Result<Vec<serde_json::Value>> {
-        if let Some(db) = &self.db {
-            return Ok(db.list(owner)?.iter().map(|(r, place)| answer_at(r, *place)).collect());
-        }
-        let t = self.lock();
-        let mut v: Vec<&Entry> = t
-            .values()
-            .filter(|e| owner.is_none_or(|o| e.rec.owner.as_deref().unwrap_or("") == o))
-            .collect();
-        v.sort_by(|a, b| a.rec.created.total_cmp(&b.rec.created));
-        Ok(v.iter().map(|e| answer_in(&t, &e.rec)).collect())
+        self.store.list(owner)
     }
 
     /// Job `id`'s record (this service's table, or the replicas' database).
     pub fn get(&self, id: &str) -> Result<Option<Record>> {
-        match &self.db {
-            Some(db) => Ok(db.get(id)?.map(|(r, _)| r)),
-            None => Ok(self.lock().get(id).map(|e| e.rec.clone())),
-        }
+        self.store.get(id)
     }
 
     /// Job `id`'s record, or the error that there is none.
@@ -492,49 +258,32 @@ impl Jobs {
 
     /// Job `id` as the API answers it, with its place in line.
     pub fn answer(&self, id: &str) -> Result<Option<serde_json::Value>> {
-        if let Some(db) = &self.db {
-            return Ok(db.get(id)?.map(|(r, place)| answer_at(&r, place)));
-        }
-        let t = self.lock();
-        Ok(t.get(id).map(|e| answer_in(&t, &e.rec)))
+        self.store.answer(id)
     }
 
     /// Cancels job `id`: a queued one never runs, a running one stops; it stays listed as
     /// cancelled (its result never made) until it is removed or expires. A finished job is
     /// left as it is.
     pub fn cancel(&self, id: &str) -> Result<Record> {
-        if let Some(db) = &self.db {
-            let rec = db.cancel(id)?.ok_or_else(|| not_found(id))?;
-            self.stop_local(id);
-            return Ok(rec);
-        }
-        let mut t = self.lock();
-        let e = t.get_mut(id).ok_or_else(|| not_found(id))?;
-        if e.foreign.is_some() || e.rec.state.finished() {
-            return Ok(e.rec.clone());
-        }
-        e.cancel.cancel();
-        e.rec.state = State::Cancelled;
-        e.rec.finished = Some(now());
-        e.rec.fps = None;
-        let rec = e.rec.clone();
-        write_atomic(&self.dir_of(id).join("job.json"), &serde_json::to_vec_pretty(&rec)?)
-            .map_err(|e| Failure::error(Kind::Io, format!("cannot record job {id}'s cancellation ({e:#})")))?;
-        drop(t);
-        self.wake.notify_all();
-        Ok(rec)
+        self.store.cancel(self, id)
     }
 
-    /// Jobs by state: (queued, running, done, failed).
     /// Jobs queued, running, done and failed; the database's error where it cannot say (never
     /// zeros in its place).
     pub fn counts(&self) -> Result<(usize, usize, usize, usize)> {
-        if let Some(db) = &self.db {
-            return db.counts();
-        }
-        let t = self.lock();
-        let n = |s: State| t.values().filter(|e| e.rec.state == s).count();
-        Ok((n(State::Queued), n(State::Running), n(State::Done), n(State::Failed)))
+        self.store.counts()
+    }
+
+    /// What the replicas hold of the shared jobs, for the metrics (`None` without a jobs
+    /// database).
+    pub fn holdings(&self) -> Result<Option<(u64, u64, u64)>> {
+        self.store.holdings()
+    }
+
+    /// Where the jobs are shared and as which replica, in words (`None` without a jobs
+    /// database).
+    pub fn shared_as(&self) -> Option<(String, String)> {
+        self.store.shared_as()
     }
 
     /// The result file of a done job, opened (a plain file of its folder, no link followed).
@@ -564,45 +313,7 @@ impl Jobs {
     /// The deletion is on disk (the record says cancelled) before this returns, so a service
     /// killed after its answer removes the job at its next start instead of running it again.
     pub fn delete(&self, id: &str) -> Result<Record> {
-        if let Some(db) = &self.db {
-            let rec = db.remove(id)?.ok_or_else(|| not_found(id))?;
-            self.stop_local(id);
-            // Its files go now unless a replica still works on it (then once it lets go).
-            let gone = db.reap(Some(id), &|id| Ok(remove_job_dir(&self.dir_of(id))?))?;
-            if gone.is_empty() {
-                tracing::info!(job = %id, "job removed; its files go once no replica works on it");
-            }
-            return Ok(rec);
-        }
-        let mut t = self.lock();
-        let e = t.get(id).ok_or_else(|| not_found(id))?;
-        if let Some(why) = &e.foreign {
-            return Err(Failure::error(
-                Kind::Conflict,
-                format!("job {id} is left on disk for its owner (its folder {why}): remove the folder {id} from the jobs folder by hand"),
-            ));
-        }
-        let mut rec = e.rec.clone();
-        let running = rec.state == State::Running;
-        rec.state = State::Cancelled;
-        rec.removing = true;
-        let dir = self.dir_of(id);
-        write_atomic(&dir.join("job.json"), &serde_json::to_vec_pretty(&rec)?)
-            .map_err(|e| Failure::error(Kind::Io, format!("cannot record job {id}'s deletion ({e:#})")))?;
-        if let Some(e) = t.remove(id) {
-            e.cancel.cancel();
-        }
-        drop(t);
-        if !running {
-            remove_job_dir(&dir).map_err(|e| {
-                Failure::error(
-                    Kind::Io,
-                    format!("cannot remove job {id}'s files ({e}); they go at the next start"),
-                )
-            })?;
-        }
-        // A running job's folder goes when its thread sees the job gone (`run_one`).
-        Ok(rec)
+        self.store.delete(self, id)
     }
 
     /// The bytes in the folder outside `uploads` (see [`Usage`]).
@@ -633,29 +344,12 @@ impl Jobs {
     /// The finished jobs that may be removed (for room, or past their time), with when each
     /// finished.
     fn finished_jobs(&self) -> BTreeMap<String, f64> {
-        if let Some(db) = &self.db {
-            return db
-                .finished_jobs()
-                .unwrap_or_else(|e| {
-                    tracing::warn!("{e:#}");
-                    Vec::new()
-                })
-                .into_iter()
-                .collect();
-        }
-        self.lock()
-            .values()
-            .filter(|j| j.rec.state.finished() && j.foreign.is_none())
-            .map(|j| (j.rec.id.clone(), j.rec.finished.unwrap_or(0.0)))
-            .collect()
+        self.store.finished_jobs()
     }
 
     /// Jobs waiting or running (every replica's, with a jobs database).
     fn unfinished(&self) -> Result<usize> {
-        match &self.db {
-            Some(db) => db.unfinished(),
-            None => Ok(self.lock().values().filter(|e| !e.rec.state.finished()).count()),
-        }
+        self.store.unfinished()
     }
 
     /// The quota as a number of bytes, said in words for an error.
@@ -944,21 +638,7 @@ impl Jobs {
             owner,
             ..named
         };
-        if let Some(db) = &self.db {
-            // The record is the database's; the folder holds the files.
-            db.insert(&rec)?;
-            self.wake.notify_all();
-            return Ok(rec);
-        }
-        write_atomic(&dir.join("job.json"), &serde_json::to_vec_pretty(&rec)?)?;
-        self.lock().insert(
-            id.to_string(),
-            Entry {
-                rec: rec.clone(),
-                cancel: CancelToken::new(),
-                foreign: None,
-            },
-        );
+        self.store.insert(self, &rec)?;
         self.wake.notify_all();
         Ok(rec)
     }
@@ -967,173 +647,15 @@ impl Jobs {
     /// next start).
     pub fn stop(&self) {
         self.stopping.store(true, Ordering::SeqCst);
-        for c in self.running().values() {
-            c.cancel();
-        }
-        for e in self.lock().values() {
-            if e.rec.state == State::Running {
-                e.cancel.cancel();
-            }
-        }
+        self.store.stop();
         self.wake.notify_all();
     }
 
-    /// A jobs thread: runs the oldest queued job of its lane, one at a time, until
-    /// [`Jobs::stop`]. Films run in [`Lane::Films`]; photos in [`Lane::Photos`], so a photo
-    /// never waits behind a film. The films' lane also expires old results.
-    pub fn run(self: &Arc<Self>, lane: Lane) {
-        if let Some(db) = &self.db {
-            return self.run_shared(db, lane);
-        }
-        while !self.stopping.load(Ordering::SeqCst) {
-            let t = self.lock();
-            let next = queue_of(&t, lane).first().map(|e| e.rec.id.clone());
-            match next {
-                Some(id) => {
-                    drop(t);
-                    self.run_one(&id);
-                }
-                None => {
-                    // Wakes for a new job, the stop, or now and then to expire old results.
-                    drop(self.wake.wait_timeout(t, Duration::from_secs(5)));
-                    if lane == Lane::Films {
-                        self.expire();
-                    }
-                }
-            }
-        }
-    }
-
-    /// Updates job `id`'s record (if it is still there) and writes it.
-    /// Updates job `id`'s record (if it is still there) and writes it, under the table's lock so
-    /// that a deletion's record is never overwritten by an older state.
-    fn update(&self, id: &str, f: impl FnOnce(&mut Record)) {
-        let mut t = self.lock();
-        let Some(e) = t.get_mut(id) else { return };
-        f(&mut e.rec);
-        if let Ok(bytes) = serde_json::to_vec_pretty(&e.rec) {
-            if let Err(e) = write_atomic(&self.dir_of(id).join("job.json"), &bytes) {
-                tracing::warn!(job = %id, "cannot write the job's record: {e:#}");
-            }
-        }
-    }
-
-    #[allow(clippy::too_many_lines)]
-    fn run_one(&self, id: &str) {
-        let Some((rec, cancel)) = self.lock().get(id).map(|e| (e.rec.clone(), e.cancel.clone())) else {
-            return;
-        };
-        let start = Instant::now();
-        let frames_before = rec.frames_done;
-        // Changed since the start (a link or a pipe put in its folder): never run, left as it is.
-        if let Some(why) = odd_entry(&self.dir_of(id)) {
-            tracing::warn!(job = %id, "left as it is, listed as failed: the folder {why}");
-            if let Some(e) = self.lock().get_mut(id) {
-                e.rec.state = State::Failed;
-                e.rec.error = Some(format!("the job's folder {why}: left on disk as it is"));
-                e.foreign = Some(why);
-            }
-            return;
-        }
-        let mut started = false;
-        self.update(id, |r| {
-            // Cancelled since it was picked: it never runs.
-            if r.state == State::Queued {
-                r.state = State::Running;
-                r.started = Some(now());
-                started = true;
-            }
-        });
-        if !started {
-            return;
-        }
-        tracing::info!(job = %id, name = %rec.name, "job started");
-        let progress = |p: crate::pipeline::Progress| {
-            let (frames, faces) = (p.frames, p.faces);
-            let mut t = self.lock();
-            if let Some(e) = t.get_mut(id) {
-                e.rec.frames_done = frames;
-                e.rec.faces_done = faces;
-                let secs = start.elapsed().as_secs_f64();
-                if secs > 0.5 {
-                    e.rec.fps = Some(frames.saturating_sub(frames_before) as f64 / secs);
-                }
-            }
-        };
-        let r = self.restore(&rec, &cancel, &progress);
-        let secs = start.elapsed().as_secs_f64();
-        let gone = !self.lock().contains_key(id);
-        if gone {
-            // Deleted while it ran: its folder goes now that nothing writes in it.
-            if let Err(e) = remove_job_dir(&self.dir_of(id)) {
-                tracing::warn!(job = %id, "cannot remove the deleted job's files ({e}); they go at the next start");
-            }
-            tracing::info!(job = %id, "job cancelled and removed");
-            return;
-        }
-        if self.lock().get(id).is_some_and(|e| e.rec.state == State::Cancelled) {
-            tracing::info!(job = %id, "job cancelled");
-            return;
-        }
-        // The tests' way to land a cancel between the look above and the end below
-        // (`GPEN_VIDEO_FAULTS=job-end=MS`): the end is decided under the table's lock, so a
-        // cancel in between holds.
-        if let Some(ms) = job_end_delay() {
-            tracing::info!(job = %id, "pausing {ms} ms before the job's end (GPEN_VIDEO_FAULTS)");
-            std::thread::sleep(Duration::from_millis(ms));
-        }
-        // Each end only for a job still running: a cancel that landed meanwhile stands.
-        let mut ended = false;
-        let mut end = |f: &dyn Fn(&mut Record)| {
-            self.update(id, |r| {
-                if r.state == State::Running {
-                    f(r);
-                    ended = true;
-                }
-            })
-        };
-        match r {
-            Ok(faithful) => {
-                let bytes = std::fs::metadata(self.dir_of(id).join(&rec.output))
-                    .map(|m| m.len())
-                    .ok();
-                end(&|r| {
-                    r.state = State::Done;
-                    r.faithful = faithful.clone();
-                    r.finished = Some(now());
-                    r.result_bytes = bytes;
-                    if let Some(t) = r.frames_total {
-                        r.frames_done = r.frames_done.max(t);
-                    }
-                });
-                if ended {
-                    self.seconds.lock().unwrap_or_else(|e| e.into_inner()).push(secs);
-                    tracing::info!(job = %id, seconds = format!("{secs:.1}"), "job done");
-                }
-            }
-            Err(_) if self.stopping.load(Ordering::SeqCst) => {
-                // The service is stopping: the job waits for the next start.
-                end(&|r| {
-                    r.state = State::Queued;
-                    r.fps = None;
-                });
-            }
-            Err(e) => {
-                let why = self.in_words(&format!("{e:#}"), Some(&rec));
-                end(&|r| {
-                    r.state = State::Failed;
-                    r.finished = Some(now());
-                    r.error = Some(why.clone());
-                });
-                if ended {
-                    self.seconds.lock().unwrap_or_else(|e| e.into_inner()).push(secs);
-                    tracing::warn!(job = %id, "job failed: {why}");
-                }
-            }
-        }
-        if !ended {
-            tracing::info!(job = %id, "job cancelled as it ended");
-        }
+    /// A jobs thread: runs the jobs of its lane, one at a time, until [`Jobs::stop`]. Films run
+    /// in [`Lane::Films`]; photos in [`Lane::Photos`], so a photo never waits behind a film. The
+    /// films' lane also expires old results.
+    pub fn run(&self, lane: Lane) {
+        self.store.run(self, lane);
     }
 
     /// Restores a job's input into its result: a film long enough in segments (resumed from
@@ -1155,6 +677,8 @@ impl Jobs {
                 mine: &all,
                 wait: true,
                 stop: &stop,
+                claims: &crate::segment::FileClaims,
+                engine: None,
             };
             let done = crate::segment::run(&settings, &job, &work, &share, &|p, _| progress(p))?;
             tracing::info!(job = %rec.id, "{}", crate::segment::describe(&done, work.segments().len()));
@@ -1227,28 +751,6 @@ fn answer_at(rec: &Record, place: Option<u64>) -> serde_json::Value {
     if let Some(p) = place {
         v["place"] = serde_json::json!(p);
     }
-    v
-}
-
-/// `rec` as the API answers it ([`Record::answer`]), a queued job with its `place` in its
-/// lane's line (1: the next to run).
-fn answer_in(t: &BTreeMap<String, Entry>, rec: &Record) -> serde_json::Value {
-    let mut v = rec.answer();
-    if rec.state == State::Queued {
-        if let Some(i) = queue_of(t, Lane::of(rec)).iter().position(|e| e.rec.id == rec.id) {
-            v["place"] = serde_json::json!(i + 1);
-        }
-    }
-    v
-}
-
-/// The queued jobs of `lane`, the next first.
-fn queue_of(t: &BTreeMap<String, Entry>, lane: Lane) -> Vec<&Entry> {
-    let mut v: Vec<&Entry> = t
-        .values()
-        .filter(|e| e.rec.state == State::Queued && e.foreign.is_none() && Lane::of(&e.rec) == lane)
-        .collect();
-    v.sort_by(|a, b| a.rec.created.total_cmp(&b.rec.created));
     v
 }
 
@@ -1391,14 +893,8 @@ fn treatment_of(settings: &Settings, faces: &BTreeMap<String, PathBuf>, q: &JobQ
     let mut t = settings
         .recipe
         .treatment
-        .with_flags(&pairs, &crate::treatment::JOB_FLAGS)
-        // The command line's words name its flags (`--blend must be ...`); a query, parameters.
-        .map_err(|e| {
-            Failure::error(
-                Kind::BadInput,
-                format!("{e:#}").replace("'--", "'").replacen("--", "", 1),
-            )
-        })?;
+        .with_query(&pairs, &crate::treatment::JOB_FLAGS)
+        .map_err(|e| Failure::error(Kind::BadInput, format!("{e:#}")))?;
     if t.mask == MaskKind::Mesh && settings.recipe.mesh.is_none() {
         t.mask = MaskKind::Face;
     }
