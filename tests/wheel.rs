@@ -215,6 +215,12 @@ try:
 except gpen_video.Error as e:
     assert "missing.mp4" in e.message and e.returncode != 0, (e.message, e.returncode)
     print(e.returncode, e.message)
+import os, shutil
+os.makedirs("clips", exist_ok=True)
+shutil.copy({clip:?}, "clips/one.mp4")
+report = gpen_video.restore_folder("clips", "restored", model={model:?}, frames=3, quiet=True)
+assert [d["clip"] for d in report["done"]] == ["one.mp4"] and not report["failed"], report
+assert os.path.isfile("restored/one.mp4")
 "#,
         clip = arg(&clip),
         model = arg(&model),
