@@ -212,6 +212,12 @@ pub struct FaceJob {
     /// The face's no-reference quality (BRISQUE, lower is better) in the model's crop before
     /// and after restoration, where measured.
     pub quality: Option<[f32; 2]>,
+    /// What lies in front of the face (hands), in the model's crop: the paste keeps the
+    /// original picture there.
+    pub occluders: Vec<crate::faces::paste::Occluder>,
+    /// The share of the face's paste mask held back for what lies in front of it, where
+    /// anything did.
+    pub held: Option<f32>,
 }
 
 impl FaceJob {
@@ -232,6 +238,8 @@ impl FaceJob {
             blend: None,
             fidelity: None,
             quality: None,
+            occluders: Vec::new(),
+            held: None,
         }
     }
 }

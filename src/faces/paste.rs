@@ -219,6 +219,65 @@ fn signed_distance(edges: &[[f64; 6]], p: (f64, f64)) -> f64 {
     }
 }
 
+/// Something in front of a face, in crop pixels, where the paste keeps the original picture:
+/// round-ended strokes (a finger's bone, its two ends and half its width) and filled polygons
+/// (a palm), feathered over `feather` pixels outside them.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Occluder {
+    pub strokes: Vec<([f32; 2], [f32; 2], f32)>,
+    pub polygons: Vec<Vec<[f32; 2]>>,
+    pub feather: f32,
+}
+
+impl Occluder {
+    /// How much of crop point `p` the occluder covers: 1 inside it, falling smoothly to 0 at
+    /// `feather` outside.
+    pub fn cover(&self, p: (f64, f64), edges: &mut Vec<[f64; 6]>, pts: &mut Vec<(f64, f64)>) -> f64 {
+        // The distance outside the nearest part (negative inside).
+        let mut outside = f64::INFINITY;
+        for &(a, b, r) in &self.strokes {
+            let (ax, ay, bx, by) = (f64::from(a[0]), f64::from(a[1]), f64::from(b[0]), f64::from(b[1]));
+            let (ex, ey, wx, wy) = (bx - ax, by - ay, p.0 - ax, p.1 - ay);
+            let len2 = ex * ex + ey * ey;
+            let t = if len2 > 0.0 {
+                ((wx * ex + wy * ey) / len2).clamp(0.0, 1.0)
+            } else {
+                0.0
+            };
+            outside = outside.min((wx - ex * t).hypot(wy - ey * t) - f64::from(r));
+        }
+        for poly in &self.polygons {
+            pts.clear();
+            pts.extend(poly.iter().map(|q| (f64::from(q[0]), f64::from(q[1]))));
+            edges_of(pts, edges);
+            outside = outside.min(-signed_distance(edges, p));
+        }
+        smoothstep(1.0 - outside / f64::from(self.feather.max(0.5)))
+    }
+
+    /// The crop pixels it covers at all: `[x0, y0, x1, y1]`.
+    fn bounds(&self) -> [f64; 4] {
+        let grow = f64::from(self.feather.max(0.5));
+        let mut b = [f64::INFINITY, f64::INFINITY, f64::NEG_INFINITY, f64::NEG_INFINITY];
+        let mut add = |q: [f32; 2], r: f64| {
+            b = [
+                b[0].min(f64::from(q[0]) - r),
+                b[1].min(f64::from(q[1]) - r),
+                b[2].max(f64::from(q[0]) + r),
+                b[3].max(f64::from(q[1]) + r),
+            ];
+        };
+        for &(a, e, r) in &self.strokes {
+            add(a, f64::from(r) + grow);
+            add(e, f64::from(r) + grow);
+        }
+        for q in self.polygons.iter().flatten() {
+            add(*q, grow);
+        }
+        b
+    }
+}
+
 fn smoothstep(t: f64) -> f64 {
     let t = t.clamp(0.0, 1.0);
     t * t * (3.0 - 2.0 * t)
@@ -347,6 +406,36 @@ impl Mask {
             sorted,
             edges,
         };
+    }
+
+    /// Keeps the original picture where `occluders` lie in front of the face: each occluder
+    /// takes from each table cell the share of what is left that it covers. Returns the share of
+    /// the mask's weight held back (0 to 1).
+    pub fn hold_back(&mut self, occluders: &[Occluder]) -> f32 {
+        let total: f64 = self.table.iter().map(|&m| f64::from(m)).sum();
+        if occluders.is_empty() || total <= 0.0 {
+            return 0.0;
+        }
+        let (n, step) = (self.size.div_ceil(self.step), self.step as f64);
+        let (mut edges, mut pts, mut held) = (Vec::new(), Vec::new(), 0.0);
+        for o in occluders {
+            let [x0, y0, x1, y1] = o.bounds();
+            let cell = |c: f64| (c / step).clamp(0.0, n as f64);
+            let (cx0, cy0) = (cell(x0).floor() as usize, cell(y0).floor() as usize);
+            let (cx1, cy1) = (cell(x1).ceil() as usize, cell(y1).ceil() as usize);
+            for y in cy0..cy1.min(n) {
+                for x in cx0..cx1.min(n) {
+                    let m = &mut self.table[y * n + x];
+                    if *m == 0.0 {
+                        continue;
+                    }
+                    let c = o.cover((x as f64 * step, y as f64 * step), &mut edges, &mut pts);
+                    held += f64::from(*m) * c;
+                    *m = (f64::from(*m) * (1.0 - c)) as f32;
+                }
+            }
+        }
+        (held / total).clamp(0.0, 1.0) as f32
     }
 
     /// The face mask: a feathered ellipse along the eyes-to-mouth axis, inside the box mask.
@@ -1077,6 +1166,52 @@ mod tests {
         let mut none = vec![10u8; w * h * 3];
         paste(&mut none, w, &crop, &to_crop, r, &mask, 0.0);
         assert!(none.iter().all(|&v| v == 10));
+    }
+
+    #[test]
+    fn a_hand_in_front_of_the_face_keeps_the_original_there_and_the_rest_is_pasted() {
+        let (w, h, size) = (200usize, 120usize, 64usize);
+        let to_crop = Affine([1.0, 0.0, -50.0, 0.0, 1.0, -20.0]); // crop at (50, 20)
+        let crop = vec![crate::kernels::change_steps(190.0); size * size * 3];
+        let r = crate::geom::crop_footprint(&to_crop, size, w, h).unwrap();
+        let px = |f: &[u8], x: usize, y: usize| f[(y * w + x) * 3];
+        // A finger across the crop (crop row 30, half width 4) and a palm in its lower right.
+        let hand = Occluder {
+            strokes: vec![([10.0, 30.0], [40.0, 30.0], 4.0)],
+            polygons: vec![vec![[44.0, 40.0], [60.0, 40.0], [60.0, 60.0], [44.0, 60.0]]],
+            feather: 3.0,
+        };
+        for whole in [
+            Mask::new(size),
+            Mask::face(size, &crate::faces::align::Template::Ffhq.points(size)),
+        ] {
+            let before = whole.clone();
+            let mut held = whole.clone();
+            let share = held.hold_back(std::slice::from_ref(&hand));
+            assert!(share > 0.05 && share < 0.6, "{share}");
+            for (u, v) in [(25.0, 30.0), (12.0, 27.0), (38.0, 33.5), (50.0, 50.0)] {
+                assert_eq!(held.at(u, v), 0.0, "inside the hand at ({u}, {v})");
+            }
+            for (u, v) in [(25.0, 40.0), (32.0, 14.0), (30.0, 50.0)] {
+                assert_eq!(held.at(u, v), before.at(u, v), "away from the hand at ({u}, {v})");
+            }
+            let (mut frame, mut as_before) = (vec![10u8; w * h * 3], vec![10u8; w * h * 3]);
+            paste(&mut frame, w, &crop, &to_crop, r, &held, 1.0);
+            paste(&mut as_before, w, &crop, &to_crop, r, &before, 1.0);
+            // The finger's pixels (frame = crop + (50, 20)) keep the original; the face above it
+            // is pasted as without the hand.
+            for x in 62..88 {
+                for y in 47..54 {
+                    assert_eq!(px(&frame, x, y), 10, "finger pixel ({x}, {y})");
+                }
+            }
+            assert_eq!(px(&frame, 80, 40), px(&as_before, 80, 40));
+            assert!(px(&frame, 80, 40) > 50, "{}", px(&frame, 80, 40));
+        }
+        // No occluder: the mask as it was, nothing held back.
+        let mut m = Mask::new(size);
+        assert_eq!(m.hold_back(&[]), 0.0);
+        assert_eq!(m.table, Mask::new(size).table);
     }
 
     #[test]

@@ -45,6 +45,9 @@ struct FaceRecord<'a> {
     /// Its quality before and after restoration (BRISQUE, lower is better), where measured.
     #[serde(skip_serializing_if = "Option::is_none")]
     quality: Option<Quality>,
+    /// The share of its paste region held back for a hand in front of it, where one was.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    hands: Option<f32>,
 }
 
 /// A face's quality before and after.
@@ -95,6 +98,7 @@ impl FacesSink {
                     blend: f.blend,
                     fidelity: f.fidelity,
                     quality: f.quality.map(|[before, after]| Quality { before, after }),
+                    hands: f.held,
                 })
                 .collect(),
         };

@@ -974,7 +974,7 @@ fn paste_frame(
         .iter_mut()
         .filter_map(|job| {
             let restored = job.restored.take()?;
-            let own = match (kind, &job.outline_crop) {
+            let mut own = match (kind, &job.outline_crop) {
                 (MaskKind::Mesh, Some(outline)) => {
                     if masks.len() == used {
                         masks.push(Mask::polygon(mask.size(), outline));
@@ -986,6 +986,20 @@ fn paste_frame(
                 }
                 _ => None,
             };
+            // A hand in front of the face: its own copy of the mask, the hand held back.
+            if !job.occluders.is_empty() {
+                let i = own.unwrap_or_else(|| {
+                    if masks.len() == used {
+                        masks.push(mask.clone());
+                    } else {
+                        masks[used].clone_from(mask);
+                    }
+                    used += 1;
+                    used - 1
+                });
+                job.held = Some(masks[i].hold_back(&job.occluders));
+                own = Some(i);
+            }
             Some((restored, job.to_crop, job.region, own))
         })
         .collect();
