@@ -1,6 +1,6 @@
 //! Jobs over HTTP end to end: in, the real binary serving on a loopback port with a jobs folder
 //! of the test's own, real clips and photos posted to `/v1/jobs`; out, each job's states and
-//! result (whole and by byte range) against `gpen-video IN OUT`, a service killed mid-film that
+//! result (whole, by byte range and revalidated by its ETag) against `gpen-video IN OUT`, a service killed mid-film that
 //! resumes after a restart, and every limit's status.
 
 mod common;
@@ -196,6 +196,60 @@ fn a_video_and_a_photo_job_restore_as_the_cli_does_and_results_are_read_by_range
     );
     assert!(!jobs_dir.join(&id).exists(), "a deleted job's files are removed");
     assert_eq!(server.stop(), Some(0));
+}
+
+/// A done job's result carries a strong ETag and its time: a copy still current is not sent
+/// again (304), a range is sent only of the same file (If-Range), and HEAD answers the headers.
+#[test]
+fn a_result_is_revalidated_by_its_etag_and_if_range() {
+    let dir = tempfile::tempdir().unwrap();
+    let jobs_dir = dir.path().join("jobs");
+    let image = portrait_jpeg(dir.path());
+    let server = Server::start(&["--model", &model(), "--jobs-dir", arg(&jobs_dir)]);
+    let (status, body, _) = post(&server, &image, "", &[]);
+    assert_eq!(status, 202, "{}", String::from_utf8_lossy(&body));
+    let id = field(&body, "id").as_str().unwrap().to_string();
+    assert_eq!(wait_for(&server, &id, &["done", "failed"], 60, &[])["state"], "done");
+    let path = format!("/v1/jobs/{id}/result");
+    let get = |headers: &[(&str, &str)]| {
+        server.call(
+            "GET",
+            &path,
+            headers,
+            None,
+            &["etag", "last-modified", "content-range", "content-length"],
+        )
+    };
+    let (status, h, whole) = get(&[]);
+    assert_eq!(status, 200);
+    let (n, etag, modified) = (
+        whole.len(),
+        h[0].clone().expect("an ETag"),
+        h[1].clone().expect("a time"),
+    );
+    assert!(etag.starts_with('"') && etag.ends_with('"'), "a strong tag: {etag}");
+    // The copy is current: no body, the same tag.
+    let (status, h, body) = get(&[("If-None-Match", &etag)]);
+    assert_eq!((status, body.len(), h[0].as_deref()), (304, 0, Some(etag.as_str())));
+    let (status, _, body) = get(&[("If-None-Match", "\"another\", W/\"x\"")]);
+    assert_eq!((status, body.len()), (200, n));
+    let (status, _, body) = get(&[("If-Modified-Since", &modified)]);
+    assert_eq!((status, body.len()), (304, 0));
+    // A range of the same file; of another, the whole file.
+    let (status, h, part) = get(&[("Range", "bytes=10-19"), ("If-Range", &etag)]);
+    assert_eq!((status, &part[..]), (206, &whole[10..20]));
+    assert_eq!(h[2], Some(format!("bytes 10-19/{n}")));
+    let (status, h, body) = get(&[("Range", "bytes=10-19"), ("If-Range", "\"stale\"")]);
+    assert_eq!((status, body, h[2].as_deref()), (200, whole.clone(), None));
+    let (status, h, _) = get(&[("Range", &format!("bytes={}-", n + 5))]);
+    assert_eq!((status, h[2].clone()), (416, Some(format!("bytes */{n}"))));
+    // HEAD: the headers without the body.
+    let (status, h, body) = server.call("HEAD", &path, &[], None, &["etag", "content-length"]);
+    assert_eq!((status, body.len()), (200, 0));
+    assert_eq!(
+        (h[0].as_deref(), h[1].clone()),
+        (Some(etag.as_str()), Some(n.to_string()))
+    );
 }
 
 #[test]

@@ -24,10 +24,11 @@ use crate::pipeline::Progress;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
+use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 
 use crate::config::Settings;
@@ -711,10 +712,7 @@ pub fn run(
                 s.spawn(move || {
                     let job = &own_job;
                     let mut own: Option<Engine> = None;
-                    let mut kept = share
-                        .engine
-                        .filter(|_| i == 0)
-                        .map(|m| m.lock().unwrap_or_else(|e| e.into_inner()));
+                    let mut kept = share.engine.filter(|_| i == 0).map(|m| m.lock());
                     let engine: &mut Option<Engine> = match &mut kept {
                         Some(k) => k,
                         None => &mut own,
@@ -772,15 +770,12 @@ pub fn run(
                             let Some(record) = kept else { continue };
                             let segs = segs_done.fetch_add(1, Ordering::Relaxed) + 1;
                             progress(so_far(), segs as usize);
-                            restored
-                                .lock()
-                                .unwrap_or_else(|e| e.into_inner())
-                                .push((record, summary));
+                            restored.lock().push((record, summary));
                         }
                     })();
                     if let Err(e) = r {
                         stop.store(true, Ordering::Relaxed);
-                        let mut f = failure.lock().unwrap_or_else(|e| e.into_inner());
+                        let mut f = failure.lock();
                         // A cancelled job's error only when nothing really failed.
                         let cancelled = e.is::<crate::engine::Cancelled>();
                         if f.is_none() || (!cancelled && f.as_ref().is_some_and(|x| x.is::<crate::engine::Cancelled>()))
@@ -792,7 +787,7 @@ pub fn run(
             }
         });
     }
-    if let Some(e) = failure.into_inner().unwrap_or_else(|e| e.into_inner()) {
+    if let Some(e) = failure.into_inner() {
         return Err(e);
     }
     let stopped = (share.stop)() && mine.iter().any(|s| work.record(s.number).is_none());
@@ -803,7 +798,7 @@ pub fn run(
         }
         .into());
     }
-    let mut restored = restored.into_inner().unwrap_or_else(|e| e.into_inner());
+    let mut restored = restored.into_inner();
     restored.sort_by_key(|(r, _)| r.number);
     let mut joined = None;
     if share.claims.may_join() {

@@ -4,15 +4,15 @@
 
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context as TaskContext, Poll};
-use std::time::Instant;
+use std::time::{Instant, SystemTime};
 
 use anyhow::Result;
-use axum::body::{Body, Bytes, HttpBody};
+use axum::body::{Body, HttpBody};
 use axum::extract::{Path as UrlPath, RawQuery, Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use tokio::io::{AsyncRead, AsyncWriteExt, ReadBuf};
+use headers::{AcceptRanges, ContentRange, ETag, HeaderMapExt, IfModifiedSince, IfNoneMatch, IfRange, LastModified};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::jobs::{not_found, valid_id, JobQuery, Jobs};
 use super::App;
@@ -366,40 +366,6 @@ pub(super) async fn delete(State(app): State<Arc<App>>, UrlPath(id): UrlPath<Str
     }
 }
 
-/// The byte range a `Range` header asks of a file of `len` bytes: `Ok(None)` for the whole file
-/// (no header, or one this server does not split: several ranges, other units), `Err` when it
-/// cannot be satisfied.
-pub fn range_of(header: Option<&str>, len: u64) -> Result<Option<(u64, u64)>, ()> {
-    let Some(spec) = header.and_then(|h| h.trim().strip_prefix("bytes=")) else {
-        return Ok(None);
-    };
-    if spec.contains(',') {
-        return Ok(None);
-    }
-    let (a, b) = spec.split_once('-').ok_or(())?;
-    let (a, b) = (a.trim(), b.trim());
-    let (start, end) = if a.is_empty() {
-        // The last b bytes.
-        let n: u64 = b.parse().map_err(|_| ())?;
-        if n == 0 {
-            return Err(());
-        }
-        (len.saturating_sub(n), len.saturating_sub(1))
-    } else {
-        let start: u64 = a.parse().map_err(|_| ())?;
-        let end = if b.is_empty() {
-            len.saturating_sub(1)
-        } else {
-            b.parse::<u64>().map_err(|_| ())?.min(len.saturating_sub(1))
-        };
-        (start, end)
-    };
-    if len == 0 || start >= len || end < start {
-        return Err(());
-    }
-    Ok(Some((start, end)))
-}
-
 /// `GET /v1/jobs/{id}/result`: the result file, or the byte range asked (206), inline (a
 /// player, an `<img>`) unless `?download=1`.
 pub(super) async fn result(
@@ -422,7 +388,11 @@ pub(super) async fn input(
     serve_file(&app, &id, query.as_deref(), &headers, true)
 }
 
-/// A done job's result (or its input), whole or the byte range asked.
+/// A done job's result (or its input), whole or the byte range asked, with the validators a
+/// browser keeps its copy by: a strong `ETag` (the file's length and time) and `Last-Modified`.
+/// A copy still current (`If-None-Match`, else `If-Modified-Since`) is answered 304 with no
+/// body; a `Range` is honoured only while its `If-Range` names this very file (else the whole
+/// file, 200), and one that cannot be satisfied is answered 416.
 fn serve_file(app: &Arc<App>, id: &str, query: Option<&str>, headers: &HeaderMap, input: bool) -> Response {
     let app = app.clone();
     let found = super::authorize(&app, headers)
@@ -432,30 +402,49 @@ fn serve_file(app: &Arc<App>, id: &str, query: Option<&str>, headers: &HeaderMap
             let jobs = jobs_of(&app);
             // A query with a jobs database: off the async thread while it waits.
             let file = tokio::task::block_in_place(|| if input { jobs.input(&id) } else { jobs.result(&id) })?;
-            Ok((q, file))
+            let meta = file
+                .1
+                .metadata()
+                .map_err(|e| Failure::error(Kind::Io, format!("cannot read job {id}'s file ({e})")))?;
+            Ok((q, file, meta))
         });
-    let (q, (rec, file)) = match found {
+    let (q, (rec, file), meta) = match found {
         Ok(f) => f,
         Err(e) => return error(&app, &e),
     };
-    let len = file.metadata().map(|m| m.len()).unwrap_or(0);
-    let range = headers.get(header::RANGE).and_then(|v| v.to_str().ok());
-    let (status, start, end) = match range_of(range, len) {
-        Ok(None) => (StatusCode::OK, 0, len.saturating_sub(1)),
-        Ok(Some((a, b))) => (StatusCode::PARTIAL_CONTENT, a, b),
-        Err(()) => {
-            let mut r = (
-                StatusCode::RANGE_NOT_SATISFIABLE,
-                format!("range not satisfiable: the result has {len} bytes\n"),
-            )
-                .into_response();
-            if let Ok(v) = HeaderValue::from_str(&format!("bytes */{len}")) {
-                r.headers_mut().insert(header::CONTENT_RANGE, v);
-            }
+    let len = meta.len();
+    let modified = meta.modified().ok();
+    let nanos = modified
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_nanos());
+    // Strong: a job's file is written once, under a new name, and renamed into place.
+    let etag = format!("\"{len:x}-{nanos:x}\"").parse::<ETag>().ok();
+    let mut r = Response::new(Body::empty());
+    let h = r.headers_mut();
+    if let Some(t) = &etag {
+        h.typed_insert(t.clone());
+    }
+    if let Some(t) = modified {
+        h.typed_insert(LastModified::from(t));
+    }
+    h.typed_insert(AcceptRanges::bytes());
+    let span = match answer_to(headers, len, etag.as_ref(), modified) {
+        Answer::NotModified => {
+            *r.status_mut() = StatusCode::NOT_MODIFIED;
             return r;
         }
+        Answer::Unsatisfiable => {
+            *r.status_mut() = StatusCode::RANGE_NOT_SATISFIABLE;
+            r.headers_mut().typed_insert(ContentRange::unsatisfied_bytes(len));
+            *r.body_mut() = Body::from(format!("range not satisfiable: the file has {len} bytes\n"));
+            return r;
+        }
+        Answer::Whole => None,
+        Answer::Part(s) => Some(s),
     };
-    let count = if len == 0 { 0 } else { end - start + 1 };
+    let (start, count) = span
+        .as_ref()
+        .map_or((0, len), |s| (*s.start(), s.end() - s.start() + 1));
     let mut file = file;
     if start > 0 {
         use std::io::Seek;
@@ -466,32 +455,75 @@ fn serve_file(app: &Arc<App>, id: &str, query: Option<&str>, headers: &HeaderMap
             );
         }
     }
-    let body = FileBody {
-        file: tokio::fs::File::from_std(file),
-        left: count,
-        buf: Vec::new(),
-    };
-    let mut r = Response::new(Body::new(body));
-    *r.status_mut() = status;
+    let bytes = tokio::fs::File::from_std(file).take(count);
+    *r.body_mut() = Body::from_stream(tokio_util::io::ReaderStream::with_capacity(bytes, 1 << 16));
+    if let Some(s) = span {
+        *r.status_mut() = StatusCode::PARTIAL_CONTENT;
+        if let Ok(c) = ContentRange::bytes(s, len) {
+            r.headers_mut().typed_insert(c);
+        }
+    }
     let h = r.headers_mut();
     let ext = std::path::Path::new(if input { &rec.input } else { &rec.output })
         .extension()
         .and_then(|e| e.to_str())
         .unwrap_or("");
     h.insert(header::CONTENT_TYPE, HeaderValue::from_static(super::mime_of(ext)));
-    h.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
     h.insert(header::CONTENT_LENGTH, HeaderValue::from(count));
-    if status == StatusCode::PARTIAL_CONTENT {
-        if let Ok(v) = HeaderValue::from_str(&format!("bytes {start}-{end}/{len}")) {
-            h.insert(header::CONTENT_RANGE, v);
-        }
-    }
     let disposition = if q.download == Some(1) { "attachment" } else { "inline" };
     let name = if input { rec.input.clone() } else { rec.download_name() };
     if let Ok(v) = HeaderValue::from_str(&format!("{disposition}; filename=\"{name}\"")) {
         h.insert(header::CONTENT_DISPOSITION, v);
     }
     r
+}
+
+/// How a request for a file is answered.
+#[derive(Debug, PartialEq)]
+enum Answer {
+    /// 304: the client's copy is current.
+    NotModified,
+    /// 200: the whole file.
+    Whole,
+    /// 206: these bytes of it.
+    Part(std::ops::RangeInclusive<u64>),
+    /// 416: a range past its end.
+    Unsatisfiable,
+}
+
+/// How the request with `headers` for a file of `len` bytes, of strong tag `etag` and time
+/// `modified`, is answered, as RFC 9110 says: a copy current by `If-None-Match` (else by
+/// `If-Modified-Since`) is not sent again; one `bytes` range is sent while `If-Range`, if any,
+/// names this very file; other units, several ranges and a stale `If-Range` get the whole file.
+fn answer_to(headers: &HeaderMap, len: u64, etag: Option<&ETag>, modified: Option<SystemTime>) -> Answer {
+    let current = match (
+        headers.typed_get::<IfNoneMatch>(),
+        headers.typed_get::<IfModifiedSince>(),
+    ) {
+        (Some(tags), _) => etag.is_some_and(|t| !tags.precondition_passes(t)),
+        (None, Some(since)) => modified.is_some_and(|t| !since.is_modified(t)),
+        (None, None) => false,
+    };
+    if current {
+        return Answer::NotModified;
+    }
+    // An If-Range that cannot be read names no file.
+    let same_file = !headers.contains_key(header::IF_RANGE)
+        || headers
+            .typed_get::<IfRange>()
+            .is_some_and(|c| !c.is_modified(etag, modified.map(LastModified::from).as_ref()));
+    let asked = headers
+        .get(header::RANGE)
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| same_file && v.starts_with("bytes="));
+    match asked.map(|v| http_range_header::parse_range_header(v).and_then(|p| p.validate(len))) {
+        None => Answer::Whole,
+        Some(Ok(spans)) if len > 0 => match <[_; 1]>::try_from(spans) {
+            Ok([span]) => Answer::Part(span),
+            Err(_) => Answer::Whole,
+        },
+        Some(_) => Answer::Unsatisfiable,
+    }
 }
 
 /// The query of `GET /v1/jobs/{id}/result`.
@@ -502,69 +534,61 @@ struct ResultQuery {
     download: Option<u8>,
 }
 
-/// A file's bytes from where it stands, `left` of them, read as the client takes them.
-struct FileBody {
-    file: tokio::fs::File,
-    left: u64,
-    buf: Vec<u8>,
-}
-
-impl HttpBody for FileBody {
-    type Data = Bytes;
-    type Error = std::io::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut TaskContext<'_>,
-    ) -> Poll<Option<Result<hyper::body::Frame<Bytes>, std::io::Error>>> {
-        let this = &mut *self;
-        if this.left == 0 {
-            return Poll::Ready(None);
-        }
-        let n = this.left.min(1 << 16) as usize;
-        this.buf.resize(n, 0);
-        let mut rb = ReadBuf::new(&mut this.buf[..n]);
-        match Pin::new(&mut this.file).poll_read(cx, &mut rb) {
-            Poll::Pending => Poll::Pending,
-            Poll::Ready(Err(e)) => Poll::Ready(Some(Err(e))),
-            Poll::Ready(Ok(())) => {
-                let got = rb.filled().len();
-                if got == 0 {
-                    return Poll::Ready(Some(Err(std::io::ErrorKind::UnexpectedEof.into())));
-                }
-                this.left -= got as u64;
-                Poll::Ready(Some(Ok(hyper::body::Frame::data(Bytes::copy_from_slice(
-                    &this.buf[..got],
-                )))))
-            }
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.left == 0
-    }
-
-    fn size_hint(&self) -> hyper::body::SizeHint {
-        hyper::body::SizeHint::with_exact(self.left)
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    use super::range_of;
+    use super::{answer_to, Answer};
+    use axum::http::HeaderMap;
+    use std::time::{Duration, SystemTime};
+
+    /// The answer to a request with `headers` for a file of 100 bytes, tagged "a", of time 1e9 s.
+    fn answer(headers: &[(&'static str, &str)]) -> Answer {
+        let mut h = HeaderMap::new();
+        for (k, v) in headers {
+            h.append(*k, v.parse().unwrap());
+        }
+        let modified = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000_000);
+        answer_to(&h, 100, Some(&"\"a\"".parse().unwrap()), Some(modified))
+    }
 
     #[test]
     fn ranges_are_read_as_rfc_9110_says() {
-        assert_eq!(range_of(None, 100), Ok(None));
-        assert_eq!(range_of(Some("bytes=0-9"), 100), Ok(Some((0, 9))));
-        assert_eq!(range_of(Some("bytes=90-"), 100), Ok(Some((90, 99))));
-        assert_eq!(range_of(Some("bytes=-10"), 100), Ok(Some((90, 99))));
-        assert_eq!(range_of(Some("bytes=50-500"), 100), Ok(Some((50, 99))));
-        assert_eq!(range_of(Some("bytes=0-1,5-6"), 100), Ok(None));
-        assert_eq!(range_of(Some("items=0-1"), 100), Ok(None));
-        assert_eq!(range_of(Some("bytes=100-"), 100), Err(()));
-        assert_eq!(range_of(Some("bytes=9-3"), 100), Err(()));
-        assert_eq!(range_of(Some("bytes=x-3"), 100), Err(()));
-        assert_eq!(range_of(Some("bytes=-0"), 100), Err(()));
+        assert_eq!(answer(&[]), Answer::Whole);
+        assert_eq!(answer(&[("range", "bytes=0-9")]), Answer::Part(0..=9));
+        assert_eq!(answer(&[("range", "bytes=90-")]), Answer::Part(90..=99));
+        assert_eq!(answer(&[("range", "bytes=-10")]), Answer::Part(90..=99));
+        assert_eq!(answer(&[("range", "bytes=50-500")]), Answer::Part(50..=99));
+        assert_eq!(answer(&[("range", "bytes=0-1,5-6")]), Answer::Whole);
+        assert_eq!(answer(&[("range", "items=0-1")]), Answer::Whole);
+        for bad in ["bytes=100-", "bytes=9-3", "bytes=x-3", "bytes=-0"] {
+            assert_eq!(answer(&[("range", bad)]), Answer::Unsatisfiable, "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_current_copy_is_not_sent_again() {
+        let (now, old) = ("Sun, 09 Sep 2001 01:46:40 GMT", "Sat, 08 Sep 2001 01:46:40 GMT");
+        assert_eq!(answer(&[("if-none-match", "\"a\"")]), Answer::NotModified);
+        assert_eq!(answer(&[("if-none-match", "\"b\", W/\"a\"")]), Answer::NotModified);
+        assert_eq!(answer(&[("if-none-match", "*")]), Answer::NotModified);
+        assert_eq!(answer(&[("if-none-match", "\"b\"")]), Answer::Whole);
+        assert_eq!(answer(&[("if-modified-since", now)]), Answer::NotModified);
+        assert_eq!(answer(&[("if-modified-since", old)]), Answer::Whole);
+        // If-None-Match rules over If-Modified-Since.
+        assert_eq!(
+            answer(&[("if-none-match", "\"b\""), ("if-modified-since", now)]),
+            Answer::Whole
+        );
+    }
+
+    #[test]
+    fn a_range_is_sent_only_of_the_same_file() {
+        let part = |if_range: &str| answer(&[("range", "bytes=0-9"), ("if-range", if_range)]);
+        assert_eq!(part("\"a\""), Answer::Part(0..=9));
+        assert_eq!(part("\"b\""), Answer::Whole);
+        // A weak tag is never the same file (RFC 9110 13.1.5).
+        assert_eq!(part("W/\"a\""), Answer::Whole);
+        assert_eq!(part("Sun, 09 Sep 2001 01:46:40 GMT"), Answer::Part(0..=9));
+        assert_eq!(part("Sat, 08 Sep 2001 01:46:40 GMT"), Answer::Whole);
+        assert_eq!(part("not a validator"), Answer::Whole);
     }
 }

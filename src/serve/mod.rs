@@ -28,10 +28,11 @@ pub mod shared;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Context, Result};
+use parking_lot::Mutex;
 
 use crate::engine::{kind_of, Failure, Kind};
 use axum::body::Body;
@@ -272,28 +273,16 @@ struct RestoreQuery {
 const PHOTO_FLAGS: [&str; 2] = ["blend", "compare"];
 
 /// Image formats the service takes and answers, by the extension its writer goes by.
-const FORMATS: [(&str, &str); 5] = [
-    ("png", "image/png"),
-    ("jpg", "image/jpeg"),
-    ("webp", "image/webp"),
-    ("tiff", "image/tiff"),
-    ("bmp", "image/bmp"),
-];
+const FORMATS: [&str; 5] = ["png", "jpg", "webp", "tiff", "bmp"];
 
 /// The video containers a job's result is kept in, by extension (see [`FORMATS`]).
-const VIDEO_FORMATS: [(&str, &str); 3] = [
-    ("mp4", "video/mp4"),
-    ("mov", "video/quicktime"),
-    ("mkv", "video/x-matroska"),
-];
+const VIDEO_FORMATS: [&str; 3] = ["mp4", "mov", "mkv"];
 
 /// The content type of a file the service answers, by its extension.
 fn mime_of(ext: &str) -> &'static str {
-    FORMATS
-        .iter()
-        .chain(&VIDEO_FORMATS)
-        .find(|(e, _)| *e == ext)
-        .map_or("application/octet-stream", |f| f.1)
+    mime_guess::from_ext(ext)
+        .first_raw()
+        .unwrap_or("application/octet-stream")
 }
 
 /// The picture format of `bytes` by their first bytes, as the extension of [`FORMATS`] its
@@ -416,7 +405,7 @@ pub fn run(settings: Settings, opts: ServeOptions, ints: &Interrupts) -> Result<
     ));
     // Every handler has answered: the engine's stream ends with its channel; the running job
     // stops where it is (queued again: it resumes at the next start).
-    app.tx.lock().unwrap_or_else(|e| e.into_inner()).take();
+    app.tx.lock().take();
     jobs.stop();
     for t in job_threads {
         t.join()
@@ -544,7 +533,7 @@ fn engine_loop(app: &App, rx: &crossbeam_channel::Receiver<Submit>, stop: &Atomi
 }
 
 fn publish_workers(app: &App, engine: &Engine) {
-    *app.workers.lock().unwrap_or_else(|e| e.into_inner()) = engine
+    *app.workers.lock() = engine
         .workers
         .iter()
         .map(|w| (w.target.to_string(), w.live.clone()))
@@ -561,7 +550,7 @@ async fn healthz(State(app): State<Arc<App>>) -> Response {
 }
 
 async fn metrics_page(State(app): State<Arc<App>>) -> Response {
-    let workers = app.workers.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let workers = app.workers.lock().clone();
     let in_flight = app.opts.queue.saturating_sub(app.places.available_permits()) as u64;
     let mut registry = prometheus_client::registry::Registry::default();
     app.metrics.register(
@@ -570,7 +559,7 @@ async fn metrics_page(State(app): State<Arc<App>>) -> Response {
         app.batch.load(Ordering::Relaxed) as usize,
         (in_flight, app.opts.queue as u64),
     );
-    let seconds = app.jobs.seconds.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let seconds = app.jobs.seconds.lock().clone();
     let read = tokio::task::block_in_place(|| -> Result<_> {
         let shared = app.jobs.holdings()?;
         Ok((app.jobs.counts()?, shared))
@@ -645,9 +634,8 @@ impl Ask {
             Some("tif") => Some("tiff"),
             Some(f) => Some(
                 FORMATS
-                    .iter()
-                    .find(|(e, _)| *e == f)
-                    .map(|(e, _)| *e)
+                    .into_iter()
+                    .find(|e| *e == f)
                     .ok_or_else(|| bad(format!("format={f}: give png, jpg, webp, tiff or bmp")))?,
             ),
         };
@@ -792,7 +780,6 @@ async fn restore_one(app: &Arc<App>, query: Option<String>, req: Request, start:
     let sent = app
         .tx
         .lock()
-        .unwrap_or_else(|e| e.into_inner())
         .as_ref()
         .is_some_and(|tx| tx.try_send(Submit { job, reply }).is_ok());
     if !sent {

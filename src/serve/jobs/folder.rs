@@ -3,10 +3,10 @@
 //! [`super::store::Store`]; out, the jobs' table in memory, each change written to its record,
 //! and the lanes' threads that run each job whole (a film in segments claimed by files).
 
+use parking_lot::{Mutex, MutexGuard};
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::atomic::Ordering;
-use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
@@ -236,7 +236,7 @@ impl Folder {
     }
 
     fn lock(&self) -> MutexGuard<'_, BTreeMap<String, Entry>> {
-        self.table.lock().unwrap_or_else(|e| e.into_inner())
+        self.table.lock()
     }
 
     /// See [`Jobs::list`].
@@ -357,7 +357,7 @@ impl Folder {
     /// never waits behind a film. The films' lane also expires old results.
     pub(super) fn run(&self, jobs: &Jobs, lane: Lane) {
         while !jobs.stopping.load(Ordering::SeqCst) {
-            let t = self.lock();
+            let mut t = self.lock();
             let next = queue_of(&t, lane).first().map(|e| e.rec.id.clone());
             match next {
                 Some(id) => {
@@ -366,7 +366,9 @@ impl Folder {
                 }
                 None => {
                     // Wakes for a new job, the stop, or now and then to expire old results.
-                    drop(jobs.wake.wait_timeout(t, Duration::from_secs(5)));
+                    // The table is let go before the expiry, which takes it again.
+                    jobs.wake.wait_for(&mut t, Duration::from_secs(5));
+                    drop(t);
                     if lane == Lane::Films {
                         jobs.expire();
                     }
@@ -477,7 +479,7 @@ impl Folder {
                     }
                 });
                 if ended {
-                    jobs.seconds.lock().unwrap_or_else(|e| e.into_inner()).push(secs);
+                    jobs.seconds.lock().push(secs);
                     tracing::info!(job = %id, seconds = format!("{secs:.1}"), "job done");
                 }
             }
@@ -496,7 +498,7 @@ impl Folder {
                     r.error = Some(why.clone());
                 });
                 if ended {
-                    jobs.seconds.lock().unwrap_or_else(|e| e.into_inner()).push(secs);
+                    jobs.seconds.lock().push(secs);
                     tracing::warn!(job = %id, "job failed: {why}");
                 }
             }

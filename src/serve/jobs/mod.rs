@@ -19,10 +19,11 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
+use parking_lot::{Condvar, Mutex};
 
 use crate::config::Settings;
 use crate::engine::{CancelToken, Failure, Kind};
@@ -231,8 +232,8 @@ impl Jobs {
         }))
     }
 
-    fn uploads(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Room>> {
-        self.uploads.lock().unwrap_or_else(|e| e.into_inner())
+    fn uploads(&self) -> parking_lot::MutexGuard<'_, BTreeMap<String, Room>> {
+        self.uploads.lock()
     }
 
     fn dir_of(&self, id: &str) -> PathBuf {
@@ -596,7 +597,7 @@ impl Jobs {
                 };
                 // Containers the service answers are kept; any other video is written as
                 // Matroska, which holds every stream FFmpeg decodes.
-                let out = if super::VIDEO_FORMATS.iter().any(|(e, _)| *e == ext) {
+                let out = if super::VIDEO_FORMATS.contains(&ext.as_str()) {
                     ext.clone()
                 } else {
                     "mkv".into()

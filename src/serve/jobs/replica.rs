@@ -5,9 +5,9 @@
 //! through this replica's lease ([`Lease`], its [`Claims`]), the leases renewed while it works
 //! and handed back when it stops. Each step is logged with the replica's name.
 
+use parking_lot::{Mutex, MutexGuard};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
@@ -105,7 +105,7 @@ impl Shared {
 
     /// What this replica runs of the shared jobs, by job.
     pub(super) fn running(&self) -> MutexGuard<'_, BTreeMap<String, CancelToken>> {
-        self.running.lock().unwrap_or_else(|e| e.into_inner())
+        self.running.lock()
     }
 
     /// Stops job `id` where this replica runs it (cancelled, deleted or failed elsewhere).
@@ -125,7 +125,9 @@ impl Shared {
                         &|| jobs.stopping.load(Ordering::SeqCst),
                         &|what| match what.strip_prefix("cancel:") {
                             Some(id) => self.stop_local(id),
-                            None => jobs.wake.notify_all(),
+                            None => {
+                                jobs.wake.notify_all();
+                            }
                         },
                     );
                 });
@@ -152,8 +154,7 @@ impl Shared {
                 Ok(Some(task)) => self.run_task(jobs, &task, &engine),
                 Ok(None) => {
                     // Woken by a notice (a job queued, a segment handed back), else looks again.
-                    let t = self.running();
-                    drop(jobs.wake.wait_timeout(t, Duration::from_millis(1000)));
+                    jobs.wake.wait_for(&mut self.running(), Duration::from_millis(1000));
                 }
                 Err(e) => {
                     tracing::warn!("cannot claim work from the jobs database: {e:#}");
@@ -370,7 +371,7 @@ impl Shared {
         tracing::info!(job = %id, replica = %self.db.replica, name = %rec.name, "job started here, in one piece");
         let start = Instant::now();
         let summary = self.leased((id, None), &job.cancel, |progress| {
-            let mut engine = engine.lock().unwrap_or_else(|e| e.into_inner());
+            let mut engine = engine.lock();
             let engine = settings.engine_for(&mut engine, job)?;
             crate::pipeline::run(engine, job, progress)
         })?;
@@ -515,7 +516,7 @@ impl Shared {
         })?;
         if ended {
             let secs = rec.started.map_or(start.elapsed().as_secs_f64(), |s| now() - s);
-            jobs.seconds.lock().unwrap_or_else(|e| e.into_inner()).push(secs);
+            jobs.seconds.lock().push(secs);
             tracing::info!(job = %rec.id, replica = %self.db.replica, seconds = format!("{secs:.1}"), "job done");
         }
         Ok(())
