@@ -515,8 +515,16 @@ fn answer_to(headers: &HeaderMap, len: u64, etag: Option<&ETag>, modified: Optio
     let asked = headers
         .get(header::RANGE)
         .and_then(|v| v.to_str().ok())
-        .filter(|v| same_file && v.starts_with("bytes="));
-    match asked.map(|v| http_range_header::parse_range_header(v).and_then(|p| p.validate(len))) {
+        .filter(|v| same_file && v.starts_with("bytes="))
+        // A suffix longer than the file is the whole file (RFC 9110, 14.1.2), which the crate
+        // would refuse.
+        .map(
+            |v| match v.strip_prefix("bytes=-").and_then(|n| n.trim().parse::<u64>().ok()) {
+                Some(n) if n > len && len > 0 => format!("bytes=-{len}"),
+                _ => v.to_string(),
+            },
+        );
+    match asked.map(|v| http_range_header::parse_range_header(&v).and_then(|p| p.validate(len))) {
         None => Answer::Whole,
         Some(Ok(spans)) if len > 0 => match <[_; 1]>::try_from(spans) {
             Ok([span]) => Answer::Part(span),
@@ -556,6 +564,11 @@ mod tests {
         assert_eq!(answer(&[("range", "bytes=0-9")]), Answer::Part(0..=9));
         assert_eq!(answer(&[("range", "bytes=90-")]), Answer::Part(90..=99));
         assert_eq!(answer(&[("range", "bytes=-10")]), Answer::Part(90..=99));
+        assert_eq!(
+            answer(&[("range", "bytes=-500")]),
+            Answer::Part(0..=99),
+            "a suffix past the start"
+        );
         assert_eq!(answer(&[("range", "bytes=50-500")]), Answer::Part(50..=99));
         assert_eq!(answer(&[("range", "bytes=0-1,5-6")]), Answer::Whole);
         assert_eq!(answer(&[("range", "items=0-1")]), Answer::Whole);
