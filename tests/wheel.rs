@@ -215,12 +215,14 @@ try:
 except gpen_video.Error as e:
     assert "missing.mp4" in e.message and e.returncode != 0, (e.message, e.returncode)
     print(e.returncode, e.message)
-import os, shutil
-os.makedirs("clips", exist_ok=True)
-shutil.copy({clip:?}, "clips/one.mp4")
-report = gpen_video.restore_folder("clips", "restored", model={model:?}, frames=3, quiet=True)
-assert [d["clip"] for d in report["done"]] == ["one.mp4"] and not report["failed"], report
-assert os.path.isfile("restored/one.mp4")
+import os, shutil, tempfile
+with tempfile.TemporaryDirectory() as t:
+    clips, restored = os.path.join(t, "clips"), os.path.join(t, "restored")
+    os.makedirs(clips)
+    shutil.copy({clip:?}, os.path.join(clips, "one.mp4"))
+    report = gpen_video.restore_folder(clips, restored, model={model:?}, frames=3, quiet=True)
+    assert [d["clip"] for d in report["done"]] == ["one.mp4"] and not report["failed"], report
+    assert os.path.isfile(os.path.join(restored, "one.mp4"))
 "#,
         clip = arg(&clip),
         model = arg(&model),
