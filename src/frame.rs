@@ -214,7 +214,7 @@ pub struct FaceJob {
     pub quality: Option<[f32; 2]>,
     /// What lies in front of the face (hands), in the model's crop: the paste keeps the
     /// original picture there.
-    pub occluders: Vec<crate::faces::paste::Occluder>,
+    pub occluders: Vec<Occluder>,
     /// The share of the face's paste mask held back for what lies in front of it, where
     /// anything did.
     pub held: Option<f32>,
@@ -324,4 +324,14 @@ mod tests {
         let _ = (pool.get(), pool.get(), pool.get());
         assert_eq!(pool.made(), 3);
     }
+}
+
+/// Something in front of a face, in crop pixels, where the paste keeps the original picture:
+/// round-ended strokes (a finger's bone, its two ends and half its width) and filled polygons
+/// (a palm), feathered over `feather` pixels outside them.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Occluder {
+    pub strokes: Vec<([f32; 2], [f32; 2], f32)>,
+    pub polygons: Vec<Vec<[f32; 2]>>,
+    pub feather: f32,
 }

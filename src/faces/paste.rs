@@ -11,7 +11,7 @@
 
 use wide::f32x4;
 
-use crate::frame::Change;
+use crate::frame::{Change, Occluder};
 use crate::geom::{Affine, Rect};
 use crate::kernels::halve::{halve, halve_steps};
 use crate::kernels::sample::{cubic3_taps, cubic_weights4, sample_cubic3, Tap};
@@ -219,63 +219,48 @@ fn signed_distance(edges: &[[f64; 6]], p: (f64, f64)) -> f64 {
     }
 }
 
-/// Something in front of a face, in crop pixels, where the paste keeps the original picture:
-/// round-ended strokes (a finger's bone, its two ends and half its width) and filled polygons
-/// (a palm), feathered over `feather` pixels outside them.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct Occluder {
-    pub strokes: Vec<([f32; 2], [f32; 2], f32)>,
-    pub polygons: Vec<Vec<[f32; 2]>>,
-    pub feather: f32,
+/// How much of crop point `p` the occluder `o` covers: 1 inside it, falling smoothly to 0 at
+/// its feather outside (`polygons`: the edges of its polygons, see [`edges_of`]).
+fn cover(o: &Occluder, polygons: &[Vec<[f64; 6]>], p: (f64, f64)) -> f64 {
+    // The distance outside the nearest part (negative inside).
+    let mut outside = f64::INFINITY;
+    for &(a, b, r) in &o.strokes {
+        let (ax, ay, bx, by) = (f64::from(a[0]), f64::from(a[1]), f64::from(b[0]), f64::from(b[1]));
+        let (ex, ey, wx, wy) = (bx - ax, by - ay, p.0 - ax, p.1 - ay);
+        let len2 = ex * ex + ey * ey;
+        let t = if len2 > 0.0 {
+            ((wx * ex + wy * ey) / len2).clamp(0.0, 1.0)
+        } else {
+            0.0
+        };
+        outside = outside.min((wx - ex * t).hypot(wy - ey * t) - f64::from(r));
+    }
+    for edges in polygons {
+        outside = outside.min(-signed_distance(edges, p));
+    }
+    smoothstep(1.0 - outside / f64::from(o.feather.max(0.5)))
 }
 
-impl Occluder {
-    /// How much of crop point `p` the occluder covers: 1 inside it, falling smoothly to 0 at
-    /// `feather` outside.
-    pub fn cover(&self, p: (f64, f64), edges: &mut Vec<[f64; 6]>, pts: &mut Vec<(f64, f64)>) -> f64 {
-        // The distance outside the nearest part (negative inside).
-        let mut outside = f64::INFINITY;
-        for &(a, b, r) in &self.strokes {
-            let (ax, ay, bx, by) = (f64::from(a[0]), f64::from(a[1]), f64::from(b[0]), f64::from(b[1]));
-            let (ex, ey, wx, wy) = (bx - ax, by - ay, p.0 - ax, p.1 - ay);
-            let len2 = ex * ex + ey * ey;
-            let t = if len2 > 0.0 {
-                ((wx * ex + wy * ey) / len2).clamp(0.0, 1.0)
-            } else {
-                0.0
-            };
-            outside = outside.min((wx - ex * t).hypot(wy - ey * t) - f64::from(r));
-        }
-        for poly in &self.polygons {
-            pts.clear();
-            pts.extend(poly.iter().map(|q| (f64::from(q[0]), f64::from(q[1]))));
-            edges_of(pts, edges);
-            outside = outside.min(-signed_distance(edges, p));
-        }
-        smoothstep(1.0 - outside / f64::from(self.feather.max(0.5)))
+/// The crop pixels `o` covers at all: `[x0, y0, x1, y1]`.
+fn bounds(o: &Occluder) -> [f64; 4] {
+    let grow = f64::from(o.feather.max(0.5));
+    let mut b = [f64::INFINITY, f64::INFINITY, f64::NEG_INFINITY, f64::NEG_INFINITY];
+    let mut add = |q: [f32; 2], r: f64| {
+        b = [
+            b[0].min(f64::from(q[0]) - r),
+            b[1].min(f64::from(q[1]) - r),
+            b[2].max(f64::from(q[0]) + r),
+            b[3].max(f64::from(q[1]) + r),
+        ];
+    };
+    for &(a, e, r) in &o.strokes {
+        add(a, f64::from(r) + grow);
+        add(e, f64::from(r) + grow);
     }
-
-    /// The crop pixels it covers at all: `[x0, y0, x1, y1]`.
-    fn bounds(&self) -> [f64; 4] {
-        let grow = f64::from(self.feather.max(0.5));
-        let mut b = [f64::INFINITY, f64::INFINITY, f64::NEG_INFINITY, f64::NEG_INFINITY];
-        let mut add = |q: [f32; 2], r: f64| {
-            b = [
-                b[0].min(f64::from(q[0]) - r),
-                b[1].min(f64::from(q[1]) - r),
-                b[2].max(f64::from(q[0]) + r),
-                b[3].max(f64::from(q[1]) + r),
-            ];
-        };
-        for &(a, e, r) in &self.strokes {
-            add(a, f64::from(r) + grow);
-            add(e, f64::from(r) + grow);
-        }
-        for q in self.polygons.iter().flatten() {
-            add(*q, grow);
-        }
-        b
+    for q in o.polygons.iter().flatten() {
+        add(*q, grow);
     }
+    b
 }
 
 fn smoothstep(t: f64) -> f64 {
@@ -417,9 +402,19 @@ impl Mask {
             return 0.0;
         }
         let (n, step) = (self.size.div_ceil(self.step), self.step as f64);
-        let (mut edges, mut pts, mut held) = (Vec::new(), Vec::new(), 0.0);
+        let mut held = 0.0;
         for o in occluders {
-            let [x0, y0, x1, y1] = o.bounds();
+            let polygons: Vec<Vec<[f64; 6]>> = o
+                .polygons
+                .iter()
+                .map(|poly| {
+                    let pts: Vec<(f64, f64)> = poly.iter().map(|q| (f64::from(q[0]), f64::from(q[1]))).collect();
+                    let mut edges = Vec::new();
+                    edges_of(&pts, &mut edges);
+                    edges
+                })
+                .collect();
+            let [x0, y0, x1, y1] = bounds(o);
             let cell = |c: f64| (c / step).clamp(0.0, n as f64);
             let (cx0, cy0) = (cell(x0).floor() as usize, cell(y0).floor() as usize);
             let (cx1, cy1) = (cell(x1).ceil() as usize, cell(y1).ceil() as usize);
@@ -429,7 +424,7 @@ impl Mask {
                     if *m == 0.0 {
                         continue;
                     }
-                    let c = o.cover((x as f64 * step, y as f64 * step), &mut edges, &mut pts);
+                    let c = cover(o, &polygons, (x as f64 * step, y as f64 * step));
                     held += f64::from(*m) * c;
                     *m = (f64::from(*m) * (1.0 - c)) as f32;
                 }
