@@ -745,29 +745,9 @@ pub fn run(
                                 add(faces_done, &last_faces, p.faces);
                                 progress(so_far(), segs_done.load(Ordering::Relaxed) as usize);
                             };
-                            let mut made = None;
-                            share.claims.hold_while(Some(seg.number), &mut |held| {
-                                made = Some(work.make(engine, job, seg, &|p| {
-                                    held(p);
-                                    tick(p);
-                                })?);
-                                Ok(())
-                            })?;
-                            let Some(made) = made else {
-                                bail!("segment {} was not made", seg.number + 1)
-                            };
-                            let (summary, made_record) = (made.summary.clone(), made.record.clone());
-                            let mut made = Some(made);
-                            let kept = share.claims.commit(&made_record, work.segments().len(), &mut || {
-                                made.take()
-                                    .ok_or_else(|| anyhow::anyhow!("segment {} put in place twice", seg.number + 1))?
-                                    .commit()
-                            })?;
-                            if let Some(m) = made {
-                                m.discard();
-                            }
+                            let kept = make_and_commit(work, engine, job, seg, share.claims, &tick)?;
                             drop(hold);
-                            let Some(record) = kept else { continue };
+                            let Some((record, summary)) = kept else { continue };
                             let segs = segs_done.fetch_add(1, Ordering::Relaxed) + 1;
                             progress(so_far(), segs as usize);
                             restored.lock().push((record, summary));
@@ -816,6 +796,41 @@ pub fn run(
         joined,
         joined_elsewhere,
     })
+}
+
+/// Makes segment `seg` of `work` on `engine` while `claims` holds it (`tick` told its progress),
+/// and puts it in place through `claims`: its record and summary, or `None` where the claim
+/// was lost (the files made are then discarded).
+fn make_and_commit(
+    work: &Work,
+    engine: &mut Engine,
+    job: &Job,
+    seg: &Segment,
+    claims: &dyn Claims,
+    tick: &(dyn Fn(Progress) + Sync),
+) -> Result<Option<(Record, Summary)>> {
+    let mut made = None;
+    claims.hold_while(Some(seg.number), &mut |held| {
+        made = Some(work.make(engine, job, seg, &|p| {
+            held(p);
+            tick(p);
+        })?);
+        Ok(())
+    })?;
+    let Some(made) = made else {
+        bail!("segment {} was not made", seg.number + 1)
+    };
+    let (summary, made_record) = (made.summary.clone(), made.record.clone());
+    let mut made = Some(made);
+    let kept = claims.commit(&made_record, work.segments().len(), &mut || {
+        made.take()
+            .ok_or_else(|| anyhow::anyhow!("segment {} put in place twice", seg.number + 1))?
+            .commit()
+    })?;
+    if let Some(m) = made {
+        m.discard();
+    }
+    Ok(kept.map(|record| (record, summary)))
 }
 
 /// The first pending segment not done and not held by another job or process, with its hold
