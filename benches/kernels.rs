@@ -8,13 +8,13 @@
 use std::hint::black_box;
 use std::time::Instant;
 
-use gpen_video::faces::align::template;
-use gpen_video::faces::paste::{changes, Mask, Paste, Scratch};
-use gpen_video::geom::{crop_footprint, fit_similarity, Affine};
-use gpen_video::kernels::change_steps;
-use gpen_video::kernels::tensor::crop_to_tensor;
-use gpen_video::kernels::warp::{warp_face, warp_to_tensor, WarpScratch};
-use gpen_video::kernels::Cpu;
+use gpen_video::api::faces::align::template;
+use gpen_video::api::faces::paste::{changes, Mask, Paste, Scratch};
+use gpen_video::api::geom::{crop_footprint, fit_similarity, Affine};
+use gpen_video::api::kernels::change_steps;
+use gpen_video::api::kernels::tensor::crop_to_tensor;
+use gpen_video::api::kernels::warp::{warp_face, warp_to_tensor, WarpScratch};
+use gpen_video::api::kernels::Cpu;
 
 /// Median milliseconds of `runs` calls of `f`.
 fn median_ms(runs: usize, mut f: impl FnMut()) -> f64 {
@@ -45,8 +45,8 @@ fn face(size: usize, eye: f64, cx: f64, cy: f64, angle: f64) -> Affine {
 /// The temporal filter of one face's change per frame: a still face (every cell's history at
 /// full weight) and one whose input moves (weights between), alternating two frames.
 fn temporal(size: usize, runs: usize) {
-    use gpen_video::faces::temporal::Temporal;
-    use gpen_video::frame::{Face, FaceJob};
+    use gpen_video::api::faces::temporal::Temporal;
+    use gpen_video::api::frame::{Face, FaceJob};
     let h = size / 2;
     let mut filter = Temporal::new(4.0, size, &template(size), Cpu::detected());
     let change: Vec<i16> = (0..size * size * 3)
@@ -191,9 +191,9 @@ fn main() {
         let mut change: Vec<i16> = (0..3 * size * size)
             .map(|i| ((i * 7919) % 4001) as i16 - 2000)
             .collect();
-        let mut low = gpen_video::kernels::lowband::LowBand::at(Cpu::detected());
+        let mut low = gpen_video::api::kernels::lowband::LowBand::at(Cpu::detected());
         let ms = median_ms(runs, || {
-            gpen_video::kernels::lowband::remove_low_band(&mut change, size, &mut low);
+            gpen_video::api::kernels::lowband::remove_low_band(&mut change, size, &mut low);
             black_box(&change);
         });
         println!("colour fix (low band off),   crop {size:<15} {ms:>8.2}");

@@ -261,13 +261,13 @@ fn resolve_identity(t: &Treatment, measured: bool) -> Result<Option<PathBuf>> {
 }
 
 /// The variable that forces a run's CPU level ([`cpu_level`]).
-pub const CPU_VAR: &str = "GPEN_VIDEO_CPU";
+pub(crate) const CPU_VAR: &str = "GPEN_VIDEO_CPU";
 
 /// The CPU level a run's kernels take, decided here once: the highest this CPU runs, or the lower
 /// one `GPEN_VIDEO_CPU` names (`plain`, `avx2` or `avx2+fma`), as rav1e's `CpuFeatureLevel` lets
 /// a whole run be held to a lower level. A level above what this CPU runs, or a name not known,
 /// is an error saying which levels it runs.
-pub fn cpu_level() -> Result<Cpu> {
+pub(crate) fn cpu_level() -> Result<Cpu> {
     match std::env::var(CPU_VAR) {
         Ok(name) if !name.trim().is_empty() => name.parse().map_err(|e| anyhow!("{CPU_VAR}={name}: {e}")),
         Err(std::env::VarError::NotUnicode(_)) => {

@@ -71,7 +71,7 @@ macro_rules! __console_eprint {
         $crate::console::eprint_line(&format!($($arg)*))
     };
 }
-pub use crate::__console_eprint as eprint;
+pub(crate) use crate::__console_eprint as eprint;
 
 /// A stderr writer for the log that swallows write errors, so a closed stderr neither panics
 /// the process nor makes the logger report (on that same closed stderr) that it could not

@@ -121,8 +121,8 @@ impl CancelToken {
 #[derive(Debug, thiserror::Error)]
 #[error("cancelled after {frames} frames of {input}; no output written")]
 pub(crate) struct Cancelled {
-    pub frames: u64,
-    pub input: String,
+    pub(crate) frames: u64,
+    pub(crate) input: String,
 }
 
 /// Whether `e` (or any error it wraps) is a [`Cancelled`].
@@ -132,7 +132,7 @@ pub(crate) fn is_cancelled(e: &anyhow::Error) -> bool {
 
 /// What kind of failure an error is, whatever its words: a service answers by it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Kind {
+pub(crate) enum Kind {
     /// The input cannot be read (not a picture or video, damaged, refused).
     BadInput,
     /// The input or what was asked of it is larger than allowed.
@@ -164,13 +164,13 @@ pub enum Kind {
 /// An error marked with its [`Kind`]; it reads as the error it wraps.
 #[derive(Debug)]
 pub(crate) struct Failure {
-    pub kind: Kind,
+    pub(crate) kind: Kind,
     inner: anyhow::Error,
 }
 
 impl Failure {
     /// A new error of `kind` saying `message`.
-    pub fn error(kind: Kind, message: impl Into<String>) -> anyhow::Error {
+    pub(crate) fn error(kind: Kind, message: impl Into<String>) -> anyhow::Error {
         Failure {
             kind,
             inner: anyhow::Error::msg(message.into()),
@@ -250,7 +250,7 @@ pub struct Job {
 }
 
 /// WebP's largest side in pixels: libwebp refuses a picture beyond it.
-pub const WEBP_MAX_SIDE: usize = 16383;
+pub(crate) const WEBP_MAX_SIDE: usize = 16383;
 
 impl Job {
     /// Refuses, before any work, a WebP output larger than WebP holds: the picture's sides

@@ -247,11 +247,11 @@ impl FaceJob {
 /// The envelope every stage from detection onward passes on: a frame with its faces (an empty
 /// list for frames without faces).
 pub(crate) struct FaceFrame {
-    pub frame: Frame,
-    pub faces: Vec<FaceJob>,
+    pub(crate) frame: Frame,
+    pub(crate) faces: Vec<FaceJob>,
     /// Faces the job's selection leaves alone (each with [`FaceJob::left`]): recorded, never
     /// restored.
-    pub left: Vec<FaceJob>,
+    pub(crate) left: Vec<FaceJob>,
 }
 
 /// A free list of reusable buffers shared between stages: the hot path takes a buffer here

@@ -144,7 +144,7 @@ pub fn crop_footprint(to_crop: &Affine, size: usize, width: usize, height: usize
 /// The similarity turning by `angle`, scaling by `scale` and moving by (tx, ty), for tests.
 /// Maps a point of a picture shown rotated by `rotation` degrees counterclockwise (a multiple
 /// of 90, as a display matrix says) back to the stored picture of `w x h` pixels.
-pub fn display_to_storage(x: f32, y: f32, rotation: u32, (w, h): (usize, usize)) -> (f32, f32) {
+pub(crate) fn display_to_storage(x: f32, y: f32, rotation: u32, (w, h): (usize, usize)) -> (f32, f32) {
     let (wl, hl) = (w as f32 - 1.0, h as f32 - 1.0);
     match rotation {
         90 => (wl - y, x),

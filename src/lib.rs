@@ -1,32 +1,36 @@
 //! gpen-video: restores faces in video with GPEN. In, a video file and ONNX models; out, the
 //! same video with its faces restored. The binary (`main.rs`) parses the command line, holds
 //! each command's run policy (progress, segments, stats files) and drives `config` (resolve),
-//! `engine` (loaded sessions, one job) and `pipeline` (run); see ARCHITECTURE.md.
+//! `engine` (loaded sessions, one job) and `pipeline` (run); see ARCHITECTURE.md. What is
+//! public is `api` (the names `main.rs`, the tests and the benches use), `defaults` and
+//! `init_ffmpeg`; every other module is the crate's own.
+#![warn(unreachable_pub)]
 
-pub mod batch;
-pub mod bench;
-pub mod budget;
-pub mod config;
-pub mod console;
+pub mod api;
+mod batch;
+mod bench;
+mod budget;
+mod config;
+mod console;
 pub mod defaults;
-pub mod engine;
-pub mod faces;
-pub mod frame;
-pub mod geom;
-pub mod interrupt;
-pub mod kernels;
-pub mod media;
-pub mod output;
-pub mod parts;
-pub mod people;
-pub mod pipeline;
-pub mod ready;
-pub mod registry;
-pub mod runtime;
-pub mod segment;
-pub mod serve;
-pub mod stats;
-pub mod treatment;
+mod engine;
+mod faces;
+mod frame;
+mod geom;
+mod interrupt;
+mod kernels;
+mod media;
+mod output;
+mod parts;
+mod people;
+mod pipeline;
+mod ready;
+mod registry;
+mod runtime;
+mod segment;
+mod serve;
+mod stats;
+mod treatment;
 
 /// Initialises FFmpeg once and keeps its own logging to errors.
 pub fn init_ffmpeg() {

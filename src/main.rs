@@ -8,14 +8,14 @@ use std::process::ExitCode;
 
 use anyhow::bail;
 use clap::{Args, Parser, Subcommand};
-use gpen_video::bench::portraits;
-use gpen_video::bench::{self, BenchOptions, Stage};
-use gpen_video::config::{find_asset, Device, Options, Settings, Treatment};
-use gpen_video::console::{eprint_line, print_text};
+use gpen_video::api::bench::portraits;
+use gpen_video::api::bench::{self, BenchOptions, Stage};
+use gpen_video::api::config::{find_asset, Device, Options, Settings, Treatment};
+use gpen_video::api::console::{eprint_line, print_text};
+use gpen_video::api::engine::CancelToken;
+use gpen_video::api::pipeline;
+use gpen_video::api::registry::{self, ModelsCmd};
 use gpen_video::defaults;
-use gpen_video::engine::CancelToken;
-use gpen_video::pipeline;
-use gpen_video::registry::{self, ModelsCmd};
 use indicatif::{ProgressBar, ProgressStyle};
 
 /// Restore every face in a video or photo with GPEN, keeping audio, subtitles, timing and metadata.
@@ -401,8 +401,8 @@ fn main() -> ExitCode {
     };
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| level.into()))
-        .with_writer(|| gpen_video::console::LogWriter)
-        .fmt_fields(gpen_video::console::log_fields())
+        .with_writer(|| gpen_video::api::console::LogWriter)
+        .fmt_fields(gpen_video::api::console::log_fields())
         // Colour codes only for a terminal: a log file or a pipe gets plain text.
         .with_ansi(std::io::stderr().is_terminal())
         .with_target(false)
@@ -423,7 +423,7 @@ fn main() -> ExitCode {
         Err(e) => {
             eprint_line(&format!("error: {e:#}"));
             // A command a signal stopped exits as the shell reports it (130, 143).
-            gpen_video::interrupt::exit_code_if_stopped().map_or(ExitCode::FAILURE, ExitCode::from)
+            gpen_video::api::interrupt::exit_code_if_stopped().map_or(ExitCode::FAILURE, ExitCode::from)
         }
     }
 }
@@ -466,16 +466,16 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     o.stats_json = cli.stats_json;
     // Ctrl-C stops the run (also while models load); the partial output is removed and the
     // exit code is 130.
-    let interrupts = gpen_video::interrupt::install()?;
+    let interrupts = gpen_video::api::interrupt::install()?;
     let settings = Settings::resolve(&o)?;
     let job = settings.job(&o.input, &o.output, CancelToken::from_flag(interrupts.soft.clone()))?;
     anyhow::Context::with_context(job.check_webp_size(), || format!("output {}", o.output.display()))?;
     // A segmented run judges what it can before its folder is made (a run in one piece refuses
     // the same before its first frame).
     if cli.segment.seconds > 0.0 {
-        gpen_video::ready::check(&settings)?;
+        gpen_video::api::ready::check(&settings)?;
     }
-    if let Some(work) = gpen_video::segment::Work::open(&settings, &job, cli.segment.seconds, cli.force)? {
+    if let Some(work) = gpen_video::api::segment::Work::open(&settings, &job, cli.segment.seconds, cli.force)? {
         return run_segmented(
             &settings,
             &job,
@@ -486,7 +486,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             &interrupts,
         );
     }
-    if cli.jobs > 1 && !gpen_video::media::kind::is_still(&o.output) {
+    if cli.jobs > 1 && !gpen_video::api::media::kind::is_still(&o.output) {
         tracing::info!(
             "the video is one segment (under 1.5 x --segment): --jobs {} has nothing to share out",
             cli.jobs
@@ -559,7 +559,7 @@ fn write_stats(path: &std::path::Path, json: &str) -> anyhow::Result<()> {
         writeln!(out, "{json}").and_then(|()| out.flush())?;
         return Ok(());
     }
-    gpen_video::output::write_atomic(path, (json.to_string() + "\n").as_bytes())
+    gpen_video::api::output::write_atomic(path, (json.to_string() + "\n").as_bytes())
 }
 
 /// The progress bar of a run on a terminal (hidden for --quiet or when stderr is not one):
@@ -588,11 +588,11 @@ fn show_progress(bar: &ProgressBar, p: pipeline::Progress, extra: &str) {
 /// with another `--segment`), which this whole run did not use: it is kept (a rerun with
 /// `--segment` resumes from it) and said, with its size, so it is not forgotten.
 fn stale_segments_note(output: &std::path::Path) {
-    let dir = gpen_video::segment::work_dir(output);
+    let dir = gpen_video::api::segment::work_dir(output);
     if !dir.is_dir() {
         return;
     }
-    let bytes = gpen_video::output::bytes_under(&dir);
+    let bytes = gpen_video::api::output::bytes_under(&dir);
     eprint_line(&format!(
         "note: {} ({:.1} MB) holds the segments of an earlier segmented run of {}; this run did not use them: remove the folder, or rerun with --segment to resume from it",
         dir.display(),
@@ -603,14 +603,14 @@ fn stale_segments_note(output: &std::path::Path) {
 
 /// `gpen-video serve`: the engine's settings resolved once, then the service until a signal.
 fn run_serve(s: ServeArgs) -> anyhow::Result<()> {
-    let interrupts = gpen_video::interrupt::install()?;
+    let interrupts = gpen_video::api::interrupt::install()?;
     let settings = Settings::resolve(&s.run.options(PathBuf::new(), PathBuf::new())?)?;
     // What can never run is refused before the service listens: a fidelity its model has no
     // input for, a `--face` photo that is not a picture of a face (each described once).
-    gpen_video::ready::check(&settings)?;
+    gpen_video::api::ready::check(&settings)?;
     let photos: Vec<&std::path::Path> = s.faces.iter().map(|(_, p)| p.as_path()).collect();
-    anyhow::Context::context(gpen_video::ready::describe_photos(&settings, &photos), "--face")?;
-    let opts = gpen_video::serve::ServeOptions {
+    anyhow::Context::context(gpen_video::api::ready::describe_photos(&settings, &photos), "--face")?;
+    let opts = gpen_video::api::serve::ServeOptions {
         listen: s.listen,
         max_wait: std::time::Duration::from_millis(s.max_wait_ms),
         queue: s.queue,
@@ -618,10 +618,10 @@ fn run_serve(s: ServeArgs) -> anyhow::Result<()> {
         max_pixels: s.max_pixels,
         read_timeout: std::time::Duration::from_secs(s.read_timeout_s),
         deadline: std::time::Duration::from_secs(s.deadline_s),
-        jobs: gpen_video::serve::jobs::JobsOptions {
+        jobs: gpen_video::api::serve::jobs::JobsOptions {
             dir: match s.jobs_dir {
                 Some(d) => d,
-                None => gpen_video::serve::jobs::default_dir()?,
+                None => gpen_video::api::serve::jobs::default_dir()?,
             },
             max_upload: s.max_job_mb.saturating_mul(1_000_000),
             quota: positive("--jobs-quota-gb", s.jobs_quota_gb)?.mul_add(1e9, 0.0) as u64,
@@ -638,7 +638,7 @@ fn run_serve(s: ServeArgs) -> anyhow::Result<()> {
         allow_hosts: s.allow_host,
         min_upload_rate: s.min_upload_kbs.saturating_mul(1000),
     };
-    gpen_video::serve::run(settings, opts, &interrupts)
+    gpen_video::api::serve::run(settings, opts, &interrupts)
 }
 
 /// A `--face NAME=PHOTO`: a name of letters, digits, `-` and `_`, and a photo that is a file.
@@ -689,12 +689,12 @@ fn positive(flag: &str, value: f64) -> anyhow::Result<f64> {
 /// A long video in segments: restores the unfinished ones (`jobs` at once), joins OUT.
 fn run_segmented(
     settings: &Settings,
-    job: &gpen_video::engine::Job,
-    work: &gpen_video::segment::Work,
+    job: &gpen_video::api::engine::Job,
+    work: &gpen_video::api::segment::Work,
     jobs: usize,
     threads_given: bool,
     (quiet, stats): (bool, bool),
-    interrupts: &gpen_video::interrupt::Interrupts,
+    interrupts: &gpen_video::api::interrupt::Interrupts,
 ) -> anyhow::Result<()> {
     let total = work.segments().len();
     tracing::info!(
@@ -706,18 +706,18 @@ fn run_segmented(
         "starting"
     );
     let bar = progress_bar(work.frames(), quiet);
-    let all = |_: &gpen_video::segment::plan::Segment| true;
-    let share = gpen_video::segment::Share {
+    let all = |_: &gpen_video::api::segment::plan::Segment| true;
+    let share = gpen_video::api::segment::Share {
         jobs,
         threads_given,
         mine: &all,
         wait: true,
         // Ctrl-C cancels the segments in flight (the job's cancel token).
         stop: &|| false,
-        claims: &gpen_video::segment::FileClaims,
+        claims: &gpen_video::api::segment::FileClaims,
         engine: None,
     };
-    let done = gpen_video::segment::run(settings, job, work, &share, &|p, segs| {
+    let done = gpen_video::api::segment::run(settings, job, work, &share, &|p, segs| {
         show_progress(&bar, p, &format!("  {segs}/{total} segments"));
     });
     if done.as_ref().is_ok_and(|d| d.joined.is_some()) {
@@ -740,7 +740,7 @@ fn run_segmented(
     })?;
     bar.finish_and_clear();
     if !quiet {
-        eprint_line(&format!("{out}: {}", gpen_video::segment::describe(&done, total)));
+        eprint_line(&format!("{out}: {}", gpen_video::api::segment::describe(&done, total)));
     }
     for (record, summary) in &done.restored {
         if stats {
@@ -804,11 +804,11 @@ fn run_bench(b: BenchArgs) -> anyhow::Result<()> {
     };
     let json = b.json;
     let quiet = b.run.quiet;
-    let interrupts = gpen_video::interrupt::install()?;
+    let interrupts = gpen_video::api::interrupt::install()?;
     let settings = Settings::resolve(&b.run.options(PathBuf::new(), PathBuf::new())?)?;
     if let Some(path) = &json {
         let taken: Vec<&std::path::Path> = sources.iter().map(PathBuf::as_path).collect();
-        gpen_video::output::check_side_output(
+        gpen_video::api::output::check_side_output(
             path,
             &[
                 taken,
@@ -838,7 +838,7 @@ fn run_bench(b: BenchArgs) -> anyhow::Result<()> {
     })?;
     print_text(&report.table());
     if let Some(path) = json {
-        gpen_video::output::write_atomic(&path, report.to_json().as_bytes())?;
+        gpen_video::api::output::write_atomic(&path, report.to_json().as_bytes())?;
     }
     Ok(())
 }
@@ -847,10 +847,13 @@ fn run_bench_portraits(b: BenchArgs) -> anyhow::Result<()> {
     if !b.sources.is_empty() {
         bail!("--portraits takes a folder (--portraits DIR), not video sources");
     }
-    let interrupts = gpen_video::interrupt::install()?;
+    let interrupts = gpen_video::api::interrupt::install()?;
     let settings = Settings::resolve(&b.run.options(PathBuf::new(), PathBuf::new())?)?;
     if let Some(path) = &b.json {
-        gpen_video::output::check_side_output(path, &[settings.recipe.model.path(), settings.recipe.detector.path()])?;
+        gpen_video::api::output::check_side_output(
+            path,
+            &[settings.recipe.model.path(), settings.recipe.detector.path()],
+        )?;
     }
     let opts = portraits::PortraitOptions {
         dir: b.portraits.flatten(),
@@ -864,15 +867,15 @@ fn run_bench_portraits(b: BenchArgs) -> anyhow::Result<()> {
     let report = portraits::run(&opts, &|line| eprint_line(line))?;
     print_text(&report.table());
     if let Some(path) = b.json {
-        gpen_video::output::write_atomic(&path, report.to_json().as_bytes())?;
+        gpen_video::api::output::write_atomic(&path, report.to_json().as_bytes())?;
     }
     Ok(())
 }
 
 fn run_batch(b: BatchArgs) -> ExitCode {
     let result = (|| -> anyhow::Result<u8> {
-        let interrupts = gpen_video::interrupt::install()?;
-        let opts = gpen_video::batch::BatchOptions {
+        let interrupts = gpen_video::api::interrupt::install()?;
+        let opts = gpen_video::api::batch::BatchOptions {
             in_dir: b.in_dir,
             out_dir: b.out_dir,
             recursive: b.recursive,
@@ -888,7 +891,7 @@ fn run_batch(b: BatchArgs) -> ExitCode {
             segment: b.segment.seconds,
             base: b.run.options(PathBuf::new(), PathBuf::new())?,
         };
-        Ok(gpen_video::batch::run(&opts, &interrupts)?.exit_code())
+        Ok(gpen_video::api::batch::run(&opts, &interrupts)?.exit_code())
     })();
     match result {
         Ok(code) => ExitCode::from(code),
@@ -902,7 +905,7 @@ fn run_batch(b: BatchArgs) -> ExitCode {
 #[cfg(test)]
 mod tests {
     use clap::CommandFactory;
-    use gpen_video::batch::manifest::settings_hash;
+    use gpen_video::api::batch::manifest::settings_hash;
 
     use super::*;
 

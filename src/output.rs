@@ -59,7 +59,7 @@ pub(crate) struct Partial {
 impl Partial {
     /// Creates `.NAME.partial-TAG` (plus `.EXT` of `output`'s extension, so FFmpeg picks the
     /// same container) beside `output`.
-    pub fn beside(output: &Path) -> Result<Partial> {
+    pub(crate) fn beside(output: &Path) -> Result<Partial> {
         let name = output
             .file_name()
             .ok_or_else(|| anyhow!("output {} is not a file path", output.display()))?
@@ -91,12 +91,12 @@ impl Partial {
         bail!("cannot find a free temporary name beside {}", output.display())
     }
 
-    pub fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         &self.path
     }
 
     /// The locked file handle.
-    pub fn file(&self) -> &std::fs::File {
+    pub(crate) fn file(&self) -> &std::fs::File {
         &self.file
     }
 
@@ -125,7 +125,7 @@ pub(crate) struct Claim {
 
 impl Claim {
     /// Takes the claim on `output` (whose folder exists); `None` when another process holds it.
-    pub fn take(output: &Path) -> Result<Option<Claim>> {
+    pub(crate) fn take(output: &Path) -> Result<Option<Claim>> {
         let name = output
             .file_name()
             .ok_or_else(|| anyhow!("output {} is not a file path", output.display()))?
@@ -432,7 +432,7 @@ pub(crate) struct PendingFile {
 }
 
 impl PendingFile {
-    pub fn create(path: &Path) -> Result<Self> {
+    pub(crate) fn create(path: &Path) -> Result<Self> {
         let partial = Partial::beside(path)?;
         let file = partial
             .file()
@@ -478,13 +478,13 @@ impl Drop for PendingFile {
 
 /// What identifies an input file's content cheaply: size and modification time.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct Stamp {
-    pub size: u64,
-    pub mtime_ns: i64,
+pub(crate) struct Stamp {
+    pub(crate) size: u64,
+    pub(crate) mtime_ns: i64,
 }
 
 impl Stamp {
-    pub fn of(path: &Path) -> Result<Stamp> {
+    pub(crate) fn of(path: &Path) -> Result<Stamp> {
         use std::os::unix::fs::MetadataExt;
         let m = std::fs::metadata(path).with_context(|| format!("cannot read input {}", path.display()))?;
         Ok(Stamp {

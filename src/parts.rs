@@ -8,7 +8,7 @@
 
 /// A pool of `threads` threads named `name-N`; none for one thread, or where the system refuses
 /// threads (the work then runs on the calling thread, the same values).
-pub fn pool(threads: usize, name: &'static str) -> Option<rayon::ThreadPool> {
+pub(crate) fn pool(threads: usize, name: &'static str) -> Option<rayon::ThreadPool> {
     if threads <= 1 {
         return None;
     }

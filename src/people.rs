@@ -208,7 +208,7 @@ impl TrackChoice {
 /// The choice of faces along a job: each face too small left alone, each track matched against
 /// the people named on a few of its best views and its decision kept along it (a new track, after
 /// a cut or a re-entry, is matched afresh); faces without a track (pictures) each on their own.
-pub struct Chooser {
+pub(crate) struct Chooser {
     selection: Selection,
     only: Vec<Descriptor>,
     skip: Vec<Descriptor>,
@@ -217,8 +217,8 @@ pub struct Chooser {
     rotation: u32,
     scratch: WarpScratch,
     /// Faces described, and faces left alone.
-    pub described: u64,
-    pub left: u64,
+    pub(crate) described: u64,
+    pub(crate) left: u64,
 }
 
 impl Chooser {
@@ -226,7 +226,7 @@ impl Chooser {
     /// and the identity model at `model`) or taken from those `references` kept, or an error
     /// naming the photo. `rotation` is the video's display rotation (faces are measured
     /// upright); `cpu` the run's CPU level.
-    pub fn new(
+    pub(crate) fn new(
         selection: &Selection,
         (detector, references): (&mut Detector, &mut References),
         model: Option<(&Path, &crate::runtime::SessionOptions)>,
@@ -349,7 +349,7 @@ pub fn identity_of(distance: f32) -> f32 {
 
 /// The distance whose calibrated identity is `identity` (the inverse of [`identity_of`] on its
 /// range).
-pub fn distance_of(identity: f32) -> f32 {
+pub(crate) fn distance_of(identity: f32) -> f32 {
     (1.0 - identity) * 2.0 * crate::defaults::FACE_DISTANCE
 }
 
@@ -378,7 +378,7 @@ fn view_worth(face: &crate::frame::Face, rotation: u32) -> f32 {
 /// so what the guard gives a face depends only on its track's faces since its stretch began: a
 /// long video's segment that warms up from there decides it as one run does
 /// (`segment::plan::cut`).
-pub const GUARD_STRETCH: u64 = 128;
+pub(crate) const GUARD_STRETCH: u64 = 128;
 
 /// The fidelities a track the guard finds another person is run at again, in order, before its
 /// share of the change is lowered, on a model with a fidelity input (CodeFormer's `weight`: 1
@@ -387,7 +387,7 @@ const FIDELITY_UP: [f32; 2] = [0.75, 1.0];
 
 /// Runs one crop (planar RGB24 at the model's size) through the run's model at a fidelity:
 /// its change, or `None` where the model gave values that are not finite.
-pub type Rerun<'a> = dyn FnMut(&[u8], f32) -> Result<Option<Vec<i16>>> + 'a;
+pub(crate) type Rerun<'a> = dyn FnMut(&[u8], f32) -> Result<Option<Vec<i16>>> + 'a;
 
 /// What the identity stage knows of one track.
 struct TrackMeter {
@@ -454,7 +454,7 @@ impl TrackMeter {
 /// same person again, or none; its faces' changes are scaled here, before the paste. On a model
 /// with a fidelity input the track's faces are first run again at a higher fidelity
 /// ([`FIDELITY_UP`]), and only then is the share lowered.
-pub struct IdentityMeter {
+pub(crate) struct IdentityMeter {
     identifier: Identifier,
     each: bool,
     guard: Guard,
@@ -477,7 +477,7 @@ impl IdentityMeter {
     /// and colour fix (`fix`), and BRISQUE's parameters at `quality` where given, measuring
     /// every face (`each`) or a few views of each track; `rotation` is the video's display
     /// rotation, `cpu` the run's CPU level.
-    pub fn new(
+    pub(crate) fn new(
         model: &Path,
         opts: &crate::runtime::SessionOptions,
         (guard, near, fix): (Guard, f32, bool),
@@ -507,25 +507,25 @@ impl IdentityMeter {
 
     /// Lets the guard (backing off) run a track's faces again at a higher fidelity than the
     /// run's `fidelity` before it lowers their share: a model with a fidelity input.
-    pub fn raising(mut self, fidelity: f32) -> Self {
+    pub(crate) fn raising(mut self, fidelity: f32) -> Self {
         self.fidelity = (self.guard == Guard::BackOff).then_some(fidelity);
         self
     }
 
     /// Whether the guard may run faces again at a higher fidelity (see
     /// [`IdentityMeter::raising`]).
-    pub fn raises(&self) -> bool {
+    pub(crate) fn raises(&self) -> bool {
         self.fidelity.is_some()
     }
 
     /// Starts frame `index`: the tracks whose stretch it ends are decided afresh (see
     /// [`GUARD_STRETCH`]). Called before the frame's faces are run again or looked at.
-    pub fn begin(&mut self, index: u64) {
+    pub(crate) fn begin(&mut self, index: u64) {
         self.tracks.values_mut().for_each(|t| t.settle(index));
     }
 
     /// The fidelity the guard runs `track`'s faces at, where it raised it.
-    pub fn raised(&self, track: Option<u64>) -> Option<f32> {
+    pub(crate) fn raised(&self, track: Option<u64>) -> Option<f32> {
         self.tracks.get(&Some(track?)).and_then(|t| t.fidelity)
     }
 
@@ -712,7 +712,7 @@ impl IdentityMeter {
 
     /// Each track's identity figures (see [`crate::stats::TrackIdentity`]), and a warning for
     /// each track the guard found another person, naming it, its frames and what was done.
-    pub fn finish(&self) -> Vec<crate::stats::TrackIdentity> {
+    pub(crate) fn finish(&self) -> Vec<crate::stats::TrackIdentity> {
         let median = |v: &[f32]| {
             let mut s = v.to_vec();
             s.sort_by(f32::total_cmp);

@@ -12,7 +12,7 @@ use crate::config::Settings;
 /// Whether the ONNX file at `model` takes a fidelity (a second input beside the image, as
 /// CodeFormer's `weight`), read from its graph; `None` when the file cannot be read so (the run
 /// judges it then). A file already read is not read again while its size and time stay.
-pub fn fidelity_input(model: &Path) -> Option<bool> {
+pub(crate) fn fidelity_input(model: &Path) -> Option<bool> {
     type Seen = std::collections::HashMap<std::path::PathBuf, (u64, Option<std::time::SystemTime>, Option<bool>)>;
     static SEEN: parking_lot::Mutex<Option<Seen>> = parking_lot::Mutex::new(None);
     let meta = std::fs::metadata(model).ok()?;
@@ -35,7 +35,7 @@ pub fn fidelity_input(model: &Path) -> Option<bool> {
 }
 
 /// The error of a `--fidelity` given to `model` (named `shown`) when it has no fidelity input.
-pub fn fidelity_refused(shown: &str) -> anyhow::Error {
+pub(crate) fn fidelity_refused(shown: &str) -> anyhow::Error {
     anyhow!("--fidelity: the model {shown} has no fidelity input (CodeFormer's `weight`); leave --fidelity out")
 }
 
@@ -80,7 +80,7 @@ pub fn describe_photos(settings: &Settings, photos: &[&Path]) -> Result<()> {
 
 /// Refuses a fidelity for a model without one in words a client of the service may read: the
 /// model by `shown` (its offered name), never by where the service keeps it.
-pub fn check_fidelity(settings: &Settings, shown: &str) -> Result<()> {
+pub(crate) fn check_fidelity(settings: &Settings, shown: &str) -> Result<()> {
     if let Some(w) = settings.recipe.treatment.fidelity {
         if fidelity_input(settings.recipe.model.path()) == Some(false) {
             bail!("fidelity={w}: the model {shown} has no fidelity input (CodeFormer's `weight`); leave fidelity out");

@@ -60,7 +60,7 @@ fn wheel_library(capi: &Path) -> PathBuf {
 }
 
 /// Loads ONNX Runtime once per process and returns its environment.
-pub fn init() -> Result<&'static Environment> {
+pub(crate) fn init() -> Result<&'static Environment> {
     static LOADED: OnceLock<Result<(PathBuf, Environment), String>> = OnceLock::new();
     let r = LOADED.get_or_init(|| {
         let mut tried = Vec::new();
@@ -159,7 +159,7 @@ pub fn session(path: &Path, o: &SessionOptions, what: &str) -> Result<Session> {
 /// graph with a symbolic batch then run the same kernels, so their results can be compared to
 /// the bit (at level 3 the fixed shapes get blocked-layout convolutions, which differ from the
 /// plain ones in the last bit).
-pub fn session_portable(path: &Path, o: &SessionOptions, what: &str) -> Result<Session> {
+pub(crate) fn session_portable(path: &Path, o: &SessionOptions, what: &str) -> Result<Session> {
     session_at(path, o, what, GraphOptimizationLevel::Level2)
 }
 

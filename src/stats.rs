@@ -91,7 +91,7 @@ pub(crate) struct Clock {
 }
 
 impl Clock {
-    pub fn new(name: &'static str, queue_cap: usize) -> Self {
+    pub(crate) fn new(name: &'static str, queue_cap: usize) -> Self {
         Self {
             stat: StageStat {
                 name,
@@ -103,7 +103,7 @@ impl Clock {
     }
 
     /// Runs `f`, counting its time as busy (wall and this thread's CPU time).
-    pub fn time<T>(&mut self, f: impl FnOnce() -> T) -> T {
+    pub(crate) fn time<T>(&mut self, f: impl FnOnce() -> T) -> T {
         let (t, c) = (Instant::now(), thread_cpu_time());
         let r = f();
         self.stat.busy += t.elapsed();
@@ -117,17 +117,17 @@ impl Clock {
         self.stat.cpu += cpu;
     }
 
-    pub fn count(&mut self, n: u64) {
+    pub(crate) fn count(&mut self, n: u64) {
         self.stat.items += n;
     }
 
     /// Records the input queue's length seen at a receive.
-    pub fn queue(&mut self, len: usize) {
+    pub(crate) fn queue(&mut self, len: usize) {
         self.stat.queue_sum += len as u64;
         self.stat.queue_samples += 1;
     }
 
-    pub fn finish(self) -> StageStat {
+    pub(crate) fn finish(self) -> StageStat {
         self.stat
     }
 }

@@ -93,7 +93,7 @@ struct DefaultTreatment {
 /// each is parsed and checked by its declaration above, as on the command line
 /// ([`Treatment::with_flags`]). A new job flag is its name here and its line in
 /// [`Treatment::take`]; the test of this file fails for a name without one.
-pub const JOB_FLAGS: [&str; 12] = [
+pub(crate) const JOB_FLAGS: [&str; 12] = [
     "blend",
     "mask",
     "temporal",

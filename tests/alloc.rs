@@ -7,9 +7,9 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use gpen_video::config::{resolve, Options};
-use gpen_video::engine::CancelToken;
-use gpen_video::pipeline;
+use gpen_video::api::config::{resolve, Options};
+use gpen_video::api::engine::CancelToken;
+use gpen_video::api::pipeline;
 
 struct Counting;
 

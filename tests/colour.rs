@@ -2,9 +2,9 @@
 //! tagged, HD untagged, SD untagged with BT.601); out, the RGB the pipeline's decoder hands to
 //! alignment (what the model sees), read through the library, against the true colours.
 
-use gpen_video::frame::Pool;
-use gpen_video::geom::Rect;
-use gpen_video::media::decode::{probe, Decoder};
+use gpen_video::api::frame::Pool;
+use gpen_video::api::geom::Rect;
+use gpen_video::api::media::decode::{probe, Decoder};
 
 const PATCHES: [[u8; 3]; 4] = [[200, 60, 40], [40, 160, 70], [50, 70, 210], [230, 200, 170]];
 
@@ -52,7 +52,7 @@ fn decoded_patches(path: &std::path::Path) -> Vec<[u8; 3]> {
     let mut got = Vec::new();
     decoder
         .run((&rgb, &det), Some(1), |mut f| {
-            gpen_video::media::color::ensure_rgb(&mut f, Rect::new(0, 0, w, h));
+            gpen_video::api::media::color::ensure_rgb(&mut f, Rect::new(0, 0, w, h));
             got = (0..4)
                 .map(|i| {
                     let (x, y) = (w / 8 + i * w / 4, h / 2);

@@ -10,8 +10,8 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::*;
-use gpen_video::faces::detect::Detector;
-use gpen_video::runtime::{session, SessionOptions};
+use gpen_video::api::faces::detect::Detector;
+use gpen_video::api::runtime::{session, SessionOptions};
 
 /// Joe Biden's face from biden.jpg, aligned to the FFHQ template at 256 as the pipeline aligns a
 /// face (planar RGB24), and a 512x512 picture around it.
@@ -21,15 +21,15 @@ fn biden() -> (Vec<u8>, image::RgbImage) {
     let det = session(&asset("models/centerface.onnx"), &opts, "detector").unwrap();
     let mut detector = Detector::new(det, (640, 640), 0.5, 0.3, 0).unwrap();
     let (rgb, w, h, faces) =
-        gpen_video::people::faces_in_photo(&asset("samples/people/biden.jpg"), &mut detector).unwrap();
+        gpen_video::api::people::faces_in_photo(&asset("samples/people/biden.jpg"), &mut detector).unwrap();
     let face = &faces[0];
     let size = 256;
-    let tpl = gpen_video::faces::align::Template::Ffhq.points(size);
-    let to_crop = gpen_video::geom::fit_similarity(&face.landmarks, &tpl);
-    let region = gpen_video::geom::crop_footprint(&to_crop, size, w, h);
+    let tpl = gpen_video::api::faces::align::Template::Ffhq.points(size);
+    let to_crop = gpen_video::api::geom::fit_similarity(&face.landmarks, &tpl);
+    let region = gpen_video::api::geom::crop_footprint(&to_crop, size, w, h);
     let mut crop = vec![0u8; 3 * size * size];
-    let mut scratch = gpen_video::kernels::warp::WarpScratch::at(gpen_video::kernels::Cpu::detected());
-    gpen_video::kernels::warp::warp_face(&rgb, (w, h), &to_crop, region, size, &mut crop[..], &mut scratch);
+    let mut scratch = gpen_video::api::kernels::warp::WarpScratch::at(gpen_video::api::kernels::Cpu::detected());
+    gpen_video::api::kernels::warp::warp_face(&rgb, (w, h), &to_crop, region, size, &mut crop[..], &mut scratch);
     // A square around the face, 2.5 times its height.
     let [x0, y0, x1, y1] = face.bbox;
     let side = (2.5 * (y1 - y0)) as u32;

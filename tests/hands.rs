@@ -8,11 +8,11 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use gpen_video::faces::detect::Detector;
-use gpen_video::faces::hands::{Hand, HandTracker, Hands, POINTS};
-use gpen_video::kernels::Cpu;
-use gpen_video::people::faces_in_photo;
-use gpen_video::runtime::{session, SessionOptions};
+use gpen_video::api::faces::detect::Detector;
+use gpen_video::api::faces::hands::{Hand, HandTracker, Hands, POINTS};
+use gpen_video::api::kernels::Cpu;
+use gpen_video::api::people::faces_in_photo;
+use gpen_video::api::runtime::{session, SessionOptions};
 
 fn need(p: &str) -> PathBuf {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(p);

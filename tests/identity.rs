@@ -6,10 +6,10 @@
 
 use std::path::{Path, PathBuf};
 
-use gpen_video::faces::detect::Detector;
-use gpen_video::faces::identity::{distance, Identifier};
-use gpen_video::people::identity_of;
-use gpen_video::runtime::{session, SessionOptions};
+use gpen_video::api::faces::detect::Detector;
+use gpen_video::api::faces::identity::{distance, Identifier};
+use gpen_video::api::people::identity_of;
+use gpen_video::api::runtime::{session, SessionOptions};
 
 fn need(p: &str) -> PathBuf {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(p);
@@ -38,9 +38,14 @@ fn one_persons_photos_are_closer_than_two_peoples() {
     let d: Vec<_> = photos
         .iter()
         .map(|p| {
-            gpen_video::people::reference(&need(p), &mut detector, &mut id, gpen_video::kernels::Cpu::detected())
-                .unwrap()
-                .descriptor
+            gpen_video::api::people::reference(
+                &need(p),
+                &mut detector,
+                &mut id,
+                gpen_video::api::kernels::Cpu::detected(),
+            )
+            .unwrap()
+            .descriptor
         })
         .collect();
     for i in 0..d.len() {
@@ -82,9 +87,14 @@ fn a_photo_without_a_face_is_an_error_naming_it() {
     let det = session(&need("models/centerface.onnx"), &opts, "detector").unwrap();
     let mut detector = Detector::new(det, (640, 640), 0.5, 0.3, 0).unwrap();
     let mut id = Identifier::new(session(&need("models/face-id.onnx"), &opts, "face identity").unwrap()).unwrap();
-    let e = gpen_video::people::reference(&blank, &mut detector, &mut id, gpen_video::kernels::Cpu::detected())
-        .err()
-        .expect("an error");
+    let e = gpen_video::api::people::reference(
+        &blank,
+        &mut detector,
+        &mut id,
+        gpen_video::api::kernels::Cpu::detected(),
+    )
+    .err()
+    .expect("an error");
     let words = format!("{e:#}");
     assert!(words.contains("wall.png") && words.contains("no face"), "{words}");
 }

@@ -12,10 +12,10 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use common::*;
-use gpen_video::frame::{Frame, Pool};
-use gpen_video::media::decode::{probe, probe_memory, Decoder, SourceInfo};
-use gpen_video::media::encode::EncodeSettings;
-use gpen_video::media::still::{StillWriter, Writer};
+use gpen_video::api::frame::{Frame, Pool};
+use gpen_video::api::media::decode::{probe, probe_memory, Decoder, SourceInfo};
+use gpen_video::api::media::encode::EncodeSettings;
+use gpen_video::api::media::still::{StillWriter, Writer};
 
 /// `samples/astronaut.png` converted by FFmpeg into `dir/NAME`.
 fn picture(dir: &Path, name: &str, extra: &[&str]) -> PathBuf {
@@ -78,7 +78,7 @@ fn decode(info: &SourceInfo) -> Vec<Frame> {
     let mut frames = Vec::new();
     Decoder::new(info.clone(), (32, 32), false)
         .run((&pools.0, &pools.1), None, |mut f| {
-            gpen_video::media::color::into_rgb(&mut f);
+            gpen_video::api::media::color::into_rgb(&mut f);
             frames.push(f);
             true
         })
@@ -118,7 +118,7 @@ fn bytes_in_memory_probe_and_decode_as_their_files_do() {
 fn write_with(info: &SourceInfo, make: impl FnOnce(&SourceInfo) -> StillWriter) -> StillWriter {
     let mut frame = decode(info).into_iter().next().unwrap();
     let pools = (Pool::new(2), Pool::new(2));
-    gpen_video::media::orient::turn_frame(info.orientation, &mut frame, (32, 32), (&pools.0, &pools.1));
+    gpen_video::api::media::orient::turn_frame(info.orientation, &mut frame, (32, 32), (&pools.0, &pools.1));
     let mut out = info.clone();
     (out.width, out.height) = info.upright_size();
     let mut writer = make(&out);
@@ -176,7 +176,7 @@ fn a_still_in_memory_is_the_file_byte_for_byte() {
     // `Writer`: the same picture; a video name is refused; a file writer keeps nothing.
     let mut frame = decode(&mem).into_iter().next().unwrap();
     let pools = (Pool::new(2), Pool::new(2));
-    gpen_video::media::orient::turn_frame(mem.orientation, &mut frame, (32, 32), (&pools.0, &pools.1));
+    gpen_video::api::media::orient::turn_frame(mem.orientation, &mut frame, (32, 32), (&pools.0, &pools.1));
     let mut out = mem.clone();
     (out.width, out.height) = mem.upright_size();
     let mut w = Writer::in_memory(Path::new("answer.png"), &out, &settings).unwrap();
@@ -265,7 +265,7 @@ fn a_playlist_in_memory_is_refused_and_opens_nothing() {
             said.contains(name) && said.contains("other files or addresses"),
             "{said}"
         );
-        let opened = gpen_video::media::input::open_source(&d.join(name), Some(&bytes));
+        let opened = gpen_video::api::media::input::open_source(&d.join(name), Some(&bytes));
         assert!(opened.is_err(), "{name} holding {text:?} was opened");
     }
     assert_eq!(opened(), 0, "the named file was never opened");
@@ -287,7 +287,7 @@ fn a_concat_list_file_opens_nothing() {
         said.contains("concat list") && said.contains("self-contained"),
         "{said}"
     );
-    assert!(gpen_video::media::input::open_input(&upload).is_err());
+    assert!(gpen_video::api::media::input::open_input(&upload).is_err());
     assert_eq!(opened(), 0, "the listed file was never opened");
 }
 
@@ -396,7 +396,7 @@ fn child_works_in_memory() {
     let info = probe_memory(Path::new("upload.jpg"), bytes).unwrap();
     let mut frame = decode(&info).into_iter().next().unwrap();
     let pools = (Pool::new(2), Pool::new(2));
-    gpen_video::media::orient::turn_frame(info.orientation, &mut frame, (32, 32), (&pools.0, &pools.1));
+    gpen_video::api::media::orient::turn_frame(info.orientation, &mut frame, (32, 32), (&pools.0, &pools.1));
     let mut out = info.clone();
     (out.width, out.height) = info.upright_size();
     for name in ["answer.png", "answer.jpg", "answer.webp"] {

@@ -258,7 +258,7 @@ fn recorded(user: &User) -> Vec<String> {
     let Ok(text) = std::fs::read_to_string(&path) else {
         return Vec::new();
     };
-    let reg = gpen_video::registry::Registry::parse(&text).expect("the list parses");
+    let reg = gpen_video::api::registry::Registry::parse(&text).expect("the list parses");
     reg.models.into_iter().map(|e| e.name).collect()
 }
 

@@ -8,7 +8,7 @@ mod common;
 use ffmpeg::codec::packet::Ref;
 use ffmpeg::ffi;
 use ffmpeg_next as ffmpeg;
-use gpen_video::media::decode::read_packet;
+use gpen_video::api::media::decode::read_packet;
 
 #[test]
 fn reading_a_packet_releases_the_one_before() {

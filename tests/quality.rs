@@ -7,7 +7,7 @@
 
 use std::path::{Path, PathBuf};
 
-use gpen_video::faces::quality::{Brisque, QualityScratch, BRISQUE_MODEL};
+use gpen_video::api::faces::quality::{Brisque, QualityScratch, BRISQUE_MODEL};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 

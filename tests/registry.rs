@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use gpen_video::registry::{self, Checksum, ModelFacts};
+use gpen_video::api::registry::{self, Checksum, ModelFacts};
 use sha2::{Digest, Sha256};
 
 fn root() -> PathBuf {

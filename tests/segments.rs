@@ -215,7 +215,7 @@ fn a_long_clip_in_four_segments_joins_into_what_one_run_writes() {
             "{model}: the faces record, tracks numbered as one run numbers them"
         );
         assert!(
-            !gpen_video::segment::work_dir(&joined).exists(),
+            !gpen_video::api::segment::work_dir(&joined).exists(),
             "the segments are removed once joined"
         );
     }
@@ -294,7 +294,7 @@ fn a_run_killed_in_its_third_segment_redoes_only_the_third_and_fourth() {
     let input = clip(dir.path(), 300, 25);
     let model = asset("models/standin/negate-256.onnx");
     let out = dir.path().join("out.mp4");
-    let work = gpen_video::segment::work_dir(&out);
+    let work = gpen_video::api::segment::work_dir(&out);
     let mut child = start(
         &[
             arg(&input),
@@ -423,7 +423,7 @@ fn ctrl_c_keeps_the_finished_segments_and_other_settings_or_force_start_afresh()
     let input = clip(dir.path(), 300, 25);
     let model = asset("models/standin/identity-256.onnx");
     let out = dir.path().join("out.mp4");
-    let work = gpen_video::segment::work_dir(&out);
+    let work = gpen_video::api::segment::work_dir(&out);
     let args = [arg(&input), arg(&out), "--model", arg(&model), "--segment", "2.4"];
     let mut child = start(&args, true);
     wait_for(&mut child, &work.join("00000.json"));
@@ -475,7 +475,7 @@ fn a_whole_run_names_the_segments_folder_an_earlier_run_left() {
     let dir = tempfile::tempdir().unwrap();
     let input = clip(dir.path(), 30, 25);
     let out = dir.path().join("out.mp4");
-    let work = gpen_video::segment::work_dir(&out);
+    let work = gpen_video::api::segment::work_dir(&out);
     std::fs::create_dir_all(&work).unwrap();
     std::fs::write(work.join("00000.mkv"), vec![0u8; 2_000_000]).unwrap();
     let model = asset("models/standin/negate-256.onnx");
@@ -500,7 +500,7 @@ fn two_runs_of_one_out_at_once_make_each_segment_once_and_join_once() {
     let input = clip(dir.path(), 300, 25);
     let model = asset("models/standin/identity-256.onnx");
     let out = dir.path().join("out.mp4");
-    let work = gpen_video::segment::work_dir(&out);
+    let work = gpen_video::api::segment::work_dir(&out);
     for round in 0..3 {
         let stats = |k: usize| dir.path().join(format!("stats-{round}-{k}.json"));
         let children: Vec<_> = (0..2)

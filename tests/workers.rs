@@ -259,11 +259,11 @@ fn a_model_slower_than_decoding_holds_the_decoder_back_instead_of_piling_up_fram
 
 #[test]
 fn partial_batches_reuse_a_few_buffer_sizes_and_keep_their_crops_apart() {
-    use gpen_video::faces::enhance::Enhancer;
-    use gpen_video::runtime::{cpu_session, Target};
+    use gpen_video::api::faces::enhance::Enhancer;
+    use gpen_video::api::runtime::{cpu_session, Target};
     std::env::set_var("ORT_DYLIB_PATH", asset(".deps/lib/libonnxruntime.so"));
     let session = cpu_session(&asset("models/standin/identity-256.onnx"), 1, "model").unwrap();
-    let mut e = Enhancer::for_target(session, &Target::Cpu(0), gpen_video::kernels::Cpu::detected()).unwrap();
+    let mut e = Enhancer::for_target(session, &Target::Cpu(0), gpen_video::api::kernels::Cpu::detected()).unwrap();
     e.set_batch(16);
     let item = 3 * 256 * 256;
     // Every size from 16 down to 1: each crop a different constant, so a mix-up shows.
@@ -272,7 +272,7 @@ fn partial_batches_reuse_a_few_buffer_sizes_and_keep_their_crops_apart() {
         let refs: Vec<&[u8]> = crops.iter().map(Vec::as_slice).collect();
         let mut seen = 0;
         e.run(&refs, |i, out| {
-            let gpen_video::faces::enhance::Restored::Floats(out) = out else {
+            let gpen_video::api::faces::enhance::Restored::Floats(out) = out else {
                 panic!("a float model gives floats")
             };
             let want = f32::from(crops[i][0]) / 127.5 - 1.0;

@@ -15,20 +15,20 @@ pub(crate) const VIDEO_EXTENSIONS: [&str; 14] = [
 
 /// A file under the input folder.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub struct Clip {
+pub(crate) struct Clip {
     /// Relative path with `/` separators: the manifest key and the sort and shard key.
-    pub key: String,
+    pub(crate) key: String,
     /// The same relative path, as the file system spells it.
-    pub rel: PathBuf,
+    pub(crate) rel: PathBuf,
 }
 
 /// What a scan found.
 #[derive(Debug, Default)]
-pub struct Scan {
+pub(crate) struct Scan {
     /// Videos and stills, sorted by key.
-    pub clips: Vec<Clip>,
+    pub(crate) clips: Vec<Clip>,
     /// Files matching the patterns whose extension is neither a video's nor a still's, sorted.
-    pub not_video: Vec<String>,
+    pub(crate) not_video: Vec<String>,
 }
 
 pub(crate) fn is_video(path: &Path) -> bool {
@@ -148,9 +148,9 @@ pub(crate) fn fnv1a64(bytes: &[u8]) -> u64 {
 
 /// This process's share of the clips: those whose key hashes to `index` modulo `count`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Shard {
-    pub index: usize,
-    pub count: usize,
+pub(crate) struct Shard {
+    pub(crate) index: usize,
+    pub(crate) count: usize,
 }
 
 impl std::fmt::Display for Shard {
@@ -174,7 +174,7 @@ impl Shard {
     /// Jobs) or `SLURM_ARRAY_TASK_ID` (Slurm job arrays numbered from 0), N from `count`
     /// (`--shard-count`), else `JOB_COMPLETIONS` or `SLURM_ARRAY_TASK_COUNT`. `env` reads a
     /// variable (`std::env::var` outside tests).
-    pub fn parse(spec: &str, count: Option<usize>, env: impl Fn(&str) -> Option<String>) -> Result<Shard> {
+    pub(crate) fn parse(spec: &str, count: Option<usize>, env: impl Fn(&str) -> Option<String>) -> Result<Shard> {
         let num = |name: &str, v: &str| -> Result<usize> {
             v.trim()
                 .parse::<usize>()

@@ -23,33 +23,33 @@ const VERSION: u32 = 1;
 
 /// One finished clip.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Entry {
-    pub input_size: u64,
+pub(crate) struct Entry {
+    pub(crate) input_size: u64,
     /// Input modification time, nanoseconds since the Unix epoch.
-    pub input_mtime_ns: i64,
+    pub(crate) input_mtime_ns: i64,
     /// [`settings_hash`] of the run that made the output.
-    pub settings: String,
-    pub output_size: u64,
+    pub(crate) settings: String,
+    pub(crate) output_size: u64,
     /// The output's modification time when it was recorded, nanoseconds since the Unix epoch:
     /// an output changed in place at the same size (zeroed, overwritten) is no longer vouched
     /// for. Absent in manifests written before it was recorded (their size alone vouches).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub output_mtime_ns: Option<i64>,
+    pub(crate) output_mtime_ns: Option<i64>,
     /// When the output was moved into place, milliseconds since the Unix epoch.
-    pub finished_unix_ms: u64,
+    pub(crate) finished_unix_ms: u64,
 }
 
 /// One process's record of finished clips, by relative path (`/`-separated).
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
-pub struct Manifest {
-    pub version: u32,
+pub(crate) struct Manifest {
+    pub(crate) version: u32,
     /// `K/N` for a shard's manifest.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub shard: Option<String>,
-    pub clips: BTreeMap<String, Entry>,
+    pub(crate) shard: Option<String>,
+    pub(crate) clips: BTreeMap<String, Entry>,
 }
 
-pub use crate::output::Stamp;
+pub(crate) use crate::output::Stamp;
 
 /// The manifest file this process writes in `out_dir`.
 pub(crate) fn path_for(out_dir: &Path, shard: Option<Shard>) -> PathBuf {
@@ -60,7 +60,7 @@ pub(crate) fn path_for(out_dir: &Path, shard: Option<Shard>) -> PathBuf {
 }
 
 impl Manifest {
-    pub fn new(shard: Option<Shard>) -> Self {
+    pub(crate) fn new(shard: Option<Shard>) -> Self {
         Manifest {
             version: VERSION,
             shard: shard.map(|s| s.to_string()),
@@ -69,7 +69,7 @@ impl Manifest {
     }
 
     /// Reads a manifest; a missing file is an empty one.
-    pub fn load(path: &Path) -> Result<Option<Manifest>> {
+    pub(crate) fn load(path: &Path) -> Result<Option<Manifest>> {
         match std::fs::read(path) {
             Ok(bytes) => serde_json::from_slice(&bytes)
                 .map(Some)
@@ -171,7 +171,13 @@ pub(crate) fn finished_after(manifests: &[(PathBuf, Manifest)], key: &str, unix_
 /// Whether some manifest vouches for `output` as the finished result of `key`: an entry with
 /// the same input stamp and settings, and the output file there with the recorded size and
 /// modification time.
-pub fn vouched(manifests: &[(PathBuf, Manifest)], key: &str, input: Stamp, settings: &str, output: &Path) -> bool {
+pub(crate) fn vouched(
+    manifests: &[(PathBuf, Manifest)],
+    key: &str,
+    input: Stamp,
+    settings: &str,
+    output: &Path,
+) -> bool {
     let out = match std::fs::metadata(output) {
         Ok(m) if m.is_file() => Stamp {
             size: m.len(),

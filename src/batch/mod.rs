@@ -18,10 +18,10 @@
 //! restored here if that process lets go of it unfinished). See `clips` for which files are clips and how shards
 //! split them, `manifest` for what "finished" means.
 
-pub mod clips;
+pub(crate) mod clips;
 mod job;
-pub mod manifest;
-pub mod report;
+pub(crate) mod manifest;
+pub(crate) mod report;
 
 use std::collections::BTreeSet;
 use std::io::IsTerminal;
@@ -38,7 +38,7 @@ use crate::runtime::Target;
 use clips::{Clip, Shard};
 use job::{job_loop, Event, JobContext, Queues};
 use manifest::{Manifest, Stamp};
-pub use report::{ClipDone, ClipNote, ImageStream, Report};
+pub(crate) use report::{ClipNote, Report};
 
 /// After a hard stop, how long to wait for cancelled clips to wind down before leaving them.
 const HARD_STOP_GRACE: Duration = Duration::from_secs(10);

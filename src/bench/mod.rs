@@ -3,7 +3,7 @@
 //! the pipeline's efficiency (end-to-end faces/s over ceiling faces/s, run in pairs) and the
 //! feeder's ceiling: every stage but the model, in faces/s and core-ms per face per stage.
 
-pub mod portraits;
+pub(crate) mod portraits;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -596,7 +596,7 @@ impl BenchReport {
 /// ahead of it on the CPU) and the face mesh. What is left of them on the host (crops, maps
 /// decoded, points), and whether that part runs on one thread there (detection has one session
 /// on a GPU, where on the CPU it shares a frame's work among several).
-pub const ON_GPU: &[(&str, bool)] = &[("detect", true), ("pass", true), ("mesh", false)];
+pub(crate) const ON_GPU: &[(&str, bool)] = &[("detect", true), ("pass", true), ("mesh", false)];
 
 impl Feeder {
     /// Faces/s a host of `cores` cores would feed, and what limits it: all cores at this run's

@@ -301,7 +301,7 @@ fn bench_batch(
 }
 
 /// What 1,000 images cost at `price_per_hour` and `images_per_s`.
-pub fn cost_per_1000(price_per_hour: f64, images_per_s: f64) -> f64 {
+pub(crate) fn cost_per_1000(price_per_hour: f64, images_per_s: f64) -> f64 {
     price_per_hour / 3600.0 / images_per_s.max(1e-9) * 1000.0
 }
 

@@ -20,14 +20,14 @@ use crate::stats::DetectCounts;
 /// Detection input size for a frame: the long side scaled to `long_side` (never up), each side
 /// rounded to the nearest multiple of 32 as CenterFace needs (the stretch stays under half a
 /// step; rounding up instead would add up to a step of work per frame). Returns (width, height).
-pub fn det_size(width: usize, height: usize, long_side: usize) -> (usize, usize) {
+pub(crate) fn det_size(width: usize, height: usize, long_side: usize) -> (usize, usize) {
     let s = (long_side as f64 / width.max(height) as f64).min(1.0);
     let round32 = |v: f64| ((v / 32.0).round() as usize).max(1) * 32;
     (round32(width as f64 * s), round32(height as f64 * s))
 }
 
 /// Intersection over union of two x1,y1,x2,y2 boxes.
-pub fn iou(a: &[f32; 4], b: &[f32; 4]) -> f32 {
+pub(crate) fn iou(a: &[f32; 4], b: &[f32; 4]) -> f32 {
     let w = (a[2].min(b[2]) - a[0].max(b[0])).max(0.0);
     let h = (a[3].min(b[3]) - a[1].max(b[1])).max(0.0);
     let inter = w * h;

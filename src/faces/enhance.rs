@@ -46,7 +46,7 @@ pub struct WeightInput {
 }
 
 /// The fidelity a model with a weight input gets when none is given (CodeFormer's own default).
-pub const DEFAULT_FIDELITY: f32 = 0.5;
+pub(crate) const DEFAULT_FIDELITY: f32 = 0.5;
 
 impl ModelInfo {
     /// Reads and checks the I/O contract: one float32 [N,3,S,S] input (beside it, at most a

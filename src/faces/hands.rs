@@ -21,9 +21,9 @@ use crate::runtime::SessionOptions;
 use crate::stats::thread_cpu_time;
 
 /// The palm detector's input side in pixels.
-pub const PALM_SIZE: usize = 192;
+pub(crate) const PALM_SIZE: usize = 192;
 /// The hand landmark model's input side in pixels.
-pub const HAND_SIZE: usize = 224;
+pub(crate) const HAND_SIZE: usize = 224;
 /// Points of a hand: 0 wrist; 1-4 thumb; 5-8 index; 9-12 middle; 13-16 ring; 17-20 little
 /// finger (each finger from its root to its tip).
 pub const POINTS: usize = 21;
@@ -32,7 +32,7 @@ const ANCHORS: usize = 2016;
 /// Values per anchor of the palm detector's `boxes`: box centre, size, seven keypoints.
 const BOX_VALUES: usize = 18;
 /// The square searched for palms round a face, as a multiple of its box's longer side.
-pub const NEIGHBOURHOOD: f32 = 2.5;
+pub(crate) const NEIGHBOURHOOD: f32 = 2.5;
 /// Palms overlapping by more than this are one palm (MediaPipe's weighted suppression).
 const PALM_IOU: f32 = 0.3;
 /// The hand crop round a palm, as a multiple of the palm box's longer side, and its shift
@@ -41,19 +41,19 @@ const PALM_CROP: (f64, f64) = (2.6, -0.5);
 /// The hand crop round a hand followed from its points (MediaPipe's landmarks-to-hand rectangle).
 const FOLLOW_CROP: (f64, f64) = (2.0, -0.1);
 /// Hands with a presence at or below this are dropped (MediaPipe's threshold).
-pub const PRESENCE: f32 = 0.5;
+pub(crate) const PRESENCE: f32 = 0.5;
 /// A bone's radius as a share of the hand's size ([`Hand::size`]): half a finger's width. On
 /// the set-up's handSrc.jpg the fingers are 54 to 60 pixels wide for a hand size of 267 pixels
 /// (as the landmark model places its points), 0.20 to 0.22 of it.
-pub const RADIUS: f32 = 0.11;
+pub(crate) const RADIUS: f32 = 0.11;
 /// The palm's width (index root to little-finger root) over the wrist-to-middle-root length
 /// of an open hand: a hand's size is the larger of that length and the palm's width scaled by
 /// it, so a hand seen end on, its fingers pointing at the camera, keeps its size.
 const PALM_WIDTH: f32 = 0.7;
 /// Pixels over which [`Hand::coverage`] falls from 1 at the region's edge to 0 outside it.
-pub const FEATHER: f32 = 3.0;
+pub(crate) const FEATHER: f32 = 3.0;
 /// MediaPipe's hand connections: the bones and the palm's edges.
-pub const BONES: [(usize, usize); 21] = [
+pub(crate) const BONES: [(usize, usize); 21] = [
     (0, 1),
     (1, 2),
     (2, 3),
@@ -269,7 +269,7 @@ fn points_box(points: &[[f32; 2]]) -> [f32; 4] {
 /// The square searched for a face's hands, [`NEIGHBOURHOOD`] times the face box's longer side
 /// round its centre, clipped to a `w x h` frame (x1, y1, x2, y2); `None` for a box that is not
 /// finite or a square that misses the frame.
-pub fn neighbourhood(face_box: [f32; 4], (w, h): (usize, usize)) -> Option<[f32; 4]> {
+pub(crate) fn neighbourhood(face_box: [f32; 4], (w, h): (usize, usize)) -> Option<[f32; 4]> {
     if !face_box.iter().all(|v| v.is_finite()) {
         return None;
     }

@@ -12,14 +12,14 @@ use crate::geom::{crop_footprint, fit_similarity, Affine};
 use crate::kernels::warp::{warp_face, WarpScratch};
 
 /// The chip's side in pixels.
-pub const SIZE: usize = 150;
+pub(crate) const SIZE: usize = 150;
 /// Values of a descriptor.
-pub const DIMS: usize = 128;
+pub(crate) const DIMS: usize = 128;
 
 /// Where dlib's chip puts a face's five points (left eye centre, right eye centre, nose tip,
 /// left and right mouth corners, as seen): dlib's 68-point mean face mapped into a 150-pixel
 /// chip with padding 0.25 (`get_face_chip_details`), each eye the mean of its six points.
-pub const CHIP_TEMPLATE: [[f32; 2]; 5] = [
+pub(crate) const CHIP_TEMPLATE: [[f32; 2]; 5] = [
     [47.232_19, 46.288_37],
     [99.806_29, 46.288_37],
     [73.519_28, 76.052_08],
@@ -28,28 +28,21 @@ pub const CHIP_TEMPLATE: [[f32; 2]; 5] = [
 ];
 
 /// A face's identity descriptor.
-pub type Descriptor = [f32; DIMS];
+pub(crate) type Descriptor = [f32; DIMS];
 
 /// The Euclidean distance of two descriptors (dlib's measure: the same person below 0.6).
 pub fn distance(a: &Descriptor, b: &Descriptor) -> f32 {
     a.iter().zip(b).map(|(x, y)| (x - y) * (x - y)).sum::<f32>().sqrt()
 }
 
-/// The cosine similarity of two descriptors (1 for the same direction).
-pub fn cosine(a: &Descriptor, b: &Descriptor) -> f32 {
-    let dot: f32 = a.iter().zip(b).map(|(x, y)| x * y).sum();
-    let norm = |v: &Descriptor| v.iter().map(|x| x * x).sum::<f32>().sqrt();
-    dot / (norm(a) * norm(b)).max(f32::MIN_POSITIVE)
-}
-
 /// The picture -> chip transform of a face with these five points.
-pub fn to_chip(landmarks: &[[f32; 2]; 5]) -> Affine {
+pub(crate) fn to_chip(landmarks: &[[f32; 2]; 5]) -> Affine {
     fit_similarity(landmarks, &CHIP_TEMPLATE)
 }
 
 /// Warps a face of a packed RGB24 picture of `width x height` into its chip (planar RGB24,
 /// `3 * SIZE * SIZE` bytes), area-filtered where the face is larger than the chip.
-pub fn chip(
+pub(crate) fn chip(
     rgb: &[u8],
     (width, height): (usize, usize),
     landmarks: &[[f32; 2]; 5],
@@ -138,13 +131,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn distance_and_cosine_of_descriptors() {
+    fn distance_of_descriptors() {
         let mut a = [0.0f32; DIMS];
         let mut b = [0.0f32; DIMS];
         (a[0], b[1]) = (0.3, 0.4);
         assert!((distance(&a, &b) - 0.5).abs() < 1e-6);
-        assert!(cosine(&a, &b).abs() < 1e-6);
-        assert!((cosine(&a, &a) - 1.0).abs() < 1e-6);
+        assert_eq!(distance(&a, &a), 0.0);
     }
 
     #[test]

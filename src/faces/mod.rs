@@ -4,13 +4,13 @@
 //! change warped back into the frame under a mask (paste); the hands near each face, their
 //! points and the region they cover, followed over time (hands).
 
-pub mod align;
-pub mod detect;
-pub mod enhance;
-pub mod hands;
-pub mod identity;
-pub mod mesh;
-pub mod paste;
-pub mod quality;
-pub mod smooth;
-pub mod temporal;
+pub(crate) mod align;
+pub(crate) mod detect;
+pub(crate) mod enhance;
+pub(crate) mod hands;
+pub(crate) mod identity;
+pub(crate) mod mesh;
+pub(crate) mod paste;
+pub(crate) mod quality;
+pub(crate) mod smooth;
+pub(crate) mod temporal;

@@ -563,7 +563,7 @@ pub struct Paste<'a> {
 /// (a face much smaller in the frame than its crop), where the colour fix is cheapest taken
 /// off ([`crate::kernels::lowband::remove_low_band_from_level`]: a quarter of the crop's pixels
 /// or fewer); the others' change is fixed whole before the paste.
-pub fn fixed_from_a_level(to_crop: &Affine, size: usize) -> bool {
+pub(crate) fn fixed_from_a_level(to_crop: &Affine, size: usize) -> bool {
     level_of(to_crop, size) > 0
 }
 
@@ -732,7 +732,15 @@ pub(crate) fn paste_all(
 
 /// Pastes one face's change crop into the frame (see [`changes`]).
 #[cfg(test)]
-pub fn paste(frame: &mut [u8], width: usize, change: &[i16], to_crop: &Affine, r: Rect, mask: &Mask, blend: f32) {
+pub(crate) fn paste(
+    frame: &mut [u8],
+    width: usize,
+    change: &[i16],
+    to_crop: &Affine,
+    r: Rect,
+    mask: &Mask,
+    blend: f32,
+) {
     let face = Paste {
         change,
         to_crop: *to_crop,

@@ -55,7 +55,7 @@ pub(crate) struct Smoother {
     summary: Vec<u32>,
     next_summary: Vec<u32>,
     /// Tracks started and ended by a jump, a cut or a loss (for the record).
-    pub cuts: u64,
+    pub(crate) cuts: u64,
     /// Faces the mesh doubted, dropped and kept by their support.
     doubted: (u64, u64),
     /// Every face that supports the doubted faces where it lies ([`supports`]: frame, box),
@@ -65,7 +65,7 @@ pub(crate) struct Smoother {
 
 impl Smoother {
     /// `sigma` in frames (0: off, frames pass straight through); the look-ahead is `2 sigma`.
-    pub fn new(sigma: f32) -> Self {
+    pub(crate) fn new(sigma: f32) -> Self {
         let sigma = if sigma.is_finite() { sigma.max(0.0) } else { 0.0 };
         Self {
             sigma,
@@ -99,7 +99,7 @@ impl Smoother {
 
     /// Takes the next frame; hands every frame whose look-ahead is complete to `emit`, in order
     /// (`emit` returns false to stop: the receiver has gone).
-    pub fn push(&mut self, ff: FaceFrame, emit: &mut impl FnMut(FaceFrame) -> bool) -> bool {
+    pub(crate) fn push(&mut self, ff: FaceFrame, emit: &mut impl FnMut(FaceFrame) -> bool) -> bool {
         let n = ff.frame.index;
         let cut = ff.frame.picture.source().is_some_and(|s| self.scene_cut(s));
         let ids = self.link(n, &ff.faces.iter().map(|j| &j.face).collect::<Vec<_>>(), cut);
@@ -127,7 +127,7 @@ impl Smoother {
     }
 
     /// Hands out every frame still held (the input has ended).
-    pub fn finish(&mut self, emit: &mut impl FnMut(FaceFrame) -> bool) -> bool {
+    pub(crate) fn finish(&mut self, emit: &mut impl FnMut(FaceFrame) -> bool) -> bool {
         while !self.held.is_empty() {
             if !self.emit_front(emit) {
                 return false;

@@ -42,7 +42,7 @@ pub(crate) fn span(memory: f32) -> u64 {
 
 /// Frames before a frame that its filtered change can depend on: a segment's warm-up needs
 /// this many (0 when the filter does not run).
-pub fn reach(memory: f32) -> u64 {
+pub(crate) fn reach(memory: f32) -> u64 {
     if memory > 0.0 {
         2 * span(memory)
     } else {

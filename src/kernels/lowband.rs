@@ -12,11 +12,11 @@
 use super::steps::round_steps;
 
 /// Cells per side of the low band.
-pub const CELLS: usize = 8;
+pub(crate) const CELLS: usize = 8;
 
 /// Cells per side of the low band for a crop of `size`: [`CELLS`], fewer in a crop too small to
 /// hold two pixels a cell.
-pub fn cells(size: usize) -> usize {
+pub(crate) fn cells(size: usize) -> usize {
     CELLS.min(size / 2).max(2)
 }
 
@@ -48,7 +48,7 @@ impl LowBand {
 
 /// A change's value as the colour fix reads it: in steps (the crop the model gave back), or in
 /// floats (one of its levels, which the paste samples a small face from).
-pub trait Band: Copy {
+pub(crate) trait Band: Copy {
     /// What a band of cell rows is summed in.
     type Sum: Copy + Default + std::ops::AddAssign + Into<f64>;
     fn widen(self) -> Self::Sum;
@@ -109,7 +109,7 @@ pub fn remove_low_band(change: &mut [i16], size: usize, s: &mut LowBand) {
 /// low band: each cell's mean over the level is its mean over the crop, and the bilinear low
 /// band at a level pixel's centre is its mean over the crop pixels that pixel averages (where
 /// they lie between the same cell centres).
-pub fn remove_low_band_from_level(level: &mut [f32], size: usize, crop: usize, s: &mut LowBand) {
+pub(crate) fn remove_low_band_from_level(level: &mut [f32], size: usize, crop: usize, s: &mut LowBand) {
     remove_low_band_of(level, size, cells(crop).min(size), s);
 }
 

@@ -4,15 +4,16 @@
 //! nothing of faces, frames or FFmpeg. faces/ and media/ hold the policy (which face, which crop,
 //! which mask, which picture) and call down here.
 
-pub mod bands;
-pub mod cpu;
-pub mod halve;
-pub mod lowband;
-pub mod sample;
-pub mod steps;
-pub mod tensor;
-pub mod warp;
-pub mod yuv;
+pub(crate) mod bands;
+pub(crate) mod cpu;
+pub(crate) mod halve;
+pub(crate) mod lowband;
+pub(crate) mod sample;
+pub(crate) mod steps;
+pub(crate) mod tensor;
+pub(crate) mod warp;
+pub(crate) mod yuv;
 
 pub use cpu::Cpu;
-pub use steps::{change_levels, change_steps, round_steps, CHANGE_STEPS};
+pub use steps::change_steps;
+pub(crate) use steps::{change_levels, round_steps, CHANGE_STEPS};

@@ -5,7 +5,7 @@
 /// temporal filter's averages): 16-bit integers, 1/128 of a level each, so any change of a
 /// picture in levels (-255..=255) fits in two bytes a value instead of a float's four. A value
 /// is at most 1/256 of a level off the float one, and the paste rounds to whole levels.
-pub const CHANGE_STEPS: f32 = 128.0;
+pub(crate) const CHANGE_STEPS: f32 = 128.0;
 
 /// A change in levels as steps ([`CHANGE_STEPS`]), rounded to the nearest (ties to even).
 #[inline(always)]
@@ -19,7 +19,7 @@ pub fn change_steps(levels: f32) -> i16 {
 /// its integer sits in the float's low bits: integer work the compiler turns into vector code
 /// (`round_ties_even` needs SSE4.1 or a library call, and a float's cast checks every lane).
 #[inline(always)]
-pub fn round_steps(steps: f32) -> i16 {
+pub(crate) fn round_steps(steps: f32) -> i16 {
     const ROUND: f32 = 12_582_912.0;
     let v = steps.clamp(-32768.0, 32767.0);
     ((v + ROUND).to_bits() as i32 - ROUND.to_bits() as i32) as i16
@@ -27,7 +27,7 @@ pub fn round_steps(steps: f32) -> i16 {
 
 /// A change in steps ([`CHANGE_STEPS`]) in levels.
 #[inline(always)]
-pub fn change_levels(steps: i16) -> f32 {
+pub(crate) fn change_levels(steps: i16) -> f32 {
     f32::from(steps) * (1.0 / CHANGE_STEPS)
 }
 

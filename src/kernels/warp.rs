@@ -545,7 +545,7 @@ pub(crate) fn halve_region(src: &[u8], width: usize, r: Rect, out: &mut Vec<u8>)
 
 /// Whether [`warp_face`] reads a face aligned by `to_crop` through the area filter (a face
 /// larger than the crop by [`PREFILTER_RATIO`] or more) rather than bicubically.
-pub fn filtered(to_crop: &Affine) -> bool {
+pub(crate) fn filtered(to_crop: &Affine) -> bool {
     1.0 / to_crop.scale() >= PREFILTER_RATIO
 }
 

@@ -16,7 +16,7 @@ use crate::kernels::Cpu;
 /// the second with the third empty), each with its stride in bytes, and the picture's size in
 /// pixels.
 #[derive(Clone, Copy, Debug)]
-pub struct Planes<'a> {
+pub(crate) struct Planes<'a> {
     data: [&'a [u8]; 3],
     stride: [usize; 3],
     width: usize,
@@ -25,7 +25,7 @@ pub struct Planes<'a> {
 
 impl<'a> Planes<'a> {
     /// The view of planes `data` with rows `stride` bytes apart, of a `width x height` picture.
-    pub fn new(data: [&'a [u8]; 3], stride: [usize; 3], (width, height): (usize, usize)) -> Self {
+    pub(crate) fn new(data: [&'a [u8]; 3], stride: [usize; 3], (width, height): (usize, usize)) -> Self {
         Planes {
             data,
             stride,
@@ -36,30 +36,30 @@ impl<'a> Planes<'a> {
 
     /// Plane `i`'s bytes.
     #[inline(always)]
-    pub fn data(&self, i: usize) -> &'a [u8] {
+    pub(crate) fn data(&self, i: usize) -> &'a [u8] {
         self.data[i]
     }
 
     /// Plane `i`'s stride in bytes.
     #[inline(always)]
-    pub fn stride(&self, i: usize) -> usize {
+    pub(crate) fn stride(&self, i: usize) -> usize {
         self.stride[i]
     }
 
     /// The picture's width in pixels.
-    pub fn width(&self) -> usize {
+    pub(crate) fn width(&self) -> usize {
         self.width
     }
 
     /// The picture's height in pixels.
-    pub fn height(&self) -> usize {
+    pub(crate) fn height(&self) -> usize {
         self.height
     }
 }
 
 /// The planes of a YUV picture to write: as [`Planes`], each plane's bytes held mutably.
 #[derive(Debug)]
-pub struct PlanesMut<'a> {
+pub(crate) struct PlanesMut<'a> {
     data: [&'a mut [u8]; 3],
     stride: [usize; 3],
     width: usize,
@@ -68,7 +68,7 @@ pub struct PlanesMut<'a> {
 
 impl<'a> PlanesMut<'a> {
     /// The view of planes `data` with rows `stride` bytes apart, of a `width x height` picture.
-    pub fn new(data: [&'a mut [u8]; 3], stride: [usize; 3], (width, height): (usize, usize)) -> Self {
+    pub(crate) fn new(data: [&'a mut [u8]; 3], stride: [usize; 3], (width, height): (usize, usize)) -> Self {
         PlanesMut {
             data,
             stride,
@@ -77,31 +77,25 @@ impl<'a> PlanesMut<'a> {
         }
     }
 
-    /// Plane `i`'s bytes.
-    #[inline(always)]
-    pub fn data(&self, i: usize) -> &[u8] {
-        self.data[i]
-    }
-
     /// Plane `i`'s bytes, to write.
     #[inline(always)]
-    pub fn data_mut(&mut self, i: usize) -> &mut [u8] {
+    pub(crate) fn data_mut(&mut self, i: usize) -> &mut [u8] {
         self.data[i]
     }
 
     /// Plane `i`'s stride in bytes.
     #[inline(always)]
-    pub fn stride(&self, i: usize) -> usize {
+    pub(crate) fn stride(&self, i: usize) -> usize {
         self.stride[i]
     }
 
     /// The picture's width in pixels.
-    pub fn width(&self) -> usize {
+    pub(crate) fn width(&self) -> usize {
         self.width
     }
 
     /// The picture's height in pixels.
-    pub fn height(&self) -> usize {
+    pub(crate) fn height(&self) -> usize {
         self.height
     }
 }
@@ -111,17 +105,17 @@ impl<'a> PlanesMut<'a> {
 /// bits up), and whether Cb and Cr share one interleaved plane (NV12 and P010, what GPU decoders
 /// give). `media::color` gives the layout of an FFmpeg pixel format (`Planar::of`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Planar {
-    pub hshift: u32,
-    pub vshift: u32,
-    pub bits: u32,
-    pub shift: u32,
-    pub interleaved: bool,
+pub(crate) struct Planar {
+    pub(crate) hshift: u32,
+    pub(crate) vshift: u32,
+    pub(crate) bits: u32,
+    pub(crate) shift: u32,
+    pub(crate) interleaved: bool,
 }
 
 impl Planar {
     /// 8-bit 4:2:0 in three planes (yuv420p), the layout [`add_change_420`] takes.
-    pub const YUV420P: Planar = Planar {
+    pub(crate) const YUV420P: Planar = Planar {
         hshift: 1,
         vshift: 1,
         bits: 8,
@@ -133,15 +127,15 @@ impl Planar {
 /// A change of a picture's RGB over one region: per pixel of `rect`, row by row, the change of
 /// R, G and B in levels (the paste's `Change`, borrowed).
 #[derive(Clone, Copy, Debug)]
-pub struct RgbChange<'a> {
-    pub rect: Rect,
-    pub rgb: &'a [f32],
+pub(crate) struct RgbChange<'a> {
+    pub(crate) rect: Rect,
+    pub(crate) rgb: &'a [f32],
 }
 
 /// Converts region `r` of an 8-bit 4:2:0 picture (limited range, `k` its matrix's inverse
 /// factors: luma scale, Cr->R, Cb->G, Cr->G, Cb->B; chroma interpolated bilinearly with MPEG-2
 /// siting), handing each row of packed RGB24 to `row` (its y, then its bytes), top to bottom.
-pub fn yuv420p_rgb_rows(yuv: &Planes<'_>, k: [f32; 5], r: Rect, mut row: impl FnMut(usize, &[u8])) {
+pub(crate) fn yuv420p_rgb_rows(yuv: &Planes<'_>, k: [f32; 5], r: Rect, mut row: impl FnMut(usize, &[u8])) {
     let mut out = Vec::new();
     yuv420p_region_rows(yuv, k, r, |y, src| {
         let n = src.luma.len();
@@ -158,7 +152,7 @@ pub fn yuv420p_rgb_rows(yuv: &Planes<'_>, k: [f32; 5], r: Rect, mut row: impl Fn
 /// Appends region `r` of an 8-bit 4:2:0 picture to `out` as texels, row by row (R, G, B, 0 in
 /// f32: the levels [`yuv420p_rgb_rows`] gives, what the crop warp reads), eight pixels at a time
 /// with AVX2 and four without, with no packed RGB row between.
-pub fn yuv420p_texels(cpu: Cpu, yuv: &Planes<'_>, k: [f32; 5], r: Rect, out: &mut Vec<f32x4>) {
+pub(crate) fn yuv420p_texels(cpu: Cpu, yuv: &Planes<'_>, k: [f32; 5], r: Rect, out: &mut Vec<f32x4>) {
     #[cfg(target_arch = "x86_64")]
     let eight = cpu.avx2();
     yuv420p_region_rows(yuv, k, r, |_, src| {
@@ -426,7 +420,7 @@ fn add_sample(plane: &mut [u8], stride: usize, s: Samples, (x, y): (usize, usize
 /// sample the mean change over the pixels it covers. Samples whose change is under half a step
 /// keep their values exactly. The general loop, with a check per sample; [`add_change_420`] is
 /// the same for 8-bit 4:2:0 in three planes, without them.
-pub fn add_change_planar(pic: &mut PlanesMut<'_>, layout: Planar, ch: RgbChange<'_>, rows: &[[f32; 3]; 3]) {
+pub(crate) fn add_change_planar(pic: &mut PlanesMut<'_>, layout: Planar, ch: RgbChange<'_>, rows: &[[f32; 3]; 3]) {
     let Planar {
         hshift,
         vshift,
@@ -503,7 +497,7 @@ fn block_sum(ch: RgbChange<'_>, r: Rect, (cx, cy): (usize, usize), (bw, bh): (us
 /// `(p + d + 0.5)` truncated is `p`), each chroma sample whose 2 x 2 pixels all lie in the
 /// change from their sum in the same order; chroma samples at the change's edges (pixels outside
 /// it changed by zero) as the general loop does.
-pub fn add_change_420(cpu: Cpu, pic: &mut PlanesMut<'_>, ch: RgbChange<'_>, rows: &[[f32; 3]; 3]) {
+pub(crate) fn add_change_420(cpu: Cpu, pic: &mut PlanesMut<'_>, ch: RgbChange<'_>, rows: &[[f32; 3]; 3]) {
     #[cfg(target_arch = "x86_64")]
     if cpu.avx2() {
         // SAFETY: a `Cpu` says AVX2 only where this CPU has it (see `crate::kernels::cpu`).

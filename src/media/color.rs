@@ -43,7 +43,7 @@ impl Matrix {
     }
 
     /// The matrix of a decoded picture (its own tag and size).
-    pub fn of(frame: &VideoFrame) -> Self {
+    pub(crate) fn of(frame: &VideoFrame) -> Self {
         Self::from_tag(frame.color_space(), frame.width() as usize, frame.height() as usize)
     }
 
@@ -251,7 +251,7 @@ pub fn ensure_rgb(f: &mut Frame, region: Rect) {
 /// Gives a partial picture its whole-frame RGB buffer if it has none yet: fresh and zeroed
 /// (the allocator's untouched zero pages, see `defaults::MMAP_THRESHOLD`), so a frame costs
 /// resident memory only where its face regions are converted.
-pub fn rgb_buffer(f: &mut Frame) {
+pub(crate) fn rgb_buffer(f: &mut Frame) {
     let n = f.width * f.height * 3;
     if f.rgb.len() != n && f.picture.partial_source().is_some() {
         f.rgb = vec![0; n];
@@ -261,7 +261,7 @@ pub fn rgb_buffer(f: &mut Frame) {
 /// Takes `f.rgb` off the frame: a whole picture's buffer back to `pool` for the next frame, a
 /// partial picture's (made for it, see [`rgb_buffer`]) freed, so its pages go back and no pool
 /// keeps buffers that decoding never takes for a partial picture.
-pub fn give_back_rgb(f: &mut Frame, pool: &crate::frame::Pool<Vec<u8>>) {
+pub(crate) fn give_back_rgb(f: &mut Frame, pool: &crate::frame::Pool<Vec<u8>>) {
     let rgb = std::mem::take(&mut f.rgb);
     if f.picture.partial_source().is_none() {
         pool.put_vec(rgb);
@@ -390,7 +390,7 @@ pub(crate) fn yuv420p_texels(cpu: Cpu, yuv: &VideoFrame, size: (usize, usize), r
 /// The YUV layout of a pixel format (the kernels' [`Planar`], which knows nothing of FFmpeg).
 impl Planar {
     /// The layout of `fmt`, if it is one of the 4:2:0, 4:2:2 or 4:4:4 formats handled.
-    pub fn of(fmt: Pixel) -> Option<Planar> {
+    pub(crate) fn of(fmt: Pixel) -> Option<Planar> {
         use Pixel as P;
         let (hshift, vshift, bits) = match fmt {
             P::YUV420P | P::YUVJ420P | P::NV12 => (1, 1, 8),

@@ -8,7 +8,7 @@ use crate::geom::Rect;
 use crate::media::decode::SourceInfo;
 
 // The view itself is a plain value that travels with frames: it lives in `frame`.
-pub use crate::frame::Compare;
+pub(crate) use crate::frame::Compare;
 
 impl Compare {
     /// The output's picture size for `src` (its pictures turned upright by their EXIF
@@ -29,10 +29,10 @@ impl Compare {
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub(crate) struct Sides {
     /// One above the other in the stored frame (shown side by side after a quarter turn).
-    pub stacked: bool,
+    pub(crate) stacked: bool,
     /// The restored picture first (left or top in the stored frame): a half or three-quarter
     /// turn, or a mirror, shows the stored order the other way round.
-    pub restored_first: bool,
+    pub(crate) restored_first: bool,
 }
 
 impl Sides {

@@ -319,12 +319,12 @@ pub struct DecodeReport {
 /// every frame of the video (the segment plan's scan of its packets).
 #[derive(Clone, Debug)]
 pub(crate) struct Span {
-    pub seek: Option<i64>,
-    pub warm_from: u64,
-    pub start: u64,
-    pub end: u64,
-    pub until: u64,
-    pub pts: std::sync::Arc<Vec<i64>>,
+    pub(crate) seek: Option<i64>,
+    pub(crate) warm_from: u64,
+    pub(crate) start: u64,
+    pub(crate) end: u64,
+    pub(crate) until: u64,
+    pub(crate) pts: std::sync::Arc<Vec<i64>>,
 }
 
 /// Decodes the source's video stream frame by frame.

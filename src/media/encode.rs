@@ -584,7 +584,7 @@ impl Muxer {
 
     /// Writes the remaining audio/subtitle packets (only up to the last video frame when
     /// `cut`, i.e. the run stopped early on purpose) and the trailer.
-    pub fn finish(mut self, cut: bool) -> Result<()> {
+    pub(crate) fn finish(mut self, cut: bool) -> Result<()> {
         let until = if cut { self.last_video_time } else { None };
         self.side.write_until(&mut self.octx, until)?;
         self.octx.write_trailer().context("writing the trailer")

@@ -48,9 +48,9 @@ thread_local! {
 /// A file that asked FFmpeg to read other resources (a playlist, a concat list, a reference
 /// movie), refused.
 #[derive(Debug)]
-pub struct Refused {
-    pub path: String,
-    pub asked: Vec<String>,
+pub(crate) struct Refused {
+    pub(crate) path: String,
+    pub(crate) asked: Vec<String>,
 }
 
 impl std::fmt::Display for Refused {

@@ -5,10 +5,10 @@
 use std::path::Path;
 
 /// Extensions of the still images gpen-video reads and writes.
-pub const STILL_EXTENSIONS: [&str; 7] = ["png", "jpg", "jpeg", "webp", "tif", "tiff", "bmp"];
+pub(crate) const STILL_EXTENSIONS: [&str; 7] = ["png", "jpg", "jpeg", "webp", "tif", "tiff", "bmp"];
 
 /// Extensions of still-image formats it does not write (GIF is read as a video).
-pub const OTHER_IMAGE_EXTENSIONS: [&str; 6] = ["gif", "jxl", "avif", "heic", "heif", "qoi"];
+pub(crate) const OTHER_IMAGE_EXTENSIONS: [&str; 6] = ["gif", "jxl", "avif", "heic", "heif", "qoi"];
 
 /// Extensions of pictures read as stills (into a still output) but not written: QOI (read by
 /// `image`), AVIF, and HEIC/HEIF, which FFmpeg builds without HEIF support refuse with a
@@ -16,7 +16,7 @@ pub const OTHER_IMAGE_EXTENSIONS: [&str; 6] = ["gif", "jxl", "avif", "heic", "he
 pub(crate) const STILL_INPUT_ONLY_EXTENSIONS: [&str; 4] = ["avif", "heic", "heif", "qoi"];
 
 /// The extension of `path`, lower case ("" for none).
-pub fn ext_of(path: &Path) -> String {
+pub(crate) fn ext_of(path: &Path) -> String {
     path.extension()
         .and_then(|e| e.to_str())
         .unwrap_or("")
@@ -35,6 +35,6 @@ pub(crate) fn is_still_input(path: &Path) -> bool {
 
 /// Whether `path` names a still-image format gpen-video does not write (GIF, JPEG XL, AVIF,
 /// HEIC, QOI).
-pub fn is_other_image(path: &Path) -> bool {
+pub(crate) fn is_other_image(path: &Path) -> bool {
     OTHER_IMAGE_EXTENSIONS.contains(&ext_of(path).as_str())
 }

@@ -3,16 +3,16 @@
 //! Everything that touches pictures and colour lives here: FFmpeg's, and the stills `image`
 //! reads (`still_in`).
 
-pub mod color;
-pub mod compare;
-pub mod decode;
-pub mod encode;
-pub mod hdr;
-pub mod input;
-pub mod kind;
-pub mod orient;
-pub mod packets;
-pub mod read;
-pub mod sniff;
-pub mod still;
-pub mod still_in;
+pub(crate) mod color;
+pub(crate) mod compare;
+pub(crate) mod decode;
+pub(crate) mod encode;
+pub(crate) mod hdr;
+pub(crate) mod input;
+pub(crate) mod kind;
+pub(crate) mod orient;
+pub(crate) mod packets;
+pub(crate) mod read;
+pub(crate) mod sniff;
+pub(crate) mod still;
+pub(crate) mod still_in;

@@ -35,7 +35,7 @@ pub(crate) fn swaps(o: u8) -> bool {
 }
 
 /// The upright size of a picture stored as `width` x `height` with orientation `o`.
-pub fn upright_size(o: u8, width: usize, height: usize) -> (usize, usize) {
+pub(crate) fn upright_size(o: u8, width: usize, height: usize) -> (usize, usize) {
     if swaps(o) {
         (height, width)
     } else {
@@ -45,7 +45,7 @@ pub fn upright_size(o: u8, width: usize, height: usize) -> (usize, usize) {
 
 /// Writes the upright picture of `src` (packed RGB24, stored `w` x `h`, orientation `o`) into
 /// `dst`.
-pub fn upright(o: u8, src: &[u8], w: usize, h: usize, dst: &mut Vec<u8>) {
+pub(crate) fn upright(o: u8, src: &[u8], w: usize, h: usize, dst: &mut Vec<u8>) {
     let (uw, uh) = upright_size(o, w, h);
     dst.clear();
     dst.resize(uw * uh * 3, 0);

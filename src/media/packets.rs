@@ -26,7 +26,7 @@ pub(crate) struct PacketWriter {
 
 impl PacketWriter {
     /// Creates `path` with the encoder's codec headers `extradata`.
-    pub fn create(path: &Path, extradata: &[u8]) -> Result<Self> {
+    pub(crate) fn create(path: &Path, extradata: &[u8]) -> Result<Self> {
         let file = File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
         let mut w = Self {
             out: BufWriter::new(file),
@@ -45,7 +45,7 @@ impl PacketWriter {
     }
 
     /// Appends one packet.
-    pub fn write(&mut self, p: &Packet) -> Result<()> {
+    pub(crate) fn write(&mut self, p: &Packet) -> Result<()> {
         let data = p.data().unwrap_or(&[]);
         let mut head = [0u8; 32];
         head[0..8].copy_from_slice(&p.pts().unwrap_or(NONE).to_le_bytes());
@@ -58,7 +58,7 @@ impl PacketWriter {
     }
 
     /// Flushes the file to disk.
-    pub fn finish(self) -> Result<()> {
+    pub(crate) fn finish(self) -> Result<()> {
         let path = self.path.clone();
         let file = self
             .out
@@ -74,11 +74,11 @@ pub(crate) struct PacketReader {
     input: BufReader<File>,
     path: PathBuf,
     /// The codec headers the segment's encoder gave.
-    pub extradata: Vec<u8>,
+    pub(crate) extradata: Vec<u8>,
 }
 
 impl PacketReader {
-    pub fn open(path: &Path) -> Result<Self> {
+    pub(crate) fn open(path: &Path) -> Result<Self> {
         let file = File::open(path).with_context(|| format!("cannot open segment {}", path.display()))?;
         let mut input = BufReader::new(file);
         let mut magic = [0u8; 8];

@@ -23,7 +23,7 @@ use crate::media::encode::{EncodeSettings, Encoder};
 
 use crate::defaults::QUALITY as DEFAULT_QUALITY;
 
-pub use crate::media::kind::{ext_of, is_other_image, is_still, OTHER_IMAGE_EXTENSIONS, STILL_EXTENSIONS};
+pub(crate) use crate::media::kind::{ext_of, is_still, STILL_EXTENSIONS};
 
 /// The FFmpeg image encoder for a still output named `path`.
 pub(crate) fn encoder_for(path: &Path) -> Option<&'static str> {
@@ -518,6 +518,7 @@ impl Writer {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::media::kind::is_other_image;
 
     #[test]
     fn the_orientation_entry_is_reset_in_either_byte_order() {

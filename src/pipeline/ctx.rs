@@ -14,16 +14,16 @@ pub(crate) const DEPTH: usize = 4;
 /// Buffer pools sized to what can be in flight, so a buffer is never dropped and reallocated
 /// (a fresh 1080p RGB buffer costs page faults on every first touch).
 pub(crate) struct Pools {
-    pub rgb: Pool<Vec<u8>>,
-    pub det: Pool<Vec<u8>>,
-    pub crop: Pool<Vec<u8>>,
-    pub restored: Pool<Vec<i16>>,
+    pub(crate) rgb: Pool<Vec<u8>>,
+    pub(crate) det: Pool<Vec<u8>>,
+    pub(crate) crop: Pool<Vec<u8>>,
+    pub(crate) restored: Pool<Vec<i16>>,
     /// The paste's change buffers, from paste to encode (sizes of face regions, not crops).
-    pub change: Pool<Vec<f32>>,
+    pub(crate) change: Pool<Vec<f32>>,
     /// Half-resolution luma of the crops, from alignment to the temporal filter.
-    pub luma: Pool<Vec<f32>>,
+    pub(crate) luma: Pool<Vec<f32>>,
     /// A video's frames in flight (see [`Budget`]); none for a stream of pictures.
-    pub budget: Option<Arc<Budget>>,
+    pub(crate) budget: Option<Arc<Budget>>,
 }
 
 impl Pools {
@@ -44,24 +44,24 @@ impl Pools {
 /// What every stage of one pipeline reads: the treatment, the model's crop side and template
 /// points, the pools and the width of the pool stages.
 pub(crate) struct StageCtx<'a> {
-    pub treatment: &'a Treatment,
+    pub(crate) treatment: &'a Treatment,
     /// The model's crop side.
-    pub size: usize,
+    pub(crate) size: usize,
     /// The model's alignment template scaled to the crop.
-    pub template: [[f32; 2]; 5],
-    pub pools: &'a Pools,
+    pub(crate) template: [[f32; 2]; 5],
+    pub(crate) pools: &'a Pools,
     /// Threads of each pool stage (alignment, paste).
-    pub threads: usize,
+    pub(crate) threads: usize,
     /// Whether the temporal filter runs (alignment then keeps each crop's luma for it).
-    pub temporal: bool,
+    pub(crate) temporal: bool,
     /// The crops stay with their faces after the model (the identity stage reads them and
     /// gives them back to their pool).
-    pub keep_crops: bool,
+    pub(crate) keep_crops: bool,
     /// Whether a smoother links the faces into tracks after the mesh (a video): the mesh then
     /// leaves the faces it doubts to their track (see [`crate::defaults::SUPPORT_SCORE`]).
-    pub tracked: bool,
+    pub(crate) tracked: bool,
     /// Where a side-by-side view puts its pictures (the source's display turn and mirror).
-    pub sides: crate::media::compare::Sides,
+    pub(crate) sides: crate::media::compare::Sides,
     /// The CPU level every stage's kernels run at (the engine's, decided by the settings).
-    pub cpu: crate::kernels::Cpu,
+    pub(crate) cpu: crate::kernels::Cpu,
 }

@@ -105,9 +105,9 @@ pub(crate) fn held_frames(batch: usize, n_workers: usize) -> usize {
 
 /// What the dispatcher did: its stage statistics, batches sent, most frames held at once.
 pub(crate) struct DispatchStat {
-    pub stage: StageStat,
-    pub batches: u64,
-    pub held_max: usize,
+    pub(crate) stage: StageStat,
+    pub(crate) batches: u64,
+    pub(crate) held_max: usize,
 }
 
 /// When a partial batch goes out (besides the end of the stream and too many frames waiting).
@@ -357,7 +357,7 @@ pub(crate) struct Batcher {
 }
 
 impl Batcher {
-    pub fn new(batch: usize, max_hold: usize) -> Self {
+    pub(super) fn new(batch: usize, max_hold: usize) -> Self {
         Self {
             batch: batch.max(1),
             max_hold: max_hold.max(1),
@@ -368,7 +368,7 @@ impl Batcher {
         }
     }
 
-    pub fn push(&mut self, f: FaceFrame) {
+    pub(super) fn push(&mut self, f: FaceFrame) {
         let seq = self.base + self.held.len() as u64;
         for i in 0..f.faces.len() {
             self.pending.push_back((seq, i));
@@ -392,7 +392,7 @@ impl Batcher {
     }
 
     /// Marks one face of frame `seq` as restored.
-    pub fn done(&mut self, seq: u64) {
+    pub(super) fn done(&mut self, seq: u64) {
         let w = &mut self.waiting[(seq - self.base) as usize];
         *w = w.saturating_sub(1);
     }
@@ -407,7 +407,7 @@ impl Batcher {
         self.held.pop_front()
     }
 
-    pub fn held(&self) -> usize {
+    pub(super) fn held(&self) -> usize {
         self.held.len()
     }
 

@@ -28,8 +28,7 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use crossbeam_channel::bounded;
 
-pub use stages::align_face;
-pub use stream::{run_images, ImageDone, Outcome};
+pub(crate) use stream::{run_images, ImageDone};
 
 use crate::engine::{Engine, Job};
 use crate::frame::{FaceFrame, Frame};
@@ -111,20 +110,20 @@ fn output_source(job: &Job) -> crate::media::decode::SourceInfo {
 /// Where one segment of a long video is written (see [`crate::segment`]).
 pub(crate) struct SegmentOut<'a> {
     /// The packet file being written (a temporary name the caller renames).
-    pub packets: &'a std::path::Path,
+    pub(crate) packets: &'a std::path::Path,
     /// The segment's faces record (moved into place when it succeeds).
-    pub faces: &'a std::path::Path,
+    pub(crate) faces: &'a std::path::Path,
     /// What of the source the segment decodes.
-    pub span: crate::media::decode::Span,
+    pub(crate) span: crate::media::decode::Span,
     /// OUT's extension: the segment is encoded as that container wants it.
-    pub ext: &'a str,
+    pub(crate) ext: &'a str,
 }
 
 /// What a segment's run hands back: its summary and its faces record, not yet in place, with
 /// the record of the warm-up frame just before the segment (to link tracks across the join).
 pub(crate) struct SegmentDone {
-    pub summary: Summary,
-    pub faces: FacesRecord,
+    pub(crate) summary: Summary,
+    pub(crate) faces: FacesRecord,
 }
 
 /// A segment's faces record on its way into place.

@@ -35,7 +35,7 @@ struct Output<T> {
 /// `init`) and sends the items on to `tx` in the order they came. Returns when the input ends,
 /// the receiver of `tx` is gone or `work` fails (the first failure is the error returned).
 /// The statistics count every thread's busy time, so `busy / threads` is the pool's share.
-pub fn ordered<T: Send, S>(
+pub(super) fn ordered<T: Send, S>(
     name: &'static str,
     queue_cap: usize,
     threads: usize,

@@ -67,7 +67,7 @@ pub(crate) struct FacesSink {
 }
 
 impl FacesSink {
-    pub fn create(path: &Path) -> Result<Self> {
+    pub(super) fn create(path: &Path) -> Result<Self> {
         let mut file = PendingFile::create(path)?;
         file.write_all(b"[")
             .with_context(|| format!("writing {}", path.display()))?;
@@ -121,7 +121,7 @@ impl FacesSink {
     }
 
     /// Appends one frame (one line).
-    pub fn frame(&mut self, index: u64, faces: &[FaceJob]) -> Result<()> {
+    pub(super) fn frame(&mut self, index: u64, faces: &[FaceJob]) -> Result<()> {
         let line = Self::line(index, faces)?;
         let sep: &[u8] = if self.frames == 0 { b"\n" } else { b",\n" };
         self.file

@@ -43,7 +43,7 @@ pub(crate) type Turn = (u8, (usize, usize));
 /// or `cancel` is set (then it fails with [`Cancelled`]). With a `budget`, each frame waits for
 /// its ticket before it is sent (the wait is not the stage's work).
 #[allow(clippy::too_many_arguments)]
-pub fn decode(
+pub(super) fn decode(
     decoder: Decoder,
     turn: Option<Turn>,
     pools: (&Pool<Vec<u8>>, &Pool<Vec<u8>>),
@@ -86,7 +86,7 @@ pub fn decode(
 
 /// Finds the faces of each frame; the detection copy goes back to `det_pool`. Each picture of
 /// an image stream is a scene of its own, at its own detection size.
-pub fn detect(
+pub(super) fn detect(
     detector: &mut Detector,
     det_pool: &Pool<Vec<u8>>,
     rx: Receiver<Frame>,
@@ -658,7 +658,7 @@ pub(crate) fn temporal(
 /// order, `smoother`'s look-ahead later. The smoother is the job's own.
 /// Returns the stage's statistics and the doubted faces it dropped and kept (see
 /// [`Smoother::push`]).
-pub fn smooth(
+pub(super) fn smooth(
     mut smoother: Smoother,
     rx: Receiver<FaceFrame>,
     tx: Sender<FaceFrame>,
@@ -828,7 +828,7 @@ pub(crate) fn align(ctx: &StageCtx, rx: Receiver<FaceFrame>, tx: Sender<FaceFram
 /// it into `crop` (an NCHW item of `size`) and returns the frame-to-crop transform with the
 /// frame region the crop covers. A face larger than the crop is filtered first (see
 /// [`warp_face`]); `scratch` holds the filtered levels between calls.
-pub fn align_face(
+pub(crate) fn align_face(
     f: &mut Frame,
     face: &Face,
     (tpl, size): (&[[f32; 2]; 5], usize),
@@ -1051,20 +1051,20 @@ fn paste_frame(
 
 /// What the encode stage counted.
 pub(crate) struct EncodeStat {
-    pub stage: StageStat,
-    pub faces: u64,
-    pub frames_with_faces: u64,
+    pub(crate) stage: StageStat,
+    pub(crate) faces: u64,
+    pub(crate) frames_with_faces: u64,
     /// Faces found and left alone (the selection's), by why.
-    pub left: crate::stats::Left,
+    pub(crate) left: crate::stats::Left,
     /// The faces record, complete but not yet moved into place.
-    pub sink: Option<FacesSink>,
+    pub(crate) sink: Option<FacesSink>,
 }
 
 /// Encodes frames in order into `encoder`'s file and records their faces in `faces`; frame
 /// buffers go back to `rgb_pool`, the paste's change buffers to `change_pool`. `progress` gets
 /// the frames written and faces restored so far.
 #[allow(clippy::too_many_arguments)]
-pub fn encode(
+pub(super) fn encode(
     mut encoder: Writer,
     output: &Path,
     mut faces: Option<FacesSink>,

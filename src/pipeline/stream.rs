@@ -15,7 +15,6 @@
 
 use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{anyhow, Context, Result};
@@ -34,22 +33,21 @@ use crate::stats::{Clock, StageStat, Summary};
 
 /// One picture of the stream, restored and in place.
 #[derive(Clone, Debug)]
-pub struct ImageDone {
-    pub output: PathBuf,
-    pub faces: u64,
+pub(crate) struct ImageDone {
+    pub(crate) faces: u64,
     /// Each face's box (x1, y1, x2, y2, picture pixels as stored).
-    pub boxes: Vec<[f32; 4]>,
+    pub(crate) boxes: Vec<[f32; 4]>,
     /// From the moment its decoding started to its rename.
-    pub seconds: f64,
+    pub(crate) seconds: f64,
     /// The restored picture's bytes, for a job that keeps it in memory (`Job::to_memory`).
-    pub bytes: Option<Vec<u8>>,
+    pub(crate) bytes: Option<Vec<u8>>,
 }
 
 /// What each picture reports: the tag it came with (whatever its caller answers it by: a
 /// request's reply, a batch's clip) and its outcome.
 ///
 /// Each picture is pasted with its own job's blend and compare view; the mask is `first`'s.
-pub type Outcome<'a, R> = &'a (dyn Fn(R, Result<ImageDone>) + Sync);
+pub(crate) type Outcome<'a, R> = &'a (dyn Fn(R, Result<ImageDone>) + Sync);
 
 /// The pictures pulled and not yet reported, by their number in the stream: each one's job,
 /// when it started and its tag. The stream's one table: callers keep none.
@@ -62,7 +60,7 @@ type Table<R> = Mutex<HashMap<usize, (Job, Instant, R)>>;
 /// too many pictures wait, as a folder is streamed). `done`
 /// hears exactly once of every picture taken. Fails only when the stream as a whole broke
 /// (the model failed); the pictures it took with it are reported failed first.
-pub fn run_images<R: Send>(
+pub(crate) fn run_images<R: Send>(
     engine: &mut Engine,
     (long_side, flush): (usize, Option<std::time::Duration>),
     first: (Job, R),
@@ -259,7 +257,6 @@ fn encode<R: Send>(
                     .with_context(|| format!("encode stage, output {}", job.output.display()))
                     .kind(Kind::Io)
                     .map(|bytes| ImageDone {
-                        output: job.output.clone(),
                         bytes,
                         faces: faces.len() as u64,
                         boxes: faces.iter().map(|f| f.face.bbox).collect(),

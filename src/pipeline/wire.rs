@@ -77,34 +77,34 @@ pub(crate) const IN_FLIGHT_ENV: &str = "GPEN_VIDEO_IN_FLIGHT";
 /// What sets a run's middle apart.
 pub(crate) struct Middle {
     /// Everything that changes the output, whole.
-    pub treatment: Arc<Treatment>,
+    pub(crate) treatment: Arc<Treatment>,
     /// A video: its faces' points smoothed over time and its change filtered along their
     /// tracks. A stream of pictures has neither: every picture is a scene of its own.
-    pub video: bool,
+    pub(crate) video: bool,
     /// When the dispatcher sends a partial batch (see [`dispatch::dispatch`]).
-    pub flush: Flush,
+    pub(crate) flush: Flush,
     /// Where a side-by-side view puts its pictures (see [`crate::media::compare::Sides`]).
-    pub sides: crate::media::compare::Sides,
+    pub(crate) sides: crate::media::compare::Sides,
     /// Measure who each restored face still is even without the identity guard (`--identity`;
     /// with the identity model: see [`crate::people::IdentityMeter`]), and on every face
     /// (`each_face`: the faces are recorded) or a few views of each track.
-    pub identity: bool,
-    pub each_face: bool,
+    pub(crate) identity: bool,
+    pub(crate) each_face: bool,
     /// The face-identity model the settings resolved (see `config::Recipe::identity`).
-    pub identity_model: Option<std::path::PathBuf>,
+    pub(crate) identity_model: Option<std::path::PathBuf>,
     /// BRISQUE's parameters (see `config::Recipe::quality`).
-    pub quality_model: Option<std::path::PathBuf>,
+    pub(crate) quality_model: Option<std::path::PathBuf>,
 }
 
 /// What an encode stage reports: its clock, the faces it wrote, the frames with faces, and
 /// whatever else the caller needs back (`extra`).
 pub(crate) struct Encoded<T> {
-    pub stage: StageStat,
-    pub faces: u64,
-    pub frames_with_faces: u64,
+    pub(crate) stage: StageStat,
+    pub(crate) faces: u64,
+    pub(crate) frames_with_faces: u64,
     /// Faces found and left alone, by why.
-    pub left: crate::stats::Left,
-    pub extra: T,
+    pub(crate) left: crate::stats::Left,
+    pub(crate) extra: T,
 }
 
 /// A stage between detection (which every run has, and which turns frames into face frames)

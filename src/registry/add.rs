@@ -17,16 +17,16 @@ use crate::runtime::{SessionOptions, Target};
 
 /// What `models add` was asked.
 #[derive(Clone, Debug)]
-pub struct AddArgs {
-    pub path: PathBuf,
-    pub name: String,
+pub(super) struct AddArgs {
+    pub(crate) path: PathBuf,
+    pub(crate) name: String,
     /// The alignment template, when neither the file nor the registry's entry of that name
     /// gives the right one.
-    pub template: Option<Template>,
+    pub(crate) template: Option<Template>,
     /// Record the file as it is, even when its batch is fixed at 1.
-    pub keep_batch: bool,
+    pub(crate) keep_batch: bool,
     /// ONNX Runtime threads for the check.
-    pub threads: usize,
+    pub(crate) threads: usize,
 }
 
 /// The I/O contract of `path`, read as `--model` reads it.
@@ -70,7 +70,7 @@ fn batched_copy(a: &AddArgs, original: &Path, info: &ModelInfo, fidelity: f32) -
 }
 
 /// Records `a.path` under `a.name` in the user registry; returns the entry and what was done.
-pub fn add(a: &AddArgs) -> Result<(Entry, String)> {
+pub(super) fn add(a: &AddArgs) -> Result<(Entry, String)> {
     let n = &a.name;
     if !super::name_ok(n) {
         bail!(
@@ -194,7 +194,7 @@ fn remove_copy(e: &Entry, keep: Option<&str>) {
 
 /// Forgets the user's model `name` (and deletes the copy this tool made of it, if any; the
 /// user's own file is left alone).
-pub fn remove(name: &str) -> Result<String> {
+pub(super) fn remove(name: &str) -> Result<String> {
     let (e, file) = user::update(|reg| {
         let Some(i) = reg.models.iter().position(|e| e.name.eq_ignore_ascii_case(name)) else {
             let names: Vec<&str> = reg.models.iter().map(|e| e.name.as_str()).collect();

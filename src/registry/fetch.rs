@@ -21,7 +21,7 @@ use crate::config::find_asset;
 pub const STALL_ENV: &str = "GPEN_VIDEO_FETCH_STALL_S";
 
 /// Default stall timeout, seconds.
-pub const DEFAULT_STALL_S: f64 = 60.0;
+pub(crate) const DEFAULT_STALL_S: f64 = 60.0;
 
 /// The stall timeout: $GPEN_VIDEO_FETCH_STALL_S (seconds, > 0) or [`DEFAULT_STALL_S`].
 fn stall_timeout() -> Result<Duration> {
@@ -53,7 +53,7 @@ fn default_dir() -> PathBuf {
 /// Where `fetch` downloads `e` from: the `--url` flag, else `BASE/FILE` for a mirror base
 /// ($GPEN_VIDEO_MODEL_URL_BASE), else the entry's URL; a locally made entry without either
 /// says how to make it.
-pub fn download_url(e: &Entry, flag: Option<&str>, base: Option<&str>) -> Result<String> {
+pub(crate) fn download_url(e: &Entry, flag: Option<&str>, base: Option<&str>) -> Result<String> {
     match (flag, base.filter(|b| !b.is_empty())) {
         (Some(u), _) => Ok(u.to_string()),
         (None, Some(b)) => Ok(format!("{}/{}", b.trim_end_matches('/'), e.file)),
@@ -133,7 +133,7 @@ pub fn fetch_entry(e: &Entry, to: Option<&Path>, url: Option<&str>, progress: bo
 /// Whether the file at `path` (sha256 `sha`) is `e`'s model: its sha256 when one is on record;
 /// otherwise its size when recorded and the I/O contract of its kind, read with ONNX Runtime
 /// exactly as `--model` / `--detector` check it, with the enhancer's crop size on record.
-pub fn check_entry_file(e: &Entry, path: &Path, sha: &str) -> Result<()> {
+pub(crate) fn check_entry_file(e: &Entry, path: &Path, sha: &str) -> Result<()> {
     if let Some(want) = e.sha() {
         if !want.eq_ignore_ascii_case(sha) {
             bail!("its sha256 is {sha}, but {want} is on record (changed upstream, or damaged in transit)");

@@ -26,16 +26,17 @@ use crate::faces::align::Template;
 
 mod add;
 mod fetch;
-pub mod rebatch;
+pub(crate) mod rebatch;
 pub(crate) mod report;
 #[cfg(test)]
 mod tests;
-pub mod user;
-pub mod weights;
+pub(crate) mod user;
+pub(crate) mod weights;
 
-pub use fetch::{check_entry_file, download_url, fetch, fetch_entry, fetch_url, DEFAULT_STALL_S, STALL_ENV};
+pub use fetch::{fetch, fetch_entry, fetch_url, STALL_ENV};
 use report::verify_all;
-pub use report::{list_table, sha256_file, verify_path, Checksum, FileReport, ModelFacts};
+pub(crate) use report::{list_table, sha256_file};
+pub use report::{verify_path, Checksum, ModelFacts};
 
 /// The registry as shipped: compiled into the binary so it works from any folder.
 pub(crate) const EMBEDDED: &str = include_str!("../../models/models.toml");
@@ -140,11 +141,12 @@ fn is_zero<T: Default + PartialEq>(v: &T) -> bool {
 }
 
 /// What a model's name may hold, as error messages say it.
-pub const NAME_RULE: &str = "1 to 64 letters, digits, `.`, `_`, `-` and `+`, and begins with neither `-` nor `.`";
+pub(crate) const NAME_RULE: &str =
+    "1 to 64 letters, digits, `.`, `_`, `-` and `+`, and begins with neither `-` nor `.`";
 
 /// Whether `name` follows [`NAME_RULE`]: a word a shell passes on as it is, that no command
 /// takes for an option, and a file name that is not hidden.
-pub fn name_ok(name: &str) -> bool {
+pub(crate) fn name_ok(name: &str) -> bool {
     (1..=64).contains(&name.len())
         && !name.starts_with(['-', '.'])
         && name.chars().all(|c| c.is_ascii_alphanumeric() || "._-+".contains(c))
@@ -368,7 +370,7 @@ pub fn registry() -> Result<&'static Registry> {
 }
 
 /// Every model known here: the user's own (`gpen-video models add`) first, then the registry's.
-pub fn known() -> Result<Vec<Entry>> {
+pub(crate) fn known() -> Result<Vec<Entry>> {
     let mut all = user::load()?.models;
     all.extend(registry()?.models.iter().cloned());
     Ok(all)
@@ -465,15 +467,6 @@ pub fn resolve(arg: &str) -> Result<Resolved> {
 /// The file `--model ARG` names (see [`resolve`]).
 pub fn resolve_model(arg: &str) -> Result<PathBuf> {
     resolve(arg).map(|r| r.path)
-}
-
-/// The default fidelity the entry of `arg` (a name, or a path to its file) gives, if any.
-pub fn default_fidelity(arg: &str) -> Option<f32> {
-    let all = known().ok()?;
-    all.iter()
-        .find(|e| e.name.eq_ignore_ascii_case(arg))
-        .or_else(|| entry_of_path(&all, std::path::Path::new(arg)))
-        .and_then(|e| e.fidelity)
 }
 
 /// The `gpen-video models` subcommands.

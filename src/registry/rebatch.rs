@@ -20,10 +20,10 @@ use crate::faces::enhance::{Enhancer, Restored};
 use crate::runtime::{SessionOptions, Target};
 
 /// The name the batch dimension gets.
-pub const SYMBOL: &str = "N";
+pub(crate) const SYMBOL: &str = "N";
 
 /// Crops the check runs in one call against as many single calls.
-pub const CHECK_BATCH: usize = 4;
+pub(crate) const CHECK_BATCH: usize = 4;
 
 /// Sets a value's first dimension to [`SYMBOL`] when it is 1 (and the value has `min_rank`
 /// dimensions or more); whether it did.
@@ -53,7 +53,7 @@ fn freed_shape<'a>(t: &TensorProto<'a>) -> Option<TensorProto<'a>> {
 /// The bytes of `onnx` with its batch made symbolic (see the module's note): `input` is the
 /// image input's name; `reshapes` also frees the first entry of constant Reshape shapes.
 /// Returns the new bytes and how many reshape constants changed.
-pub fn symbolic(onnx: &[u8], input: &str, reshapes: bool) -> Result<(Vec<u8>, usize)> {
+pub(crate) fn symbolic(onnx: &[u8], input: &str, reshapes: bool) -> Result<(Vec<u8>, usize)> {
     let mut model = onnx_rs::parse(onnx).map_err(|e| anyhow!("not a readable ONNX file: {e}"))?;
     let graph = model.graph.as_mut().ok_or_else(|| anyhow!("the file has no graph"))?;
     if graph
@@ -167,7 +167,7 @@ fn same(a: &[Vec<u32>], b: &[Vec<u32>], what: &str) -> Result<()> {
 /// without the layout optimizations, which pick other kernels for a file's fixed shapes than for
 /// a symbolic batch), and the copy's one call on all of them gives what its single calls give
 /// (as the pipeline runs it).
-pub fn check(original: &Path, copy: &Path, threads: usize, fidelity: f32) -> Result<()> {
+pub(crate) fn check(original: &Path, copy: &Path, threads: usize, fidelity: f32) -> Result<()> {
     let mut file = load(original, threads, fidelity, true)?;
     let crops = check_crops(file.info.size);
     let singles = |e: &mut Enhancer| -> Result<Vec<Vec<u32>>> {

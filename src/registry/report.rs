@@ -25,7 +25,7 @@ fn human_bytes(n: u64) -> String {
 }
 
 /// The `models list` table.
-pub fn list_table() -> Result<String> {
+pub(crate) fn list_table() -> Result<String> {
     let known = super::known()?;
     let head = [
         "NAME", "KIND", "INPUT", "BATCH", "TEMPLATE", "SIZE", "SHA256", "SOURCE", "PRESENT",
@@ -100,7 +100,7 @@ pub fn list_table() -> Result<String> {
 }
 
 /// sha256 of a file, as 64 lowercase hex digits.
-pub fn sha256_file(path: &Path) -> Result<String> {
+pub(crate) fn sha256_file(path: &Path) -> Result<String> {
     let mut f = std::fs::File::open(path).with_context(|| format!("cannot read {}", path.display()))?;
     let mut h = Sha256::new();
     let mut buf = vec![0u8; 1 << 20];

@@ -1,7 +1,7 @@
 //! Unit tests of the registry: in, the embedded models.toml and small hand-written registries;
 //! out, checks of its rules, lookups, download URLs, the list table and `--model` resolution.
 
-use super::fetch::host_of;
+use super::fetch::{download_url, host_of};
 use super::*;
 
 #[test]
@@ -163,9 +163,6 @@ fn other_restorers_are_known_by_their_names() {
     }
     assert_eq!(reg.find("gpen-bfr-256").unwrap().template, "arcface_128");
     assert_eq!(reg.find("codeformer").unwrap().template, "ffhq");
-    assert_eq!(default_fidelity("CodeFormer"), Some(0.5));
-    assert_eq!(default_fidelity("some/where/codeformer.onnx"), Some(0.5));
-    assert_eq!(default_fidelity("gfpgan-1.4"), None);
 }
 
 /// The batch rewrite changes only what a batch-1 file declares, and refuses a file that declares

@@ -13,21 +13,21 @@ use anyhow::{anyhow, bail, Context, Result};
 use super::{Entry, Registry};
 
 /// The user registry's file.
-pub fn file() -> Result<PathBuf> {
+pub(crate) fn file() -> Result<PathBuf> {
     crate::defaults::user_dir("XDG_CONFIG_HOME", ".config")
         .map(|d| d.join("models.toml"))
         .ok_or_else(|| anyhow!("no HOME or XDG_CONFIG_HOME to keep your models' list under"))
 }
 
 /// Where copies of users' files with a symbolic batch are written.
-pub fn data_dir() -> Result<PathBuf> {
+pub(crate) fn data_dir() -> Result<PathBuf> {
     crate::defaults::user_dir("XDG_DATA_HOME", ".local/share")
         .map(|d| d.join("models"))
         .ok_or_else(|| anyhow!("no HOME or XDG_DATA_HOME to keep model copies under"))
 }
 
 /// The user's entries (none when there is no file, or no home to look in).
-pub fn load() -> Result<Registry> {
+pub(crate) fn load() -> Result<Registry> {
     match file() {
         Ok(path) => read(&path),
         Err(_) => Ok(Registry::default()),
@@ -101,7 +101,7 @@ fn lock(path: &Path) -> Result<std::fs::File> {
 /// then renamed over the list), so a concurrent `models add` or `remove` of another name is
 /// never lost. Returns what `change` returned and the list's path; when `change` fails, the
 /// list is left as it was.
-pub fn update<T>(change: impl FnOnce(&mut Registry) -> Result<T>) -> Result<(T, PathBuf)> {
+pub(crate) fn update<T>(change: impl FnOnce(&mut Registry) -> Result<T>) -> Result<(T, PathBuf)> {
     let path = file()?;
     let dir = path.parent().expect("a file under a folder");
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
@@ -124,7 +124,7 @@ pub fn update<T>(change: impl FnOnce(&mut Registry) -> Result<T>) -> Result<(T, 
 /// A recorded file must still be the one recorded: the same size, and so must each file it
 /// reads its weights from (a cheap check on every use; `gpen-video models verify` checks their
 /// sha256).
-pub fn check_unchanged(e: &Entry, path: &Path) -> Result<()> {
+pub(crate) fn check_unchanged(e: &Entry, path: &Path) -> Result<()> {
     let again = format!(
         "record it again with `gpen-video models add {} --name {}`",
         if e.origin.is_empty() { &e.file } else { &e.origin },

@@ -18,7 +18,7 @@
 //! it once; the join is held too, and runs only from a whole set, once: the folder goes when
 //! OUT is in place. [`run`] is the one scheduler all of them go through.
 
-pub mod plan;
+pub(crate) mod plan;
 
 use crate::pipeline::Progress;
 use std::collections::HashMap;
@@ -591,10 +591,10 @@ pub struct Share<'a> {
 }
 
 /// Where the work held reports its progress (see [`Claims::hold_while`]).
-pub type Report<'a> = &'a (dyn Fn(Progress) + Sync);
+pub(crate) type Report<'a> = &'a (dyn Fn(Progress) + Sync);
 
 /// What holds a segment for this process while it is made (dropped: let go).
-pub type Hold = Box<dyn std::any::Any>;
+pub(crate) type Hold = Box<dyn std::any::Any>;
 
 /// How this process holds a segment, or the join, while it works on it: by claim files in the
 /// work folder ([`FileClaims`]: the CLI, batch, a service alone), or by a lease its caller

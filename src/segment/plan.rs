@@ -12,11 +12,11 @@ use crate::media::decode::{read_packet, SourceInfo};
 
 /// What one pass over a video's packets finds.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-pub struct Scan {
+pub(crate) struct Scan {
     /// Every shown frame's timestamp (stream time base), in display order.
-    pub pts: Vec<i64>,
+    pub(crate) pts: Vec<i64>,
     /// The keyframes: each one's frame number and the timestamp to seek to for it.
-    pub keys: Vec<(u64, i64)>,
+    pub(crate) keys: Vec<(u64, i64)>,
 }
 
 /// One segment: frames `start..end` written, decoded from the keyframe at `seek` (the start of
@@ -120,7 +120,7 @@ pub(crate) fn look_ahead(t: &Treatment) -> u64 {
 /// segment. Each segment's warm-up is `warm` frames, decoded from the keyframe before, and its
 /// look-ahead `ahead` frames (none past the last frame), the warm-up counted back from the
 /// start of the `stretch` (see [`guard_stretch`]) its first frame is in.
-pub fn cut(
+pub(crate) fn cut(
     scan: &Scan,
     time_base: f64,
     seconds: f64,
@@ -168,7 +168,7 @@ pub fn cut(
 }
 
 /// A segment file's name in the work folder.
-pub fn file_name(number: usize) -> String {
+pub(crate) fn file_name(number: usize) -> String {
     format!("{number:05}.seg")
 }
 

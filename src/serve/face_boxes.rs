@@ -13,16 +13,16 @@ use serde::{Deserialize, Serialize};
 use crate::media::decode::SourceInfo;
 
 /// The most frames the record keeps: a longer clip keeps every 2nd, 4th, ... frame.
-pub const MAX_FRAMES: usize = 2000;
+pub(super) const MAX_FRAMES: usize = 2000;
 
 /// The most boxes kept of one frame (the largest).
-pub const MAX_BOXES: usize = 32;
+pub(super) const MAX_BOXES: usize = 32;
 
 /// The name of the record in a job's folder.
-pub const FILE: &str = "faces.json";
+pub(super) const FILE: &str = "faces.json";
 
 /// The name of the run's whole record while the job runs (removed once made small).
-pub const RAW: &str = "faces-run.json";
+pub(super) const RAW: &str = "faces-run.json";
 
 /// One frame's entry of the run's record: only the boxes are read.
 #[derive(Deserialize)]
@@ -60,19 +60,19 @@ struct RawQuality {
 /// another person), the tracks the identity guard backed off, and the faces' median quality
 /// before and after (BRISQUE, lower is better), where the run measured them.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
-pub struct Faithful {
+pub(crate) struct Faithful {
     #[serde(skip_serializing_if = "Option::is_none", default)]
-    pub identity: Option<f32>,
+    pub(crate) identity: Option<f32>,
     #[serde(skip_serializing_if = "Vec::is_empty", default)]
-    pub guarded: Vec<u64>,
+    pub(crate) guarded: Vec<u64>,
     #[serde(skip_serializing_if = "Option::is_none", default)]
-    pub quality_before: Option<f32>,
+    pub(crate) quality_before: Option<f32>,
     #[serde(skip_serializing_if = "Option::is_none", default)]
-    pub quality_after: Option<f32>,
+    pub(crate) quality_after: Option<f32>,
     /// Faces found and left alone (the job's selection: `min-face`, `only-face`,
     /// `skip-face`), by why.
     #[serde(skip_serializing_if = "left_none", default)]
-    pub left: crate::stats::Left,
+    pub(crate) left: crate::stats::Left,
 }
 
 fn left_none(l: &crate::stats::Left) -> bool {
@@ -132,27 +132,27 @@ impl Figures {
 
 /// One kept frame: its index, its time in seconds (clips) and its boxes.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
-pub struct Frame {
-    pub frame: u64,
+pub(super) struct Frame {
+    pub(crate) frame: u64,
     #[serde(skip_serializing_if = "Option::is_none", default)]
-    pub t: Option<f64>,
-    pub boxes: Vec<[u32; 4]>,
+    pub(crate) t: Option<f64>,
+    pub(crate) boxes: Vec<[u32; 4]>,
 }
 
 /// The record the service keeps and `GET /v1/jobs/{id}/faces` answers.
 #[derive(Serialize, Deserialize, Debug)]
-pub struct Faces {
-    pub width: usize,
-    pub height: usize,
+pub(super) struct Faces {
+    pub(crate) width: usize,
+    pub(crate) height: usize,
     /// Frames a second (clips).
     #[serde(skip_serializing_if = "Option::is_none", default)]
-    pub fps: Option<f64>,
+    pub(crate) fps: Option<f64>,
     /// Every how many frames one is kept (1: all).
-    pub every: u64,
-    pub frames: Vec<Frame>,
+    pub(crate) every: u64,
+    pub(crate) frames: Vec<Frame>,
     /// What the faces became (see [`Faithful`]).
     #[serde(default)]
-    pub faithful: Faithful,
+    pub(crate) faithful: Faithful,
 }
 
 /// Reads the run's record frame by frame, keeping every `every`-th one and doubling `every`
@@ -245,7 +245,7 @@ fn picture_size(source: &SourceInfo) -> (usize, usize) {
 
 /// Makes the small record of `raw` (the run's faces record) for `source`, whose job pasted at
 /// `blend`.
-pub fn compact(raw: &Path, source: &SourceInfo, photo: bool, blend: f32) -> Result<Faces> {
+pub(super) fn compact(raw: &Path, source: &SourceInfo, photo: bool, blend: f32) -> Result<Faces> {
     let file = std::fs::File::open(raw).with_context(|| format!("opening {}", raw.display()))?;
     let mut sampler = Sampler {
         size: source.upright_size(),
@@ -284,7 +284,7 @@ pub fn compact(raw: &Path, source: &SourceInfo, photo: bool, blend: f32) -> Resu
 
 /// Makes `dir`'s small record of its run's record (a job pasted at `blend`), which goes: kept
 /// only when made whole. Returns what the faces became.
-pub fn keep(dir: &Path, source: &SourceInfo, photo: bool, blend: f32) -> Result<Faithful> {
+pub(super) fn keep(dir: &Path, source: &SourceInfo, photo: bool, blend: f32) -> Result<Faithful> {
     let raw = dir.join(RAW);
     let made = compact(&raw, source, photo, blend).and_then(|faces| {
         crate::output::write_atomic(&dir.join(FILE), &serde_json::to_vec(&faces)?)

@@ -261,7 +261,7 @@ fn check_pace(opts: &super::ServeOptions, started: Instant, last: Instant, seen:
 
 /// The header that carries a browser's own key: an opaque string the page makes once and keeps,
 /// so that a list answers each visitor the jobs it made.
-pub const OWNER: &str = "x-gpen-owner";
+pub(super) const OWNER: &str = "x-gpen-owner";
 
 /// The caller's key (`X-Gpen-Owner`): 1 to 128 letters, digits, `-` and `_`; `None` without one.
 fn owner_of(headers: &HeaderMap) -> Result<Option<String>> {

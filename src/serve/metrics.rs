@@ -17,7 +17,7 @@ use crate::faces::enhance::Live;
 
 /// How a request ended, as the metrics count it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Outcome {
+pub(crate) enum Outcome {
     Ok,
     BadRequest,
     TooLarge,
@@ -93,7 +93,7 @@ fn gauge(value: u64) -> Gauge {
 
 impl Metrics {
     /// Counts a request that ended as `outcome`; the latency of answered ones.
-    pub fn record(&self, outcome: Outcome, latency: Duration, faces: u64) {
+    pub(crate) fn record(&self, outcome: Outcome, latency: Duration, faces: u64) {
         self.outcomes
             .get_or_create(&[("outcome", outcome.name().to_string())])
             .inc();

@@ -21,10 +21,10 @@
 
 mod face_boxes;
 mod job_api;
-pub mod jobs;
-pub mod metrics;
+pub(crate) mod jobs;
+pub(crate) mod metrics;
 mod page;
-pub mod shared;
+pub(crate) mod shared;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

@@ -37,10 +37,10 @@ const MIGRATE_LOCK: i64 = 0x6770_656e_7669_6431;
 
 /// Claims of one task (a segment; a job's plan, run in one piece or join) that may end without
 /// it done (each replica that took it died, or lost its lease) before its job is failed.
-pub const MAX_TRIES: i32 = 3;
+pub(crate) const MAX_TRIES: i32 = 3;
 
 /// The channel replicas notify each other on.
-pub const CHANNEL: &str = "gpen_video";
+pub(crate) const CHANNEL: &str = "gpen_video";
 
 /// Each migration, from version N to N+1.
 const MIGRATIONS: [&str; 1] = [r"
@@ -79,7 +79,7 @@ CREATE TABLE gpen_video_segments (
 "];
 
 /// What a replica claimed.
-pub enum Task {
+pub(crate) enum Task {
     /// A job to plan: cut into segments (then left to the segments' claims), or run in one
     /// piece here (a photo, a short film) while holding the job's lease.
     Plan(Record),
@@ -95,7 +95,7 @@ pub enum Task {
 }
 
 impl Task {
-    pub fn record(&self) -> &Record {
+    pub(crate) fn record(&self) -> &Record {
         match self {
             Task::Plan(r) | Task::Join(r, _) | Task::Segment { rec: r, .. } => r,
         }
@@ -104,7 +104,7 @@ impl Task {
 
 /// What a lease's renewal found.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Renewal {
+pub(crate) enum Renewal {
     /// Still held, the job still wanted.
     Held,
     /// Another replica holds it now (this one's lease lapsed).
@@ -115,7 +115,7 @@ pub enum Renewal {
 
 /// How a segment's end went.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum SegmentEnd {
+pub(crate) enum SegmentEnd {
     /// Recorded done; others remain.
     Done,
     /// Recorded done and the last: this replica now holds the job to join it.
@@ -127,15 +127,15 @@ pub enum SegmentEnd {
 }
 
 /// The jobs database of the replicas.
-pub struct Db {
+pub(crate) struct Db {
     pool: Pool,
     config: postgres::Config,
     /// This replica's name in the rows it holds and in its log.
-    pub replica: String,
+    pub(crate) replica: String,
     /// How long a claim holds without renewal.
-    pub lease: Duration,
+    pub(crate) lease: Duration,
     /// The database as the log and errors name it (never its password).
-    pub shown: String,
+    pub(crate) shown: String,
 }
 
 /// `url` said without its password: user@host:port/dbname.
@@ -170,7 +170,7 @@ fn replica_name() -> Result<String> {
 impl Db {
     /// Connects to `url` (waiting up to `wait` for it to answer: a database starting beside
     /// the service), makes or migrates the schema, and names this replica.
-    pub fn open(url: &str, lease: Duration, wait: Duration) -> Result<Db> {
+    pub(crate) fn open(url: &str, lease: Duration, wait: Duration) -> Result<Db> {
         let config = postgres::Config::from_str(url).map_err(|e| {
             anyhow::anyhow!(
                 "--jobs-db: {:#}: give postgres://USER[:PASSWORD]@HOST[:PORT]/DBNAME",
@@ -270,7 +270,7 @@ impl Db {
     }
 
     /// Tells the replicas `what` (`queued`, `cancel:ID`).
-    pub fn notify(&self, what: &str) {
+    pub(crate) fn notify(&self, what: &str) {
         if let Err(e) = self
             .client()
             .and_then(|mut c| Ok(c.execute("SELECT pg_notify($1, $2)", &[&CHANNEL, &what])?))
@@ -280,7 +280,7 @@ impl Db {
     }
 
     /// Records a job just admitted by this replica.
-    pub fn insert(&self, rec: &Record) -> Result<()> {
+    pub(crate) fn insert(&self, rec: &Record) -> Result<()> {
         let text = serde_json::to_string(rec)?;
         self.client()?.execute(
             "INSERT INTO gpen_video_jobs (id, record, state, kind, owner, created, origin) VALUES ($1, $2, $3, $4, $5, $6, $7)",
@@ -300,13 +300,13 @@ impl Db {
 
     /// Job `id`'s record as it stands (progress summed over its segments), with its place in
     /// its lane's line when queued.
-    pub fn get(&self, id: &str) -> Result<Option<(Record, Option<u64>)>> {
+    pub(crate) fn get(&self, id: &str) -> Result<Option<(Record, Option<u64>)>> {
         let rows = self.client()?.query(&select_jobs("j.id = $1"), &[&id])?;
         rows.first().map(record_of).transpose()
     }
 
     /// The jobs `owner` may see (see `Jobs::list`), oldest first, with their places.
-    pub fn list(&self, owner: Option<&str>) -> Result<Vec<(Record, Option<u64>)>> {
+    pub(crate) fn list(&self, owner: Option<&str>) -> Result<Vec<(Record, Option<u64>)>> {
         let rows = match owner {
             Some(o) => self.client()?.query(&select_jobs("j.owner = $1"), &[&o])?,
             None => self.client()?.query(&select_jobs("true"), &[])?,
@@ -315,13 +315,13 @@ impl Db {
     }
 
     /// Every job's id, those being removed included.
-    pub fn ids(&self) -> Result<std::collections::HashSet<String>> {
+    pub(crate) fn ids(&self) -> Result<std::collections::HashSet<String>> {
         let rows = self.client()?.query("SELECT id FROM gpen_video_jobs", &[])?;
         Ok(rows.iter().map(|r| r.get(0)).collect())
     }
 
     /// Jobs by state: (queued, running, done, failed).
-    pub fn counts(&self) -> Result<(usize, usize, usize, usize)> {
+    pub(crate) fn counts(&self) -> Result<(usize, usize, usize, usize)> {
         let rows = self.client()?.query(
             "SELECT state, count(*) FROM gpen_video_jobs WHERE NOT removing GROUP BY state",
             &[],
@@ -335,7 +335,7 @@ impl Db {
     }
 
     /// Jobs waiting or running, every replica's.
-    pub fn unfinished(&self) -> Result<usize> {
+    pub(crate) fn unfinished(&self) -> Result<usize> {
         let row = self.client()?.query_one(
             "SELECT count(*) FROM gpen_video_jobs WHERE NOT removing AND state IN ('queued', 'running')",
             &[],
@@ -344,7 +344,7 @@ impl Db {
     }
 
     /// The finished jobs (not being removed): (id, when it finished).
-    pub fn finished_jobs(&self) -> Result<Vec<(String, f64)>> {
+    pub(crate) fn finished_jobs(&self) -> Result<Vec<(String, f64)>> {
         let rows = self.client()?.query(
             "SELECT id, coalesce(finished, 0) FROM gpen_video_jobs WHERE NOT removing AND state IN ('done', 'failed', 'cancelled')",
             &[],
@@ -354,7 +354,7 @@ impl Db {
 
     /// What the metrics show of the shared jobs: (jobs this replica holds, segments it holds,
     /// the backlog: jobs queued and segments waiting for a replica, every replica's).
-    pub fn holdings(&self) -> Result<(u64, u64, u64)> {
+    pub(crate) fn holdings(&self) -> Result<(u64, u64, u64)> {
         let row = self.client()?.query_one(
             "SELECT
                (SELECT count(*) FROM gpen_video_jobs WHERE holder = $1 AND lease_until > now()),
@@ -394,7 +394,7 @@ impl Db {
 
     /// Cancels job `id` (a finished one is left as it is); its record, `None` when there is no
     /// such job. The replicas running its segments are told.
-    pub fn cancel(&self, id: &str) -> Result<Option<Record>> {
+    pub(crate) fn cancel(&self, id: &str) -> Result<Option<Record>> {
         let rec = self.tx(|tx| {
             Self::change(tx, id, None, |r| {
                 if !r.state.finished() {
@@ -412,7 +412,7 @@ impl Db {
 
     /// Marks job `id` for removal (cancelled, no longer listed); its record before. Its files go
     /// with [`Db::reap`] once no replica works on it.
-    pub fn remove(&self, id: &str) -> Result<Option<Record>> {
+    pub(crate) fn remove(&self, id: &str) -> Result<Option<Record>> {
         let rec = self.tx(|tx| {
             let Some(row) = tx.query_opt(
                 "SELECT record, state FROM gpen_video_jobs WHERE id = $1 AND NOT removing FOR UPDATE",
@@ -437,7 +437,7 @@ impl Db {
 
     /// Removes, with `remove_files`, the jobs marked for removal that no replica works on (its
     /// leases lapsed or handed back): job `id`, or every such job. The ids removed.
-    pub fn reap(&self, id: Option<&str>, remove_files: &dyn Fn(&str) -> Result<()>) -> Result<Vec<String>> {
+    pub(crate) fn reap(&self, id: Option<&str>, remove_files: &dyn Fn(&str) -> Result<()>) -> Result<Vec<String>> {
         self.tx(|tx| {
             let rows = tx.query(
                 "SELECT j.id FROM gpen_video_jobs j
@@ -466,7 +466,7 @@ impl Db {
     /// first, then the oldest film's next free segment, and only then a queued film to plan (so
     /// a film stays queued, in line, until a replica is free for it). A photo is claimed by the
     /// replica that took it, or by any once it has waited `photo_grace`.
-    pub fn claim(&self, photos: bool, photo_grace: Duration) -> Result<Option<Task>> {
+    pub(crate) fn claim(&self, photos: bool, photo_grace: Duration) -> Result<Option<Task>> {
         if photos {
             return self.claim_job(false, Some(photo_grace));
         }
@@ -547,7 +547,7 @@ impl Db {
 
     /// Fails the jobs with a task claimed [`MAX_TRIES`] times and never finished (each replica
     /// that took it died or lost it): they are not claimed again. The ids failed.
-    pub fn give_up(&self) -> Result<Vec<String>> {
+    pub(crate) fn give_up(&self) -> Result<Vec<String>> {
         let rows = self.client()?.query(
             "SELECT j.id, (SELECT min(s.number) FROM gpen_video_segments s
                            WHERE s.job = j.id AND s.state <> 'done' AND s.tries >= $1
@@ -579,7 +579,7 @@ impl Db {
     /// Records job `id` planned by this replica: cut into segments of `frames` each (their rows
     /// made, its lease handed back for them to be claimed), or (`None`) to run in one piece here
     /// under its lease. `false` when the job is no longer this replica's or no longer wanted.
-    pub fn planned(&self, id: &str, segments: Option<&[u64]>, frames_total: Option<u64>) -> Result<bool> {
+    pub(crate) fn planned(&self, id: &str, segments: Option<&[u64]>, frames_total: Option<u64>) -> Result<bool> {
         let me = self.replica.clone();
         let held = self.tx(|tx| {
             let Some(rec) = Self::change(tx, id, Some(&me), |r| {
@@ -623,7 +623,7 @@ impl Db {
 
     /// Renews this replica's lease on job `id` (`segment`: on that segment of it) and records its
     /// progress.
-    pub fn renew(&self, id: &str, segment: Option<usize>, frames: u64, faces: u64) -> Result<Renewal> {
+    pub(crate) fn renew(&self, id: &str, segment: Option<usize>, frames: u64, faces: u64) -> Result<Renewal> {
         let lease = self.lease_s();
         let (frames, faces) = (frames as i64, faces as i64);
         let mut c = self.client()?;
@@ -655,7 +655,7 @@ impl Db {
     /// Records segment `n` of job `id` done by this replica, `commit` putting its files in place
     /// while its row is locked and still held (so a segment is never put in place twice); when it
     /// is the last, this replica holds the job to join it.
-    pub fn segment_done(
+    pub(crate) fn segment_done(
         &self,
         id: &str,
         n: usize,
@@ -708,7 +708,7 @@ impl Db {
 
     /// Ends job `id`, held by this replica, by `f` (done, failed); its lease goes. `false` when
     /// it is not this replica's any more, or was cancelled meanwhile (then left as it is).
-    pub fn finish(&self, id: &str, progress: Option<(u64, u64)>, f: impl FnOnce(&mut Record)) -> Result<bool> {
+    pub(crate) fn finish(&self, id: &str, progress: Option<(u64, u64)>, f: impl FnOnce(&mut Record)) -> Result<bool> {
         let me = self.replica.clone();
         self.tx(|tx| {
             let mut ended = false;
@@ -737,7 +737,7 @@ impl Db {
     /// Marks job `id` failed for `why` if this replica still holds what failed (its `segment`,
     /// else the job): a failure of work another replica has taken over is not the job's.
     /// Whether it was failed.
-    pub fn fail_held(&self, id: &str, segment: Option<usize>, why: &str) -> Result<bool> {
+    pub(crate) fn fail_held(&self, id: &str, segment: Option<usize>, why: &str) -> Result<bool> {
         let held = match segment {
             Some(n) => self.client()?.query_opt(
                 "SELECT 1 FROM gpen_video_segments WHERE job = $1 AND number = $2 AND holder = $3 AND state = 'running'",
@@ -755,7 +755,7 @@ impl Db {
     }
 
     /// Marks job `id` failed for `why` wherever it is.
-    pub fn fail(&self, id: &str, why: &str) -> Result<()> {
+    pub(crate) fn fail(&self, id: &str, why: &str) -> Result<()> {
         self.tx(|tx| {
             Self::change(tx, id, None, |r| {
                 if !r.state.finished() {
@@ -773,7 +773,7 @@ impl Db {
     /// Hands back what this replica holds of job `id` (it is stopping): its segment waits for
     /// another replica, the job (to plan, run or join) is claimed afresh.
     /// `stopping`: the replica stops on purpose, and the claim does not count as a try.
-    pub fn release(&self, id: &str, stopping: bool) -> Result<()> {
+    pub(crate) fn release(&self, id: &str, stopping: bool) -> Result<()> {
         let back = i32::from(stopping);
         let mut c = self.client()?;
         c.execute(
@@ -795,7 +795,7 @@ impl Db {
     /// Listens for the replicas' notices until `stop`, calling `heard` with each payload (and
     /// with `queued` after a reconnection, whatever was missed). Reconnects when the database
     /// goes away.
-    pub fn listen(&self, stop: &dyn Fn() -> bool, heard: &dyn Fn(&str)) {
+    pub(crate) fn listen(&self, stop: &dyn Fn() -> bool, heard: &dyn Fn(&str)) {
         while !stop() {
             let mut client = match self.config.connect(NoTls) {
                 Ok(c) => c,

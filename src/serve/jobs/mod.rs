@@ -31,11 +31,11 @@ use crate::faces::paste::MaskKind;
 use crate::treatment::Treatment;
 
 mod folder;
-pub mod record;
+pub(crate) mod record;
 mod replica;
 mod store;
 
-pub use record::{new_id, now, valid_ext, valid_id, JobQuery, Record, State};
+pub(crate) use record::{new_id, now, valid_ext, valid_id, JobQuery, Record, State};
 
 /// How jobs are kept and limited.
 #[derive(Clone, Debug)]
@@ -77,8 +77,8 @@ struct Room {
 
 /// The jobs of a service: their store, the uploads under way, and what the lanes' threads
 /// share.
-pub struct Jobs {
-    pub opts: JobsOptions,
+pub(crate) struct Jobs {
+    pub(crate) opts: JobsOptions,
     settings: Settings,
     /// Where the jobs are kept: the folder alone, or the replicas' database.
     store: store::Store,
@@ -89,12 +89,12 @@ pub struct Jobs {
     wake: Condvar,
     stopping: AtomicBool,
     /// Seconds each finished job ran, for the metrics' histogram.
-    pub seconds: Mutex<Vec<f64>>,
+    pub(crate) seconds: Mutex<Vec<f64>>,
 }
 
 /// Checks an upload's given `name` (shown, and its extension names a video's container): at
 /// most 255 bytes of printable text, its extension 1 to 16 letters and digits.
-pub fn check_name(name: &str) -> Result<()> {
+pub(crate) fn check_name(name: &str) -> Result<()> {
     let bad = |why: &str| Failure::error(Kind::BadInput, format!("name: {why}"));
     if name.len() > 255 {
         return Err(bad("give at most 255 bytes (the upload's file name)"));
@@ -129,7 +129,7 @@ const ROOM_AHEAD: u64 = 8 << 20;
 
 /// Opens `path` for reading without following a symbolic link (or blocking on a pipe), and only
 /// if it is a plain file.
-pub fn open_plain(path: &Path) -> std::io::Result<std::fs::File> {
+pub(crate) fn open_plain(path: &Path) -> std::io::Result<std::fs::File> {
     use std::os::unix::fs::OpenOptionsExt;
     let f = std::fs::OpenOptions::new()
         .read(true)
@@ -178,10 +178,10 @@ impl Usage {
 /// An upload being received into its job's folder: its place under `--max-jobs` and its room
 /// under the quota. Dropped before [`Jobs::admit`] takes it, it gives both back and its folder
 /// goes.
-pub struct Upload {
+pub(crate) struct Upload {
     jobs: Arc<Jobs>,
-    pub id: String,
-    pub dir: PathBuf,
+    pub(crate) id: String,
+    pub(crate) dir: PathBuf,
     declared: Option<u64>,
     written: u64,
     granted: u64,
@@ -190,13 +190,13 @@ pub struct Upload {
 
 impl Upload {
     /// Whether `n` more bytes fit in the room already held.
-    pub fn fits(&self, n: u64) -> bool {
+    pub(crate) fn fits(&self, n: u64) -> bool {
         self.written + n <= self.granted
     }
 
     /// Room for `n` more bytes that arrived (see [`Jobs::grow`]; blocking when the room must
     /// grow: it walks the folder), counted as written.
-    pub fn take(&mut self, n: u64) -> Result<()> {
+    pub(crate) fn take(&mut self, n: u64) -> Result<()> {
         if !self.fits(n) {
             self.granted = self.jobs.grow(&self.id, self.declared, self.written, n)?;
         }
@@ -217,7 +217,7 @@ impl Drop for Upload {
 impl Jobs {
     /// Opens (creating) the jobs folder and its store: the folder's own (locked and read back),
     /// or the replicas' database (the folder is theirs, and the jobs are rows).
-    pub fn open(settings: Settings, opts: JobsOptions) -> Result<Arc<Jobs>> {
+    pub(crate) fn open(settings: Settings, opts: JobsOptions) -> Result<Arc<Jobs>> {
         std::fs::create_dir_all(&opts.dir)
             .with_context(|| format!("cannot create the jobs folder {} (--jobs-dir)", opts.dir.display()))?;
         let store = store::Store::open(&opts)?;
@@ -243,12 +243,12 @@ impl Jobs {
     /// The jobs `owner` may see, oldest first, each as the API answers it (with its place in
     /// line): `None` sees every job (the token's holder), `Some(key)` those made with that key
     /// (`Some("")`: those made without one).
-    pub fn list(&self, owner: Option<&str>) -> Result<Vec<serde_json::Value>> {
+    pub(crate) fn list(&self, owner: Option<&str>) -> Result<Vec<serde_json::Value>> {
         self.store.list(owner)
     }
 
     /// Job `id`'s record (this service's table, or the replicas' database).
-    pub fn get(&self, id: &str) -> Result<Option<Record>> {
+    pub(crate) fn get(&self, id: &str) -> Result<Option<Record>> {
         self.store.get(id)
     }
 
@@ -258,37 +258,37 @@ impl Jobs {
     }
 
     /// Job `id` as the API answers it, with its place in line.
-    pub fn answer(&self, id: &str) -> Result<Option<serde_json::Value>> {
+    pub(crate) fn answer(&self, id: &str) -> Result<Option<serde_json::Value>> {
         self.store.answer(id)
     }
 
     /// Cancels job `id`: a queued one never runs, a running one stops; it stays listed as
     /// cancelled (its result never made) until it is removed or expires. A finished job is
     /// left as it is.
-    pub fn cancel(&self, id: &str) -> Result<Record> {
+    pub(crate) fn cancel(&self, id: &str) -> Result<Record> {
         self.store.cancel(self, id)
     }
 
     /// Jobs queued, running, done and failed; the database's error where it cannot say (never
     /// zeros in its place).
-    pub fn counts(&self) -> Result<(usize, usize, usize, usize)> {
+    pub(crate) fn counts(&self) -> Result<(usize, usize, usize, usize)> {
         self.store.counts()
     }
 
     /// What the replicas hold of the shared jobs, for the metrics (`None` without a jobs
     /// database).
-    pub fn holdings(&self) -> Result<Option<(u64, u64, u64)>> {
+    pub(crate) fn holdings(&self) -> Result<Option<(u64, u64, u64)>> {
         self.store.holdings()
     }
 
     /// Where the jobs are shared and as which replica, in words (`None` without a jobs
     /// database).
-    pub fn shared_as(&self) -> Option<(String, String)> {
+    pub(crate) fn shared_as(&self) -> Option<(String, String)> {
         self.store.shared_as()
     }
 
     /// The result file of a done job, opened (a plain file of its folder, no link followed).
-    pub fn result(&self, id: &str) -> Result<(Record, std::fs::File)> {
+    pub(crate) fn result(&self, id: &str) -> Result<(Record, std::fs::File)> {
         let rec = self.find(id)?;
         if rec.state != State::Done {
             return Err(Failure::error(
@@ -303,7 +303,7 @@ impl Jobs {
 
     /// The input file of a done job (for a before/after comparison), opened as [`Jobs::result`]
     /// opens the result.
-    pub fn input(&self, id: &str) -> Result<(Record, std::fs::File)> {
+    pub(crate) fn input(&self, id: &str) -> Result<(Record, std::fs::File)> {
         let (rec, _) = self.result(id)?;
         let file = open_plain(&self.dir_of(id).join(&rec.input))
             .map_err(|e| Failure::error(Kind::Io, format!("cannot read job {id}'s input ({e})")))?;
@@ -313,7 +313,7 @@ impl Jobs {
     /// Cancels a job and removes it with its files (a running one's files once it has stopped).
     /// The deletion is on disk (the record says cancelled) before this returns, so a service
     /// killed after its answer removes the job at its next start instead of running it again.
-    pub fn delete(&self, id: &str) -> Result<Record> {
+    pub(crate) fn delete(&self, id: &str) -> Result<Record> {
         self.store.delete(self, id)
     }
 
@@ -362,7 +362,7 @@ impl Jobs {
     /// waiting, running or being uploaded (`--max-jobs`), or no room under the quota for what it
     /// declares once every finished job is gone. Nothing is removed here: room is made as the
     /// bytes arrive ([`Upload::room_for`]).
-    pub fn begin_upload(self: &Arc<Self>, declared: Option<u64>) -> Result<Upload> {
+    pub(crate) fn begin_upload(self: &Arc<Self>, declared: Option<u64>) -> Result<Upload> {
         self.expire();
         let mut ups = self.uploads();
         let waiting = self.unfinished()? + ups.len();
@@ -456,7 +456,7 @@ impl Jobs {
     }
 
     /// Removes finished jobs older than `--job-ttl-h`.
-    pub fn expire(&self) {
+    pub(crate) fn expire(&self) {
         let cutoff = now() - self.opts.ttl.as_secs_f64();
         let old: Vec<String> = self
             .finished_jobs()
@@ -474,7 +474,7 @@ impl Jobs {
 
     /// Checks a finished upload (`dir/input.part`), names it by what it is and queues its job;
     /// its record. On error the folder is removed (with the upload).
-    pub fn admit(&self, mut up: Upload, query: JobQuery, owner: Option<String>) -> Result<Record> {
+    pub(crate) fn admit(&self, mut up: Upload, query: JobQuery, owner: Option<String>) -> Result<Record> {
         let dir = up.dir.clone();
         let r = self.admit_in(&up.id, &dir, query, owner);
         up.admitted = r.is_ok();
@@ -482,7 +482,7 @@ impl Jobs {
     }
 
     /// Checks a job's query (its model offered, its flags in range) before its upload is read.
-    pub fn check_query(&self, query: &JobQuery) -> Result<()> {
+    pub(crate) fn check_query(&self, query: &JobQuery) -> Result<()> {
         check_name(query.name.as_deref().unwrap_or(""))?;
         let settings = settings_of(&self.settings, &self.opts.faces, query)?;
         // The model by the name the job gave, or the service's by its file's name: never by
@@ -503,7 +503,7 @@ impl Jobs {
     /// `message` with the server's paths in it said in words: the upload by the name it was
     /// given, the job's files by what they are (a client never sees where the service keeps
     /// them).
-    pub fn in_words(&self, message: &str, rec: Option<&Record>) -> String {
+    pub(crate) fn in_words(&self, message: &str, rec: Option<&Record>) -> String {
         let mut m = message.to_string();
         if let Some(r) = rec {
             let dir = self.dir_of(&r.id);
@@ -646,7 +646,7 @@ impl Jobs {
 
     /// Stops the job thread: the running job is cancelled and stays queued (it resumes at the
     /// next start).
-    pub fn stop(&self) {
+    pub(crate) fn stop(&self) {
         self.stopping.store(true, Ordering::SeqCst);
         self.store.stop();
         self.wake.notify_all();
@@ -655,7 +655,7 @@ impl Jobs {
     /// A jobs thread: runs the jobs of its lane, one at a time, until [`Jobs::stop`]. Films run
     /// in [`Lane::Films`]; photos in [`Lane::Photos`], so a photo never waits behind a film. The
     /// films' lane also expires old results.
-    pub fn run(&self, lane: Lane) {
+    pub(crate) fn run(&self, lane: Lane) {
         self.store.run(self, lane);
     }
 
@@ -713,7 +713,7 @@ impl Jobs {
     }
 
     /// Where done job `id` found its faces (see [`super::face_boxes`]): the record's JSON.
-    pub fn faces(&self, id: &str) -> Result<Vec<u8>> {
+    pub(crate) fn faces(&self, id: &str) -> Result<Vec<u8>> {
         let rec = self.find(id)?;
         if rec.state != State::Done {
             return Err(not_found(id));
@@ -729,7 +729,7 @@ impl Jobs {
 
 /// A jobs thread's share of the jobs (see [`Jobs::run`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Lane {
+pub(crate) enum Lane {
     /// Every job but photos.
     Films,
     /// Photos only.
@@ -755,7 +755,7 @@ fn answer_at(rec: &Record, place: Option<u64>) -> serde_json::Value {
     v
 }
 
-pub fn not_found(id: &str) -> anyhow::Error {
+pub(crate) fn not_found(id: &str) -> anyhow::Error {
     Failure::error(
         Kind::NotFound,
         format!("no job {id}: it was never made, was deleted, or expired (--job-ttl-h)"),
@@ -764,26 +764,26 @@ pub fn not_found(id: &str) -> anyhow::Error {
 
 /// A restorer a job may ask for by name, with the facts the page shows.
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
-pub struct Offered {
-    pub name: String,
+pub(crate) struct Offered {
+    pub(crate) name: String,
     #[serde(skip)]
-    pub path: PathBuf,
+    pub(crate) path: PathBuf,
     /// Its template by its entry (`None`: the file's own).
     #[serde(skip)]
-    pub template: Option<crate::faces::align::Template>,
+    pub(crate) template: Option<crate::faces::align::Template>,
     /// The fidelity it takes by default, for a model with a weight input (CodeFormer's).
-    pub fidelity: Option<f32>,
+    pub(crate) fidelity: Option<f32>,
     /// Square crop side, where the entry says.
-    pub size: Option<usize>,
+    pub(crate) size: Option<usize>,
     /// The blend its users usually restore at, where the entry says.
-    pub blend: Option<f32>,
+    pub(crate) blend: Option<f32>,
     /// "service" (the service's own model), "registry" or "yours" (`models add`).
-    pub source: &'static str,
+    pub(crate) source: &'static str,
 }
 
 /// The models a job may ask for by name: the service's own (by its name, else its file name),
 /// then every enhancer of the user's and the registry's whose file is here.
-pub fn offered_models(settings: &Settings) -> Vec<Offered> {
+pub(crate) fn offered_models(settings: &Settings) -> Vec<Offered> {
     let own = settings.recipe.model.path().to_path_buf();
     let known = crate::registry::known().unwrap_or_default();
     let enhancers = || known.iter().filter(|e| e.kind == crate::registry::Kind::Enhancer);

@@ -13,7 +13,7 @@ use crate::engine::{Failure, Kind};
 /// Where a job is.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum State {
+pub(crate) enum State {
     #[default]
     Queued,
     Running,
@@ -28,7 +28,7 @@ impl State {
     }
 
     /// The state in words, as the API and the replicas' database say it.
-    pub fn word(self) -> &'static str {
+    pub(crate) fn word(self) -> &'static str {
         match self {
             State::Queued => "queued",
             State::Running => "running",
@@ -39,7 +39,7 @@ impl State {
     }
 
     /// The state a word names (`queued` for any other).
-    pub fn of_word(s: &str) -> State {
+    pub(crate) fn of_word(s: &str) -> State {
         match s {
             "running" => State::Running,
             "done" => State::Done,
@@ -54,20 +54,20 @@ impl State {
 /// (the command line's names and values, parsed and checked by the treatment's own declaration:
 /// [`Treatment::with_flags`] over [`crate::treatment::JOB_FLAGS`]).
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
-pub struct JobQuery {
+pub(crate) struct JobQuery {
     /// The upload's file name (its extension says what it is; shown and used for the download).
-    pub name: Option<String>,
+    pub(crate) name: Option<String>,
     /// One of [`offered_models`] by name (never a path).
-    pub model: Option<String>,
+    pub(crate) model: Option<String>,
     /// The flags as given (a record of an earlier version holds numbers and nulls here).
     #[serde(flatten)]
-    pub flags: BTreeMap<String, serde_json::Value>,
+    pub(crate) flags: BTreeMap<String, serde_json::Value>,
 }
 
 impl JobQuery {
     /// The query of `raw` (`name=clip.mp4&blend=0.8`): every parameter but `name` and `model`
     /// is a flag, judged by the treatment ([`JobQuery::flags`]).
-    pub fn parse(raw: &str) -> Result<JobQuery> {
+    pub(crate) fn parse(raw: &str) -> Result<JobQuery> {
         let pairs: Vec<(String, String)> = serde_urlencoded::from_str(raw)
             .map_err(|e| Failure::error(Kind::BadInput, format!("the query cannot be read ({e})")))?;
         let mut q = JobQuery::default();
@@ -99,40 +99,40 @@ impl JobQuery {
 
 /// A job's record (`job.json`).
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
-pub struct Record {
-    pub id: String,
-    pub state: State,
+pub(crate) struct Record {
+    pub(crate) id: String,
+    pub(crate) state: State,
     /// `video` or `photo`.
-    pub kind: String,
+    pub(crate) kind: String,
     /// The upload's name as given (for display and the download's name).
-    pub name: String,
+    pub(crate) name: String,
     /// File names inside the job's folder.
-    pub input: String,
-    pub output: String,
-    pub query: JobQuery,
-    pub created: f64,
-    pub started: Option<f64>,
-    pub finished: Option<f64>,
-    pub frames_done: u64,
+    pub(crate) input: String,
+    pub(crate) output: String,
+    pub(crate) query: JobQuery,
+    pub(crate) created: f64,
+    pub(crate) started: Option<f64>,
+    pub(crate) finished: Option<f64>,
+    pub(crate) frames_done: u64,
     /// Faces restored in the frames done (a finished job with none found no face).
     #[serde(default)]
-    pub faces_done: u64,
-    pub frames_total: Option<u64>,
-    pub fps: Option<f64>,
+    pub(crate) faces_done: u64,
+    pub(crate) frames_total: Option<u64>,
+    pub(crate) fps: Option<f64>,
     /// What the faces became, once done: the worst track's identity, the tracks the identity
     /// guard backed off, the quality before and after (see `serve::face_boxes::Faithful`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub faithful: Option<crate::serve::face_boxes::Faithful>,
-    pub error: Option<String>,
-    pub result_bytes: Option<u64>,
+    pub(crate) faithful: Option<crate::serve::face_boxes::Faithful>,
+    pub(crate) error: Option<String>,
+    pub(crate) result_bytes: Option<u64>,
     /// The opaque key of whoever made it (`X-Gpen-Owner`): a list answers each caller its own.
     /// Never shown in an answer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub owner: Option<String>,
+    pub(crate) owner: Option<String>,
     /// Set when the job is being removed (`DELETE`): a service stopped midway finishes the
     /// removal at its next start. A job cancelled (`POST .../cancel`) is kept, as cancelled.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub removing: bool,
+    pub(crate) removing: bool,
 }
 
 impl Record {
@@ -151,7 +151,7 @@ impl Record {
     }
 
     /// The record as the API answers it: with progress, ETA and links.
-    pub fn answer(&self) -> serde_json::Value {
+    pub(crate) fn answer(&self) -> serde_json::Value {
         let progress = match (self.state, self.frames_total) {
             (State::Done, _) => 1.0,
             (_, Some(t)) if t > 0 => (self.frames_done as f64 / t as f64).min(1.0),
@@ -178,7 +178,7 @@ impl Record {
     }
 
     /// The download's file name: the upload's stem, `-restored`, the result's extension.
-    pub fn download_name(&self) -> String {
+    pub(crate) fn download_name(&self) -> String {
         let stem = Path::new(&self.name)
             .file_stem()
             .and_then(|s| s.to_str())
@@ -203,14 +203,14 @@ impl Record {
 }
 
 /// Seconds since the Unix epoch: the time a record keeps.
-pub fn now() -> f64 {
+pub(crate) fn now() -> f64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0.0, |d| d.as_secs_f64())
 }
 
 /// A new job id: 128 bits from the system's random source, in hex.
-pub fn new_id() -> Result<String> {
+pub(crate) fn new_id() -> Result<String> {
     let mut b = [0u8; 16];
     getrandom::fill(&mut b).map_err(|e| anyhow::anyhow!("no random bytes for a job id: {e}"))?;
     Ok(hex::encode(b))
@@ -218,12 +218,12 @@ pub fn new_id() -> Result<String> {
 
 /// Whether `id` has the form of a job id (32 lower-case hex digits): nothing else names a
 /// folder, so no request can reach outside the jobs folder.
-pub fn valid_id(id: &str) -> bool {
+pub(crate) fn valid_id(id: &str) -> bool {
     id.len() == 32 && id.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
 
 /// Whether `ext` is an extension the service gives a job's files: 1 to 16 ASCII letters and
 /// digits (so `input.EXT` and `result.EXT` are plain names inside the job's folder).
-pub fn valid_ext(ext: &str) -> bool {
+pub(crate) fn valid_ext(ext: &str) -> bool {
     (1..=16).contains(&ext.len()) && ext.bytes().all(|b| b.is_ascii_alphanumeric())
 }
