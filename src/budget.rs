@@ -28,7 +28,7 @@ pub(crate) struct Budget {
 }
 
 /// One frame's place in a [`Budget`], given back when dropped.
-pub struct Ticket(Arc<Budget>);
+pub(crate) struct Ticket(Arc<Budget>);
 
 impl Budget {
     /// A budget of `cap` frames (at least one).

@@ -196,12 +196,12 @@ pub struct Settings {
     /// One enhancement session per target.
     pub targets: Vec<Target>,
     /// Intra-op threads per CPU session, and for the detector.
-    pub threads_per_worker: usize,
-    pub detector_threads: usize,
+    pub(crate) threads_per_worker: usize,
+    pub(crate) detector_threads: usize,
     /// Scheduler test hooks, one per target (`GPEN_VIDEO_FAULTS`).
     pub faults: Vec<Fault>,
     pub trt: bool,
-    pub trt_cache: Option<PathBuf>,
+    pub(crate) trt_cache: Option<PathBuf>,
     pub hwaccel_cuda: bool,
     /// Detection and the face mesh on the first GPU target, if any (else on the CPU).
     pub detect_gpu: bool,
@@ -209,7 +209,7 @@ pub struct Settings {
     pub stats_json: Option<PathBuf>,
     pub identity: bool,
     /// The faces record without identity figures (see `Job::boxes_only`).
-    pub boxes_only: bool,
+    pub(crate) boxes_only: bool,
     /// The CPU level every kernel of the run takes ([`cpu_level`]): not in the recipe, as every
     /// level gives the same output to the bit and changes only how fast.
     pub cpu: Cpu,

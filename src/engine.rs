@@ -37,14 +37,14 @@ pub struct EngineKey {
 pub struct EngineSpec {
     pub key: EngineKey,
     /// Intra-op threads per CPU session, and for the detector.
-    pub threads_per_worker: usize,
-    pub detector_threads: usize,
+    pub(crate) threads_per_worker: usize,
+    pub(crate) detector_threads: usize,
     /// Detection and the face mesh on the first GPU target (else on the CPU).
     pub detect_gpu: bool,
     /// Scheduler test hooks, one per target.
     pub faults: Vec<Fault>,
     pub trt: bool,
-    pub trt_cache: Option<PathBuf>,
+    pub(crate) trt_cache: Option<PathBuf>,
     pub fp16: bool,
     /// Crops per model call asked for.
     pub batch: usize,
@@ -61,7 +61,7 @@ pub struct Engine {
     pub key: EngineKey,
     pub detector: Detector,
     /// Face-mesh sessions, one per thread of the mesh stage (none without a mesh).
-    pub meshers: Vec<crate::faces::mesh::Mesher>,
+    pub(crate) meshers: Vec<crate::faces::mesh::Mesher>,
     /// One enhancement worker per device (or per CPU session).
     pub workers: Vec<Worker>,
     pub info: ModelInfo,
@@ -71,7 +71,7 @@ pub struct Engine {
     pub pool_threads: usize,
     /// Where the face-identity model runs (the choose and identity stages): where detection
     /// and the mesh run, one thread on the CPU.
-    pub identity_opts: SessionOptions,
+    pub(crate) identity_opts: SessionOptions,
     /// The CPU level every kernel of its runs takes, decided by the settings.
     pub cpu: crate::kernels::Cpu,
     /// The reference photos described on this engine, kept for its later runs.
@@ -227,11 +227,11 @@ pub struct Job {
     pub output: PathBuf,
     /// The restored picture is kept in memory instead of written to `output` (a service's
     /// request; `output` then only names its format).
-    pub to_memory: bool,
+    pub(crate) to_memory: bool,
     /// Everything that changes what the job writes, shared with the run's other jobs.
     pub treatment: Arc<Treatment>,
     /// This picture's own view, where a request asked for one (else the treatment's).
-    pub view: Option<View>,
+    pub(crate) view: Option<View>,
     pub hwaccel_cuda: bool,
     /// Where each frame's faces are streamed as JSON.
     pub faces_json: Option<PathBuf>,
@@ -240,12 +240,12 @@ pub struct Job {
     pub identity: bool,
     /// The face-identity model the settings resolved, if any (the guard and the figures run on
     /// it; the people named by photo too).
-    pub identity_model: Option<PathBuf>,
+    pub(crate) identity_model: Option<PathBuf>,
     /// BRISQUE's parameters the settings resolved, if any (the faces' quality figure).
-    pub quality_model: Option<PathBuf>,
+    pub(crate) quality_model: Option<PathBuf>,
     /// The faces record says where the faces are, not how much identity each kept (a
     /// service's jobs: their page draws the boxes; no identity model runs for them).
-    pub boxes_only: bool,
+    pub(crate) boxes_only: bool,
     pub cancel: CancelToken,
 }
 

@@ -31,7 +31,7 @@ impl std::fmt::Display for Compare {
 /// and its before/after view. The treatment gives every picture's; a service's request may
 /// bring its own (`?blend=`, `?compare=`), which its frame then carries.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct View {
+pub(crate) struct View {
     pub blend: f32,
     pub compare: Option<Compare>,
 }
@@ -60,7 +60,7 @@ pub struct Frame {
     pub warm: bool,
     /// This picture's own blend and compare view, where they differ from the stream's (a
     /// service's requests each bring theirs).
-    pub view: Option<View>,
+    pub(crate) view: Option<View>,
     /// Set when the picture is no longer wanted (a service's request past its deadline): its
     /// faces are not sent to the model.
     pub dropped: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
@@ -71,7 +71,7 @@ pub struct Frame {
     pub pass: Option<Vec<Face>>,
     /// The frame's place in its line's budget of frames in flight, given back when the frame is
     /// dropped (a video's decode stage takes it; other frames have none).
-    pub ticket: Option<crate::budget::Ticket>,
+    pub(crate) ticket: Option<crate::budget::Ticket>,
 }
 
 /// What a frame's output is made from: its RGB picture, or the decoded picture's own planes.
@@ -155,7 +155,7 @@ impl Frame {
 /// R, G and B in levels, already weighted by the mask and the blend (zero where nothing is pasted).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Change {
-    pub rect: Rect,
+    pub(crate) rect: Rect,
     pub rgb: Vec<f32>,
 }
 
@@ -189,7 +189,7 @@ pub struct FaceJob {
     pub restored: Option<Vec<i16>>,
     /// The mesh outline in the model's crop (placed by the mesh's own five points, so the
     /// smoothing of the points does not move it), for the mesh paste mask.
-    pub outline_crop: Option<Vec<[f32; 2]>>,
+    pub(crate) outline_crop: Option<Vec<[f32; 2]>>,
     /// The face's track (from the smoother), if it was linked to one.
     pub track: Option<u64>,
     /// Luma (levels) of the crop given to the model at half resolution, for the temporal
@@ -198,7 +198,7 @@ pub struct FaceJob {
     /// The face mesh doubts it is a face (presence below `--face-check`) and the detector is
     /// not confident: the smoother keeps it only if detections that look like a face confirm it
     /// where it lies (see [`crate::defaults::SUPPORT_SCORE`]).
-    pub doubt: bool,
+    pub(crate) doubt: bool,
     /// Why the face is left alone (`small`, `not named`, `skipped`: see `people::Chooser`).
     pub left: Option<&'static str>,
     /// How much of who the face is its restoration kept (the cosine similarity of its identity
@@ -214,7 +214,7 @@ pub struct FaceJob {
     pub quality: Option<[f32; 2]>,
     /// What lies in front of the face (hands), in the model's crop: the paste keeps the
     /// original picture there.
-    pub occluders: Vec<Occluder>,
+    pub(crate) occluders: Vec<Occluder>,
     /// The share of the face's paste mask held back for what lies in front of it, where
     /// anything did.
     pub held: Option<f32>,
@@ -298,7 +298,7 @@ impl<T: Default> Pool<T> {
 impl<T> Pool<Vec<T>> {
     /// Returns a vector for reuse unless it holds no memory (one given back earlier: see the
     /// alignment stage), so the pool's places keep real buffers.
-    pub fn put_vec(&self, v: Vec<T>) {
+    pub(crate) fn put_vec(&self, v: Vec<T>) {
         if v.capacity() > 0 {
             self.put(v);
         }
@@ -330,8 +330,8 @@ mod tests {
 /// round-ended strokes (a finger's bone, its two ends and half its width) and filled polygons
 /// (a palm), feathered over `feather` pixels outside them.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct Occluder {
-    pub strokes: Vec<([f32; 2], [f32; 2], f32)>,
-    pub polygons: Vec<Vec<[f32; 2]>>,
-    pub feather: f32,
+pub(crate) struct Occluder {
+    pub(crate) strokes: Vec<([f32; 2], [f32; 2], f32)>,
+    pub(crate) polygons: Vec<Vec<[f32; 2]>>,
+    pub(crate) feather: f32,
 }

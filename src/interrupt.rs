@@ -28,7 +28,7 @@ pub struct Interrupts {
     /// The first signal's number (0 before any).
     pub signal: Arc<AtomicI32>,
     /// Set by the second: stop at once (hand it to a job's `CancelToken`).
-    pub hard: Arc<AtomicBool>,
+    pub(crate) hard: Arc<AtomicBool>,
 }
 
 impl Interrupts {

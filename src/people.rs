@@ -124,7 +124,7 @@ impl References {
 /// Which faces a job restores: the people named by photo, and the smallest face worth it. The
 /// flags of the command line, `batch`, segments and (by the service's own names) jobs.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, clap::Args)]
-pub struct Selection {
+pub(crate) struct Selection {
     /// Restore only the faces of the people in these photos (repeatable). Each photo's largest
     /// face names one person; a face is theirs when its identity descriptor lies within
     /// --face-distance of the photo's. Decided per track on its best (large, frontal) views,
@@ -146,16 +146,16 @@ pub struct Selection {
 
 impl Selection {
     /// Whether the selection leaves any face out (a stage of its own runs then).
-    pub fn active(&self) -> bool {
+    pub(crate) fn active(&self) -> bool {
         !self.only_face.is_empty() || !self.skip_face.is_empty() || self.min_face > 0
     }
 
     /// Whether people are named by photo (the identity model is needed).
-    pub fn names_people(&self) -> bool {
+    pub(crate) fn names_people(&self) -> bool {
         !self.only_face.is_empty() || !self.skip_face.is_empty()
     }
 
-    pub fn check(&self) -> Result<()> {
+    pub(crate) fn check(&self) -> Result<()> {
         if !(self.face_distance > 0.0 && self.face_distance <= 2.0) {
             bail!(
                 "--face-distance must be above 0 and at most 2, got {}",

@@ -123,12 +123,12 @@ pub struct SessionOptions {
     pub threads: usize,
     /// Use TensorRT (with an engine cache in `trt_cache`) before CUDA.
     pub trt: bool,
-    pub trt_cache: Option<PathBuf>,
+    pub(crate) trt_cache: Option<PathBuf>,
     pub fp16: bool,
     /// Inputs of many shapes (the detector's windows, batched per size): on CUDA, cuDNN picks
     /// each convolution's algorithm by its heuristic instead of timing every algorithm again
     /// for each new shape, which would stall the first frames that bring one.
-    pub varied_shapes: bool,
+    pub(crate) varied_shapes: bool,
 }
 
 impl SessionOptions {

@@ -13,9 +13,9 @@ pub struct StageStat {
     pub busy: Duration,
     pub items: u64,
     /// Sum of the input queue's length sampled at each receive, and the number of samples.
-    pub queue_sum: u64,
-    pub queue_samples: u64,
-    pub queue_cap: usize,
+    pub(crate) queue_sum: u64,
+    pub(crate) queue_samples: u64,
+    pub(crate) queue_cap: usize,
     /// Threads the stage ran on (a pool stage has several; 0 is read as 1).
     pub threads: usize,
     /// CPU time its threads spent working (their own clocks, not the wall): core-seconds, so
@@ -27,7 +27,7 @@ pub struct StageStat {
     /// The part of `cpu` outside the model runs that is shared out over threads wherever the
     /// stage runs, though the rest of it keeps to one thread on a GPU host (the face mesh's
     /// crops in detection's chain): a GPU host runs it at its pool's width.
-    pub spread_cpu: Duration,
+    pub(crate) spread_cpu: Duration,
     /// Frames go through the stage one after another on one thread, which shares each frame's
     /// work out to helpers and waits for them (detection's windows, the temporal filter's
     /// bands): `busy` is that thread's, and the stage can take no more than it.
@@ -144,9 +144,9 @@ pub struct WorkerStat {
     pub batch: usize,
     /// GPU memory this process holds on the worker's GPU at the end of the run, in MiB, as the
     /// NVIDIA driver reports it (ONNX Runtime keeps its arena, so this is its high-water mark).
-    pub device_mib: Option<u64>,
+    pub(crate) device_mib: Option<u64>,
     /// Faces whose restored crop held NaN or infinity, left as they were.
-    pub nonfinite: u64,
+    pub(crate) nonfinite: u64,
 }
 
 /// GPU memory used by this process on each GPU index, from `nvidia-smi` (empty without one).
@@ -205,16 +205,16 @@ pub struct Summary {
     pub frames_with_faces: u64,
     pub batches: u64,
     /// Most frames the dispatcher held at once, waiting for their faces.
-    pub held_max: usize,
+    pub(crate) held_max: usize,
     /// A video's budget of decoded frames in flight, and the most that were out at once.
-    pub in_flight: Option<(usize, usize)>,
+    pub(crate) in_flight: Option<(usize, usize)>,
     /// Detector passes: over whole frames, and over windows around tracked faces.
     pub detect: DetectCounts,
     pub wall: Duration,
     pub stages: Vec<StageStat>,
     pub workers: Vec<WorkerStat>,
     /// Peak resident memory of the process so far, in bytes (Linux).
-    pub peak_rss: Option<u64>,
+    pub(crate) peak_rss: Option<u64>,
     /// The restoration's flicker inside faces, when the temporal filter ran.
     pub flicker: Option<Flicker>,
     /// How much of who each face is the restoration kept, per track (with the identity model).
@@ -659,15 +659,15 @@ pub struct DetectCounts {
     /// Passes over a window around a tracked face.
     pub windows: u64,
     /// Frames with more faces than `--max-faces` (the rest were left out).
-    pub capped: u64,
+    pub(crate) capped: u64,
     /// Faces followed by the face mesh from their points on the frame before (no detector
     /// pass for them).
     pub followed: u64,
     /// Detections the face mesh did not take for faces (dropped).
-    pub not_faces: u64,
+    pub(crate) not_faces: u64,
     /// Detections the face mesh doubted, kept on the detector's confident score or their
     /// track's support (see [`crate::defaults::CONFIDENT`]).
-    pub kept_doubted: u64,
+    pub(crate) kept_doubted: u64,
 }
 
 /// The flicker figures of a run: inside faces, in crop space, frame to frame along each track

@@ -36,7 +36,7 @@ pub struct Treatment {
     #[command(flatten)]
     pub detection: DetectSettings,
     #[command(flatten)]
-    pub selection: crate::people::Selection,
+    pub(crate) selection: crate::people::Selection,
     /// How much of the restored face to blend in: 0 keeps the original, 1 the restored face.
     #[arg(long, default_value_t = defaults::BLEND, value_name = "0..1", help_heading = "Output")]
     pub blend: f32,
@@ -129,7 +129,7 @@ impl Treatment {
     /// the whole checked ([`Treatment::check`]). A name outside `allowed`, a value the flag does
     /// not take or one out of its range is an error naming the flag (the words use the
     /// command line's `--name`). `compare=none` (or empty) asks for no view.
-    pub fn with_flags(&self, flags: &[(String, String)], allowed: &[&str]) -> Result<Treatment> {
+    pub(crate) fn with_flags(&self, flags: &[(String, String)], allowed: &[&str]) -> Result<Treatment> {
         let parse = |args: &[String]| {
             <DefaultTreatment as clap::Parser>::try_parse_from(
                 std::iter::once("gpen-video".to_string()).chain(args.iter().cloned()),
@@ -166,7 +166,7 @@ impl Treatment {
     /// [`Treatment::with_flags`] for a request's query: its errors name the parameters as a
     /// query gives them (`blend=2: ...`, never `--blend`). The one parser of a job's and a
     /// photo's flags.
-    pub fn with_query(&self, flags: &[(String, String)], allowed: &[&str]) -> Result<Treatment> {
+    pub(crate) fn with_query(&self, flags: &[(String, String)], allowed: &[&str]) -> Result<Treatment> {
         self.with_flags(flags, allowed)
             .map_err(|e| anyhow::anyhow!("{}", format!("{e:#}").replace("'--", "'").replacen("--", "", 1)))
     }

@@ -75,7 +75,7 @@ pub struct Report {
     pub interrupted: bool,
     /// The exit status for that (130 Ctrl-C, 143 SIGTERM).
     #[serde(skip)]
-    pub interrupt_code: u8,
+    pub(crate) interrupt_code: u8,
     pub done: Vec<ClipDone>,
     pub skipped: Vec<ClipNote>,
     pub failed: Vec<ClipNote>,
@@ -85,7 +85,7 @@ pub struct Report {
     pub not_started: Vec<String>,
     pub not_video: Vec<String>,
     /// Clips left to the other shards.
-    pub other_shards: usize,
+    pub(crate) other_shards: usize,
     /// The still images' streams, when there were any.
     pub images: Option<ImageStream>,
 }

@@ -83,9 +83,9 @@ pub struct BenchRow {
     pub fps: Option<f64>,
     pub faces_per_s: f64,
     pub ms_per_batch: f64,
-    pub peak_mib: Option<u64>,
+    pub(crate) peak_mib: Option<u64>,
     /// GPU memory held on the busiest GPU at the end, where the driver reports it.
-    pub gpu_mib: Option<u64>,
+    pub(crate) gpu_mib: Option<u64>,
     pub runs: usize,
     /// The restoration's flicker inside faces (levels of frame-to-frame change beyond the
     /// input's, median over the runs), for pipeline rows.
@@ -112,13 +112,13 @@ pub struct Feeder {
     pub fps: f64,
     /// The same with the encoder's fastest preset (x264/x265 `ultrafast`; other encoders as set).
     pub fast_faces_per_s: f64,
-    pub fast_fps: f64,
+    pub(crate) fast_fps: f64,
     /// CPU time of each stage's own threads per face, in ms (decode and encode count their
     /// calling thread, not FFmpeg's own threads), from the runs at the run's encoder settings.
     pub stage_core_ms: Vec<(String, f64)>,
     /// Threads each of those stages ran on (1: a stage of one thread, which no core count
     /// speeds up; a pool stage runs on one thread per core, up to `defaults::POOL_THREADS_MAX`).
-    pub stage_threads: Vec<usize>,
+    pub(crate) stage_threads: Vec<usize>,
     /// Each stage's core-ms per face in the runs with the fastest preset, which the host
     /// projections use (beside the whole process's CPU at that preset).
     pub fast_stage_core_ms: Vec<(String, f64)>,
@@ -132,9 +132,9 @@ pub struct Feeder {
     /// threads' busy time as a share of the run's wall time and of its threads (1.0: every
     /// thread of it busy all along), and its input queue's mean fill (1.0: always full, so the
     /// stage, or one after it, held the run back).
-    pub fast_stage_busy: Vec<(String, f64, f64)>,
+    pub(crate) fast_stage_busy: Vec<(String, f64, f64)>,
     /// The whole process's CPU time over the wall time in those runs: the cores it kept busy.
-    pub fast_cores_busy: f64,
+    pub(crate) fast_cores_busy: f64,
     /// What a host of 16 cores would feed (faces/s) and the stage that would limit it (see
     /// [`Feeder::host`]).
     pub host_16: (f64, String),

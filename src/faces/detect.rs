@@ -118,7 +118,7 @@ pub struct DetectSettings {
     pub threshold: f32,
     /// Overlap above which two detections are one face (no flag).
     #[arg(skip = crate::defaults::NMS_IOU)]
-    pub nms_iou: f32,
+    pub(crate) nms_iou: f32,
     /// Look for faces in the whole frame every N frames; in between, follow the faces of the
     /// previous frame (much cheaper): by the face mesh from their points there, or, without the
     /// mesh, by the detector in a window around each. A whole-frame pass also runs on a scene
@@ -164,11 +164,11 @@ pub struct Detector {
     /// the upright picture, and their points mapped back to the stored one.
     rotation: u32,
     pub threshold: f32,
-    pub nms_iou: f32,
+    pub(crate) nms_iou: f32,
     /// At most this many faces per frame, the best-scoring ones.
     pub max_faces: usize,
     /// Frames that had more faces than `max_faces` since the last reset.
-    pub capped: u64,
+    pub(crate) capped: u64,
     input: Vec<f32>,
     /// The model takes any input size, so windows around tracked faces can be run.
     dynamic: bool,

@@ -27,7 +27,7 @@ pub struct ModelInfo {
     /// the one its registry entry gives (see `Engine::load`), else ffhq.
     pub template: Template,
     /// Whether the file itself names its template (then no registry entry overrides it).
-    pub template_in_file: bool,
+    pub(crate) template_in_file: bool,
     /// The model takes and gives uint8 levels (its conversions inside the graph: see
     /// `models/byte_io.py`) rather than float32 in [-1, 1].
     pub bytes: bool,
@@ -255,7 +255,7 @@ impl Enhancer {
     }
 
     /// Sets the fidelity a model with a weight input is given (0 most restored, 1 most faithful).
-    pub fn set_fidelity(&mut self, w: f32) {
+    pub(crate) fn set_fidelity(&mut self, w: f32) {
         self.fidelity = w;
     }
 
@@ -379,8 +379,8 @@ impl Enhancer {
 /// batch, worker 0 fails its third batch). Not a user feature; the tests drive it.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Fault {
-    pub delay_ms: u64,
-    pub fail_at: Option<u64>,
+    pub(crate) delay_ms: u64,
+    pub(crate) fail_at: Option<u64>,
 }
 
 impl Fault {
@@ -416,10 +416,10 @@ pub struct Worker {
     /// The model file the session was loaded from, for messages.
     pub model: std::path::PathBuf,
     pub enhancer: Enhancer,
-    pub fault: Fault,
+    pub(crate) fault: Fault,
     /// The model is not run: every crop's change is zero, what a model that returns its input
     /// gives, at no cost. `gpen-video bench` times the stages around the model this way.
-    pub skip_model: bool,
+    pub(crate) skip_model: bool,
     /// Running counts others may read while the worker runs (a service's metrics).
     pub live: std::sync::Arc<Live>,
 }
@@ -429,7 +429,7 @@ pub struct Worker {
 pub struct Live {
     pub batches: std::sync::atomic::AtomicU64,
     pub faces: std::sync::atomic::AtomicU64,
-    pub busy_us: std::sync::atomic::AtomicU64,
+    pub(crate) busy_us: std::sync::atomic::AtomicU64,
 }
 
 impl Live {

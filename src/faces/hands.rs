@@ -87,7 +87,7 @@ pub struct Palm {
     /// x1, y1, x2, y2.
     pub bbox: [f32; 4],
     /// The wrist, the roots of the index, middle, ring and little fingers, two on the thumb.
-    pub keypoints: [[f32; 2]; 7],
+    pub(crate) keypoints: [[f32; 2]; 7],
     /// The palm probability.
     pub score: f32,
 }
@@ -125,7 +125,7 @@ impl Hand {
 
     /// The signed distance from (x, y) to the hand's region, negative inside: the capsules of
     /// [`Hand::radius`] round its bones and the palm's polygon grown by the same radius.
-    pub fn signed_distance(&self, x: f32, y: f32) -> f32 {
+    pub(crate) fn signed_distance(&self, x: f32, y: f32) -> f32 {
         let p = &self.points;
         let bones = BONES
             .iter()

@@ -39,7 +39,7 @@ const MOUTH_RIGHT: usize = 291;
 
 /// One face's mesh in frame pixels, with its presence probability.
 #[derive(Clone, Debug)]
-pub struct Mesh {
+pub(crate) struct Mesh {
     pub points: Vec<[f32; 2]>,
     pub presence: f32,
 }
@@ -64,7 +64,7 @@ impl Mesh {
     }
 
     /// The face's outline polygon, forehead to chin and back.
-    pub fn outline(&self) -> Vec<[f32; 2]> {
+    pub(crate) fn outline(&self) -> Vec<[f32; 2]> {
         OUTLINE.iter().map(|&i| self.points[i]).collect()
     }
 
@@ -134,7 +134,7 @@ fn roi_at((cx, cy): (f64, f64), side: f64, angle: f64) -> Affine {
 }
 
 /// A face-mesh session and its input buffer.
-pub struct Mesher {
+pub(crate) struct Mesher {
     session: Session,
     input_name: String,
     input: Vec<f32>,
@@ -150,7 +150,7 @@ pub struct Mesher {
 impl Mesher {
     /// Checks the session is the face mesh (one [N,3,192,192] input; 1,404 points and a
     /// presence logit out).
-    pub fn new(session: Session) -> Result<Self> {
+    pub(crate) fn new(session: Session) -> Result<Self> {
         let inputs = session.inputs();
         if inputs.len() != 1 || session.outputs().len() != 2 {
             bail!(
@@ -185,12 +185,12 @@ impl Mesher {
     }
 
     /// CPU time spent inside the session's runs so far.
-    pub fn model_cpu(&self) -> std::time::Duration {
+    pub(crate) fn model_cpu(&self) -> std::time::Duration {
         self.model_cpu
     }
 
     /// The input buffer for `n` crops (NCHW, RGB in [0,1]), to be filled by the caller.
-    pub fn input(&mut self, n: usize) -> &mut [f32] {
+    pub(crate) fn input(&mut self, n: usize) -> &mut [f32] {
         self.input.resize(n * 3 * SIZE * SIZE, 0.0);
         &mut self.input
     }
@@ -202,7 +202,7 @@ impl Mesher {
 
     /// Runs the model on the `n` crops in the input buffer; `to_crop[i]` is crop i's
     /// frame -> crop transform. Each mesh comes back in frame pixels.
-    pub fn run(&mut self, to_crop: &[Affine]) -> Result<&[Mesh]> {
+    pub(crate) fn run(&mut self, to_crop: &[Affine]) -> Result<&[Mesh]> {
         let n = to_crop.len();
         if n == 0 {
             return Ok(&[]);

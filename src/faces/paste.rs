@@ -396,7 +396,7 @@ impl Mask {
     /// Keeps the original picture where `occluders` lie in front of the face: each occluder
     /// takes from each table cell the share of what is left that it covers. Returns the share of
     /// the mask's weight held back (0 to 1).
-    pub fn hold_back(&mut self, occluders: &[Occluder]) -> f32 {
+    pub(crate) fn hold_back(&mut self, occluders: &[Occluder]) -> f32 {
         let total: f64 = self.table.iter().map(|&m| f64::from(m)).sum();
         if occluders.is_empty() || total <= 0.0 {
             return 0.0;

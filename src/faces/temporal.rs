@@ -266,7 +266,7 @@ impl Temporal {
     }
 
     /// CPU time the helper threads spent so far (the calling thread's own is not in it).
-    pub fn helper_cpu(&self) -> std::time::Duration {
+    pub(crate) fn helper_cpu(&self) -> std::time::Duration {
         self.helper_cpu
     }
 

@@ -28,7 +28,7 @@ enum Level {
 
 impl Cpu {
     /// The plain bodies, on any CPU.
-    pub const PLAIN: Cpu = Cpu(Level::Plain);
+    pub(crate) const PLAIN: Cpu = Cpu(Level::Plain);
 
     /// The highest level this CPU runs, checked once.
     pub fn detected() -> Cpu {
@@ -59,12 +59,12 @@ impl Cpu {
     }
 
     /// Whether kernels may run their AVX2 forms (the CPU has AVX2).
-    pub fn avx2(self) -> bool {
+    pub(crate) fn avx2(self) -> bool {
         self.0 >= Level::Avx2
     }
 
     /// Whether kernels may run their AVX2 forms with fused multiply-adds (the CPU has both).
-    pub fn fma(self) -> bool {
+    pub(crate) fn fma(self) -> bool {
         self.0 >= Level::Avx2Fma
     }
 

@@ -29,11 +29,11 @@ pub struct SourceInfo {
     pub width: usize,
     pub height: usize,
     pub time_base: Rational,
-    pub avg_frame_rate: Rational,
+    pub(crate) avg_frame_rate: Rational,
     /// Frame count the container declares, if any.
-    pub declared_frames: Option<u64>,
+    pub(crate) declared_frames: Option<u64>,
     /// Stream (or container) duration in seconds, if known.
-    pub duration_s: Option<f64>,
+    pub(crate) duration_s: Option<f64>,
     pub codec: String,
     pub params: ffmpeg::codec::Parameters,
     /// Display rotation from the stream's display matrix, degrees counterclockwise: 0, 90,
@@ -301,15 +301,15 @@ fn upright_turn(mut m: [i32; 9]) -> u32 {
 pub struct DecodeReport {
     pub frames: u64,
     /// Packets the decoder rejected as corrupt and skipped.
-    pub corrupt_packets: u64,
+    pub(crate) corrupt_packets: u64,
     /// Packets the demuxer marked to be decoded but not shown: those before an edit list's
     /// start (a stream-copied trim), which FFmpeg decodes for their references and drops.
-    pub discarded_packets: u64,
+    pub(crate) discarded_packets: u64,
     /// CPU time the conversions through swscale (the detection copy; the whole picture's RGB
     /// for a source not converted region by region) took on the decoding thread when made
     /// there alone (none when shared among swscale's threads): work a host of more cores
     /// shares out.
-    pub convert_cpu: std::time::Duration,
+    pub(crate) convert_cpu: std::time::Duration,
 }
 
 /// The part of a video one segment decodes: from the keyframe at `seek` (the start when

@@ -8,19 +8,19 @@ use ffmpeg_next as ffmpeg;
 /// A mastering display: its primaries and white point in CIE 1931 xy, units of 0.00002, and
 /// its luminance range in units of 0.0001 cd/m² (the units x264 and x265 take).
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Mastering {
+pub(crate) struct Mastering {
     pub red: (u64, u64),
-    pub green: (u64, u64),
+    pub(crate) green: (u64, u64),
     pub blue: (u64, u64),
     pub white: (u64, u64),
     /// (max, min).
-    pub luminance: (u64, u64),
+    pub(crate) luminance: (u64, u64),
 }
 
 /// A source's HDR10 static metadata.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Hdr10 {
-    pub mastering: Option<Mastering>,
+    pub(crate) mastering: Option<Mastering>,
     /// Maximum content light level and maximum frame-average light level, cd/m².
     pub light: Option<(u32, u32)>,
 }

@@ -61,7 +61,7 @@ pub struct Header {
     /// The ICC profile, as the decoder read it (a PNG's inflated within the limit).
     pub icc: Option<Vec<u8>>,
     /// The EXIF block (a TIFF structure, without JPEG's `Exif\0\0` prefix).
-    pub exif: Option<Vec<u8>>,
+    pub(crate) exif: Option<Vec<u8>>,
 }
 
 impl Header {

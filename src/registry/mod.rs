@@ -113,11 +113,11 @@ pub struct Entry {
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub notes: String,
     #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub checkpoint_url: String,
+    pub(crate) checkpoint_url: String,
     #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub source_sha256: String,
+    pub(crate) source_sha256: String,
     #[serde(default, skip_serializing_if = "is_zero")]
-    pub source_bytes: u64,
+    pub(crate) source_bytes: u64,
     /// The fidelity a model with a weight input is given by default (CodeFormer's 0.5).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fidelity: Option<f32>,
@@ -126,7 +126,7 @@ pub struct Entry {
     pub blend: Option<f32>,
     /// The licence of the weights, as their authors publish it.
     #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub licence: String,
+    pub(crate) licence: String,
     /// A user entry whose `file` is a copy made with a symbolic batch: the file the user added.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub origin: String,

@@ -101,7 +101,7 @@ impl Made {
     }
 
     /// Removes the segment's files (another holder made it).
-    pub fn discard(self) {
+    pub(crate) fn discard(self) {
         self.partial.discard();
     }
 }
@@ -202,7 +202,7 @@ impl Work {
     /// is scanned, planned or cleared. `Ok(None)` when there is no plan (the work is over, or
     /// was never cut); an error when the plan was made for other settings, another input or
     /// another container, saying which.
-    pub fn open_planned(settings: &Settings, job: &Job) -> Result<Option<Work>> {
+    pub(crate) fn open_planned(settings: &Settings, job: &Job) -> Result<Option<Work>> {
         let dir = work_dir(&job.output);
         let bytes = match std::fs::read(dir.join("plan.json")) {
             Ok(b) => b,

@@ -28,9 +28,9 @@ pub struct Segment {
     pub number: usize,
     pub start: u64,
     pub end: u64,
-    pub warm_from: u64,
+    pub(crate) warm_from: u64,
     pub until: u64,
-    pub seek: Option<i64>,
+    pub(crate) seek: Option<i64>,
 }
 
 impl Segment {
