@@ -61,7 +61,7 @@ fn clip(dir: &Path, name: &str, frames: usize, at: impl Fn(usize) -> Option<(i64
         .args(["-v", "error", "-y", "-f", "rawvideo", "-pix_fmt", "rgb24", "-s"])
         .arg(format!("{w}x{h}"))
         .args([
-            "-r", "30", "-i", "-", "-c:v", "libx264", "-crf", "4", "-pix_fmt", "yuv420p",
+            "-r", "30", "-i", "-", "-c:v", "libx264", "-crf", "4", "-g", "30", "-pix_fmt", "yuv420p",
         ])
         .arg(&out)
         .stdin(Stdio::piped())
@@ -269,4 +269,61 @@ fn without_hands_the_output_is_offs_and_off_opens_no_hand_model() {
         common::framemd5(&d.join("off2.mp4"), "0:v", false),
         common::framemd5(&b, "0:v", false)
     );
+}
+
+/// A long clip with a hand going back and forth across the face, cut into segments: the hands
+/// stage starts its trackers afresh on fixed stretches of frames and each segment warms up from
+/// the start of its first frame's stretch, so the joined segments are one run's frames to the
+/// bit, faces record and hand shares included.
+#[test]
+fn segments_keep_the_hands_one_run_keeps() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, _, face) = portrait();
+    let fw = f64::from(face[2] - face[0]);
+    let (input, _) = clip(dir.path(), "long.mp4", 200, |k| {
+        let t = (k % 60) as f64 / 60.0;
+        let swing = if t < 0.5 { 2.0 * t } else { 2.0 - 2.0 * t };
+        // Away from the face for a few frames of each swing, so it is found again.
+        (k % 60 < 50).then(|| {
+            (
+                (f64::from(face[0]) - 0.6 * fw + swing * 1.2 * fw) as i64,
+                (face[1] - 10.0) as i64,
+            )
+        })
+    });
+    let negate = asset("models/standin/negate-256.onnx");
+    let run = |name: &str, segment: &str| {
+        let out = dir.path().join(name);
+        let faces = out.with_extension("json");
+        ok(&gpen(&[
+            &input,
+            &out,
+            &"--model",
+            &negate,
+            &"--identity-guard",
+            &"off",
+            &"--codec",
+            &"libx264",
+            &"--crf",
+            &"0",
+            &"--segment",
+            &segment,
+            &"--faces-json",
+            &faces,
+        ]));
+        (
+            common::framemd5(&out, "0:v", false),
+            std::fs::read_to_string(faces).unwrap(),
+        )
+    };
+    let (one, one_faces) = run("one.mp4", "0");
+    let (joined, joined_faces) = run("joined.mp4", "2.4");
+    assert_eq!(one.len(), 200);
+    assert!(
+        one_faces.matches("\"hands\":").count() > 50,
+        "hands kept on many frames"
+    );
+    let differ: Vec<usize> = (0..200).filter(|&i| one[i] != joined[i]).collect();
+    assert!(differ.is_empty(), "frames {differ:?} differ from one run's");
+    assert_eq!(one_faces, joined_faces, "the faces record");
 }

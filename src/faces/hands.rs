@@ -693,6 +693,14 @@ pub const EVERY: u32 = 64;
 pub const QUIET: u64 = 3;
 /// Cells across the square [`ring`] samples.
 pub const RING_CELLS: usize = 12;
+/// The ring's side as a multiple of the model's crop: about the face's [`NEIGHBOURHOOD`] (the
+/// face spans about half an aligned crop).
+pub const RING_SIDE: f64 = 1.25;
+/// The rows and columns of ring cells the face covers: the middle 60 % of the crop, cells 3 to
+/// 8 of 12 (their centres within 0.26 crops of its centre).
+const FACE_CELLS: std::ops::Range<usize> = 3..9;
+/// Samples across a ring cell (its mean is of this many squared).
+const RING_SAMPLES: usize = 5;
 /// A ring cell changed: its luma moved by more than this many levels.
 const RING_LEVELS: f32 = 24.0;
 /// The change trigger fires when at least this share of the ring's cells changed (and at
@@ -711,45 +719,56 @@ pub enum Look {
 }
 
 /// The face's surroundings, cheaply: the mean luma of each of [`RING_CELLS`] x [`RING_CELLS`]
-/// cells of its [`neighbourhood`] square (unclipped, in the face box's own frame, so a face
-/// moving with its background sees the same values), each from four samples, leaving out the
-/// cells whose centre lies in the face box grown by a tenth (a talking face changes there).
-/// `luma(x, y)` reads one frame pixel's luma (clamped to the frame by the caller).
-pub fn ring(face_box: [f32; 4], luma: &mut impl FnMut(f32, f32) -> f32) -> Vec<f32> {
-    let [x0, y0, x1, y1] = face_box;
-    let side = NEIGHBOURHOOD * (x1 - x0).max(y1 - y0).max(1.0);
-    let (cx, cy) = ((x0 + x1) / 2.0, (y0 + y1) / 2.0);
-    let (gx, gy) = (0.1 * (x1 - x0), 0.1 * (y1 - y0));
-    let cell = side / RING_CELLS as f32;
+/// cells of a square of [`RING_SIDE`] times the model's crop round the crop's centre, in the
+/// crop's own frame (`to_frame`, crop -> frame, from the face's five points: a face moving or
+/// turning with its background sees the same values, and the points, unlike a box, are placed
+/// alike on the detector's passes and between them), each from a grid of samples, leaving out
+/// the central cells the face lies in (a talking face changes there): always the same cells,
+/// so two rings compare cell by cell. `luma(x, y)` reads one frame pixel's luma (clamped to the
+/// frame by the caller).
+pub fn ring(to_frame: &Affine, crop: usize, luma: &mut impl FnMut(f32, f32) -> f32) -> Vec<f32> {
+    let side = RING_SIDE * crop as f64;
+    let c = crop as f64 / 2.0;
+    let cell = side / RING_CELLS as f64;
+    let step = cell / RING_SAMPLES as f64;
     let mut out = Vec::with_capacity(RING_CELLS * RING_CELLS);
     for j in 0..RING_CELLS {
         for i in 0..RING_CELLS {
-            let (ux, uy) = (
-                cx - side / 2.0 + (i as f32 + 0.5) * cell,
-                cy - side / 2.0 + (j as f32 + 0.5) * cell,
-            );
-            if ux > x0 - gx && ux < x1 + gx && uy > y0 - gy && uy < y1 + gy {
+            if FACE_CELLS.contains(&i) && FACE_CELLS.contains(&j) {
                 continue;
             }
-            let q = cell / 4.0;
-            let sum = luma(ux - q, uy - q) + luma(ux + q, uy - q) + luma(ux - q, uy + q) + luma(ux + q, uy + q);
-            out.push(sum / 4.0);
+            // A grid of samples over the cell: its mean moves little when the picture shifts
+            // by a pixel or two under the face (a point sample on an edge would jump).
+            let (left, top) = (c - side / 2.0 + i as f64 * cell, c - side / 2.0 + j as f64 * cell);
+            let mut sum = 0.0;
+            for v in 0..RING_SAMPLES {
+                for u in 0..RING_SAMPLES {
+                    let (x, y) = to_frame.apply(left + (u as f64 + 0.5) * step, top + (v as f64 + 0.5) * step);
+                    sum += luma(x as f32, y as f32);
+                }
+            }
+            out.push(sum / (RING_SAMPLES * RING_SAMPLES) as f32);
         }
     }
     out
 }
 
 /// Whether the surroundings `now` differ from `then` (both from [`ring`]) as a hand entering
-/// them does; a ring not sampled before counts as changed.
+/// them does (enough cells changed beyond the ring's median change); a ring not sampled before
+/// counts as changed.
 pub fn ring_changed(then: &[f32], now: &[f32]) -> bool {
     if then.len() != now.len() {
         return true;
     }
-    let moved = then
-        .iter()
-        .zip(now)
-        .filter(|(a, b)| (*a - *b).abs() > RING_LEVELS)
-        .count();
+    if now.is_empty() {
+        return false;
+    }
+    // Each cell's change beside the ring's median change: the light or the exposure changing
+    // over the whole picture moves every cell alike.
+    let mut d: Vec<f32> = then.iter().zip(now).map(|(a, b)| b - a).collect();
+    let mid = d.len() / 2;
+    let median = *d.select_nth_unstable_by(mid, f32::total_cmp).1;
+    let moved = d.iter().filter(|v| (**v - median).abs() > RING_LEVELS).count();
     moved >= 2 && moved as f32 >= RING_SHARE * now.len() as f32
 }
 
@@ -949,13 +968,14 @@ mod tests {
 
     #[test]
     fn the_ring_leaves_the_face_out_and_moves_with_it() {
-        // A picture whose luma is x + y: the face box's own frame sees the same ring wherever
-        // the face is, offset by its move.
-        let mut luma = |x: f32, y: f32| x.floor() + y.floor();
-        let a = ring([100.0, 100.0, 200.0, 200.0], &mut luma);
-        let b = ring([110.0, 100.0, 210.0, 200.0], &mut luma);
-        assert!(a.len() < RING_CELLS * RING_CELLS && a.len() > RING_CELLS * RING_CELLS / 2);
-        assert!(a.iter().zip(&b).all(|(p, q)| (q - p - 10.0).abs() < 1e-3));
+        // A picture whose luma is x + y: the crop's own frame sees the same ring wherever the
+        // face is, offset by its move.
+        let mut luma = |x: f32, y: f32| x + y;
+        let a = ring(&Affine([0.5, 0.0, 100.0, 0.0, 0.5, 100.0]), 256, &mut luma);
+        let b = ring(&Affine([0.5, 0.0, 110.0, 0.0, 0.5, 100.0]), 256, &mut luma);
+        assert_eq!(a.len(), RING_CELLS * RING_CELLS - FACE_CELLS.len() * FACE_CELLS.len());
+        assert!(a.iter().zip(&b).all(|(p, q)| (q - p - 10.0).abs() < 1e-2));
+        assert!(!ring_changed(&a, &b), "a uniform change is no hand");
     }
 
     #[test]

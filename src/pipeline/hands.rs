@@ -73,9 +73,12 @@ fn frame_hands(
             Some(t) => trackers.entry(t).or_insert_with(HandTracker::gated),
             None => &mut fresh,
         };
+        // The crop alignment will cut (the same fit of the same points).
+        let to_crop = fit_similarity(&job.face.landmarks, &ctx.template);
+        let to_frame = to_crop.inverse().unwrap_or(crate::geom::Affine::IDENTITY);
         let around = {
             let mut luma = luma_reader(f);
-            ring(face_box, &mut luma)
+            ring(&to_frame, ctx.size, &mut luma)
         };
         let look = tracker.look(f.index, &around);
         if look != Look::Nothing {
@@ -87,8 +90,6 @@ fn frame_hands(
         if found.is_empty() {
             continue;
         }
-        // The crop alignment will cut (the same fit of the same points).
-        let to_crop = fit_similarity(&job.face.landmarks, &ctx.template);
         let size = ctx.size as f32;
         job.occluders = found
             .iter()
