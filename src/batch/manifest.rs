@@ -216,6 +216,7 @@ mod tests {
             mesh: None,
             identity: None,
             quality: None,
+            hands: None,
             template: None,
             treatment: Default::default(),
         };
