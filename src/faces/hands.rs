@@ -727,11 +727,18 @@ pub enum Look {
 /// so two rings compare cell by cell. `luma(x, y)` reads one frame pixel's luma (clamped to the
 /// frame by the caller).
 pub fn ring(to_frame: &Affine, crop: usize, luma: &mut impl FnMut(f32, f32) -> f32) -> Vec<f32> {
+    let mut out = Vec::with_capacity(RING_CELLS * RING_CELLS);
+    ring_into(to_frame, crop, luma, &mut out);
+    out
+}
+
+/// [`ring`] into `out` (cleared first): a caller that keeps `out` allocates nothing per frame.
+pub fn ring_into(to_frame: &Affine, crop: usize, luma: &mut impl FnMut(f32, f32) -> f32, out: &mut Vec<f32>) {
+    out.clear();
     let side = RING_SIDE * crop as f64;
     let c = crop as f64 / 2.0;
     let cell = side / RING_CELLS as f64;
     let step = cell / RING_SAMPLES as f64;
-    let mut out = Vec::with_capacity(RING_CELLS * RING_CELLS);
     for j in 0..RING_CELLS {
         for i in 0..RING_CELLS {
             if FACE_CELLS.contains(&i) && FACE_CELLS.contains(&j) {
@@ -750,7 +757,6 @@ pub fn ring(to_frame: &Affine, crop: usize, luma: &mut impl FnMut(f32, f32) -> f
             out.push(sum / (RING_SAMPLES * RING_SAMPLES) as f32);
         }
     }
-    out
 }
 
 /// Whether the surroundings `now` differ from `then` (both from [`ring`]) as a hand entering
@@ -765,7 +771,11 @@ pub fn ring_changed(then: &[f32], now: &[f32]) -> bool {
     }
     // Each cell's change beside the ring's median change: the light or the exposure changing
     // over the whole picture moves every cell alike.
-    let mut d: Vec<f32> = then.iter().zip(now).map(|(a, b)| b - a).collect();
+    let mut cells = [0.0f32; RING_CELLS * RING_CELLS];
+    let d = &mut cells[..now.len().min(RING_CELLS * RING_CELLS)];
+    for ((v, a), b) in d.iter_mut().zip(then).zip(now) {
+        *v = b - a;
+    }
     let mid = d.len() / 2;
     let median = *d.select_nth_unstable_by(mid, f32::total_cmp).1;
     let moved = d.iter().filter(|v| (**v - median).abs() > RING_LEVELS).count();

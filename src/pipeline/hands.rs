@@ -12,7 +12,7 @@ use crossbeam_channel::{Receiver, Sender};
 
 use super::ctx::{StageCtx, DEPTH};
 use super::stages::recv;
-use crate::faces::hands::{neighbourhood, ring, HandTracker, Hands, Look};
+use crate::faces::hands::{neighbourhood, ring_into, HandTracker, Hands, Look};
 use crate::frame::{FaceFrame, Frame, Picture};
 use crate::geom::{fit_similarity, Rect};
 use crate::stats::{Clock, StageStat};
@@ -28,12 +28,14 @@ pub(crate) fn hands(
 ) -> Result<(StageStat, u64)> {
     let mut clock = Clock::new("hands", DEPTH);
     let mut trackers: HashMap<u64, HandTracker> = HashMap::new();
+    // The faces' surroundings, one buffer for the run.
+    let mut around = Vec::new();
     let mut kept = 0;
     let at_start = hands.model_cpu();
     while let Some(mut ff) = recv(&rx, &mut clock) {
         let index = ff.frame.index;
         clock
-            .time(|| frame_hands(hands, &mut trackers, ctx, &mut ff))
+            .time(|| frame_hands(hands, (&mut trackers, &mut around), ctx, &mut ff))
             .with_context(|| format!("hands stage, frame {index}"))?;
         if !ff.frame.warm && ff.faces.iter().any(|j| !j.occluders.is_empty()) {
             kept += 1;
@@ -59,7 +61,7 @@ pub(crate) fn hands(
 /// face's occluders in its crop. Trackers of tracks not on the frame are dropped.
 fn frame_hands(
     hands: &mut Hands,
-    trackers: &mut HashMap<u64, HandTracker>,
+    (trackers, around): (&mut HashMap<u64, HandTracker>, &mut Vec<f32>),
     ctx: &StageCtx,
     ff: &mut FaceFrame,
 ) -> Result<()> {
@@ -76,17 +78,17 @@ fn frame_hands(
         // The crop alignment will cut (the same fit of the same points).
         let to_crop = fit_similarity(&job.face.landmarks, &ctx.template);
         let to_frame = to_crop.inverse().unwrap_or(crate::geom::Affine::IDENTITY);
-        let around = {
+        {
             let mut luma = luma_reader(f);
-            ring(&to_frame, ctx.size, &mut luma)
-        };
-        let look = tracker.look(f.index, &around);
+            ring_into(&to_frame, ctx.size, &mut luma, around);
+        }
+        let look = tracker.look(f.index, around);
         if look != Look::Nothing {
             if let Some(r) = reach(face_box, (w, h)) {
                 crate::media::color::ensure_rgb(f, r);
             }
         }
-        let found = tracker.next_looked(hands, &f.rgb, (w, h), face_box, (f.index, look), &around)?;
+        let found = tracker.next_looked(hands, &f.rgb, (w, h), face_box, (f.index, look), around)?;
         if found.is_empty() {
             continue;
         }
