@@ -344,3 +344,36 @@ fn segments_keep_the_hands_one_run_keeps() {
     assert!(differ.is_empty(), "frames {differ:?} differ from one run's");
     assert_eq!(one_faces, joined_faces, "the faces record");
 }
+
+/// Without the hand models (a copy of the binary run from a folder without the set-up's
+/// models) the default `--occlusion hands` is no error: the run says once that hands are
+/// painted over, naming the missing files and the set-up, and restores the faces as `off`.
+#[test]
+fn without_the_hand_models_the_default_run_says_so_and_runs_as_off() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let bin = d.join("bin/gpen-video");
+    std::fs::create_dir_all(bin.parent().unwrap()).unwrap();
+    std::fs::copy(env!("CARGO_BIN_EXE_gpen-video"), &bin).unwrap();
+    let r = Command::new(&bin)
+        .current_dir(d)
+        .arg(asset("samples/test/astronaut.mp4"))
+        .arg(d.join("o.mp4"))
+        .args(["--frames", "5", "--identity-guard", "off", "--mesh", "none", "--model"])
+        .arg(asset("models/standin/negate-256.onnx"))
+        .arg("--detector")
+        .arg(asset("models/centerface.onnx"))
+        .env("ORT_DYLIB_PATH", asset(".deps/lib/libonnxruntime.so"))
+        .env("XDG_CONFIG_HOME", common::no_user_dirs())
+        .env("XDG_DATA_HOME", common::no_user_dirs())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&r.stderr);
+    assert!(r.status.success(), "{err}");
+    assert_eq!(err.matches("no hand models").count(), 1, "{err}");
+    assert!(
+        err.contains("models/palm-detect.onnx") && err.contains("scripts/setup.sh"),
+        "{err}"
+    );
+    assert!(err.contains("5 faces") && !err.contains("hands kept"), "{err}");
+}
