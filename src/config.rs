@@ -19,6 +19,7 @@ use crate::engine::{CancelToken, Engine, EngineKey, EngineSpec, Job, Kind, KindE
 use crate::faces::align::Template;
 use crate::faces::detect::det_size;
 use crate::faces::enhance::Fault;
+use crate::faces::hands::Occlusion;
 use crate::faces::paste::MaskKind;
 use crate::kernels::Cpu;
 use crate::media::decode::probe;
@@ -71,6 +72,10 @@ pub struct Recipe {
     /// with the identity, on the same faces).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub quality: Option<Asset>,
+    /// The hand models (palm detector, hand landmarks), when hands are kept in front of faces
+    /// (`--occlusion hands`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hands: Option<[Asset; 2]>,
     /// The model's template as its registry entry gives it (`None`: the file's own, else ffhq).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub template: Option<Template>,
@@ -210,6 +215,9 @@ pub struct Settings {
     pub identity: bool,
     /// The faces record without identity figures (see `Job::boxes_only`).
     pub(crate) boxes_only: bool,
+    /// The hand models the set-up made, if it did (a job may ask for `occlusion=hands` where
+    /// the settings' own treatment is `off`).
+    pub hand_models: Option<[PathBuf; 2]>,
     /// The CPU level every kernel of the run takes ([`cpu_level`]): not in the recipe, as every
     /// level gives the same output to the bit and changes only how fast.
     pub cpu: Cpu,
@@ -218,6 +226,24 @@ pub struct Settings {
 }
 
 pub use crate::defaults::find_asset;
+
+/// The hand models (palm detector, hand landmarks), if the set-up made both.
+fn find_hand_models() -> Option<[PathBuf; 2]> {
+    let [palm, marks] = defaults::HAND_MODELS.map(find_asset);
+    Some([palm?, marks?])
+}
+
+/// Says once per process that the hand models are missing and what that means.
+fn say_no_hands_once() {
+    static SAID: std::sync::Once = std::sync::Once::new();
+    SAID.call_once(|| {
+        tracing::warn!(
+            "no hand models ({} and {} are missing): hands in front of faces are painted over, as with --occlusion off; run scripts/setup.sh to make them",
+            defaults::HAND_MODELS[0],
+            defaults::HAND_MODELS[1]
+        );
+    });
+}
 
 /// Says once per process that there is no face mesh and what that means.
 fn say_no_mesh_once() {
@@ -336,6 +362,15 @@ impl Settings {
             // The ellipse is what a mesh mask gives a face without a mesh.
             t.mask = MaskKind::Face;
         }
+        let hand_models = find_hand_models();
+        if hand_models.is_none() && t.occlusion == Occlusion::Hands {
+            say_no_hands_once();
+            t.occlusion = Occlusion::Off;
+        }
+        let hands = hand_models
+            .clone()
+            .filter(|_| t.occlusion == Occlusion::Hands)
+            .map(|m| m.map(Asset));
         let trt_cache = o.trt.then(|| model.with_extension("trt-cache"));
         if let Some(dir) = &trt_cache {
             std::fs::create_dir_all(dir)
@@ -351,6 +386,7 @@ impl Settings {
                     .and_then(|_| find_asset(defaults::QUALITY_MODEL))
                     .map(Asset),
                 identity: identity.map(Asset),
+                hands,
                 template: o.model_template,
                 treatment: std::sync::Arc::new(t),
             },
@@ -366,6 +402,7 @@ impl Settings {
             stats_json: o.stats_json.clone(),
             identity: o.identity,
             boxes_only: false,
+            hand_models,
             cpu,
             cores,
         };
@@ -449,6 +486,7 @@ impl Settings {
             identity: self.identity,
             identity_model: self.recipe.identity.as_ref().map(|a| a.0.clone()),
             quality_model: self.recipe.quality.as_ref().map(|a| a.0.clone()),
+            hand_models: self.hand_models.clone(),
             boxes_only: self.boxes_only,
             cancel,
         })
@@ -478,6 +516,7 @@ impl Settings {
             identity: false,
             identity_model: self.recipe.identity.as_ref().map(|a| a.0.clone()),
             quality_model: self.recipe.quality.as_ref().map(|a| a.0.clone()),
+            hand_models: self.hand_models.clone(),
             boxes_only: false,
             cancel,
         })
@@ -617,6 +656,7 @@ mod tests {
                 mesh: None,
                 identity: None,
                 quality: None,
+                hands: None,
                 template: None,
                 treatment: Default::default(),
             },
@@ -632,6 +672,7 @@ mod tests {
             stats_json: None,
             identity: false,
             boxes_only: false,
+            hand_models: None,
             cpu: Cpu::detected(),
             cores,
         };

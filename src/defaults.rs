@@ -53,6 +53,11 @@ pub(crate) const FACE_CHECK: f32 = 0.5;
 /// Identity distance under which two faces are one person (`--face-distance`): dlib's usual
 /// threshold for its 128-D descriptors (same person below it on 99.4 % of LFW's pairs).
 pub(crate) const FACE_DISTANCE: f32 = 0.6;
+/// What the paste keeps in front of faces (`--occlusion`): hands.
+pub(crate) const OCCLUSION: &str = "hands";
+/// The hand models (made by scripts/setup.sh from MediaPipe's palm detector and hand
+/// landmarks): the palm detector first.
+pub(crate) const HAND_MODELS: [&str; 2] = ["models/palm-detect.onnx", "models/hand-landmarks.onnx"];
 /// The face-identity model (made by scripts/setup.sh from dlib's model).
 pub(crate) const FACE_ID_MODEL: &str = "models/face-id.onnx";
 /// BRISQUE's parameters for the quality figure (made by scripts/setup.sh from image-quality's).

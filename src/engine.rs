@@ -76,6 +76,10 @@ pub struct Engine {
     pub cpu: crate::kernels::Cpu,
     /// The reference photos described on this engine, kept for its later runs.
     pub references: crate::people::References,
+    /// The hand models' sessions, opened by the first run that keeps hands in front of faces
+    /// (`--occlusion hands`) and kept for the engine's later runs; never opened by one that
+    /// does not.
+    pub hands: Option<crate::faces::hands::Hands>,
 }
 
 /// The template the model's entry gives, on workers whose file names none of its own.
@@ -243,6 +247,8 @@ pub struct Job {
     pub(crate) identity_model: Option<PathBuf>,
     /// BRISQUE's parameters the settings resolved, if any (the faces' quality figure).
     pub(crate) quality_model: Option<PathBuf>,
+    /// The hand models the settings found (palm detector, hand landmarks), if any.
+    pub hand_models: Option<[PathBuf; 2]>,
     /// The faces record says where the faces are, not how much identity each kept (a
     /// service's jobs: their page draws the boxes; no identity model runs for them).
     pub(crate) boxes_only: bool,
@@ -413,6 +419,7 @@ impl Engine {
             },
             cpu: s.cpu,
             references: Default::default(),
+            hands: None,
         })
     }
 

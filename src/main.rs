@@ -929,6 +929,7 @@ mod tests {
         ("face_check", Some("0.7")),
         ("color_fix", Some("off")),
         ("identity_guard", Some("warn")),
+        ("occlusion", Some("off")),
         ("only_face", Some("someone.jpg")),
         ("skip_face", Some("someone-else.jpg")),
         ("face_distance", Some("0.5")),

@@ -221,6 +221,9 @@ pub struct Summary {
     pub identity: Vec<TrackIdentity>,
     /// Faces found and left alone, by why (the job's selection).
     pub left: Left,
+    /// Frames on which hands in front of faces were kept (`--occlusion hands`; `None` where no
+    /// hands stage ran).
+    pub hands_frames: Option<u64>,
 }
 
 /// Faces found and deliberately left alone, by why: under `--min-face`, not one of the people
@@ -337,6 +340,7 @@ impl Summary {
             faces_found: self.faces + self.left.total(),
             faces_left: self.left,
             frames_with_faces: self.frames_with_faces,
+            frames_with_hands: self.hands_frames,
             batches: self.batches,
             frames_held_max: self.held_max,
             frames_in_flight_budget: self.in_flight.map(|f| f.0),
@@ -409,6 +413,9 @@ struct SummaryJson<'a> {
     /// Faces found and left alone, by why.
     faces_left: Left,
     frames_with_faces: u64,
+    /// Frames on which hands in front of faces were kept (with `--occlusion hands`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    frames_with_hands: Option<u64>,
     batches: u64,
     frames_held_max: usize,
     /// A video's budget of decoded frames in flight at once (the decoder waits beyond it).
@@ -510,11 +517,13 @@ impl Summary {
         let wall = self.wall.as_secs_f64().max(1e-9);
         let per_frame = self.faces as f64 / self.frames.max(1) as f64;
         format!(
-            "{} frames, {} faces{} ({per_frame:.2} per frame, {} frames with faces), {} batches, {wall:.2} s, {:.1} fps, {:.1} faces/s{}",
+            "{} frames, {} faces{} ({per_frame:.2} per frame, {} frames with faces{}), {} batches, {wall:.2} s, {:.1} fps, {:.1} faces/s{}",
             self.frames,
             self.faces,
             self.left.words().map_or(String::new(), |w| format!(" restored, {w}")),
             self.frames_with_faces,
+            self.hands_frames
+                .map_or(String::new(), |n| format!(", hands kept in front on {n}")),
             self.batches,
             self.fps(),
             self.faces_per_s(),

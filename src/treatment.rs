@@ -62,6 +62,12 @@ pub struct Treatment {
     /// `off` measures nothing.
     #[arg(long, value_name = "MODE", default_value = defaults::IDENTITY_GUARD, value_enum, help_heading = "Faces")]
     pub identity_guard: crate::people::Guard,
+    /// What the paste keeps in front of a face: `hands` finds the hands near each face
+    /// (MediaPipe's palm detector and hand landmarks) and keeps the original picture where they
+    /// lie, feathered; `off` pastes the restored face over whatever is in front of it. Without
+    /// the hand models (scripts/setup.sh makes them) a run says so once and runs as `off`.
+    #[arg(long, value_name = "MODE", default_value = defaults::OCCLUSION, value_enum, help_heading = "Faces")]
+    pub occlusion: crate::faces::hands::Occlusion,
     /// Drop a detection when the face mesh's face-presence probability is below this (0 keeps
     /// every detection).
     #[arg(long, value_name = "0..1", default_value_t = defaults::FACE_CHECK, help_heading = "Detection")]
@@ -93,7 +99,7 @@ struct DefaultTreatment {
 /// each is parsed and checked by its declaration above, as on the command line
 /// ([`Treatment::with_flags`]). A new job flag is its name here and its line in
 /// [`Treatment::take`]; the test of this file fails for a name without one.
-pub(crate) const JOB_FLAGS: [&str; 12] = [
+pub(crate) const JOB_FLAGS: [&str; 13] = [
     "blend",
     "mask",
     "temporal",
@@ -106,6 +112,7 @@ pub(crate) const JOB_FLAGS: [&str; 12] = [
     "fidelity",
     "color-fix",
     "identity-guard",
+    "occlusion",
 ];
 
 impl Default for Treatment {
@@ -186,6 +193,7 @@ impl Treatment {
             "fidelity" => self.fidelity = from.fidelity,
             "color-fix" => self.color_fix = from.color_fix,
             "identity-guard" => self.identity_guard = from.identity_guard,
+            "occlusion" => self.occlusion = from.occlusion,
             _ => {}
         }
     }
@@ -263,6 +271,7 @@ mod tests {
             ("fidelity", "0.7"),
             ("color-fix", "off"),
             ("identity-guard", "warn"),
+            ("occlusion", "off"),
         ];
         assert_eq!(other.map(|(k, _)| k), JOB_FLAGS);
         for (k, v) in other {

@@ -146,6 +146,10 @@ fn the_wheel_installs_and_runs_like_the_checkout_build() {
         .trim(),
     );
     let package = site.join("gpen_video");
+    // The hand models the default `--occlusion hands` runs with.
+    for m in ["models/palm-detect.onnx", "models/hand-landmarks.onnx"] {
+        assert!(package.join(m).is_file(), "{m} is not in the wheel");
+    }
     let before = files(&package);
 
     // The installed command, from an empty folder, without the set-up's environment.

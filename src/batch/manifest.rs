@@ -222,6 +222,7 @@ mod tests {
             mesh: None,
             identity: None,
             quality: None,
+            hands: None,
             template: None,
             treatment: Default::default(),
         };

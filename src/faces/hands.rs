@@ -4,7 +4,9 @@
 //! and the region a hand covers (capsules along its bones as wide as a finger, and its palm),
 //! from which a mask can be made in any coordinate frame. A tracker follows a face's hands from
 //! frame to frame by their points, as MediaPipe does, and runs the palm detector only every few
-//! frames or when it follows no hand: that is what a frame without hands costs.
+//! frames or when it follows no hand; or, gated ([`HandTracker::gated`], what the pipeline's
+//! hands stage runs), when a track starts, on fixed frame numbers and when the face's
+//! surroundings change ([`ring`]): that is what a frame without hands costs.
 
 use std::path::Path;
 use std::time::Duration;
@@ -14,6 +16,7 @@ use ort::session::Session;
 use ort::value::{TensorRef, ValueType};
 
 use crate::faces::detect::iou;
+use crate::frame::Occluder;
 use crate::geom::{crop_footprint, Affine};
 use crate::kernels::warp::{warp_face, WarpScratch};
 use crate::kernels::Cpu;
@@ -80,6 +83,25 @@ pub(crate) const BONES: [(usize, usize); 21] = [
 const PALM: [usize; 6] = [0, 1, 5, 9, 13, 17];
 /// The points MediaPipe places a followed hand's crop by (the fingertips move too freely).
 const STEADY: [usize; 12] = [0, 1, 2, 3, 5, 6, 9, 10, 13, 14, 17, 18];
+
+/// What the paste keeps in front of a face (`--occlusion`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Occlusion {
+    /// Hands found near each face keep the original picture where they lie.
+    #[default]
+    Hands,
+    /// The restored face is pasted over whatever lies in front of it.
+    Off,
+}
+
+/// The error of a run that keeps hands in front of faces where the hand models are missing.
+pub(crate) fn missing() -> anyhow::Error {
+    let [palm, marks] = crate::defaults::HAND_MODELS;
+    anyhow::anyhow!(
+        "--occlusion hands needs the hand models {palm} and {marks}, which are missing: run scripts/setup.sh (it makes them from MediaPipe's models), or use --occlusion off"
+    )
+}
 
 /// One palm found by the palm detector, in frame pixels.
 #[derive(Clone, Debug, PartialEq)]
@@ -161,6 +183,25 @@ impl Hand {
                 [u as f32, v as f32]
             }),
             presence: self.presence,
+        }
+    }
+
+    /// The hand as the paste holds it back in a face's crop (`to_crop`, the frame -> crop
+    /// similarity): a stroke as wide as a finger along each bone (and across the palm from the
+    /// thumb's root to the index finger's, the one palm edge that is no bone) and the palm's
+    /// polygon, feathered over [`FEATHER`] frame pixels in crop pixels.
+    pub(crate) fn occluder(&self, to_crop: &Affine) -> Occluder {
+        let m = self.mapped(to_crop);
+        let r = m.radius();
+        let strokes = BONES
+            .iter()
+            .chain(&[(1, 5)])
+            .map(|&(a, b)| (m.points[a], m.points[b], r))
+            .collect();
+        Occluder {
+            strokes,
+            polygons: vec![PALM.iter().map(|&i| m.points[i]).collect()],
+            feather: (FEATHER * to_crop.scale() as f32).max(1.0),
         }
     }
 
@@ -620,8 +661,22 @@ impl Followed {
 /// any frame where no hand is followed. On a video without hands that is one palm detection
 /// per face every `every` frames and no landmark run; with hands, one landmark run per frame
 /// for all of a face's hands.
+///
+/// Gated ([`HandTracker::gated`]), the palm detector runs less: on the track's first frame of
+/// each stretch of [`STRETCH`] frames (counted from the video's first frame; the tracker starts
+/// afresh there, so what it gives depends only on the frames since the stretch began, and a
+/// segment that warms up from there decides as one run does), on frame numbers that are
+/// multiples of `every`, and on a frame where the face's surroundings ([`ring`]) changed since
+/// the models last looked and found no hand (at most once every [`QUIET`] frames). A frame on
+/// which none of that holds and no hand is followed runs no model at all.
 pub struct HandTracker {
     every: u64,
+    /// Gated: the stretch the tracker is in (`None` before its first frame).
+    gate: Option<Option<u64>>,
+    /// The face's surroundings when the models last looked and found no hand.
+    reference: Vec<f32>,
+    /// The first frame the change trigger may run the palm detector again.
+    quiet_until: u64,
     followed: Vec<Followed>,
     out: Vec<Hand>,
 }
@@ -629,13 +684,124 @@ pub struct HandTracker {
 /// Two hands whose points' boxes overlap by more than this are one hand.
 const SAME_HAND_IOU: f32 = 0.5;
 
+/// Frames of a gated tracker's stretch (see [`HandTracker`]).
+pub(crate) const STRETCH: u64 = 128;
+/// A gated tracker's palm detection on fixed frame numbers: every this many frames.
+pub(crate) const EVERY: u32 = 64;
+/// Frames after a look that found nothing before the change trigger may run the palm detector
+/// again (a camera that moves all the time costs one palm detection in this many frames).
+pub(crate) const QUIET: u64 = 3;
+/// Cells across the square [`ring`] samples.
+pub(crate) const RING_CELLS: usize = 12;
+/// The ring's side as a multiple of the model's crop: about the face's [`NEIGHBOURHOOD`] (the
+/// face spans about half an aligned crop).
+pub(crate) const RING_SIDE: f64 = 1.25;
+/// The rows and columns of ring cells the face covers: the middle 60 % of the crop, cells 3 to
+/// 8 of 12 (their centres within 0.26 crops of its centre).
+const FACE_CELLS: std::ops::Range<usize> = 3..9;
+/// Samples across a ring cell (its mean is of this many squared).
+const RING_SAMPLES: usize = 5;
+/// A ring cell changed: its luma moved by more than this many levels.
+const RING_LEVELS: f32 = 24.0;
+/// The change trigger fires when at least this share of the ring's cells changed (and at
+/// least two): a hand's edge entering the neighbourhood.
+const RING_SHARE: f32 = 0.04;
+
+/// What a tracker runs on a frame (see [`HandTracker::look`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Look {
+    /// No model: no hand followed and nothing due.
+    Nothing,
+    /// The landmark model on the hands followed.
+    Follow,
+    /// The palm detector on the neighbourhood, then the landmark model.
+    Search,
+}
+
+/// The face's surroundings, cheaply: the mean luma of each of [`RING_CELLS`] x [`RING_CELLS`]
+/// cells of a square of [`RING_SIDE`] times the model's crop round the crop's centre, in the
+/// crop's own frame (`to_frame`, crop -> frame, from the face's five points: a face moving or
+/// turning with its background sees the same values, and the points, unlike a box, are placed
+/// alike on the detector's passes and between them), each from a grid of samples, leaving out
+/// the central cells the face lies in (a talking face changes there): always the same cells,
+/// so two rings compare cell by cell. `luma(x, y)` reads one frame pixel's luma (clamped to the
+/// frame by the caller).
+#[cfg(test)]
+fn ring(to_frame: &Affine, crop: usize, luma: &mut impl FnMut(f32, f32) -> f32) -> Vec<f32> {
+    let mut out = Vec::with_capacity(RING_CELLS * RING_CELLS);
+    ring_into(to_frame, crop, luma, &mut out);
+    out
+}
+
+/// [`ring`] into `out` (cleared first): a caller that keeps `out` allocates nothing per frame.
+pub(crate) fn ring_into(to_frame: &Affine, crop: usize, luma: &mut impl FnMut(f32, f32) -> f32, out: &mut Vec<f32>) {
+    out.clear();
+    let side = RING_SIDE * crop as f64;
+    let c = crop as f64 / 2.0;
+    let cell = side / RING_CELLS as f64;
+    let step = cell / RING_SAMPLES as f64;
+    for j in 0..RING_CELLS {
+        for i in 0..RING_CELLS {
+            if FACE_CELLS.contains(&i) && FACE_CELLS.contains(&j) {
+                continue;
+            }
+            // A grid of samples over the cell: its mean moves little when the picture shifts
+            // by a pixel or two under the face (a point sample on an edge would jump).
+            let (left, top) = (c - side / 2.0 + i as f64 * cell, c - side / 2.0 + j as f64 * cell);
+            let mut sum = 0.0;
+            for v in 0..RING_SAMPLES {
+                for u in 0..RING_SAMPLES {
+                    let (x, y) = to_frame.apply(left + (u as f64 + 0.5) * step, top + (v as f64 + 0.5) * step);
+                    sum += luma(x as f32, y as f32);
+                }
+            }
+            out.push(sum / (RING_SAMPLES * RING_SAMPLES) as f32);
+        }
+    }
+}
+
+/// Whether the surroundings `now` differ from `then` (both from [`ring`]) as a hand entering
+/// them does (enough cells changed beyond the ring's median change); a ring not sampled before
+/// counts as changed.
+pub(crate) fn ring_changed(then: &[f32], now: &[f32]) -> bool {
+    if then.len() != now.len() {
+        return true;
+    }
+    if now.is_empty() {
+        return false;
+    }
+    // Each cell's change beside the ring's median change: the light or the exposure changing
+    // over the whole picture moves every cell alike.
+    let mut cells = [0.0f32; RING_CELLS * RING_CELLS];
+    let d = &mut cells[..now.len().min(RING_CELLS * RING_CELLS)];
+    for ((v, a), b) in d.iter_mut().zip(then).zip(now) {
+        *v = b - a;
+    }
+    let mid = d.len() / 2;
+    let median = *d.select_nth_unstable_by(mid, f32::total_cmp).1;
+    let moved = d.iter().filter(|v| (**v - median).abs() > RING_LEVELS).count();
+    moved >= 2 && moved as f32 >= RING_SHARE * now.len() as f32
+}
+
 impl HandTracker {
     /// A tracker that looks for new hands every `every` frames (0 counts as 1).
     pub fn new(every: u32) -> Self {
         HandTracker {
             every: u64::from(every.max(1)),
+            gate: None,
+            reference: Vec::new(),
+            quiet_until: 0,
             followed: Vec::new(),
             out: Vec::new(),
+        }
+    }
+
+    /// A gated tracker (see [`HandTracker`]): the palm detector every [`EVERY`] frames, on a
+    /// track's first frame of each [`STRETCH`] and when its surroundings change.
+    pub fn gated() -> Self {
+        HandTracker {
+            gate: Some(None),
+            ..HandTracker::new(EVERY)
         }
     }
 
@@ -643,11 +809,41 @@ impl HandTracker {
     pub fn reset(&mut self) {
         self.followed.clear();
         self.out.clear();
+        self.reference.clear();
+        self.quiet_until = 0;
     }
 
     /// Whether the palm detector runs on frame `index`.
     fn due(&self, index: u64) -> bool {
         self.followed.is_empty() || index.is_multiple_of(self.every)
+    }
+
+    /// What a gated tracker runs on frame `index`, the face's surroundings being `ring` (see
+    /// [`ring`]); an ungated one searches where [`HandTracker::next`] would. A new stretch
+    /// starts the tracker afresh.
+    pub fn look(&mut self, index: u64, ring: &[f32]) -> Look {
+        let Some(at) = self.gate else {
+            return if self.due(index) { Look::Search } else { Look::Follow };
+        };
+        let stretch = index / STRETCH;
+        if at != Some(stretch) {
+            self.reset();
+            self.gate = Some(Some(stretch));
+            return Look::Search;
+        }
+        let periodic = index.is_multiple_of(self.every);
+        if !self.followed.is_empty() {
+            return if periodic { Look::Search } else { Look::Follow };
+        }
+        if periodic || (index >= self.quiet_until && ring_changed(&self.reference, ring)) {
+            return Look::Search;
+        }
+        Look::Nothing
+    }
+
+    /// Whether the tracker follows any hand.
+    pub fn following(&self) -> bool {
+        !self.followed.is_empty()
     }
 
     /// The face's hands on frame `index` (packed RGB24 of `w x h`), smoothed over time.
@@ -659,13 +855,35 @@ impl HandTracker {
         face_box: [f32; 4],
         index: u64,
     ) -> Result<&[Hand]> {
+        let look = if self.due(index) { Look::Search } else { Look::Follow };
+        self.next_looked(hands, rgb, (w, h), face_box, (index, look), &[])
+    }
+
+    /// The face's hands on frame `index` after `look` (from [`HandTracker::look`]; the frame's
+    /// RGB must hold the face's neighbourhood and the followed hands' crops where a model runs),
+    /// smoothed over time. Where the models looked and found no hand, `ring` becomes the
+    /// surroundings the change trigger compares with.
+    pub fn next_looked(
+        &mut self,
+        hands: &mut Hands,
+        rgb: &[u8],
+        (w, h): (usize, usize),
+        face_box: [f32; 4],
+        (index, look): (u64, Look),
+        ring: &[f32],
+    ) -> Result<&[Hand]> {
+        if look == Look::Nothing {
+            self.out.clear();
+            return Ok(&self.out);
+        }
         let Some(area) = neighbourhood(face_box, (w, h)) else {
-            self.reset();
+            self.followed.clear();
+            self.out.clear();
             return Ok(&[]);
         };
         let mut rois: Vec<Affine> = self.followed.iter().map(|f| f.raw.roi()).collect();
         let followed = rois.len();
-        if self.due(index) {
+        if look == Look::Search {
             for palm in hands.palms(rgb, (w, h), face_box)? {
                 // A palm on a hand already followed is that hand.
                 let [x0, y0, x1, y1] = palm.bbox;
@@ -696,6 +914,11 @@ impl HandTracker {
             });
         }
         self.followed = next;
+        if self.followed.is_empty() {
+            self.reference.clear();
+            self.reference.extend_from_slice(ring);
+            self.quiet_until = index + QUIET;
+        }
         self.out.clear();
         self.out.extend(self.followed.iter().map(|f| f.smooth));
         Ok(&self.out)
@@ -723,6 +946,58 @@ mod tests {
             }
         }
         Hand { points, presence: 1.0 }
+    }
+
+    #[test]
+    fn a_gated_tracker_searches_at_a_tracks_start_on_fixed_frames_and_on_a_change() {
+        let still = vec![100.0; 40];
+        let mut t = HandTracker::gated();
+        // The track's first frame, then nothing while the surroundings stay.
+        assert_eq!(t.look(5, &still), Look::Search);
+        t.reference = still.clone();
+        t.quiet_until = 5 + QUIET;
+        assert_eq!(t.look(6, &still), Look::Nothing);
+        // A few cells changed by a hand's edge: searched once the quiet frames are over.
+        let mut entered = still.clone();
+        entered[..3].fill(200.0);
+        assert_eq!(t.look(7, &entered), Look::Nothing, "within the quiet frames");
+        assert_eq!(t.look(8, &entered), Look::Search);
+        // Noise below the levels, or one cell, is no change.
+        let mut noise = still.clone();
+        noise.iter_mut().for_each(|v| *v += 10.0);
+        noise[0] = 250.0;
+        assert!(!ring_changed(&still, &noise));
+        // Fixed frame numbers, and every stretch afresh (on which a segment's warm-up relies).
+        assert_eq!(t.look(u64::from(EVERY), &still), Look::Search);
+        t.reference = still.clone();
+        assert_eq!(t.look(STRETCH - 1, &still), Look::Nothing);
+        assert_eq!(t.look(STRETCH + 1, &still), Look::Search);
+        assert!(t.reference.is_empty(), "a new stretch forgets what came before");
+        assert_eq!(STRETCH % u64::from(EVERY), 0);
+        assert_eq!(crate::people::GUARD_STRETCH % STRETCH, 0);
+    }
+
+    #[test]
+    fn the_ring_leaves_the_face_out_and_moves_with_it() {
+        // A picture whose luma is x + y: the crop's own frame sees the same ring wherever the
+        // face is, offset by its move.
+        let mut luma = |x: f32, y: f32| x + y;
+        let a = ring(&Affine([0.5, 0.0, 100.0, 0.0, 0.5, 100.0]), 256, &mut luma);
+        let b = ring(&Affine([0.5, 0.0, 110.0, 0.0, 0.5, 100.0]), 256, &mut luma);
+        assert_eq!(a.len(), RING_CELLS * RING_CELLS - FACE_CELLS.len() * FACE_CELLS.len());
+        assert!(a.iter().zip(&b).all(|(p, q)| (q - p - 10.0).abs() < 1e-2));
+        assert!(!ring_changed(&a, &b), "a uniform change is no hand");
+    }
+
+    #[test]
+    fn a_hands_occluder_covers_its_region_in_the_crop() {
+        let h = upright();
+        let t = Affine([0.5, 0.0, 10.0, 0.0, 0.5, 20.0]);
+        let o = h.occluder(&t);
+        assert_eq!(o.strokes.len(), BONES.len() + 1);
+        assert!((o.strokes[0].2 - 5.5).abs() < 1e-4);
+        assert!((o.feather - FEATHER * 0.5).abs() < 1e-4 || o.feather == 1.0);
+        assert_eq!(o.polygons[0].len(), PALM.len());
     }
 
     #[test]

@@ -17,6 +17,7 @@
 
 mod ctx;
 mod dispatch;
+mod hands;
 mod pool;
 mod sink;
 mod stages;
@@ -190,6 +191,7 @@ fn run_wired(
         each_face: job.faces_json.is_some() && !job.boxes_only,
         identity_model: job.identity_model.clone(),
         quality_model: job.quality_model.clone(),
+        hand_models: job.hand_models.clone(),
     };
     let (cancel, output) = (&job.cancel, job.output.as_path());
     wire(

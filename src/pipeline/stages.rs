@@ -30,7 +30,7 @@ use crate::stats::DetectCounts;
 use crate::stats::{thread_cpu_time, Clock, StageStat};
 
 /// Receives the next item, recording the queue length the stage found.
-fn recv<T>(rx: &Receiver<T>, clock: &mut Clock) -> Option<T> {
+pub(super) fn recv<T>(rx: &Receiver<T>, clock: &mut Clock) -> Option<T> {
     clock.queue(rx.len());
     rx.recv().ok()
 }

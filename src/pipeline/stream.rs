@@ -101,6 +101,7 @@ fn run_inner<R: Send>(
         each_face: true,
         identity_model: first.0.identity_model.clone(),
         quality_model: first.0.quality_model.clone(),
+        hand_models: first.0.hand_models.clone(),
     };
     // Pictures are opened and written on as many threads as the pool stages have: a photo's
     // decoding or PNG encoding takes longer than its model share on a GPU.

@@ -94,6 +94,8 @@ pub(crate) struct Middle {
     pub(crate) identity_model: Option<std::path::PathBuf>,
     /// BRISQUE's parameters (see `config::Recipe::quality`).
     pub(crate) quality_model: Option<std::path::PathBuf>,
+    /// The hand models the settings found (see `config::Settings::hand_models`).
+    pub hand_models: Option<[std::path::PathBuf; 2]>,
 }
 
 /// What an encode stage reports: its clock, the faces it wrote, the frames with faces, and
@@ -114,6 +116,7 @@ enum Step {
     Mesh,
     Smooth,
     Choose,
+    Hands,
     Align,
     Enhance,
     Temporal,
@@ -153,6 +156,7 @@ struct Parts<'e> {
     smoother: Option<Smoother>,
     workers: Option<&'e mut Vec<crate::faces::enhance::Worker>>,
     chooser: Option<crate::people::Chooser>,
+    hands: Option<&'e mut crate::faces::hands::Hands>,
     meter: Option<crate::people::IdentityMeter>,
     /// The enhancement workers' queue of batches: the dispatcher's, and the identity guard's
     /// re-runs where it may raise the fidelity.
@@ -181,6 +185,11 @@ fn start_smooth<'e>(p: &mut Parts<'e>, _: &'e StageCtx<'e>) -> Body<'e> {
 fn start_choose<'e>(p: &mut Parts<'e>, _: &'e StageCtx<'e>) -> Body<'e> {
     let chooser = p.chooser.take().expect("planned with a chooser");
     Box::new(move |rx, tx| stages::choose(chooser, rx, tx).map(Out::Stage))
+}
+
+fn start_hands<'e>(p: &mut Parts<'e>, ctx: &'e StageCtx<'e>) -> Body<'e> {
+    let hands = p.hands.take().expect("planned with the hand models open");
+    Box::new(move |rx, tx| super::hands::hands(hands, ctx, rx, tx).map(|(st, n)| Out::Hands(st, n)))
 }
 
 fn start_align<'e>(_: &mut Parts<'e>, ctx: &'e StageCtx<'e>) -> Body<'e> {
@@ -215,6 +224,7 @@ impl Step {
             Step::Mesh => ("mesh", 3 * (s.mesh_threads - 1), s.mesh_threads, start_mesh),
             Step::Smooth => ("smooth", s.smooth_held, s.smooth_held, start_smooth),
             Step::Choose => ("choose", 0, 1, start_choose),
+            Step::Hands => ("hands", 0, 1, start_hands),
             Step::Align => ("align", 3 * (s.threads - 1), s.threads, start_align),
             Step::Enhance => {
                 let held = held_frames(s.batch, s.workers);
@@ -244,6 +254,8 @@ fn plan(engine: &Engine, middle: &Middle) -> Vec<Step> {
     steps.extend((!engine.meshers.is_empty() && !follows(engine, middle)).then_some(Step::Mesh));
     steps.extend(middle.video.then_some(Step::Smooth));
     steps.extend(middle.treatment.selection.active().then_some(Step::Choose));
+    // Before alignment, which gives a planar picture's RGB back.
+    steps.extend((middle.treatment.occlusion == crate::faces::hands::Occlusion::Hands).then_some(Step::Hands));
     steps.extend([Step::Align, Step::Enhance]);
     // Before the temporal filter, which then smooths what the guard changes along a track.
     let guarded = middle.treatment.identity_guard != crate::people::Guard::Off;
@@ -287,6 +299,8 @@ enum Out {
     Smooth(StageStat, (u64, u64)),
     Temporal(StageStat, Flicker),
     Identity(StageStat, Vec<crate::stats::TrackIdentity>),
+    /// The hands stage and the frames on which it kept hands in front of faces.
+    Hands(StageStat, u64),
     Enhance(dispatch::DispatchStat, Vec<WorkerStat>),
 }
 
@@ -330,6 +344,15 @@ fn prepare(
     let fidelity = fidelity.unwrap_or(crate::faces::enhance::DEFAULT_FIDELITY);
     for w in &mut engine.workers {
         w.enhancer.set_fidelity(fidelity);
+    }
+    if steps.contains(&Step::Hands) && engine.hands.is_none() {
+        let [palm, marks] = middle.hand_models.as_ref().ok_or_else(crate::faces::hands::missing)?;
+        engine.hands = Some(crate::faces::hands::Hands::open(
+            palm,
+            marks,
+            &engine.identity_opts,
+            engine.cpu,
+        )?);
     }
     let model = middle.identity_model.clone();
     let chooser = if steps.contains(&Step::Choose) {
@@ -427,6 +450,7 @@ pub(crate) fn wire<T: Send>(
         smoother,
         workers: Some(&mut engine.workers),
         chooser,
+        hands: engine.hands.as_mut(),
         meter,
         batches: Some((batch_tx, batch_rx)),
         rerun,
@@ -544,6 +568,10 @@ impl Summary {
             Out::Identity(st, tracks) => {
                 self.stages.push(st);
                 self.identity = tracks;
+            }
+            Out::Hands(st, frames) => {
+                self.stages.push(st);
+                self.hands_frames = Some(frames);
             }
             Out::Enhance(d, mut workers) => {
                 self.stages.push(d.stage);

@@ -99,13 +99,27 @@ pub(crate) fn warm_up(t: &Treatment) -> u64 {
 
 /// The frames of the stretches the identity guard decides a track on afresh when it backs off
 /// (see `people::GUARD_STRETCH`; what it gives a face depends on the track's faces since its
-/// stretch began), else 1.
+/// stretch began) and the hands stage starts its trackers afresh on (`faces::hands::STRETCH`,
+/// with `--occlusion hands`): the least common multiple of those that apply, else 1. A
+/// segment's warm-up counts back from the start of the stretch its first frame is in.
 pub(crate) fn guard_stretch(t: &Treatment) -> u64 {
-    if t.identity_guard == crate::people::Guard::BackOff {
+    let guard = if t.identity_guard == crate::people::Guard::BackOff {
         crate::people::GUARD_STRETCH
     } else {
         1
-    }
+    };
+    let hands = if t.occlusion == crate::faces::hands::Occlusion::Hands {
+        crate::faces::hands::STRETCH
+    } else {
+        1
+    };
+    let gcd = |mut a: u64, mut b: u64| {
+        while b != 0 {
+            (a, b) = (b, a % b);
+        }
+        a
+    };
+    guard / gcd(guard, hands) * hands
 }
 
 /// Frames after a segment's last one that its last frames depend on: the smoother's
@@ -181,6 +195,18 @@ mod tests {
             pts: (0..frames).map(|i| i * 10).collect(),
             keys: (0..frames).step_by(gop as usize).map(|i| (i as u64, i * 10)).collect(),
         }
+    }
+
+    #[test]
+    fn the_stretch_holds_the_guards_and_the_hands() {
+        let mut t = Treatment::default();
+        assert_eq!(guard_stretch(&t), 128);
+        t.occlusion = crate::faces::hands::Occlusion::Off;
+        assert_eq!(guard_stretch(&t), crate::people::GUARD_STRETCH);
+        t.identity_guard = crate::people::Guard::Off;
+        assert_eq!(guard_stretch(&t), 1);
+        t.occlusion = crate::faces::hands::Occlusion::Hands;
+        assert_eq!(guard_stretch(&t), crate::faces::hands::STRETCH);
     }
 
     #[test]

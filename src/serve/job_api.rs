@@ -79,7 +79,7 @@ pub(super) async fn create(State(app): State<Arc<App>>, RawQuery(query): RawQuer
 }
 
 /// What a job's query takes, for the errors that say so.
-const TAKES: &str = "name=FILE, model=NAME (GET /v1/info lists them), blend=0..1, mask=NAME, temporal=FRAMES, smooth=FRAMES, compare=side|split|none, only-face=NAME,..., skip-face=NAME,... (the faces the service holds: GET /v1/info), face-distance=D, min-face=PX";
+const TAKES: &str = "name=FILE, model=NAME (GET /v1/info lists them), blend=0..1, mask=NAME, temporal=FRAMES, smooth=FRAMES, compare=side|split|none, only-face=NAME,..., skip-face=NAME,... (the faces the service holds: GET /v1/info), face-distance=D, min-face=PX, occlusion=hands|off";
 
 async fn create_job(app: &Arc<App>, query: Option<&str>, req: Request) -> Result<super::jobs::Record> {
     let (parts, body) = req.into_parts();

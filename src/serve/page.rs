@@ -101,6 +101,7 @@ pub(super) async fn info(State(app): State<Arc<App>>, headers: HeaderMap) -> Res
         "compare": t.compare.map(|c| c.to_string()),
         "color_fix": t.color_fix,
         "identity_guard": t.identity_guard,
+        "occlusion": t.occlusion,
         "max_job_mb": app.jobs.opts.max_upload / 1_000_000,
         "faces": app.jobs.opts.faces.keys().collect::<Vec<_>>(),
     });
