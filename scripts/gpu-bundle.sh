@@ -7,22 +7,25 @@
 # MANIFEST.sha256. Then prints the parts' sizes and the transfers they need.
 #
 #   scripts/gpu-bundle.sh [--small] [--out DIR] [--check-cpu] [--no-build]
+#   scripts/gpu-bundle.sh --fetch     # only the onnxruntime-gpu wheel into its cache, then stop
 #
 # Default: GPEN-512 and samples/group-1080p.mp4 (1080p, about five faces a frame: what a GPU
 # is fed) into out/gpu-bundle. --small: GPEN-256 and samples/test/astronaut.mp4 into
 # out/gpu-bundle-small (same libraries and runner; what CI checks). --check-cpu: afterwards run
 # the runner with --device cpu in a clean root (scripts/gpu-bundle-check.sh): env -i, an empty
-# folder, glibc and the runner's own tools only.
+# folder, glibc and the runner's own tools only. --fetch: download the wheel only (scripts/test.sh
+# starts it before the build, so that the download and the compiling overlap).
 # PART_MIB (60) and ZSTD_LEVEL (3: level 19 saves 2 % on the CUDA provider at 60x the time) tune it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
-small=0 check=0 build=1 out=""
+small=0 check=0 build=1 fetch=0 out=""
 while [ $# -gt 0 ]; do
   case $1 in
     --small) small=1; shift ;;
     --check-cpu) check=1; shift ;;
     --no-build) build=0; shift ;;
+    --fetch) fetch=1; shift ;;
     --out) out=$2; shift 2 ;;
     -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "gpu-bundle.sh: unknown argument $1 (see --help)" >&2; exit 1 ;;
@@ -35,6 +38,23 @@ part_mib=${PART_MIB:-60}
 level=${ZSTD_LEVEL:-3}
 py=.deps/venv/bin/python
 [ -x "$py" ] || die "$py missing: run scripts/setup.sh first"
+# The onnxruntime-gpu wheel, downloaded once into .deps/wheels; its path.
+fetch_wheel() {
+  local wheels=.deps/wheels whl
+  mkdir -p "$wheels"
+  whl=$(ls "$wheels"/onnxruntime_gpu-$ORT_VERSION-*.whl 2>/dev/null | head -1 || true)
+  if [ -z "$whl" ]; then
+    log "downloading onnxruntime-gpu==$ORT_VERSION (about 250 MB, cached in $wheels)"
+    "$py" -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: \
+      "onnxruntime-gpu==$ORT_VERSION" -d "$wheels" >&2
+    whl=$(ls "$wheels"/onnxruntime_gpu-$ORT_VERSION-*.whl | head -1)
+  fi
+  echo "$whl"
+}
+if [ $fetch = 1 ]; then
+  fetch_wheel >/dev/null
+  exit 0
+fi
 command -v zstd >/dev/null || die "zstd missing: apt-get install zstd"
 if [ $small = 1 ]; then
   size=256 sample=samples/test/astronaut.mp4 out=${out:-out/gpu-bundle-small}
@@ -53,15 +73,7 @@ bin=target/release/gpen-video
 [ -x "$bin" ] || die "$bin missing: cargo build --release --locked"
 
 # --- onnxruntime-gpu: the wheel's shared libraries --------------------------------------------
-wheels=.deps/wheels
-mkdir -p "$wheels"
-whl=$(ls "$wheels"/onnxruntime_gpu-$ORT_VERSION-*.whl 2>/dev/null | head -1 || true)
-if [ -z "$whl" ]; then
-  log "downloading onnxruntime-gpu==$ORT_VERSION (about 250 MB, cached in $wheels)"
-  "$py" -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: \
-    "onnxruntime-gpu==$ORT_VERSION" -d "$wheels"
-  whl=$(ls "$wheels"/onnxruntime_gpu-$ORT_VERSION-*.whl | head -1)
-fi
+whl=$(fetch_wheel)
 
 # --- models: random weights with few distinct rows, so they compress --------------------------
 # fp16-bytes: the fp16 model with byte I/O (uint8 crops in and out, converted on the GPU).

@@ -142,7 +142,7 @@ fi
 
 # --- BRISQUE (picture quality): the SVR and feature scaling shipped in image-quality 1.2.7
 # (Apache-2.0) to models/brisque.json, and face crops of the photos in samples/quality/ scored by
-# that package itself (models/brisque-check.json, for tests/quality.rs; scores kept while the
+# that package itself (models/brisque-check.json, for tests/suite/quality.rs; scores kept while the
 # crops come out the same). Scoring anew needs scikit-image 0.18, which has no wheel for this
 # Python: built from its sdist (about 10 minutes on 2 cores) in a venv of its own, .deps/brisque-ref,
 # with the C files it ships (too old for Python 3.11) removed for Cython to write anew.

@@ -8,8 +8,45 @@
 # GPEN_VIDEO_BUNDLE_CHECK=1 builds the small GPU bundle and runs it with --device cpu in a clean
 # root (scripts/gpu-bundle.sh --small --check-cpu; about 1-3 minutes and a 250 MB onnxruntime-gpu
 # wheel download, cached in .deps/wheels).
+#
+# The Rust code compiles once (clippy's check aside): `cargo test --no-run` builds the crate, the
+# binary and the two test binaries (tests/suite/, every end-to-end module in one binary, and
+# tests/alloc.rs), and every later step runs those. Steps that wait more than they compute run
+# beside others: the bundle's wheel downloads during the build, and the Python exporter's tests,
+# the browser test and the image's build stage run while the Rust tests do (their output is
+# kept and printed when each ends). Each step's start is printed as [test] lines with the
+# seconds since the start, so a slow CI run says where its time went.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+step() { printf '[test] %4d s: %s\n' "$SECONDS" "$*" >&2; }
+# bg NAME CMD...: runs CMD in the background, its output in out/test-logs/NAME.log; `finish NAME`
+# waits for it, prints its output and fails the run if it failed.
+declare -A pids=()
+logs=out/test-logs
+# A failing step ends the run: what still runs beside it stops too.
+trap 'for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done' EXIT
+bg() {
+  local name=$1
+  shift
+  mkdir -p "$logs"
+  "$@" >"$logs/$name.log" 2>&1 &
+  pids[$name]=$!
+}
+finish() {
+  local name=$1 rc=0
+  wait "${pids[$name]}" || rc=$?
+  sed "s/^/[$name] /" "$logs/$name.log" >&2
+  [ $rc = 0 ] || { step "$name failed (exit $rc): its output above"; exit $rc; }
+  step "$name passed"
+}
+# The Python exporter's tests, against TFLite's own interpreter (the reference the face-mesh and
+# hand conversions are tested against).
+python_tests() {
+  .deps/venv/bin/python -c "import ai_edge_litert" 2>/dev/null ||
+    .deps/venv/bin/python -m pip install -q --disable-pip-version-check "ai-edge-litert==2.3.0"
+  .deps/venv/bin/python -m unittest discover -s models -p 'test_*.py'
+}
+step "set-up (scripts/setup.sh)"
 SAMPLES=test scripts/setup.sh
 # shellcheck disable=SC1091
 source .deps/env.sh
@@ -25,6 +62,10 @@ mkdir -p samples/people
   tar -xzf .deps/wheels/face_recognition-1.3.0.tar.gz -C samples/people --strip-components=3 \
     face_recognition-1.3.0/tests/test_images/obama.jpg face_recognition-1.3.0/tests/test_images/obama2.jpg \
     face_recognition-1.3.0/tests/test_images/obama3.jpg face_recognition-1.3.0/tests/test_images/biden.jpg
+if [ "${GPEN_VIDEO_BUNDLE_CHECK:-0}" = 1 ]; then
+  bg bundle-wheel scripts/gpu-bundle.sh --fetch
+fi
+step "formatting and lint"
 cargo fmt --all -- --check
 cargo clippy --release --locked --all-targets -- -D warnings
 # A small GFPGANv1Clean (the real structure at 512, random weights, batch declared 1) for the
@@ -32,27 +73,37 @@ cargo clippy --release --locked --all-targets -- -D warnings
 [ -f models/gfpgan-512-narrow-random.onnx ] ||
   .deps/venv/bin/python models/gfpgan_export.py --size 512 --narrow 0.03125 --batch1 \
     --out models/gfpgan-512-narrow-random.onnx
-# PostgreSQL for the replicas' tests (tests/replicas.rs: each starts a cluster of its own with
+# PostgreSQL for the replicas' tests (tests/suite/replicas.rs: each starts a cluster of its own with
 # initdb in a temporary folder, on a loopback port): Debian's package, installed where missing.
 if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
   sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
   $sudo apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends postgresql >/dev/null
 fi
+step "building the tests (once)"
+cargo test --release --locked --no-run
+# The binary as the scripts below build it: nothing compiles here after the test build.
+cargo build --release --locked
+bg python-tests python_tests
+step "Rust tests (the library's, tests/alloc.rs, tests/suite/; the Python exporter's beside them)"
 cargo test --release --locked
-# The service's page in Debian's chromium, headless, driven by Playwright (installs both).
-scripts/browser-test.sh
+finish python-tests
+# The service's page in Debian's chromium, headless, driven by Playwright (installs both), beside
+# the image's build stage.
+bg browser scripts/browser-test.sh
 # The container image's build stage, from exactly the files the image's context gives it (about
 # a minute: only gpen-video compiles); scripts/container-check.sh builds the whole image.
+step "the container image's build stage, the page in a browser beside it"
 scripts/container-build-stage.py
-# TFLite's own interpreter, the reference the face-mesh and hand conversions are tested against.
-.deps/venv/bin/python -c "import ai_edge_litert" 2>/dev/null ||
-  .deps/venv/bin/python -m pip install -q --disable-pip-version-check "ai-edge-litert==2.3.0"
-.deps/venv/bin/python -m unittest discover -s models -p 'test_*.py'
+finish browser
 if [ "${GPEN_VIDEO_SLURM_TEST:-0}" = 1 ]; then
+  step "the Slurm check (scripts/slurm-test.sh)"
   scripts/slurm-test.sh
 fi
 if [ "${GPEN_VIDEO_BUNDLE_CHECK:-0}" = 1 ]; then
+  finish bundle-wheel
+  step "the GPU bundle's CPU check (scripts/gpu-bundle.sh --small --check-cpu)"
   scripts/gpu-bundle.sh --small --check-cpu
 fi
+step "all tests passed"
 echo "all tests passed"

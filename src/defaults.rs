@@ -78,7 +78,7 @@ pub(crate) const SUPPORT_SCORE: f32 = 0.5;
 /// least [`SUPPORT_MOUTH`]: the detector's five points on a face, however blurred, blocky,
 /// noisy or turned, are spread as the face's are (eyes 0.35 to 0.52 of the box apart, mouth
 /// corners 0.29 to 0.43, on 605 of 609 detections of real faces: the degraded clips of
-/// `tests/mesh.rs`, the portrait turned up to 75 degrees, the sample clips; the other four are
+/// `tests/suite/mesh.rs`, the portrait turned up to 75 degrees, the sample clips; the other four are
 /// two frames of the 4 KB clip, which the frames around them keep, and a face rolled 60 degrees
 /// that was dropped before as now), while on texture it huddles them in the box's middle (at
 /// most 0.25 and 0.16 on 92 doubted detections of 13 Mandelbrot clips of several sizes,

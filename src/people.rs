@@ -341,7 +341,7 @@ fn to_chip_region(landmarks: &[[f32; 2]; 5], width: usize, height: usize) -> Opt
 /// face, 0.5 at dlib's threshold of one person (0.6, [`crate::defaults::FACE_DISTANCE`]), 0 at
 /// twice that or farther; linear between. dlib chose 0.6 on Labeled Faces in the Wild (99.38 %
 /// of its pairs told apart there); on the real photos the tests ship (three of Barack Obama, one
-/// of Joe Biden, one of Eileen Collins: `tests/identity.rs`) one person's photos lie 0.36-0.44
+/// of Joe Biden, one of Eileen Collins: `tests/suite/identity.rs`) one person's photos lie 0.36-0.44
 /// apart (0.63-0.70 on this scale) and two people's 0.75-0.87 (0.28-0.37).
 pub fn identity_of(distance: f32) -> f32 {
     (1.0 - distance / (2.0 * crate::defaults::FACE_DISTANCE)).clamp(0.0, 1.0)

@@ -6,7 +6,7 @@
 //! shipped in the image-quality 1.2.7 package (`imquality.brisque`, Apache-2.0), exported to
 //! `models/brisque.json` by `models/quality_export.py`. Every step follows that package's code
 //! (with scikit-image 0.18 and SciPy, which it was written for), so that the scores match its own
-//! (`tests/quality.rs` checks them against `models/brisque-check.json`):
+//! (`tests/suite/quality.rs` checks them against `models/brisque-check.json`):
 //! - grey: scikit-image's `rgb2gray` (0.2125 R + 0.7154 G + 0.0721 B of values in 0..1);
 //! - MSCN coefficients: local mean and deviation by a 7x7 Gaussian window of sigma 7/6 (normalised
 //!   to sum 1) convolved with zeros beyond the picture (`scipy.signal.convolve2d(.., "same")`),

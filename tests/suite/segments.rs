@@ -4,7 +4,7 @@
 //! streams, faces record), a run killed in its third segment resumed, and two batch shards on
 //! one clip.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

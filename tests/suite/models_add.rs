@@ -7,7 +7,7 @@
 //! and removes at the same moment all hold; a name a shell would misread is refused. Every run
 //! gets its own XDG folders.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 

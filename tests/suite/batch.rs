@@ -3,7 +3,7 @@
 //! back with ffprobe, manifests, the JSON report) across reruns, failures, `kill -9`, Ctrl-C
 //! and concurrent shards.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};

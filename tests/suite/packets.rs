@@ -3,7 +3,7 @@
 //! is read (a packet reused without release leaked the whole compressed file over a run, a
 //! growth the Rust-heap count of tests/alloc.rs cannot see).
 
-mod common;
+use crate::common;
 
 use ffmpeg::codec::packet::Ref;
 use ffmpeg::ffi;

@@ -3,7 +3,7 @@
 //! result (whole, by byte range and revalidated by its ETag) against `gpen-video IN OUT`, a service killed mid-film that
 //! resumes after a restart, and every limit's status.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -258,7 +258,7 @@ fn a_service_killed_mid_film_resumes_it_from_the_finished_segments() {
     let jobs_dir = dir.path().join("jobs");
     let video = clip(dir.path(), 6);
     let m = model();
-    // Lossless, so frames encoded in segments equal one run's (as tests/segments.rs does).
+    // Lossless, so frames encoded in segments equal one run's (as tests/suite/segments.rs does).
     let flags = [
         "--model",
         &m,

@@ -3,7 +3,7 @@
 //! compared with `gpen-video IN OUT`'s, the batches concurrent requests fill, each bad request's
 //! status with the service still serving after it, and a SIGTERM under load.
 
-mod common;
+use crate::common;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;

@@ -340,7 +340,7 @@ pub type Faces = Vec<(Vec<Rect>, Vec<Rect>)>;
 /// The restorer's change pasted as it gave it: no colour fix, no identity guard. The negate
 /// stand-in makes someone else of a face (the guard would hold it back) and its change is mostly
 /// a low band (the colour fix would keep it out): the tests of where and how a change lands run
-/// with these; tests/faithful.rs tests the two defaults themselves.
+/// with these; tests/suite/faithful.rs tests the two defaults themselves.
 pub const AS_GIVEN: [&str; 4] = ["--color-fix", "off", "--identity-guard", "off"];
 
 /// Runs the binary on `input` with `model`, [`AS_GIVEN`] and `extra` flags, writing `dir/name`

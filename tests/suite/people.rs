@@ -3,7 +3,7 @@
 //! images, public domain, unpacked by scripts/test.sh into samples/people/), named by other
 //! photos of them, in a video and a still, through a stand-in that changes every face it is given.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 

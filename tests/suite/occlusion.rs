@@ -6,7 +6,7 @@
 //! is restored; `--occlusion off` paints the hand over as before; on a clip without hands both
 //! give the same frames to the bit, and `off` never opens the hand models.
 
-mod common;
+use crate::common;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};

@@ -5,7 +5,7 @@
 //! out is listed and left alone, that the limits hold under uploads sent together, that a
 //! deletion outlives a kill, and who may call.
 
-mod common;
+use crate::common;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;

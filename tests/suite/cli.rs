@@ -4,7 +4,7 @@
 //! clip without a face says so, and `serve` says where its page is. Runs here get only the
 //! arguments and environment each test gives (`gpen_plain`).
 
-mod common;
+use crate::common;
 
 use common::*;
 

@@ -4,7 +4,7 @@
 //! with the real reason said once, and nothing made: no service listening, no job stored, no
 //! output folder, no segments folder.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 

@@ -4,7 +4,7 @@
 //! every source file, README stays short, and every relative link in the documents leads to a
 //! file (and a heading, where it names one) that exists.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};

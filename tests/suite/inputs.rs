@@ -4,7 +4,7 @@
 //! never reaches an output, the listener sees no connection, a playlist is refused with a
 //! message that says why, and a file whose name spells a protocol is read as the file it is.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::sync::atomic::Ordering;

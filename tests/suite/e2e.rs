@@ -1,7 +1,7 @@
 //! End-to-end tests: in, the generated sample clips and stand-in models (scripts/setup.sh makes
 //! them); out, assertions on the real binary's output files, read back with FFmpeg's own tools.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 

@@ -3,7 +3,7 @@
 //! landmarks `--faces-json` records (the points used for the crop and the paste) and on the
 //! pictures the real binary writes.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 

@@ -5,7 +5,7 @@
 //! guard, the colour fix and the quality figure make of them, read from the output's frames,
 //! `--faces-json` and `--stats-json`.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 

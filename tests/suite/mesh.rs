@@ -5,7 +5,7 @@
 //! how much of it is covered, the wall beside the face unchanged, and detections that are not
 //! faces dropped.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 

@@ -4,7 +4,7 @@
 //! restored with what it holds kept (or a warning naming what is not), and that each bad one
 //! gets a message naming its real cause.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 

@@ -3,7 +3,7 @@
 //! queued job's place in its line, lists that answer each browser's key its own jobs, a photo
 //! that finishes while a film runs, and the faces each job found.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::time::{Duration, Instant};

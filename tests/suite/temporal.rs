@@ -5,7 +5,7 @@
 //! frame-to-frame change inside the face, measured on the decoded frames, with the filter on
 //! and off.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 

@@ -5,7 +5,7 @@
 //! the installed package, serves `gpen_video.restore`, and keeps downloads and the user's
 //! models in the XDG folders, never in site-packages.
 
-mod common;
+use crate::common;
 
 use std::io::{Read, Write};
 use std::net::TcpListener;

@@ -3,7 +3,7 @@
 //! free, frames still leave in order, a failing worker stops the run cleanly, and the GPU paths
 //! fail clearly on a machine without one.
 
-mod common;
+use crate::common;
 
 use common::*;
 

@@ -4,7 +4,7 @@
 //! `fetch_entry`, `gpen-video models fetch`, `verify_path` and `resolve_model` leave on disk,
 //! say and exit with.
 
-mod common;
+use crate::common;
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};

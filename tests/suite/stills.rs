@@ -2,7 +2,7 @@
 //! RGB) in every format gpen-video reads, and the identity stand-in; out, assertions on the
 //! single image files the real binary writes, read back with FFmpeg.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 

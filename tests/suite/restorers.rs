@@ -3,7 +3,7 @@
 //! is x (1 - 2 w): `--fidelity 0` gives the face back, 1 negates it; a model without a weight
 //! input refuses `--fidelity` before any frame.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 

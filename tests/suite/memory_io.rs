@@ -5,7 +5,7 @@
 //! the same files give, byte for byte, that a playlist in memory opens nothing, that garbage is
 //! an error and never a panic, and that no file is read or created on the way.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -369,8 +369,13 @@ fn nothing_is_created_on_disk() {
     let (cwd, tmp) = (dir.path().join("cwd"), dir.path().join("tmp"));
     std::fs::create_dir_all(&cwd).unwrap();
     std::fs::create_dir_all(&tmp).unwrap();
+    // The child test's full name in this binary (its module path less the crate's name).
+    let child = match module_path!().split_once("::") {
+        Some((_, module)) => format!("{module}::child_works_in_memory"),
+        None => "child_works_in_memory".to_string(),
+    };
     let r = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "child_works_in_memory", "--nocapture", "--test-threads=1"])
+        .args(["--exact", &child, "--nocapture", "--test-threads=1"])
         .current_dir(&cwd)
         .env(CHILD, &src)
         .env("TMPDIR", &tmp)
