@@ -769,6 +769,7 @@ fn run_segmented(
             "kept": done.kept,
             "joined": done.joined.as_ref().map(|j| serde_json::json!({
                 "frames": j.frames, "faces": j.faces, "warm_frames": j.warm_frames, "join_s": j.join.as_secs_f64(),
+                "frames_with_hands": j.hands_frames,
             })),
         });
         write_stats(path, &json.to_string())?;

@@ -66,6 +66,10 @@ pub struct Record {
     pub faces: u64,
     pub frames_with_faces: u64,
     pub warm_frames: u64,
+    /// Frames on which a hand was kept in front of a face (`None` with `--occlusion off`, and
+    /// in a record written before hands were kept).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hands_frames: Option<u64>,
     /// Size of the packet file it vouches for.
     pub bytes: u64,
     pub wall_s: f64,
@@ -341,6 +345,7 @@ impl Work {
             faces: done.summary.faces,
             frames_with_faces: done.summary.frames_with_faces,
             warm_frames: seg.warm_frames(),
+            hands_frames: done.summary.hands_frames,
             bytes: std::fs::metadata(partial.path())?.len(),
             wall_s: start.elapsed().as_secs_f64(),
             tail: done.faces.tail().map(str::to_string),
@@ -430,6 +435,7 @@ impl Work {
             frames: records.iter().map(|r| r.frames).sum(),
             faces: records.iter().map(|r| r.faces).sum(),
             warm_frames: records.iter().map(|r| r.warm_frames).sum(),
+            hands_frames: records.iter().filter_map(|r| r.hands_frames).reduce(|a, b| a + b),
             segments: records.len(),
             join: start.elapsed(),
         };
@@ -565,6 +571,8 @@ pub struct Joined {
     pub frames: u64,
     pub faces: u64,
     pub warm_frames: u64,
+    /// Frames on which a hand was kept in front of a face, over the segments that keep hands.
+    pub hands_frames: Option<u64>,
     pub segments: usize,
     pub join: Duration,
 }
@@ -868,9 +876,11 @@ pub fn describe(done: &Done, total: usize) -> String {
     match &done.joined {
         Some(j) => {
             s += &format!(
-                "; joined {} frames ({} faces) in {:.2} s; warm-up {} frames",
+                "; joined {} frames ({} faces{}) in {:.2} s; warm-up {} frames",
                 j.frames,
                 j.faces,
+                j.hands_frames
+                    .map_or(String::new(), |n| format!(", hands kept in front on {n} frames")),
                 j.join.as_secs_f64(),
                 j.warm_frames
             )

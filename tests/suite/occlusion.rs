@@ -332,9 +332,17 @@ fn segments_keep_the_hands_one_run_keeps() {
             std::fs::read_to_string(stats).unwrap(),
         )
     };
-    let (one, one_faces, _) = run("one.mp4", "0");
+    let (one, one_faces, one_stats) = run("one.mp4", "0");
     let (joined, joined_faces, stats) = run("joined.mp4", "1.5");
     assert!(stats.contains("\"segments\":2"), "{stats}");
+    // The frames with hands kept, counted alike by one run and by the join of the segments.
+    let hands = |json: &str, at: &[&str]| {
+        let v: serde_json::Value = serde_json::from_str(json).unwrap();
+        at.iter().fold(&v, |v, k| &v[*k]).as_u64()
+    };
+    let kept = hands(&one_stats, &["frames_with_hands"]).expect("one run counts the frames with hands");
+    assert!(kept > 50, "hands kept on {kept} frames");
+    assert_eq!(hands(&stats, &["joined", "frames_with_hands"]), Some(kept), "{stats}");
     assert_eq!(one.len(), 120);
     assert!(
         one_faces.matches("\"hands\":").count() > 50,
