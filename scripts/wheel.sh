@@ -148,7 +148,9 @@ rm -f "$out"/gpen_video-"$version"-*.whl
 mkdir -p "$tmp/packed"
 "$tools/bin/python" -m wheel pack "$stage" -d "$tmp/packed" >/dev/null
 whl=$(ls "$tmp"/packed/*"$plat".whl)
-show=$("$tools/bin/auditwheel" show "$whl" 2>&1)
+# Through the venv's python, not its console script: a script's first line names the folder
+# the venv was made in, and a checkout moved since would not find it.
+show=$("$tools/bin/python" -m auditwheel show "$whl" 2>&1)
 found=$(printf '%s\n' "$show" | grep -o '"manylinux_2_[0-9]*_x86_64"' | head -1 | tr -d '"')
 [ "$found" = "$plat" ] || die "auditwheel show finds the tag ${found:-none}, not $plat:"$'\n'"$show"
 mv "$whl" "$out/"
