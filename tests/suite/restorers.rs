@@ -130,9 +130,12 @@ fn every_contract_restores_stills_videos_folders_and_jobs() {
         "-i",
         arg(&asset("samples/test/astronaut.mp4")),
         "-t",
-        "2",
+        "1",
         "-c:v",
         "libx264",
+        // A keyframe every 10 frames: `--segment 0.4` cuts the second's 30 frames in two.
+        "-g",
+        "10",
         arg(&clip),
     ]);
     let folder = dir.path().join("in");
@@ -180,7 +183,10 @@ fn every_contract_restores_stills_videos_folders_and_jobs() {
         run(&clip, &out, &[]);
         changed("video", name, &plain_clip, &out);
         let out = dir.path().join(format!("{name}-segments.mp4"));
-        run(&clip, &out, &["--segment", "1"]);
+        let stats = dir.path().join(format!("{name}-segments.json"));
+        run(&clip, &out, &["--segment", "0.4", "--stats-json", arg(&stats)]);
+        let stats = std::fs::read_to_string(&stats).unwrap();
+        assert!(stats.contains("\"segments\":2"), "{name}: {stats}");
         changed("video in segments", name, &plain_clip, &out);
         let out_dir = dir.path().join(format!("out-{name}"));
         ok(&gpen_env(
