@@ -90,10 +90,13 @@ while read -r name path; do
   cp -L "$path" "$pkg/lib/$name"
   chmod u+w "$pkg/lib/$name"
   "$patchelf" --set-rpath '$ORIGIN' "$pkg/lib/$name"
-  patterns+=("*/$(basename "$(readlink -f "$path")")")
+  # dpkg records a file under /usr/lib or /lib (merged /usr): both names, looked up exactly
+  # (a */NAME pattern is matched against every file dpkg knows: 9 s for 128 libraries).
+  real=$(readlink -f "$path")
+  patterns+=("$real" "${real#/usr}")
 done <"$tmp/deps"
 "$patchelf" --set-rpath '$ORIGIN/../lib' "$pkg/bin/gpen-video"
-dpkg -S "${patterns[@]}" 2>/dev/null | sed -n 's/^\([^:]*\):.*/\1/p' | sort -u | while read -r p; do
+{ dpkg -S "${patterns[@]}" 2>/dev/null || true; } | sed -n 's/^\([^:]*\):.*/\1/p' | sort -u | while read -r p; do
   [ -f "/usr/share/doc/$p/copyright" ] && cp "/usr/share/doc/$p/copyright" "$info/licenses/libs/$p.copyright"
 done
 [ -f "$info/licenses/libs/libavcodec59.copyright" ] || die "no Debian copyright file for libavcodec found (dpkg -S): is FFmpeg from Debian's packages?"
