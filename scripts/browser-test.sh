@@ -5,6 +5,7 @@
 # runs the test. Screenshots go to out/browser (pass --shots DIR to put them elsewhere).
 #
 #   scripts/browser-test.sh [--shots DIR]
+#   scripts/browser-test.sh --install    # only install chromium and Playwright, then stop
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PLAYWRIGHT_VERSION=1.49.1
@@ -20,6 +21,7 @@ if ! "$py" -c "import playwright, importlib.metadata as m, sys; sys.exit(m.versi
   echo "[browser-test] installing playwright==$PLAYWRIGHT_VERSION (pip; no browser download)" >&2
   PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 "$py" -m pip install -q --disable-pip-version-check "playwright==$PLAYWRIGHT_VERSION"
 fi
+[ "${1:-}" = --install ] && exit 0
 cargo build --release --locked -q
 # shellcheck disable=SC1091
 source .deps/env.sh

@@ -9,6 +9,7 @@
 # It stops every daemon it started, also on failure (their logs are printed then).
 #
 #   scripts/slurm-test.sh        # after scripts/setup.sh; builds the release binary if needed
+#   scripts/slurm-test.sh --install   # only install slurm-wlm and munge, then stop
 #
 # Installs Debian's slurm-wlm and munge when missing (as root, or with sudo). KEEP_SLURM_TMP=1
 # keeps the temporary folder; SLURM_TEST_SCRIPT=FILE submits FILE instead of the landed script
@@ -35,6 +36,7 @@ if [ ${#missing[@]} -gt 0 ]; then
   $sudo apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
+[ "${1:-}" = --install ] && exit 0
 [ -f .deps/env.sh ] || fail "run scripts/setup.sh first (no .deps/env.sh)"
 # shellcheck disable=SC1091
 source .deps/env.sh

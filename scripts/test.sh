@@ -12,7 +12,8 @@
 # The Rust code compiles once (clippy's check aside): `cargo test --no-run` builds the crate, the
 # binary and the two test binaries (tests/suite/, every end-to-end module in one binary, and
 # tests/alloc.rs), and every later step runs those. Steps that wait more than they compute run
-# beside others: the bundle's wheel downloads during the build, and the Python exporter's tests,
+# beside others: the crates download during the set-up, the later steps' packages install and
+# the bundle's wheel downloads during the lint and the build, and the Python exporter's tests,
 # the browser test and the image's build stage run while the Rust tests do (their output is
 # kept and printed when each ends). Each step's start is printed as [test] lines with the
 # seconds since the start, so a slow CI run says where its time went.
@@ -39,13 +40,28 @@ finish() {
   [ $rc = 0 ] || { step "$name failed (exit $rc): its output above"; exit $rc; }
   step "$name passed"
 }
-# The Python exporter's tests, against TFLite's own interpreter (the reference the face-mesh and
-# hand conversions are tested against).
-python_tests() {
+# What the later steps need installed, beside the build (downloads and unpacking, little CPU):
+# Debian's postgresql for the replicas' tests (tests/suite/replicas.rs: each starts a cluster of
+# its own with initdb in a temporary folder, on a loopback port), TFLite's interpreter for the
+# Python exporter's tests (the reference the face-mesh and hand conversions are tested against),
+# chromium and Playwright for the browser test, slurm-wlm and munge for the Slurm check. Each
+# is installed only where missing.
+packages() {
+  if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
+    local sudo=""
+    [ "$(id -u)" -eq 0 ] || sudo="sudo"
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends postgresql >/dev/null
+  fi
   .deps/venv/bin/python -c "import ai_edge_litert" 2>/dev/null ||
     .deps/venv/bin/python -m pip install -q --disable-pip-version-check "ai-edge-litert==2.3.0"
-  .deps/venv/bin/python -m unittest discover -s models -p 'test_*.py'
+  scripts/browser-test.sh --install
+  if [ "${GPEN_VIDEO_SLURM_TEST:-0}" = 1 ]; then
+    scripts/slurm-test.sh --install
+  fi
 }
+# Crates download beside the set-up's packages.
+bg crates cargo fetch --locked
 step "set-up (scripts/setup.sh)"
 SAMPLES=test scripts/setup.sh
 # shellcheck disable=SC1091
@@ -65,6 +81,8 @@ mkdir -p samples/people
 if [ "${GPEN_VIDEO_BUNDLE_CHECK:-0}" = 1 ]; then
   bg bundle-wheel scripts/gpu-bundle.sh --fetch
 fi
+bg packages packages
+finish crates
 step "formatting and lint"
 cargo fmt --all -- --check
 cargo clippy --release --locked --all-targets -- -D warnings
@@ -73,18 +91,12 @@ cargo clippy --release --locked --all-targets -- -D warnings
 [ -f models/gfpgan-512-narrow-random.onnx ] ||
   .deps/venv/bin/python models/gfpgan_export.py --size 512 --narrow 0.03125 --batch1 \
     --out models/gfpgan-512-narrow-random.onnx
-# PostgreSQL for the replicas' tests (tests/suite/replicas.rs: each starts a cluster of its own with
-# initdb in a temporary folder, on a loopback port): Debian's package, installed where missing.
-if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
-  sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends postgresql >/dev/null
-fi
 step "building the tests (once)"
 cargo test --release --locked --no-run
 # The binary as the scripts below build it: nothing compiles here after the test build.
 cargo build --release --locked
-bg python-tests python_tests
+finish packages
+bg python-tests .deps/venv/bin/python -m unittest discover -s models -p 'test_*.py'
 step "Rust tests (the library's, tests/alloc.rs, tests/suite/; the Python exporter's beside them)"
 cargo test --release --locked
 finish python-tests

@@ -97,8 +97,8 @@ fn clip(dir: &Path, frames: u32, gop: u32) -> PathBuf {
     out
 }
 
-/// Restores `input` into `out` with `model` and a lossless encoder, cut into segments of
-/// `segment` seconds (0: one run); its stats JSON.
+/// Restores `input` into `out` with `model` and a lossless encoder (its fastest preset: the
+/// frames decode the same), cut into segments of `segment` seconds (0: one run); its stats JSON.
 /// The identity guard and the hands decide afresh on stretches of 128 frames, and a segment
 /// warms up from its stretch's start: on a clip shorter than a stretch every segment would warm
 /// up from frame 0, which joins exactly whatever the tracker and the filters keep. Tests of
@@ -120,6 +120,8 @@ fn restore(input: &Path, out: &Path, model: &str, segment: &str, extra: &[&str])
         &"libx264",
         &"--crf",
         &"0",
+        &"--preset",
+        &"ultrafast",
         &"--segment",
         &segment,
         &"--faces-json",
@@ -148,12 +150,12 @@ fn contents(f: &Path) -> (Vec<String>, Vec<i64>, Vec<String>, Vec<String>, Strin
     )
 }
 
-/// Starts the binary with `args` (no progress bar, warnings only); its stderr piped when
-/// `keep_err` (a test reads it), else dropped.
+/// Starts the binary with `args` (no progress bar, warnings only, the encoder's fastest preset,
+/// as [`restore`]); its stderr piped when `keep_err` (a test reads it), else dropped.
 fn start(args: &[&str], keep_err: bool) -> std::process::Child {
     Command::new(env!("CARGO_BIN_EXE_gpen-video"))
         .args(args)
-        .arg("--quiet")
+        .args(["--quiet", "--preset", "ultrafast"])
         .env("ORT_DYLIB_PATH", asset(".deps/lib/libonnxruntime.so"))
         .env("RUST_LOG", "warn")
         .stderr(if keep_err {
@@ -484,8 +486,9 @@ fn ctrl_c_keeps_the_finished_segments_and_other_settings_or_force_start_afresh()
             &stats,
         ];
         args.extend(
-            WARM_UP_OWN
+            ["--preset", "ultrafast"]
                 .iter()
+                .chain(WARM_UP_OWN)
                 .chain(extra)
                 .map(|e| e as &dyn AsRef<std::ffi::OsStr>),
         );

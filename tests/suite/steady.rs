@@ -57,10 +57,13 @@ fn jitter(track: &[&Points]) -> (f64, f64) {
     ((se / (5.0 * n)).sqrt(), eye_distance(&mean))
 }
 
-/// Runs the identity stand-in on `input` with `extra` flags; every face's points per frame.
+/// Runs the identity stand-in on `input` with `extra` flags; every face's points per frame (the
+/// frames written are not looked at: the encoder's fastest preset).
 fn points_of(dir: &Path, input: &Path, name: &str, extra: &[&dyn AsRef<std::ffi::OsStr>]) -> Vec<Vec<Points>> {
     let model = asset("models/standin/identity-256.onnx");
-    run_with_faces(dir, input, name, &model, extra);
+    let mut extra = extra.to_vec();
+    extra.extend([&"--preset" as &dyn AsRef<std::ffi::OsStr>, &"ultrafast"]);
+    run_with_faces(dir, input, name, &model, &extra);
     all_points(&dir.join(format!("{name}.faces.json")))
 }
 

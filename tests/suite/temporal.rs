@@ -56,6 +56,9 @@ fn restore(dir: &Path, input: &Path, model: &str, memory: &str) -> Vec<Vec<u8>> 
         &"libx264rgb",
         &"--crf",
         &"0",
+        // Lossless: the fastest preset decodes to the same frames.
+        &"--preset",
+        &"ultrafast",
     ]));
     rgb_frames(&out).2
 }
