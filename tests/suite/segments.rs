@@ -186,50 +186,49 @@ fn a_long_clip_in_four_segments_joins_into_what_one_run_writes() {
     let dir = tempfile::tempdir().unwrap();
     let input = clip(dir.path(), 300, 25);
     // The negating stand-in changes every face pixel, so any frame the join gets wrong shows.
-    for model in ["standin/negate-256.onnx"] {
-        let one = dir.path().join("one.mp4");
-        let joined = dir.path().join("joined.mp4");
-        let single = json(&restore(&input, &one, model, "0", &[]));
-        assert_eq!(single["frames"], 300, "one run: {single}");
-        let stats = json(&restore(&input, &joined, model, "2.4", &[]));
-        assert_eq!(stats["segments"], 4, "{stats}");
-        assert_eq!(stats["restored_here"].as_array().unwrap().len(), 4);
-        let warm: Vec<u64> = stats["restored_here"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|s| s["warm_frames"].as_u64().unwrap())
-            .collect();
-        assert!(
-            warm[3] > 100,
-            "the last segment rebuilds its state from warm-up frames: {warm:?}"
-        );
-        assert_eq!(stats["joined"]["frames"], 300);
-        let (a, b) = (contents(&one), contents(&joined));
-        assert_eq!(a.0.len(), 300);
-        assert!(a.4.contains("-90") || a.4.contains("90"), "rotation kept: {}", a.4);
-        assert!(
-            !a.2.is_empty() && a.3.len() >= 2,
-            "audio and subtitles: {} {}",
-            a.2.len(),
-            a.3.len()
-        );
-        assert_eq!(a.1, b.1, "{model}: frame timestamps");
-        assert_eq!(a.2, b.2, "{model}: audio packets");
-        assert_eq!(a.3, b.3, "{model}: subtitle packets");
-        assert_eq!(a.4, b.4, "{model}: display rotation");
-        let differ: Vec<usize> = (0..300).filter(|&i| a.0[i] != b.0[i]).collect();
-        assert!(differ.is_empty(), "{model}: frames {differ:?} differ from one run's");
-        assert_eq!(
-            std::fs::read_to_string(one.with_extension("json")).unwrap(),
-            std::fs::read_to_string(joined.with_extension("json")).unwrap(),
-            "{model}: the faces record, tracks numbered as one run numbers them"
-        );
-        assert!(
-            !gpen_video::api::segment::work_dir(&joined).exists(),
-            "the segments are removed once joined"
-        );
-    }
+    let model = "standin/negate-256.onnx";
+    let one = dir.path().join("one.mp4");
+    let joined = dir.path().join("joined.mp4");
+    let single = json(&restore(&input, &one, model, "0", &[]));
+    assert_eq!(single["frames"], 300, "one run: {single}");
+    let stats = json(&restore(&input, &joined, model, "2.4", &[]));
+    assert_eq!(stats["segments"], 4, "{stats}");
+    assert_eq!(stats["restored_here"].as_array().unwrap().len(), 4);
+    let warm: Vec<u64> = stats["restored_here"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["warm_frames"].as_u64().unwrap())
+        .collect();
+    assert!(
+        warm[3] > 100,
+        "the last segment rebuilds its state from warm-up frames: {warm:?}"
+    );
+    assert_eq!(stats["joined"]["frames"], 300);
+    let (a, b) = (contents(&one), contents(&joined));
+    assert_eq!(a.0.len(), 300);
+    assert!(a.4.contains("-90") || a.4.contains("90"), "rotation kept: {}", a.4);
+    assert!(
+        !a.2.is_empty() && a.3.len() >= 2,
+        "audio and subtitles: {} {}",
+        a.2.len(),
+        a.3.len()
+    );
+    assert_eq!(a.1, b.1, "{model}: frame timestamps");
+    assert_eq!(a.2, b.2, "{model}: audio packets");
+    assert_eq!(a.3, b.3, "{model}: subtitle packets");
+    assert_eq!(a.4, b.4, "{model}: display rotation");
+    let differ: Vec<usize> = (0..300).filter(|&i| a.0[i] != b.0[i]).collect();
+    assert!(differ.is_empty(), "{model}: frames {differ:?} differ from one run's");
+    assert_eq!(
+        std::fs::read_to_string(one.with_extension("json")).unwrap(),
+        std::fs::read_to_string(joined.with_extension("json")).unwrap(),
+        "{model}: the faces record, tracks numbered as one run numbers them"
+    );
+    assert!(
+        !gpen_video::api::segment::work_dir(&joined).exists(),
+        "the segments are removed once joined"
+    );
 }
 
 /// A face large enough that the detector tracks it in a window it shrinks (not one cut at the
