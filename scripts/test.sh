@@ -13,9 +13,10 @@
 # binary and the two test binaries (tests/suite/, every end-to-end module in one binary, and
 # tests/alloc.rs), and every later step runs those. Steps that wait more than they compute run
 # beside others: the crates download during the set-up, the later steps' packages install and
-# the bundle's wheel downloads during the lint and the build, and the Python exporter's tests,
-# the browser test and the image's build stage run while the Rust tests do (their output is
-# kept and printed when each ends). Each step's start is printed as [test] lines with the
+# the bundle's wheel downloads during the lint and the build; the Python exporter's tests and
+# the wheel's test run while the other Rust tests do, and the browser test and the GPU bundle's
+# check while the image's build stage and the Slurm check do (their output is kept and printed
+# when each ends). Each step's start is printed as [test] lines with the
 # seconds since the start, so a slow CI run says where its time went.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -97,15 +98,26 @@ cargo test --release --locked --no-run
 cargo build --release --locked
 finish packages
 bg python-tests .deps/venv/bin/python -m unittest discover -s models -p 'test_*.py'
-step "Rust tests (the library's, tests/alloc.rs, tests/suite/; the Python exporter's beside them)"
-cargo test --release --locked
+# The wheel's test (tests/suite/wheel.rs: packing, pip, unpacking; mostly files, the longest
+# test) from the start of the Rust tests, beside them: run last in name order it would run
+# alone at their end. The suite's binary as the test build named it.
+suite=$(cargo test --release --locked --no-run --test suite 2>&1 | sed -n 's/.*Executable .*(\(.*\))$/\1/p')
+[ -x "$suite" ] || { step "no test binary for tests/suite found"; exit 1; }
+bg wheel-test "$suite" wheel::
+step "Rust tests (the library's, tests/alloc.rs, tests/suite/ but wheel::; the Python exporter's and the wheel's beside them)"
+cargo test --release --locked -- --skip wheel::
 finish python-tests
-# The service's page in Debian's chromium, headless, driven by Playwright (installs both), beside
-# the image's build stage.
+finish wheel-test
+# The service's page in Debian's chromium, headless, driven by Playwright (installs both), the
+# Slurm check and the GPU bundle's CPU check beside the image's build stage.
 bg browser scripts/browser-test.sh
+if [ "${GPEN_VIDEO_BUNDLE_CHECK:-0}" = 1 ]; then
+  finish bundle-wheel
+  bg bundle scripts/gpu-bundle.sh --small --check-cpu
+fi
 # The container image's build stage, from exactly the files the image's context gives it (about
 # a minute: only gpen-video compiles); scripts/container-check.sh builds the whole image.
-step "the container image's build stage, the page in a browser beside it"
+step "the container image's build stage; the page in a browser and the GPU bundle's CPU check (scripts/gpu-bundle.sh --small --check-cpu) beside it"
 scripts/container-build-stage.py
 finish browser
 if [ "${GPEN_VIDEO_SLURM_TEST:-0}" = 1 ]; then
@@ -113,9 +125,7 @@ if [ "${GPEN_VIDEO_SLURM_TEST:-0}" = 1 ]; then
   scripts/slurm-test.sh
 fi
 if [ "${GPEN_VIDEO_BUNDLE_CHECK:-0}" = 1 ]; then
-  finish bundle-wheel
-  step "the GPU bundle's CPU check (scripts/gpu-bundle.sh --small --check-cpu)"
-  scripts/gpu-bundle.sh --small --check-cpu
+  finish bundle
 fi
 step "all tests passed"
 echo "all tests passed"
