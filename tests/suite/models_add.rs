@@ -225,7 +225,7 @@ fn a_real_gfpgan_export_declared_batch_one_runs_batched_with_the_same_pixels() {
             &"--batch",
             &batch,
             &"--frames",
-            &"12",
+            &"8",
         ]);
         (frames(&out), batches(&err))
     };
@@ -242,7 +242,7 @@ fn a_real_gfpgan_export_declared_batch_one_runs_batched_with_the_same_pixels() {
         &"--model",
         &asset("models/standin/identity-512.onnx"),
         &"--frames",
-        &"12",
+        &"8",
     ]);
     assert_ne!(frames(&plain), four, "GFPGAN changed the faces");
     let still = dir.path().join("portrait.png");

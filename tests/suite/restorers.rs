@@ -100,7 +100,8 @@ fn a_model_without_a_weight_refuses_fidelity_before_any_frame() {
 /// Every contract users bring (facefusion's enhancers: CodeFormer, GFPGAN, GPEN-BFR,
 /// RestoreFormer++; batch fixed at 1, stand-ins made by models/make_standins.py), recorded by the
 /// names people know with `models add`, restores a still, a video, a video in segments, a folder
-/// and a service job taken by name; the service's `/v1/info` offers each with its fidelity.
+/// (of a photo: `batch` on clips is tests/suite/batch.rs's) and a service job taken by name; the
+/// service's `/v1/info` offers each with its fidelity.
 #[test]
 fn every_contract_restores_stills_videos_folders_and_jobs() {
     let dir = tempfile::tempdir().unwrap();
@@ -141,7 +142,6 @@ fn every_contract_restores_stills_videos_folders_and_jobs() {
     let folder = dir.path().join("in");
     std::fs::create_dir(&folder).unwrap();
     std::fs::copy(&still, folder.join("photo.png")).unwrap();
-    std::fs::copy(&clip, folder.join("clip.mp4")).unwrap();
     let plain = |input: &Path| {
         let out = dir
             .path()
@@ -204,7 +204,6 @@ fn every_contract_restores_stills_videos_folders_and_jobs() {
             &env,
         ));
         changed("folder's photo", name, &plain_still, &out_dir.join("photo.png"));
-        changed("folder's clip", name, &plain_clip, &out_dir.join("clip.mp4"));
         let offered = info["restorers"]
             .as_array()
             .unwrap()
