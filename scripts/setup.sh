@@ -28,8 +28,6 @@ fi
 if ! command -v cargo >/dev/null; then
   echo "[setup] cargo not found: install Rust (rustup) first" >&2; exit 1
 fi
-# --system: only what building needs (scripts/test.sh builds while the rest is set up).
-[ "${1:-}" = --system ] && exit 0
 
 # --- python venv: onnxruntime (the shared library), onnx + numpy (model tools) -----------------
 py=$deps/venv/bin/python

@@ -61,49 +61,42 @@ packages() {
     scripts/slurm-test.sh --install
   fi
 }
-# The set-up but its system packages (the venv, the models, the samples), what the tests need
-# besides, and what later steps install: beside the lint and the build, which need only the
-# system packages.
-rest_of_setup() {
-  SAMPLES=test scripts/setup.sh
-  scripts/container-pins.sh
-  # Photos of real people for the identity tests (Rust and the conversion's): face_recognition's
-  # test images (its sdist, 3 MB; White House photographs, public domain), unpacked into
-  # samples/people/.
-  [ -f .deps/wheels/face_recognition-1.3.0.tar.gz ] ||
-    .deps/venv/bin/python -m pip download -q --disable-pip-version-check --no-deps --no-binary=:all: \
-      "face_recognition==1.3.0" -d .deps/wheels
-  mkdir -p samples/people
-  [ -f samples/people/biden.jpg ] ||
-    tar -xzf .deps/wheels/face_recognition-1.3.0.tar.gz -C samples/people --strip-components=3 \
-      face_recognition-1.3.0/tests/test_images/obama.jpg face_recognition-1.3.0/tests/test_images/obama2.jpg \
-      face_recognition-1.3.0/tests/test_images/obama3.jpg face_recognition-1.3.0/tests/test_images/biden.jpg
-  # A small GFPGANv1Clean (the real structure at 512, random weights, batch declared 1) for the
-  # Rust tests (models/gfpgan_export.py; about a second).
-  [ -f models/gfpgan-512-narrow-random.onnx ] ||
-    .deps/venv/bin/python models/gfpgan_export.py --size 512 --narrow 0.03125 --batch1 \
-      --out models/gfpgan-512-narrow-random.onnx
-  packages
-  if [ "${GPEN_VIDEO_BUNDLE_CHECK:-0}" = 1 ]; then
-    scripts/gpu-bundle.sh --fetch
-  fi
-}
-# Crates download beside the set-up's system packages.
+# Crates download beside the set-up's packages.
 bg crates cargo fetch --locked
-step "set-up: system packages (scripts/setup.sh --system); the rest beside the lint and the build"
-scripts/setup.sh --system
-bg setup rest_of_setup
+step "set-up (scripts/setup.sh)"
+SAMPLES=test scripts/setup.sh
+# shellcheck disable=SC1091
+source .deps/env.sh
+scripts/container-pins.sh
+# Photos of real people for the identity tests (Rust and the conversion's): face_recognition's
+# test images (its sdist, 3 MB; White House photographs, public domain), unpacked into
+# samples/people/.
+[ -f .deps/wheels/face_recognition-1.3.0.tar.gz ] ||
+  .deps/venv/bin/python -m pip download -q --disable-pip-version-check --no-deps --no-binary=:all: \
+    "face_recognition==1.3.0" -d .deps/wheels
+mkdir -p samples/people
+[ -f samples/people/biden.jpg ] ||
+  tar -xzf .deps/wheels/face_recognition-1.3.0.tar.gz -C samples/people --strip-components=3 \
+    face_recognition-1.3.0/tests/test_images/obama.jpg face_recognition-1.3.0/tests/test_images/obama2.jpg \
+    face_recognition-1.3.0/tests/test_images/obama3.jpg face_recognition-1.3.0/tests/test_images/biden.jpg
+if [ "${GPEN_VIDEO_BUNDLE_CHECK:-0}" = 1 ]; then
+  bg bundle-wheel scripts/gpu-bundle.sh --fetch
+fi
+bg packages packages
 finish crates
 step "formatting and lint"
 cargo fmt --all -- --check
 cargo clippy --release --locked --all-targets -- -D warnings
+# A small GFPGANv1Clean (the real structure at 512, random weights, batch declared 1) for the
+# Rust tests (models/gfpgan_export.py; about a second).
+[ -f models/gfpgan-512-narrow-random.onnx ] ||
+  .deps/venv/bin/python models/gfpgan_export.py --size 512 --narrow 0.03125 --batch1 \
+    --out models/gfpgan-512-narrow-random.onnx
 step "building the tests (once)"
 cargo test --release --locked --no-run
 # The binary as the scripts below build it: nothing compiles here after the test build.
 cargo build --release --locked
-finish setup
-# shellcheck disable=SC1091
-source .deps/env.sh
+finish packages
 bg python-tests .deps/venv/bin/python -m unittest discover -s models -p 'test_*.py'
 # The wheel's test (tests/suite/wheel.rs: packing, pip, unpacking; mostly files, the longest
 # test) from the start of the Rust tests, beside them: run last in name order it would run
@@ -119,6 +112,7 @@ finish wheel-test
 # Slurm check and the GPU bundle's CPU check beside the image's build stage.
 bg browser scripts/browser-test.sh
 if [ "${GPEN_VIDEO_BUNDLE_CHECK:-0}" = 1 ]; then
+  finish bundle-wheel
   bg bundle scripts/gpu-bundle.sh --small --check-cpu
 fi
 # The container image's build stage, from exactly the files the image's context gives it (about
