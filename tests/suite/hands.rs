@@ -14,6 +14,8 @@ use gpen_video::api::kernels::Cpu;
 use gpen_video::api::people::faces_in_photo;
 use gpen_video::api::runtime::{session, SessionOptions};
 
+use crate::common::{cutout, Cutout};
+
 fn need(p: &str) -> PathBuf {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(p);
     assert!(
@@ -37,30 +39,6 @@ fn hands() -> Hands {
         Cpu::detected(),
     )
     .unwrap()
-}
-
-/// The hand of handSrc.jpg, turned fingers up (its wrist at the bottom edge) and scaled.
-struct Cutout {
-    w: usize,
-    h: usize,
-    rgb: Vec<u8>,
-    /// Which pixels are the hand: the background is grey, the skin redder than it is blue.
-    hand: Vec<bool>,
-}
-
-fn cutout(height: u32) -> Cutout {
-    let photo = image::open(need("samples/hands/handSrc.jpg")).unwrap().to_rgb8();
-    // A quarter turn counterclockwise: the fingers, pointing right, point up.
-    let up = image::imageops::rotate270(&photo);
-    let w = (f64::from(up.width()) * f64::from(height) / f64::from(up.height())).round() as u32;
-    let small = image::imageops::resize(&up, w, height, image::imageops::FilterType::Triangle);
-    let hand = small.pixels().map(|p| i32::from(p[0]) - i32::from(p[2]) > 20).collect();
-    Cutout {
-        w: w as usize,
-        h: height as usize,
-        rgb: small.into_raw(),
-        hand,
-    }
 }
 
 /// The photo (packed RGB, `w x h`) with the cut-out's hand pixels pasted with their top left

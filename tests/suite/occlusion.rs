@@ -12,33 +12,10 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use common::{asset, gpen, ok, rgb_frames};
+use common::{asset, cutout, gpen, ok, rgb_frames};
 use gpen_video::api::faces::detect::Detector;
 use gpen_video::api::people::faces_in_photo;
 use gpen_video::api::runtime::{session, SessionOptions};
-
-/// The hand of handSrc.jpg, turned fingers up and scaled to `height` pixels: packed RGB and
-/// which pixels are the hand (the background is grey, the skin redder than it is blue).
-struct Cutout {
-    w: usize,
-    h: usize,
-    rgb: Vec<u8>,
-    hand: Vec<bool>,
-}
-
-fn cutout(height: u32) -> Cutout {
-    let photo = image::open(asset("samples/hands/handSrc.jpg")).unwrap().to_rgb8();
-    let up = image::imageops::rotate270(&photo);
-    let w = (f64::from(up.width()) * f64::from(height) / f64::from(up.height())).round() as u32;
-    let small = image::imageops::resize(&up, w, height, image::imageops::FilterType::Triangle);
-    let hand = small.pixels().map(|p| i32::from(p[0]) - i32::from(p[2]) > 20).collect();
-    Cutout {
-        w: w as usize,
-        h: height as usize,
-        rgb: small.into_raw(),
-        hand,
-    }
-}
 
 /// The portrait (packed RGB, its size) and its face's box.
 fn portrait() -> (Vec<u8>, (usize, usize), [f32; 4]) {

@@ -516,3 +516,28 @@ pub fn moving_portrait(dir: &Path, seconds: u32) -> PathBuf {
     ]);
     out
 }
+
+/// The hand of handSrc.jpg (Debian's opencv-doc, through the set-up), turned fingers up (its
+/// wrist at the bottom edge) and scaled to `height` pixels: packed RGB and which pixels are the
+/// hand (the background is grey, the skin redder than it is blue).
+pub struct Cutout {
+    pub w: usize,
+    pub h: usize,
+    pub rgb: Vec<u8>,
+    pub hand: Vec<bool>,
+}
+
+pub fn cutout(height: u32) -> Cutout {
+    let photo = image::open(asset("samples/hands/handSrc.jpg")).unwrap().to_rgb8();
+    // A quarter turn counterclockwise: the fingers, pointing right, point up.
+    let up = image::imageops::rotate270(&photo);
+    let w = (f64::from(up.width()) * f64::from(height) / f64::from(up.height())).round() as u32;
+    let small = image::imageops::resize(&up, w, height, image::imageops::FilterType::Triangle);
+    let hand = small.pixels().map(|p| i32::from(p[0]) - i32::from(p[2]) > 20).collect();
+    Cutout {
+        w: w as usize,
+        h: height as usize,
+        rgb: small.into_raw(),
+        hand,
+    }
+}
