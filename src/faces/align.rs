@@ -261,8 +261,8 @@ mod tests {
     }
 
     /// The fast paths (the region as f32 texels, four-lane taps, four pixels' weights at once;
-    /// the four-lane change sampler) give exactly what the clamped per-pixel sampler gives (the
-    /// fused eight-lane taps within a thousandth of a level),
+    /// the four-lane change sampler; the eight-lane AVX2 taps) give exactly what the clamped
+    /// per-pixel sampler gives,
     /// for faces inside the picture and across its edges, turned and scaled both ways.
     #[test]
     fn the_fast_samplers_equal_the_clamped_ones_exactly() {
@@ -281,17 +281,14 @@ mod tests {
             let region = crate::geom::crop_footprint(&to_crop, size, w, h);
             let mut b = vec![0.0; 3 * size * size];
             warp_to_tensor(&img, w, h, &to_crop, size, &mut b);
-            // At every level this CPU runs: the fused taps add the same products in another
-            // order, a few float steps apart (in [-1, 1], so 1e-5 is about a thousandth of a
-            // level); the plain taps are exact.
+            // At every level this CPU runs, to the bit.
             for cpu in Cpu::available() {
                 let mut a = vec![0.0; 3 * size * size];
                 let mut scratch = WarpScratch::at(cpu);
                 warp_face(&img, (w, h), &to_crop, region, size, &mut a, &mut scratch);
                 let apart = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0.0f32, f32::max);
-                let allowed = if cpu.fma() { 1e-5 } else { 0.0 };
                 assert!(
-                    apart <= allowed,
+                    apart == 0.0,
                     "{}: angle {angle}, scale {scale}: {apart} apart",
                     cpu.name()
                 );
@@ -307,14 +304,10 @@ mod tests {
             warp_cubic_body::<[f32], false>(&tex, r, (w, h), &inv, size, Tile::whole(size), &mut a[..]);
             assert_eq!(apart(&a), 0.0, "plain taps: angle {angle}, scale {scale}");
             #[cfg(target_arch = "x86_64")]
-            if Cpu::detected().fma() {
-                // SAFETY: a `Cpu` says AVX2 and FMA only where this CPU has them.
-                unsafe { warp_cubic_fused(&tex, r, (w, h), &inv, size, Tile::whole(size), &mut a[..]) };
-                assert!(
-                    apart(&a) <= 1e-5,
-                    "fused taps: angle {angle}, scale {scale}: {} apart",
-                    apart(&a)
-                );
+            if Cpu::detected().avx2() {
+                // SAFETY: a `Cpu` says AVX2 only where this CPU has it.
+                unsafe { warp_cubic_avx2(&tex, r, (w, h), &inv, size, Tile::whole(size), &mut a[..]) };
+                assert_eq!(apart(&a), 0.0, "eight-lane taps: angle {angle}, scale {scale}");
             }
         }
         let field: Vec<f32> = (0..w * h * 3).map(|i| ((i * 31) % 97) as f32 - 48.5).collect();

@@ -2,7 +2,7 @@
 //! picture -> crop affine and the crop's size; out, the crop as planar RGB (model floats in
 //! [-1, 1] or bytes), sampled bicubically, or through an area filter over box-filtered levels
 //! for a picture region larger than the crop. By tiles of the crop for a large region, with the
-//! taps' fused AVX2 form at a [`Cpu`] that has it.
+//! taps two rows per eight-lane AVX2 step at a [`Cpu`] that has it (the same sums, to the bit).
 
 use wide::f32x4;
 
@@ -292,9 +292,9 @@ pub(crate) fn texel_rect(region: Rect, (width, height): (usize, usize)) -> Rect 
 }
 
 /// The plain bicubic over the texels of `r` (sixteen taps a crop pixel): the same sums in the
-/// same order as [`sample_cubic3`], so the same crop as [`warp_to_tensor`] (the fused taps
-/// within a few float steps of it). Samples at the frame's edge take a clamped sampler over
-/// the same texels.
+/// same order as [`sample_cubic3`], so the same crop as [`warp_to_tensor`], at every level (the
+/// AVX2 taps do each lane's products and sums in the plain order). Samples at the frame's edge
+/// take a clamped sampler over the same texels.
 pub(crate) fn warp_cubic_plain<O: CropOut + ?Sized>(
     cpu: Cpu,
     (tex, r): (&[f32x4], Rect),
@@ -305,18 +305,18 @@ pub(crate) fn warp_cubic_plain<O: CropOut + ?Sized>(
     out: &mut O,
 ) {
     #[cfg(target_arch = "x86_64")]
-    if cpu.fma() {
-        // SAFETY: a `Cpu` says AVX2 and FMA only where this CPU has them (see `crate::kernels::cpu`).
-        unsafe { warp_cubic_fused(tex, r, frame, inv, size, tile, out) };
+    if cpu.avx2() {
+        // SAFETY: a `Cpu` says AVX2 only where this CPU has it (see `crate::kernels::cpu`).
+        unsafe { warp_cubic_avx2(tex, r, frame, inv, size, tile, out) };
         return;
     }
     warp_cubic_body::<O, false>(tex, r, frame, inv, size, tile, out);
 }
 
-/// [`warp_cubic_body`] compiled for AVX2 and FMA.
+/// [`warp_cubic_body`] compiled for AVX2, its interior taps two rows at a time.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-pub(crate) unsafe fn warp_cubic_fused<O: CropOut + ?Sized>(
+#[target_feature(enable = "avx2")]
+pub(crate) unsafe fn warp_cubic_avx2<O: CropOut + ?Sized>(
     tex: &[f32x4],
     r: Rect,
     frame: (usize, usize),
@@ -329,36 +329,47 @@ pub(crate) unsafe fn warp_cubic_fused<O: CropOut + ?Sized>(
 }
 
 /// The sixteen taps of an interior sample: texels `base ..= base + 3` of four rows `tw` apart,
-/// weighted by `wx` along the row and `wy` across, two texels per eight-lane fused multiply-add
-/// (the same sums as [`cubic3_taps`] in another order: within a few float steps of it).
+/// weighted by `wx` along the row and `wy` across, as [`cubic_taps16`] adds them: two rows side
+/// by side in eight lanes, each lane's products and sums the plain ones in the plain order (no
+/// fused multiply-add, which rounds once where the plain taps round twice), so the crop is the
+/// plain level's to the bit.
 ///
 /// # Safety
-/// The CPU must have AVX2 and FMA.
+/// The CPU must have AVX2.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2")]
 #[inline]
-unsafe fn fused_taps16(tex: &[f32x4], base: usize, tw: usize, wx: [f32; 4], wy: [f32; 4]) -> f32x4 {
+unsafe fn paired_taps16(tex: &[f32x4], base: usize, tw: usize, wx: [f32; 4], wy: [f32; 4]) -> f32x4 {
     use std::arch::x86_64::*;
+    let rows: &[f32x4] = &tex[base..base + 3 * tw + 4];
+    let p = rows.as_ptr().cast::<f32>();
+    let wxv = wx.map(|w| _mm256_set1_ps(w));
+    // Rows `j` and `j + 1`: each row's `((0 + t0 w0) + t1 w1) + t2 w2) + t3 w3` in its half.
+    let two_rows = |j: usize| {
+        let mut acc = _mm256_setzero_ps();
+        for (i, w) in wxv.iter().enumerate() {
+            // SAFETY: texel `i` of rows `j` and `j + 1` (j <= 2, i <= 3) lies inside `rows`,
+            // which holds rows 0 to 3's four texels of four f32 each.
+            let t = unsafe { _mm256_loadu2_m128(p.add(((j + 1) * tw + i) * 4), p.add((j * tw + i) * 4)) };
+            acc = _mm256_add_ps(acc, _mm256_mul_ps(t, *w));
+        }
+        acc
+    };
     let pair = |a: f32, b: f32| _mm256_set_m128(_mm_set1_ps(b), _mm_set1_ps(a));
-    let (w01, w23) = (pair(wx[0], wx[1]), pair(wx[2], wx[3]));
-    let mut acc = _mm256_setzero_ps();
-    for (j, &wj) in wy.iter().enumerate() {
-        let row: &[f32x4; 4] = tex[base + j * tw..][..4].try_into().expect("4 texels");
-        let p = row.as_ptr().cast::<f32>();
-        // SAFETY: `row` is four texels of four f32 each, so both eight-float loads are inside it.
-        let (t01, t23) = unsafe { (_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8))) };
-        let r = _mm256_fmadd_ps(t01, w01, _mm256_mul_ps(t23, w23));
-        acc = _mm256_fmadd_ps(r, _mm256_set1_ps(wj), acc);
-    }
-    let sum = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps::<1>(acc));
+    let m01 = _mm256_mul_ps(two_rows(0), pair(wy[0], wy[1]));
+    let m23 = _mm256_mul_ps(two_rows(2), pair(wy[2], wy[3]));
+    let mut sum = _mm_add_ps(_mm_setzero_ps(), _mm256_castps256_ps128(m01));
+    sum = _mm_add_ps(sum, _mm256_extractf128_ps::<1>(m01));
+    sum = _mm_add_ps(sum, _mm256_castps256_ps128(m23));
+    sum = _mm_add_ps(sum, _mm256_extractf128_ps::<1>(m23));
     // SAFETY: __m128 and f32x4 are both four f32 lanes (16 bytes of plain data).
     unsafe { std::mem::transmute::<__m128, f32x4>(sum) }
 }
 
-/// The body of [`warp_cubic_loading`]; `FUSED` takes the interior taps through
-/// [`fused_taps16`] (only from [`warp_cubic_fused`], on a CPU that has them).
+/// The body of [`warp_cubic_loading`]; `PAIRED` takes the interior taps through
+/// [`paired_taps16`] (only from [`warp_cubic_avx2`], on a CPU that has AVX2).
 #[inline(always)]
-pub(crate) fn warp_cubic_body<O: CropOut + ?Sized, const FUSED: bool>(
+pub(crate) fn warp_cubic_body<O: CropOut + ?Sized, const PAIRED: bool>(
     tex: &[f32x4],
     r: Rect,
     (width, height): (usize, usize),
@@ -400,15 +411,15 @@ pub(crate) fn warp_cubic_body<O: CropOut + ?Sized, const FUSED: bool>(
                     let base = (iy[k] as usize - 1 - r.y0) * tw + (ix[k] as usize - 1 - r.x0);
                     let wxk = [wx[0][k], wx[1][k], wx[2][k], wx[3][k]];
                     let wyk = [wy[0][k], wy[1][k], wy[2][k], wy[3][k]];
-                    if FUSED {
+                    if PAIRED {
                         #[cfg(target_arch = "x86_64")]
                         {
-                            // SAFETY: FUSED is only set by `warp_cubic_fused`, entered on a CPU
-                            // with AVX2 and FMA.
-                            unsafe { fused_taps16(tex, base, tw, wxk, wyk) }
+                            // SAFETY: PAIRED is only set by `warp_cubic_avx2`, entered on a CPU
+                            // with AVX2.
+                            unsafe { paired_taps16(tex, base, tw, wxk, wyk) }
                         }
                         #[cfg(not(target_arch = "x86_64"))]
-                        unreachable!("fused taps are x86-64 only")
+                        unreachable!("paired taps are x86-64 only")
                     } else {
                         cubic_taps16(tex, base, tw, wxk, wyk)
                     }
