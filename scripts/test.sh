@@ -9,11 +9,14 @@
 # root (scripts/gpu-bundle.sh --small --check-cpu; about 1-3 minutes and a 250 MB onnxruntime-gpu
 # wheel download, cached in .deps/wheels).
 #
-# The Rust code compiles once (clippy's check aside): `cargo test --no-run` builds the crate, the
-# binary and the two test binaries (tests/suite/, every end-to-end module in one binary, and
-# tests/alloc.rs), and every later step runs those. Steps that wait more than they compute run
+# The Rust code compiles once, linted as it compiles: `cargo test --no-run --all-targets` builds
+# the crate, the binary, the benchmark and the two test binaries (tests/suite/, every end-to-end
+# module in one binary, and tests/alloc.rs) with clippy-driver standing in for rustc on this
+# package (what `cargo clippy` does over `cargo check`; the dependencies compile once, with
+# rustc, instead of once more for clippy's check), and every later step runs those. A later
+# plain `cargo build` compiles gpen-video itself again (its fingerprint names the wrapper). Steps that wait more than they compute run
 # beside others: the crates download during the set-up, the later steps' packages install and
-# the bundle's wheel downloads during the lint and the build; the Python exporter's tests and
+# the bundle's wheel downloads during the build; the Python exporter's tests and
 # the wheel's test run while the other Rust tests do, and the browser test and the GPU bundle's
 # check while the image's build stage and the Slurm check do (their output is kept and printed
 # when each ends). Each step's start is printed as [test] lines with the
@@ -84,16 +87,19 @@ if [ "${GPEN_VIDEO_BUNDLE_CHECK:-0}" = 1 ]; then
 fi
 bg packages packages
 finish crates
-step "formatting and lint"
+step "formatting"
 cargo fmt --all -- --check
-cargo clippy --release --locked --all-targets -- -D warnings
+# Clippy's lints, denied as `cargo clippy --all-targets -- -D warnings` denies them, in the build.
+clippy=$(rustup which clippy-driver 2>/dev/null || command -v clippy-driver) ||
+  { step "clippy-driver not found: rustup component add clippy"; exit 1; }
+export RUSTC_WORKSPACE_WRAPPER=$clippy CLIPPY_ARGS="-D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__"
 # A small GFPGANv1Clean (the real structure at 512, random weights, batch declared 1) for the
 # Rust tests (models/gfpgan_export.py; about a second).
 [ -f models/gfpgan-512-narrow-random.onnx ] ||
   .deps/venv/bin/python models/gfpgan_export.py --size 512 --narrow 0.03125 --batch1 \
     --out models/gfpgan-512-narrow-random.onnx
-step "building the tests (once)"
-cargo test --release --locked --no-run
+step "building and linting the crate, its tests and its benchmark (once)"
+cargo test --release --locked --no-run --all-targets
 # The binary as the scripts below build it: nothing compiles here after the test build.
 cargo build --release --locked
 finish packages
@@ -118,7 +124,7 @@ fi
 # The container image's build stage, from exactly the files the image's context gives it (about
 # a minute: only gpen-video compiles); scripts/container-check.sh builds the whole image.
 step "the container image's build stage; the page in a browser and the GPU bundle's CPU check (scripts/gpu-bundle.sh --small --check-cpu) beside it"
-scripts/container-build-stage.py
+env -u RUSTC_WORKSPACE_WRAPPER -u CLIPPY_ARGS scripts/container-build-stage.py
 finish browser
 if [ "${GPEN_VIDEO_SLURM_TEST:-0}" = 1 ]; then
   step "the Slurm check (scripts/slurm-test.sh)"

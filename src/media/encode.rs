@@ -35,8 +35,8 @@ pub struct EncodeSettings {
         "Constant rate factor: lower is better quality and larger files [default: {} for x264/x265, {} for VP9; AV1 encoders their own]",
         crate::defaults::CRF, crate::defaults::CRF_VP9))]
     pub crf: Option<u32>,
-    /// x264/x265 preset (default medium).
-    #[arg(long, value_name = "NAME", help_heading = "Output",
+    /// x264/x265 preset (default medium; GPEN_VIDEO_PRESET sets it for every run of a shell).
+    #[arg(long, value_name = "NAME", help_heading = "Output", env = "GPEN_VIDEO_PRESET",
           help = format!("x264/x265 preset, ultrafast ... veryslow [default: {}]", crate::defaults::PRESET))]
     pub preset: Option<String>,
     /// JPEG and WebP still outputs: 1 to 100 (default `defaults::QUALITY`).

@@ -26,6 +26,9 @@ pub fn no_user_dirs() -> &'static Path {
     DIR.get_or_init(|| tempfile::tempdir().unwrap()).path()
 }
 
+/// The x264 preset the tests' runs and services get (see [`gpen_env`]).
+pub const TEST_PRESET: &str = "ultrafast";
+
 pub fn gpen(args: &[&dyn AsRef<std::ffi::OsStr>]) -> Output {
     gpen_env(args, &[])
 }
@@ -34,7 +37,9 @@ pub fn gpen(args: &[&dyn AsRef<std::ffi::OsStr>]) -> Output {
 /// a hang is a failure, not a stuck CI job. Runs and benchmarks get `--quiet --stats` (no
 /// progress bar, the whole summary; `models` has neither), a run `-y` (each test's outputs are
 /// its own), and GPEN_VIDEO_MODEL names the identity stand-in (a test that wants another passes
-/// --model).
+/// --model). GPEN_VIDEO_PRESET is x264's fastest preset: the medium preset users get is most of
+/// a test run's CPU, and a test's frames are compared with its own runs' (a test about the
+/// default encode passes `--preset medium`, which the variable gives way to).
 pub fn gpen_env(args: &[&dyn AsRef<std::ffi::OsStr>], env: &[(&str, &str)]) -> Output {
     let first = args.first().map(|a| a.as_ref().to_string_lossy().to_string());
     let mut all: Vec<&dyn AsRef<std::ffi::OsStr>> = args.to_vec();
@@ -46,7 +51,11 @@ pub fn gpen_env(args: &[&dyn AsRef<std::ffi::OsStr>], env: &[(&str, &str)]) -> O
     }
     let model = asset("models/standin/identity-512.onnx");
     let model = model.to_str().unwrap();
-    let mut with: Vec<(&str, &str)> = vec![("RUST_LOG", "warn"), ("GPEN_VIDEO_MODEL", model)];
+    let mut with: Vec<(&str, &str)> = vec![
+        ("RUST_LOG", "warn"),
+        ("GPEN_VIDEO_MODEL", model),
+        ("GPEN_VIDEO_PRESET", TEST_PRESET),
+    ];
     with.extend_from_slice(env);
     gpen_plain(&all, &with)
 }
@@ -59,7 +68,8 @@ pub fn gpen_plain(args: &[&dyn AsRef<std::ffi::OsStr>], env: &[(&str, &str)]) ->
     c.args(args.iter().map(|a| a.as_ref()));
     c.env_remove("RUST_LOG")
         .env_remove("GPEN_VIDEO_MODEL")
-        .env_remove("GPEN_VIDEO_CPU");
+        .env_remove("GPEN_VIDEO_CPU")
+        .env_remove("GPEN_VIDEO_PRESET");
     c.env("ORT_DYLIB_PATH", asset(".deps/lib/libonnxruntime.so"));
     c.env("XDG_CONFIG_HOME", no_user_dirs())
         .env("XDG_DATA_HOME", no_user_dirs());
@@ -270,8 +280,9 @@ pub fn plain_reencode(input: &Path, out: &Path) {
             "libx264",
             "-crf",
             "18",
+            // The encode the tests' runs get (GPEN_VIDEO_PRESET, see `gpen_env`).
             "-preset",
-            "medium",
+            TEST_PRESET,
             "-pix_fmt",
             "yuv420p",
             out.to_str().unwrap(),

@@ -28,6 +28,7 @@ impl Server {
         let state = tempfile::tempdir().unwrap();
         let mut child = serve_command(extra, state.path())
             .env("GPEN_VIDEO_MODEL", asset("models/standin/identity-512.onnx"))
+            .env("GPEN_VIDEO_PRESET", super::TEST_PRESET)
             .envs(env.iter().copied())
             .env("RUST_LOG", "gpen_video=info")
             .spawn()
