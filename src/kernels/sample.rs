@@ -46,12 +46,17 @@ pub(crate) fn cubic_weights(t: f32) -> [f32; 4] {
 }
 
 /// Bicubic (Catmull-Rom) sample of packed RGB24 at (x, y), edges replicated, clamped to
-/// [0, 255]. It passes a picture's detail through a resampling nearly untouched where bilinear
-/// sampling halves it between pixels, so a warp into the crop and back keeps what the model
-/// did not change; exact at pixel centres.
+/// [0, 255], its taps summed in the crop warp's order ([`cubic_clamped_split`]). It passes a
+/// picture's detail through a resampling nearly untouched where bilinear sampling halves it
+/// between pixels, so a warp into the crop and back keeps what the model did not change; exact
+/// at pixel centres.
 #[inline(always)]
 pub(crate) fn sample_rgb_cubic_f32(rgb: &[u8], width: usize, height: usize, x: f32, y: f32) -> [f32; 3] {
-    sample_cubic3(rgb, width, height, x, y).map(|v| v.clamp(0.0, 255.0))
+    cubic_clamped_split((width, height), x, y, |xx, yy| {
+        let p = &rgb[(yy * width + xx) * 3..][..3];
+        [p[0].into(), p[1].into(), p[2].into()]
+    })
+    .map(|v| v.clamp(0.0, 255.0))
 }
 
 /// Bicubic (Catmull-Rom) sample of any packed three-channel picture (RGB24, or a signed
@@ -66,22 +71,11 @@ pub(crate) fn sample_cubic3<T: Copy + Into<f32>>(px: &[T], width: usize, height:
 
 /// The bicubic sum at (x, y) of a `width x height` picture whose pixel (x, y) `tap` reads, the
 /// point and the 4 x 4 neighbourhood clamped to the picture (edges replicated): the one body
-/// of the clamped samplers (over packed pixels, [`sample_cubic3`]; over a region's texels, the
-/// warp's), so they give the same sums in the same order.
+/// of the clamped samplers over packed pixels ([`sample_cubic3`], the paste's), so they give
+/// the same sums in the same order as [`cubic3_taps`]. Each row's taps in turn, then the rows.
 #[inline(always)]
-pub(crate) fn cubic_clamped(
-    (width, height): (usize, usize),
-    x: f32,
-    y: f32,
-    tap: impl Fn(usize, usize) -> [f32; 3],
-) -> [f32; 3] {
-    let xf = x.clamp(0.0, (width - 1) as f32);
-    let yf = y.clamp(0.0, (height - 1) as f32);
-    // Non-negative after the clamp, so truncation is floor.
-    let (x0, y0) = (xf as usize, yf as usize);
-    let (wx, wy) = (cubic_weights(xf - x0 as f32), cubic_weights(yf - y0 as f32));
-    let around = |v: usize, n: usize| [v.saturating_sub(1), v, (v + 1).min(n - 1), (v + 2).min(n - 1)];
-    let (xs, ys) = (around(x0, width), around(y0, height));
+pub(crate) fn cubic_clamped(size: (usize, usize), x: f32, y: f32, tap: impl Fn(usize, usize) -> [f32; 3]) -> [f32; 3] {
+    let (xs, ys, wx, wy) = clamped_taps(size, x, y);
     let mut out = [0.0f32; 3];
     for (&yy, &wj) in ys.iter().zip(&wy) {
         let mut acc = [0.0f32; 3];
@@ -96,6 +90,43 @@ pub(crate) fn cubic_clamped(
         }
     }
     out
+}
+
+/// [`cubic_clamped`]'s sum in the crop warp's order, which eight lanes add two taps at a time:
+/// each row's even taps' products added to its odd taps' (`t0 w0 + t2 w2` and `t1 w1 + t3 w3`),
+/// each pair weighted by its row and summed down the rows, then the two sums added. The warp's
+/// samplers over texels (the plain and the AVX2 taps, the clamped one at the frame's edge) and
+/// [`sample_rgb_cubic_f32`] all add in this order, so each gives the others' value to the bit.
+#[inline(always)]
+pub(crate) fn cubic_clamped_split(
+    size: (usize, usize),
+    x: f32,
+    y: f32,
+    tap: impl Fn(usize, usize) -> [f32; 3],
+) -> [f32; 3] {
+    let (xs, ys, wx, wy) = clamped_taps(size, x, y);
+    let (mut even, mut odd) = ([0.0f32; 3], [0.0f32; 3]);
+    for (&yy, &wj) in ys.iter().zip(&wy) {
+        let t = xs.map(|xx| tap(xx, yy));
+        for c in 0..3 {
+            even[c] += (t[0][c] * wx[0] + t[2][c] * wx[2]) * wj;
+            odd[c] += (t[1][c] * wx[1] + t[3][c] * wx[3]) * wj;
+        }
+    }
+    [0, 1, 2].map(|c| even[c] + odd[c])
+}
+
+/// The clamped samplers' neighbourhood of (x, y): its columns and rows (edges replicated) and
+/// their weights.
+#[inline(always)]
+fn clamped_taps((width, height): (usize, usize), x: f32, y: f32) -> ([usize; 4], [usize; 4], [f32; 4], [f32; 4]) {
+    let xf = x.clamp(0.0, (width - 1) as f32);
+    let yf = y.clamp(0.0, (height - 1) as f32);
+    // Non-negative after the clamp, so truncation is floor.
+    let (x0, y0) = (xf as usize, yf as usize);
+    let (wx, wy) = (cubic_weights(xf - x0 as f32), cubic_weights(yf - y0 as f32));
+    let around = |v: usize, n: usize| [v.saturating_sub(1), v, (v + 1).min(n - 1), (v + 2).min(n - 1)];
+    (around(x0, width), around(y0, height), wx, wy)
 }
 
 /// Whether [`cubic3_taps`] may read the neighbourhood of (x, y) in a packed three-channel

@@ -7,7 +7,7 @@
 use wide::f32x4;
 
 use crate::geom::{Affine, Rect};
-use crate::kernels::sample::{cubic_clamped, cubic_weights4, sample_rgb_cubic_f32, sample_rgb_f32};
+use crate::kernels::sample::{cubic_clamped_split, cubic_weights4, sample_rgb_cubic_f32, sample_rgb_f32};
 use crate::kernels::Cpu;
 
 /// Frame pixels per crop pixel from which the warp filters first (below it, one bilinear
@@ -292,7 +292,7 @@ pub(crate) fn texel_rect(region: Rect, (width, height): (usize, usize)) -> Rect 
 }
 
 /// The plain bicubic over the texels of `r` (sixteen taps a crop pixel): the same sums in the
-/// same order as [`sample_cubic3`], so the same crop as [`warp_to_tensor`], at every level (the
+/// same order as [`cubic_clamped_split`], so the same crop as [`warp_to_tensor`], at every level (the
 /// AVX2 taps do each lane's products and sums in the plain order). Samples at the frame's edge
 /// take a clamped sampler over the same texels.
 pub(crate) fn warp_cubic_plain<O: CropOut + ?Sized>(
@@ -329,8 +329,10 @@ pub(crate) unsafe fn warp_cubic_avx2<O: CropOut + ?Sized>(
 }
 
 /// The sixteen taps of an interior sample: texels `base ..= base + 3` of four rows `tw` apart,
-/// weighted by `wx` along the row and `wy` across, as [`cubic_taps16`] adds them: two rows side
-/// by side in eight lanes, each lane's products and sums the plain ones in the plain order (no
+/// weighted by `wx` along the row and `wy` across, as [`cubic_taps16`] adds them: a row's
+/// texels 0 and 1 in one eight-lane product, 2 and 3 in another, their sum (the even taps' sum
+/// in the low half, the odd taps' in the high) weighted by the row and added down the rows, the
+/// halves added at the end. Each lane's products and sums are the plain taps' in their order (no
 /// fused multiply-add, which rounds once where the plain taps round twice), so the crop is the
 /// plain level's to the bit.
 ///
@@ -341,27 +343,18 @@ pub(crate) unsafe fn warp_cubic_avx2<O: CropOut + ?Sized>(
 #[inline]
 unsafe fn paired_taps16(tex: &[f32x4], base: usize, tw: usize, wx: [f32; 4], wy: [f32; 4]) -> f32x4 {
     use std::arch::x86_64::*;
-    let rows: &[f32x4] = &tex[base..base + 3 * tw + 4];
-    let p = rows.as_ptr().cast::<f32>();
-    let wxv = wx.map(|w| _mm256_set1_ps(w));
-    // Rows `j` and `j + 1`: each row's `((0 + t0 w0) + t1 w1) + t2 w2) + t3 w3` in its half.
-    let two_rows = |j: usize| {
-        let mut acc = _mm256_setzero_ps();
-        for (i, w) in wxv.iter().enumerate() {
-            // SAFETY: texel `i` of rows `j` and `j + 1` (j <= 2, i <= 3) lies inside `rows`,
-            // which holds rows 0 to 3's four texels of four f32 each.
-            let t = unsafe { _mm256_loadu2_m128(p.add(((j + 1) * tw + i) * 4), p.add((j * tw + i) * 4)) };
-            acc = _mm256_add_ps(acc, _mm256_mul_ps(t, *w));
-        }
-        acc
-    };
     let pair = |a: f32, b: f32| _mm256_set_m128(_mm_set1_ps(b), _mm_set1_ps(a));
-    let m01 = _mm256_mul_ps(two_rows(0), pair(wy[0], wy[1]));
-    let m23 = _mm256_mul_ps(two_rows(2), pair(wy[2], wy[3]));
-    let mut sum = _mm_add_ps(_mm_setzero_ps(), _mm256_castps256_ps128(m01));
-    sum = _mm_add_ps(sum, _mm256_extractf128_ps::<1>(m01));
-    sum = _mm_add_ps(sum, _mm256_castps256_ps128(m23));
-    sum = _mm_add_ps(sum, _mm256_extractf128_ps::<1>(m23));
+    let (w01, w23) = (pair(wx[0], wx[1]), pair(wx[2], wx[3]));
+    let mut acc = _mm256_setzero_ps();
+    for (j, &wj) in wy.iter().enumerate() {
+        let row: &[f32x4; 4] = tex[base + j * tw..][..4].try_into().expect("4 texels");
+        let p = row.as_ptr().cast::<f32>();
+        // SAFETY: `row` is four texels of four f32 each, so both eight-float loads are inside it.
+        let (t01, t23) = unsafe { (_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8))) };
+        let r = _mm256_add_ps(_mm256_mul_ps(t01, w01), _mm256_mul_ps(t23, w23));
+        acc = _mm256_add_ps(acc, _mm256_mul_ps(r, _mm256_set1_ps(wj)));
+    }
+    let sum = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps::<1>(acc));
     // SAFETY: __m128 and f32x4 are both four f32 lanes (16 bytes of plain data).
     unsafe { std::mem::transmute::<__m128, f32x4>(sum) }
 }
@@ -443,20 +436,18 @@ pub(crate) fn warp_cubic_body<O: CropOut + ?Sized, const PAIRED: bool>(
     }
 }
 
-/// The sixteen taps of an interior sample in four lanes, in [`sample_cubic3`]'s order.
+/// The sixteen taps of an interior sample in four lanes, in [`cubic_clamped_split`]'s order.
 #[inline(always)]
 fn cubic_taps16(tex: &[f32x4], base: usize, tw: usize, wx: [f32; 4], wy: [f32; 4]) -> f32x4 {
-    let wxk = wx.map(f32x4::splat);
-    let mut acc_out = f32x4::ZERO;
+    let w = wx.map(f32x4::splat);
+    let (mut even, mut odd) = (f32x4::ZERO, f32x4::ZERO);
     for (j, &wj) in wy.iter().enumerate() {
-        let row: &[f32x4; 4] = tex[base + j * tw..][..4].try_into().expect("4 texels");
-        let mut acc = f32x4::ZERO;
-        for (&t, &wi) in row.iter().zip(&wxk) {
-            acc += t * wi;
-        }
-        acc_out += acc * f32x4::splat(wj);
+        let t: &[f32x4; 4] = tex[base + j * tw..][..4].try_into().expect("4 texels");
+        let wj = f32x4::splat(wj);
+        even += (t[0] * w[0] + t[2] * w[2]) * wj;
+        odd += (t[1] * w[1] + t[3] * w[3]) * wj;
     }
-    acc_out
+    even + odd
 }
 
 /// The frame points under a row of crop pixels, four at a time, in f32: the row's start in
@@ -511,7 +502,7 @@ impl CropRow {
 /// makes, reads `r`'s edge).
 fn cubic_texels_clamped(tex: &[f32x4], r: Rect, (width, height): (usize, usize), x: f32, y: f32) -> [f32; 3] {
     let tw = r.width();
-    let out = cubic_clamped((width, height), x, y, |xx, yy| {
+    let out = cubic_clamped_split((width, height), x, y, |xx, yy| {
         let (tx, ty) = (xx.clamp(r.x0, r.x1 - 1) - r.x0, yy.clamp(r.y0, r.y1 - 1) - r.y0);
         let p = tex[ty * tw + tx].to_array();
         [p[0], p[1], p[2]]
