@@ -4,9 +4,11 @@
 deploy/Containerfile's stages take their files from the build context with COPY. This gathers what
 the `build` stage copies into an empty folder, placed as the stage places it and filtered by
 .dockerignore as podman and docker filter the context, then runs the stage's own command there
-(`cargo build --release --locked`, offline) on this checkout's compiled dependencies (hard links to
-target/release, so only gpen-video itself compiles: a minute or two). A file the build needs that
-the image's context lacks (as `benches/` once was) fails here as it fails in the image. Every COPY
+(`cargo build --release --locked`, offline) on this checkout's build (hard links to target/release:
+cargo holds each unit against every file its compile read, so what the checkout's build already
+made is not made again and only gpen-video compiles where its files are newer; in CI, after the
+test build, nothing compiles and the stage takes seconds). A file the build needs that the
+image's context lacks (as `benches/` once was) fails here as it fails in the image. Every COPY
 source of the other stages must exist in the context too (not missing, not ignored).
 
 scripts/container-check.sh builds and self-tests the whole image (about 22 minutes from scratch on
