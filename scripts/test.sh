@@ -18,7 +18,7 @@
 # beside others: the crates download during the set-up, the later steps' packages install and
 # the bundle's wheel downloads during the build; the Python exporter's tests and
 # the wheel's test run while the other Rust tests do, and the browser test and the GPU bundle's
-# check while the image's build stage and the Slurm check do (their output is kept and printed
+# check while the image's build stage and the Slurm check run (their output is kept and printed
 # when each ends). Each step's start is printed as [test] lines with the
 # seconds since the start, so a slow CI run says where its time went.
 set -euo pipefail
@@ -114,23 +114,24 @@ step "Rust tests (the library's, tests/alloc.rs, tests/suite/ but wheel::; the P
 cargo test --release --locked -- --skip wheel::
 finish python-tests
 finish wheel-test
-# The service's page in Debian's chromium, headless, driven by Playwright (installs both), the
-# Slurm check and the GPU bundle's CPU check beside the image's build stage.
-bg browser scripts/browser-test.sh
+# The GPU bundle's CPU check (the longest of what is left), the service's page in Debian's
+# chromium, headless, driven by Playwright (installs both), the image's build stage and the Slurm
+# check side by side.
 if [ "${GPEN_VIDEO_BUNDLE_CHECK:-0}" = 1 ]; then
   finish bundle-wheel
   bg bundle scripts/gpu-bundle.sh --small --check-cpu
 fi
+bg browser scripts/browser-test.sh
 # The container image's build stage, from exactly the files the image's context gives it, on
 # the test build (which it reuses: seconds, unless a file the build reads is missing there, which
 # fails); scripts/container-check.sh builds the whole image.
-step "the container image's build stage; the page in a browser and the GPU bundle's CPU check (scripts/gpu-bundle.sh --small --check-cpu) beside it"
+step "the container image's build stage, then the Slurm check; the GPU bundle's CPU check (scripts/gpu-bundle.sh --small --check-cpu) and the page in a browser beside them"
 scripts/container-build-stage.py
-finish browser
 if [ "${GPEN_VIDEO_SLURM_TEST:-0}" = 1 ]; then
   step "the Slurm check (scripts/slurm-test.sh)"
   scripts/slurm-test.sh
 fi
+finish browser
 if [ "${GPEN_VIDEO_BUNDLE_CHECK:-0}" = 1 ]; then
   finish bundle
 fi
