@@ -272,8 +272,16 @@ pub(crate) fn check_encoder(s: &EncodeSettings) -> Result<()> {
             bail!("`{name}` is not a video encoder");
         }
     }
+    let name = s.codec.as_deref().unwrap_or(crate::defaults::CODEC);
+    if let Some(p) = s.preset.as_deref() {
+        if matches!(name, "libx264" | "libx264rgb" | "libx265") && !X264_PRESETS.contains(&p) {
+            bail!(
+                "--preset {p} is not an x264/x265 preset (GPEN_VIDEO_PRESET gives it when the flag is absent): use one of {}",
+                X264_PRESETS.join(", ")
+            );
+        }
+    }
     if let Some(crf) = s.crf {
-        let name = s.codec.as_deref().unwrap_or(crate::defaults::CODEC);
         let max = max_crf(name);
         if crf > max {
             bail!("--crf {crf} is out of range for {name}: use 0 to {max}");
@@ -281,6 +289,20 @@ pub(crate) fn check_encoder(s: &EncodeSettings) -> Result<()> {
     }
     Ok(())
 }
+
+/// The presets x264 and x265 both take, fastest first.
+const X264_PRESETS: [&str; 10] = [
+    "ultrafast",
+    "superfast",
+    "veryfast",
+    "faster",
+    "fast",
+    "medium",
+    "slow",
+    "slower",
+    "veryslow",
+    "placebo",
+];
 
 /// `--quality` must be 1 to 100.
 fn check_quality(q: Option<u32>) -> Result<()> {

@@ -864,9 +864,19 @@ fn detection_is_bounded_by_checked_settings_and_max_faces() {
         ("--det-threshold", "1.5", "--det-threshold must be above 0"),
         ("--det-size", "16", "--det-size must be at least 32"),
         ("--crf", "52", "out of range for libx264"),
+        ("--preset", "slowest", "--preset slowest is not an x264/x265 preset"),
     ] {
         fails(&input, &out, &[&flag, &value], expect);
     }
+    // The preset from the environment is checked as the flag is, and the message names it.
+    let r = gpen_env(&[&input, &out], &[("GPEN_VIDEO_PRESET", "slowest")]);
+    let err = String::from_utf8_lossy(&r.stderr);
+    assert_eq!(r.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("GPEN_VIDEO_PRESET") && err.contains("use one of ultrafast"),
+        "{err}"
+    );
+    assert!(!out.exists());
     let r = gpen(&[&input, &out, &"--max-faces", &"0"]);
     assert_eq!(r.status.code(), Some(2), "a usage error");
     let r = gpen(&[&"bench", &input, &"--repeat", &"0"]);
