@@ -274,7 +274,7 @@ pub(crate) fn check_encoder(s: &EncodeSettings) -> Result<()> {
     }
     let name = s.codec.as_deref().unwrap_or(crate::defaults::CODEC);
     if let Some(p) = s.preset.as_deref() {
-        if matches!(name, "libx264" | "libx264rgb" | "libx265") && !X264_PRESETS.contains(&p) {
+        if crate::media::encode::takes_preset(name) && !X264_PRESETS.contains(&p) {
             bail!(
                 "--preset {p} is not an x264/x265 preset (GPEN_VIDEO_PRESET gives it when the flag is absent): use one of {}",
                 X264_PRESETS.join(", ")

@@ -67,6 +67,11 @@ fn parse_quality(s: &str) -> Result<u32, String> {
     parse_level(s, "give 1 (smallest file) to 100 (best picture)")
 }
 
+/// Whether `codec` is one of the encoders that take `--preset` (and `--crf` on x264's scale).
+pub(crate) fn takes_preset(codec: &str) -> bool {
+    matches!(codec, "libx264" | "libx264rgb" | "libx265")
+}
+
 /// The FFmpeg options an encoder gets: crf and preset only where that encoder has them, and
 /// the source's HDR10 metadata where it writes it (x264, x265).
 fn encoder_options(codec: &str, s: &EncodeSettings, hdr: Option<&crate::media::hdr::Hdr10>) -> Dictionary<'static> {
@@ -75,7 +80,7 @@ fn encoder_options(codec: &str, s: &EncodeSettings, hdr: Option<&crate::media::h
         opts.set(key, &value);
     }
     match codec {
-        "libx264" | "libx264rgb" | "libx265" => {
+        _ if takes_preset(codec) => {
             opts.set("crf", &s.crf.unwrap_or(DEFAULT_CRF).to_string());
             opts.set("preset", s.preset.as_deref().unwrap_or(DEFAULT_PRESET));
         }
