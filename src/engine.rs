@@ -80,6 +80,10 @@ pub struct Engine {
     /// (`--occlusion hands`) and kept for the engine's later runs; never opened by one that
     /// does not.
     pub hands: Option<crate::faces::hands::Hands>,
+    /// The face-identity model's session of the identity stage (the guard and the identity
+    /// figures), opened by the first run that measures faces and kept for the engine's later
+    /// runs of the same model file (a folder's clips, a service's jobs, a benchmark's runs).
+    pub(crate) identifier: Option<(std::path::PathBuf, crate::faces::identity::Identifier)>,
 }
 
 /// The template the model's entry gives, on workers whose file names none of its own.
@@ -420,6 +424,7 @@ impl Engine {
             cpu: s.cpu,
             references: Default::default(),
             hands: None,
+            identifier: None,
         })
     }
 

@@ -473,20 +473,22 @@ pub(crate) struct IdentityMeter {
 }
 
 impl IdentityMeter {
-    /// A meter with the identity model at `model` for a run's `guard`, face distance (`near`)
-    /// and colour fix (`fix`), and BRISQUE's parameters at `quality` where given, measuring
-    /// every face (`each`) or a few views of each track; `rotation` is the video's display
-    /// rotation, `cpu` the run's CPU level.
+    /// The identity model at `model`, opened for a meter (see [`IdentityMeter::new`]).
+    pub(crate) fn open(model: &Path, opts: &crate::runtime::SessionOptions) -> Result<Identifier> {
+        let session = crate::runtime::session(model, opts, "face-identity model")?;
+        Identifier::new(session).with_context(|| format!("face-identity model {}", model.display()))
+    }
+
+    /// A meter with the identity model's `identifier` (see [`IdentityMeter::open`]) for a
+    /// run's `guard`, face distance (`near`) and colour fix (`fix`), and BRISQUE's parameters
+    /// at `quality` where given, measuring every face (`each`) or a few views of each track;
+    /// `rotation` is the video's display rotation, `cpu` the run's CPU level.
     pub(crate) fn new(
-        model: &Path,
-        opts: &crate::runtime::SessionOptions,
+        identifier: Identifier,
         (guard, near, fix): (Guard, f32, bool),
         quality: Option<&Path>,
         (each, rotation, cpu): (bool, u32, crate::kernels::Cpu),
     ) -> Result<Self> {
-        let session = crate::runtime::session(model, opts, "face-identity model")?;
-        let identifier =
-            Identifier::new(session).with_context(|| format!("face-identity model {}", model.display()))?;
         let quality = quality.map(crate::faces::quality::Brisque::load).transpose()?;
         Ok(IdentityMeter {
             identifier,
@@ -503,6 +505,11 @@ impl IdentityMeter {
             packed: Default::default(),
             change: Vec::new(),
         })
+    }
+
+    /// The identity model's session, given back for the engine's next run.
+    pub(crate) fn into_identifier(self) -> Identifier {
+        self.identifier
     }
 
     /// Lets the guard (backing off) run a track's faces again at a higher fidelity than the

@@ -165,6 +165,7 @@ pub(crate) fn session_portable(path: &Path, o: &SessionOptions, what: &str) -> R
 
 fn session_at(path: &Path, o: &SessionOptions, what: &str, level: GraphOptimizationLevel) -> Result<Session> {
     let env = init()?;
+    tracing::debug!(model = %path.display(), "opening the {what}");
     match std::fs::metadata(path) {
         Err(e) => bail!("cannot read {what} {}: {e}", path.display()),
         Ok(m) if !m.is_file() => bail!("{what} {} is not a file", path.display()),

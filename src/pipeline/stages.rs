@@ -725,7 +725,11 @@ pub(crate) fn identity(
     ctx: &StageCtx,
     rx: Receiver<FaceFrame>,
     tx: Sender<FaceFrame>,
-) -> Result<(StageStat, Vec<crate::stats::TrackIdentity>)> {
+) -> Result<(
+    StageStat,
+    Vec<crate::stats::TrackIdentity>,
+    crate::faces::identity::Identifier,
+)> {
     let mut clock = Clock::new("identity", DEPTH);
     let crop_pool = &ctx.pools.crop;
     let view = ctx.treatment.view();
@@ -760,7 +764,8 @@ pub(crate) fn identity(
             break;
         }
     }
-    Ok((clock.finish(), meter.finish()))
+    let tracks = meter.finish();
+    Ok((clock.finish(), tracks, meter.into_identifier()))
 }
 
 /// Runs the restored faces of `faces` whose tracks the guard raised the fidelity of again at

@@ -158,6 +158,8 @@ struct Parts<'e> {
     chooser: Option<crate::people::Chooser>,
     hands: Option<&'e mut crate::faces::hands::Hands>,
     meter: Option<crate::people::IdentityMeter>,
+    /// Where the identity stage gives the identity model's session back at its end.
+    identifier_back: Option<Sender<crate::faces::identity::Identifier>>,
     /// The enhancement workers' queue of batches: the dispatcher's, and the identity guard's
     /// re-runs where it may raise the fidelity.
     batches: Option<(Sender<Batch>, Receiver<Batch>)>,
@@ -209,8 +211,15 @@ fn start_temporal<'e>(_: &mut Parts<'e>, ctx: &'e StageCtx<'e>) -> Body<'e> {
 
 fn start_identity<'e>(p: &mut Parts<'e>, ctx: &'e StageCtx<'e>) -> Body<'e> {
     let meter = p.meter.take().expect("planned with a meter");
-    let rerun = p.rerun.take();
-    Box::new(move |rx, tx| stages::identity(meter, rerun, ctx, rx, tx).map(|(st, t)| Out::Identity(st, t)))
+    let (rerun, back) = (p.rerun.take(), p.identifier_back.take());
+    Box::new(move |rx, tx| {
+        stages::identity(meter, rerun, ctx, rx, tx).map(|(st, t, identifier)| {
+            if let Some(back) = back {
+                back.send(identifier).ok();
+            }
+            Out::Identity(st, t)
+        })
+    })
 }
 
 fn start_paste<'e>(_: &mut Parts<'e>, ctx: &'e StageCtx<'e>) -> Body<'e> {
@@ -371,8 +380,11 @@ fn prepare(
     };
     let meter = match model {
         Some(m) if steps.contains(&Step::Identity) => Some(crate::people::IdentityMeter::new(
-            &m,
-            &engine.identity_opts,
+            // The engine's session where an earlier run opened this model's.
+            match engine.identifier.take() {
+                Some((path, identifier)) if path == m => identifier,
+                _ => crate::people::IdentityMeter::open(&m, &engine.identity_opts)?,
+            },
             (
                 middle.treatment.identity_guard,
                 middle.treatment.selection.face_distance,
@@ -441,6 +453,7 @@ pub(crate) fn wire<T: Send>(
     // Each taken by the one stage that runs it.
     let detector = &mut engine.detector;
     let (batch_tx, batch_rx) = bounded::<Batch>(2 * engine.workers.len());
+    let (identifier_tx, identifier_rx) = bounded(1);
     let rerun = meter
         .as_ref()
         .filter(|m| m.raises())
@@ -452,6 +465,7 @@ pub(crate) fn wire<T: Send>(
         chooser,
         hands: engine.hands.as_mut(),
         meter,
+        identifier_back: Some(identifier_tx),
         batches: Some((batch_tx, batch_rx)),
         rerun,
         batch: engine.batch,
@@ -503,6 +517,10 @@ pub(crate) fn wire<T: Send>(
         handles.gather(&worker_targets, start, ctx.pools.budget.as_deref())
     });
     engine.detector.take_back(passers);
+    // The identity stage's session, kept for the engine's next run.
+    if let (Ok(identifier), Some(path)) = (identifier_rx.try_recv(), middle.identity_model) {
+        engine.identifier = Some((path, identifier));
+    }
     run
 }
 

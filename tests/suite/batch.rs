@@ -287,9 +287,13 @@ fn a_failing_clip_does_not_stop_the_others() {
     make_clips(&input, &["a.mp4", "c.mp4"], 6);
     std::fs::write(input.join("b.mp4"), vec![7u8; 4096]).unwrap();
 
-    let (st, err, r) = run(&input, &output, &[], &[]);
+    // The sessions opened are logged: the face-identity model's once for both clips (the
+    // engine keeps it from one clip to the next), not once per clip.
+    let log = [("RUST_LOG", "warn,gpen_video::runtime=debug")];
+    let (st, err, r) = run(&input, &output, &["--jobs", "1"], &log);
     assert_eq!(st.code(), Some(1), "{err}");
     assert_eq!(names(&r, "done"), set(&["a.mp4", "c.mp4"]), "{err}");
+    assert_eq!(err.matches("opening the face-identity model").count(), 1, "{err}");
     assert_eq!(names(&r, "failed"), set(&["b.mp4"]));
     let reason = r["failed"][0]["reason"].as_str().unwrap();
     assert!(reason.contains("b.mp4"), "reason names the clip: {reason}");
