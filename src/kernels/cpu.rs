@@ -22,9 +22,8 @@ enum Level {
     Plain,
     /// AVX2: eight lanes.
     Avx2,
-    /// AVX2 with fused multiply-adds. No kernel fuses today: a fused multiply-add rounds once
-    /// where the plain body rounds twice, and every level gives the plain level's frames to the
-    /// bit; the level stays so a name users give keeps its meaning.
+    /// AVX2 with fused multiply-adds: the crop warp's taps, whose every form fuses (the plain
+    /// body through `f32::mul_add`), run their eight-lane form only here.
     Avx2Fma,
 }
 
@@ -63,6 +62,11 @@ impl Cpu {
     /// Whether kernels may run their AVX2 forms (the CPU has AVX2).
     pub(crate) fn avx2(self) -> bool {
         self.0 >= Level::Avx2
+    }
+
+    /// Whether kernels may run their AVX2 forms with fused multiply-adds (the CPU has both).
+    pub(crate) fn fma(self) -> bool {
+        self.0 >= Level::Avx2Fma
     }
 
     /// The level's name, for reports and benchmarks.

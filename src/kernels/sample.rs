@@ -92,11 +92,14 @@ pub(crate) fn cubic_clamped(size: (usize, usize), x: f32, y: f32, tap: impl Fn(u
     out
 }
 
-/// [`cubic_clamped`]'s sum in the crop warp's order, which eight lanes add two taps at a time:
-/// each row's even taps' products added to its odd taps' (`t0 w0 + t2 w2` and `t1 w1 + t3 w3`),
-/// each pair weighted by its row and summed down the rows, then the two sums added. The warp's
-/// samplers over texels (the plain and the AVX2 taps, the clamped one at the frame's edge) and
-/// [`sample_rgb_cubic_f32`] all add in this order, so each gives the others' value to the bit.
+/// [`cubic_clamped`]'s sum in the crop warp's order, which eight lanes add two taps at a time,
+/// with fused multiply-adds (one rounding each, IEEE's `fma`): each row's even taps
+/// (`fma(t2, w2, t0 w0)`) and odd taps (`fma(t3, w3, t1 w1)`), each pair weighted by its row and
+/// added down the rows (`fma(pair, wy, sum)`), then the two sums added. The warp's samplers
+/// over texels (the plain and the AVX2+FMA taps, the clamped one at the frame's edge) and
+/// [`sample_rgb_cubic_f32`] all compute this, so each gives the others' value to the bit
+/// (`f32::mul_add` is the fused operation on every CPU: one instruction where it has FMA, the
+/// C library's `fmaf` elsewhere).
 #[inline(always)]
 pub(crate) fn cubic_clamped_split(
     size: (usize, usize),
@@ -109,8 +112,10 @@ pub(crate) fn cubic_clamped_split(
     for (&yy, &wj) in ys.iter().zip(&wy) {
         let t = xs.map(|xx| tap(xx, yy));
         for c in 0..3 {
-            even[c] += (t[0][c] * wx[0] + t[2][c] * wx[2]) * wj;
-            odd[c] += (t[1][c] * wx[1] + t[3][c] * wx[3]) * wj;
+            let e = t[2][c].mul_add(wx[2], t[0][c] * wx[0]);
+            let o = t[3][c].mul_add(wx[3], t[1][c] * wx[1]);
+            even[c] = e.mul_add(wj, even[c]);
+            odd[c] = o.mul_add(wj, odd[c]);
         }
     }
     [0, 1, 2].map(|c| even[c] + odd[c])

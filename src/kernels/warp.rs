@@ -291,10 +291,11 @@ pub(crate) fn texel_rect(region: Rect, (width, height): (usize, usize)) -> Rect 
     .clip(width, height)
 }
 
-/// The plain bicubic over the texels of `r` (sixteen taps a crop pixel): the same sums in the
-/// same order as [`cubic_clamped_split`], so the same crop as [`warp_to_tensor`], at every level (the
-/// AVX2 taps do each lane's products and sums in the plain order). Samples at the frame's edge
-/// take a clamped sampler over the same texels.
+/// The plain bicubic over the texels of `r` (sixteen taps a crop pixel): the same fused sums in
+/// the same order as [`cubic_clamped_split`], so the same crop as [`warp_to_tensor`], at every
+/// level (the AVX2+FMA taps do each lane's products and sums in the plain order; the AVX2 level
+/// without FMA takes the plain body, whose fused operations are the C library's there).
+/// Samples at the frame's edge take a clamped sampler over the same texels.
 pub(crate) fn warp_cubic_plain<O: CropOut + ?Sized>(
     cpu: Cpu,
     (tex, r): (&[f32x4], Rect),
@@ -305,17 +306,22 @@ pub(crate) fn warp_cubic_plain<O: CropOut + ?Sized>(
     out: &mut O,
 ) {
     #[cfg(target_arch = "x86_64")]
-    if cpu.avx2() {
-        // SAFETY: a `Cpu` says AVX2 only where this CPU has it (see `crate::kernels::cpu`).
+    if cpu.fma() {
+        // SAFETY: a `Cpu` says AVX2 and FMA only where this CPU has them (see
+        // `crate::kernels::cpu`).
         unsafe { warp_cubic_avx2(tex, r, frame, inv, size, tile, out) };
         return;
     }
     warp_cubic_body::<O, false>(tex, r, frame, inv, size, tile, out);
 }
 
-/// [`warp_cubic_body`] compiled for AVX2, its interior taps two rows at a time.
+/// [`warp_cubic_body`] compiled for AVX2 and FMA, its interior taps two rows at a time (and
+/// the clamped sampler's fused operations single instructions).
+///
+/// # Safety
+/// The CPU must have AVX2 and FMA.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
+#[target_feature(enable = "avx2,fma")]
 pub(crate) unsafe fn warp_cubic_avx2<O: CropOut + ?Sized>(
     tex: &[f32x4],
     r: Rect,
@@ -332,14 +338,13 @@ pub(crate) unsafe fn warp_cubic_avx2<O: CropOut + ?Sized>(
 /// weighted by `wx` along the row and `wy` across, as [`cubic_taps16`] adds them: a row's
 /// texels 0 and 1 in one eight-lane product, 2 and 3 in another, their sum (the even taps' sum
 /// in the low half, the odd taps' in the high) weighted by the row and added down the rows, the
-/// halves added at the end. Each lane's products and sums are the plain taps' in their order (no
-/// fused multiply-add, which rounds once where the plain taps round twice), so the crop is the
-/// plain level's to the bit.
+/// halves added at the end. Each lane's products, fused multiply-adds and sums are the plain
+/// taps' in their order, so the crop is the plain level's to the bit.
 ///
 /// # Safety
-/// The CPU must have AVX2.
+/// The CPU must have AVX2 and FMA.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
+#[target_feature(enable = "avx2,fma")]
 #[inline]
 unsafe fn paired_taps16(tex: &[f32x4], base: usize, tw: usize, wx: [f32; 4], wy: [f32; 4]) -> f32x4 {
     use std::arch::x86_64::*;
@@ -356,8 +361,8 @@ unsafe fn paired_taps16(tex: &[f32x4], base: usize, tw: usize, wx: [f32; 4], wy:
             let p = p0.add((base + j * tw) * 4);
             (_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8)))
         };
-        let r = _mm256_add_ps(_mm256_mul_ps(t01, w01), _mm256_mul_ps(t23, w23));
-        acc = _mm256_add_ps(acc, _mm256_mul_ps(r, _mm256_set1_ps(wj)));
+        let r = _mm256_fmadd_ps(t23, w23, _mm256_mul_ps(t01, w01));
+        acc = _mm256_fmadd_ps(r, _mm256_set1_ps(wj), acc);
     }
     let sum = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps::<1>(acc));
     // SAFETY: __m128 and f32x4 are both four f32 lanes (16 bytes of plain data).
@@ -365,7 +370,7 @@ unsafe fn paired_taps16(tex: &[f32x4], base: usize, tw: usize, wx: [f32; 4], wy:
 }
 
 /// The body of [`warp_cubic_loading`]; `PAIRED` takes the interior taps through
-/// [`paired_taps16`] (only from [`warp_cubic_avx2`], on a CPU that has AVX2).
+/// [`paired_taps16`] (only from [`warp_cubic_avx2`], on a CPU that has AVX2 and FMA).
 #[inline(always)]
 pub(crate) fn warp_cubic_body<O: CropOut + ?Sized, const PAIRED: bool>(
     tex: &[f32x4],
@@ -413,7 +418,7 @@ pub(crate) fn warp_cubic_body<O: CropOut + ?Sized, const PAIRED: bool>(
                         #[cfg(target_arch = "x86_64")]
                         {
                             // SAFETY: PAIRED is only set by `warp_cubic_avx2`, entered on a CPU
-                            // with AVX2.
+                            // with AVX2 and FMA.
                             unsafe { paired_taps16(tex, base, tw, wxk, wyk) }
                         }
                         #[cfg(not(target_arch = "x86_64"))]
@@ -441,7 +446,8 @@ pub(crate) fn warp_cubic_body<O: CropOut + ?Sized, const PAIRED: bool>(
     }
 }
 
-/// The sixteen taps of an interior sample in four lanes, in [`cubic_clamped_split`]'s order.
+/// The sixteen taps of an interior sample in four lanes, in [`cubic_clamped_split`]'s order
+/// (its fused multiply-adds lane by lane).
 #[inline(always)]
 fn cubic_taps16(tex: &[f32x4], base: usize, tw: usize, wx: [f32; 4], wy: [f32; 4]) -> f32x4 {
     let w = wx.map(f32x4::splat);
@@ -449,10 +455,18 @@ fn cubic_taps16(tex: &[f32x4], base: usize, tw: usize, wx: [f32; 4], wy: [f32; 4
     for (j, &wj) in wy.iter().enumerate() {
         let t: &[f32x4; 4] = tex[base + j * tw..][..4].try_into().expect("4 texels");
         let wj = f32x4::splat(wj);
-        even += (t[0] * w[0] + t[2] * w[2]) * wj;
-        odd += (t[1] * w[1] + t[3] * w[3]) * wj;
+        even = fused(fused(t[2], w[2], t[0] * w[0]), wj, even);
+        odd = fused(fused(t[3], w[3], t[1] * w[1]), wj, odd);
     }
     even + odd
+}
+
+/// `a b + c` lane by lane, rounded once (`f32::mul_add`; `wide`'s own rounds twice on a build
+/// without FMA).
+#[inline(always)]
+fn fused(a: f32x4, b: f32x4, c: f32x4) -> f32x4 {
+    let (a, b, c) = (a.to_array(), b.to_array(), c.to_array());
+    f32x4::new([0, 1, 2, 3].map(|k| a[k].mul_add(b[k], c[k])))
 }
 
 /// The frame points under a row of crop pixels, four at a time, in f32: the row's start in
