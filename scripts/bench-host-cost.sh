@@ -7,7 +7,9 @@
 # clip). Prints each pair and the medians of
 #   - over ffmpeg: the feeder's whole-process core-ms per face minus ffmpeg's;
 #   - host work over ffmpeg: the same without the detector's and mesh's model runs, which a GPU
-#     machine runs on its GPU (`--detect-device gpu`), as it runs GPEN.
+#     machine runs on its GPU (`--detect-device gpu`), as it runs GPEN;
+#   - host path: the feeder's whole-process core-ms per face without those model runs (decoding
+#     and encoding included: the figure the host-cost budget is stated in).
 #
 #   scripts/bench-host-cost.sh [SOURCE] [PAIRS] [-- extra gpen-video bench flags]
 #
@@ -42,12 +44,12 @@ faces = int(sys.argv[3]) * f["faces_per_s"] / f["fps"]
 ffmpeg = (user + system) * 1000 / faces
 models = sum(ms for _, ms in f["fast_stage_model_ms"])
 over = f["process_core_ms"] - ffmpeg
-print(f"{f['process_core_ms']:.2f} {ffmpeg:.2f} {models:.2f} {over:.2f} {over - models:.2f}")
+print(f"{f['process_core_ms']:.2f} {ffmpeg:.2f} {models:.2f} {over:.2f} {over - models:.2f} {f['process_core_ms'] - models:.2f}")
 EOF
   )
-  read -r whole ff models over host <<<"$row"
-  printf 'pair %d: feeder %s core-ms/face, ffmpeg %s, over ffmpeg %s, detector and mesh model runs %s, host work over ffmpeg %s\n' \
-    "$i" "$whole" "$ff" "$over" "$models" "$host"
+  read -r whole ff models over host path <<<"$row"
+  printf 'pair %d: feeder %s core-ms/face, ffmpeg %s, over ffmpeg %s, detector and mesh model runs %s, host work over ffmpeg %s, host path %s\n' \
+    "$i" "$whole" "$ff" "$over" "$models" "$host" "$path"
   rows+=("$row")
 done
 printf '%s\n' "${rows[@]}" | python3 -c '
@@ -55,5 +57,6 @@ import statistics, sys
 rows = [list(map(float, l.split())) for l in sys.stdin if l.strip()]
 m = [statistics.median(c) for c in zip(*rows)]
 print(f"medians over {len(rows)} pairs, core-ms per face: feeder {m[0]:.2f}, ffmpeg {m[1]:.2f}, "
-      f"over ffmpeg {m[3]:.2f}, host work over ffmpeg (detector and mesh model runs left to a GPU) {m[4]:.2f}")
+      f"over ffmpeg {m[3]:.2f}, host work over ffmpeg (detector and mesh model runs left to a GPU) {m[4]:.2f}, "
+      f"host path (the feeder without those model runs) {m[5]:.2f}")
 '
