@@ -2,7 +2,8 @@
 //! picture -> crop affine and the crop's size; out, the crop as planar RGB (model floats in
 //! [-1, 1] or bytes), sampled bicubically, or through an area filter over box-filtered levels
 //! for a picture region larger than the crop. By tiles of the crop for a large region, with the
-//! taps two rows per eight-lane AVX2 step at a [`Cpu`] that has it (the same sums, to the bit).
+//! taps two texels per eight-lane AVX2+FMA step at a [`Cpu`] that has it (the same fused sums as
+//! the plain body, to the bit).
 
 use wide::f32x4;
 
