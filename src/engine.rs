@@ -305,11 +305,11 @@ impl Job {
 }
 
 impl Engine {
-    /// Loads the enhancement sessions (one per target) and the detector for `key`.
-    pub fn load(s: EngineSpec) -> Result<Engine> {
-        let key = s.key;
+    /// The enhancement workers of `s` (one session per target), their model's facts and the
+    /// crops per call they run (the model's own where its batch is fixed).
+    fn load_workers(s: &EngineSpec) -> Result<(Vec<Worker>, ModelInfo, usize)> {
         let mut workers = Vec::new();
-        for (i, target) in key.targets.iter().enumerate() {
+        for (i, target) in s.key.targets.iter().enumerate() {
             let so = SessionOptions {
                 target: target.clone(),
                 threads: s.threads_per_worker,
@@ -318,28 +318,28 @@ impl Engine {
                 fp16: s.fp16,
                 varied_shapes: false,
             };
-            let session = crate::runtime::session(&key.model, &so, "model")?;
+            let session = crate::runtime::session(&s.key.model, &so, "model")?;
             let enhancer = Enhancer::for_target(session, target, s.cpu)
-                .with_context(|| format!("model {} does not fit GPEN's I/O contract", key.model.display()))?;
+                .with_context(|| format!("model {} does not fit GPEN's I/O contract", s.key.model.display()))?;
             workers.push(Worker {
                 target: target.clone(),
-                model: key.model.clone(),
+                model: s.key.model.clone(),
                 enhancer,
                 fault: s.faults.get(i).cloned().unwrap_or_default(),
                 skip_model: false,
                 live: Default::default(),
             });
         }
-        registered_template(&mut workers, key.template);
+        registered_template(&mut workers, s.key.template);
         let info = workers[0].enhancer.info.clone();
         if s.fp16 && !s.trt && info.precision.as_deref() != Some("fp16") {
             bail!(
                 "--fp16: model {} is not an fp16 export; make one with `models/gpen_export.py --fp16`, or add --trt for TensorRT's fp16 mode",
-                key.model.display()
+                s.key.model.display()
             );
         }
         if let Some(note) = &info.weights_note {
-            tracing::warn!(model = %key.model.display(), "{note}");
+            tracing::warn!(model = %s.key.model.display(), "{note}");
         }
         let batch = workers[0].enhancer.max_batch(s.batch);
         for w in &mut workers {
@@ -348,6 +348,13 @@ impl Engine {
         if batch != s.batch {
             tracing::info!(batch, "model has a fixed batch size; running {batch} crop(s) per call");
         }
+        Ok((workers, info, batch))
+    }
+
+    /// Loads the enhancement sessions (one per target) and the detector for `key`.
+    pub fn load(s: EngineSpec) -> Result<Engine> {
+        let (workers, info, batch) = Self::load_workers(&s)?;
+        let key = s.key;
         // Detection runs on the CPU unless asked to run on the first GPU: on the first H200
         // lent, CenterFace's and the mesh's inputs of changing sizes kept the CUDA provider
         // busy on the host (the GPU under 2 % busy) for seconds a frame.
