@@ -238,9 +238,7 @@ impl Chooser {
             let (model, opts) = model.ok_or_else(|| {
                 anyhow!("--only-face and --skip-face need the face-identity model models/face-id.onnx: run scripts/setup.sh")
             })?;
-            let session = crate::runtime::session(model, opts, "face-identity model")?;
-            let mut id =
-                Identifier::new(session).with_context(|| format!("face-identity model {}", model.display()))?;
+            let mut id = Identifier::open(model, opts)?;
             for (paths, out) in [(&selection.only_face, &mut only), (&selection.skip_face, &mut skip)] {
                 for p in paths {
                     out.push(references.get((model, p), detector, &mut id, cpu)?);
@@ -473,13 +471,7 @@ pub(crate) struct IdentityMeter {
 }
 
 impl IdentityMeter {
-    /// The identity model at `model`, opened for a meter (see [`IdentityMeter::new`]).
-    pub(crate) fn open(model: &Path, opts: &crate::runtime::SessionOptions) -> Result<Identifier> {
-        let session = crate::runtime::session(model, opts, "face-identity model")?;
-        Identifier::new(session).with_context(|| format!("face-identity model {}", model.display()))
-    }
-
-    /// A meter with the identity model's `identifier` (see [`IdentityMeter::open`]) for a
+    /// A meter with the identity model's `identifier` (see [`Identifier::open`]) for a
     /// run's `guard`, face distance (`near`) and colour fix (`fix`), and BRISQUE's parameters
     /// at `quality` where given, measuring every face (`each`) or a few views of each track;
     /// `rotation` is the video's display rotation, `cpu` the run's CPU level.

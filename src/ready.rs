@@ -69,9 +69,7 @@ pub fn describe_photos(settings: &Settings, photos: &[&Path]) -> Result<()> {
     let mut detector =
         crate::faces::detect::Detector::new(session, (d.det_size, d.det_size), d.threshold, d.nms_iou, 0)
             .with_context(|| format!("face detector {}", detector.display()))?;
-    let session = crate::runtime::session(identity.path(), &opts, "face-identity model")?;
-    let mut identifier = crate::faces::identity::Identifier::new(session)
-        .with_context(|| format!("face-identity model {}", identity.path().display()))?;
+    let mut identifier = crate::faces::identity::Identifier::open(identity.path(), &opts)?;
     for p in photos {
         crate::people::reference(p, &mut detector, &mut identifier, settings.cpu)?;
     }

@@ -65,6 +65,14 @@ pub struct Identifier {
 }
 
 impl Identifier {
+    /// Opens the face-identity model at `model` with `opts` and checks it (see
+    /// [`Identifier::new`]); an error names the file.
+    pub(crate) fn open(model: &std::path::Path, opts: &crate::runtime::SessionOptions) -> Result<Self> {
+        use anyhow::Context;
+        let session = crate::runtime::session(model, opts, "face-identity model")?;
+        Identifier::new(session).with_context(|| format!("face-identity model {}", model.display()))
+    }
+
     /// Checks the session is an identity model (one [N,3,150,150] input, one [N,128] output).
     pub fn new(session: Session) -> Result<Self> {
         let (inputs, outputs) = (session.inputs(), session.outputs());

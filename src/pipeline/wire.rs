@@ -383,7 +383,7 @@ fn prepare(
             // The engine's session where an earlier run opened this model's.
             match engine.identifier.take() {
                 Some((path, identifier)) if path == m => identifier,
-                _ => crate::people::IdentityMeter::open(&m, &engine.identity_opts)?,
+                _ => crate::faces::identity::Identifier::open(&m, &engine.identity_opts)?,
             },
             (
                 middle.treatment.identity_guard,
