@@ -13,12 +13,13 @@
 //! new track (a cut, a new or lost face) starts afresh, and so does a track whose face's light
 //! changed (its mean luma moved by [`RELIT`] levels or more from one frame to the next).
 //!
-//! The average forgets for good: two averages run side by side, each started afresh every
-//! `2 span` frames at fixed frame indices, half a cycle apart, and a frame takes the one that
-//! has run at least `span` frames (far longer than the memory, so the switch is not seen: the
-//! history it drops weighs under 0.2 %). A frame's output thus depends on at most `2 span`
-//! frames before it, and a segment that starts that many frames earlier (its warm-up) rebuilds
-//! exactly what a run from the first frame has.
+//! The average forgets for good: two averages take turns, each started afresh every `4 span`
+//! frames at fixed frame indices, half a cycle apart. An average runs `span` frames before it
+//! is used (far longer than the memory, so the switch is not seen: the history it drops weighs
+//! under 0.2 %), is used for the next `2 span`, then rests until its restart, so half the frames
+//! run one average and half run two. A frame's output thus depends on at most `3 span` frames
+//! before it, and a segment that starts that many frames earlier (its warm-up) rebuilds exactly
+//! what a run from the first frame has.
 
 use std::collections::HashMap;
 use std::ops::Range;
@@ -44,7 +45,7 @@ pub(crate) fn span(memory: f32) -> u64 {
 /// this many (0 when the filter does not run).
 pub(crate) fn reach(memory: f32) -> u64 {
     if memory > 0.0 {
-        2 * span(memory)
+        3 * span(memory)
     } else {
         0
     }
@@ -56,7 +57,7 @@ pub(crate) fn reach(memory: f32) -> u64 {
 struct Track {
     frame: u64,
     luma: Vec<f32>,
-    /// The averages restarted at multiples of `2 span` (`change`) and half a cycle later
+    /// The averages restarted at multiples of `4 span` (`change`) and half a cycle later
     /// (`change_b`).
     change: Vec<i16>,
     change_b: Vec<i16>,
@@ -308,7 +309,7 @@ impl Temporal {
         let band_rows = h.div_ceil(per_face);
         let ranges: Vec<Range<usize>> = (0..h).step_by(band_rows).map(|y| y..(y + band_rows).min(h)).collect();
         // The other average first, the used one (which writes the frame's change) last.
-        let a_first = index % (2 * self.span) < self.span;
+        let a_first = !Turns::at(index, self.span).a_used;
         let mut bands = Vec::new();
         for w in work.iter_mut() {
             w.cut(&ranges, (self.cpu, size, self.memory, a_first), &self.face, &mut bands);
@@ -355,23 +356,48 @@ impl Temporal {
             return (Step::None, false);
         }
         // Each average: afresh at its restart (or a new track), else now + share *
-        // (history - now); the frame takes the one that has run at least `span` frames.
-        let phase = index % (2 * self.span);
-        let (a_restarts, b_restarts) = (phase == 0, phase == self.span);
-        let (other, used) = if phase < self.span {
-            ((&mut t.change, a_restarts), (&mut t.change_b, b_restarts))
+        // (history - now); the frame takes the one that has run at least `span` frames, and
+        // the other one, between its use and its restart, rests.
+        let turns = Turns::at(index, self.span);
+        let ((other, other_restarts), used) = if turns.a_used {
+            ((&mut t.change_b, turns.b_restarts), &mut t.change)
         } else {
-            ((&mut t.change_b, b_restarts), (&mut t.change, a_restarts))
+            ((&mut t.change, turns.a_restarts), &mut t.change_b)
         };
-        let mut afresh = [false; 2];
-        for (k, (history, restart)) in [other, used].into_iter().enumerate() {
-            afresh[k] = !filtering || restart || history.len() != len;
-            history.resize(len, 0);
+        let used_afresh = !filtering || used.len() != len;
+        used.resize(len, 0);
+        if turns.other_rests {
+            return (Step::Used(used_afresh), filtering);
         }
-        if afresh == [false, false] {
-            (Step::Both, filtering)
-        } else {
-            (Step::Each(afresh), filtering)
+        let other_afresh = !filtering || other_restarts || other.len() != len;
+        other.resize(len, 0);
+        match [other_afresh, used_afresh] {
+            [false, false] => (Step::Both, filtering),
+            afresh => (Step::Each(afresh), filtering),
+        }
+    }
+}
+
+/// Where frame `index` falls in the averages' cycle of `4 span` frames (see the module's text):
+/// average `a` restarts at its start, runs `span` frames, is used for `2 span` and rests for the
+/// last `span`; average `b` does the same half a cycle later.
+struct Turns {
+    /// The frame takes average `a` (else `b`).
+    a_used: bool,
+    a_restarts: bool,
+    b_restarts: bool,
+    /// The average the frame does not take is between its use and its restart: it is not run.
+    other_rests: bool,
+}
+
+impl Turns {
+    fn at(index: u64, span: u64) -> Turns {
+        let phase = index % (4 * span);
+        Turns {
+            a_used: (span..3 * span).contains(&phase),
+            a_restarts: phase == 0,
+            b_restarts: phase == 2 * span,
+            other_rests: (span..2 * span).contains(&phase) || phase >= 3 * span,
         }
     }
 }
@@ -427,8 +453,53 @@ mod tests {
         average_both(&mut now2, &mut a2, &mut b2, &shares, size);
         half_luma(&now2, size, Some(&base), &mut out2);
         average_both_luma(&mut now, [&mut a, &mut b], &shares, size, &base, [&mut raw, &mut out]);
-        assert_eq!((now, a, b), (now2, a2, b2));
+        assert_eq!((&now, &a, &b), (&now2, &a2, &b2));
+        assert_eq!((&raw, &out), (&raw2, &out2));
+        // The used average alone, the same way.
+        let (mut now, mut b) = (field(3), field(4));
+        let (mut now2, mut b2) = (now.clone(), b.clone());
+        half_luma(&now2, size, Some(&base), &mut raw2);
+        average::<true>(&mut now2, &mut b2, &shares, size);
+        half_luma(&now2, size, Some(&base), &mut out2);
+        average_used_luma(&mut now, &mut b, &shares, size, &base, [&mut raw, &mut out]);
+        assert_eq!((now, b), (now2, b2));
         assert_eq!((raw, out), (raw2, out2));
+    }
+
+    /// Each average rests from the end of its use to its restart: over a cycle of `4 span`
+    /// frames, half the frames leave the average they do not take as it was (one average's
+    /// reads and writes a frame, not two), and the frame's change is the average it takes.
+    #[test]
+    fn the_average_a_frame_does_not_take_rests_for_half_the_cycle() {
+        let (size, memory) = (16, 2.0);
+        let tpl = crate::faces::align::template(size);
+        let mut filter = Temporal::new(memory, size, &tpl, Cpu::detected());
+        let s = span(memory);
+        let change = |n: u64| move |i: usize| ((n as usize * 7919 + i * 104_729) % 2001) as f32 / 10.0 - 100.0;
+        let mut rested = 0;
+        for n in 0..3 * 4 * s {
+            let before = filter.tracks.get(&1).map(|t| (t.change.clone(), t.change_b.clone()));
+            let mut a = [job(1, 100.0, change(n), size)];
+            filter.filter(n, &mut a, false);
+            let t = &filter.tracks[&1];
+            let turns = Turns::at(n, s);
+            let (used, other, other_before) = match (turns.a_used, &before) {
+                (true, Some((_, b))) => (&t.change, &t.change_b, Some(b)),
+                (false, Some((a, _))) => (&t.change_b, &t.change, Some(a)),
+                (true, None) => (&t.change, &t.change_b, None),
+                (false, None) => (&t.change_b, &t.change, None),
+            };
+            assert!(
+                a[0].restored.as_ref() == Some(used),
+                "frame {n}: the change is the used average"
+            );
+            if n >= 4 * s {
+                let unchanged = other_before.is_some_and(|b| b == other);
+                assert_eq!(unchanged, turns.other_rests, "frame {n}");
+                rested += u64::from(unchanged);
+            }
+        }
+        assert_eq!(rested, 2 * 2 * s, "half of two whole cycles");
     }
 
     #[test]

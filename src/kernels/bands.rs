@@ -170,6 +170,31 @@ pub(crate) fn average_both_luma(
     }
 }
 
+/// [`half_luma`] of `now` into `raw`, [`average`]'s step of the used average writing the
+/// frame's change, then [`half_luma`] of the result into `out`, a pair of rows at a time (as
+/// [`average_both_luma`], for a frame whose other average rests).
+#[inline(always)]
+pub(crate) fn average_used_luma(
+    now: &mut [i16],
+    used: &mut [i16],
+    shares: &[f32],
+    size: usize,
+    base: &[f32],
+    [raw, out]: [&mut [f32]; 2],
+) {
+    let h = size / 2;
+    let pairs = now
+        .chunks_exact_mut(size * 6)
+        .zip(used.chunks_exact_mut(size * 6))
+        .zip(raw.chunks_exact_mut(h).zip(out.chunks_exact_mut(h)))
+        .zip(shares.chunks_exact(h).zip(base.chunks_exact(h)));
+    for (((now, b), (raw, out)), (srow, brow)) in pairs {
+        half_luma(now, size, Some(brow), raw);
+        average::<true>(now, b, srow, size);
+        half_luma(now, size, Some(brow), out);
+    }
+}
+
 /// The history shares of cell rows `rows` (`h` cells square): each cell's history weight from
 /// how alike its input is now and a frame ago (the largest difference over the cell and its
 /// eight neighbours, so the edge of a changed region, where the paste's resampling reaches, is
@@ -219,6 +244,8 @@ pub(crate) enum Step {
     Both,
     /// Each average (the other, then the used one) afresh (a copy of the change) or going on.
     Each([bool; 2]),
+    /// The used average alone, afresh or going on (one pass); the other one rests.
+    Used(bool),
 }
 
 /// Sums of one band's cells for the figures.
@@ -311,6 +338,19 @@ impl Band<'_> {
                 luma,
                 [&mut *self.raw, &mut *self.out],
             ),
+            Step::Used(false) => average_used_luma(
+                self.now,
+                used,
+                self.shares,
+                size,
+                luma,
+                [&mut *self.raw, &mut *self.out],
+            ),
+            Step::Used(true) => {
+                half_luma(self.now, size, Some(luma), self.raw);
+                used.copy_from_slice(self.now);
+                self.out.copy_from_slice(self.raw);
+            }
             Step::Each(afresh) => {
                 half_luma(self.now, size, Some(luma), self.raw);
                 for (k, history) in [other, used].into_iter().enumerate() {
