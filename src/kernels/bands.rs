@@ -5,7 +5,7 @@
 
 use std::ops::Range;
 
-use crate::kernels::{round_steps, Cpu, CHANGE_STEPS};
+use crate::kernels::{round_steps_within, Cpu, CHANGE_STEPS};
 
 /// Input luma difference (levels, half-resolution crop) up to which a pixel's history keeps its
 /// full weight (sensor noise stays below it), and from which it has none (a real change).
@@ -115,7 +115,7 @@ pub(crate) fn spread(shares: &[f32], out: &mut [f32; 48]) {
 #[inline(always)]
 pub(crate) fn step(now: i16, history: i16, share: f32) -> i16 {
     let n = f32::from(now);
-    round_steps(n + share * (f32::from(history) - n))
+    round_steps_within(n + share * (f32::from(history) - n))
 }
 
 /// Both averages' steps in one pass over the rows (what [`average`] does to `other`, then to

@@ -16,4 +16,4 @@ pub(crate) mod yuv;
 
 pub use cpu::Cpu;
 pub use steps::change_steps;
-pub(crate) use steps::{change_levels, round_steps, CHANGE_STEPS};
+pub(crate) use steps::{change_levels, round_steps, round_steps_within, CHANGE_STEPS};

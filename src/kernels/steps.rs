@@ -25,6 +25,15 @@ pub(crate) fn round_steps(steps: f32) -> i16 {
     ((v + ROUND).to_bits() as i32 - ROUND.to_bits() as i32) as i16
 }
 
+/// [`round_steps`] of a value already within the `i16` range (no clamp: what lies between two
+/// `i16` values does, as an average's step `now + share * (history - now)` with a share in
+/// [0, 1] does, each of its operations rounding towards the ends, never past them).
+#[inline(always)]
+pub(crate) fn round_steps_within(steps: f32) -> i16 {
+    const ROUND: f32 = 12_582_912.0;
+    ((steps + ROUND).to_bits() as i32 - ROUND.to_bits() as i32) as i16
+}
+
 /// A change in steps ([`CHANGE_STEPS`]) in levels.
 #[inline(always)]
 pub(crate) fn change_levels(steps: i16) -> f32 {
@@ -33,7 +42,34 @@ pub(crate) fn change_levels(steps: i16) -> f32 {
 
 #[cfg(test)]
 mod tests {
-    use super::{change_levels, change_steps, round_steps};
+    use super::{change_levels, change_steps, round_steps, round_steps_within};
+
+    /// An average's step between two `i16` values never leaves their range, so rounding it
+    /// without the clamp gives what rounding with it gives: at the range's ends, across it,
+    /// and at shares from 0 to the largest below 1.
+    #[test]
+    fn a_step_between_two_values_rounds_the_same_without_the_clamp() {
+        let ends = [i16::MIN, i16::MIN + 1, -32640, -1, 0, 1, 32640, i16::MAX - 1, i16::MAX];
+        let values = ends
+            .into_iter()
+            .chain((0..400).map(|k| (k * 7919 % 65536 - 32768) as i16));
+        let values: Vec<i16> = values.collect();
+        let shares = [0.0f32, 1e-7, 0.25, 0.5, 0.8, 0.999_999, 1.0 - f32::EPSILON / 2.0];
+        for &n in &values {
+            for &h in &values {
+                for &share in &shares {
+                    let nf = f32::from(n);
+                    let v = nf + share * (f32::from(h) - nf);
+                    let (a, b) = (round_steps(v), round_steps_within(v));
+                    assert_eq!(a, b, "now {n}, history {h}, share {share}");
+                    assert!(
+                        (n.min(h)..=n.max(h)).contains(&a),
+                        "now {n}, history {h}, share {share}"
+                    );
+                }
+            }
+        }
+    }
 
     /// Rounding to steps is `round_ties_even` on every value in range (halves to the even
     /// step, negative ones too), and saturates beyond.
