@@ -13,7 +13,7 @@ use ffmpeg::{media, Rational};
 use ffmpeg_next as ffmpeg;
 
 use crate::frame::{Frame, Picture, Pool};
-use crate::media::color::{is_full_range, Matrix, Planar, ToRgb};
+use crate::media::color::{is_full_range, DetCopy, Matrix, Planar, ToRgb};
 use crate::media::input::Opened;
 pub use crate::media::read::read_packet;
 
@@ -713,7 +713,7 @@ struct Convert<'a> {
     decoder: &'a Decoder,
     pools: (&'a Pool<Vec<u8>>, &'a Pool<Vec<u8>>),
     /// The whole-picture and detection scalers, for the pixel format they were made for.
-    scalers: Option<(Option<ToRgb>, ToRgb, Pixel)>,
+    scalers: Option<(Option<ToRgb>, DetCopy, Pixel)>,
     /// The picture the decoder fills.
     yuv: VideoFrame,
     sw: VideoFrame,
@@ -774,7 +774,13 @@ impl<'a> Convert<'a> {
             let full = (!regions).then(|| to_rgb((w, h), Flags::BILINEAR)).transpose()?;
             // The detection copy is area-averaged: a fast bilinear shrink by 2-3 times
             // skips pixels and aliases, which moves the points the detector finds.
-            let det = to_rgb((dw, dh), Flags::AREA)?;
+            let det = DetCopy::new(
+                (fmt, w as u32, h as u32),
+                (dw as u32, dh as u32),
+                self.decoder.convert_threads,
+                Matrix::of(yuv),
+                is_full_range(yuv),
+            )?;
             self.scalers = Some((full, det, fmt));
         }
         let (full, det, _) = self.scalers.as_mut().expect("just set");
@@ -786,7 +792,7 @@ impl<'a> Convert<'a> {
             self.pools.1.get(),
         );
         let planes = self.decoder.planes && Planar::of(fmt).is_some();
-        let one = matches!(det, ToRgb::One(_)).then(crate::stats::thread_cpu_time);
+        let one = det.on_this_thread().then(crate::stats::thread_cpu_time);
         if let Some(full) = full {
             full.run(yuv, &mut self.rgb, &mut buf)
                 .with_context(|| format!("{path}: colour conversion failed at frame {index}"))?;
