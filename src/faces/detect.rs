@@ -26,6 +26,32 @@ pub(crate) fn det_size(width: usize, height: usize, long_side: usize) -> (usize,
     (round32(width as f64 * s), round32(height as f64 * s))
 }
 
+/// The mean light ((R + 2 G + B) / 4, in whole levels) of each of [`SCENE_BLOCKS`] x
+/// [`SCENE_BLOCKS`] blocks of a packed RGB copy `w x h` into `sums` (pixel `x` of row `y` in
+/// block `(y B / h, x B / w)`), `counts` their pixels: the picture's summary a scene cut is told
+/// by. A row's blocks run by run (their bounds worked out once, where a division per pixel
+/// was most of the time).
+fn block_means(det: &[u8], (w, h): (usize, usize), sums: &mut [u32], counts: &mut [u32]) {
+    const B: usize = SCENE_BLOCKS;
+    // Block bx holds the pixels x with x B / w == bx: from ceil(bx w / B) to ceil((bx + 1) w / B).
+    let starts: [usize; B + 1] = std::array::from_fn(|b| (b * w).div_ceil(B));
+    for (y, row) in det.chunks_exact(3 * w).take(h).enumerate() {
+        let by = y * B / h;
+        for bx in 0..B {
+            let run = &row[3 * starts[bx]..3 * starts[bx + 1]];
+            let light: u32 = run
+                .chunks_exact(3)
+                .map(|px| (px[0] as u32 + 2 * px[1] as u32 + px[2] as u32) / 4)
+                .sum();
+            sums[by * B + bx] += light;
+            counts[by * B + bx] += (starts[bx + 1] - starts[bx]) as u32;
+        }
+    }
+    for (s, c) in sums.iter_mut().zip(counts.iter()) {
+        *s /= (*c).max(1);
+    }
+}
+
 /// Intersection over union of two x1,y1,x2,y2 boxes.
 pub(crate) fn iou(a: &[f32; 4], b: &[f32; 4]) -> f32 {
     let w = (a[2].min(b[2]) - a[0].max(b[0])).max(0.0);
@@ -517,17 +543,7 @@ impl Detector {
         sums.resize(SCENE_BLOCKS * SCENE_BLOCKS, 0);
         counts.clear();
         counts.resize(SCENE_BLOCKS * SCENE_BLOCKS, 0);
-        for (y, row) in det.chunks_exact(3 * w).take(h).enumerate() {
-            let by = y * SCENE_BLOCKS / h;
-            for (x, px) in row.chunks_exact(3).enumerate() {
-                let i = by * SCENE_BLOCKS + x * SCENE_BLOCKS / w;
-                sums[i] += (px[0] as u32 + 2 * px[1] as u32 + px[2] as u32) / 4;
-                counts[i] += 1;
-            }
-        }
-        for (s, c) in sums.iter_mut().zip(counts.iter()) {
-            *s /= (*c).max(1);
-        }
+        block_means(det, (w, h), sums, counts);
         std::mem::swap(&mut t.summary, &mut t.next);
         let (now, prev) = (&t.summary, &t.next);
         if prev.len() != now.len() {
@@ -919,6 +935,30 @@ mod tests {
             bbox: b,
             score,
             ..Default::default()
+        }
+    }
+
+    /// The blocks' means run by run are the pixel-by-pixel ones (each pixel's block by its
+    /// own division), at sizes whose width the blocks divide and do not.
+    #[test]
+    fn block_means_run_by_run_are_the_pixel_by_pixel_ones() {
+        for (w, h) in [(640usize, 352usize), (333, 187), (17, 16), (20, 9)] {
+            let det: Vec<u8> = (0..w * h * 3).map(|i| ((i * 7919) % 251) as u8).collect();
+            let n = SCENE_BLOCKS * SCENE_BLOCKS;
+            let (mut sums, mut counts) = (vec![0u32; n], vec![0u32; n]);
+            block_means(&det, (w, h), &mut sums, &mut counts);
+            let (mut want, mut want_counts) = (vec![0u32; n], vec![0u32; n]);
+            for (y, row) in det.chunks_exact(3 * w).enumerate() {
+                for (x, px) in row.chunks_exact(3).enumerate() {
+                    let i = (y * SCENE_BLOCKS / h) * SCENE_BLOCKS + x * SCENE_BLOCKS / w;
+                    want[i] += (px[0] as u32 + 2 * px[1] as u32 + px[2] as u32) / 4;
+                    want_counts[i] += 1;
+                }
+            }
+            for (s, c) in want.iter_mut().zip(&want_counts) {
+                *s /= (*c).max(1);
+            }
+            assert_eq!((sums, counts), (want, want_counts), "{w}x{h}");
         }
     }
 
