@@ -172,7 +172,9 @@ pub(crate) fn average_both_luma(
 
 /// [`half_luma`] of `now` into `raw`, [`average`]'s step of the used average writing the
 /// frame's change, then [`half_luma`] of the result into `out`, a pair of rows at a time (as
-/// [`average_both_luma`], for a frame whose other average rests).
+/// [`average_both_luma`], for a frame whose other average rests). Written out as that one is:
+/// the two as one loop calling a closure per pair of rows ran the bands 1.2 times slower (the
+/// closure's body compiled without the AVX2 form's features).
 #[inline(always)]
 pub(crate) fn average_used_luma(
     now: &mut [i16],

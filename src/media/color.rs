@@ -87,22 +87,6 @@ impl Matrix {
     }
 }
 
-/// Converts `src` to packed RGB24 of `width x height` in `dst` (no row padding). swscale writes
-/// into `tmp`, an FFmpeg frame with the aligned and padded rows its SIMD code may write past the
-/// line end, and the rows are copied out: writing straight into a tight buffer corrupts memory
-/// for widths whose rows are not a multiple of the vector size.
-pub(crate) fn scale_packed(
-    scaler: &mut Scaler,
-    src: &VideoFrame,
-    tmp: &mut VideoFrame,
-    size: (usize, usize),
-    dst: &mut Vec<u8>,
-) -> Result<()> {
-    scaler.run(src, tmp)?;
-    copy_rows(tmp, size, dst);
-    Ok(())
-}
-
 /// The `width x height` packed RGB24 rows of `tmp`, without its row padding, into `dst`.
 fn copy_rows(tmp: &VideoFrame, (width, height): (usize, usize), dst: &mut Vec<u8>) {
     let (stride, data, row) = (tmp.stride(0), tmp.data(0), width * 3);
@@ -114,7 +98,7 @@ fn copy_rows(tmp: &VideoFrame, (width, height): (usize, usize), dst: &mut Vec<u8
 }
 
 /// A picture's conversion to packed RGB24, at its own size or another, through swscale
-/// ([`scale_packed`]'s): on one thread, or with each picture's rows shared among `threads`
+/// ([`ToRgb::run`]'s): on one thread, or with each picture's rows shared among `threads`
 /// threads of swscale's own (its slice threading), for a conversion that would otherwise hold a
 /// stage's one thread (the decode stage's on a host of many cores). Both give the same values.
 pub(crate) enum ToRgb {
@@ -180,32 +164,17 @@ impl ToRgb {
         }
     }
 
-    /// [`scale_packed`] through this conversion.
+    /// Converts `src` to packed RGB24 in `dst` (no row padding). swscale writes into `tmp`, an
+    /// FFmpeg frame with the aligned and padded rows its SIMD code may write past the line end,
+    /// and the rows are copied out: writing straight into a tight buffer corrupts memory for
+    /// widths whose rows are not a multiple of the vector size.
     pub(crate) fn run(&mut self, src: &VideoFrame, tmp: &mut VideoFrame, dst: &mut Vec<u8>) -> Result<()> {
-        match self {
-            ToRgb::One(s) => {
-                let (w, h) = (s.output().width as usize, s.output().height as usize);
-                scale_packed(s, src, tmp, (w, h), dst)
-            }
-            ToRgb::Sliced(s) => {
-                let (fmt, w, h) = s.dst;
-                if tmp.format() != fmt || tmp.width() != w || tmp.height() != h {
-                    *tmp = VideoFrame::new(fmt, w, h);
-                }
-                // SAFETY: both frames are valid; `tmp` has buffers of the context's output size
-                // and format, which swscale writes (rows padded as FFmpeg allocates them).
-                let r = unsafe { ffmpeg::ffi::sws_scale_frame(s.ctx.as_ptr(), tmp.as_mut_ptr(), src.as_ptr()) };
-                if r < 0 {
-                    return Err(ffmpeg::Error::from(r).into());
-                }
-                copy_rows(tmp, (w as usize, h as usize), dst);
-                Ok(())
-            }
-        }
+        self.run_into(src, tmp)?;
+        let size = (tmp.width() as usize, tmp.height() as usize);
+        copy_rows(tmp, size, dst);
+        Ok(())
     }
-}
 
-impl ToRgb {
     /// Converts `src` into the frame `out` (made or remade at this conversion's output size and
     /// format where it is not), rows padded as FFmpeg allocates them: a picture for a next step.
     pub(crate) fn run_into(&mut self, src: &VideoFrame, out: &mut VideoFrame) -> Result<()> {
