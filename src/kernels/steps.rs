@@ -20,9 +20,7 @@ pub fn change_steps(levels: f32) -> i16 {
 /// (`round_ties_even` needs SSE4.1 or a library call, and a float's cast checks every lane).
 #[inline(always)]
 pub(crate) fn round_steps(steps: f32) -> i16 {
-    const ROUND: f32 = 12_582_912.0;
-    let v = steps.clamp(-32768.0, 32767.0);
-    ((v + ROUND).to_bits() as i32 - ROUND.to_bits() as i32) as i16
+    round_steps_within(steps.clamp(-32768.0, 32767.0))
 }
 
 /// [`round_steps`] of a value already within the `i16` range (no clamp: what lies between two

@@ -178,19 +178,16 @@ impl ToRgb {
     /// Converts `src` into the frame `out` (made or remade at this conversion's output size and
     /// format where it is not), rows padded as FFmpeg allocates them: a picture for a next step.
     pub(crate) fn run_into(&mut self, src: &VideoFrame, out: &mut VideoFrame) -> Result<()> {
+        let (fmt, w, h) = match self {
+            ToRgb::One(s) => (s.output().format, s.output().width, s.output().height),
+            ToRgb::Sliced(s) => s.dst,
+        };
+        if out.format() != fmt || out.width() != w || out.height() != h {
+            *out = VideoFrame::new(fmt, w, h);
+        }
         match self {
-            ToRgb::One(s) => {
-                let o = s.output();
-                if out.format() != o.format || out.width() != o.width || out.height() != o.height {
-                    *out = VideoFrame::new(o.format, o.width, o.height);
-                }
-                s.run(src, out)?;
-            }
+            ToRgb::One(s) => s.run(src, out)?,
             ToRgb::Sliced(s) => {
-                let (fmt, w, h) = s.dst;
-                if out.format() != fmt || out.width() != w || out.height() != h {
-                    *out = VideoFrame::new(fmt, w, h);
-                }
                 // SAFETY: both frames are valid; `out` has buffers of the context's output size
                 // and format, which swscale writes.
                 let r = unsafe { ffmpeg::ffi::sws_scale_frame(s.ctx.as_ptr(), out.as_mut_ptr(), src.as_ptr()) };
