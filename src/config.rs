@@ -261,10 +261,10 @@ fn say_no_mesh_once() {
 /// named by photo) and missing, an error naming the file and what to do.
 fn resolve_identity(t: &Treatment, measured: bool) -> Result<Option<PathBuf>> {
     let found = find_asset(defaults::FACE_ID_MODEL);
-    let asked = if t.identity_guard != crate::people::Guard::Off {
+    let asked = if t.identity_guard != crate::faces::identity::Guard::Off {
         Some(format!(
             "--identity-guard {} (the default; --identity-guard off runs without it)",
-            if t.identity_guard == crate::people::Guard::Warn {
+            if t.identity_guard == crate::faces::identity::Guard::Warn {
                 "warn"
             } else {
                 "back-off"

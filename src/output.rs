@@ -10,9 +10,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{anyhow, bail, Context, Result};
 use ffmpeg_next::encoder;
 
-use crate::media::encode::{
-    codec_for, container_for, container_known, container_takes, max_crf, EncodeSettings, WEBM_CODECS,
-};
+use crate::media::encode::{codec_for, container_for, container_known, container_takes, EncodeSettings, WEBM_CODECS};
 use crate::media::kind::{is_other_image, is_still, is_still_input};
 use crate::media::still::encoder_for as still_encoder;
 
@@ -250,7 +248,7 @@ pub(crate) fn check_not_pattern(path: &Path, what: &str) -> Result<()> {
 
 /// Accepts or refuses OUT for a job reading `input` and encoding with `s`: the one place that
 /// decides, called by a run, `batch` and `bench` (through `Settings::job`) before any work. The
-/// settings themselves (codec, crf, quality) were checked once by [`check_encoder`].
+/// settings themselves (codec, crf, quality) were checked once by [`crate::media::encode::check_encoder`].
 pub(crate) fn accept_output(input: &Path, output: &Path, s: &EncodeSettings) -> Result<()> {
     check_path(input, output)?;
     if is_still(output) {
@@ -258,58 +256,6 @@ pub(crate) fn accept_output(input: &Path, output: &Path, s: &EncodeSettings) -> 
     } else {
         check_video(s, output)
     }
-}
-
-/// Checks the encoder settings themselves (before any source is looked at): the encoder
-/// exists and is a video encoder, its crf and `--quality` are in range.
-pub(crate) fn check_encoder(s: &EncodeSettings) -> Result<()> {
-    crate::init_ffmpeg();
-    check_quality(s.quality)?;
-    if let Some(name) = &s.codec {
-        let c = encoder::find_by_name(name)
-            .ok_or_else(|| anyhow!("video encoder `{name}` is not available in this FFmpeg build"))?;
-        if c.medium() != ffmpeg_next::media::Type::Video {
-            bail!("`{name}` is not a video encoder");
-        }
-    }
-    let name = s.codec.as_deref().unwrap_or(crate::defaults::CODEC);
-    if let Some(p) = s.preset.as_deref() {
-        if crate::media::encode::takes_preset(name) && !X264_PRESETS.contains(&p) {
-            bail!(
-                "--preset {p} is not an x264/x265 preset (GPEN_VIDEO_PRESET gives it when the flag is absent): use one of {}",
-                X264_PRESETS.join(", ")
-            );
-        }
-    }
-    if let Some(crf) = s.crf {
-        let max = max_crf(name);
-        if crf > max {
-            bail!("--crf {crf} is out of range for {name}: use 0 to {max}");
-        }
-    }
-    Ok(())
-}
-
-/// The presets x264 and x265 both take, fastest first.
-const X264_PRESETS: [&str; 10] = [
-    "ultrafast",
-    "superfast",
-    "veryfast",
-    "faster",
-    "fast",
-    "medium",
-    "slow",
-    "slower",
-    "veryslow",
-    "placebo",
-];
-
-/// `--quality` must be 1 to 100.
-fn check_quality(q: Option<u32>) -> Result<()> {
-    if let Some(q) = q.filter(|q| !(1..=100).contains(q)) {
-        bail!("--quality {q} is out of range: use 1 (smallest file) to 100 (best picture)");
-    }
-    Ok(())
 }
 
 /// A still output: this FFmpeg has the encoder its extension needs.
@@ -555,9 +501,9 @@ mod tests {
             ..Default::default()
         };
         accept_output(&still, &dir.path().join("out.jpg"), &q(100)).unwrap();
-        check_encoder(&q(100)).unwrap();
+        crate::media::encode::check_encoder(&q(100)).unwrap();
         for bad in [0, 101] {
-            let e = check_encoder(&q(bad)).unwrap_err().to_string();
+            let e = crate::media::encode::check_encoder(&q(bad)).unwrap_err().to_string();
             assert!(e.contains("--quality") && e.contains("out of range"), "{e}");
         }
     }

@@ -9,7 +9,7 @@ use std::path::Path;
 use anyhow::{anyhow, bail, Context, Result};
 
 use crate::faces::detect::{det_size, Detector};
-use crate::faces::identity::{chip, distance, Descriptor, Identifier};
+use crate::faces::identity::{chip, distance, Descriptor, Guard, Identifier, Selection};
 use crate::frame::{Face, Pool};
 use crate::geom::Rect;
 use crate::kernels::warp::WarpScratch;
@@ -119,65 +119,6 @@ impl References {
         self.described.insert(key, r.descriptor);
         Ok(r.descriptor)
     }
-}
-
-/// Which faces a job restores: the people named by photo, and the smallest face worth it. The
-/// flags of the command line, `batch`, segments and (by the service's own names) jobs.
-#[derive(Clone, Debug, PartialEq, serde::Serialize, clap::Args)]
-pub(crate) struct Selection {
-    /// Restore only the faces of the people in these photos (repeatable). Each photo's largest
-    /// face names one person; a face is theirs when its identity descriptor lies within
-    /// --face-distance of the photo's. Decided per track on its best (large, frontal) views,
-    /// kept through profiles and blur.
-    #[arg(long = "only-face", value_name = "PHOTO", help_heading = "Faces")]
-    pub only_face: Vec<std::path::PathBuf>,
-    /// Never restore the faces of the people in these photos (repeatable; as --only-face).
-    #[arg(long = "skip-face", value_name = "PHOTO", help_heading = "Faces")]
-    pub skip_face: Vec<std::path::PathBuf>,
-    /// Identity distance under which two faces are one person (dlib's descriptors: 0.6 is its
-    /// usual threshold; lower is stricter).
-    #[arg(long, value_name = "D", default_value_t = crate::defaults::FACE_DISTANCE, help_heading = "Faces")]
-    pub face_distance: f32,
-    /// Leave alone faces under PX pixels tall in the upright picture (0: every face is
-    /// restored; a tiny face comes out of the model as a mask).
-    #[arg(long, value_name = "PX", default_value_t = 0, help_heading = "Faces")]
-    pub min_face: u32,
-}
-
-impl Selection {
-    /// Whether the selection leaves any face out (a stage of its own runs then).
-    pub(crate) fn active(&self) -> bool {
-        !self.only_face.is_empty() || !self.skip_face.is_empty() || self.min_face > 0
-    }
-
-    /// Whether people are named by photo (the identity model is needed).
-    pub(crate) fn names_people(&self) -> bool {
-        !self.only_face.is_empty() || !self.skip_face.is_empty()
-    }
-
-    pub(crate) fn check(&self) -> Result<()> {
-        if !(self.face_distance > 0.0 && self.face_distance <= 2.0) {
-            bail!(
-                "--face-distance must be above 0 and at most 2, got {}",
-                self.face_distance
-            );
-        }
-        Ok(())
-    }
-}
-
-/// The identity guard (`--identity-guard`): what a track whose restored faces would no longer be
-/// the same person gets.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, clap::ValueEnum, serde::Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Guard {
-    /// Nothing measured.
-    Off,
-    /// Measured and said, nothing changed.
-    Warn,
-    /// Less of the model's change, step by step, until the same person again.
-    #[default]
-    BackOff,
 }
 
 /// Views of a track described at most (its first, then each clearly better one).

@@ -34,11 +34,6 @@ pub(crate) fn fidelity_input(model: &Path) -> Option<bool> {
     known
 }
 
-/// The error of a `--fidelity` given to `model` (named `shown`) when it has no fidelity input.
-pub(crate) fn fidelity_refused(shown: &str) -> anyhow::Error {
-    anyhow!("--fidelity: the model {shown} has no fidelity input (CodeFormer's `weight`); leave --fidelity out")
-}
-
 /// Judges `settings` before any work: a `--fidelity` its model has no input for, and each
 /// photo of `--only-face` / `--skip-face` described (a photo that is not a picture or holds no
 /// face is named). The same errors as a run gives, before any file is opened for writing.
@@ -46,7 +41,7 @@ pub fn check(settings: &Settings) -> Result<()> {
     let t = &settings.recipe.treatment;
     let model = settings.recipe.model.path();
     if t.fidelity.is_some() && fidelity_input(model) == Some(false) {
-        return Err(fidelity_refused(&model.display().to_string()));
+        return Err(crate::faces::enhance::fidelity_refused(&model.display().to_string()));
     }
     let s = &t.selection;
     let photos: Vec<&Path> = s.only_face.iter().chain(&s.skip_face).map(|p| p.as_path()).collect();

@@ -9,8 +9,8 @@ use crate::defaults;
 use crate::faces::detect::DetectSettings;
 use crate::faces::paste::MaskKind;
 use crate::frame::{Compare, View};
+use crate::media::encode::check_encoder;
 use crate::media::encode::EncodeSettings;
-use crate::output::check_encoder;
 
 /// How every frame of a job is treated: all that changes what a job writes, besides its input
 /// and the model, detector and mesh files. Each field is its own command-line flag (its help is
@@ -36,7 +36,7 @@ pub struct Treatment {
     #[command(flatten)]
     pub detection: DetectSettings,
     #[command(flatten)]
-    pub(crate) selection: crate::people::Selection,
+    pub(crate) selection: crate::faces::identity::Selection,
     /// How much of the restored face to blend in: 0 keeps the original, 1 the restored face.
     #[arg(long, default_value_t = defaults::BLEND, value_name = "0..1", help_heading = "Output")]
     pub blend: f32,
@@ -61,7 +61,7 @@ pub struct Treatment {
     /// the same person again (or leaves it as it was), and warns naming it; `warn` only warns;
     /// `off` measures nothing.
     #[arg(long, value_name = "MODE", default_value = defaults::IDENTITY_GUARD, value_enum, help_heading = "Faces")]
-    pub identity_guard: crate::people::Guard,
+    pub identity_guard: crate::faces::identity::Guard,
     /// What the paste keeps in front of a face: `hands` finds the hands near each face
     /// (MediaPipe's palm detector and hand landmarks) and keeps the original picture where they
     /// lie, feathered; `off` pastes the restored face over whatever is in front of it. Without

@@ -45,6 +45,11 @@ pub struct WeightInput {
     pub shape: Vec<usize>,
 }
 
+/// The error of a `--fidelity` given to `model` (named `shown`) when it has no fidelity input.
+pub(crate) fn fidelity_refused(shown: &str) -> anyhow::Error {
+    anyhow::anyhow!("--fidelity: the model {shown} has no fidelity input (CodeFormer's `weight`); leave --fidelity out")
+}
+
 /// The fidelity a model with a weight input gets when none is given (CodeFormer's own default).
 pub(crate) const DEFAULT_FIDELITY: f32 = 0.5;
 

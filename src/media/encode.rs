@@ -110,6 +110,58 @@ pub(crate) fn max_crf(codec: &str) -> u32 {
     }
 }
 
+/// Checks the encoder settings themselves (before any source is looked at): the encoder
+/// exists and is a video encoder, its crf and `--quality` are in range.
+pub(crate) fn check_encoder(s: &EncodeSettings) -> Result<()> {
+    crate::init_ffmpeg();
+    check_quality(s.quality)?;
+    if let Some(name) = &s.codec {
+        let c = encoder::find_by_name(name)
+            .ok_or_else(|| anyhow!("video encoder `{name}` is not available in this FFmpeg build"))?;
+        if c.medium() != media::Type::Video {
+            bail!("`{name}` is not a video encoder");
+        }
+    }
+    let name = s.codec.as_deref().unwrap_or(crate::defaults::CODEC);
+    if let Some(p) = s.preset.as_deref() {
+        if takes_preset(name) && !X264_PRESETS.contains(&p) {
+            bail!(
+                "--preset {p} is not an x264/x265 preset (GPEN_VIDEO_PRESET gives it when the flag is absent): use one of {}",
+                X264_PRESETS.join(", ")
+            );
+        }
+    }
+    if let Some(crf) = s.crf {
+        let max = max_crf(name);
+        if crf > max {
+            bail!("--crf {crf} is out of range for {name}: use 0 to {max}");
+        }
+    }
+    Ok(())
+}
+
+/// The presets x264 and x265 both take, fastest first.
+const X264_PRESETS: [&str; 10] = [
+    "ultrafast",
+    "superfast",
+    "veryfast",
+    "faster",
+    "fast",
+    "medium",
+    "slow",
+    "slower",
+    "veryslow",
+    "placebo",
+];
+
+/// `--quality` must be 1 to 100.
+fn check_quality(q: Option<u32>) -> Result<()> {
+    if let Some(q) = q.filter(|q| !(1..=100).contains(q)) {
+        bail!("--quality {q} is out of range: use 1 (smallest file) to 100 (best picture)");
+    }
+    Ok(())
+}
+
 /// The muxer FFmpeg picks for files ending in `.ext`, if any.
 fn guess_format(ext: &str) -> *const ffmpeg::ffi::AVOutputFormat {
     crate::init_ffmpeg();

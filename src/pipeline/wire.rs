@@ -267,7 +267,7 @@ fn plan(engine: &Engine, middle: &Middle) -> Vec<Step> {
     steps.extend((middle.treatment.occlusion == crate::faces::hands::Occlusion::Hands).then_some(Step::Hands));
     steps.extend([Step::Align, Step::Enhance]);
     // Before the temporal filter, which then smooths what the guard changes along a track.
-    let guarded = middle.treatment.identity_guard != crate::people::Guard::Off;
+    let guarded = middle.treatment.identity_guard != crate::faces::identity::Guard::Off;
     steps.extend(
         middle
             .identity_model
@@ -348,7 +348,9 @@ fn prepare(
 ) -> Result<(Option<crate::people::Chooser>, Option<crate::people::IdentityMeter>)> {
     let fidelity = middle.treatment.fidelity;
     if fidelity.is_some() && engine.info.weight.is_none() {
-        return Err(crate::ready::fidelity_refused(&engine.key.model.display().to_string()));
+        return Err(crate::faces::enhance::fidelity_refused(
+            &engine.key.model.display().to_string(),
+        ));
     }
     let fidelity = fidelity.unwrap_or(crate::faces::enhance::DEFAULT_FIDELITY);
     for w in &mut engine.workers {

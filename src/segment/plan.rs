@@ -103,7 +103,7 @@ pub(crate) fn warm_up(t: &Treatment) -> u64 {
 /// with `--occlusion hands`): the least common multiple of those that apply, else 1. A
 /// segment's warm-up counts back from the start of the stretch its first frame is in.
 pub(crate) fn guard_stretch(t: &Treatment) -> u64 {
-    let guard = if t.identity_guard == crate::people::Guard::BackOff {
+    let guard = if t.identity_guard == crate::faces::identity::Guard::BackOff {
         crate::people::GUARD_STRETCH
     } else {
         1
@@ -203,7 +203,7 @@ mod tests {
         assert_eq!(guard_stretch(&t), 128);
         t.occlusion = crate::faces::hands::Occlusion::Off;
         assert_eq!(guard_stretch(&t), crate::people::GUARD_STRETCH);
-        t.identity_guard = crate::people::Guard::Off;
+        t.identity_guard = crate::faces::identity::Guard::Off;
         assert_eq!(guard_stretch(&t), 1);
         t.occlusion = crate::faces::hands::Occlusion::Hands;
         assert_eq!(guard_stretch(&t), crate::faces::hands::STRETCH);

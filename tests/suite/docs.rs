@@ -1,8 +1,9 @@
 //! The documents against the code: in, README.md, ARCHITECTURE.md, docs/ and the files under
 //! src/; out, a failure naming what went stale and the command or edit that brings it back.
 //! docs/flags.md must be what `gpen-video help-markdown` writes today, ARCHITECTURE.md must name
-//! every source file, README stays short, and every relative link in the documents leads to a
-//! file (and a heading, where it names one) that exists.
+//! every source file, the import graph keeps no circle and at most ten floors, README stays
+//! short, and every relative link in the documents leads to a file (and a heading, where it
+//! names one) that exists.
 
 use crate::common;
 
@@ -60,6 +61,116 @@ fn the_architecture_names_every_source_file() {
         missing.is_empty(),
         "ARCHITECTURE.md does not name {missing:?}: add a line for each, with its full path from src/, \
          saying what goes in and what comes out"
+    );
+}
+
+/// The most floors the import graph may stand on (ARCHITECTURE.md draws them).
+const FLOORS: usize = 10;
+
+/// The room a source file is in: a file directly under src/ is its own; a file deeper is its
+/// top folder's (`src/faces/`), as ARCHITECTURE.md's graph counts them.
+fn room_of(path: &str) -> String {
+    match path.trim_start_matches("src/").split_once('/') {
+        Some((folder, _)) => format!("src/{folder}/"),
+        None => path.to_string(),
+    }
+}
+
+/// The rooms each room imports (`crate::NAME` outside its tests and comments; `gpen_video::NAME`
+/// from main.rs and benches/), over every file under src/ and benches/.
+fn import_graph() -> BTreeMap<String, BTreeSet<String>> {
+    let sources: Vec<String> = files_under(&root().join("src"))
+        .into_iter()
+        .chain(files_under(&root().join("benches")))
+        .filter(|p| p.ends_with(".rs"))
+        .collect();
+    let modules: BTreeMap<String, String> = sources
+        .iter()
+        .filter(|p| p.starts_with("src/"))
+        .map(|p| {
+            let room = room_of(p);
+            let name = room
+                .trim_start_matches("src/")
+                .trim_end_matches('/')
+                .trim_end_matches(".rs");
+            (name.to_string(), room)
+        })
+        .collect();
+    let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for path in &sources {
+        let room = if path.starts_with("benches/") {
+            "benches/".to_string()
+        } else {
+            room_of(path)
+        };
+        let text = std::fs::read_to_string(root().join(path)).unwrap();
+        let code = text.split("#[cfg(test)]\nmod tests").next().unwrap_or_default();
+        let targets = graph.entry(room.clone()).or_default();
+        for line in code.lines().filter(|l| !l.trim_start().starts_with("//")) {
+            for prefix in ["crate::", "gpen_video::"] {
+                for (at, _) in line.match_indices(prefix) {
+                    let name: String = line[at + prefix.len()..]
+                        .chars()
+                        .take_while(|c| c.is_alphanumeric() || *c == '_')
+                        .collect();
+                    // `gpen_video::api` names the facade; deeper names are the facade's too.
+                    if let Some(target) = modules.get(&name).filter(|t| **t != room) {
+                        targets.insert(target.clone());
+                    }
+                }
+            }
+        }
+    }
+    graph
+}
+
+#[test]
+fn the_import_graph_has_no_circle_and_at_most_ten_floors() {
+    let graph = import_graph();
+    // A room's floor: one above the highest room it imports; the chain that sets it.
+    fn floor(
+        room: &str,
+        graph: &BTreeMap<String, BTreeSet<String>>,
+        known: &mut BTreeMap<String, Vec<String>>,
+        path: &mut Vec<String>,
+    ) -> Vec<String> {
+        if let Some(chain) = known.get(room) {
+            return chain.clone();
+        }
+        assert!(
+            !path.iter().any(|r| r == room),
+            "the import graph has a circle: {} -> {room}: move what both need to a floor below them",
+            path.join(" -> ")
+        );
+        path.push(room.to_string());
+        let mut best: Vec<String> = Vec::new();
+        for next in graph.get(room).into_iter().flatten() {
+            let chain = floor(next, graph, known, path);
+            if chain.len() > best.len() {
+                best = chain;
+            }
+        }
+        path.pop();
+        best.insert(0, room.to_string());
+        known.insert(room.to_string(), best.clone());
+        best
+    }
+    let mut known = BTreeMap::new();
+    let tallest = graph
+        .keys()
+        .map(|room| floor(room, &graph, &mut known, &mut Vec::new()))
+        .max_by_key(Vec::len)
+        .unwrap();
+    assert!(
+        graph.get("src/main.rs").is_some_and(|t| t.contains("src/api.rs")),
+        "main.rs reads the library through its facade, src/api.rs: {graph:?}"
+    );
+    assert!(
+        tallest.len() <= FLOORS,
+        "the import graph stands on {} floors, over {FLOORS}: {} (each imports the next): \
+         move the names the upper rooms take from a lower room's neighbour down to where they are read",
+        tallest.len(),
+        tallest.join(" -> ")
     );
 }
 
