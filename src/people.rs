@@ -440,6 +440,12 @@ impl IdentityMeter {
         })
     }
 
+    /// CPU time the identity model's runs have taken so far (a GPU host runs them on its GPU,
+    /// as it runs detection's: see `Engine::identity_opts`).
+    pub(crate) fn model_cpu(&self) -> std::time::Duration {
+        self.identifier.model_cpu()
+    }
+
     /// The identity model's session, given back for the engine's next run.
     pub(crate) fn into_identifier(self) -> Identifier {
         self.identifier

@@ -593,10 +593,18 @@ impl BenchReport {
 
 /// The stages whose model runs a GPU host takes over besides GPEN's: CenterFace (the detect
 /// stage, which in a video with a mesh also meshes the faces it follows, and the passes run
-/// ahead of it on the CPU) and the face mesh. What is left of them on the host (crops, maps
-/// decoded, points), and whether that part runs on one thread there (detection has one session
-/// on a GPU, where on the CPU it shares a frame's work among several).
-pub(crate) const ON_GPU: &[(&str, bool)] = &[("detect", true), ("pass", true), ("mesh", false)];
+/// ahead of it on the CPU), the face mesh, and the hands and identity models (their sessions are
+/// made as detection's, `Engine::identity_opts`: on its GPU with `--detect-device gpu`). What
+/// is left of them on the host (crops, maps decoded, points, the quality figure), and whether
+/// that part runs on one thread there (detection has one session on a GPU, where on the CPU it
+/// shares a frame's work among several).
+pub(crate) const ON_GPU: &[(&str, bool)] = &[
+    ("detect", true),
+    ("pass", true),
+    ("mesh", false),
+    ("hands", false),
+    ("identity", false),
+];
 
 impl Feeder {
     /// Faces/s a host of `cores` cores would feed, and what limits it: all cores at this run's
@@ -717,7 +725,7 @@ impl Feeder {
             self.host_16.0, self.host_16.1, here
         );
         out += &format!(
-            "  with detection and the mesh on its GPU (their model runs, {:.1} core-ms a face here, left to it), a host of 16 cores would feed about {:.0} faces/s, limited by {}\n",
+            "  with its models on its GPU (detection, the mesh, hands, identity: their runs, {:.1} core-ms a face here, left to it), a host of 16 cores would feed about {:.0} faces/s, limited by {}\n",
             self.fast_stage_model_ms.iter().map(|(_, ms)| ms).sum::<f64>(),
             self.gpu_host_16.0,
             self.gpu_host_16.1
@@ -774,6 +782,24 @@ mod tests {
         let (faces, limit) = f.host(16, super::ON_GPU);
         assert!((faces - 16000.0 / 11.5).abs() < 1e-6, "{faces} {limit}");
         assert_eq!(limit, "all 16 cores");
+    }
+
+    #[test]
+    fn a_gpu_host_leaves_the_hands_and_identity_models_to_its_gpu_too() {
+        let f = Feeder {
+            fast_stage_core_ms: vec![("hands".into(), 0.3), ("identity".into(), 0.25), ("encode".into(), 0.5)],
+            // Their model runs: 0.2 of the hands' 0.3 core-ms, 0.1 of identity's 0.25.
+            fast_stage_model_ms: vec![("hands".into(), 0.2), ("identity".into(), 0.1)],
+            stage_threads: vec![1, 1, 1],
+            fast_process_core_ms: 10.3,
+            per_core_faces_per_s: 1000.0 / 10.3,
+            ..Feeder::default()
+        };
+        // 10 core-ms a face left on the host: 1600 faces/s on 16 cores.
+        let (faces, limit) = f.host(16, super::ON_GPU);
+        assert!((faces - 1600.0).abs() < 1e-6, "{faces} {limit}");
+        assert_eq!(limit, "all 16 cores");
+        assert!(f.host(16, &[]).0 < faces);
     }
 
     #[test]

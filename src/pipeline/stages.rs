@@ -731,6 +731,7 @@ pub(crate) fn identity(
     crate::faces::identity::Identifier,
 )> {
     let mut clock = Clock::new("identity", DEPTH);
+    let model_at_start = meter.model_cpu();
     let crop_pool = &ctx.pools.crop;
     let view = ctx.treatment.view();
     let mut one = |crop: &[u8], fidelity: f32| -> Result<Option<Vec<i16>>> {
@@ -764,8 +765,11 @@ pub(crate) fn identity(
             break;
         }
     }
+    let model = meter.model_cpu().saturating_sub(model_at_start);
     let tracks = meter.finish();
-    Ok((clock.finish(), tracks, meter.into_identifier()))
+    let mut stat = clock.finish();
+    stat.model_cpu = model;
+    Ok((stat, tracks, meter.into_identifier()))
 }
 
 /// Runs the restored faces of `faces` whose tracks the guard raised the fidelity of again at

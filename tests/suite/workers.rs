@@ -394,7 +394,7 @@ fn bench_reports_what_the_stages_around_the_model_can_feed() {
             && table.contains("the model alone")
             && table.contains("a machine of N cores")
             && table.contains("a host of 16 cores would feed about")
-            && table.contains("with detection and the mesh on its GPU"),
+            && table.contains("with its models on its GPU (detection, the mesh, hands, identity"),
         "{table}"
     );
     let j: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
@@ -426,7 +426,8 @@ fn bench_reports_what_the_stages_around_the_model_can_feed() {
             "{k}: {host}"
         );
     }
-    // The model runs of detection and the mesh are timed apart from the rest of their stages.
+    // The model runs of detection and the mesh, hands and identity are timed apart from the rest
+    // of their stages.
     let per_stage = |k: &str| -> Vec<(&str, f64)> {
         f[k].as_array()
             .unwrap()
@@ -435,6 +436,10 @@ fn bench_reports_what_the_stages_around_the_model_can_feed() {
             .collect()
     };
     let (runs, fast) = (per_stage("fast_stage_model_ms"), per_stage("fast_stage_core_ms"));
+    // Each model a GPU host runs besides GPEN's: detection (with the mesh it follows faces by),
+    // the hands model and the identity guard's.
+    let timed: Vec<&str> = runs.iter().map(|(n, _)| *n).collect();
+    assert_eq!(timed, ["detect", "hands", "identity"], "{f}");
     for (name, ms) in &runs {
         let whole = fast.iter().find(|(n, _)| n == name).map(|(_, ms)| *ms).unwrap();
         assert!(*ms > 0.0 && *ms < whole, "{name}: model {ms} of {whole} core-ms");
