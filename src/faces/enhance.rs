@@ -3,7 +3,7 @@
 //! session on one device).
 
 use crate::faces::align::Template;
-use anyhow::{bail, Result};
+use anyhow::{anyhow, bail, Result};
 use ort::memory::{AllocationDevice, Allocator, AllocatorType, MemoryInfo, MemoryType};
 use ort::session::{IoBinding, Session};
 use ort::value::{Tensor, TensorElementType, ValueType};
@@ -47,7 +47,7 @@ pub struct WeightInput {
 
 /// The error of a `--fidelity` given to `model` (named `shown`) when it has no fidelity input.
 pub(crate) fn fidelity_refused(shown: &str) -> anyhow::Error {
-    anyhow::anyhow!("--fidelity: the model {shown} has no fidelity input (CodeFormer's `weight`); leave --fidelity out")
+    anyhow!("--fidelity: the model {shown} has no fidelity input (CodeFormer's `weight`); leave --fidelity out")
 }
 
 /// The fidelity a model with a weight input gets when none is given (CodeFormer's own default).
@@ -131,7 +131,7 @@ impl ModelInfo {
         let template = named
             .as_deref()
             .map_or(Ok(Template::Ffhq), str::parse::<Template>)
-            .map_err(|e| anyhow::anyhow!("its gpen_video.template metadata: {e}"))?;
+            .map_err(|e| anyhow!("its gpen_video.template metadata: {e}"))?;
         Ok(Self {
             input,
             output,
