@@ -112,10 +112,12 @@ fn main() {
     let frame: Vec<u8> = (0..w * h * 3).map(|i| ((i * 7919) % 251) as u8).collect();
     // `KERNELS=warp` times only the warp of a face smaller than the crop, in bytes as the
     // pipeline writes it, at every CPU level this machine runs (`EYE=175` sets another distance
-    // between the eyes, in frame pixels, 60 by default).
+    // between the eyes, in frame pixels, 60 by default; `TURN=0.05` another turn of the face in
+    // radians, 0.12 by default: five degrees (0.087) or less takes the two-pass warp).
     if std::env::var("KERNELS").as_deref() == Ok("warp") {
         let eye = std::env::var("EYE").ok().and_then(|v| v.parse().ok()).unwrap_or(60.0);
-        let to_crop = face(size, eye, 900.0, 520.0, 0.12);
+        let turn: f64 = std::env::var("TURN").ok().and_then(|v| v.parse().ok()).unwrap_or(0.12);
+        let to_crop = face(size, eye, 900.0, 520.0, turn);
         let region = crop_footprint(&to_crop, size, w, h);
         for cpu in Cpu::available() {
             let (mut out, mut scratch) = (vec![0u8; 3 * size * size], WarpScratch::at(cpu));

@@ -11,6 +11,7 @@ pub(crate) mod lowband;
 pub(crate) mod sample;
 pub(crate) mod steps;
 pub(crate) mod tensor;
+pub(crate) mod twopass;
 pub(crate) mod warp;
 pub(crate) mod yuv;
 

@@ -9,6 +9,7 @@ use wide::f32x4;
 
 use crate::geom::{Affine, Rect};
 use crate::kernels::sample::{cubic_clamped_split, cubic_weights4, sample_rgb_cubic_f32, sample_rgb_f32};
+use crate::kernels::twopass::TwoPass;
 use crate::kernels::Cpu;
 
 /// Frame pixels per crop pixel from which the warp filters first (below it, one bilinear
@@ -137,6 +138,8 @@ pub fn warp_to_tensor<O: CropOut + ?Sized>(
 pub struct WarpScratch {
     levels: Vec<Vec<u8>>,
     texels: Vec<f32x4>,
+    inner: Vec<f32x4>,
+    rows: Vec<f32>,
     cpu: Cpu,
 }
 
@@ -151,6 +154,8 @@ impl WarpScratch {
         WarpScratch {
             levels: Vec::new(),
             texels: Vec::new(),
+            inner: Vec::new(),
+            rows: Vec::new(),
             cpu,
         }
     }
@@ -200,6 +205,10 @@ pub(crate) fn warp_cubic_loading<O: CropOut + ?Sized>(
 ) {
     let r = texel_rect(region, frame);
     let inv = to_crop.inverse().unwrap_or(Affine::IDENTITY);
+    if let Some(two) = TwoPass::plan(&inv, size, frame) {
+        let bufs = (&mut scratch.texels, &mut scratch.inner, &mut scratch.rows);
+        return two.run(scratch.cpu, frame, load, bufs, out);
+    }
     for (tile, t) in tiles(&inv, size, r, frame, 0.0) {
         scratch.texels.clear();
         load(t, &mut scratch.texels);
