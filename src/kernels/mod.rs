@@ -6,6 +6,7 @@
 
 pub(crate) mod bands;
 pub(crate) mod cpu;
+pub(crate) mod crop;
 pub(crate) mod halve;
 pub(crate) mod lowband;
 pub(crate) mod sample;

@@ -856,7 +856,7 @@ pub(crate) fn align_face(
 /// face region converted from the planes straight into texels; a face larger than the crop
 /// (filtered first, see [`warp_face`]) or a frame held in RGB is read from the frame's RGB,
 /// which is made to cover the region first.
-fn warp_from_frame<O: crate::kernels::warp::CropOut + ?Sized>(
+fn warp_from_frame<O: crate::kernels::crop::CropOut + ?Sized>(
     f: &mut Frame,
     to_crop: &Affine,
     region: Option<Rect>,
@@ -896,7 +896,7 @@ fn ready_to_warp(f: &mut Frame, to_crop: &Affine, region: Option<Rect>) {
 
 /// [`warp_from_frame`] on a frame made ready for it by [`ready_to_warp`]: it only reads the
 /// frame, so several threads may warp its faces at once.
-fn warp_ready<O: crate::kernels::warp::CropOut + ?Sized>(
+fn warp_ready<O: crate::kernels::crop::CropOut + ?Sized>(
     f: &Frame,
     to_crop: &Affine,
     region: Option<Rect>,
