@@ -138,7 +138,7 @@ impl TwoPass {
         }
     }
 
-    /// [`TwoPass::strip`] compiled for AVX2 (the same operations, in eight-lane registers).
+    /// A strip's two passes compiled for AVX2 (the same operations, in eight-lane registers).
     ///
     /// # Safety
     /// The CPU must have AVX2.
