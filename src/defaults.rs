@@ -137,6 +137,9 @@ pub const MMAP_THRESHOLD: usize = 4 << 20;
 pub const BENCH_REPEAT: usize = 2;
 /// `bench`: frames a run restores when `--frames` is not given (10 s of the 25 fps samples).
 pub const BENCH_FRAMES: u64 = 250;
+/// `bench --ceiling-s`: how long each enhance-only run lasts at least, in seconds (a fast
+/// model is timed long enough to be steady).
+pub const BENCH_CEILING_S: f64 = 3.0;
 /// `bench`: the sources timed when none are given (the set-up makes them).
 pub const BENCH_SOURCES: [&str; 2] = ["samples/astronaut-1080p.mp4", "samples/group-1080p.mp4"];
 

@@ -277,6 +277,10 @@ struct BenchArgs {
     /// Write the results as JSON to PATH.
     #[arg(long, value_name = "PATH")]
     json: Option<PathBuf>,
+    /// How long each enhance-only run (the ceiling) lasts at least, in seconds, after its first
+    /// four batches a worker: a fast model is timed long enough to be steady.
+    #[arg(long, value_name = "SECONDS", default_value_t = defaults::BENCH_CEILING_S, value_parser = parse_ceiling_s)]
+    ceiling_s: f64,
     /// Time still images instead of videos: the pictures of DIR, or without DIR 1024x1024
     /// portraits made from the set-up's portrait, streamed as `batch` streams them; a row per
     /// batch size (images/s, ms per batch, memory, ceiling, efficiency, latency of one image).
@@ -361,6 +365,13 @@ fn parse_segment(s: &str) -> Result<f64, String> {
     match s.trim().parse::<f64>() {
         Ok(v) if v.is_finite() && v >= 0.0 => Ok(v),
         _ => Err(format!("`{s}` is not a length in seconds: give 0 (never cut) or more")),
+    }
+}
+
+fn parse_ceiling_s(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(v) if v.is_finite() && (0.0..=3600.0).contains(&v) => Ok(v),
+        _ => Err(format!("`{s}` is not a time in seconds from 0 to 3600")),
     }
 }
 
@@ -828,6 +839,7 @@ fn run_bench(b: BenchArgs) -> anyhow::Result<()> {
         sources,
         repeat: b.repeat,
         stage: b.stage,
+        ceiling_time: std::time::Duration::from_secs_f64(b.ceiling_s),
         settings,
         cancel: CancelToken::from_flag(interrupts.soft.clone()),
         bar: !quiet && std::io::stderr().is_terminal(),
@@ -861,6 +873,7 @@ fn run_bench_portraits(b: BenchArgs) -> anyhow::Result<()> {
         images: b.images,
         batches: b.batches,
         repeat: b.repeat,
+        ceiling_time: std::time::Duration::from_secs_f64(b.ceiling_s),
         price_per_hour: b.price_per_hour,
         settings,
         cancel: CancelToken::from_flag(interrupts.soft.clone()),

@@ -37,6 +37,8 @@ pub struct BenchOptions {
     /// Counted runs per source (after one warm-up run that is not counted).
     pub repeat: usize,
     pub stage: Stage,
+    /// How long each enhance-only run lasts at least (after its first four batches a worker).
+    pub ceiling_time: Duration,
     /// Model, devices, batch, encoder settings...
     pub settings: Settings,
     /// Stops the benchmark (Ctrl-C).
@@ -66,9 +68,6 @@ fn timed(engine: &mut Engine, job: &Job, bar: bool, label: &str) -> Result<Summa
     pb.finish_and_clear();
     r
 }
-
-/// How long each enhance-only run lasts at least.
-pub(crate) const CEILING_TIME: Duration = Duration::from_secs(3);
 
 /// Medians over the counted runs of one source.
 #[derive(Clone, Debug, Default, Serialize)]
@@ -246,7 +245,7 @@ fn bench_source(o: &BenchOptions, src: &Path, tmp: &Path, report: &mut BenchRepo
         timed(&mut engine, &warm_up, o.bar, &format!("{name} warm-up"))?;
     }
     if with_ceiling {
-        ceiling(&mut engine, &crops, 4, CEILING_TIME)?;
+        ceiling(&mut engine, &crops, 4, o.ceiling_time)?;
     }
     // Counted runs, pipeline and ceiling in turn: the efficiency of each pair is measured
     // minutes apart at most, so a machine whose speed drifts skews both sides alike.
@@ -262,7 +261,7 @@ fn bench_source(o: &BenchOptions, src: &Path, tmp: &Path, report: &mut BenchRepo
             runs.push(s);
         }
         if with_ceiling {
-            let (faces_per_s, ms_per_batch) = ceiling(&mut engine, &crops, 4, CEILING_TIME)?;
+            let (faces_per_s, ms_per_batch) = ceiling(&mut engine, &crops, 4, o.ceiling_time)?;
             log(&format!("{name}: enhance-only run {i}: {faces_per_s:.2} faces/s"));
             if let Some(s) = runs.last() {
                 ratios.push(s.faces_per_s() / faces_per_s.max(1e-9));

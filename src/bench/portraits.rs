@@ -11,7 +11,7 @@ use std::time::Instant;
 use anyhow::{anyhow, bail, Context, Result};
 use serde::Serialize;
 
-use crate::bench::{ceiling, median, CEILING_TIME};
+use crate::bench::{ceiling, median};
 use crate::config::Settings;
 use crate::engine::{CancelToken, Engine, Job};
 use crate::frame::{Frame, Pool};
@@ -36,6 +36,8 @@ pub struct PortraitOptions {
     pub batches: Vec<usize>,
     /// Counted runs per batch size (after one warm-up that is not counted).
     pub repeat: usize,
+    /// How long each enhance-only run lasts at least (see [`crate::bench::BenchOptions`]).
+    pub ceiling_time: std::time::Duration,
     /// Price of the machine per hour, for the cost per 1,000 images.
     pub price_per_hour: Option<f64>,
     /// Model, devices, encoder settings... (`batch` is set per row).
@@ -252,7 +254,7 @@ fn bench_batch(
     // Warm-up, not counted: sessions allocate their memory and pick kernels.
     let warm = jobs.len().min((2 * batch * engine.workers.len()).max(8));
     stream(&mut engine, long_side, &jobs[..warm])?;
-    ceiling(&mut engine, &crops, 4, CEILING_TIME)?;
+    ceiling(&mut engine, &crops, 4, o.ceiling_time)?;
 
     let (mut runs, mut ceilings, mut ratios, mut latencies) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for i in 1..=o.repeat.max(1) {
@@ -260,7 +262,7 @@ fn bench_batch(
         stream(&mut engine, long_side, &jobs[..1])?;
         latencies.push(1000.0 * t.elapsed().as_secs_f64());
         let s = stream(&mut engine, long_side, &jobs)?;
-        let (faces_per_s, _) = ceiling(&mut engine, &crops, 4, CEILING_TIME)?;
+        let (faces_per_s, _) = ceiling(&mut engine, &crops, 4, o.ceiling_time)?;
         log(&format!(
             "batch {batch}: run {i}: {:.2} images/s, enhance-only {faces_per_s:.2} faces/s",
             s.fps()

@@ -881,6 +881,8 @@ fn detection_is_bounded_by_checked_settings_and_max_faces() {
     assert_eq!(r.status.code(), Some(2), "a usage error");
     let r = gpen(&[&"bench", &input, &"--repeat", &"0"]);
     assert_eq!(r.status.code(), Some(2), "a usage error");
+    let r = gpen(&[&"bench", &input, &"--ceiling-s=-1"]);
+    assert_eq!(r.status.code(), Some(2), "a usage error");
 
     let group = asset("samples/test/group.mkv");
     let model = asset("models/standin/identity-256.onnx");
