@@ -16,7 +16,7 @@
 # rustc, instead of once more for clippy's check), and every later step runs those. A later
 # plain `cargo build` compiles gpen-video itself again (its fingerprint names the wrapper). Steps that wait more than they compute run
 # beside others: the crates download during the set-up, the later steps' packages install and
-# the bundle's wheel downloads during the build; the Python exporter's tests and
+# the bundle's wheel downloads during the build; the suite's tests that mostly wait, the Python exporter's tests and
 # the wheel's test run while the other Rust tests do, and the browser test and the GPU bundle's
 # check while the image's build stage and the Slurm check run (their output is kept and printed
 # when each ends). Each step's start is printed as [test] lines with the
@@ -110,8 +110,14 @@ bg python-tests .deps/venv/bin/python -m unittest discover -s models -p 'test_*.
 suite=$(cargo test --release --locked --no-run --test suite 2>&1 | sed -n 's/.*Executable .*(\(.*\))$/\1/p')
 [ -x "$suite" ] || { step "no test binary for tests/suite found"; exit 1; }
 bg wheel-test "$suite" wheel::
-step "Rust tests (the library's, tests/alloc.rs, tests/suite/ but wheel::; the Python exporter's and the wheel's beside them)"
-cargo test --release --locked -- --skip wheel::
+# The suite's tests that mostly wait (replicas:: on their services' leases and polls, one at a
+# time; registry:: on servers that stall or never answer: about a third of their time on a
+# core) in a process of their own beside the others, where the waits overlap work.
+waiting=(replicas:: registry::)
+bg waiting-tests "$suite" "${waiting[@]}"
+step "Rust tests (the library's, tests/alloc.rs, tests/suite/ but ${waiting[*]} wheel::; those and the Python exporter's and the wheel's beside them)"
+cargo test --release --locked -- --skip wheel:: "${waiting[@]/#/--skip=}"
+finish waiting-tests
 finish python-tests
 finish wheel-test
 # The GPU bundle's CPU check (the longest of what is left), the service's page in Debian's
