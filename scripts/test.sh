@@ -17,8 +17,8 @@
 # plain `cargo build` compiles gpen-video itself again (its fingerprint names the wrapper). Steps that wait more than they compute run
 # beside others: the crates download during the set-up, the later steps' packages install and
 # the bundle's wheel downloads during the build; the suite's tests that mostly wait, the Python exporter's tests and
-# the wheel's test run while the other Rust tests do, and the browser test and the GPU bundle's
-# check while the image's build stage and the Slurm check run (their output is kept and printed
+# the wheel's test and the GPU bundle's check run while the other Rust tests do, and the browser
+# test while the image's build stage and the Slurm check run (their output is kept and printed
 # when each ends). Each step's start is printed as [test] lines with the
 # seconds since the start, so a slow CI run says where its time went.
 set -euo pipefail
@@ -103,10 +103,24 @@ cargo test --release --locked --no-run --all-targets
 # The binary as the scripts below build it: nothing compiles here after the test build.
 cargo build --release --locked
 finish packages
+# The library's and the binary's tests, tests/alloc.rs and the doc tests first, alone:
+# tests/alloc.rs counts the allocations of warm pipelines, whose per-frame bookkeeping grows with
+# stalls when other work shares the cores (17,614 bytes a frame against its bound of 17,408 in a run with
+# the waiting tests below beside it; 15.7 to 16.4 KB alone).
+step "Rust tests: the library's, the binary's, tests/alloc.rs, the doc tests"
+cargo test --release --locked --lib --bins --test alloc
+cargo test --release --locked --doc
 bg python-tests .deps/venv/bin/python -m unittest discover -s models -p 'test_*.py'
+# The GPU bundle's CPU check (its models exported, packed and compressed, then run in a clean
+# root: about a minute, the longest of the checks after the Rust tests) beside the Rust tests,
+# on the binary built above (`--no-build`: `cargo test` holds the build folder while it runs).
+if [ "${GPEN_VIDEO_BUNDLE_CHECK:-0}" = 1 ]; then
+  finish bundle-wheel
+  bg bundle scripts/gpu-bundle.sh --small --check-cpu --no-build
+fi
 # The wheel's test (tests/suite/wheel.rs: packing, pip, unpacking; mostly files, the longest
-# test) from the start of the Rust tests, beside them: run last in name order it would run
-# alone at their end. The suite's binary as the test build named it.
+# test) from the start of the suite, beside it: run last in name order it would run alone at
+# its end. The suite's binary as the test build named it.
 suite=$(cargo test --release --locked --no-run --test suite 2>&1 | sed -n 's/.*Executable .*(\(.*\))$/\1/p')
 [ -x "$suite" ] || { step "no test binary for tests/suite found"; exit 1; }
 bg wheel-test "$suite" wheel::
@@ -115,23 +129,18 @@ bg wheel-test "$suite" wheel::
 # core) in a process of their own beside the others, where the waits overlap work.
 waiting=(replicas:: registry::)
 bg waiting-tests "$suite" "${waiting[@]}"
-step "Rust tests (the library's, tests/alloc.rs, tests/suite/ but ${waiting[*]} wheel::; those and the Python exporter's and the wheel's beside them)"
-cargo test --release --locked -- --skip wheel:: "${waiting[@]/#/--skip=}"
+step "Rust tests: tests/suite/ but ${waiting[*]} wheel::; those, the Python exporter's and the wheel's (and the GPU bundle's check) beside them"
+cargo test --release --locked --test suite -- --skip wheel:: "${waiting[@]/#/--skip=}"
 finish waiting-tests
 finish python-tests
 finish wheel-test
-# The GPU bundle's CPU check (the longest of what is left), the service's page in Debian's
-# chromium, headless, driven by Playwright (installs both), the image's build stage and the Slurm
-# check side by side.
-if [ "${GPEN_VIDEO_BUNDLE_CHECK:-0}" = 1 ]; then
-  finish bundle-wheel
-  bg bundle scripts/gpu-bundle.sh --small --check-cpu
-fi
+# The service's page in Debian's chromium, headless, driven by Playwright (installs both), the
+# image's build stage and the Slurm check side by side.
 bg browser scripts/browser-test.sh
 # The container image's build stage, from exactly the files the image's context gives it, on
 # the test build (which it reuses: seconds, unless a file the build reads is missing there, which
 # fails); scripts/container-check.sh builds the whole image.
-step "the container image's build stage, then the Slurm check; the GPU bundle's CPU check (scripts/gpu-bundle.sh --small --check-cpu) and the page in a browser beside them"
+step "the container image's build stage, then the Slurm check; the page in a browser beside them"
 scripts/container-build-stage.py
 if [ "${GPEN_VIDEO_SLURM_TEST:-0}" = 1 ]; then
   step "the Slurm check (scripts/slurm-test.sh)"
