@@ -439,12 +439,18 @@ def main(argv=None) -> int:
     ap.add_argument("--bytes", action="store_true",
                     help="byte I/O: uint8 levels in and out, the conversions in the graph "
                          "(see byte_io.py); a quarter of the bytes cross to the GPU each way")
+    ap.add_argument("--narrow", type=float, metavar="W",
+                    help="random weights only: this width factor instead of the size's official "
+                         "one (e.g. 0.125 at 256: a sixteenth of the convolutions' work; the "
+                         "same structure, for tests that need a real GPEN's floats, not its cost)")
     ap.add_argument("--no-check", action="store_true",
                     help="skip the onnxruntime run on a sample input")
     args = ap.parse_args(argv)
 
     if args.compressible < 0 or (args.compressible and args.checkpoint):
         ap.error("--compressible K (K >= 1) is for random weights only, not with --checkpoint")
+    if args.narrow is not None and (args.checkpoint or not 0 < args.narrow <= 1):
+        ap.error("--narrow W (0 < W <= 1) is for random weights only, not with --checkpoint")
     t0 = time.time()
     if args.checkpoint:
         sd = unwrap_checkpoint(pth_io.load(args.checkpoint), args.key)
@@ -457,8 +463,8 @@ def main(argv=None) -> int:
         if not args.size:
             ap.error("--size is required without --checkpoint")
         size = args.size
-        cm, nw = gpen_arch.config(size)
-        sd = gpen_arch.random_state_dict(size, seed=args.seed)
+        cm, nw = gpen_arch.config(size, None, args.narrow)
+        sd = gpen_arch.random_state_dict(size, seed=args.seed, narrow=args.narrow)
         weights = "random weights: for speed only"
         if args.compressible:
             sd = make_compressible(sd, args.compressible)

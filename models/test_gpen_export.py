@@ -214,5 +214,20 @@ class Compressible(unittest.TestCase):
             gpen_export.main(["--checkpoint", "x.pth", "--compressible", "2", "--out", "x.onnx"])
 
 
+class Narrow(unittest.TestCase):
+    def test_narrow_random_export_has_the_width_asked_for(self):
+        with tempfile.TemporaryDirectory() as d:
+            out = os.path.join(d, "narrow.onnx")
+            with contextlib.redirect_stdout(io.StringIO()):
+                self.assertEqual(gpen_export.main(["--size", "256", "--narrow", "0.125", "--out", out]), 0)
+            m = onnx.load(out)
+            meta = {p.key: p.value for p in m.metadata_props}
+            self.assertEqual(meta["gpen_video.narrow"], "0.125")
+            full = gpen_arch.count_parameters(256)["total"]
+            self.assertLess(int(meta["gpen_video.parameters"]), full / 3)
+        with contextlib.redirect_stderr(io.StringIO()), self.assertRaises(SystemExit):
+            gpen_export.main(["--checkpoint", "x.pth", "--narrow", "0.5", "--out", "x.onnx"])
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -98,6 +98,12 @@ export RUSTC_WORKSPACE_WRAPPER=$clippy CLIPPY_ARGS="-D__CLIPPY_HACKERY__warnings
 [ -f models/gfpgan-512-narrow-random.onnx ] ||
   .deps/venv/bin/python models/gfpgan_export.py --size 512 --narrow 0.03125 --batch1 \
     --out models/gfpgan-512-narrow-random.onnx
+# A narrow GPEN-BFR-256 (the real structure, random weights, an eighth of the official width:
+# a sixth of its CPU a face) for the tests that need a real GPEN's floats, not its cost
+# (models/gpen_export.py --narrow; under a second).
+[ -f models/gpen-bfr-256-narrow-random.onnx ] ||
+  .deps/venv/bin/python models/gpen_export.py --size 256 --narrow 0.125 \
+    --out models/gpen-bfr-256-narrow-random.onnx >/dev/null
 step "building and linting the crate, its tests and its benchmark (once)"
 cargo test --release --locked --no-run --all-targets
 # The binary as the scripts below build it: nothing compiles here after the test build.
