@@ -441,8 +441,8 @@ def main(argv=None) -> int:
                          "(see byte_io.py); a quarter of the bytes cross to the GPU each way")
     ap.add_argument("--narrow", type=float, metavar="W",
                     help="random weights only: this width factor instead of the size's official "
-                         "one (e.g. 0.125 at 256: a sixteenth of the convolutions' work; the "
-                         "same structure, for tests that need a real GPEN's floats, not its cost)")
+                         "one (e.g. 0.125 at 256: about a sixth of the official width's CPU a face; "
+                         "the same structure, for tests that need a real GPEN's floats, not its cost)")
     ap.add_argument("--no-check", action="store_true",
                     help="skip the onnxruntime run on a sample input")
     args = ap.parse_args(argv)

@@ -361,18 +361,17 @@ fn parse_device(s: &str) -> Result<Device, String> {
     s.parse()
 }
 
+/// `s` as seconds from 0 to `most`, or `None`.
+fn seconds_up_to(s: &str, most: f64) -> Option<f64> {
+    s.trim().parse::<f64>().ok().filter(|v| (0.0..=most).contains(v))
+}
+
 fn parse_segment(s: &str) -> Result<f64, String> {
-    match s.trim().parse::<f64>() {
-        Ok(v) if v.is_finite() && v >= 0.0 => Ok(v),
-        _ => Err(format!("`{s}` is not a length in seconds: give 0 (never cut) or more")),
-    }
+    seconds_up_to(s, f64::MAX).ok_or_else(|| format!("`{s}` is not a length in seconds: give 0 (never cut) or more"))
 }
 
 fn parse_ceiling_s(s: &str) -> Result<f64, String> {
-    match s.trim().parse::<f64>() {
-        Ok(v) if v.is_finite() && (0.0..=3600.0).contains(&v) => Ok(v),
-        _ => Err(format!("`{s}` is not a time in seconds from 0 to 3600")),
-    }
+    seconds_up_to(s, 3600.0).ok_or_else(|| format!("`{s}` is not a time in seconds from 0 to 3600"))
 }
 
 impl RunArgs {

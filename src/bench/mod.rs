@@ -82,6 +82,9 @@ pub struct BenchRow {
     pub fps: Option<f64>,
     pub faces_per_s: f64,
     pub ms_per_batch: f64,
+    /// Enhance rows: the batches each enhance-only run ran, all workers together (the median
+    /// run): at least four a worker, more while `--ceiling-s` lasts.
+    pub ceiling_batches: Option<u64>,
     pub(crate) peak_mib: Option<u64>,
     /// GPU memory held on the busiest GPU at the end, where the driver reports it.
     pub(crate) gpu_mib: Option<u64>,
@@ -250,6 +253,7 @@ fn bench_source(o: &BenchOptions, src: &Path, tmp: &Path, report: &mut BenchRepo
     // Counted runs, pipeline and ceiling in turn: the efficiency of each pair is measured
     // minutes apart at most, so a machine whose speed drifts skews both sides alike.
     let (mut runs, mut rates, mut ms, mut ratios) = (Vec::<Summary>::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut ceiling_batches = Vec::new();
     for i in 1..=o.repeat.max(1) {
         if with_pipeline {
             let s = timed(&mut engine, &job, o.bar, &format!("{name} run {i}/{}", o.repeat.max(1)))?;
@@ -261,13 +265,14 @@ fn bench_source(o: &BenchOptions, src: &Path, tmp: &Path, report: &mut BenchRepo
             runs.push(s);
         }
         if with_ceiling {
-            let (faces_per_s, ms_per_batch) = ceiling(&mut engine, &crops, 4, o.ceiling_time)?;
+            let (faces_per_s, ms_per_batch, batches) = ceiling(&mut engine, &crops, 4, o.ceiling_time)?;
             log(&format!("{name}: enhance-only run {i}: {faces_per_s:.2} faces/s"));
             if let Some(s) = runs.last() {
                 ratios.push(s.faces_per_s() / faces_per_s.max(1e-9));
             }
             rates.push(faces_per_s);
             ms.push(ms_per_batch);
+            ceiling_batches.push(batches as f64);
         }
     }
 
@@ -283,6 +288,7 @@ fn bench_source(o: &BenchOptions, src: &Path, tmp: &Path, report: &mut BenchRepo
             fps: None,
             faces_per_s: median(rates),
             ms_per_batch: median(ms),
+            ceiling_batches: Some(median(ceiling_batches) as u64),
             peak_mib: peak_rss().map(|b| b >> 20),
             gpu_mib: gpu_memory_by_index().iter().map(|(_, m)| *m).max().filter(|m| *m > 0),
             runs: o.repeat.max(1),
@@ -334,6 +340,7 @@ fn pipeline_row(name: &str, device: &str, batch: usize, runs: &[Summary]) -> Opt
                 .flat_map(|s| s.workers.iter().map(|w| w.ms_per_batch()))
                 .collect(),
         ),
+        ceiling_batches: None,
         peak_mib: peak_rss().map(|b| b >> 20),
         gpu_mib: last.workers.iter().filter_map(|w| w.device_mib).max(),
         runs: runs.len(),
@@ -490,13 +497,13 @@ fn busy_figures(runs: &[(Summary, Duration)], names: &[&str]) -> Vec<(String, f6
 
 /// Every worker runs full batches of the crops at once, at least `min_batches` each and for at
 /// least `min_time`, so fast models are timed long enough to be steady; returns faces/s over
-/// all workers and the median ms per batch.
+/// all workers, the median ms per batch and the batches run, all workers together.
 pub(crate) fn ceiling(
     engine: &mut Engine,
     crops: &[Vec<u8>],
     min_batches: usize,
     min_time: Duration,
-) -> Result<(f64, f64)> {
+) -> Result<(f64, f64, usize)> {
     let batch = engine.batch;
     let start = Instant::now();
     let results: Vec<Result<(usize, usize, Duration)>> = std::thread::scope(|s| {
@@ -526,14 +533,15 @@ pub(crate) fn ceiling(
             .collect()
     });
     let wall = start.elapsed().as_secs_f64();
-    let mut faces = 0;
+    let (mut faces, mut all) = (0, 0);
     let mut ms = Vec::new();
     for r in results {
         let (f, batches, d) = r?;
         faces += f;
+        all += batches;
         ms.push(1000.0 * d.as_secs_f64() / batches.max(1) as f64);
     }
-    Ok((faces as f64 / wall.max(1e-9), median(ms)))
+    Ok((faces as f64 / wall.max(1e-9), median(ms), all))
 }
 
 impl BenchReport {

@@ -262,7 +262,7 @@ fn bench_batch(
         stream(&mut engine, long_side, &jobs[..1])?;
         latencies.push(1000.0 * t.elapsed().as_secs_f64());
         let s = stream(&mut engine, long_side, &jobs)?;
-        let (faces_per_s, _) = ceiling(&mut engine, &crops, 4, o.ceiling_time)?;
+        let (faces_per_s, _, _) = ceiling(&mut engine, &crops, 4, o.ceiling_time)?;
         log(&format!(
             "batch {batch}: run {i}: {:.2} images/s, enhance-only {faces_per_s:.2} faces/s",
             s.fps()

@@ -120,7 +120,7 @@ fn bench_reports_pipeline_ceiling_and_efficiency() {
         &"--repeat",
         &"1",
         &"--ceiling-s",
-        &"0.2",
+        &"0",
         &"--frames",
         &"20",
         &"--json",
@@ -140,6 +140,16 @@ fn bench_reports_pipeline_ceiling_and_efficiency() {
         "{j}"
     );
     assert!(j.contains("\"frames\":20"), "--frames caps each run: {j}");
+    // `--ceiling-s 0`: each enhance-only run stops at its fourth batch (one CPU worker); the
+    // default's 3 s would run hundreds of the stand-in's.
+    let j: serde_json::Value = serde_json::from_str(&j).unwrap();
+    let enhance = j["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["measure"] == "enhance")
+        .unwrap();
+    assert_eq!(enhance["ceiling_batches"], 4, "{enhance}");
 }
 
 /// `bench --portraits`: generated 1024x1024 portraits streamed at each batch size; a row per
